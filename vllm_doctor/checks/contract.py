@@ -1,0 +1,257 @@
+"""VD2xx: does the model class meet vLLM's model contract? (facts from the import pass)"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from vllm_doctor.checks.base import Emit, check
+from vllm_doctor.checks.registry import resolved_target
+from vllm_doctor.facts import Facts
+from vllm_doctor.model import Finding, Severity, Stage
+
+GENERIC = "This model does not support `--runner generate`"
+FORWARD_KWARGS = ("input_ids", "positions", "intermediate_tensors", "inputs_embeds")
+
+
+def _contract(facts: Facts, emit: Emit) -> tuple[str, dict[str, Any]] | Finding:
+    """(target, contract facts) of the class vLLM would build, or the finding saying why not."""
+    if facts.import_pass is None:
+        return emit.skip("needs the import pass: " + (facts.import_pass_error or "skipped by --fast"))
+    resolved = resolved_target(facts)
+    if resolved is None:
+        return emit.not_applicable("no architecture of config.json is registered (see VD101)")
+    arch, target = resolved
+    record = facts.class_record(arch)
+    if record is None or "contract" not in record:
+        why = "it could not be imported (see VD106)" if record and "import_error" in record else "it was not inspected"
+        return emit.skip(f"{target}: {why}", target)
+    return target, record["contract"]
+
+
+def _verdict(contract: dict[str, Any]) -> str:
+    ok = contract.get("vllm", {}).get("is_text_generation_model")
+    return "" if ok is None else f" (vLLM's own check: is_text_generation_model = {ok})"
+
+
+@check(
+    "VD201",
+    "init-signature-not-vllm-style",
+    "The model's `__init__` does not take keyword arguments `vllm_config` and `prefix`.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="vLLM constructs every model as `Model(vllm_config=vllm_config, prefix=prefix)` and reads the HF config from `vllm_config.model_config.hf_config`.",
+    why=f"An HF-style `__init__(self, config)` fails vLLM's interface check: vLLM says only `{GENERIC}`, or warns `vLLM model class should accept vllm_config and prefix` and guesses arguments.",
+    example="class MyForCausalLM(nn.Module):\n    def __init__(self, config): ...",
+    fix="def __init__(self, *, vllm_config: VllmConfig, prefix: str = ''):\n    config = vllm_config.model_config.hf_config",
+    references=("vllm/model_executor/model_loader/utils.py:initialize_model",),
+    requires=("import",),
+)
+def init_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    got = _contract(facts, emit)
+    if isinstance(got, Finding):
+        yield got
+        return
+    target, c = got
+    params = c.get("init_params") or []
+    missing = [p for p in ("vllm_config", "prefix") if p not in params]
+    if missing:
+        yield emit.fail(
+            f"{target}.__init__ lacks {', '.join(missing)}: its parameters are ({', '.join(params)}){_verdict(c)}",
+            f"{target}.__init__",
+            {"init_params": params, "missing": missing, "source": c.get("source"), "vllm_error": GENERIC},
+            "def __init__(self, *, vllm_config, prefix: str = ''): config = vllm_config.model_config.hf_config",
+        )
+    else:
+        yield emit.ok(f"{target}.__init__ takes vllm_config and prefix", f"{target}.__init__")
+
+
+@check(
+    "VD202",
+    "subclasses-pretrainedmodel",
+    "The vLLM model class subclasses transformers' `PreTrainedModel`.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="A vLLM model is a plain `torch.nn.Module` built from vLLM layers (parallel linear layers, vLLM's Attention with a paged KV cache).",
+    why=f"A `PreTrainedModel` subclass brings HF's constructor and forward conventions; vLLM rejects it with `{GENERIC}` or it runs without paged attention.",
+    example="class MyForCausalLM(PreTrainedModel): ...",
+    fix="Subclass `nn.Module` and use vLLM layers; keep the HF class for training only.",
+    requires=("import",),
+)
+def subclasses_pretrainedmodel(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    got = _contract(facts, emit)
+    if isinstance(got, Finding):
+        yield got
+        return
+    target, c = got
+    if c.get("is_pretrained_model"):
+        hf_base = next((m for m in c.get("mro", []) if m.startswith("transformers.")), "PreTrainedModel")
+        yield emit.fail(
+            f"{target} subclasses {hf_base}{_verdict(c)}",
+            target,
+            {"mro": c.get("mro", []), "source": c.get("source"), "vllm_error": GENERIC},
+            "subclass torch.nn.Module and build the model from vLLM layers",
+        )
+    elif not c.get("is_nn_module", True):
+        yield emit.fail(f"{target} is not a torch.nn.Module", target, {"mro": c.get("mro", [])}, "subclass torch.nn.Module")
+    else:
+        yield emit.ok(f"{target} is a plain nn.Module", target)
+
+
+@check(
+    "VD203",
+    "forward-signature-mismatch",
+    "`forward` does not accept the keywords vLLM's model runner passes.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="The model runner calls `model(input_ids=..., positions=..., intermediate_tensors=..., inputs_embeds=...)`.",
+    why=f"Without `positions` vLLM's interface check fails (`{GENERIC}`); without the other two the first forward raises TypeError.",
+    example="def forward(self, input_ids, attention_mask=None): ...  # HF style",
+    fix="def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None): ...",
+    requires=("import",),
+)
+def forward_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    got = _contract(facts, emit)
+    if isinstance(got, Finding):
+        yield got
+        return
+    target, c = got
+    if not c.get("forward_callable"):
+        yield emit.fail(f"{target} has no callable forward", f"{target}.forward", {}, "define forward(self, input_ids, positions, ...)")
+        return
+    supports = c.get("forward_supports", {})
+    missing = [kw for kw in FORWARD_KWARGS if not supports.get(kw)]
+    if missing:
+        yield emit.fail(
+            f"{target}.forward does not accept {', '.join(missing)}: its parameters are ({', '.join(c.get('forward_params') or [])}){_verdict(c)}",
+            f"{target}.forward",
+            {"forward_params": c.get("forward_params"), "missing": missing, "vllm_error": GENERIC if {"input_ids", "positions"} & set(missing) else "TypeError at the first forward"},
+            "def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None)",
+        )
+    else:
+        yield emit.ok(f"{target}.forward accepts {', '.join(FORWARD_KWARGS)}", f"{target}.forward")
+
+
+@check(
+    "VD204",
+    "compute-logits-missing",
+    "The class has no callable `compute_logits`, so vLLM does not treat it as a text-generation model.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="vLLM calls `forward` for hidden states and then `compute_logits(hidden_states)` (usually `self.logits_processor(self.lm_head, hidden_states)`).",
+    why=f"Without it `is_text_generation_model` is false and vLLM says `{GENERIC}`.",
+    example="def logits(self, hidden_states): ...  # renamed",
+    fix="def compute_logits(self, hidden_states): return self.logits_processor(self.lm_head, hidden_states)",
+    requires=("import",),
+)
+def compute_logits_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    got = _contract(facts, emit)
+    if isinstance(got, Finding):
+        yield got
+        return
+    target, c = got
+    if not c.get("compute_logits_callable"):
+        yield emit.fail(f"{target} has no compute_logits{_verdict(c)}", f"{target}.compute_logits", {"vllm_error": GENERIC},
+                        "def compute_logits(self, hidden_states): return self.logits_processor(self.lm_head, hidden_states)")
+    else:
+        yield emit.ok(f"{target}.compute_logits exists", f"{target}.compute_logits")
+
+
+@check(
+    "VD205",
+    "load-weights-missing-or-returns-none",
+    "`load_weights` is missing, or returns None, which silently turns off vLLM's missing-weight check.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="vLLM's default loader calls `model.load_weights(weights)` and compares the returned set of loaded parameter names with the model's parameters.",
+    why="No `load_weights`: loading raises AttributeError. Returning None: vLLM skips its `Following weights were not initialized from checkpoint` check, so missing weights go unnoticed and the model generates garbage.",
+    example="def load_weights(self, weights):\n    for name, w in weights: ...\n    # no return",
+    fix="Collect the names you load into a set and `return loaded_params` (see vLLM's llama.py).",
+    references=("vllm-project/vllm#15536",),
+    requires=("import",),
+)
+def load_weights_contract(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    got = _contract(facts, emit)
+    if isinstance(got, Finding):
+        yield got
+        return
+    target, c = got
+    if not c.get("load_weights_callable"):
+        yield emit.fail(f"{target} has no load_weights", f"{target}.load_weights", {}, "define load_weights(self, weights) -> set[str]")
+    elif c.get("load_weights_returns_value") is False:
+        yield emit.warn(
+            f"{target}.load_weights returns None: vLLM cannot tell which parameters were never loaded",
+            f"{target}.load_weights",
+            {"source": c.get("source")},
+            "collect loaded parameter names in a set and return it",
+            severity=Severity.WARN,
+        )
+    else:
+        yield emit.ok(f"{target}.load_weights returns the loaded names", f"{target}.load_weights")
+
+
+@check(
+    "VD206",
+    "embed-input-ids-missing",
+    "The class has no `embed_input_ids` method.",
+    severity=Severity.WARN,
+    stage=Stage.STATIC,
+    what="vLLM embeds token ids through `model.embed_input_ids(input_ids)` (older vLLM: `get_input_embeddings`).",
+    why=f"vLLM 0.32 requires it in `is_vllm_model` (`The model (...) is missing the embed_input_ids method`, then `{GENERIC}`); older versions warn.",
+    example="def get_input_embeddings(self, input_ids): ...  # pre-rename name",
+    fix="def embed_input_ids(self, input_ids): return self.model.embed_tokens(input_ids)",
+    requires=("import",),
+)
+def embed_input_ids_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    got = _contract(facts, emit)
+    if isinstance(got, Finding):
+        yield got
+        return
+    target, c = got
+    if c.get("embed_input_ids_callable"):
+        yield emit.ok(f"{target}.embed_input_ids exists", f"{target}.embed_input_ids")
+        return
+    required = bool(c.get("vllm", {}).get("requires_embed_input_ids"))
+    hint = "rename get_input_embeddings to embed_input_ids" if c.get("get_input_embeddings_callable") else "def embed_input_ids(self, input_ids): return self.model.embed_tokens(input_ids)"
+    yield emit.fail(
+        f"{target} has no embed_input_ids" + (" (required by this vLLM)" if required else ""),
+        f"{target}.embed_input_ids",
+        {"required_by_installed_vllm": required, "has_get_input_embeddings": c.get("get_input_embeddings_callable")},
+        hint,
+        severity=Severity.ERROR if required else Severity.WARN,
+    )
+
+
+@check(
+    "VD207",
+    "cuda-initialized-at-import",
+    "Importing the model module initialises CUDA.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="vLLM imports model modules in processes that later fork workers; CUDA cannot be re-initialised in a forked child.",
+    why="`RuntimeError: Cannot re-initialize CUDA in forked subprocess` in the workers (on a CPU build: `Torch not compiled with CUDA enabled` at import).",
+    example="GPU_NAME = torch.cuda.get_device_name(0)  # at module level",
+    fix="Move device queries into __init__/forward, or make them lazy; register the class lazily ('module:Class').",
+    references=("vllm-project/vllm#12754", "vllm-project/vllm#8893"),
+    requires=("import",),
+)
+def cuda_initialized_at_import(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    if facts.import_pass is None:
+        yield emit.skip("needs the import pass: " + (facts.import_pass_error or "skipped by --fast"))
+        return
+    resolved = resolved_target(facts)
+    if resolved is None:
+        yield emit.not_applicable("no architecture of config.json is registered (see VD101)")
+        return
+    arch, target = resolved
+    record = facts.class_record(arch) or {}
+    frames = record.get("cuda_init_at_import")
+    if frames:
+        yield emit.fail(
+            f"importing {target.split(':')[0]} initialises CUDA at {frames[-1]}",
+            frames[-1],
+            {"stack": frames},
+            "move the CUDA call out of module level (into __init__ or forward)",
+        )
+    else:
+        yield emit.ok(f"importing {target.split(':')[0]} does not touch CUDA", target)

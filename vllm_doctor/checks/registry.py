@@ -1,0 +1,505 @@
+"""VD1xx: does vLLM find the architecture config.json names, and the config class behind it?"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+from vllm_doctor.checks.base import Emit, check
+from vllm_doctor.facts import Facts
+from vllm_doctor.model import Finding, Severity, Stage
+
+UNSUPPORTED = "Model architectures [...] are not supported for now. Supported architectures: ..."
+REGISTER_HINT = (
+    "register it from a `vllm.general_plugins` entry point: "
+    "ModelRegistry.register_model({arch!r}, 'your_pkg.model:YourClass')"
+)
+
+
+def nearest_names(name: str, candidates: Iterable[str], limit: int = 3) -> list[str]:
+    """Near misses first: same name ignoring case/underscores, then difflib's closest."""
+    pool = list(candidates)
+    folded = name.lower().replace("_", "").replace("-", "")
+    exact = [c for c in pool if c.lower().replace("_", "").replace("-", "") == folded and c != name]
+    close = difflib.get_close_matches(name, pool, n=limit, cutoff=0.75)
+    out: list[str] = []
+    for c in exact + close:
+        if c not in out and c != name:
+            out.append(c)
+    return out[:limit]
+
+
+def fallback_possible(facts: Facts, arch: str) -> bool:
+    """Would vLLM (model_impl=auto) fall back to its Transformers backend for ``arch``?"""
+    if any(key.startswith("AutoModel") for key in facts.auto_map) and facts.trust_remote_code:
+        return True
+    return facts.transformers_class_names is not None and arch in facts.transformers_class_names
+
+
+def resolved_target(facts: Facts) -> tuple[str, str] | None:
+    """(arch, target) vLLM would resolve first for config.json's architectures, if any."""
+    if facts.registry is None:
+        return None
+    for arch in facts.architectures:
+        if arch in facts.registry:
+            return arch, facts.registry[arch]
+    return None
+
+
+def _registry_or_skip(facts: Facts, emit: Emit) -> Finding | None:
+    if facts.registry is None:
+        reason = facts.import_pass_error or "vLLM is not importable here and its registry table could not be read"
+        return emit.skip(f"registry unavailable: {reason}")
+    return None
+
+
+@check(
+    "VD101",
+    "architecture-not-registered",
+    "No entry of config.json `architectures` is registered with vLLM (built-ins + plugins).",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="vLLM resolves the model class from config.json's `architectures` list, looking each name up in its ModelRegistry: the built-in table plus whatever `vllm.general_plugins` entry points register in the engine's processes.",
+    why=f"If no name is found (and no Transformers fallback applies) vLLM stops with `{UNSUPPORTED}`, after 10-30 s of start-up and with a list of 400 names that hides the near miss.",
+    example='config.json: "architectures": ["TinyDoctorForCausalLm"] while the plugin registers "TinyDoctorForCausalLM".',
+    fix="Make config.json's `architectures[0]` and the first argument of `ModelRegistry.register_model` the same string, and register from a plugin entry point.",
+    references=("vllm-project/vllm#16905", "vllm-project/vllm#5655"),
+    requires=("config", "registry"),
+)
+def architecture_not_registered(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    skipped = _registry_or_skip(facts, emit)
+    if skipped:
+        yield skipped
+        return
+    assert facts.registry is not None
+    archs = facts.architectures
+    if not archs:
+        yield emit.not_applicable("config.json names no architectures (see VD108)")
+        return
+    registered = [a for a in archs if a in facts.registry]
+    if registered:
+        yield emit.ok(f"{registered[0]} is registered ({facts.registry[registered[0]]})", "config.json:architectures")
+        return
+    if fallback_possible(facts, archs[0]):
+        yield emit.ok(f"{archs[0]} is not registered, but vLLM can serve it through its Transformers backend (see VD107)", "config.json:architectures[0]")
+        return
+    plugin_archs = sorted({arch for _, arch, _, _ in facts.plugin_registrations()})
+    for i, arch in enumerate(archs):
+        near = nearest_names(arch, list(facts.registry) + plugin_archs)
+        if arch in facts.previously_supported:
+            message = f"{arch} was removed from vLLM after v{facts.previously_supported[arch]}"
+        elif arch in facts.out_of_tree:
+            message = f"{arch} now lives out of tree: install {facts.out_of_tree[arch]}"
+        else:
+            message = f"architecture {arch!r} is not registered with vLLM"
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        hint += "config.json's `architectures` entry and the registered name must match exactly; " if near else ""
+        hint += REGISTER_HINT.format(arch=arch)
+        yield emit.fail(
+            message,
+            f"config.json:architectures[{i}]",
+            {
+                "architecture": arch,
+                "nearest_registered": near,
+                "registered_by_plugins": plugin_archs,
+                "registry_source": facts.registry_source,
+                "vllm_error": UNSUPPORTED.replace("[...]", repr(archs)),
+            },
+            hint,
+        )
+
+
+@check(
+    "VD102",
+    "registered-only-in-caller",
+    "The architecture is registered in your script's process only; the engine's processes will not see it.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="A `ModelRegistry.register_model` call made in your script (inside `main()`, a function, a test, or under `if __name__ == '__main__':`) runs in that process only. vLLM's engine core and workers are separate processes; they import plugins from `vllm.general_plugins` entry points, not your script.",
+    why="The engine core raises `Model architectures [...] are not supported for now` although your own `ModelRegistry.get_supported_archs()` lists the name, which sends people hunting in the wrong place.",
+    example="if __name__ == '__main__':\n    ModelRegistry.register_model('TinyDoctorForCausalLM', TinyDoctorForCausalLM)\n    LLM(model=...)",
+    fix="Move the registration into a function exposed as a `vllm.general_plugins` entry point in your package's pyproject.toml, and pip install the package.",
+    references=("vllm-project/vllm#18740", "vllm-project/vllm#9233"),
+    requires=("caller_registry|script",),
+)
+def registered_only_in_caller(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    if facts.caller_registry is None and facts.script_registrations is None:
+        yield emit.not_applicable("needs the caller's registry: call vllm_doctor.check() from your script, or pass --script FILE")
+        return
+    found = False
+    if facts.caller_registry is not None:
+        if facts.registry is None or facts.registry_source != "import":
+            yield emit.skip("the fresh-process registry is unavailable: " + (facts.import_pass_error or "import pass not run"))
+            return
+        for i, arch in enumerate(facts.architectures):
+            if arch in facts.caller_registry and arch not in facts.registry:
+                found = True
+                yield emit.fail(
+                    f"{arch} is registered in this process but not in a fresh engine process",
+                    f"config.json:architectures[{i}]",
+                    {"caller_target": facts.caller_registry[arch], "fresh_process_registered": False},
+                    "register it from a `vllm.general_plugins` entry point so every engine process sees it",
+                )
+    for reg in facts.script_registrations or []:
+        if reg.get("scope") != "module":
+            found = True
+            yield emit.fail(
+                f"{reg['arch']!r} is registered inside {reg['scope']}; spawned engine processes never run that code",
+                reg["where"],
+                dict(reg),
+                "move the call into a `vllm.general_plugins` entry point (or at least to the module's top level)",
+            )
+    if not found:
+        yield emit.ok("every architecture the caller registers is visible to a fresh engine process")
+
+
+@check(
+    "VD103",
+    "registered-under-wrong-name",
+    "The plugin registers the class under another name (often the `model_type` string) than config.json's `architectures`.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="`model_type` only selects the Hugging Face config class; the model class is looked up by the `architectures` entries.",
+    why="Registering under `model_type` (or a renamed class) gives `Model architectures [...] are not supported for now` although the plugin ran.",
+    example="ModelRegistry.register_model('tiny_doctor', ...) while config.json says architectures: ['TinyDoctorForCausalLM'].",
+    fix="Register under the exact string in config.json's `architectures` (or change config.json).",
+    references=("vllm-project/vllm#11229",),
+    requires=("config", "registry"),
+)
+def registered_under_wrong_name(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    skipped = _registry_or_skip(facts, emit)
+    if skipped:
+        yield skipped
+        return
+    assert facts.registry is not None
+    archs = facts.architectures
+    regs = facts.plugin_registrations()
+    if not regs:
+        yield emit.not_applicable("no plugin registers a model")
+        return
+    if any(a in facts.registry for a in archs):
+        yield emit.ok("a plugin registration matches config.json's architectures")
+        return
+    found = False
+    for plugin, arch, target, where in regs:
+        cls_name = target.replace(":", ".").rsplit(".", 1)[-1]
+        reason = None
+        if facts.model_type and arch == facts.model_type:
+            reason = f"registered under the model_type string {arch!r}"
+        elif cls_name in archs:
+            reason = f"registered under {arch!r}, but its class is named {cls_name!r} like config.json's architecture"
+        if reason:
+            found = True
+            yield emit.fail(
+                f"plugin {plugin.name!r} {reason}",
+                where,
+                {"registered_as": arch, "target": target, "config_architectures": archs, "model_type": facts.model_type},
+                f"register it as {archs[0]!r}: ModelRegistry.register_model({archs[0]!r}, {target!r})" if archs else "",
+            )
+    if not found:
+        yield emit.ok("no plugin registration looks like a misnamed config architecture")
+
+
+@check(
+    "VD104",
+    "model-type-unknown",
+    "config.json's `model_type` is known neither to transformers nor to vLLM nor registered by a plugin.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="vLLM builds the config through transformers' AutoConfig, keyed by `model_type`. A custom model_type must be registered (`AutoConfig.register(model_type, ConfigClass)`) in every engine process, e.g. in the same plugin function that registers the model.",
+    why="Otherwise loading fails with `The checkpoint you are trying to load has model type `...` but Transformers does not recognize this architecture`.",
+    example="model_type 'tiny_doctor' with a plugin that registers the model class but never calls AutoConfig.register.",
+    fix="Call `AutoConfig.register('<model_type>', YourConfig)` in your plugin function (guard it: plugins run in several processes), or ship the config class via `auto_map` with trust_remote_code.",
+    references=("vllm-project/vllm#13579", "vllm-project/vllm#39532"),
+    requires=("config",),
+)
+def model_type_unknown(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    mt = facts.model_type
+    if mt is None:
+        yield emit.fail(
+            "config.json has no `model_type`" if "model_type" not in facts.config else f"config.json `model_type` is not a string: {facts.config['model_type']!r}",
+            "config.json:model_type",
+            {},
+            "set model_type to the string your config class declares (PretrainedConfig.model_type)",
+        )
+        return
+    known: set[str] = set()
+    source = ""
+    if facts.import_pass and "transformers_model_types" in facts.import_pass:
+        known = set(facts.import_pass["transformers_model_types"])
+        source = "AutoConfig in a fresh process after plugins"
+    elif facts.transformers_model_types is not None:
+        known = set(facts.transformers_model_types)
+        known.update(mt_ for p in facts.plugins if p.allowed for mt_, _ in p.config_registrations)
+        source = "transformers' table + plugin AutoConfig.register calls (static)"
+    else:
+        yield emit.skip("transformers is not installed here: cannot tell which model_types it knows")
+        return
+    if mt in known:
+        yield emit.ok(f"model_type {mt!r} is known ({source})", "config.json:model_type")
+        return
+    if mt in facts.vllm_config_model_types:
+        yield emit.ok(f"model_type {mt!r} is supplied by vLLM's own config registry", "config.json:model_type")
+        return
+    if any(k.startswith("AutoConfig") for k in facts.auto_map):
+        yield emit.not_applicable(f"model_type {mt!r} comes with auto_map (see VD105)", "config.json:model_type")
+        return
+    near = nearest_names(mt, known)
+    registers_model = [p.name for p in facts.plugins if p.registrations]
+    hint = f"did you mean {near[0]!r}? " if near else ""
+    hint += f"call AutoConfig.register({mt!r}, YourConfig) in your plugin function"
+    if registers_model:
+        hint += f" (plugin {registers_model[0]!r} registers the model but not its config)"
+    yield emit.fail(
+        f"model_type {mt!r} is unknown to transformers and registered by no plugin",
+        "config.json:model_type",
+        {"model_type": mt, "nearest_known": near, "source": source,
+         "vllm_error": f"The checkpoint you are trying to load has model type `{mt}` but Transformers does not recognize this architecture"},
+        hint,
+    )
+
+
+@check(
+    "VD105",
+    "auto-map-needs-trust-remote-code",
+    "config.json has `auto_map` (code shipped with the model) but trust_remote_code is off, or a referenced file is missing.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="`auto_map` points AutoConfig/AutoModel at Python files in the model directory; transformers runs them only with trust_remote_code=True.",
+    why="vLLM stops with `Failed to load the model config. If the model is a custom model not yet available in the HuggingFace transformers library, consider setting trust_remote_code=True`.",
+    example='"auto_map": {"AutoConfig": "configuration_tiny_doctor.TinyDoctorConfig"} and LLM(model=dir) without trust_remote_code.',
+    fix="Pass `trust_remote_code=True` (`--trust-remote-code` for vllm serve and for this check), or register the config class from a plugin instead.",
+    requires=("config",),
+)
+def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    auto_map = facts.auto_map
+    if not auto_map:
+        yield emit.not_applicable("config.json has no auto_map")
+        return
+    from pathlib import Path
+
+    problems = 0
+    for key, ref in auto_map.items():
+        refs = ref if isinstance(ref, list) else [ref]
+        for one in refs:
+            if not isinstance(one, str) or "--" in one:  # "repo--module.Class" lives in another repo
+                continue
+            module = one.rsplit(".", 1)[0]
+            if not (Path(facts.model_dir) / (module.replace(".", "/") + ".py")).is_file():
+                problems += 1
+                yield emit.fail(
+                    f"auto_map[{key!r}] names {one!r} but {module}.py is not in the model directory",
+                    f"config.json:auto_map.{key}",
+                    {"reference": one},
+                    f"ship {module}.py next to config.json or fix the auto_map entry",
+                )
+    mt = facts.model_type
+    known = facts.transformers_model_types or set()
+    if facts.import_pass and "transformers_model_types" in facts.import_pass:
+        known = set(facts.import_pass["transformers_model_types"])
+    if not facts.trust_remote_code and any(k.startswith("AutoConfig") for k in auto_map) and mt not in known:
+        problems += 1
+        yield emit.fail(
+            "config.json's auto_map needs trust_remote_code=True, which is off",
+            "config.json:auto_map",
+            {"auto_map": auto_map, "model_type": mt,
+             "vllm_error": "Failed to load the model config. If the model is a custom model not yet available in the HuggingFace transformers library, consider setting `trust_remote_code=True` in LLM or using the `--trust-remote-code` flag in the CLI."},
+            "pass trust_remote_code=True to LLM (--trust-remote-code to vllm serve and to vllm-doctor check) if you trust this code",
+        )
+    if not problems:
+        yield emit.ok("auto_map is usable" + (" with trust_remote_code" if facts.trust_remote_code else ""))
+
+
+@check(
+    "VD106",
+    "model-class-import-fails",
+    "The registered `module:Class` cannot be imported; here is the real traceback vLLM hides.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="Lazy registrations (`'pkg.module:Class'`) are imported when vLLM first inspects the model, in a subprocess whose traceback ends up far from the final error.",
+    why="vLLM reports only `Model architectures [...] failed to be inspected. Please check the logs for more details.`",
+    example="from vllm.model_executor.layers.linear import QKVParallelLinaer  # typo in the model module",
+    fix="Fix the error the traceback shows; `python -c 'import pkg.module'` reproduces it.",
+    references=("vllm-project/vllm#13332", "vllm-project/vllm#12219", "vllm-project/vllm#22376"),
+    requires=("import",),
+)
+def model_class_import_fails(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    if facts.import_pass is None:
+        yield emit.skip("needs the import pass: " + (facts.import_pass_error or "skipped by --fast"))
+        return
+    resolved = resolved_target(facts)
+    if resolved is None:
+        yield emit.not_applicable("no architecture of config.json is registered (see VD101)")
+        return
+    arch, target = resolved
+    record = facts.class_record(arch)
+    if record is None:
+        yield emit.skip(f"the import pass did not inspect {arch}")
+        return
+    if "import_error" in record:
+        tb = record["import_error"]
+        yield emit.fail(
+            f"{target} cannot be imported: {record.get('import_error_summary', '')}",
+            target,
+            {"traceback": tb, "module_file": record.get("module_file"),
+             "vllm_error": f"Model architectures {facts.architectures!r} failed to be inspected. Please check the logs for more details."},
+            f"reproduce with: python -c 'import {target.split(':')[0]}'",
+        )
+        return
+    yield emit.ok(f"{target} imports cleanly", target)
+
+
+@check(
+    "VD107",
+    "transformers-backend-fallback",
+    "vLLM will serve this model with its Transformers backend, not a native or custom vLLM class.",
+    severity=Severity.WARN,
+    stage=Stage.STATIC,
+    what="When config.json's architecture is one vLLM serves only through its generic Transformers backend (or none is registered but transformers knows the class), vLLM silently builds `TransformersForCausalLM` around the HF model.",
+    why="No error: your custom vLLM class is simply not what runs, and performance and behaviour differ.",
+    example="Your plugin registers 'TinyDoctorForCausalLM' but config.json, copied from the base model, still says 'OlmoForCausalLM'.",
+    fix="Put your registered name in config.json's `architectures` (or pass hf_overrides={'architectures': [...]}).",
+    references=("vllm-project/vllm#41494",),
+    requires=("config", "registry"),
+)
+def transformers_backend_fallback(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    skipped = _registry_or_skip(facts, emit)
+    if skipped:
+        yield skipped
+        return
+    assert facts.registry is not None
+    archs = facts.architectures
+    if not archs:
+        yield emit.not_applicable("config.json names no architectures")
+        return
+    resolved = resolved_target(facts)
+    custom = sorted({arch for _, arch, _, _ in facts.plugin_registrations() if arch not in archs})
+    evidence = {"config_architectures": archs, "plugin_architectures_not_in_config": custom}
+    hint = (
+        f"your plugin registers {custom[0]!r}: put it in config.json's architectures"
+        if custom
+        else "register a vLLM implementation for this architecture if you have one"
+    )
+    if resolved is not None:
+        arch, target = resolved
+        if facts.is_transformers_backend(target):
+            yield emit.warn(f"{arch} resolves to vLLM's Transformers backend ({target})", "config.json:architectures[0]", evidence | {"target": target}, hint)
+        else:
+            yield emit.ok(f"{arch} resolves to {target}", "config.json:architectures")
+        return
+    if fallback_possible(facts, archs[0]):
+        yield emit.warn(
+            f"{archs[0]} is not registered; vLLM will fall back to its Transformers backend",
+            "config.json:architectures[0]",
+            evidence,
+            hint,
+        )
+        return
+    yield emit.not_applicable("no architecture resolves (see VD101)")
+
+
+@check(
+    "VD108",
+    "architectures-invalid",
+    "config.json's `architectures` is missing, empty, not a list, or holds non-strings.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="vLLM needs `architectures` to be a non-empty list of class names.",
+    why="Measured on vLLM 0.32: missing or [] with a known model_type makes vLLM silently pick a base model class without LM head (e.g. LlamaModel); a string fails pydantic validation (`Input should be a valid list`); elsewhere `No model architectures are specified`.",
+    example='"architectures": "TinyDoctorForCausalLM"  (a string, not a list)',
+    fix='Write `"architectures": ["YourForCausalLM"]` (config.save_pretrained does this when config.architectures is set).',
+    references=("vllm-project/vllm#11224",),
+    requires=("config",),
+)
+def architectures_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    archs = facts.config.get("architectures", None)
+    subject = "config.json:architectures"
+    if "architectures" not in facts.config or archs is None:
+        yield emit.fail("config.json has no `architectures`", subject, {"value": archs},
+                        'add "architectures": ["<the name you register>"]')
+    elif not isinstance(archs, list):
+        yield emit.fail(f"`architectures` is a {type(archs).__name__}, not a list: {archs!r}", subject, {"value": archs},
+                        f'write "architectures": [{archs!r}]' if isinstance(archs, str) else "make it a list of class names")
+    elif not archs:
+        yield emit.fail("`architectures` is an empty list", subject, {"value": archs}, "name your model class in it")
+    elif not all(isinstance(a, str) and a for a in archs):
+        yield emit.fail(f"`architectures` holds non-string entries: {archs!r}", subject, {"value": archs}, "use class-name strings")
+    else:
+        yield emit.ok(f"architectures = {archs!r}", subject)
+
+
+@check(
+    "VD109",
+    "plugin-not-loaded",
+    "A `vllm.general_plugins` entry point is excluded by VLLM_PLUGINS or fails to load/run.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="vLLM loads every `vllm.general_plugins` entry point (only those named in VLLM_PLUGINS when it is set) in every process, and logs but ignores a plugin that raises.",
+    why="A plugin that fails or is filtered out registers nothing, and the error that follows (`not supported for now`) does not mention it.",
+    example="entry point `tiny_doctor = tiny_doctor_model:regsiter` (typo), or VLLM_PLUGINS=lora_resolver set in the environment.",
+    fix="Fix the entry point target (module:function) and reinstall the package; add the plugin's name to VLLM_PLUGINS or unset it.",
+    requires=("plugins",),
+)
+def plugin_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    if not facts.plugins:
+        yield emit.not_applicable("no vllm.general_plugins entry points are installed")
+        return
+    live = {p["name"]: p for p in (facts.import_pass or {}).get("plugins", [])}
+    for plugin in facts.plugins:
+        subject = f"entry point {plugin.name} = {plugin.value}" + (f" ({plugin.distribution})" if plugin.distribution else "")
+        if not plugin.allowed:
+            yield emit.fail(
+                f"plugin {plugin.name!r} is excluded by VLLM_PLUGINS={facts.vllm_plugins_env!r}",
+                subject,
+                {"VLLM_PLUGINS": facts.vllm_plugins_env},
+                f"add {plugin.name!r} to VLLM_PLUGINS (comma-separated) or unset it",
+            )
+            continue
+        record = live.get(plugin.name)
+        if record is not None and (record.get("loaded") is False or record.get("called") is False):
+            stage = "import" if record.get("loaded") is False else "call"
+            error = record.get("error", "")
+            last = error.strip().splitlines()[-1] if error.strip() else "unknown error"
+            yield emit.fail(f"plugin {plugin.name!r} fails to {stage}: {last}", subject, {"traceback": error},
+                            "fix the entry point (module:function) in pyproject.toml and reinstall the package")
+            continue
+        if record is None and plugin.problem:
+            yield emit.fail(f"plugin {plugin.name!r} cannot load: {plugin.problem}", subject, {"static_scan": plugin.problem},
+                            "fix the entry point (module:function) in pyproject.toml and reinstall the package")
+            continue
+        yield emit.ok(f"plugin {plugin.name!r} loads", subject)
+
+
+@check(
+    "VD110",
+    "registration-shadows-builtin",
+    "A plugin registers a name vLLM already has built in, replacing vLLM's implementation.",
+    severity=Severity.INFO,
+    stage=Stage.STATIC,
+    what="`register_model` with a built-in name overwrites vLLM's entry in every process that loads the plugin.",
+    why="Usually deliberate (a patched Llama); when not, every model with that architecture now runs your class.",
+    example="ModelRegistry.register_model('LlamaForCausalLM', 'my_pkg.model:MyLlama')",
+    fix="Use a distinct architecture name unless you mean to replace vLLM's class.",
+    requires=("plugins", "registry"),
+)
+def registration_shadows_builtin(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    if facts.builtin_archs is None:
+        yield emit.skip("vLLM's built-in table is unavailable")
+        return
+    regs = facts.plugin_registrations()
+    if not regs:
+        yield emit.not_applicable("no plugin registers a model")
+        return
+    shadowed = False
+    for plugin, arch, target, where in regs:
+        builtin = facts.builtin_archs.get(arch)
+        if builtin is not None and builtin != target:
+            shadowed = True
+            yield emit.warn(
+                f"plugin {plugin.name!r} replaces vLLM's built-in {arch} ({builtin}) with {target}",
+                where,
+                {"architecture": arch, "builtin": builtin, "replacement": target},
+                "fine if deliberate; otherwise register under a new name",
+            )
+    if not shadowed:
+        yield emit.ok("no plugin registration shadows a built-in architecture")

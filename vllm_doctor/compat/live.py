@@ -1,0 +1,278 @@
+"""Facts that need vLLM imported. Runs only in a fresh child process (see probes/import_probe.py).
+
+Everything returned is a plain JSON-able dict; no vLLM object leaves this module.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import sys
+import textwrap
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from vllm_doctor.compat.plugins import GENERAL_PLUGINS_GROUP
+
+
+def _format_exc(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+
+
+def import_vllm() -> str | None:
+    """Import vLLM (the slow part of the import pass); return its version."""
+    import vllm
+
+    return getattr(vllm, "__version__", None)
+
+
+def load_general_plugins_observed() -> list[dict[str, Any]]:
+    """Load ``vllm.general_plugins`` the way vLLM does, recording each plugin's fate.
+
+    vLLM logs a failed plugin and carries on; we keep the traceback instead. The
+    ``VLLM_PLUGINS`` filter is vLLM's own (``vllm.envs``), so the result is what an engine
+    process would see. ``plugins_loaded`` is set so nothing loads them twice.
+    """
+    from importlib.metadata import entry_points
+
+    import vllm.envs as envs
+
+    try:
+        import vllm.plugins as vllm_plugins
+    except ImportError:  # pragma: no cover - every supported vLLM has it
+        vllm_plugins = None  # type: ignore[assignment]
+    allowed = envs.VLLM_PLUGINS
+    results: list[dict[str, Any]] = []
+    for ep in entry_points(group=GENERAL_PLUGINS_GROUP):
+        record: dict[str, Any] = {"name": ep.name, "value": ep.value, "allowed": allowed is None or ep.name in allowed}
+        if record["allowed"]:
+            try:
+                func = ep.load()
+                record["loaded"] = True
+            except Exception as exc:
+                record.update(loaded=False, error=_format_exc(exc))
+                results.append(record)
+                continue
+            try:
+                func()
+                record["called"] = True
+            except Exception as exc:
+                record.update(called=False, error=_format_exc(exc))
+        results.append(record)
+    if vllm_plugins is not None and hasattr(vllm_plugins, "plugins_loaded"):
+        vllm_plugins.plugins_loaded = True
+    return results
+
+
+def registry_snapshot() -> dict[str, str]:
+    """arch -> "module:Class" for every architecture in vLLM's ModelRegistry, as it stands."""
+    from vllm import ModelRegistry
+
+    out: dict[str, str] = {}
+    models = getattr(ModelRegistry, "models", None)
+    if not isinstance(models, dict):  # unknown layout: names only
+        return {arch: "?" for arch in ModelRegistry.get_supported_archs()}
+    for arch, entry in models.items():
+        module = getattr(entry, "module_name", None)
+        cls_name = getattr(entry, "class_name", None)
+        if module and cls_name:
+            out[arch] = f"{module}:{cls_name}"
+            continue
+        cls = getattr(entry, "model_cls", None)
+        out[arch] = f"{cls.__module__}:{cls.__qualname__}" if cls is not None else "?"
+    return out
+
+
+def transformers_model_types() -> list[str]:
+    """model_types AutoConfig resolves now (built-ins + ``AutoConfig.register`` calls)."""
+    from transformers import CONFIG_MAPPING
+
+    keys = set(CONFIG_MAPPING.keys())
+    extra = getattr(CONFIG_MAPPING, "_extra_content", {})
+    keys.update(extra)
+    return sorted(keys)
+
+
+class CudaInitWatch:
+    """Records who first initialises CUDA while active (``torch.cuda._lazy_init``).
+
+    The original is still called, so behaviour is what vLLM would get: on a CPU build of torch
+    that raises, on a GPU it initialises CUDA, which forked workers cannot survive.
+    """
+
+    def __init__(self) -> None:
+        self.stack: list[str] | None = None
+        self._orig: Callable[[], None] | None = None
+
+    def __enter__(self) -> CudaInitWatch:
+        import torch.cuda
+
+        self._orig = torch.cuda._lazy_init
+        watch = self
+
+        def _lazy_init() -> None:
+            if watch.stack is None:
+                watch.stack = [
+                    f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_stack()[:-1]
+                ]
+            assert watch._orig is not None
+            watch._orig()
+
+        torch.cuda._lazy_init = _lazy_init  # type: ignore[assignment]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch.cuda
+
+        if self._orig is not None:
+            torch.cuda._lazy_init = self._orig  # type: ignore[assignment]
+
+    def user_frames(self, module_file: str | None) -> list[str]:
+        frames = self.stack or []
+        if module_file:
+            mine = [f for f in frames if f.startswith(module_file)]
+            if mine:
+                return mine
+        return [f for f in frames if "/torch/" not in f and "importlib" not in f][-3:]
+
+
+def _returns_value(func: Callable[..., Any]) -> bool | None:
+    """Does the function's own body have a ``return <value>``? None if the source is unavailable."""
+    try:
+        source = textwrap.dedent(inspect.getsource(func))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return None
+    fn = tree.body[0]
+    stack: list[ast.AST] = list(ast.iter_child_nodes(fn))
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda | ast.ClassDef):
+            continue  # nested scopes return for themselves
+        if isinstance(node, ast.Return) and node.value is not None:
+            if not (isinstance(node.value, ast.Constant) and node.value.value is None):
+                return True
+        if isinstance(node, ast.Yield | ast.YieldFrom):
+            return True
+        stack.extend(ast.iter_child_nodes(node))
+    return False
+
+
+def _params(func: Any) -> list[str] | None:
+    try:
+        return list(inspect.signature(func).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def _supports_kw() -> Callable[[Any, str], bool]:
+    for where in ("vllm.utils.func_utils", "vllm.utils"):
+        try:
+            return importlib.import_module(where).supports_kw  # type: ignore[no-any-return]
+        except (ImportError, AttributeError):
+            continue
+
+    def fallback(func: Any, kw: str) -> bool:
+        try:
+            params = inspect.signature(func).parameters
+        except (TypeError, ValueError):
+            return False
+        return kw in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+    return fallback
+
+
+def vllm_verdicts(cls: type) -> dict[str, Any]:
+    """vLLM's own interface checks on the class (capability-detected)."""
+    out: dict[str, Any] = {}
+    try:
+        base = importlib.import_module("vllm.model_executor.models.interfaces_base")
+    except ImportError:
+        return out
+    for name in ("is_vllm_model", "is_text_generation_model", "is_pooling_model"):
+        fn = getattr(base, name, None)
+        if callable(fn):
+            try:
+                out[name] = bool(fn(cls))
+            except Exception as exc:
+                out[name] = None
+                out[f"{name}_error"] = repr(exc)
+    # does the installed vLLM require embed_input_ids for is_vllm_model? (0.32 does)
+    check = getattr(base, "is_vllm_model", None)
+    if check is not None:
+        try:
+            out["requires_embed_input_ids"] = "_check_vllm_model_embed_input_ids" in inspect.getsource(check)
+        except (OSError, TypeError):
+            out["requires_embed_input_ids"] = None
+    return out
+
+
+def contract_facts(cls: type) -> dict[str, Any]:
+    """Everything the VD2xx checks need about a model class, as plain data."""
+    import torch.nn as nn
+
+    supports_kw = _supports_kw()
+    facts: dict[str, Any] = {
+        "qualname": f"{cls.__module__}.{cls.__qualname__}",
+        "mro": [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__],
+        "is_nn_module": isinstance(cls, type) and issubclass(cls, nn.Module),
+    }
+    try:
+        facts["source"] = f"{inspect.getsourcefile(cls)}:{inspect.getsourcelines(cls)[1]}"
+    except (OSError, TypeError):
+        facts["source"] = None
+    try:
+        import transformers
+
+        facts["is_pretrained_model"] = issubclass(cls, transformers.PreTrainedModel)
+    except ImportError:
+        facts["is_pretrained_model"] = False
+    init = cls.__init__  # type: ignore[misc]
+    facts["init_params"] = _params(init)
+    facts["init_accepts_vllm_config"] = supports_kw(init, "vllm_config")
+    facts["init_accepts_prefix"] = supports_kw(init, "prefix")
+    forward = getattr(cls, "forward", None)
+    facts["forward_callable"] = callable(forward)
+    facts["forward_params"] = _params(forward) if callable(forward) else None
+    facts["forward_supports"] = {
+        kw: (supports_kw(forward, kw) if callable(forward) else False)
+        for kw in ("input_ids", "positions", "intermediate_tensors", "inputs_embeds")
+    }
+    facts["compute_logits_callable"] = callable(getattr(cls, "compute_logits", None))
+    load_weights = getattr(cls, "load_weights", None)
+    facts["load_weights_callable"] = callable(load_weights)
+    facts["load_weights_returns_value"] = _returns_value(load_weights) if callable(load_weights) else None
+    facts["embed_input_ids_callable"] = callable(getattr(cls, "embed_input_ids", None))
+    facts["get_input_embeddings_callable"] = callable(getattr(cls, "get_input_embeddings", None))
+    facts["vllm"] = vllm_verdicts(cls)
+    return facts
+
+
+def load_class(target: str) -> tuple[type | None, dict[str, Any]]:
+    """Import ``module:Class`` under a CUDA-init watch; return (class, record)."""
+    module_name, _, cls_name = target.partition(":")
+    record: dict[str, Any] = {"target": target}
+    already = module_name in sys.modules
+    watch = CudaInitWatch()
+    try:
+        with watch:
+            module = importlib.import_module(module_name)
+            cls = getattr(module, cls_name)
+    except BaseException as exc:  # SystemExit from a module is a failure too
+        record["import_error"] = _format_exc(exc)
+        record["import_error_summary"] = f"{type(exc).__name__}: {exc}"
+        cls = None
+    module_file = getattr(sys.modules.get(module_name), "__file__", None)
+    if module_file is None:
+        try:
+            spec = importlib.util.find_spec(module_name)
+            module_file = spec.origin if spec else None
+        except (ImportError, ValueError):
+            module_file = None
+    record["module_file"] = module_file
+    record["imported_before"] = already
+    if watch.stack is not None:
+        record["cuda_init_at_import"] = watch.user_frames(module_file)
+    return cls, record

@@ -1,0 +1,163 @@
+"""vLLM's general plugins: which entry points exist, which vLLM would load, what they register.
+
+Mirrors ``vllm.plugins.load_plugins_by_group`` (group ``vllm.general_plugins``, filtered by
+``VLLM_PLUGINS`` split on commas) without importing vLLM. The static scan reads each plugin
+function's source and collects ``register_model(...)`` and ``AutoConfig.register(...)`` calls
+whose arguments are literals; anything dynamic is flagged so the import pass decides.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from vllm_doctor.compat.source_tables import find_module_file
+
+GENERAL_PLUGINS_GROUP = "vllm.general_plugins"
+
+
+def allowed_plugin_names(environ: Mapping[str, str] | None = None) -> list[str] | None:
+    """``VLLM_PLUGINS`` exactly as vLLM parses it: unset -> None (all), else comma split."""
+    env = os.environ if environ is None else environ
+    if "VLLM_PLUGINS" not in env:
+        return None
+    return env["VLLM_PLUGINS"].split(",")
+
+
+@dataclass
+class Registration:
+    arch: str
+    target: str  # "module:Class" (lazy) or "module.Class" / "<name>" (eager class)
+    lazy: bool
+    where: str  # "path:line"
+
+    @property
+    def module(self) -> str | None:
+        if self.lazy and ":" in self.target:
+            return self.target.split(":", 1)[0]
+        return None
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    value: str  # "module:function"
+    distribution: str | None
+    allowed: bool  # not excluded by VLLM_PLUGINS
+    module_file: str | None = None
+    function_found: bool = False
+    registrations: list[Registration] = field(default_factory=list)
+    config_registrations: list[tuple[str, str]] = field(default_factory=list)  # (model_type, cls)
+    dynamic: bool = False  # saw a registration call whose arguments are not literals
+    problem: str | None = None  # why the static scan could not follow it
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def discover_general_plugins(environ: Mapping[str, str] | None = None) -> list[PluginInfo]:
+    allowed = allowed_plugin_names(environ)
+    plugins: list[PluginInfo] = []
+    for ep in importlib.metadata.entry_points(group=GENERAL_PLUGINS_GROUP):
+        dist = getattr(ep, "dist", None)
+        info = PluginInfo(
+            name=ep.name,
+            value=ep.value,
+            distribution=dist.metadata["Name"] if dist is not None else None,
+            allowed=allowed is None or ep.name in allowed,
+        )
+        scan_plugin(info)
+        plugins.append(info)
+    return plugins
+
+
+def _call_name(node: ast.Call) -> str:
+    func = node.func
+    if isinstance(func, ast.Attribute):
+        base = func.value
+        prefix = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+        return f"{prefix}.{func.attr}"
+    if isinstance(func, ast.Name):
+        return func.id
+    return ""
+
+
+def _imported_names(tree: ast.Module) -> dict[str, str]:
+    """Local name -> dotted origin, for ``from x import Y`` anywhere in the module."""
+    names: dict[str, str] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            for alias in node.names:
+                names[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    return names
+
+
+def scan_plugin(info: PluginInfo) -> None:
+    module_name, _, attr = info.value.partition(":")
+    path = find_module_file(module_name.strip())
+    if path is None:
+        info.problem = f"module {module_name!r} not found on sys.path"
+        return
+    info.module_file = str(path)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, OSError, UnicodeDecodeError) as exc:
+        info.problem = f"cannot parse {path}: {exc}"
+        return
+    functions = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
+    attr = attr.strip()
+    if attr and attr not in functions:
+        # could still be an assignment or re-export; the import pass decides
+        assigned = any(
+            isinstance(n, ast.Assign | ast.ImportFrom)
+            and attr in ({t.id for t in n.targets if isinstance(t, ast.Name)} if isinstance(n, ast.Assign) else {a.asname or a.name for a in n.names})
+            for n in tree.body
+        )
+        if not assigned:
+            info.problem = f"{module_name} has no function {attr!r}"
+            return
+        info.dynamic = True
+        return
+    info.function_found = True
+    imported = _imported_names(tree)
+    # follow calls from the entry function into same-module helpers (one level is typical)
+    todo = [functions[attr]] if attr else [n for n in tree.body if not isinstance(n, ast.FunctionDef)]
+    seen: set[str] = set()
+    while todo:
+        fn = todo.pop()
+        key = getattr(fn, "name", "<module>")
+        if key in seen:
+            continue
+        seen.add(key)
+        for node in ast.walk(fn) if isinstance(fn, ast.AST) else []:
+            if not isinstance(node, ast.Call):
+                continue
+            cname = _call_name(node)
+            if cname in functions and cname not in seen:
+                todo.append(functions[cname])
+            where = f"{path}:{node.lineno}"
+            if cname.endswith("register_model"):
+                if len(node.args) >= 2 and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                    target = node.args[1]
+                    if isinstance(target, ast.Constant) and isinstance(target.value, str):
+                        info.registrations.append(Registration(node.args[0].value, target.value, True, where))
+                    elif isinstance(target, ast.Name):
+                        origin = imported.get(target.id, f"{module_name}.{target.id}")
+                        info.registrations.append(Registration(node.args[0].value, origin, False, where))
+                    else:
+                        info.dynamic = True
+                else:
+                    info.dynamic = True
+            elif cname.endswith("AutoConfig.register") or cname == "AutoConfig.register":
+                if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                    cls = node.args[1] if len(node.args) > 1 else None
+                    cls_name = imported.get(cls.id, cls.id) if isinstance(cls, ast.Name) else "?"
+                    info.config_registrations.append((node.args[0].value, cls_name))
+                else:
+                    info.dynamic = True
+
+

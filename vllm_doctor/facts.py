@@ -1,0 +1,85 @@
+"""The snapshot every static check reads. Plain data gathered by probes; no vLLM objects."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_doctor.compat.plugins import PluginInfo
+
+TRANSFORMERS_BACKEND_MODULE_HINTS = (".models.transformers",)
+
+
+@dataclass
+class Facts:
+    model_dir: str
+    config: dict[str, Any]
+    trust_remote_code: bool = False
+    vllm_plugins_env: str | None = None  # VLLM_PLUGINS as set, None if unset
+    # vLLM's built-in table (arch -> "module:Class") and friends, read from source or import
+    builtin_archs: dict[str, str] | None = None
+    transformers_backend_archs: set[str] = field(default_factory=set)
+    previously_supported: dict[str, str] = field(default_factory=dict)
+    out_of_tree: dict[str, str] = field(default_factory=dict)
+    vllm_config_model_types: set[str] = field(default_factory=set)
+    transformers_model_types: set[str] | None = None
+    transformers_class_names: set[str] | None = None
+    plugins: list[PluginInfo] = field(default_factory=list)
+    # the registry an engine process will see: "import" (measured in a fresh process) or
+    # "static" (built-ins + literal registrations read from plugin source)
+    registry: dict[str, str] | None = None
+    registry_source: str = "static"
+    # import pass (fresh process) results
+    import_pass: dict[str, Any] | None = None
+    import_pass_error: str | None = None
+    # VD102 inputs
+    caller_registry: dict[str, str] | None = None
+    script_registrations: list[dict[str, Any]] | None = None
+
+    # ---- derived views ----
+    @property
+    def architectures(self) -> list[str]:
+        archs = self.config.get("architectures")
+        if isinstance(archs, list):
+            return [a for a in archs if isinstance(a, str)]
+        return []
+
+    @property
+    def model_type(self) -> str | None:
+        mt = self.config.get("model_type")
+        return mt if isinstance(mt, str) else None
+
+    @property
+    def auto_map(self) -> dict[str, str]:
+        am = self.config.get("auto_map")
+        return am if isinstance(am, dict) else {}
+
+    def plugin_registrations(self) -> list[tuple[PluginInfo, str, str, str]]:
+        """(plugin, arch, target, where) for every registration a plugin makes.
+
+        From the import pass when it ran (archs it added or changed vs built-ins), else from
+        the static scan.
+        """
+        out: list[tuple[PluginInfo, str, str, str]] = []
+        for plugin in self.plugins:
+            for reg in plugin.registrations:
+                out.append((plugin, reg.arch, reg.target, reg.where))
+        if self.registry_source == "import" and self.registry is not None and self.builtin_archs is not None:
+            known = {(arch, target) for _, arch, target, _ in out}
+            for arch, target in self.registry.items():
+                if self.builtin_archs.get(arch) != target and (arch, target) not in known:
+                    owner = next((p for p in self.plugins if p.allowed), None)
+                    if owner is not None:
+                        out.append((owner, arch, target, "registered at import time"))
+        return out
+
+    def is_transformers_backend(self, target: str) -> bool:
+        module = target.split(":", 1)[0]
+        return any(hint in module for hint in TRANSFORMERS_BACKEND_MODULE_HINTS)
+
+    def class_record(self, arch: str) -> dict[str, Any] | None:
+        """The import pass's record for the class registered under ``arch``."""
+        if not self.import_pass:
+            return None
+        record = self.import_pass.get("classes", {}).get(arch)
+        return record if isinstance(record, dict) else None

@@ -1,0 +1,162 @@
+"""The doctor's data model: plain dataclasses shared by every front end.
+
+Nothing here imports vLLM, torch or NVML. Every front end (CLI, pytest plugin, reports, TUI)
+reads and writes these types, and :meth:`Report.to_dict` is the one JSON schema
+(``SCHEMA_VERSION``) they all emit; ``docs/report-schema.json`` documents it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA_VERSION = "1.0"
+
+
+class Outcome(str, enum.Enum):
+    """What happened when a check ran against one subject."""
+
+    PASS = "pass"
+    FAIL = "fail"
+    WARN = "warn"
+    SKIP = "skip"  # could not run: a prerequisite is unavailable (reason in the message)
+    NOT_APPLICABLE = "not_applicable"  # nothing to check here (e.g. no plugins installed)
+    CRASH = "crash"  # the check itself raised; the run went on
+
+
+class Severity(str, enum.Enum):
+    ERROR = "error"
+    WARN = "warn"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        return {"info": 0, "warn": 1, "error": 2}[self.value]
+
+
+class Stage(str, enum.Enum):
+    STATIC = "static"  # config.json, vLLM's registry tables, plugin entry points, the model class
+    ENGINE = "engine"  # inside a running engine's workers
+    LIVE = "live"  # while serving
+
+
+@dataclass(frozen=True)
+class Explanation:
+    what: str
+    why: str
+    example: str
+    fix: str
+    references: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CheckMeta:
+    """Static description of one check; ``vllm-doctor rule CODE`` renders it."""
+
+    code: str  # stable, e.g. "VD101"
+    name: str  # kebab-case, names the problem: "architecture-not-registered"
+    summary: str
+    explanation: Explanation
+    severity: Severity
+    stage: Stage
+    requires: tuple[str, ...] = ()  # facts it needs: "config", "registry", "model_class", ...
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["severity"] = self.severity.value
+        data["stage"] = self.stage.value
+        data["explanation"]["references"] = list(self.explanation.references)
+        data["requires"] = list(self.requires)
+        return data
+
+
+@dataclass
+class Finding:
+    """One result of one check for one subject."""
+
+    code: str
+    outcome: Outcome
+    severity: Severity
+    message: str
+    subject: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    hint: str = ""
+
+    @property
+    def is_problem(self) -> bool:
+        return self.outcome in (Outcome.FAIL, Outcome.WARN, Outcome.CRASH)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "code": self.code,
+            "outcome": self.outcome.value,
+            "severity": self.severity.value,
+            "message": self.message,
+            "subject": self.subject,
+            "evidence": self.evidence,
+            "hint": self.hint,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Finding:
+        return cls(
+            code=data["code"],
+            outcome=Outcome(data["outcome"]),
+            severity=Severity(data["severity"]),
+            message=data["message"],
+            subject=data.get("subject", ""),
+            evidence=dict(data.get("evidence", {})),
+            hint=data.get("hint", ""),
+        )
+
+
+@dataclass
+class Report:
+    """Everything one doctor run found: environment, findings, timings, profiles."""
+
+    target: str
+    environment: dict[str, Any] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)  # probe snapshots worth keeping (JSON-able)
+    profiles: dict[str, Any] = field(default_factory=dict)
+
+    def problems(self, at_least: Severity = Severity.INFO) -> list[Finding]:
+        """Findings that count against the exit code at the given threshold."""
+        return [
+            f
+            for f in self.findings
+            if f.outcome in (Outcome.FAIL, Outcome.WARN, Outcome.CRASH)
+            and f.severity.rank >= at_least.rank
+        ]
+
+    def by_code(self, code: str) -> list[Finding]:
+        return [f for f in self.findings if f.code == code]
+
+    def to_dict(self) -> dict[str, Any]:
+        counts: dict[str, int] = {}
+        for f in self.findings:
+            counts[f.outcome.value] = counts.get(f.outcome.value, 0) + 1
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "tool": "vllm-doctor",
+            "target": self.target,
+            "environment": self.environment,
+            "summary": counts,
+            "findings": [f.to_dict() for f in self.findings],
+            "timings": self.timings,
+            "facts": self.facts,
+            "profiles": self.profiles,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Report:
+        return cls(
+            target=data["target"],
+            environment=dict(data.get("environment", {})),
+            findings=[Finding.from_dict(f) for f in data.get("findings", [])],
+            timings=dict(data.get("timings", {})),
+            facts=dict(data.get("facts", {})),
+            profiles=dict(data.get("profiles", {})),
+        )

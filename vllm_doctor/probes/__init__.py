@@ -1,0 +1,1 @@
+"""Probes collect facts and return doctor-owned snapshots (plain data)."""
