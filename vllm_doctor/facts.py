@@ -55,13 +55,15 @@ class Facts:
         return am if isinstance(am, dict) else {}
 
     def plugin_registrations(self) -> list[tuple[PluginInfo, str, str, str]]:
-        """(plugin, arch, target, where) for every registration a plugin makes.
+        """(plugin, arch, target, where) for every registration an allowed plugin makes.
 
-        From the import pass when it ran (archs it added or changed vs built-ins), else from
-        the static scan.
+        From the static scan, plus (after the import pass) archs the measured registry added
+        or changed vs the built-ins. Plugins excluded by VLLM_PLUGINS register nothing.
         """
         out: list[tuple[PluginInfo, str, str, str]] = []
         for plugin in self.plugins:
+            if not plugin.allowed:
+                continue
             for reg in plugin.registrations:
                 out.append((plugin, reg.arch, reg.target, reg.where))
         if self.registry_source == "import" and self.registry is not None and self.builtin_archs is not None:

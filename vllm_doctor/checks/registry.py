@@ -184,6 +184,8 @@ def registered_under_wrong_name(facts: Facts, emit: Emit) -> Iterable[Finding]:
     for plugin, arch, target, where in regs:
         cls_name = target.replace(":", ".").rsplit(".", 1)[-1]
         reason = None
+        if arch in archs:
+            continue  # the right name; it is missing for another reason (VD106, VD109)
         if facts.model_type and arch == facts.model_type:
             reason = f"registered under the model_type string {arch!r}"
         elif cls_name in archs:

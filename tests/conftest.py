@@ -1,0 +1,47 @@
+"""Shared fixtures: the example model variants, built once per session."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def examples_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every example variant (ok + broken), built by examples/make_examples.py."""
+    out = tmp_path_factory.mktemp("examples")
+    subprocess.run([sys.executable, str(REPO / "examples" / "make_examples.py"), str(out)], check=True, capture_output=True)
+    return out
+
+
+def variant_env(examples_dir: Path, name: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(examples_dir / name / "site"), str(REPO)])
+    env["HF_HUB_OFFLINE"] = "1"
+    env.pop("VLLM_PLUGINS", None)
+    env.update(extra)
+    return env
+
+
+def run_doctor(args: list[str], env: dict[str, str] | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_doctor", *args],
+        env=env if env is not None else dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def doctor_json(examples_dir: Path, name: str, *args: str, **extra_env: str) -> dict:
+    proc = run_doctor(["check", str(examples_dir / name / "model"), "--json", "-q", *args], variant_env(examples_dir, name, **extra_env))
+    assert proc.returncode in (0, 1), proc.stderr
+    return json.loads(proc.stdout)

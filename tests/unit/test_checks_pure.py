@@ -1,0 +1,145 @@
+"""Checks are pure functions over Facts: test their logic on plain data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vllm_doctor.checks import CATALOGUE
+from vllm_doctor.checks.base import Check
+from vllm_doctor.checks.registry import nearest_names
+from vllm_doctor.compat.plugins import PluginInfo, Registration
+from vllm_doctor.facts import Facts
+from vllm_doctor.model import CheckMeta, Explanation, Outcome, Severity, Stage
+from vllm_doctor.runner import CheckOptions, run_checks, selected_codes
+
+BUILTIN = {"LlamaForCausalLM": "vllm.model_executor.models.llama:LlamaForCausalLM",
+           "OlmoForCausalLM": "vllm.model_executor.models.transformers:TransformersForCausalLM"}
+
+
+def facts(config: dict, **kw) -> Facts:
+    f = Facts(model_dir=kw.pop("model_dir", "/nonexistent"), config=config, builtin_archs=dict(BUILTIN),
+              transformers_model_types={"llama", "olmo"}, transformers_class_names={"LlamaForCausalLM", "OlmoForCausalLM"})
+    f.registry = dict(BUILTIN)
+    for k, v in kw.items():
+        setattr(f, k, v)
+    return f
+
+
+def problems(f: Facts, code: str) -> list:
+    return [x for x in run_checks(f, [code]) if x.is_problem]
+
+
+def plugin(*regs: tuple[str, str], config_regs=(), allowed=True, problem=None) -> PluginInfo:
+    return PluginInfo(name="p", value="p:register", distribution="p", allowed=allowed, function_found=problem is None,
+                      registrations=[Registration(a, t, True, "p/__init__.py:3") for a, t in regs],
+                      config_registrations=list(config_regs), problem=problem)
+
+
+def test_nearest_names_prefers_case_and_underscore_near_misses() -> None:
+    assert nearest_names("TinyDoctorForCausalLm", ["TinyDoctorForCausalLM", "LlamaForCausalLM"])[0] == "TinyDoctorForCausalLM"
+    assert nearest_names("tiny_doctor", ["TinyDoctor", "Other"]) == ["TinyDoctor"]
+    assert nearest_names("Zzz", ["LlamaForCausalLM"]) == []
+
+
+@pytest.mark.parametrize(
+    "config, message",
+    [
+        ({"model_type": "llama"}, "config.json has no `architectures`"),
+        ({"architectures": "LlamaForCausalLM"}, "`architectures` is a str, not a list"),
+        ({"architectures": []}, "`architectures` is an empty list"),
+        ({"architectures": [1]}, "`architectures` holds non-string entries"),
+    ],
+)
+def test_vd108_reports_each_malformed_architectures(config: dict, message: str) -> None:
+    found = problems(facts(config), "VD108")
+    assert [f.subject for f in found] == ["config.json:architectures"]
+    assert found[0].message.startswith(message)
+
+
+def test_vd101_suggests_the_plugin_registered_name() -> None:
+    f = facts({"architectures": ["MyForCausalLm"], "model_type": "my"},
+              plugins=[plugin(("MyForCausalLM", "my.model:MyForCausalLM"))])
+    f.registry = dict(BUILTIN, MyForCausalLM="my.model:MyForCausalLM")
+    (found,) = problems(f, "VD101")
+    assert found.subject == "config.json:architectures[0]"
+    assert found.evidence["nearest_registered"][0] == "MyForCausalLM"
+    assert found.hint.startswith("did you mean 'MyForCausalLM'?")
+
+
+def test_vd101_passes_when_the_transformers_fallback_applies() -> None:
+    f = facts({"architectures": ["LlamaForQuestionAnswering"], "model_type": "llama"})
+    f.transformers_class_names = {"LlamaForQuestionAnswering"}
+    assert problems(f, "VD101") == []
+    (warned,) = problems(f, "VD107")
+    assert "fall back to its Transformers backend" in warned.message
+
+
+def test_vd103_names_the_model_type_registration() -> None:
+    f = facts({"architectures": ["MyForCausalLM"], "model_type": "my"},
+              plugins=[plugin(("my", "my.model:MyForCausalLM"))])
+    f.registry = dict(BUILTIN, my="my.model:MyForCausalLM")
+    (found,) = problems(f, "VD103")
+    assert found.subject == "p/__init__.py:3"
+    assert "model_type string 'my'" in found.message
+
+
+def test_vd104_counts_plugin_autoconfig_registrations_in_the_fast_pass() -> None:
+    cfg = {"architectures": ["MyForCausalLM"], "model_type": "my"}
+    assert [f.code for f in problems(facts(cfg), "VD104")] == ["VD104"]
+    ok = facts(cfg, plugins=[plugin(("MyForCausalLM", "m:M"), config_regs=[("my", "MyConfig")])])
+    assert problems(ok, "VD104") == []
+
+
+def test_vd105_reports_missing_auto_map_file_and_trust(tmp_path: Path) -> None:
+    cfg = {"architectures": ["MyForCausalLM"], "model_type": "my", "auto_map": {"AutoConfig": "configuration_my.MyConfig"}}
+    found = problems(facts(cfg, model_dir=str(tmp_path)), "VD105")
+    assert sorted(f.subject for f in found) == ["config.json:auto_map", "config.json:auto_map.AutoConfig"]
+    (tmp_path / "configuration_my.py").write_text("")
+    assert problems(facts(cfg, model_dir=str(tmp_path), trust_remote_code=True), "VD105") == []
+
+
+def test_vd109_reports_vllm_plugins_exclusion() -> None:
+    f = facts({"architectures": ["LlamaForCausalLM"], "model_type": "llama"},
+              plugins=[plugin(("X", "x:X"), allowed=False)], vllm_plugins_env="other")
+    (found,) = problems(f, "VD109")
+    assert "excluded by VLLM_PLUGINS='other'" in found.message
+
+
+def test_vd110_is_info_and_names_the_builtin() -> None:
+    f = facts({"architectures": ["LlamaForCausalLM"], "model_type": "llama"},
+              plugins=[plugin(("LlamaForCausalLM", "mine:MyLlama"))])
+    (found,) = problems(f, "VD110")
+    assert found.severity is Severity.INFO
+    assert found.evidence["builtin"] == BUILTIN["LlamaForCausalLM"]
+
+
+def test_import_pass_checks_skip_with_the_reason_when_it_did_not_run() -> None:
+    f = facts({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, import_pass_error="boom")
+    for code in ("VD106", "VD201", "VD207"):
+        (finding,) = run_checks(f, [code])
+        assert finding.outcome is Outcome.SKIP and "boom" in finding.message
+
+
+def test_a_check_that_raises_becomes_a_crash_finding_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    def explode(_facts: Facts):
+        raise ZeroDivisionError("oops")
+
+    meta = CheckMeta("VD999", "test-crash", "s", Explanation("w", "y", "e", "f"), Severity.WARN, Stage.STATIC)
+    monkeypatch.setitem(CATALOGUE, "VD999", Check(meta=meta, run=explode))
+    found = run_checks(facts({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}), ["VD999", "VD108"])
+    assert [(f.code, f.outcome) for f in found] == [("VD999", Outcome.CRASH), ("VD108", Outcome.PASS)]
+    assert "ZeroDivisionError: oops" in found[0].message
+
+
+def test_select_and_ignore_take_prefixes() -> None:
+    assert selected_codes(CheckOptions(select={"VD2"}, ignore={"VD205"})) == [
+        "VD201", "VD202", "VD203", "VD204", "VD206", "VD207"]
+
+
+def test_every_check_has_complete_metadata() -> None:
+    for code, entry in CATALOGUE.items():
+        m = entry.meta
+        assert m.code == code and m.name == m.name.lower() and " " not in m.name
+        assert m.summary and m.explanation.what and m.explanation.why and m.explanation.example and m.explanation.fix

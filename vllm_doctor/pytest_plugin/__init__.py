@@ -1,0 +1,1 @@
+"""pytest plugin (entry point ``pytest11``): run vllm-doctor checks from a model author's tests."""
