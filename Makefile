@@ -39,4 +39,4 @@ bench: setup
 	$(BIN)/python bench/bench_check.py
 
 catalogue: setup
-	$(BIN)/python -m vllm_doctor.report.catalogue
+	$(BIN)/python -m vllm_doctor.report.catalogue --write README.md

@@ -268,7 +268,7 @@ def model_type_unknown(facts: Facts, emit: Emit) -> Iterable[Finding]:
     severity=Severity.ERROR,
     stage=Stage.STATIC,
     what="`auto_map` points AutoConfig/AutoModel at Python files in the model directory; transformers runs them only with trust_remote_code=True.",
-    why="vLLM stops with `Failed to load the model config. If the model is a custom model not yet available in the HuggingFace transformers library, consider setting trust_remote_code=True`.",
+    why="vLLM stops while building its ModelConfig with transformers' `The repository <dir> contains custom code which must be executed to correctly load the model` (older vLLM: `Failed to load the model config ... consider setting trust_remote_code=True`).",
     example='"auto_map": {"AutoConfig": "configuration_tiny_doctor.TinyDoctorConfig"} and LLM(model=dir) without trust_remote_code.',
     fix="Pass `trust_remote_code=True` (`--trust-remote-code` for vllm serve and for this check), or register the config class from a plugin instead.",
     requires=("config",),
@@ -305,7 +305,7 @@ def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
             "config.json's auto_map needs trust_remote_code=True, which is off",
             "config.json:auto_map",
             {"auto_map": auto_map, "model_type": mt,
-             "vllm_error": "Failed to load the model config. If the model is a custom model not yet available in the HuggingFace transformers library, consider setting `trust_remote_code=True` in LLM or using the `--trust-remote-code` flag in the CLI."},
+             "vllm_error": f"The repository {facts.model_dir} contains custom code which must be executed to correctly load the model."},
             "pass trust_remote_code=True to LLM (--trust-remote-code to vllm serve and to vllm-doctor check) if you trust this code",
         )
     if not problems:
