@@ -70,10 +70,10 @@ def init_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "VD202",
     "subclasses-pretrainedmodel",
     "The vLLM model class subclasses transformers' `PreTrainedModel`.",
-    severity=Severity.ERROR,
+    severity=Severity.WARN,
     stage=Stage.STATIC,
-    what="A vLLM model is a plain `torch.nn.Module` built from vLLM layers (parallel linear layers, vLLM's Attention with a paged KV cache).",
-    why=f"A `PreTrainedModel` subclass brings HF's constructor and forward conventions; vLLM rejects it with `{GENERIC}` or it runs without paged attention.",
+    what="A vLLM model is a plain `torch.nn.Module` built from vLLM layers (parallel linear layers, vLLM's Attention with a paged KV cache); the HF `PreTrainedModel` class is for training and `from_pretrained`.",
+    why="Measured on vLLM 0.32: with a vLLM-style constructor the subclass is built and runs, but it drags in HF's machinery (post_init weight init over vLLM's loaders, `config_class` checks, generation mixins, HF's attention if its layers are reused) that vLLM never uses; with an HF-style constructor vLLM rejects it (`This model does not support `--runner generate``, see VD201). It usually means the model was ported by subclassing the HF class instead of rebuilding it from vLLM layers.",
     example="class MyForCausalLM(PreTrainedModel): ...",
     fix="Subclass `nn.Module` and use vLLM layers; keep the HF class for training only.",
     requires=("import",),
@@ -86,10 +86,10 @@ def subclasses_pretrainedmodel(facts: Facts, emit: Emit) -> Iterable[Finding]:
     target, c = got
     if c.get("is_pretrained_model"):
         hf_base = next((m for m in c.get("mro", []) if m.startswith("transformers.")), "PreTrainedModel")
-        yield emit.fail(
+        yield emit.warn(
             f"{target} subclasses {hf_base}{_verdict(c)}",
             target,
-            {"mro": c.get("mro", []), "source": c.get("source"), "vllm_error": GENERIC},
+            {"mro": c.get("mro", []), "source": c.get("source")},
             "subclass torch.nn.Module and build the model from vLLM layers",
         )
     elif not c.get("is_nn_module", True):

@@ -1,0 +1,311 @@
+"""Build the example model directories and plugin sites: the working one and each broken variant.
+
+    python examples/make_examples.py OUT [--only NAME ...]
+
+For each variant NAME this writes
+
+    OUT/NAME/model/         config.json, model.safetensors (small seeded random weights),
+                            tokenizer files (a local WordLevel tokenizer)
+    OUT/NAME/site/          put on PYTHONPATH, it makes the variant's plugin visible exactly as
+                            an installed distribution: the package + <dist>-0.0.0.dist-info/
+                            (METADATA, entry_points.txt), found by importlib.metadata
+    OUT/NAME/variant.json   {"name", "expect_code", "description", "engine_mode", "script"}
+    OUT/NAME/<script>       only for engine_mode "script": the author's launch script
+
+"ok" is examples/tiny_model_plugin as it is. Each broken variant is
+examples/broken/NAME/variant.py: module constants EXPECT_CODE, ENGINE_MODE, DESCRIPTION
+(optionally SCRIPT) and `apply(ctx)`, a small edit of the working example through the
+`VariantContext` below. Every text edit must match exactly once, so a change to the working
+example that a variant depends on fails here loudly instead of silently building a fixture
+that no longer shows its problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EXAMPLES_DIR = Path(__file__).resolve().parent
+PLUGIN_SRC = EXAMPLES_DIR / "tiny_model_plugin"
+BASE_PACKAGE = "tiny_doctor_model"
+BROKEN_DIR = EXAMPLES_DIR / "broken"
+ENGINE_MODES = ("inprocess", "multiprocess", "script")
+SEED = 0
+
+# The tiny model. head_dim must be >= 32: vLLM's CPU attention kernels reject smaller heads.
+MODEL_DIMS: dict[str, Any] = dict(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+)
+SPECIAL_TOKENS = {"unk": "<unk>", "bos": "<s>", "eos": "</s>"}
+WORDS = ["the", "a", "of", "and", "to", "in", "is", "hello", "world", "my", "name", "doctor"]
+
+
+def variant_names() -> list[str]:
+    """All variants: "ok" first, then every directory under examples/broken."""
+    broken = sorted(p.name for p in BROKEN_DIR.iterdir() if (p / "variant.py").is_file())
+    return ["ok", *broken]
+
+
+def package_name(variant: str) -> str:
+    return BASE_PACKAGE if variant == "ok" else "tiny_doctor_" + variant.replace("-", "_")
+
+
+@dataclass
+class VariantContext:
+    """What a variant's `apply(ctx)` may change. Written to disk after `apply` returns."""
+
+    name: str
+    source_dir: Path  # examples/broken/NAME (the spec, extra files)
+    out_dir: Path  # OUT/NAME
+    package: str  # the plugin's import name in site/
+    dist_name: str
+    config: dict[str, Any]  # config.json
+    weights: dict[str, Any]  # checkpoint tensors (name -> torch.Tensor)
+    # entry point name -> "module:attr" in the group vllm.general_plugins; empty: none
+    entry_points: dict[str, str] = field(default_factory=dict)
+    files_written: list[str] = field(default_factory=list)
+
+    @property
+    def model_dir(self) -> Path:
+        return self.out_dir / "model"
+
+    @property
+    def site_dir(self) -> Path:
+        return self.out_dir / "site"
+
+    @property
+    def package_dir(self) -> Path:
+        return self.site_dir / self.package
+
+    def edit(self, relpath: str, old: str, new: str) -> None:
+        """Replace `old` (which must occur exactly once) in site/<package>/relpath."""
+        path = self.package_dir / relpath
+        text = path.read_text()
+        count = text.count(old)
+        if count != 1:
+            raise ValueError(
+                f"variant {self.name}: expected exactly one {old!r} in {relpath}, found {count}"
+            )
+        path.write_text(text.replace(old, new))
+
+    def copy_to_model_dir(self, filename: str, dest_name: str | None = None) -> None:
+        """Ship a file of the variant's source dir inside the model directory."""
+        shutil.copyfile(self.source_dir / filename, self.model_dir / (dest_name or filename))
+
+    def copy_script(self, filename: str) -> None:
+        """Ship a launch script of the variant's source dir next to model/ and site/."""
+        shutil.copyfile(self.source_dir / filename, self.out_dir / filename)
+
+
+# --- the working model --------------------------------------------------------------------
+
+
+def _import_config_class() -> type:
+    """TinyDoctorConfig from the example's source, without importing vLLM."""
+    spec = importlib.util.spec_from_file_location(
+        "_tiny_doctor_configuration", PLUGIN_SRC / BASE_PACKAGE / "configuration.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.TinyDoctorConfig
+
+
+def base_config() -> dict[str, Any]:
+    config = _import_config_class()(
+        **MODEL_DIMS, architectures=["TinyDoctorForCausalLM"], bos_token_id=1, eos_token_id=2
+    ).to_diff_dict()
+    config["dtype"] = "bfloat16"
+    return config
+
+
+def random_llama_weights(dims: dict[str, Any], seed: int = SEED) -> dict[str, Any]:
+    """HF-Llama-named tensors (q/k/v and gate/up separate, as checkpoints store them)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    hidden, inter = dims["hidden_size"], dims["intermediate_size"]
+    q_out = dims["num_attention_heads"] * dims["head_dim"]
+    kv_out = dims["num_key_value_heads"] * dims["head_dim"]
+
+    def rand(*shape: int) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * 0.05).to(torch.bfloat16)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    weights = {"model.embed_tokens.weight": rand(dims["vocab_size"], hidden)}
+    for i in range(dims["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        weights |= {
+            p + "self_attn.q_proj.weight": rand(q_out, hidden),
+            p + "self_attn.k_proj.weight": rand(kv_out, hidden),
+            p + "self_attn.v_proj.weight": rand(kv_out, hidden),
+            p + "self_attn.o_proj.weight": rand(hidden, q_out),
+            p + "mlp.gate_proj.weight": rand(inter, hidden),
+            p + "mlp.up_proj.weight": rand(inter, hidden),
+            p + "mlp.down_proj.weight": rand(hidden, inter),
+            p + "input_layernorm.weight": ones(hidden),
+            p + "post_attention_layernorm.weight": ones(hidden),
+        }
+    weights["model.norm.weight"] = ones(hidden)
+    if not dims["tie_word_embeddings"]:
+        weights["lm_head.weight"] = rand(dims["vocab_size"], hidden)
+    return weights
+
+
+def build_tokenizer(vocab_size: int) -> Any:
+    """A WordLevel tokenizer with a whitespace pre-tokenizer: special tokens, words, w<i>."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {SPECIAL_TOKENS["unk"]: 0, SPECIAL_TOKENS["bos"]: 1, SPECIAL_TOKENS["eos"]: 2}
+    for word in WORDS:
+        vocab[word] = len(vocab)
+    while len(vocab) < vocab_size:
+        vocab[f"w{len(vocab)}"] = len(vocab)
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=SPECIAL_TOKENS["unk"]))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=SPECIAL_TOKENS["bos"],
+        eos_token=SPECIAL_TOKENS["eos"],
+        unk_token=SPECIAL_TOKENS["unk"],
+        pad_token=SPECIAL_TOKENS["eos"],
+    )
+
+
+# --- writing a variant --------------------------------------------------------------------
+
+
+def copy_plugin_package(dest_site: Path, package: str) -> None:
+    """Copy tiny_doctor_model into site/ under `package`, renaming its self-references."""
+    dest = dest_site / package
+    shutil.copytree(
+        PLUGIN_SRC / BASE_PACKAGE, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    if package != BASE_PACKAGE:
+        for path in sorted(dest.rglob("*.py")):
+            path.write_text(path.read_text().replace(BASE_PACKAGE, package))
+
+
+def write_dist_info(site: Path, dist_name: str, entry_points: dict[str, str]) -> None:
+    """The metadata pip would install: enough for importlib.metadata to find the plugin."""
+    dist_info = site / f"{dist_name.replace('-', '_')}-0.0.0.dist-info"
+    dist_info.mkdir()
+    (dist_info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 0.0.0\n"
+    )
+    if entry_points:
+        lines = ["[vllm.general_plugins]"] + [f"{k} = {v}" for k, v in entry_points.items()]
+        (dist_info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+
+
+def load_variant_spec(name: str) -> Any:
+    path = BROKEN_DIR / name / "variant.py"
+    spec = importlib.util.spec_from_file_location(f"_variant_{name.replace('-', '_')}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for attr in ("EXPECT_CODE", "ENGINE_MODE", "DESCRIPTION", "apply"):
+        if not hasattr(module, attr):
+            raise ValueError(f"{path} does not define {attr}")
+    if module.ENGINE_MODE not in ENGINE_MODES:
+        raise ValueError(f"{path}: ENGINE_MODE must be one of {ENGINE_MODES}")
+    return module
+
+
+def build_variant(name: str, out: Path, tokenizer: Any, weights: dict[str, Any]) -> Path:
+    from safetensors.torch import save_file
+
+    out_dir = out / name
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    package = package_name(name)
+    ctx = VariantContext(
+        name=name,
+        source_dir=BROKEN_DIR / name,
+        out_dir=out_dir,
+        package=package,
+        dist_name=package.replace("_", "-"),
+        config=base_config(),
+        weights=dict(weights),
+        entry_points={"tiny_doctor": f"{package}:register"},
+    )
+    ctx.model_dir.mkdir(parents=True)
+    ctx.site_dir.mkdir()
+    copy_plugin_package(ctx.site_dir, package)
+
+    if name == "ok":
+        apply: Callable[[VariantContext], None] = lambda ctx: None  # noqa: E731
+        meta = {
+            "expect_code": None,
+            "description": "the working example: plugin entry point, registered config, "
+            "lazily registered TinyDoctorForCausalLM",
+            "engine_mode": "inprocess",
+            "script": None,
+        }
+    else:
+        spec = load_variant_spec(name)
+        apply = spec.apply
+        meta = {
+            "expect_code": spec.EXPECT_CODE,
+            "description": spec.DESCRIPTION,
+            "engine_mode": spec.ENGINE_MODE,
+            "script": getattr(spec, "SCRIPT", None),
+        }
+    apply(ctx)
+
+    (ctx.model_dir / "config.json").write_text(json.dumps(ctx.config, indent=2, sort_keys=True))
+    save_file(ctx.weights, str(ctx.model_dir / "model.safetensors"), metadata={"format": "pt"})
+    tokenizer.save_pretrained(str(ctx.model_dir))
+    write_dist_info(ctx.site_dir, ctx.dist_name, ctx.entry_points)
+    if meta["script"]:
+        ctx.copy_script(meta["script"])
+    (out_dir / "variant.json").write_text(json.dumps({"name": name, **meta}, indent=2) + "\n")
+    return out_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="output directory")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="build only these variants")
+    args = parser.parse_args(argv)
+
+    names = variant_names()
+    if args.only:
+        unknown = sorted(set(args.only) - set(names))
+        if unknown:
+            parser.error(f"unknown variant(s) {unknown}; known: {names}")
+        names = [n for n in names if n in args.only]
+
+    tokenizer = build_tokenizer(MODEL_DIMS["vocab_size"])
+    weights = random_llama_weights(MODEL_DIMS)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        start = time.perf_counter()
+        build_variant(name, args.out, tokenizer, weights)
+        print(f"{name}: {args.out / name} ({time.perf_counter() - start:.2f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
