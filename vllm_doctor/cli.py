@@ -13,6 +13,7 @@ import traceback
 from collections.abc import Sequence
 
 from vllm_doctor import __version__
+from vllm_doctor.cli_engine import add_engine_options, add_profile_parser, cmd_profile
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.model import Severity
 
@@ -22,7 +23,10 @@ DESCRIPTION = """\
 Find out why vLLM will not find, build, load or run your custom model — before vLLM tells you.
 
 commands:
-  check MODEL_DIR   registry, config.json and model-class checks (exit 0/1/2/3)
+  check MODEL_DIR   registry, config.json and model-class checks (exit 0/1/2/3);
+                    --engine adds device, KV-cache and memory checks on a real engine
+  profile MODEL_DIR --out DIR
+                    forward profile on a real engine: report.json, report.html, trace.json
   rules             the check catalogue
   rule CODE         one check explained: what, why, example, fix, references
 """
@@ -43,6 +47,16 @@ examples:
   vllm-doctor check ./my-model --select VD1 --fail-on warn
   vllm-doctor check ./my-model --script serve.py     # is my script's register_model visible?
 """
+
+
+def _positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
 
 
 def _codes(value: str) -> set[str]:
@@ -77,8 +91,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_check.add_argument("--fast", action="store_true", help="fast pass only: do not import vLLM")
     p_check.add_argument("--script", metavar="FILE", help="your serving script: find register_model calls the engine's processes will not run (VD102)")
     p_check.add_argument("--timeout", type=float, default=180.0, metavar="S", help="limit for the import pass (default 180 s)")
+    p_check.add_argument(
+        "--tensor-parallel-size", "-tp", type=_positive_int, default=1, metavar="N",
+        help="check that the model can be split over N ranks (VD305; default 1)",
+    )
     p_check.add_argument("--verbose", "-v", action="store_true", help="list passing checks and whole tracebacks")
     p_check.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+    add_engine_options(p_check, with_switch=True)
+    add_profile_parser(sub)
 
     p_rules = sub.add_parser("rules", help="list every check", description="List the check catalogue.")
     p_rules.add_argument("--json", action="store_true", help="as JSON")
@@ -89,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    from vllm_doctor.cli_engine import add_engine_stage
     from vllm_doctor.report.io import write_json_atomic
     from vllm_doctor.report.text import render
     from vllm_doctor.runner import CheckOptions, diagnose
@@ -104,8 +125,10 @@ def _cmd_check(args: argparse.Namespace) -> int:
         ignore=args.ignore,
         script=args.script,
         import_timeout=args.timeout,
+        tensor_parallel_size=args.tensor_parallel_size,
     )
     report = diagnose(args.model, options, progress)
+    anatomy = add_engine_stage(args, report, progress) if args.engine else None
     data = report.to_dict()
     if args.output:
         write_json_atomic(args.output, data)
@@ -113,6 +136,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2, default=str))
     else:
         print(render(report, verbose=args.verbose))
+        if anatomy:
+            print("\n" + anatomy)
     if any(f.outcome.value == "crash" for f in report.findings):
         progress("a check crashed (see CRASH above); other findings are still valid")
     return EXIT_FINDINGS if report.problems(Severity(args.fail_on)) else EXIT_OK
@@ -164,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_INPUT
-    handlers = {"check": _cmd_check, "rules": _cmd_rules, "rule": _cmd_rule}
+    handlers = {"check": _cmd_check, "rules": _cmd_rules, "rule": _cmd_rule, "profile": cmd_profile}
     try:
         return handlers[args.command](args)
     except DoctorInputError as exc:

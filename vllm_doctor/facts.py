@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.compat.plugins import PluginInfo
+from vllm_doctor.probes.safetensors_header import CheckpointFacts
+from vllm_doctor.probes.weight_probe import WeightProbeJob
 
 TRANSFORMERS_BACKEND_MODULE_HINTS = (".models.transformers",)
 
@@ -35,6 +37,14 @@ class Facts:
     # VD102 inputs
     caller_registry: dict[str, str] | None = None
     script_registrations: list[dict[str, Any]] | None = None
+    # VD3xx inputs (weights_pass.py): safetensors headers, read in the fast pass; the meta-device
+    # load_weights run, started in a child during the import pass and collected once
+    tensor_parallel_size: int = 1
+    checkpoint: CheckpointFacts | None = None
+    weight_job: WeightProbeJob | None = None
+    weight_load: dict[str, Any] | None = None
+    weight_load_error: str | None = None
+    weight_load_seconds: float | None = None
 
     # ---- derived views ----
     @property

@@ -16,10 +16,11 @@ from vllm_doctor.compat.source_tables import (
     read_vllm_registry_tables,
 )
 from vllm_doctor.facts import Facts
-from vllm_doctor.model import Finding, Outcome, Report, Severity
+from vllm_doctor.model import Finding, Outcome, Report, Severity, Stage
 from vllm_doctor.probes.import_probe import run_import_probe
 from vllm_doctor.probes.model_dir import resolve_model_dir
 from vllm_doctor.probes.script_scan import scan_script
+from vllm_doctor.weights_pass import add_weight_facts, weights_report
 
 Progress = Callable[[str], None]
 
@@ -33,6 +34,7 @@ class CheckOptions:
     script: str | None = None
     caller_registry: dict[str, str] | None = None
     import_timeout: float = 180.0
+    tensor_parallel_size: int = 1  # VD305: can the model be split this many ways?
 
 
 def _matches(code: str, patterns: Iterable[str]) -> bool:
@@ -40,7 +42,8 @@ def _matches(code: str, patterns: Iterable[str]) -> bool:
 
 
 def selected_codes(options: CheckOptions) -> list[str]:
-    codes = sorted(CATALOGUE)
+    # engine-stage checks need a running engine: engine_stage.py runs them (check --engine)
+    codes = [c for c in sorted(CATALOGUE) if CATALOGUE[c].meta.stage is not Stage.ENGINE]
     if options.select:
         codes = [c for c in codes if _matches(c, options.select)]
     return [c for c in codes if not _matches(c, options.ignore)]
@@ -124,6 +127,7 @@ def diagnose(model: str, options: CheckOptions | None = None, progress: Progress
     codes = selected_codes(options)
     t0 = time.monotonic()
     facts = gather_static_facts(model, options)
+    add_weight_facts(facts, options, codes, say)  # headers now; meta-device load in the background
     report = Report(target=facts.model_dir)
     report.timings["static_facts_s"] = round(time.monotonic() - t0, 3)
     static_codes = [c for c in codes if "import" not in CATALOGUE[c].meta.requires]
@@ -156,6 +160,7 @@ def diagnose(model: str, options: CheckOptions | None = None, progress: Progress
         "plugins": [p.to_dict() for p in facts.plugins],
         "resolved": _resolved(facts),
         "import_pass": _import_summary(facts),
+        "weights": weights_report(facts),
     }
     return report
 

@@ -28,6 +28,8 @@ def find_module_file(dotted: str) -> Path | None:
     spec = None
     for i, part in enumerate(parts):
         spec = importlib.machinery.PathFinder.find_spec(part, search)
+        if spec is None and i == 0:
+            spec = _editable_spec(part)  # `pip install -e` packages live behind a meta-path finder
         if spec is None:
             return None
         if i < len(parts) - 1:
@@ -39,6 +41,24 @@ def find_module_file(dotted: str) -> Path | None:
         return None
     path = Path(spec.origin)
     return path if path.suffix == ".py" and path.is_file() else None
+
+
+def _editable_spec(name: str) -> Any:
+    """Ask setuptools' editable-install finder (it maps top-level names to source folders
+    without importing anything): PathFinder alone misses every `pip install -e` package."""
+    import sys
+
+    for finder in sys.meta_path:
+        names = f"{getattr(finder, '__module__', '')} {getattr(finder, '__name__', '')} {type(finder).__name__}"
+        if "editable" not in names.lower():
+            continue
+        try:
+            spec = finder.find_spec(name, None)
+        except Exception:
+            continue
+        if spec is not None:
+            return spec
+    return None
 
 
 def _literal(node: ast.AST, env: dict[str, Any]) -> Any:

@@ -1,0 +1,662 @@
+"""VD3xx: will the checkpoint fill the model? (safetensors headers + a meta-device load_weights run)
+
+VD305-VD308 need only config.json and the headers (fast pass). VD301-VD304 need the weights
+pass: the model built on the meta device in a fresh process, its real ``load_weights`` driven
+with meta tensors of the checkpoint's names, shapes and dtypes (compat/weights.py). When the
+model cannot be built those four say ``skip`` with the reason; the others still run.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
+
+from vllm_doctor.checks.base import Emit, check
+from vllm_doctor.facts import Facts
+from vllm_doctor.model import Finding, Severity, Stage
+from vllm_doctor.probes.safetensors_header import FLOAT_DTYPES, INDEX_NAME
+from vllm_doctor.weights_pass import load_usable
+
+EXPECTED_SKIPS = {"inv_freq", "cos_cached", "sin_cached"}  # rotary caches vLLM recomputes
+MAX_FINDINGS = 50  # per check; the rest go into one summary finding (the JSON has them all)
+NOT_INITIALIZED = "Following weights were not initialized from checkpoint: {...}"
+REFS_LOADING = ("vllm/model_executor/model_loader/default_loader.py:track_weights_loading",)
+
+
+def _checkpoint_or_skip(facts: Facts, emit: Emit, need_tensors: bool = True) -> Finding | None:
+    ck = facts.checkpoint
+    if ck is None:
+        return emit.skip("the checkpoint was not read")
+    if ck.format == "none":
+        return emit.not_applicable("no checkpoint files (*.safetensors, *.bin, *.pt) in the model directory")
+    if ck.format != "safetensors":
+        return emit.skip(f"the checkpoint is {ck.format} (pickle); vllm-doctor reads safetensors headers only")
+    if need_tensors and not ck.tensors:
+        return emit.skip("no checkpoint file could be read (see VD306/VD308)")
+    return None
+
+
+def _load_or_skip(facts: Facts, emit: Emit) -> dict[str, Any] | Finding:
+    skipped = _checkpoint_or_skip(facts, emit)
+    if skipped:
+        return skipped
+    data = load_usable(facts)
+    if data is None:
+        reason = facts.weight_load_error or "the weights pass did not run"
+        return emit.skip(f"the model could not be built and loaded on the meta device: {reason}")
+    return data
+
+
+def _capped(findings: list[Finding], emit: Emit, what: str) -> Iterable[Finding]:
+    yield from findings[:MAX_FINDINGS]
+    rest = findings[MAX_FINDINGS:]
+    if rest:
+        worst = rest[0]
+        yield emit.fail(
+            f"... and {len(rest)} more {what} (report.facts['weights'] in --json lists every one)",
+            f"({len(rest)} more)",
+            {"subjects": [f.subject for f in rest]},
+            worst.hint,
+            severity=worst.severity,
+        )
+
+
+def _shard_text(shards: list[Any]) -> str:
+    return ", ".join(str(s) for s in shards)
+
+
+@check(
+    "VD301",
+    "parameter-not-loaded",
+    "A model parameter that no checkpoint tensor fills (or a fused parameter with a shard no tensor fills).",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="Every parameter of the model vLLM builds must be written by `load_weights` from a checkpoint tensor. vllm-doctor builds your class on the meta device and runs its real `load_weights` with meta tensors of the checkpoint's names, shapes and dtypes, recording every element written into every parameter. A fused parameter (qkv_proj from q/k/v, gate_up_proj from gate/up) counts as loaded only when every shard was written.",
+    why=f"vLLM's own check (`{NOT_INITIALIZED}`) trusts the names `load_weights` returns and skips linear and embedding layers altogether: a missing linear weight, a fused qkv_proj without its v shard, or a missing lm_head run silently on uninitialised memory and produce garbage. Only norms and other plain parameters make vLLM stop.",
+    example="checkpoint lacks model.layers.1.self_attn.v_proj.weight -> qkv_proj.weight has shards q, k but never v; vLLM starts and generates nonsense.",
+    fix="Make the checkpoint and `load_weights` agree: rename the tensor (or add it to `stacked_params_mapping` / a `WeightsMapper`), stop skipping it, or re-export the checkpoint with the missing tensors.",
+    references=("vllm-project/vllm#15536", "vllm-project/vllm#12860", "vllm-project/vllm#44788", *REFS_LOADING),
+    requires=("import", "checkpoint"),
+)
+def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    got = _load_or_skip(facts, emit)
+    if isinstance(got, Finding):
+        yield got
+        return
+    params: dict[str, Any] = got["params"]
+    tensors: dict[str, Any] = got["tensors"]
+    unused = [n for n, t in tensors.items() if t["status"] in ("skipped", "raised", "handed_not_written", "shape_mismatch")]
+    unread_prefixes = {_module_prefix(n) for n in (facts.checkpoint.unread_tensors if facts.checkpoint else [])}
+    findings: list[Finding] = []
+    unverifiable: list[str] = []
+    meta_limited: list[str] = []
+    for name, p in sorted(params.items()):
+        if p["written"]:
+            continue
+        if _module_prefix(name) in unread_prefixes:
+            unverifiable.append(name)
+            continue
+        failed = p.get("failed_from") or []
+        if failed and all(tensors.get(t, {}).get("status") == "unverifiable" for t in failed):
+            meta_limited.append(name)
+            continue
+        vllm_notices = p["in_returned"] is False and not p["vllm_exempt"]
+        consequence = (
+            f"vLLM's own check catches this one (`{NOT_INITIALIZED}`)"
+            if vllm_notices
+            else "vLLM's own missing-weight check does not cover it: the engine would run with uninitialised memory there"
+        )
+        if failed:
+            message = f"{name} is not filled: loading checkpoint tensor {', '.join(failed)} into it fails (see VD302/VD303)"
+        elif p.get("shards_missing") and p.get("shards_loaded"):
+            message = (
+                f"{name}: shard(s) {_shard_text(p['shards_missing'])} of the fused parameter are never loaded "
+                f"(loaded: {_shard_text(p['shards_loaded'])}; {p['covered']} of {p['numel']} elements written); {consequence}"
+            )
+        elif p["covered"]:
+            message = f"{name}: only {p['covered']} of {p['numel']} elements are written by the checkpoint; {consequence}"
+        else:
+            message = f"no checkpoint tensor fills {name}; {consequence}"
+        same_block = [t for t in unused if _module_prefix(t) == _module_prefix(name)]
+        related = failed or difflib.get_close_matches(name, same_block, n=3, cutoff=0.5)
+        hint = ""
+        if related and not failed:
+            hint = f"checkpoint tensor(s) {', '.join(related)} did not load (see VD302/VD303); "
+        if failed:
+            hint = "fix the tensor's shape or name (VD302/VD303) and this parameter is filled"
+        elif p.get("shards_missing"):
+            hint += f"add the tensor for shard {_shard_text(p['shards_missing'])} to the checkpoint, or map its name in `stacked_params_mapping`"
+        else:
+            hint += "add the tensor to the checkpoint or make load_weights map its checkpoint name to this parameter"
+        findings.append(emit.fail(
+            message,
+            name,
+            {
+                "shape": p["shape"],
+                "dtype": p["dtype"],
+                "elements_written": p["covered"],
+                "numel": p["numel"],
+                "shards_expected": p["shards_expected"],
+                "shards_loaded": p["shards_loaded"],
+                "shards_missing": p["shards_missing"],
+                "sources": p["sources"],
+                "failed_from": failed,
+                "load_weights_reports_it": p["in_returned"],
+                "vllm_notices": vllm_notices,
+                "related_checkpoint_tensors": related,
+                "vllm_error": NOT_INITIALIZED if vllm_notices else "",
+            },
+            hint,
+        ))
+    if unverifiable:
+        yield emit.skip(
+            f"{len(unverifiable)} parameter(s) get no tensor from the readable files; the index puts their tensors in "
+            f"files that cannot be read (see VD306/VD308): {', '.join(unverifiable[:5])}{' ...' if len(unverifiable) > 5 else ''}",
+            "(parameters in unreadable files)",
+        )
+    if meta_limited:
+        yield emit.skip(
+            f"{len(meta_limited)} parameter(s) are loaded by operations that cannot run on the meta device; "
+            f"not verified: {', '.join(meta_limited[:5])}{' ...' if len(meta_limited) > 5 else ''}",
+            "(parameters not verifiable on the meta device)",
+        )
+    if not findings and not unverifiable and not meta_limited:
+        yield emit.ok(f"all {len(params)} parameters are filled from {len(tensors)} checkpoint tensors", "model")
+        return
+    yield from _capped(findings, emit, "parameters not loaded")
+
+
+def _module_prefix(name: str) -> str:
+    """model.layers.3.self_attn.qkv_proj.weight -> model.layers.3.self_attn (fused and
+    unfused names of one block share it)."""
+    parts = name.split(".")
+    return ".".join(parts[:-2]) if len(parts) > 2 else name
+
+
+@check(
+    "VD302",
+    "checkpoint-tensor-not-consumed",
+    "A checkpoint tensor that `load_weights` never loads, or on which it raises (with the name it looked up).",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="Each checkpoint tensor is handed to your `load_weights`, which maps its name to a parameter (stacked/fused params, prefixes, tied `lm_head`, quantization scales) and calls the parameter's `weight_loader`. vllm-doctor follows every tensor through your real `load_weights` on the meta device.",
+    why="A tensor whose mapped name does not exist raises `KeyError` deep in start-up (after the whole model was built); a tensor that is silently skipped leaves its parameter uninitialised (VD301) or hides a naming mismatch.",
+    example="checkpoint: model.layers.1.mlp.gate_projection.weight; load_weights replaces '.gate_proj' -> '.gate_up_proj' and looks up model.layers.1.mlp.gate_up_projection.weight -> KeyError.",
+    fix="Rename the checkpoint tensor, or teach load_weights the name (stacked_params_mapping, WeightsMapper / hf_to_vllm_mapper, `skip_prefixes` for tensors that should be ignored).",
+    references=("vllm-project/vllm#4989", "vllm-project/vllm#27138", "vllm-project/vllm#40358", "hiyouga/LlamaFactory#2789"),
+    requires=("import", "checkpoint"),
+)
+def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    got = _load_or_skip(facts, emit)
+    if isinstance(got, Finding):
+        yield got
+        return
+    tensors: dict[str, Any] = got["tensors"]
+    nearest: dict[str, list[str]] = got.get("nearest", {})
+    findings: list[Finding] = []
+    unverifiable: list[str] = []
+    for err in got.get("load_weights", {}).get("global_errors", []):
+        findings.append(emit.fail(
+            f"load_weights raised before taking any checkpoint tensor: {err.get('error')}",
+            "load_weights",
+            {"error": err.get("error"), "traceback": err.get("traceback", "")},
+            "run load_weights on a small model in a debugger; the traceback shows where",
+        ))
+    for name, t in tensors.items():
+        status = t["status"]
+        if status == "unverifiable":
+            unverifiable.append(name)
+            continue
+        if status not in ("raised", "skipped", "handed_not_written"):
+            continue
+        evidence: dict[str, Any] = {"status": status, "shape": t["shape"], "dtype": t["dtype"]}
+        if status == "raised":
+            err = next(e for e in t["errors"] if e["kind"] == "raised")
+            looked = err.get("looked_up")
+            evidence.update(
+                error=err["error"], looked_up=looked, where=err["where"], traceback=err.get("traceback", ""),
+                vllm_error=err["error"],
+            )
+            near = nearest.get(looked or "", []) or nearest.get(name, [])
+            evidence["nearest_parameters"] = near
+            lookup = f" (it looked up {looked!r})" if looked and looked != name else ""
+            hint = f"the model has {near[0]!r}: map the checkpoint name onto it" if near else "map the name in load_weights or drop the tensor"
+            findings.append(emit.fail(f"load_weights raises {err['error'].splitlines()[0]} for checkpoint tensor {name}{lookup}", name, evidence, hint))
+        elif status == "skipped" and name.rsplit(".", 1)[-1] in EXPECTED_SKIPS:
+            findings.append(emit.warn(
+                f"load_weights skips checkpoint tensor {name}, as vLLM's own models do: it is recomputed at start-up",
+                name,
+                evidence,
+                "nothing to do; drop the tensor from the checkpoint to silence this",
+                severity=Severity.INFO,
+            ))
+        elif status == "skipped":
+            near = nearest.get(name, [])
+            evidence["nearest_parameters"] = near
+            tied = name.startswith("lm_head.") and _text_config(facts.config).get("tie_word_embeddings") is True
+            findings.append(emit.warn(
+                f"load_weights never loads checkpoint tensor {name}: it is skipped without reaching any weight_loader"
+                + (" (tie_word_embeddings is true, so the head is the embedding; see VD307)" if tied else ""),
+                name,
+                evidence,
+                "if this tensor is needed, remove the filter that skips it; if not, drop it from the checkpoint",
+                severity=Severity.WARN,
+            ))
+        else:
+            evidence["handed_to"] = t.get("handed_to", [])
+            findings.append(emit.warn(
+                f"checkpoint tensor {name} is handed to a weight_loader that writes nothing",
+                name,
+                evidence,
+                "check the parameter's weight_loader: it returns without copying the tensor",
+                severity=Severity.WARN,
+            ))
+    if unverifiable:
+        yield emit.skip(
+            f"{len(unverifiable)} tensor(s) use operations that meta tensors cannot run; not verified: {', '.join(unverifiable[:5])}",
+            "(tensors not verifiable on the meta device)",
+        )
+    elif not findings:
+        yield emit.ok(f"load_weights loads all {len(tensors)} checkpoint tensors", "checkpoint")
+        return
+    yield from _capped(findings, emit, "checkpoint tensors not consumed")
+
+
+@check(
+    "VD303",
+    "checkpoint-shape-mismatch",
+    "A checkpoint tensor's shape does not fit the parameter (or shard) it loads into.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="vllm-doctor compares each checkpoint tensor with what the parameter's weight_loader wants at tensor-parallel size 1 (the fused shard's rows for qkv/gate_up) and watches the copies: a failed assert, a tensor only partly used (vLLM's loaders `narrow` silently), or one broadcast into a larger parameter.",
+    why="vLLM fails late with a bare `AssertionError` or `start (0) + length (256) exceeds dimension size (128)` that names no tensor — or, when a loader narrows a larger tensor, loads a slice without a word.",
+    example="model.layers.0.mlp.down_proj.weight stored transposed as [256, 128] (Conv1D-style) for a [128, 256] parameter.",
+    fix="Re-export the tensor with the shape the parameter wants (transpose Conv1D weights, check head_dim / num_key_value_heads / intermediate_size in config.json).",
+    requires=("import", "checkpoint"),
+)
+def checkpoint_shape_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    got = _load_or_skip(facts, emit)
+    if isinstance(got, Finding):
+        yield got
+        return
+    findings: list[Finding] = []
+    for name, t in got["tensors"].items():
+        status = t["status"]
+        if status not in ("shape_mismatch", "partial", "broadcast"):
+            continue
+        handed = t.get("handed_to") or []
+        param = handed[0]["param"] if handed else (t["params"][0] if t["params"] else None)
+        shard = handed[0]["shard"] if handed else None
+        err = next((e for e in t["errors"] if e["kind"] == "shape"), None)
+        want = (err or {}).get("expected_shape") or t.get("expected_shape")
+        actual = t["shape"]
+        target = f"{param}" + (f" (shard {shard})" if shard is not None else "") if param else "its parameter"
+        if status == "shape_mismatch":
+            message = f"checkpoint tensor {name} has shape {actual} but {target} wants {want if want else 'another shape'}"
+            if err:
+                message += f"; the loader fails with {err['error'].splitlines()[0]}"
+        elif status == "partial":
+            message = f"only {t['consumed']} of {t['numel']} elements of {name} {actual} are loaded into {target} (wants {want}): vLLM's loader silently takes a slice"
+        else:
+            message = f"checkpoint tensor {name} {actual} is broadcast into {target} (wants {want}): every row gets the same values"
+        transposed = bool(want and len(want) == 2 and list(reversed(want)) == actual)
+        findings.append(emit.fail(
+            message,
+            name,
+            {
+                "status": status,
+                "param": param,
+                "shard": shard,
+                "expected_shape": want,
+                "actual_shape": actual,
+                "transposed": transposed,
+                "error": (err or {}).get("error"),
+                "vllm_error": (err or {}).get("error") or "",
+            },
+            "the tensor is stored transposed: transpose it when exporting (or in load_weights)" if transposed
+            else "re-export the tensor with the parameter's shape; check head_dim, num_key_value_heads and intermediate_size in config.json",
+        ))
+    if not findings:
+        yield emit.ok("every checkpoint tensor fits its parameter's shape", "checkpoint")
+        return
+    yield from _capped(findings, emit, "shape mismatches")
+
+
+# (checkpoint dtype, parameter dtype) -> (severity, what is lost)
+LOSSY: dict[tuple[str, str], tuple[Severity, str]] = {
+    ("F64", "F32"): (Severity.INFO, "precision (52 -> 23 mantissa bits)"),
+    ("F64", "BF16"): (Severity.INFO, "precision (52 -> 7 mantissa bits)"),
+    ("F64", "F16"): (Severity.WARN, "precision, and values above 65504 overflow to inf in float16"),
+    ("F32", "BF16"): (Severity.INFO, "precision (23 -> 7 mantissa bits); the range is kept"),
+    ("F32", "F16"): (Severity.WARN, "precision, and values above 65504 (or below 6e-8) overflow to inf (or flush to 0) in float16"),
+    ("BF16", "F16"): (Severity.WARN, "range: bfloat16 values above 65504 overflow to inf in float16"),
+    ("F16", "BF16"): (Severity.INFO, "precision (10 -> 7 mantissa bits)"),
+}
+
+
+def _config_dtype(config: dict[str, Any]) -> str | None:
+    value = config.get("dtype") or config.get("torch_dtype")
+    table = {"bfloat16": "BF16", "float16": "F16", "half": "F16", "float32": "F32", "float": "F32"}
+    return table.get(str(value)) if value else None
+
+
+@check(
+    "VD304",
+    "lossy-checkpoint-dtype",
+    "Checkpoint tensors are stored in a wider float type than the model's parameters (precision loss, fp16 overflow risk), or as integers for float parameters.",
+    severity=Severity.WARN,
+    stage=Stage.STATIC,
+    what="vLLM casts every tensor to the parameter's dtype while loading (the model dtype: `--dtype`, else config.json's `dtype`/`torch_dtype`). vllm-doctor compares the header dtypes with the dtypes of the parameters the tensors land in.",
+    why="float32 -> bfloat16 only loses precision; float32 or bfloat16 -> float16 can overflow (|x| > 65504 becomes inf) and produce NaNs at run time, with no message at load time.",
+    example="a float32 checkpoint (fine-tuning output) served with config.json dtype float16.",
+    fix="Serve in bfloat16 (`--dtype bfloat16`) or float32, or convert the checkpoint deliberately (and check for values out of float16 range).",
+    requires=("import", "checkpoint"),
+)
+def lossy_checkpoint_dtype(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    skipped = _checkpoint_or_skip(facts, emit)
+    if skipped:
+        yield skipped
+        return
+    assert facts.checkpoint is not None
+    data = load_usable(facts)
+    pairs: dict[tuple[str, str], list[str]] = {}
+    source = "the parameters the tensors load into"
+    if data is not None:
+        params = data["params"]
+        for name, t in data["tensors"].items():
+            for pname in t["params"][:1]:
+                p = params.get(pname)
+                if p is None:
+                    continue
+                pdt = _torch_to_st(p["dtype"])
+                pairs.setdefault((t["dtype"], pdt), []).append(name)
+    else:
+        model = (facts.weight_load or {}).get("model") or {}
+        model_dtype = model.get("dtype_name") or _config_dtype(facts.config)
+        if model_dtype is None:
+            yield emit.skip("the model dtype is unknown: " + (facts.weight_load_error or "config.json names no dtype"))
+            return
+        source = "the model dtype vLLM resolves" if model.get("dtype_name") else "config.json's dtype (the model could not be built)"
+        for t in facts.checkpoint.tensors:
+            if t.dtype in FLOAT_DTYPES:
+                pairs.setdefault((t.dtype, model_dtype), []).append(t.name)
+    found = False
+    for (ck, pdt), names in sorted(pairs.items()):
+        if ck not in FLOAT_DTYPES and ck != "BOOL" and pdt in FLOAT_DTYPES:
+            found = True
+            yield emit.fail(
+                f"{len(names)} checkpoint tensor(s) stored as {ck} load into {pdt} parameters: the integers are cast "
+                "to floats as they are (quantized weights loaded into an unquantized model?)",
+                f"{ck}->{pdt}",
+                {"checkpoint_dtype": ck, "parameter_dtype": pdt, "tensors": len(names), "examples": names[:5], "compared_with": source},
+                "serve it with its quantization config (quantization_config in config.json / --quantization) or export float weights",
+                severity=Severity.ERROR,
+            )
+            continue
+        lossy = LOSSY.get((ck, pdt))
+        if lossy is None:
+            continue
+        found = True
+        severity, lost = lossy
+        yield emit.warn(
+            f"{len(names)} checkpoint tensor(s) stored as {ck} load into {pdt} parameters: loses {lost}",
+            f"{ck}->{pdt}",
+            {"checkpoint_dtype": ck, "parameter_dtype": pdt, "tensors": len(names), "examples": names[:5], "compared_with": source},
+            "serve with --dtype bfloat16 (or float32)" if pdt == "F16" else "expected when serving a float32 checkpoint in bfloat16; pass --dtype float32 to keep full precision",
+            severity=severity,
+        )
+    if not found:
+        yield emit.ok("no checkpoint tensor loses precision or range when it is cast to its parameter's dtype", "checkpoint")
+
+
+def _torch_to_st(dtype: str) -> str:
+    return {"bfloat16": "BF16", "float16": "F16", "float32": "F32", "float64": "F64"}.get(dtype, dtype.upper())
+
+
+def _text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's config: config.json itself, or its `text_config` / `llm_config`."""
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = config.get(key)
+        if isinstance(sub, dict) and "num_attention_heads" in sub:
+            return sub
+    return config
+
+
+def _int(config: dict[str, Any], key: str) -> int | None:
+    value = config.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def tp_problems(config: dict[str, Any], tp: int) -> list[dict[str, Any]]:
+    """What vLLM's layers cannot split at tensor-parallel size ``tp`` (pure logic on config.json)."""
+    cfg = _text_config(config)
+    out: list[dict[str, Any]] = []
+    heads = _int(cfg, "num_attention_heads")
+    kv = _int(cfg, "num_key_value_heads") or heads
+    hidden = _int(cfg, "hidden_size")
+    inter = _int(cfg, "intermediate_size")
+    vocab = _int(cfg, "vocab_size")
+    if heads is not None and heads % tp:
+        out.append({
+            "key": "num_attention_heads", "value": heads, "severity": "error",
+            "why": f"{heads} attention heads cannot be split evenly over {tp} ranks",
+            "vllm_error": f"ValueError: Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp}).",
+        })
+    if kv is not None:
+        if kv >= tp and kv % tp:
+            out.append({
+                "key": "num_key_value_heads", "value": kv, "severity": "error",
+                "why": f"{kv} KV heads cannot be split evenly over {tp} ranks",
+                "vllm_error": f"AssertionError: {kv} is not divisible by {tp}",
+            })
+        elif kv < tp and tp % kv:
+            out.append({
+                "key": "num_key_value_heads", "value": kv, "severity": "error",
+                "why": f"{kv} KV heads cannot be replicated evenly over {tp} ranks ({tp} must be a multiple of {kv})",
+                "vllm_error": f"AssertionError: {tp} is not divisible by {kv}",
+            })
+    if inter is not None and inter % tp:
+        out.append({
+            "key": "intermediate_size", "value": inter, "severity": "error",
+            "why": f"the MLP's {inter} intermediate features cannot be split evenly over {tp} ranks",
+            "vllm_error": f"AssertionError: {inter} is not divisible by {tp}",
+        })
+    if vocab is not None:
+        padded = -(-vocab // 64) * 64
+        if padded % tp:
+            out.append({
+                "key": "vocab_size", "value": vocab, "severity": "error",
+                "why": f"the vocabulary, padded to {padded} (a multiple of 64), cannot be split evenly over {tp} ranks",
+                "vllm_error": f"AssertionError: {padded} is not divisible by {tp}",
+            })
+    if hidden is not None and hidden % tp:
+        out.append({
+            "key": "hidden_size", "value": hidden, "severity": "info",
+            "why": f"hidden_size {hidden} is not divisible by {tp}: vLLM's standard layers do not split it (they split heads and the MLP), but a custom layer that shards hidden_size will fail",
+            "vllm_error": "",
+        })
+    return out
+
+
+def working_tp_sizes(config: dict[str, Any], limit: int = 16) -> list[int]:
+    return [n for n in range(1, limit + 1) if not any(p["severity"] == "error" for p in tp_problems(config, n))]
+
+
+@check(
+    "VD305",
+    "not-divisible-by-tensor-parallel-size",
+    "Attention heads, KV heads, intermediate size or vocabulary cannot be split over `--tensor-parallel-size N`.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="With tensor parallelism vLLM splits attention heads, KV heads (or replicates them when there are fewer than ranks), the MLP's intermediate features and the (64-padded) vocabulary evenly over the ranks. Pure arithmetic on config.json, for the size given with `--tensor-parallel-size` (default 1).",
+    why="vLLM checks only the attention heads up front; the other splits fail later, inside a worker, as a bare `AssertionError: 14 is not divisible by 4` after every rank started.",
+    example="num_attention_heads 28, num_key_value_heads 4: --tensor-parallel-size 8 fails (28 % 8), 4 works.",
+    fix="Pick a tensor-parallel size from the list this check prints (or combine a smaller TP size with pipeline parallelism).",
+    references=("vllm-project/vllm#2652", "vllm-project/vllm#11797"),
+    requires=("config",),
+)
+def not_divisible_by_tp(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    tp = facts.tensor_parallel_size
+    cfg = _text_config(facts.config)
+    if _int(cfg, "num_attention_heads") is None:
+        yield emit.not_applicable("config.json has no num_attention_heads")
+        return
+    if tp == 1:
+        yield emit.ok("tensor-parallel size 1: nothing is split (pass --tensor-parallel-size N to check N)", "config.json")
+        return
+    working = working_tp_sizes(facts.config)
+    problems = tp_problems(facts.config, tp)
+    hint = f"tensor-parallel sizes up to 16 that work: {', '.join(map(str, working))}"
+    for p in problems:
+        severity = Severity.ERROR if p["severity"] == "error" else Severity.INFO
+        evidence = {"value": p["value"], "tensor_parallel_size": tp, "working_sizes": working, "vllm_error": p["vllm_error"]}
+        subject = f"config.json:{p['key']}"
+        if severity is Severity.ERROR:
+            yield emit.fail(f"{p['key']} = {p['value']}: {p['why']}", subject, evidence, hint)
+        else:
+            yield emit.warn(f"{p['key']} = {p['value']}: {p['why']}", subject, evidence, hint, severity=Severity.INFO)
+    if not any(p["severity"] == "error" for p in problems):
+        yield emit.ok(f"heads, KV heads, intermediate size and vocabulary split evenly over {tp} ranks", "config.json")
+
+
+@check(
+    "VD306",
+    "broken-shard-index",
+    "model.safetensors.index.json names a missing file or a path outside the model directory (or a file links outside it).",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="For a sharded checkpoint vLLM globs the top-level *.safetensors files and keeps those the index's `weight_map` names. vllm-doctor checks every entry: the file must exist, be a top-level file of the model directory, and stay inside it (no `../`, absolute paths or escaping symlinks; such paths are never opened). It also flags tensors the index places in a file that lacks them and tensors stored twice.",
+    why="vLLM 0.32 stops with `FileNotFoundError: Weight files referenced in index but missing: {...}` after the model was built; an index path outside the directory can make a loader read files the model's author did not ship.",
+    example='"weight_map": {"lm_head.weight": "../outside.safetensors", ...}',
+    fix="Regenerate the index (e.g. save_pretrained with max_shard_size), or fix the file names in `weight_map` to the shard files in the directory.",
+    requires=("checkpoint",),
+)
+def broken_shard_index(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    skipped = _checkpoint_or_skip(facts, emit, need_tensors=False)
+    if skipped:
+        yield skipped
+        return
+    assert facts.checkpoint is not None
+    problems = [p for p in facts.checkpoint.problems if p.code == "VD306"]
+    warn_kinds = {"duplicate-tensor", "index-tensor-not-in-file"}
+    for p in problems:
+        evidence = {"kind": p.kind, **p.evidence, "vllm_error": p.vllm_error}
+        if p.kind in warn_kinds:
+            yield emit.warn(p.message, p.subject, evidence, "regenerate the index from the shard files", severity=Severity.WARN)
+        else:
+            hint = (
+                "use plain file names of shards in the model directory in weight_map"
+                if p.kind in ("index-path-outside-dir", "file-outside-dir", "index-path-not-top-level")
+                else "add the missing shard file or regenerate the index"
+            )
+            yield emit.fail(p.message, p.subject, evidence, hint)
+    if not problems:
+        index = facts.checkpoint.index
+        if index is None:
+            yield emit.ok(f"single-file or unindexed checkpoint ({len(facts.checkpoint.files)} file(s)); no index to check", "checkpoint")
+        else:
+            yield emit.ok(f"{INDEX_NAME}: {index.get('entries')} entries in {len(index.get('files', []))} file(s), all present and inside the model directory", INDEX_NAME)
+
+
+@check(
+    "VD307",
+    "tie-word-embeddings-mismatch",
+    "`tie_word_embeddings` disagrees with the presence of `lm_head.weight` in the checkpoint.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="With `tie_word_embeddings: true` the LM head reuses the input embedding and models skip `lm_head.weight`; with `false` the checkpoint must carry `lm_head.weight`.",
+    why="Untied without lm_head.weight: vLLM leaves the LM head uninitialised without a word (embedding-type layers are exempt from its missing-weight check) and generates garbage. Tied with a separate lm_head.weight: the trained LM head is silently ignored.",
+    example='config.json "tie_word_embeddings": false, checkpoint without lm_head.weight (a tied model exported with the flag dropped).',
+    fix="Set tie_word_embeddings to what the model was trained with: true if the head is the embedding, false (and ship lm_head.weight) if not.",
+    requires=("config", "checkpoint"),
+)
+def tie_word_embeddings_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    skipped = _checkpoint_or_skip(facts, emit, need_tensors=False)
+    if skipped:
+        yield skipped
+        return
+    assert facts.checkpoint is not None
+    cfg = _text_config(facts.config)
+    tie = cfg.get("tie_word_embeddings", facts.config.get("tie_word_embeddings"))
+    source = "config.json"
+    if not isinstance(tie, bool):
+        model = (facts.weight_load or {}).get("model") or {}
+        tie = (model.get("hf") or {}).get("tie_word_embeddings")
+        source = "the config class's default (config.json does not set it)"
+        if not isinstance(tie, bool):
+            yield emit.skip("config.json does not set tie_word_embeddings and its config class default is unknown (needs the weights pass)")
+            return
+    names = set(facts.checkpoint.tensor_map())
+    index = facts.checkpoint.index
+    complete = facts.checkpoint.complete
+    has_lm_head = "lm_head.weight" in names
+    if not has_lm_head and not complete:
+        yield emit.skip("part of the checkpoint could not be read (see VD306/VD308); lm_head.weight may be in it")
+        return
+    has_embed = any(n.endswith("embed_tokens.weight") or n.endswith("wte.weight") for n in names)
+    subject = "config.json:tie_word_embeddings"
+    evidence = {"tie_word_embeddings": tie, "from": source, "lm_head_in_checkpoint": has_lm_head, "indexed": index is not None}
+    if tie is False and not has_lm_head and has_embed:
+        yield emit.fail(
+            "tie_word_embeddings is false but the checkpoint has no lm_head.weight: the LM head stays uninitialised and vLLM does not notice",
+            subject, evidence,
+            "if the model was trained with a tied head, set \"tie_word_embeddings\": true; otherwise export lm_head.weight",
+        )
+    elif tie is True and has_lm_head:
+        hf = ((facts.weight_load or {}).get("model") or {}).get("hf") or {}
+        unties = hf.get("untied_by_checkpoint")
+        evidence["vllm_unties"] = unties
+        if unties:
+            yield emit.warn(
+                "tie_word_embeddings is true but the checkpoint carries its own lm_head.weight: this vLLM notices, "
+                "builds the head untied and loads it (re-tying only if it equals the embedding); older vLLM "
+                "versions tie and silently ignore it",
+                subject, evidence,
+                "make config.json say what the model is: \"tie_word_embeddings\": false if lm_head.weight differs from the embedding, "
+                "else drop lm_head.weight from the checkpoint",
+                severity=Severity.INFO,
+            )
+        else:
+            known = unties is False
+            yield emit.warn(
+                "tie_word_embeddings is true but the checkpoint carries its own lm_head.weight: "
+                + ("this vLLM ties the head to the embedding and ignores it"
+                   if known else "vLLM ties the head to the embedding and ignores it (vLLM 0.32 and later load it untied instead)"),
+                subject, evidence,
+                "if lm_head.weight differs from the embedding (an untied model), set \"tie_word_embeddings\": false",
+                severity=Severity.WARN,
+            )
+    else:
+        yield emit.ok(f"tie_word_embeddings={tie} and lm_head.weight {'present' if has_lm_head else 'absent'} agree", subject)
+
+
+@check(
+    "VD308",
+    "safetensors-file-unreadable",
+    "A safetensors file is corrupt: truncated header, header length past end of file, bad JSON or offsets, data cut short.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what="A safetensors file starts with an 8-byte little-endian header length, then a JSON header of tensor names, dtypes, shapes and data offsets that must tile the rest of the file exactly. vllm-doctor validates the header (reading no tensor data) and cross-checks it with the safetensors library that vLLM uses.",
+    why="vLLM finds out only when it reaches the file during loading, after building the model: `SafetensorError: Error while deserializing header: ...` without saying which of many shards is broken. A download cut short is the usual cause.",
+    example="model-00003-of-00004.safetensors is 2 GB shorter than its header says (interrupted download).",
+    fix="Download or copy the named file again (compare its size or hash with the source).",
+    requires=("checkpoint",),
+)
+def safetensors_file_unreadable(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    skipped = _checkpoint_or_skip(facts, emit, need_tensors=False)
+    if skipped:
+        yield skipped
+        return
+    assert facts.checkpoint is not None
+    problems = [p for p in facts.checkpoint.problems if p.code == "VD308"]
+    for p in problems:
+        yield emit.fail(
+            p.message,
+            p.subject,
+            {"kind": p.kind, **p.evidence, "vllm_error": p.vllm_error},
+            "download or copy this file again; compare its size with the source",
+        )
+    if not problems:
+        files = facts.checkpoint.files
+        yield emit.ok(f"{len(files)} safetensors file(s), headers valid ({len(facts.checkpoint.tensors)} tensors)", "checkpoint")

@@ -1,0 +1,476 @@
+"""Read a safetensors checkpoint from its headers only: names, shapes, dtypes, offsets.
+
+A safetensors file is ``<u64 little-endian N><N bytes of JSON header><data>``. This module
+reads the 8-byte length and the header, never a byte of tensor data, so a 140 GB checkpoint
+costs a few milliseconds. Every defect becomes a :class:`CheckpointProblem` (a finding for the
+VD306/VD308 checks), never an exception:
+
+- the file is shorter than 8 bytes, its header length points past the end of the file, the
+  header is cut short or is not JSON, an entry has a bad dtype/shape/offsets, the data region
+  is shorter or longer than the offsets say (safetensors and therefore vLLM reject such files);
+- ``model.safetensors.index.json`` names a file that does not exist, lies outside the model
+  directory (``../x``, an absolute path, a symlink that escapes) or that vLLM's top-level
+  ``*.safetensors`` glob does not find. Such paths are never opened.
+
+The file set and order are vLLM's (``DefaultModelLoader._prepare_weights`` +
+``filter_duplicate_safetensors_files`` + ``safetensors_weights_iterator``, vLLM 0.32): every
+top-level ``*.safetensors``, filtered by the index when there is one, natural-sorted, and
+within a file the tensors in ``safe_open(...).keys()`` order (sorted by name).
+
+No torch and no vLLM here: the parent process stays light. The ``safetensors`` library (the
+reader vLLM uses) cross-checks each header we accepted, with ``framework="numpy"`` so that
+torch is not imported; ``get_slice(name).get_shape()/get_dtype()`` read the header only.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import stat
+import struct
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+INDEX_NAME = "model.safetensors.index.json"
+MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit (HeaderTooLarge)
+DIAGNOSE_BYTES = 1 << 20  # how much a corrupt header length lets us look at
+SAFETENSORS_ERROR = "safetensors_rust.SafetensorError: Error while deserializing header: "
+
+# bits per element of each safetensors dtype
+DTYPE_BITS: dict[str, int] = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+}
+FLOAT_DTYPES = {"F64", "F32", "BF16", "F16", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2"}
+
+
+@dataclass
+class TensorHeader:
+    name: str
+    dtype: str  # safetensors spelling: "BF16", "F32", ...
+    shape: list[int]
+    file: str  # relative to the model directory
+    offsets: tuple[int, int]  # [begin, end) within the data region
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.offsets[1] - self.offsets[0]
+
+
+@dataclass
+class CheckpointProblem:
+    """One defect of the checkpoint files. ``code`` is the check that reports it."""
+
+    code: str  # "VD306" (shard index) or "VD308" (a safetensors file itself)
+    kind: str  # machine-readable: "header-past-eof", "index-path-outside-dir", ...
+    subject: str  # the file (relative) or "model.safetensors.index.json:<entry>"
+    message: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    vllm_error: str = ""  # what vLLM (or the safetensors library under it) says, if known
+
+
+@dataclass
+class FileHeader:
+    file: str  # relative to the model directory
+    size: int
+    header_bytes: int | None = None
+    tensors: list[TensorHeader] = field(default_factory=list)
+    metadata: dict[str, str] | None = None
+    ok: bool = False
+
+
+@dataclass
+class CheckpointFacts:
+    """What the doctor knows about a model directory's weights without reading any data."""
+
+    model_dir: str
+    format: str  # "safetensors", "bin", "pt" or "none" (what vLLM's "auto" load format would use)
+    files: list[FileHeader] = field(default_factory=list)  # files vLLM would load, in its order
+    index: dict[str, Any] | None = None  # {"file", "entries", "files"} when an index exists
+    problems: list[CheckpointProblem] = field(default_factory=list)
+    # tensors the index names in files that are missing, outside the directory or unreadable
+    unread_tensors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def tensors(self) -> list[TensorHeader]:
+        """Every readable tensor of the files vLLM would load, in the order it iterates them."""
+        return [t for f in self.files if f.ok for t in f.tensors]
+
+    @property
+    def complete(self) -> bool:
+        """True when every file vLLM would load could be read (no VD306/VD308 problem)."""
+        return not self.problems and all(f.ok for f in self.files)
+
+    def tensor_map(self) -> dict[str, TensorHeader]:
+        return {t.name: t for t in self.tensors}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model_dir": self.model_dir,
+            "format": self.format,
+            "files": [
+                {
+                    "file": f.file,
+                    "size": f.size,
+                    "header_bytes": f.header_bytes,
+                    "tensors": len(f.tensors),
+                    "ok": f.ok,
+                    "metadata": f.metadata,
+                }
+                for f in self.files
+            ],
+            "index": self.index,
+            "problems": [asdict(p) for p in self.problems],
+            "tensor_count": len(self.tensors),
+            "unread_tensors": self.unread_tensors,
+            "tensor_bytes": sum(t.nbytes for t in self.tensors),
+            "seconds": round(self.seconds, 4),
+        }
+
+
+def natural_sort_key(path: str) -> list[Any]:
+    """vLLM's ``_natural_sort_key``: shard 2 before shard 10."""
+    return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", path)]
+
+
+def _inside(root_real: str, path: str) -> bool:
+    real = os.path.realpath(path)
+    try:
+        return os.path.commonpath([root_real, real]) == root_real
+    except ValueError:  # different drives on Windows
+        return False
+
+
+def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProblem]]:
+    """Read and validate one file's header. Reads at most 8 + header-length bytes."""
+    problems: list[CheckpointProblem] = []
+
+    def bad(kind: str, message: str, **evidence: Any) -> tuple[FileHeader, list[CheckpointProblem]]:
+        problems.append(CheckpointProblem("VD308", kind, rel, message, evidence))
+        return header, problems
+
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        header = FileHeader(file=rel, size=0)
+        return bad("unreadable", f"{rel}: cannot stat: {exc.strerror}")
+    header = FileHeader(file=rel, size=st.st_size)
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or device would block or never end
+        return bad("not-a-regular-file", f"{rel} is not a regular file; it was not opened")
+    if st.st_size < 8:
+        return bad(
+            "truncated-header",
+            f"{rel} is {st.st_size} bytes: too short for the 8-byte header length of a safetensors file",
+            file_size=st.st_size,
+        )
+    try:
+        with open(path, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header.header_bytes = n
+            if n > st.st_size - 8:
+                # Cut off inside the header, or a corrupt length field? Look at what is there
+                # (at most 1 MiB, and only up to the end of a JSON object that starts at byte 8).
+                head = fh.read(min(st.st_size - 8, DIAGNOSE_BYTES))
+                json_end = _complete_json_object(head)
+                if json_end is None:
+                    return bad(
+                        "truncated-header",
+                        f"{rel} ends inside its header: the header length says {n} bytes but the file has only "
+                        f"{st.st_size - 8} after the length field (a download or copy cut short)",
+                        header_length=n,
+                        file_size=st.st_size,
+                    )
+                return bad(
+                    "header-past-eof",
+                    f"{rel}: header length {n} bytes points past the end of the file ({st.st_size} bytes); "
+                    f"the JSON header really ends after {json_end} bytes, so the length field is corrupt",
+                    header_length=n,
+                    file_size=st.st_size,
+                    json_header_bytes=json_end,
+                )
+            if n > MAX_HEADER_BYTES:
+                return bad(
+                    "header-too-large",
+                    f"{rel}: header length {n} bytes is over safetensors' limit of {MAX_HEADER_BYTES}",
+                    header_length=n,
+                )
+            raw = fh.read(n)
+    except OSError as exc:
+        return bad("unreadable", f"{rel}: cannot read: {exc.strerror}")
+    if len(raw) < n:
+        return bad("truncated-header", f"{rel}: header cut short ({len(raw)} of {n} bytes)", header_length=n, read=len(raw))
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        return bad("header-not-json", f"{rel}: header is not UTF-8 (byte {exc.start}); the file is corrupt or not safetensors", header_length=n)
+    except json.JSONDecodeError as exc:
+        truncated = exc.pos >= len(raw.rstrip(b" \x00")) - 1
+        what = "ends in the middle of the JSON (truncated header)" if truncated else f"is not valid JSON ({exc.msg} at byte {exc.pos})"
+        return bad("truncated-header" if truncated else "header-not-json", f"{rel}: header {what}", header_length=n, json_error=exc.msg, at=exc.pos)
+    if not isinstance(doc, dict):
+        return bad("header-not-json", f"{rel}: header is a JSON {type(doc).__name__}, not an object", header_length=n)
+    data_len = st.st_size - 8 - n
+    meta = doc.pop("__metadata__", None)
+    if meta is not None:
+        if isinstance(meta, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in meta.items()):
+            header.metadata = meta
+        else:
+            return bad("bad-entry", f"{rel}: __metadata__ must map strings to strings", header_length=n)
+    tensors: list[TensorHeader] = []
+    for name, entry in doc.items():
+        if not isinstance(entry, dict):
+            return bad("bad-entry", f"{rel}: entry {name!r} is not an object", tensor=name)
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in DTYPE_BITS:
+            return bad("bad-entry", f"{rel}: tensor {name!r} has unknown dtype {dtype!r}", tensor=name, dtype=dtype)
+        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            return bad("bad-entry", f"{rel}: tensor {name!r} has an invalid shape {shape!r}", tensor=name, shape=shape)
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+            and offsets[0] <= offsets[1]
+        ):
+            return bad("bad-entry", f"{rel}: tensor {name!r} has invalid data_offsets {offsets!r}", tensor=name, data_offsets=offsets)
+        t = TensorHeader(name=name, dtype=dtype, shape=list(shape), file=rel, offsets=(offsets[0], offsets[1]))
+        bits = t.numel * DTYPE_BITS[dtype]
+        if bits % 8 or bits // 8 != t.nbytes:
+            return bad(
+                "bad-entry",
+                f"{rel}: tensor {name!r} ({dtype} {shape}) needs {bits / 8:g} bytes but its offsets span {t.nbytes}",
+                tensor=name, shape=shape, dtype=dtype, data_offsets=offsets,
+            )
+        tensors.append(t)
+    # safetensors requires the tensors to tile the data region exactly, in offset order
+    end = 0
+    for t in sorted(tensors, key=lambda t: t.offsets):
+        if t.offsets[0] != end:
+            return bad(
+                "bad-entry",
+                f"{rel}: tensor {t.name!r} starts at byte {t.offsets[0]} of the data region, expected {end} (gap or overlap)",
+                tensor=t.name, data_offsets=list(t.offsets), expected_begin=end,
+            )
+        end = t.offsets[1]
+    if end > data_len:
+        last = max(tensors, key=lambda t: t.offsets[1])
+        return bad(
+            "data-past-eof",
+            f"{rel}: tensor data ends at byte {end} of the data region but the file holds only {data_len} "
+            f"bytes after the header (file truncated; {last.name!r} runs past the end)",
+            data_end=end, data_bytes=data_len, file_size=st.st_size, tensor=last.name,
+        )
+    if end < data_len:
+        return bad(
+            "trailing-bytes",
+            f"{rel}: {data_len - end} bytes after the last tensor; safetensors rejects files whose data region is longer than its tensors",
+            data_end=end, data_bytes=data_len,
+        )
+    header.tensors = sorted(tensors, key=lambda t: t.name)
+    header.ok = True
+    return header, problems
+
+
+def _complete_json_object(raw: bytes) -> int | None:
+    """Byte length of a complete JSON object at the start of ``raw``, or None."""
+    text = raw.decode("utf-8", "replace")
+    if not text.startswith("{"):
+        return None
+    try:
+        _, end = json.JSONDecoder().raw_decode(text)
+    except ValueError:
+        return None
+    return len(text[:end].encode("utf-8", "replace"))
+
+
+def library_check(path: Path, header: FileHeader) -> str | None:
+    """Does the safetensors library (vLLM's reader) accept the header we accepted? Error text, or None.
+
+    Header only: ``get_slice(name).get_shape()/get_dtype()`` read no tensor data.
+    """
+    try:
+        from safetensors import safe_open
+    except ImportError:
+        return None
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            keys = list(f.keys())
+            if keys != [t.name for t in header.tensors]:
+                return f"safetensors lists different tensors: {len(keys)} vs {len(header.tensors)}"
+            for t in header.tensors:
+                sl = f.get_slice(t.name)
+                if list(sl.get_shape()) != t.shape or sl.get_dtype() != t.dtype:
+                    return f"{t.name}: safetensors reads {sl.get_dtype()} {list(sl.get_shape())}, header says {t.dtype} {t.shape}"
+    except Exception as exc:  # SafetensorError and friends
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def _read_index(root: Path, problems: list[CheckpointProblem]) -> dict[str, Any] | None:
+    path = root / INDEX_NAME
+    if not path.is_file():
+        return None
+    index: dict[str, Any] = {"file": INDEX_NAME, "entries": 0, "files": []}
+    try:
+        if path.stat().st_size > MAX_HEADER_BYTES:
+            raise ValueError(f"{path.stat().st_size} bytes is implausibly large for an index")
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        problems.append(CheckpointProblem(
+            "VD306", "index-unreadable", INDEX_NAME, f"{INDEX_NAME} cannot be read as JSON: {exc}",
+            vllm_error="json.decoder.JSONDecodeError (vLLM reads the index before loading)",
+        ))
+        index["error"] = str(exc)
+        return index
+    weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        problems.append(CheckpointProblem(
+            "VD306", "index-no-weight-map", INDEX_NAME,
+            f"{INDEX_NAME} has no `weight_map` object of tensor name -> file name",
+            vllm_error="KeyError: 'weight_map'",
+        ))
+        index["error"] = "no weight_map"
+        return index
+    index["entries"] = len(weight_map)
+    index["weight_map"] = weight_map
+    index["files"] = sorted(set(weight_map.values()), key=natural_sort_key)
+    return index
+
+
+def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> CheckpointFacts:
+    """Headers of every checkpoint file vLLM would load from ``model_dir``, and their defects."""
+    start = time.monotonic()
+    root = Path(model_dir)
+    root_real = os.path.realpath(root)
+    facts = CheckpointFacts(model_dir=str(root), format="none")
+    problems = facts.problems
+    folder = str(root)
+    globbed = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if not globbed:
+        for pattern, fmt in (("*.bin", "bin"), ("*.pt", "pt")):
+            if glob.glob(os.path.join(folder, pattern)):
+                facts.format = fmt
+                break
+        facts.seconds = time.monotonic() - start
+        return facts
+    facts.format = "safetensors"
+    index = _read_index(root, problems)
+    facts.index = {k: v for k, v in index.items() if k != "weight_map"} if index else None
+    load_files = list(globbed)
+    if index and "weight_map" in index:
+        weight_map: dict[str, str] = index["weight_map"]
+        by_file: dict[str, list[str]] = {}
+        for tensor, fname in weight_map.items():
+            by_file.setdefault(fname, []).append(tensor)
+        wanted = {os.path.join(folder, f) for f in by_file}
+        missing_for_vllm = sorted(wanted - set(globbed))
+        vllm_error = f"FileNotFoundError: Weight files referenced in index but missing: {set(missing_for_vllm)}" if missing_for_vllm else ""
+        for fname in sorted(by_file, key=natural_sort_key):
+            joined = os.path.join(folder, fname)
+            tensors = sorted(by_file[fname])
+            evidence = {"index_entry": fname, "tensors": len(tensors), "first_tensors": tensors[:5]}
+            subject = f"{INDEX_NAME}:{fname}"
+            if joined in globbed:
+                continue  # a file vLLM loads: checked below (an escaping symlink included)
+            if os.path.isabs(fname) or not _inside(root_real, joined):
+                problems.append(CheckpointProblem(
+                    "VD306", "index-path-outside-dir", subject,
+                    f"the index sends {len(tensors)} tensor(s) to {fname!r}, a path outside the model directory; "
+                    "vllm-doctor does not follow it and vLLM will not load it",
+                    {**evidence, "resolves_to": os.path.realpath(joined)}, vllm_error,
+                ))
+            else:
+                exists = os.path.exists(joined)
+                kind, why = (
+                    ("index-path-not-top-level", f"{fname!r} exists but is not a top-level *.safetensors file vLLM's glob finds")
+                    if exists
+                    else ("index-file-missing", f"{fname!r} does not exist")
+                )
+                problems.append(CheckpointProblem(
+                    "VD306", kind, subject,
+                    f"the index sends {len(tensors)} tensor(s) to {fname!r}: {why}",
+                    evidence, vllm_error,
+                ))
+        unlisted = [os.path.basename(f) for f in globbed if f not in wanted]
+        if unlisted and facts.index is not None:
+            facts.index["unlisted_files_ignored"] = unlisted
+        load_files = [f for f in globbed if f in wanted]
+    load_files = sorted(load_files, key=natural_sort_key)
+    seen: dict[str, str] = {}
+    for fpath in load_files:
+        rel = os.path.relpath(fpath, folder)
+        if not _inside(root_real, fpath):
+            problems.append(CheckpointProblem(
+                "VD306", "file-outside-dir", rel,
+                f"{rel} is a symlink to {os.path.realpath(fpath)}, outside the model directory; vllm-doctor did not open it",
+                {"resolves_to": os.path.realpath(fpath)},
+            ))
+            facts.files.append(FileHeader(file=rel, size=0))
+            continue
+        header, file_problems = parse_header(Path(fpath), rel)
+        problems.extend(file_problems)
+        if header.ok and library:
+            err = library_check(Path(fpath), header)
+            if err is not None:
+                header.ok = False
+                problems.append(CheckpointProblem("VD308", "library-rejects", rel, f"{rel}: the safetensors library rejects it: {err}", vllm_error=err))
+        elif not header.ok and library and file_problems:
+            # what vLLM would print: the library's own error for the same file
+            lib = _library_error(Path(fpath))
+            if lib:
+                file_problems[-1].vllm_error = lib
+        facts.files.append(header)
+        if header.ok:
+            for t in header.tensors:
+                if t.name in seen:
+                    problems.append(CheckpointProblem(
+                        "VD306", "duplicate-tensor", t.name,
+                        f"tensor {t.name!r} is stored in both {seen[t.name]} and {rel}; vLLM loads both and the later file wins",
+                        {"files": [seen[t.name], rel]},
+                    ))
+                else:
+                    seen[t.name] = rel
+    if index and "weight_map" in index:
+        weight_map = index["weight_map"]
+        readable = {f.file for f in facts.files if f.ok}
+        facts.unread_tensors = sorted(t for t, fname in weight_map.items() if fname not in readable)
+        for tensor, fname in sorted(weight_map.items()):
+            if fname in readable and seen.get(tensor) != fname and tensor not in seen:
+                problems.append(CheckpointProblem(
+                    "VD306", "index-tensor-not-in-file", f"{INDEX_NAME}:{tensor}",
+                    f"the index puts {tensor!r} in {fname}, but {fname} does not contain it",
+                    {"tensor": tensor, "index_file": fname},
+                ))
+    facts.seconds = time.monotonic() - start
+    return facts
+
+
+def _library_error(path: Path) -> str | None:
+    """The safetensors library's own message for a file our parser rejected (header only)."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        from safetensors import safe_open
+    except (OSError, ImportError):
+        return None
+    try:
+        with safe_open(str(path), framework="numpy") as f:
+            list(f.keys())
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
