@@ -35,7 +35,7 @@ EXPECTED: dict[str, tuple[str, str, set[str]]] = {
     "transformers-backend-fallback": ("VD107", "config.json:architectures[0]", {"VD107"}),
     "shadows-builtin-arch": ("VD110", "...tiny_doctor_shadows_builtin_arch/__init__.py:", {"VD110"}),
     "hf-style-init": ("VD201", T.format("hf_style_init") + ".__init__", {"VD201"}),
-    "pretrained-model-subclass": ("VD202", T.format("pretrained_model_subclass"), {"VD202"}),
+    "pretrained-model-subclass": ("VD202", T.format("pretrained_model_subclass"), {"VD202"}),  # a warning: vLLM runs it
     "forward-without-positions": ("VD203", T.format("forward_without_positions") + ".forward", {"VD203"}),
     "compute-logits-renamed": ("VD204", T.format("compute_logits_renamed") + ".compute_logits", {"VD204"}),
     "load-weights-returns-none": ("VD205", T.format("load_weights_returns_none") + ".load_weights", {"VD205"}),

@@ -134,3 +134,12 @@ def test_script_scan_tells_module_level_from_main_guard_and_functions(tmp_path: 
     )
     scopes = {r["arch"]: r["scope"] for r in scan_script(script)}
     assert scopes == {"A": "module", "B": "function main()", "C": "the `if __name__ == '__main__':` block"}
+
+
+def test_atomic_reports_get_ordinary_file_permissions(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        path = write_json_atomic(tmp_path / "r.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644

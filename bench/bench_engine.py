@@ -1,0 +1,114 @@
+"""What the doctor costs while attached: decode throughput, one engine, side by side.
+
+    python bench/bench_engine.py [MODEL_DIR] [--prompts 8 --input-len 16 --output-len 64 --repeats 3]
+
+Runs the same greedy workload (fixed lengths, ignore_eos) on ONE engine in four modes,
+interleaved ``--repeats`` times, and prints a markdown table of output tokens/s (median) and
+the slowdown against the plain engine:
+
+  none        the engine as the user built it (the doctor's extension is mixed in but idle)
+  per-step    vllm_doctor.attach(llm, layers=False, probe=False): step wrappers + root hooks
+  per-layer   vllm_doctor.attach(llm, probe=False): + hooks on every timed module
+  torch-prof  vLLM's own torch profiler (llm.start_profile / stop_profile), no doctor
+
+Without MODEL_DIR it builds a tiny random Llama (tests/fixtures/engine_models.py). CPU and GPU
+(single-process engine, eager). Timings are wall clock around ``llm.generate``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", nargs="?")
+    parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument("--input-len", type=int, default=16)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dims", default="", help="gpu: a bigger tiny Llama (hidden 512, 4 layers, head_dim 64)")
+    args = parser.parse_args()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    tmp = Path(tempfile.mkdtemp(prefix="bench-engine-"))
+    model = args.model
+    if model is None:
+        from tests.fixtures.engine_models import build_llama_dir
+
+        dims = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                    num_key_value_heads=4, head_dim=64, vocab_size=32000) if args.dims == "gpu" else None
+        model = str(build_llama_dir(tmp / "tiny-llama", ["LlamaForCausalLM"], dims))
+
+    import torch
+
+    import vllm_doctor
+    from vllm_doctor.compat.engine import (
+        FAST_ENGINE_KWARGS,
+        EngineHandle,
+        greedy,
+        start_engine,
+        torch_profiler_kwargs,
+    )
+    from vllm_doctor.engine_stage import Workload, make_prompts
+
+    cuda = torch.cuda.is_available()
+    extra = {"enforce_eager": True, "gpu_memory_utilization": 0.2} if cuda else dict(FAST_ENGINE_KWARGS)
+    llm = start_engine(model, max_model_len=args.input_len + args.output_len + 16,
+                       **torch_profiler_kwargs(str(tmp / "torch")), **extra)
+    handle = EngineHandle(llm)
+    prompts = make_prompts(Workload(args.prompts, args.input_len, args.output_len), handle.vocab_size() or 1000)
+    params = greedy(args.output_len, ignore_eos=True)
+
+    def run() -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        wall = time.perf_counter() - t
+        return sum(len(o.outputs[0].token_ids) for o in outs) / wall
+
+    def none() -> float:
+        return run()
+
+    def per_step() -> float:
+        with vllm_doctor.attach(llm, layers=False, probe=False):
+            return run()
+
+    def per_layer() -> float:
+        with vllm_doctor.attach(llm, probe=False):
+            return run()
+
+    def torch_prof() -> float:
+        handle.start_torch_profile()
+        try:
+            return run()
+        finally:
+            handle.stop_torch_profile()
+
+    modes = {"none": none, "per-step": per_step, "per-layer": per_layer, "torch-prof": torch_prof}
+    run()  # warm-up
+    results: dict[str, list[float]] = {m: [] for m in modes}
+    for _ in range(args.repeats):
+        for name, fn in modes.items():
+            results[name].append(fn())
+    base = statistics.median(results["none"])
+    device = torch.cuda.get_device_name(0) if cuda else f"CPU ({os.cpu_count()} cores)"
+    print(f"\nengine: {model} on {device}; {args.prompts} prompts x {args.input_len} in / {args.output_len} out, "
+          f"median of {args.repeats}\n")
+    print("| mode | output tokens/s (median) | min | max | vs none |")
+    print("|---|---:|---:|---:|---:|")
+    for name, values in results.items():
+        med = statistics.median(values)
+        print(f"| {name} | {med:.1f} | {min(values):.1f} | {max(values):.1f} | {100 * (med / base - 1):+.1f}% |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""One GPU engine run for tests/gpu/test_engine_gpu.py, in a fresh process per runner kind.
+
+    python -m tests.gpu.gpu_child MODEL_DIR OUT_JSON {v2|v1|graphs}
+
+v2: vLLM's default model runner (V2 on vLLM >= 0.26), eager; v1: VLLM_USE_V2_MODEL_RUNNER=0,
+eager; graphs: default runner with CUDA graphs (per-layer timing must switch itself off).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def main(model_dir: str, out: str, mode: str) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if mode == "v1":
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    import torch
+    from vllm import LLM
+
+    import vllm_doctor
+    from vllm_doctor.compat.engine import greedy
+
+    kwargs = vllm_doctor.engine_kwargs(enforce_eager=mode != "graphs", gpu_memory_utilization=0.15, max_model_len=512)
+    if mode == "graphs":
+        kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
+    llm = LLM(model=model_dir, **kwargs)
+    prompts = ["hello world", "the capital of france is", "my name is"]
+    params = greedy(16, ignore_eos=True)
+    base = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    with vllm_doctor.attach(llm) as doc:
+        during = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    after = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    report = doc.report()
+    worker = llm.llm_engine.model_executor.driver_worker.worker
+    kv = worker.model_runner.kv_caches
+    kv_list = list(kv.values()) if isinstance(kv, dict) else list(kv)
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in kv_list}
+    planned = sum(int(t.size) for t in worker.model_runner.kv_cache_config.kv_cache_tensors)
+    result = {
+        "mode": mode,
+        "same": base == during == after,
+        "report": report.to_dict(),
+        "torch_kv_storage_bytes": sum(storages.values()),
+        "vllm_planned_kv_bytes": planned,
+        "torch_allocated": torch.cuda.memory_allocated(),
+        "runner_module": type(worker.model_runner).__module__,
+    }
+    with open(out, "w") as fh:
+        json.dump(result, fh, default=str)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3])

@@ -1,0 +1,115 @@
+"""The engine stage on an NVIDIA GPU (run with ``pytest -m gpu tests/gpu``; skipped without CUDA).
+
+Self-contained: builds its own tiny Llama (head_dim 64, 4 layers, GQA 8/4) with transformers
+in a temporary directory, then runs one engine per runner kind in a fresh process
+(tests/gpu/gpu_child.py): vLLM's V2 model runner, the V1 runner, and CUDA graphs. Asserts
+placement on cuda:0, CUDA-event timings, KV bytes equal to torch's storages and vLLM's plan,
+NVML memory beside the breakdown, and bit-identical outputs with the doctor attached.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.engine,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
+    pytest.mark.skipif(not _cuda(), reason="no CUDA device"),
+]
+GPU_DIMS = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                num_key_value_heads=4, head_dim=64, vocab_size=32000, max_position_embeddings=2048)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tests.fixtures.engine_models import build_llama_dir
+
+    return build_llama_dir(tmp_path_factory.mktemp("gpu") / "tiny-llama", ["LlamaForCausalLM"], GPU_DIMS)
+
+
+_results: dict[str, dict[str, Any]] = {}
+
+
+def run_mode(model_dir: Path, mode: str, tmp: Path) -> dict[str, Any]:
+    if mode not in _results:
+        out = tmp / f"{mode}.json"
+        env = {k: v for k, v in os.environ.items() if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_V2_MODEL_RUNNER")}
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        proc = subprocess.run([sys.executable, "-m", "tests.gpu.gpu_child", str(model_dir), str(out), mode],
+                              cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+        assert out.exists(), f"{mode} child failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+        _results[mode] = json.loads(out.read_text())
+    return _results[mode]
+
+
+def finding(report: dict[str, Any], code: str) -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["code"] == code]
+
+
+@pytest.mark.parametrize("mode", ["v2", "v1"])
+def test_eager_engine_on_cuda(model_dir: Path, tmp_path: Path, mode: str) -> None:
+    r = run_mode(model_dir, mode, tmp_path)
+    report = r["report"]
+    assert r["same"] is True, "outputs changed with the doctor attached"
+    anatomy = report["facts"]["engine"]
+    assert anatomy["model_runner"]["kind"] == mode
+    assert anatomy["workers"][0]["device"] == "cuda:0"
+    # placement
+    assert [f["outcome"] for f in finding(report, "VD401")] == ["pass"]
+    assert "cuda:0" in finding(report, "VD401")[0]["subject"]
+    vd402 = finding(report, "VD402")
+    assert [f["outcome"] for f in vd402] == ["pass"] and vd402[0]["evidence"]["device"] == "cuda:0"
+    # CUDA-event timings, per step and per layer
+    prof = report["profiles"]["engine"]
+    assert prof["clock"] == "cuda_events" and prof["layers_on"] is True
+    assert prof["steps"] and all(s["step_s"] > 0 and s["forward_s"] > 0 for s in prof["steps"])
+    assert {s["phase"] for s in prof["steps"]} == {"prefill", "decode"}
+    assert all(m["total_s"] > 0 for m in prof["layers"]["modules"])
+    assert {"attention", "mlp", "norm"} <= set(prof["layers"]["by_kind"])
+    # KV bytes: the doctor's count (shared storage once) = torch's storages = vLLM's plan
+    vd504 = finding(report, "VD504")
+    assert [f["outcome"] for f in vd504] == ["pass"]
+    assert vd504[0]["evidence"]["storage_bytes"] == r["torch_kv_storage_bytes"] == r["vllm_planned_kv_bytes"]
+    assert r["torch_kv_storage_bytes"] <= r["torch_allocated"]
+    # memory breakdown next to NVML's per-process memory
+    mem = prof["memory"][0]
+    assert mem["parts"]["kv_cache"] == r["torch_kv_storage_bytes"]
+    assert mem["parts"]["weights"] > 0 and mem["parts"]["peak_activations"] is not None
+    if (prof.get("nvml") or {}).get("available"):
+        assert mem["total_source"].startswith("NVML")
+        assert sum(v for v in mem["parts"].values() if v) == mem["total"]
+    else:
+        assert prof["nvml"]["reason"]
+    for code in ("VD403", "VD404", "VD405", "VD501", "VD208", "VD400"):
+        assert all(f["outcome"] in ("pass", "not_applicable") or f["severity"] == "info" for f in finding(report, code)), finding(report, code)
+
+
+def test_cuda_graphs_switch_per_layer_timing_off(model_dir: Path, tmp_path: Path) -> None:
+    r = run_mode(model_dir, "graphs", tmp_path)
+    prof = r["report"]["profiles"]["engine"]
+    assert r["same"] is True
+    assert prof["layers_on"] is False and "eager" in prof["layers_reason"]
+    assert prof["steps"] and all(s["step_s"] > 0 for s in prof["steps"])
+    probe = [f for f in r["report"]["findings"] if f["code"] == "VD404"]
+    assert probe and probe[0]["outcome"] == "skip"

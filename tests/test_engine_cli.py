@@ -1,0 +1,244 @@
+"""``vllm-doctor profile`` and ``vllm-doctor check --engine`` end to end (real engines, subprocesses).
+
+The working example (examples/make_examples.py, "ok") runs on a real single-process engine
+started by the CLI's engine stage. The HTML report is opened in headless Chromium when
+Debian's ``chromium`` is installed (rendered DOM, screenshot, Chromium's own network log);
+without it, only its structure is checked here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from vllm_doctor.model import Report
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
+]
+CHART_LABELS = (
+    "engine anatomy", "step time, prefill vs decode", "forward time per decoder layer, stacked by kind",
+    "KV cache usage over the run", "memory breakdown rank 0",
+)
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("examples")
+    subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "make_examples.py"), str(out), "--only", "ok"],
+                   check=True, capture_output=True, timeout=300)
+    return out / "ok"
+
+
+def doctor(example: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    env["PYTHONPATH"] = os.pathsep.join([str(example / "site"), str(REPO_ROOT)])
+    return subprocess.run([sys.executable, "-m", "vllm_doctor", *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def profiled(example: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    out = tmp_path_factory.mktemp("profile")
+    proc = doctor(example, "profile", str(example / "model"), "--out", str(out),
+                  "--prompts", "3", "--input-len", "24", "--output-len", "6", "--deep")
+    return out, proc
+
+
+def test_profile_writes_report_trace_and_html(profiled: tuple[Path, Any]) -> None:
+    out, proc = profiled
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "vllm-doctor: engine stage: engine up in" in proc.stderr  # progress lines on stderr
+    assert "engine anatomy" in proc.stdout and "[plugin]" in proc.stdout
+    data = json.loads((out / "report.json").read_text())
+    report = Report.from_dict(data)  # the one schema
+    engine = report.profiles["engine"]
+    assert [s["phase"] for s in engine["steps"]] == ["prefill"] + ["decode"] * 5
+    assert engine["steps"][0]["prefill_tokens"] == 3 * 24
+    assert report.profiles["workload"]["generated_tokens"] == 18
+    assert {"attention", "mlp", "norm", "embedding", "logits"} <= set(engine["layers"]["by_kind"])
+    assert report.by_code("VD401")[0].outcome.value == "pass"
+    trace = json.loads((out / "trace.json").read_text())["traceEvents"]
+    assert sum(e.get("cat") in ("prefill", "decode") for e in trace) == 6
+    assert any(e.get("cat") == "layer" and e["name"] == "model.layers.1.self_attn" for e in trace)
+    assert report.profiles["torch_profiler"]["files"], "vLLM's torch profiler wrote no trace"
+    assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporaries
+
+
+def test_html_report_is_self_contained(profiled: tuple[Path, Any]) -> None:
+    html = (profiled[0] / "report.html").read_text()
+    for label in CHART_LABELS:
+        assert f'aria-label="{label}"' in html
+    lowered = html.lower()
+    assert "<script" not in lowered and "http://" not in lowered.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "https://" not in lowered and "src=" not in lowered and "@import" not in lowered
+    assert "model.layers" in html or "layer 0" in html
+
+
+def _page_requests(netlog: Path) -> list[str]:
+    """URLs the PAGE asked for (Chromium's own background traffic has initiator 'not an origin')."""
+    data = json.loads(netlog.read_text())
+    start = data["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    return [e["params"]["url"] for e in data["events"]
+            if e.get("type") == start and "url" in e.get("params", {}) and e["params"].get("initiator") != "not an origin"]
+
+
+def _chromium(page: Path, tmp: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert exe
+    return subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", f"--user-data-dir={tmp / 'profile'}",
+                           *flags, page.as_uri()], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.skipif(not (shutil.which("chromium") or shutil.which("chromium-browser")), reason="Debian's chromium is not installed")
+def test_html_report_renders_in_headless_chromium_without_network(profiled: tuple[Path, Any], tmp_path: Path) -> None:
+    page = profiled[0] / "report.html"
+    dom = _chromium(page, tmp_path, "--dump-dom").stdout
+    for label in CHART_LABELS:
+        assert f'aria-label="{label}"' in dom
+    assert dom.count("<rect") > 20
+    shot = tmp_path / "shot.png"
+    _chromium(page, tmp_path, "--window-size=1200,2600", f"--screenshot={shot}")
+    assert shot.exists() and shot.stat().st_size > 20_000
+    # positive control: the same page plus one remote image IS seen in the network log
+    canary = tmp_path / "canary.html"
+    canary.write_text(page.read_text().replace("</body>", '<img src="http://127.0.0.1:9/canary.png"></body>'))
+    _chromium(canary, tmp_path, f"--log-net-log={tmp_path / 'canary.json'}", "--dump-dom")
+    assert _page_requests(tmp_path / "canary.json") == ["http://127.0.0.1:9/canary.png"]
+    _chromium(page, tmp_path, f"--log-net-log={tmp_path / 'net.json'}", "--dump-dom")
+    assert _page_requests(tmp_path / "net.json") == []
+
+
+def test_check_engine_adds_engine_findings_and_prints_anatomy(example: Path, tmp_path: Path) -> None:
+    out = tmp_path / "report.json"
+    proc = doctor(example, "check", str(example / "model"), "--engine", "--output", str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "engine anatomy" in proc.stdout
+    assert "model         tiny_doctor_model.model.TinyDoctorForCausalLM [plugin]" in proc.stdout
+    assert "worker 0" in proc.stdout and "device cpu" in proc.stdout
+    report = Report.from_dict(json.loads(out.read_text()))
+    codes = {f.code: f.outcome.value for f in report.findings}
+    assert codes["VD101"] == "pass"  # the static stage ran too
+    for code in ("VD208", "VD401", "VD403", "VD404", "VD405", "VD501", "VD503", "VD504"):
+        assert codes[code] == "pass", (code, report.by_code(code))
+    assert codes["VD402"] == "not_applicable"
+    assert report.facts["engine"]["model"]["origin"] == "plugin"
+
+
+def test_check_engine_reports_kv_cache_too_small_from_vllms_own_refusal(example: Path) -> None:
+    proc = doctor(example, "check", str(example / "model"), "--fast", "--engine", "--select", "VD501",
+                  "--max-model-len", "2048", "--kv-cache-memory", "300000")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "FAIL  VD501 kv-cache-too-small" in proc.stdout
+    assert "the longest request that fits is 384 tokens" in proc.stdout
+    assert "the engine did not start" in proc.stdout
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    import urllib.request
+
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.loads(resp.read())
+
+
+def test_served_engine_through_vllms_collective_rpc_endpoint(example: Path, tmp_path: Path) -> None:
+    """OpenAI server + the extension + VLLM_DOCTOR=1: string args over HTTP, plugin in every process."""
+    import signal
+    import time
+    import urllib.request
+
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    env.update(PYTHONPATH=os.pathsep.join([str(example / "site"), str(REPO_ROOT)]), VLLM_DOCTOR="1",
+               VLLM_DOCTOR_DIR=str(tmp_path / "procs"), VLLM_SERVER_DEV_MODE="1")
+    log = open(tmp_path / "server.log", "w")  # closed in the finally below
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(example / "model"), "--host", "127.0.0.1",
+         "--port", str(port), "--enforce-eager", "--max-model-len", "256", "--kv-cache-memory-bytes", str(64 * 2**20),
+         "--worker-extension-cls", "vllm_doctor.engine.extension.DoctorWorkerExtension"],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            assert server.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()[-3000:]
+            time.sleep(1)
+        installed = _post(f"{base}/collective_rpc", {"method": "doctor_install", "args": ['{"layers": true}']})["results"][0]
+        assert installed["ok"] and installed["data"]["layers_on"] is True
+        completion = _post(f"{base}/v1/completions", {"model": str(example / "model"), "prompt": "hello world",
+                                                      "max_tokens": 8, "temperature": 0, "ignore_eos": True})
+        assert completion["choices"][0]["text"]
+        collected = _post(f"{base}/collective_rpc", {"method": "doctor_collect"})["results"][0]
+        assert [s["phase"] for s in collected["data"]["steps"]] == ["prefill"] + ["decode"] * 7
+        detached = _post(f"{base}/collective_rpc", {"method": "doctor_detach"})["results"][0]
+        assert detached["data"]["status"]["model_hook_counts"] == {"forward_pre_hooks": 0, "forward_hooks": 0}
+        records = [json.loads(p.read_text()) for p in (tmp_path / "procs").glob("proc-*.json")]
+        assert installed["pid"] in {r["pid"] for r in records} and len(records) >= 3  # API server, engine core, worker
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+        log.close()
+
+
+BROKEN_PLUGIN = '''
+def register():
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.llama import LlamaForCausalLM
+
+    class BrokenForwardLlama(LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            out = super().forward(*args, **kwargs)
+            if kwargs.get("input_ids") is not None and kwargs["input_ids"].numel() < 64:
+                raise RuntimeError("Expected all tensors to be on the same device (doctor test)")
+            return out
+
+    ModelRegistry.register_model("BrokenForwardLlama", BrokenForwardLlama)
+'''
+
+
+def test_a_model_that_fails_at_run_time_is_reported_not_crashed(tmp_path: Path) -> None:
+    """The engine starts (its dummy runs pass), then the user's workload raises in forward."""
+    from tests.fixtures.engine_models import build_llama_dir
+
+    site = tmp_path / "site"
+    (site / "broken_forward_plugin").mkdir(parents=True)
+    (site / "broken_forward_plugin" / "__init__.py").write_text(BROKEN_PLUGIN)
+    info = site / "broken_forward_plugin-0.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-forward-plugin\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nbroken_forward = broken_forward_plugin:register\n")
+    model = build_llama_dir(tmp_path / "model", ["BrokenForwardLlama"])
+    proc = doctor(tmp_path, "profile", str(model), "--out", str(tmp_path / "out"), "--prompts", "2", "--input-len", "8",
+                  "--output-len", "4")
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "the engine started, then the workload failed" in proc.stdout
+    assert "Expected all tensors to be on the same device (doctor test)" in proc.stdout
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert "Expected all tensors to be on the same device" in report["facts"]["engine_failure"]

@@ -1,0 +1,474 @@
+"""Unit tests of the engine stage's pure parts: no vLLM engine, fake workers and snapshots."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from vllm_doctor.checks import CATALOGUE
+from vllm_doctor.checks.engine import blocks_needed, largest_length
+from vllm_doctor.compat import nvml
+from vllm_doctor.compat.engine import EngineHandle, ExtensionMissing, engine_kwargs
+from vllm_doctor.engine import EXTENSION_QUALNAME
+from vllm_doctor.engine.clock import WallClock
+from vllm_doctor.engine.extension import DoctorWorkerExtension
+from vllm_doctor.engine.layers import layer_index, module_kind, select_modules
+from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
+from vllm_doctor.engine.profiler import ForwardProfiler
+from vllm_doctor.engine.steps import StepTracker, phase_of
+from vllm_doctor.engine_facts import EngineFacts, WorkerFacts
+from vllm_doctor.model import Outcome, Severity, Stage
+from vllm_doctor.profilers.engine import (
+    anatomy,
+    layer_tables,
+    memory_breakdown,
+    model_origin,
+    summarize,
+)
+from vllm_doctor.runner import CheckOptions, selected_codes
+
+
+def run(code: str, facts: Any) -> list[Any]:
+    return list(CATALOGUE[code].run(facts))
+
+
+# ---- a toy model shaped like a decoder ------------------------------------------------------
+
+
+class ToyAttention(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.qkv_proj = nn.Linear(8, 8)
+        self.rotary_emb = nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.qkv_proj(self.rotary_emb(x))
+
+
+class ToyMLP(nn.Module):
+    def __init__(self, faulty: bool = False) -> None:
+        super().__init__()
+        self.down_proj = nn.Linear(8, 8)
+        self.faulty = faulty
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.faulty:
+            x.sum().item()
+            torch.nonzero(x)
+            torch.empty(2, device="meta")
+            x[:1].to("meta")
+            x[:1].tolist()
+        return self.down_proj(x)
+
+
+class ToyLayer(nn.Module):
+    def __init__(self, faulty: bool) -> None:
+        super().__init__()
+        self.input_layernorm = nn.LayerNorm(8)
+        self.self_attn = ToyAttention()
+        self.mlp = ToyMLP(faulty)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(self.self_attn(self.input_layernorm(x)))
+
+
+class ToyModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(16, 8)
+        self.layers = nn.ModuleList([ToyLayer(False), ToyLayer(True)])
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed_tokens(ids)
+        for layer in self.layers:
+            x = layer(x)
+        return self.norm(x)
+
+
+class ToyForCausalLM(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = ToyModel()
+        self.logits_processor = nn.Identity()
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model(ids)
+
+
+def test_module_kinds_and_selection_times_topmost_modules_only() -> None:
+    model = ToyForCausalLM()
+    chosen = {m.name: (m.kind, m.layer) for m in select_modules(model)}
+    assert chosen[""] == ("model", None)
+    assert chosen["model.embed_tokens"] == ("embedding", None)
+    assert chosen["model.layers.1"] == ("layer", 1)
+    assert chosen["model.layers.1.self_attn"] == ("attention", 1)
+    assert chosen["model.layers.0.mlp"] == ("mlp", 0)
+    assert chosen["model.layers.0.input_layernorm"] == ("norm", 0)
+    assert chosen["model.norm"] == ("norm", None)
+    assert chosen["logits_processor"] == ("logits", None)
+    assert "model.layers.0.self_attn.qkv_proj" not in chosen  # inside attention: not double counted
+    assert "model.layers.0.self_attn.rotary_emb" not in chosen
+    assert module_kind("lm_head", nn.Linear(2, 2)) == "logits"
+    assert layer_index("model.layers.12.mlp.down_proj") == 12
+    assert layer_index("model.norm") is None
+
+
+def test_probe_names_module_for_host_syncs_and_wrong_device_ops() -> None:
+    model = ToyForCausalLM()
+    rec = ProbeRecorder(model, torch.device("cpu"))
+    rec.install_hooks()
+    modes = ProbeModes(rec)
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.inference_mode():
+        expected = model(ids)
+        modes.enter()
+        try:
+            got = model(ids)
+        finally:
+            modes.exit()
+    rec.remove_hooks()
+    assert torch.equal(expected, got)  # the modes only observe
+    found = {(e["kind"], e["op"], e["module"]) for e in rec.snapshot()["events"]}
+    assert ("host_sync", "Tensor.item", "model.layers.1.mlp") in found
+    assert ("host_sync", "Tensor.tolist", "model.layers.1.mlp") in found
+    assert ("data_dependent", "aten.nonzero.default", "model.layers.1.mlp") in found
+    assert ("wrong_device_create", "aten.empty.memory_format", "model.layers.1.mlp") in found
+    assert any(k == "cross_device_copy" and m == "model.layers.1.mlp" for k, _, m in found)
+    assert not any(m.startswith("model.layers.0") for _, _, m in found)  # the clean layer is clean
+    assert sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules()) == 0
+
+
+def test_forward_profiler_aggregates_steps_and_layers_with_wall_clock() -> None:
+    model = ToyForCausalLM()
+    timed = select_modules(model)
+    prof = ForwardProfiler(WallClock(), timed)
+    for phase_tokens in ({"prefill_tokens": 6, "decode_tokens": 0}, {"prefill_tokens": 0, "decode_tokens": 2}):
+        counts = {**phase_tokens, "prefill_reqs": 0, "decode_reqs": 0, "num_reqs": 2, "total_tokens": 6, "kv_blocks_used": 1}
+        prof.begin_step(counts)
+        prof.module_enter("")
+        prof.module_enter("model.layers.0")
+        prof.module_exit("model.layers.0")
+        prof.module_exit("")
+        prof.module_enter("logits_processor")
+        prof.module_exit("logits_processor")
+        prof.after_execute(0.001, output_is_final=False)
+        prof.after_sample(0.0005)
+    snap = prof.snapshot()
+    assert [s["phase"] for s in snap["steps"]] == ["prefill", "decode"]
+    assert all(s["forward_s"] is not None and s["step_s"] >= s["forward_s"] for s in snap["steps"])
+    layer0 = next(m for m in snap["layers"] if m["name"] == "model.layers.0")
+    assert (layer0["prefill_calls"], layer0["decode_calls"]) == (1, 1)
+    assert len(snap["trace"]) == 2 and snap["trace"][0]["layers"]
+
+
+def _new(rid: str, prompt: int, blocks: list[int], computed: int = 0) -> Any:
+    return SimpleNamespace(req_id=rid, prompt_token_ids=list(range(prompt)), block_ids=(blocks,), num_computed_tokens=computed)
+
+
+def _so(new: list[Any], cached: list[tuple[str, int, list[int] | None]], sched: dict[str, int], finished: set[str] = frozenset()) -> Any:  # type: ignore[assignment]
+    return SimpleNamespace(
+        scheduled_new_reqs=new,
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=[c[0] for c in cached], num_computed_tokens=[c[1] for c in cached],
+            new_block_ids=[(c[2],) if c[2] is not None else None for c in cached], resumed_req_ids=set(),
+        ),
+        num_scheduled_tokens=sched, total_num_scheduled_tokens=sum(sched.values()),
+        scheduled_spec_decode_tokens={}, finished_req_ids=set(finished),
+    )
+
+
+def test_step_tracker_splits_prefill_and_decode_and_counts_kv_blocks() -> None:
+    t = StepTracker()
+    first = t.observe(_so([_new("a", 5, [1]), _new("b", 3, [2])], [], {"a": 5, "b": 3}))
+    assert (first["prefill_tokens"], first["decode_tokens"], first["kv_blocks_used"]) == (8, 0, 2)
+    assert phase_of(first) == "prefill"
+    second = t.observe(_so([_new("c", 4, [3, 4])], [("a", 5, [5]), ("b", 3, None)], {"a": 1, "b": 1, "c": 4}))
+    assert (second["prefill_tokens"], second["decode_tokens"], second["num_reqs"]) == (4, 2, 3)
+    assert second["kv_blocks_used"] == 5 and phase_of(second) == "mixed"
+    third = t.observe(_so([], [("c", 4, None)], {"c": 1}, finished={"a", "b"}))
+    assert (third["decode_tokens"], third["kv_blocks_used"]) == (1, 2)
+
+
+# ---- the extension envelope on a fake worker --------------------------------------------------
+
+
+class FakeWorker(DoctorWorkerExtension):
+    rank = 0
+
+
+def test_extension_returns_crash_envelope_instead_of_raising() -> None:
+    worker = FakeWorker()
+    assert worker.doctor_kv()["ok"] is True  # capability detection: missing attributes are "unavailable"
+    reply = worker.doctor_install()  # no model loaded: the method raises inside
+    assert reply["ok"] is False and reply["method"] == "doctor_install"
+    assert reply["error"]["type"] == "RuntimeError" and "no model" in reply["error"]["message"]
+    json.dumps(reply)  # JSON-able
+    assert worker.doctor_ping()["ok"] is True
+    # options arrive as JSON strings through vLLM's HTTP /collective_rpc
+    assert worker.doctor_inject_fault('{"where": "rpc:doctor_ping"}')["data"] == {"faults": ["rpc:doctor_ping"]}
+    assert worker.doctor_ping()["error"]["type"] == "InjectedFault"
+
+
+class FakeLLM:
+    def __init__(self, error: Exception | None, ext: str = "") -> None:
+        self.error = error
+        self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(worker_extension_cls=ext)))
+
+    def collective_rpc(self, method: str, timeout: Any = None, args: tuple[Any, ...] = ()) -> list[Any]:
+        if self.error is not None:
+            raise self.error
+        return [{"ok": True, "method": method, "rank": 0, "data": {}}]
+
+
+def test_missing_extension_explains_the_fix() -> None:
+    handle = EngineHandle(FakeLLM(AttributeError("'CPUWorker' object has no attribute 'doctor_ping'")))
+    with pytest.raises(ExtensionMissing) as info:
+        handle.ensure_extension()
+    assert EXTENSION_QUALNAME in str(info.value) and "engine_kwargs" in str(info.value)
+    with pytest.raises(ExtensionMissing, match=r"json\.JSONDecoder"):  # another extension, not ours
+        EngineHandle(FakeLLM(None, ext="json.JSONDecoder")).ensure_extension()
+    assert engine_kwargs(enforce_eager=True) == {"worker_extension_cls": EXTENSION_QUALNAME, "enforce_eager": True}
+
+
+# ---- checks over synthetic snapshots ----------------------------------------------------------
+
+
+def worker(rank: int = 0, **parts: Any) -> WorkerFacts:
+    return WorkerFacts(rank=rank, parts=dict(parts))
+
+
+def placement(device: str = "cpu", misplaced: list[dict[str, Any]] | None = None, **dev: Any) -> dict[str, Any]:
+    dtype_mismatch = [{"name": "gain", "dtype": "torch.float32", "shape": [1], "module_class": "M", "vllm_builtin": False}]
+    return {
+        "model": "m.M", "model_dtype": "torch.bfloat16",
+        "device": {"device": device, "type": device.split(":")[0], "index": int(device.split(":")[1]) if ":" in device else None, **dev},
+        "counts": {"parameters": 3, "buffers": 1, "misplaced": len(misplaced or []), "dtype_mismatch": 1},
+        "misplaced": misplaced or [], "dtype_mismatch": dtype_mismatch,
+    }
+
+
+def test_engine_checks_skip_without_an_engine_and_are_not_run_by_the_static_pass() -> None:
+    engine_codes = [c for c in CATALOGUE if CATALOGUE[c].meta.stage is Stage.ENGINE]
+    assert set(engine_codes) >= {"VD208", "VD400", "VD401", "VD402", "VD403", "VD404", "VD405", "VD501", "VD503", "VD504"}
+    for code in engine_codes:
+        findings = run(code, object())
+        assert [f.outcome for f in findings] == [Outcome.SKIP] and "--engine" in findings[0].message
+    assert not set(selected_codes(CheckOptions())) & set(engine_codes)
+
+
+def test_vd401_names_each_misplaced_tensor_and_passes_when_none() -> None:
+    bad = [{"name": "model.layers.0.mlp.inv_freq", "kind": "buffer", "device": "cpu", "dtype": "torch.float32",
+            "shape": [4], "bytes": 16, "module_class": "MyMLP", "vllm_builtin": False}]
+    findings = run("VD401", EngineFacts(workers=[worker(placement=placement("cuda:0", bad))]))
+    assert [(f.outcome, f.subject) for f in findings] == [(Outcome.FAIL, "model.layers.0.mlp.inv_freq")]
+    assert findings[0].evidence["expected"] == "cuda:0" and findings[0].evidence["actual"] == "cpu"
+    ok = run("VD401", EngineFacts(workers=[worker(placement=placement("cpu"))]))
+    assert [f.outcome for f in ok] == [Outcome.PASS]
+
+
+def test_vd402_flags_rank_device_mismatch_and_shared_gpu() -> None:
+    w0 = worker(0, placement=placement("cuda:0", local_rank=0, current_device=0, device_count=2, uuid="GPU-a", hostname="h"))
+    w1 = worker(1, placement=placement("cuda:0", local_rank=1, current_device=0, device_count=2, uuid="GPU-a", hostname="h"))
+    findings = run("VD402", EngineFacts(workers=[w0, w1]))
+    outcomes = [(f.outcome, f.subject) for f in findings]
+    assert (Outcome.PASS, "worker 0 / cuda:0") in outcomes
+    assert (Outcome.FAIL, "worker 1 / cuda:0") in outcomes
+    assert any(f.outcome is Outcome.FAIL and f.evidence.get("ranks") == [0, 1] for f in findings)
+    cpu = run("VD402", EngineFacts(workers=[worker(placement=placement("cpu"))]))
+    assert [f.outcome for f in cpu] == [Outcome.NOT_APPLICABLE]
+
+
+def _probe(events: list[dict[str, Any]], device: str = "cpu") -> dict[str, Any]:
+    return {"profiling": True, "crashes": [], "probe": {"complete": True, "worker_device": device, "steps": [{"phase": "prefill"}], "events": events}}
+
+
+def test_vd403_vd404_report_probe_events_with_module_and_severity() -> None:
+    ev = [
+        {"kind": "host_sync", "op": "Tensor.item", "module": "model.layers.1.mlp", "module_class": "MyMLP", "vllm_builtin": False, "count": 2, "where": ["m.py:3 in forward"]},
+        {"kind": "wrong_device_create", "op": "aten.zeros.default", "module": "model.layers.1.mlp", "module_class": "MyMLP", "vllm_builtin": False, "count": 1, "device": "cpu", "where": []},
+        {"kind": "host_sync", "op": "Tensor.cpu", "module": "model.layers.0.self_attn.attn", "module_class": "Attention", "vllm_builtin": True, "count": 1, "where": []},
+    ]
+    facts = EngineFacts(workers=[worker(profile=_probe(ev, "cuda:0"))])
+    vd404 = run("VD404", facts)
+    assert [(f.subject, f.severity) for f in vd404] == [("model.layers.1.mlp", Severity.WARN), ("model.layers.0.self_attn.attn", Severity.INFO)]
+    assert "m.py:3" in vd404[0].hint
+    vd403 = run("VD403", facts)
+    assert [(f.outcome, f.subject) for f in vd403] == [(Outcome.WARN, "model.layers.1.mlp")]
+    assert "creates a tensor on cpu" in vd403[0].message
+    clean = EngineFacts(workers=[worker(profile=_probe([]))])
+    assert [f.outcome for f in run("VD403", clean)] == [Outcome.PASS]
+    waiting = EngineFacts(workers=[worker(profile={"probe": {"complete": False, "events": [], "steps": [], "waiting_for": ["prefill"]}})])
+    assert [f.outcome for f in run("VD404", waiting)] == [Outcome.SKIP]
+    half = EngineFacts(workers=[worker(profile={"probe": {"complete": False, "events": [], "steps": [{"phase": "prefill"}]}})])
+    assert [f.outcome for f in run("VD404", half)] == [Outcome.PASS]
+
+
+def test_vd405_is_info() -> None:
+    findings = run("VD405", EngineFacts(workers=[worker(placement=placement())]))
+    assert [(f.outcome, f.severity, f.subject) for f in findings] == [(Outcome.WARN, Severity.INFO, "gain")]
+
+
+FULL = {"spec": {"type": "FullAttentionSpec", "block_size": 16, "num_kv_heads": 2, "head_size": 32}}
+
+
+def test_kv_capacity_math() -> None:
+    assert blocks_needed([FULL, FULL], 33) == 6
+    sliding = {"spec": {"type": "SlidingWindowSpec", "block_size": 16, "sliding_window": 32}}
+    assert blocks_needed([sliding], 10_000) == 3
+    assert largest_length([FULL], 10, cap=10_000) == 160
+    assert largest_length([FULL, FULL], 10, cap=10_000) == 80
+
+
+def kv(**over: Any) -> dict[str, Any]:
+    layers = [{"prefix": f"model.layers.{i}.self_attn.attn", "num_kv_heads": 2, "head_size": 32,
+               "module_paths": [f"model.layers.{i}.self_attn.attn"]} for i in range(2)]
+    base = {
+        "num_blocks": 11, "max_model_len": 64, "storage_bytes": 1000, "planned_bytes": 1000, "num_storages": 1,
+        "groups": [{"layer_names": [layer["prefix"] for layer in layers], **FULL}],
+        "attention_layers": layers, "tensor_parallel_size": 1,
+        "hf_config": {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2},
+    }
+    return {**base, **over}
+
+
+def test_vd501_from_running_engine_and_from_vllms_startup_error() -> None:
+    ok = run("VD501", EngineFacts(workers=[worker(kv=kv())]))
+    assert ok[0].outcome is Outcome.PASS and ok[0].evidence["largest_length"] == 160  # (11 - null block) x 16
+    assert ok[0].evidence["full_length_requests_at_once"] == 2
+    small = run("VD501", EngineFacts(workers=[worker(kv=kv(num_blocks=3))]))
+    assert small[0].outcome is Outcome.FAIL and small[0].evidence["largest_length"] == 32
+    err = ("ValueError: To serve at least one request with the model's max seq len (2048), (0.03 GiB KV cache is "
+           "needed, which is larger than the available KV cache memory (0.01 GiB). Based on the available memory, "
+           "the estimated maximum model length is 672. Try increasing ...")
+    failed = run("VD501", EngineFacts(startup_error=err))
+    assert failed[0].outcome is Outcome.FAIL and failed[0].evidence["largest_length"] == 672
+    assert "max_model_len=672" in failed[0].hint
+
+
+def test_vd504_catches_ignored_gqa_and_unplanned_bytes() -> None:
+    assert [f.outcome for f in run("VD504", EngineFacts(workers=[worker(kv=kv())]))] == [Outcome.PASS]
+    bad = kv(storage_bytes=2000)
+    for layer in bad["attention_layers"]:
+        layer["num_kv_heads"] = 4
+    bad["groups"][0]["spec"] = {**FULL["spec"], "num_kv_heads": 4}
+    msgs = [f.message for f in run("VD504", EngineFacts(workers=[worker(kv=bad)]))]
+    assert any("2x larger than needed" in m for m in msgs)
+    assert any("planned 1000" in m for m in msgs)
+
+
+def test_vd208_prefix_vs_module_path_and_duplicate_error() -> None:
+    bad = kv()
+    bad["attention_layers"][1]["module_paths"] = ["model.layers.1.attention.core"]
+    findings = run("VD208", EngineFacts(workers=[worker(kv=bad)]))
+    assert [(f.outcome, f.subject) for f in findings] == [(Outcome.WARN, "model.layers.1.self_attn.attn")]
+    dup = run("VD208", EngineFacts(startup_error="ValueError: Duplicate layer name: model.layers.0.attn"))
+    assert dup[0].outcome is Outcome.FAIL and dup[0].subject == "model.layers.0.attn"
+
+
+def test_probe_crash_becomes_crash_finding_of_dependent_checks() -> None:
+    w = WorkerFacts(rank=0, errors={"kv": {"type": "RuntimeError", "message": "boom", "traceback": "tb"}})
+    for code in ("VD501", "VD504", "VD208"):
+        findings = run(code, EngineFacts(workers=[w]))
+        assert [f.outcome for f in findings] == [Outcome.CRASH] and "boom" in findings[0].message
+    hook = {"crashes": [{"component": "layers", "type": "InjectedFault", "message": "x", "traceback": "", "step": 3}], "probe": {}}
+    assert [f.outcome for f in run("VD400", EngineFacts(workers=[worker(profile=hook)]))] == [Outcome.CRASH]
+
+
+def test_memory_breakdown_adds_up_on_gpu_and_says_what_cpu_cannot_measure() -> None:
+    gpu = {"pid": 7, "device": "cuda:0", "parameter_bytes": 100, "buffer_bytes": 0, "kv_bytes": 500,
+           "vllm_model_memory_usage": 120, "vllm_peak_activation_memory": 50,
+           "cuda": {"allocated": 700, "reserved": 800, "max_allocated": 750, "device_total": 10_000, "device_free": 8_000},
+           "compile": {"cudagraphs": False}}
+    snap = {"available": True, "devices": [{"processes": [{"pid": 7, "used_memory": 1_000}]}]}
+    b = memory_breakdown(gpu, snap)
+    assert b["total"] == 1_000 and b["total_source"].startswith("NVML")
+    assert sum(v for v in b["parts"].values() if v) == b["total"]
+    assert b["parts"]["peak_activations"] == 50
+    without = memory_breakdown(gpu, {"available": False, "reason": "no driver"})
+    assert without["total"] == 800 and any("NVML unavailable" in n for n in without["notes"])
+    cpu = memory_breakdown({"device": "cpu", "parameter_bytes": 10, "buffer_bytes": 2, "repacked_weight_bytes_estimate": 30,
+                            "repacked_layers": 2, "kv_bytes": 100, "host": {"VmRSS": 1_000, "VmHWM": 1_100}})
+    assert cpu["parts"]["weights"] == 42 and cpu["parts"]["peak_activations"] is None
+    assert cpu["parts"]["other"] == 1_000 - 42 - 100 and not cpu["measurable"]
+
+
+def test_nvml_gateway_never_raises() -> None:
+    snap = nvml.snapshot()
+    assert isinstance(snap, dict) and "available" in snap
+    if not snap["available"]:
+        assert snap["reason"]
+    assert nvml.process_memory({"available": False}, 1) is None
+
+
+def test_summaries_and_anatomy_from_synthetic_facts() -> None:
+    steps = [
+        {"index": 0, "t": 0.0, "phase": "prefill", "total_tokens": 8, "num_reqs": 2, "kv_blocks_used": 2, "step_s": 0.2, "forward_s": 0.1},
+        {"index": 1, "t": 0.2, "phase": "decode", "total_tokens": 2, "num_reqs": 2, "kv_blocks_used": 2, "step_s": 0.1, "forward_s": 0.05},
+    ]
+    profile = {"profiling": True, "clock": "wall_clock", "steps": steps, "num_blocks": 11, "crashes": [], "probe": {},
+               "layers": [{"name": "model.layers.0", "kind": "layer", "layer": 0, "prefill_s": 0.05, "decode_s": 0.02},
+                          {"name": "model.layers.0.self_attn", "kind": "attention", "layer": 0, "prefill_s": 0.03, "decode_s": 0.01}]}
+    anat = {"rank": 0, "pid": 5, "device": "cpu", "model_class": "my_pkg.model.MyLM", "worker_class": "W", "model_runner_class": "R"}
+    facts = EngineFacts(front_end={"pid": 5, "engine_core_in_process": True, "engine_core_pids": [5]},
+                        workers=[worker(profile=profile, anatomy=anat, kv=kv())])
+    s = summarize(facts)
+    assert s["phases"]["prefill"]["tokens"] == 8 and s["phases"]["decode"]["tokens_per_s"] == pytest.approx(20.0)
+    assert s["kv_usage"][0]["usage"] == pytest.approx(0.2)
+    assert s["layers"]["by_kind"]["attention"] == pytest.approx(0.04)
+    assert s["layers"]["by_kind"]["other"] == pytest.approx(0.15 - 0.04)
+    assert layer_tables(profile, steps)["by_layer"][0]["kinds"]["attention"] == pytest.approx(0.04)
+    a = anatomy(facts)
+    assert a["model"]["origin"] == "plugin" and a["processes"][1]["in_process_with"] == "engine core"
+    assert model_origin("vllm.model_executor.models.llama.LlamaForCausalLM") == "built-in"
+    assert model_origin("vllm.model_executor.models.transformers.base.TransformersForCausalLM") == "transformers-fallback"
+
+
+def test_plugin_is_a_no_op_unless_opted_in(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_doctor.engine import plugin
+
+    monkeypatch.setenv("VLLM_DOCTOR_DIR", str(tmp_path))
+    monkeypatch.delenv("VLLM_DOCTOR", raising=False)
+    monkeypatch.setattr(plugin, "_registered", False)
+    plugin.register()
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.setenv("VLLM_DOCTOR", "1")
+    plugin.register()
+    plugin.register()  # vLLM may call it again in the same process
+    records = list(tmp_path.iterdir())
+    assert len(records) == 1 and json.loads(records[0].read_text())["pid"] > 0
+
+
+def test_html_and_trace_render_from_a_report_dict_offline() -> None:
+    from vllm_doctor.attach import build_engine_report
+    from vllm_doctor.report.html import render_html
+    from vllm_doctor.report.trace import chrome_trace
+
+    steps = [{"index": i, "t": 0.01 * i, "phase": "prefill" if i == 0 else "decode", "total_tokens": 4, "num_reqs": 2,
+              "prefill_tokens": 4 if i == 0 else 0, "decode_tokens": 0 if i == 0 else 2, "kv_blocks_used": 2,
+              "step_s": 0.01, "forward_s": 0.008} for i in range(4)]
+    profile = {"profiling": True, "clock": "wall_clock", "layers_on": True, "steps": steps, "num_blocks": 11, "crashes": [],
+               "probe": {"complete": True, "events": [], "steps": []},
+               "trace": [{"index": 0, "t": 0.0, "step_s": 0.01, "phase": "prefill", "forward": [{"offset_s": 0.0, "dur_s": 0.008}],
+                          "layers": [{"name": "model.layers.0", "offset_s": 0.001, "dur_s": 0.004}]}],
+               "layers": [{"name": "model.layers.0", "kind": "layer", "layer": 0, "prefill_s": 0.004, "decode_s": 0.01},
+                          {"name": "model.layers.0.mlp", "kind": "mlp", "layer": 0, "prefill_s": 0.002, "decode_s": 0.005}]}
+    mem = {"device": "cpu", "parameter_bytes": 10, "buffer_bytes": 0, "kv_bytes": 100, "host": {"VmRSS": 1000}}
+    anat = {"rank": 0, "pid": 5, "device": "cpu", "model_class": "p.M", "worker_class": "w.W", "model_runner_class": "r.R"}
+    facts = EngineFacts(front_end={"pid": 5, "engine_core_in_process": True, "engine_core_pids": [5]},
+                        workers=[worker(profile=profile, anatomy=anat, kv=kv(), memory=mem, placement=placement())])
+    data = build_engine_report(facts, "/models/x").to_dict()
+    html = render_html(data)
+    assert html.startswith("<!DOCTYPE html>") and html.count("<svg") == 5
+    assert "<script" not in html and "https://" not in html and "src=" not in html
+    assert "VD405" in html and "layer 0" in html and "not measurable" in html
+    trace = chrome_trace(data["profiles"]["engine"], data["facts"]["engine"])
+    names = [e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"]
+    assert "step 0 prefill" in names and "model.layers.0" in names
+    json.dumps(trace)
+

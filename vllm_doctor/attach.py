@@ -1,0 +1,161 @@
+"""Attach the doctor to a user's running ``vllm.LLM``.
+
+    llm = LLM(model=..., **vllm_doctor.engine_kwargs(enforce_eager=True))
+    with vllm_doctor.attach(llm) as doc:
+        llm.generate(prompts, params)
+    report = doc.report()          # findings VD4xx/VD5xx/VD208 + report.profiles["engine"]
+
+While attached, each worker runs the forward profiler (per step always, per layer in eager
+mode) and, for the first prefill and the first decode step, the forward probe. Leaving the
+``with`` block (or :meth:`EngineDoctor.detach`) collects a final snapshot and removes every
+hook and wrapper from the workers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from vllm_doctor import environment
+from vllm_doctor.compat import nvml
+from vllm_doctor.compat.engine import EngineHandle, ExtensionMissing, engine_kwargs
+from vllm_doctor.engine_facts import EngineFacts, WorkerFacts
+from vllm_doctor.model import Report
+
+__all__ = ["EngineDoctor", "ExtensionMissing", "attach", "build_engine_report", "engine_kwargs"]
+
+PART_METHODS = {
+    "anatomy": "doctor_anatomy",
+    "placement": "doctor_placement",
+    "kv": "doctor_kv",
+    "memory": "doctor_memory",
+    "profile": "doctor_collect",
+}
+
+
+def merge_replies(facts: EngineFacts, part: str, replies: list[dict[str, Any]]) -> None:
+    """Put one part's per-worker envelopes into ``facts`` (rank order; errors kept apart)."""
+    for i, reply in enumerate(replies):
+        rank = reply.get("rank", i)
+        while len(facts.workers) <= i:
+            facts.workers.append(WorkerFacts(rank=None))
+        worker = facts.workers[i]
+        if worker.rank is None:
+            worker.rank = rank
+        if reply.get("ok"):
+            worker.parts[part] = reply.get("data") or {}
+        else:
+            worker.errors[part] = reply.get("error") or {"type": "Unknown", "message": repr(reply)[:300]}
+
+
+class EngineDoctor:
+    """The doctor attached to one engine. Use :func:`attach`."""
+
+    def __init__(self, llm: Any, *, layers: bool = True, probe: bool = True,
+                 probe_phases: Iterable[str] = ("prefill", "decode"),
+                 select: Iterable[str] = (), ignore: Iterable[str] = ()) -> None:
+        self.handle = EngineHandle(llm)
+        self.layers = layers
+        self.probe = probe
+        self.probe_phases = list(probe_phases)
+        self.select = set(select)
+        self.ignore = set(ignore)
+        self.attached = False
+        self.install_replies: list[dict[str, Any]] = []
+        self.probe_replies: list[dict[str, Any]] = []
+        self.detach_replies: list[dict[str, Any]] = []
+        self._final: EngineFacts | None = None
+        self.timings: dict[str, float] = {}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def attach(self) -> EngineDoctor:
+        t = time.perf_counter()
+        self.handle.ensure_extension()
+        self.install_replies = self.handle.rpc("doctor_install", {"layers": self.layers})
+        if self.probe:
+            self.probe_replies = self.handle.rpc("doctor_arm_probe", {"phases": self.probe_phases})
+        self.attached = True
+        self._final = None
+        self.timings["attach_s"] = round(time.perf_counter() - t, 3)
+        return self
+
+    def detach(self) -> list[dict[str, Any]]:
+        """Take the final snapshot, then remove every hook and wrapper from the workers."""
+        if not self.attached:
+            return self.detach_replies
+        self._final = self.gather()
+        self.detach_replies = self.handle.rpc("doctor_detach")
+        self.attached = False
+        return self.detach_replies
+
+    def __enter__(self) -> EngineDoctor:
+        return self.attach() if not self.attached else self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.detach()
+        except Exception:
+            if exc_type is None:  # never hide the user's own exception behind ours
+                raise
+
+    # -- facts and report -----------------------------------------------------------------------
+    def gather(self) -> EngineFacts:
+        """Ask every worker for every part (a live snapshot, or the final one once detached)."""
+        if not self.attached and self._final is not None:
+            return self._final
+        t = time.perf_counter()
+        facts = EngineFacts(front_end=self.handle.front_end())
+        for part, method in PART_METHODS.items():
+            merge_replies(facts, part, self.handle.rpc(method))
+        for i, reply in enumerate(self.install_replies):
+            if not reply.get("ok") and i < len(facts.workers):
+                facts.workers[i].errors.setdefault("profile", reply.get("error") or {})
+        facts.nvml = nvml_for(facts)
+        self.timings["gather_s"] = round(time.perf_counter() - t, 3)
+        return facts
+
+    def report(self, target: str | None = None) -> Report:
+        facts = self.gather()
+        return build_engine_report(facts, target or self.handle.model_name(), self.select, self.ignore, self.timings)
+
+
+def attach(llm: Any, *, layers: bool = True, probe: bool = True,
+           select: Iterable[str] = (), ignore: Iterable[str] = ()) -> EngineDoctor:
+    """Attach to ``llm`` (built with the doctor's worker extension); use as a context manager.
+
+    Raises :class:`ExtensionMissing` (with the fix) if the engine lacks the extension.
+    """
+    return EngineDoctor(llm, layers=layers, probe=probe, select=select, ignore=ignore).attach()
+
+
+def nvml_for(facts: EngineFacts) -> dict[str, Any]:
+    cuda = any(str((w.get("anatomy") or {}).get("device", "")).startswith("cuda") for w in facts.workers)
+    if not cuda:
+        return {"available": False, "reason": "no worker runs on an NVIDIA GPU"}
+    pids = sorted({int(pid) for w in facts.workers if (pid := (w.get("anatomy") or {}).get("pid")) is not None})
+    return nvml.snapshot(pids=None) | {"worker_pids": pids}
+
+
+def build_engine_report(facts: EngineFacts, target: str, select: Iterable[str] = (), ignore: Iterable[str] = (),
+                        timings: dict[str, float] | None = None) -> Report:
+    """Run the engine-stage checks on ``facts``; add anatomy and profiles."""
+    from vllm_doctor.checks import CATALOGUE
+    from vllm_doctor.model import Stage
+    from vllm_doctor.profilers.engine import anatomy, summarize
+    from vllm_doctor.runner import run_checks
+
+    select, ignore = set(select), set(ignore)
+    codes = [
+        c for c in sorted(CATALOGUE)
+        if CATALOGUE[c].meta.stage is Stage.ENGINE
+        and (not select or any(c.startswith(s) for s in select))
+        and not any(c.startswith(s) for s in ignore)
+    ]
+    report = Report(target=target)
+    report.findings = sorted(run_checks(facts, codes), key=lambda f: (f.code, f.subject))  # type: ignore[arg-type]
+    report.environment = environment.collect()
+    report.facts["engine"] = anatomy(facts)
+    report.profiles["engine"] = summarize(facts)
+    report.timings.update(timings or {})
+    return report

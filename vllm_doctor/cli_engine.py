@@ -1,0 +1,177 @@
+"""The engine-stage parts of the CLI: ``check --engine`` and ``profile``.
+
+Kept apart from cli.py so the static ``check`` stays small; cli.py calls the three functions
+below. Neither imports vLLM: the engine runs in a child process (engine_stage.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.model import Report, Severity
+
+PROFILE_EPILOG = """\
+writes (atomically) into --out DIR:
+  report.json   the report schema, engine profile under profiles.engine
+  report.html   self-contained offline report: findings, engine anatomy, per-layer time,
+                step timeline (prefill vs decode), KV usage over the run, memory breakdown
+  trace.json    Chrome / Perfetto trace of steps and layers (ui.perfetto.dev)
+  engine.log    everything the engine logged
+  torch/        with --deep: vLLM's own torch profiler traces
+
+examples:
+  vllm-doctor profile ./my-model --out prof
+  vllm-doctor profile ./my-model --out prof --prompts 16 --input-len 256 --output-len 64 --deep
+"""
+
+
+def _size(value: str) -> int:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+    text = value.strip().lower().rstrip("ib").rstrip("b")
+    try:
+        if text and text[-1] in units:
+            return int(float(text[:-1]) * units[text[-1]])
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected bytes like 67108864, 64M or 2G, got {value!r}") from None
+
+
+def _engine_arg(value: str) -> tuple[str, Any]:
+    key, sep, raw = value.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    try:
+        parsed: Any = json.loads(raw)
+    except ValueError:
+        parsed = raw
+    return key.strip(), parsed
+
+
+def add_engine_options(parser: argparse.ArgumentParser, with_switch: bool) -> None:
+    group = parser.add_argument_group("engine stage (starts a real vLLM engine with the doctor's worker extension)")
+    if with_switch:
+        group.add_argument("--engine", action="store_true",
+                           help="also run the engine-stage checks (VD4xx, VD5xx, VD208) on a real engine and print its anatomy")
+    group.add_argument("--max-model-len", type=int, metavar="N", help="as vLLM's flag (default: the model's)")
+    group.add_argument("--kv-cache-memory", type=_size, metavar="BYTES",
+                       help="KV cache size (vLLM's kv_cache_memory_bytes; default 64M without a GPU, vLLM's sizing with one)")
+    group.add_argument("--engine-arg", type=_engine_arg, action="append", default=[], metavar="KEY=VALUE",
+                       help="any other vllm.LLM keyword (VALUE parsed as JSON when it can be), repeatable")
+    group.add_argument("--multiprocess", action="store_true",
+                       help="run engine core and workers in their own processes (default: one process, fastest)")
+    group.add_argument("--engine-timeout", type=float, default=600.0, metavar="S", help="limit for the engine stage (default 600 s)")
+
+
+def add_profile_parser(sub: Any) -> None:
+    p = sub.add_parser("profile", help="profile the forward pass on a real engine",
+                       description="Run a workload on a real vLLM engine with the doctor attached; write report.json, "
+                                   "report.html and trace.json.",
+                       epilog=PROFILE_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", help="model directory with config.json")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--prompts", type=int, default=8, metavar="N", help="number of prompts (default 8)")
+    p.add_argument("--input-len", type=int, default=64, metavar="L", help="prompt length in tokens (default 64)")
+    p.add_argument("--output-len", type=int, default=32, metavar="M", help="tokens generated per prompt (default 32)")
+    p.add_argument("--deep", action="store_true", help="also record vLLM's own torch profiler trace (slower) into DIR/torch")
+    p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer hooks)")
+    p.add_argument("--trust-remote-code", action="store_true")
+    p.add_argument("--fail-on", choices=[s.value for s in Severity], default="error",
+                   help="lowest severity that makes the exit code 1 (default: error)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+    add_engine_options(p, with_switch=False)
+
+
+def _engine_options(args: argparse.Namespace, workload: Any, deep_dir: str | None = None, layers: bool = True) -> Any:
+    from vllm_doctor.engine_stage import EngineOptions
+
+    return EngineOptions(
+        workload=workload, max_model_len=args.max_model_len, kv_cache_memory_bytes=args.kv_cache_memory,
+        trust_remote_code=bool(getattr(args, "trust_remote_code", False)), multiprocess=args.multiprocess,
+        layers=layers, deep_dir=deep_dir, extra=dict(args.engine_arg), timeout=args.engine_timeout,
+    )
+
+
+def add_engine_stage(args: argparse.Namespace, report: Report, progress: Callable[[str], None]) -> str:
+    """``check --engine``: run the engine stage, merge its findings into ``report``; return the anatomy text."""
+    from vllm_doctor.attach import build_engine_report
+    from vllm_doctor.engine_stage import Workload, run_engine_stage
+    from vllm_doctor.report.engine_text import render_anatomy
+
+    result = run_engine_stage(report.target, _engine_options(args, Workload()), progress)
+    engine_report = build_engine_report(result.facts, report.target, args.select, args.ignore)
+    report.findings = sorted(report.findings + engine_report.findings, key=lambda f: (f.code, f.subject))
+    report.facts["engine"] = engine_report.facts["engine"]
+    report.facts["engine_log"] = result.log_path
+    report.profiles["engine"] = engine_report.profiles["engine"]
+    report.timings.update({f"engine_{k}" if not k.startswith("engine") else k: v for k, v in result.timings.items()})
+    failure = _engine_failure(result.facts)
+    if failure:
+        report.facts["engine_failure"] = failure
+    anatomy = render_anatomy(report.facts["engine"]) if result.facts.workers else ""
+    return "\n".join(part for part in (anatomy, failure) if part)
+
+
+def _engine_failure(facts: Any) -> str:
+    if facts.startup_error:
+        return "the engine did not start:\n  " + facts.startup_error.splitlines()[0][:400]
+    if facts.runtime_error:
+        return "the engine started, then the workload failed:\n  " + facts.runtime_error.splitlines()[0][:400]
+    return ""
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from vllm_doctor import environment
+    from vllm_doctor.attach import build_engine_report
+    from vllm_doctor.engine_stage import Workload, run_engine_stage
+    from vllm_doctor.probes.model_dir import resolve_model_dir
+    from vllm_doctor.report.engine_text import render_anatomy, render_profile
+    from vllm_doctor.report.html import render_html
+    from vllm_doctor.report.io import write_json_atomic, write_text_atomic
+    from vllm_doctor.report.trace import chrome_trace
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(f"vllm-doctor: {msg}", file=sys.stderr, flush=True)
+
+    for name in ("prompts", "input_len", "output_len"):
+        if getattr(args, name) < 1:
+            raise DoctorInputError(f"--{name.replace('_', '-')} must be at least 1")
+    model_dir = str(resolve_model_dir(args.model).path)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    workload = Workload(prompts=args.prompts, input_len=args.input_len, output_len=args.output_len)
+    deep_dir = str((out / "torch").resolve()) if args.deep else None
+    progress(f"profile: {model_dir} -> {out}")
+    result = run_engine_stage(model_dir, _engine_options(args, workload, deep_dir, layers=not args.no_layers), progress,
+                              log_dir=str(out))
+    report = build_engine_report(result.facts, model_dir)
+    report.environment = environment.collect()
+    report.profiles["workload"] = result.workload
+    report.profiles["engine_kwargs"] = result.engine_kwargs
+    if result.deep:
+        report.profiles["torch_profiler"] = result.deep
+    report.timings.update(result.timings)
+    failure = _engine_failure(result.facts)
+    if failure:
+        report.facts["engine_failure"] = failure
+    data = report.to_dict()
+    write_json_atomic(out / "report.json", data)
+    write_text_atomic(out / "report.html", render_html(data))
+    write_json_atomic(out / "trace.json", chrome_trace(report.profiles.get("engine") or {}, report.facts.get("engine")))
+    progress(f"wrote {out / 'report.json'}, {out / 'report.html'}, {out / 'trace.json'}")
+    if result.facts.workers:
+        print(render_anatomy(report.facts["engine"]))
+    if failure:
+        print(failure)
+    else:
+        print(render_profile(report.profiles["engine"], result.workload))
+    problems = report.problems(Severity(args.fail_on))
+    for f in problems:
+        print(f"{f.outcome.value.upper():<5} {f.code} {f.message}" + (f"\n      at: {f.subject}" if f.subject else ""))
+    return 1 if problems or failure else 0

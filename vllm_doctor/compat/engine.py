@@ -1,0 +1,204 @@
+"""The doctor's side of a running engine: the ONE place that touches a ``vllm.LLM``'s internals.
+
+Everything here probes capabilities (attributes, signatures) rather than version numbers, and
+turns vLLM objects into plain dicts at once. Worker-side code lives in
+:mod:`vllm_doctor.engine`; this module reaches it only through ``LLM.collective_rpc`` by method
+name (no pickled functions, so no ``VLLM_ALLOW_INSECURE_SERIALIZATION``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any
+
+from vllm_doctor.engine import EXTENSION_QUALNAME
+
+# The cheapest settings that still run the real engine (measured on CPU: 2-4 s to start).
+FAST_ENGINE_KWARGS: dict[str, Any] = {
+    "enforce_eager": True,
+    "kv_cache_memory_bytes": 64 * 2**20,
+}
+
+
+class ExtensionMissing(RuntimeError):
+    """The engine was built without the doctor's worker extension."""
+
+
+def engine_kwargs(**extra: Any) -> dict[str, Any]:
+    """Keyword arguments for ``vllm.LLM`` that make the doctor attachable.
+
+    >>> llm = LLM(model=..., **vllm_doctor.engine_kwargs(enforce_eager=True))
+    """
+    kwargs = {"worker_extension_cls": EXTENSION_QUALNAME}
+    kwargs.update(extra)
+    return kwargs
+
+
+def _missing_message(configured: str | None) -> str:
+    have = f"it has worker_extension_cls={configured!r}" if configured else "it has no worker_extension_cls"
+    return (
+        f"this engine was built without vllm-doctor's worker extension ({have}). "
+        f"Create it with LLM(..., worker_extension_cls={EXTENSION_QUALNAME!r}) "
+        "(or LLM(..., **vllm_doctor.engine_kwargs())); for `vllm serve` pass "
+        f"--worker-extension-cls {EXTENSION_QUALNAME}. If you have your own extension, make it "
+        "subclass vllm_doctor.engine.extension.DoctorWorkerExtension."
+    )
+
+
+class EngineHandle:
+    """A user's ``vllm.LLM`` seen by the doctor."""
+
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.engine = getattr(llm, "llm_engine", None)
+        self.vllm_config = getattr(self.engine, "vllm_config", None)
+
+    # -- the extension ------------------------------------------------------------------------
+    def configured_extension(self) -> str | None:
+        pc = getattr(self.vllm_config, "parallel_config", None)
+        value = getattr(pc, "worker_extension_cls", None)
+        return value if isinstance(value, str) and value else None
+
+    def ensure_extension(self, method: str = "doctor_ping") -> list[dict[str, Any]]:
+        """Ping every worker; raise :class:`ExtensionMissing` with the fix when it is absent.
+
+        vLLM mixes an extension into the worker *class*, so in one process a later engine may
+        inherit an earlier engine's extension: the ping, not the config, is the real test.
+        """
+        configured = self.configured_extension()
+        if configured is not None and configured != EXTENSION_QUALNAME and not _subclasses_ours(configured):
+            raise ExtensionMissing(_missing_message(configured))
+        try:
+            replies = self.rpc(method)
+        except Exception as exc:  # AttributeError in-process; a wrapped error from other processes
+            if method in str(exc) or isinstance(exc, AttributeError):
+                raise ExtensionMissing(_missing_message(configured)) from exc
+            raise
+        return replies
+
+    def rpc(self, method: str, options: dict[str, Any] | None = None, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Call ``method`` on every worker; one envelope per worker, in rank order."""
+        args = (options,) if options is not None else ()
+        replies = self.llm.collective_rpc(method, timeout=timeout, args=args)
+        return [r if isinstance(r, dict) else {"ok": False, "method": method, "error": {"type": "BadReply", "message": repr(r)[:500]}} for r in replies]
+
+    def model_name(self) -> str:
+        mc = getattr(self.vllm_config, "model_config", None)
+        return str(getattr(mc, "model", "") or "engine")
+
+    def vocab_size(self) -> int | None:
+        mc = getattr(self.vllm_config, "model_config", None)
+        get = getattr(mc, "get_vocab_size", None)
+        try:
+            return int(get()) if callable(get) else None
+        except Exception:
+            return None
+
+    # -- the front end: which process holds what ---------------------------------------------
+    def front_end(self) -> dict[str, Any]:
+        core = getattr(self.engine, "engine_core", None)
+        pc = getattr(self.vllm_config, "parallel_config", None)
+        in_process = type(core).__name__ == "InprocClient"
+        info: dict[str, Any] = {
+            "pid": os.getpid(),
+            "llm_class": _qualname(self.llm),
+            "engine_class": _qualname(self.engine),
+            "core_client_class": _qualname(core),
+            "engine_core_in_process": in_process,
+            "executor_backend": _str(getattr(pc, "distributed_executor_backend", None)),
+            "engine_core_pids": [os.getpid()] if in_process else _engine_core_pids(core),
+            "worker_extension_cls": self.configured_extension(),
+        }
+        executor = getattr(self.engine, "model_executor", None)
+        if executor is None and in_process:
+            executor = getattr(getattr(core, "engine_core", None), "model_executor", None)
+        if executor is not None:
+            info["executor_class"] = _qualname(executor)
+        return info
+
+    # -- vLLM's own torch profiler (deep dive) ------------------------------------------------
+    def torch_profiler_dir(self) -> str | None:
+        cfg = getattr(self.vllm_config, "profiler_config", None)
+        if getattr(cfg, "profiler", None) == "torch":
+            return getattr(cfg, "torch_profiler_dir", None) or None
+        return None
+
+    def start_torch_profile(self) -> None:
+        self.llm.start_profile()
+
+    def stop_torch_profile(self) -> None:
+        self.llm.stop_profile()
+
+
+def torch_profiler_kwargs(out_dir: str) -> dict[str, Any]:
+    """LLM kwargs that enable vLLM's torch profiler writing into ``out_dir``, if supported."""
+    from vllm import LLM
+
+    if "profiler_config" in inspect.signature(LLM.__init__).parameters:
+        return {"profiler_config": {"profiler": "torch", "torch_profiler_dir": os.path.abspath(out_dir),
+                                   "torch_profiler_with_stack": False}}
+    return {}  # older vLLM: VLLM_TORCH_PROFILER_DIR in the environment instead
+
+
+def start_engine(model: str, single_process: bool = True, **kwargs: Any) -> Any:
+    """Start a real engine with the doctor's extension (the CLI's engine stage, tests, bench).
+
+    ``kwargs`` go to ``vllm.LLM`` as given (:data:`FAST_ENGINE_KWARGS` are the cheap CPU ones).
+    """
+    if single_process:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM
+
+    kwargs.setdefault("worker_extension_cls", EXTENSION_QUALNAME)
+    return LLM(model=model, **kwargs)
+
+
+def greedy(max_tokens: int, ignore_eos: bool = False) -> Any:
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=ignore_eos)
+
+
+def shutdown(llm: Any) -> None:
+    """Stop an engine started by the doctor, as far as this vLLM lets us."""
+    engine = getattr(llm, "llm_engine", None)
+    core = getattr(engine, "engine_core", None)
+    stop = getattr(core, "shutdown", None)
+    if callable(stop):
+        try:
+            stop()
+        except Exception:
+            pass
+
+
+def _engine_core_pids(core: Any) -> list[int]:
+    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+    procs = getattr(manager, "processes", None) or []
+    return [p.pid for p in procs if getattr(p, "pid", None)]
+
+
+def _subclasses_ours(qualname: str) -> bool:
+    try:
+        module_name, _, cls_name = qualname.rpartition(".")
+        import importlib
+
+        from vllm_doctor.engine.extension import DoctorWorkerExtension
+
+        cls = getattr(importlib.import_module(module_name), cls_name)
+        return isinstance(cls, type) and issubclass(cls, DoctorWorkerExtension)
+    except Exception:
+        return True
+
+
+def _qualname(obj: Any) -> str | None:
+    if obj is None:
+        return None
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _str(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else getattr(value, "__name__", str(value))

@@ -1,0 +1,67 @@
+"""Timers for the forward profiler: wall clock on CPU, CUDA events on GPU.
+
+A *mark* is a point in time: a ``perf_counter`` float on CPU, a recorded ``torch.cuda.Event``
+on GPU. CUDA marks are read back lazily (``ready`` polls without blocking; ``wait`` blocks once
+per collection), so the forward never pays a host sync for the profiler.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+
+class WallClock:
+    kind = "wall_clock"
+    marks_outside_forward = True  # a step's bounds can be taken in the runner wrappers
+
+    def mark(self) -> Any:
+        return time.perf_counter()
+
+    def ready(self, mark: Any) -> bool:
+        return True
+
+    def wait(self, mark: Any) -> None:
+        return None
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return float(end - start)
+
+
+class CudaEventClock:
+    """CUDA events recorded on the current stream; elapsed time read after the fact."""
+
+    kind = "cuda_events"
+    # Only record inside the model's forward, on the stream vLLM runs it on: an event on the
+    # legacy default stream at execute_model entry could serialise vLLM's side streams.
+    marks_outside_forward = False
+
+    def __init__(self) -> None:
+        self._free: list[Any] = []
+
+    def mark(self) -> Any:
+        event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def ready(self, mark: Any) -> bool:
+        return bool(mark.query())
+
+    def wait(self, mark: Any) -> None:
+        mark.synchronize()
+
+    def seconds(self, start: Any, end: Any) -> float:
+        return float(start.elapsed_time(end)) / 1000.0
+
+    def release(self, *marks: Any) -> None:
+        """Give resolved events back for reuse (creating events is not free)."""
+        if len(self._free) < 4096:
+            self._free.extend(m for m in marks if m is not None)
+
+
+def clock_for(device: torch.device) -> WallClock | CudaEventClock:
+    if device.type == "cuda" and torch.cuda.is_available():
+        return CudaEventClock()
+    return WallClock()

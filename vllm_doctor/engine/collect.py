@@ -1,0 +1,343 @@
+"""Worker-side fact collectors: placement, KV cache, memory. Each returns a JSON-able dict.
+
+These run inside a vLLM worker (through the extension's ``doctor_*`` methods) and read the
+worker only through :mod:`vllm_doctor.engine.worker_view`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+from vllm_doctor.engine import worker_view as wv
+
+MAX_LISTED = 200  # tensors listed per category; the rest are counted
+
+
+def _norm_device(dev: torch.device) -> torch.device:
+    if dev.type == "cuda" and dev.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def same_device(tensor_dev: torch.device, worker_dev: torch.device) -> bool:
+    a, b = _norm_device(tensor_dev), _norm_device(worker_dev)
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
+
+
+def _owner_class(model: nn.Module, qualified: str) -> tuple[str, bool]:
+    """(class name of the module that owns ``qualified``, is it one of vLLM's own classes)."""
+    path = qualified.rsplit(".", 1)[0] if "." in qualified else ""
+    try:
+        owner = model.get_submodule(path) if path else model
+    except AttributeError:
+        return "?", False
+    cls = type(owner)
+    return cls.__qualname__, cls.__module__.startswith("vllm.")
+
+
+def placement(worker: Any) -> dict[str, Any]:
+    """VD401/VD402/VD405 facts: where each parameter and buffer lives, and what the worker is."""
+    model = wv.model(worker)
+    dev = wv.device(worker)
+    model_config = wv.sub_config(worker, "model_config")
+    model_dtype = getattr(model_config, "dtype", None)
+    out: dict[str, Any] = {"worker": wv.identity(worker), "device": device_facts(worker)}
+    out["model_dtype"] = str(model_dtype) if model_dtype is not None else None
+    if model is None:
+        out["model"] = None
+        return out
+    misplaced: list[dict[str, Any]] = []
+    dtype_mismatch: list[dict[str, Any]] = []
+    by_device: dict[str, int] = {}
+    by_dtype: dict[str, int] = {}
+    counts = {"parameters": 0, "buffers": 0, "misplaced": 0, "dtype_mismatch": 0}
+    tensors: list[tuple[str, str, torch.Tensor]] = [
+        ("parameter", n, p) for n, p in model.named_parameters(remove_duplicate=True)
+    ] + [("buffer", n, b) for n, b in model.named_buffers(remove_duplicate=True)]
+    for kind, name, t in tensors:
+        counts["parameters" if kind == "parameter" else "buffers"] += 1
+        by_device[str(t.device)] = by_device.get(str(t.device), 0) + 1
+        by_dtype[str(t.dtype)] = by_dtype.get(str(t.dtype), 0) + 1
+        if not same_device(t.device, dev):
+            counts["misplaced"] += 1
+            if len(misplaced) < MAX_LISTED:
+                owner, builtin = _owner_class(model, name)
+                misplaced.append({
+                    "name": name, "kind": kind, "device": str(t.device), "dtype": str(t.dtype),
+                    "shape": list(t.shape), "bytes": t.numel() * t.element_size(),
+                    "module_class": owner, "vllm_builtin": builtin,
+                })
+        if (
+            kind == "parameter" and model_dtype is not None and t.is_floating_point()
+            and t.dtype != model_dtype and t.element_size() > 1  # fp8 weights are quantization
+        ):
+            counts["dtype_mismatch"] += 1
+            if len(dtype_mismatch) < MAX_LISTED:
+                owner, builtin = _owner_class(model, name)
+                dtype_mismatch.append({
+                    "name": name, "dtype": str(t.dtype), "shape": list(t.shape),
+                    "module_class": owner, "vllm_builtin": builtin,
+                })
+    out.update(
+        model=wv.qualname(model), counts=counts, by_device=by_device, by_dtype=by_dtype,
+        misplaced=misplaced, dtype_mismatch=dtype_mismatch,
+    )
+    return out
+
+
+def device_facts(worker: Any) -> dict[str, Any]:
+    """The worker's device as vLLM, torch and the environment see it (VD402)."""
+    dev = _norm_device(wv.device(worker))
+    pc = wv.sub_config(worker, "parallel_config")
+    info: dict[str, Any] = {
+        "device": str(dev),
+        "type": dev.type,
+        "index": dev.index,
+        "rank": getattr(worker, "rank", None),
+        "local_rank": getattr(worker, "local_rank", None),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "assigned_physical_gpu_ids": _jsonable(getattr(pc, "assigned_physical_gpu_ids", None)),
+        "hostname": os.uname().nodename,
+    }
+    if dev.type == "cuda" and torch.cuda.is_available():
+        idx = dev.index if dev.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(idx)
+        info.update(
+            current_device=torch.cuda.current_device(),
+            device_count=torch.cuda.device_count(),
+            name=props.name,
+            uuid=str(getattr(props, "uuid", "")) or None,
+            pci_bus_id=_pci_bus_id(props),
+            total_memory=props.total_memory,
+        )
+    return info
+
+
+def _pci_bus_id(props: Any) -> str | None:
+    parts = [getattr(props, a, None) for a in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    if any(p is None for p in parts):
+        return None
+    domain, bus, device = parts
+    return f"{domain:04x}:{bus:02x}:{device:02x}"
+
+
+def _jsonable(value: Any) -> Any:
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+# ---- KV cache -----------------------------------------------------------------------------
+
+
+def _spec_dict(spec: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": type(spec).__name__}
+    for attr in ("block_size", "num_kv_heads", "head_size", "head_size_v", "sliding_window", "attention_chunk_size"):
+        value = getattr(spec, attr, None)
+        if value is not None:
+            out[attr] = int(value)
+    dtype = getattr(spec, "dtype", None)
+    if dtype is not None:
+        out["dtype"] = str(dtype)
+    try:
+        out["page_size_bytes"] = int(spec.page_size_bytes)
+    except Exception:
+        pass
+    return out
+
+
+def kv_cache(worker: Any) -> dict[str, Any]:
+    """VD501/VD504/VD208 facts: KV tensors (shared storage counted once), the plan, attention layers."""
+    tensors = wv.kv_caches(worker)
+    storages: dict[int, int] = {}
+    layers: list[dict[str, Any]] = []
+    for t in tensors:
+        st = t.untyped_storage()
+        ptr = st.data_ptr()
+        storages.setdefault(ptr, st.nbytes())
+        layers.append({
+            "shape": list(t.shape), "dtype": str(t.dtype), "device": str(t.device),
+            "view_bytes": t.numel() * t.element_size(), "storage": list(storages).index(ptr),
+        })
+    out: dict[str, Any] = {
+        "num_tensors": len(tensors),
+        "layers": layers,
+        "num_storages": len(storages),
+        "storage_bytes": sum(storages.values()),
+        "view_bytes": sum(layer["view_bytes"] for layer in layers),
+    }
+    if torch.cuda.is_available() and wv.device(worker).type == "cuda":
+        out["torch_cuda_allocated_bytes"] = torch.cuda.memory_allocated()
+    kcc = wv.kv_cache_config(worker)
+    if kcc is not None:
+        out["num_blocks"] = _int_or_none(getattr(kcc, "num_blocks", None))
+        out["planned_tensors"] = [
+            {"size": int(getattr(kt, "size", 0)), "layers": list(getattr(kt, "shared_by", None) or getattr(kt, "layers", []) or [])}
+            for kt in getattr(kcc, "kv_cache_tensors", []) or []
+        ]
+        out["planned_bytes"] = sum(p["size"] for p in out["planned_tensors"])
+        layout = getattr(kcc, "kv_cache_layout", None)
+        out["layout"] = str(layout) if layout is not None else None
+        out["groups"] = [
+            {"layer_names": list(getattr(g, "layer_names", [])), "spec": _spec_dict(getattr(g, "kv_cache_spec", None))}
+            for g in getattr(kcc, "kv_cache_groups", []) or []
+        ]
+    cache_config = wv.sub_config(worker, "cache_config")
+    out["cache_config"] = {
+        a: _jsonable(getattr(cache_config, a, None))
+        for a in ("block_size", "num_gpu_blocks", "cache_dtype", "kv_cache_memory_bytes", "gpu_memory_utilization", "enable_prefix_caching")
+    }
+    model_config = wv.sub_config(worker, "model_config")
+    sched = wv.sub_config(worker, "scheduler_config")
+    pc = wv.sub_config(worker, "parallel_config")
+    out["max_model_len"] = _int_or_none(getattr(model_config, "max_model_len", None))
+    out["max_num_seqs"] = _int_or_none(getattr(sched, "max_num_seqs", None))
+    out["max_num_batched_tokens"] = _int_or_none(getattr(sched, "max_num_batched_tokens", None))
+    out["tensor_parallel_size"] = _int_or_none(getattr(pc, "tensor_parallel_size", None)) or 1
+    out["hf_config"] = _hf_config(model_config)
+    out["attention_layers"] = attention_layers(worker)
+    return out
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _hf_config(model_config: Any) -> dict[str, Any]:
+    cfg = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    out: dict[str, Any] = {}
+    for attr in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "model_type"):
+        value = getattr(cfg, attr, None)
+        if isinstance(value, (int, str)):
+            out[attr] = value
+    get_head_size = getattr(model_config, "get_head_size", None)
+    if callable(get_head_size):
+        try:
+            out["vllm_head_size"] = int(get_head_size())
+        except Exception:
+            pass
+    return out
+
+
+def attention_layers(worker: Any) -> list[dict[str, Any]]:
+    """Attention layers from vLLM's forward context, matched to their path in the model."""
+    sfc = wv.forward_context(worker)
+    model = wv.model(worker)
+    paths: dict[int, list[str]] = {}
+    if model is not None:
+        for name, mod in model.named_modules(remove_duplicate=False):
+            paths.setdefault(id(mod), []).append(name)
+    out = []
+    for prefix, layer in sfc.items():
+        impl = getattr(layer, "impl", None)
+        backend = getattr(layer, "attn_backend", None)
+        kv = getattr(layer, "kv_cache", None)
+        if isinstance(kv, (list, tuple)):
+            kv = kv[0] if kv and isinstance(kv[0], torch.Tensor) else None
+        entry: dict[str, Any] = {
+            "prefix": prefix,
+            "layer_name": getattr(layer, "layer_name", None),
+            "class": wv.qualname(layer),
+            "impl": type(impl).__name__ if impl is not None else None,
+            "backend": getattr(backend, "__name__", str(backend)) if backend is not None else None,
+            "num_kv_heads": _int_or_none(getattr(layer, "num_kv_heads", None) or getattr(impl, "num_kv_heads", None)),
+            "num_heads": _int_or_none(getattr(layer, "num_heads", None) or getattr(impl, "num_heads", None)),
+            "head_size": _int_or_none(getattr(layer, "head_size", None) or getattr(impl, "head_size", None)),
+            "kv_cache_dtype": str(getattr(layer, "kv_cache_dtype", "")) or None,
+            "module_paths": paths.get(id(layer), []),
+            "kv_cache_shape": list(kv.shape) if isinstance(kv, torch.Tensor) else None,
+            "kv_sharing_target": getattr(layer, "kv_sharing_target_layer_name", None)
+            or getattr(impl, "kv_sharing_target_layer_name", None),
+        }
+        out.append(entry)
+    return out
+
+
+# ---- memory -------------------------------------------------------------------------------
+
+
+def _unique_bytes(tensors: list[torch.Tensor]) -> int:
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t.device.type == "meta":
+            continue
+        st = t.untyped_storage()
+        seen.setdefault(st.data_ptr(), st.nbytes())
+    return sum(seen.values())
+
+
+def _hidden_weight_bytes(model: nn.Module) -> tuple[int, int]:
+    """Bytes of linear weights the CPU backend repacked out of sight (its ``weight`` is empty).
+
+    vLLM's CPU backend hands the weight to oneDNN/sgl kernels after loading and leaves a
+    ``[0]``-shaped parameter behind; estimate the hidden bytes from the layer's shape.
+    """
+    total, layers = 0, 0
+    for mod in model.modules():
+        w = getattr(mod, "weight", None)
+        if not isinstance(w, torch.Tensor) or w.numel() != 0:
+            continue
+        n_in = getattr(mod, "input_size_per_partition", None)
+        n_out = getattr(mod, "output_size_per_partition", None)
+        dtype = getattr(mod, "params_dtype", None) or w.dtype
+        if isinstance(n_in, int) and isinstance(n_out, int) and isinstance(dtype, torch.dtype):
+            total += n_in * n_out * torch.empty(0, dtype=dtype).element_size()
+            layers += 1
+    return total, layers
+
+
+def host_memory() -> dict[str, int]:
+    """This process's resident memory (VmRSS) and its peak (VmHWM), from /proc."""
+    out: dict[str, int] = {}
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    out[key] = int(value.split()[0]) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def memory(worker: Any) -> dict[str, Any]:
+    """VD503 facts: weights, KV, activations, CUDA graphs, as far as this device lets us measure."""
+    model = wv.model(worker)
+    mr = wv.runner(worker)
+    dev = wv.device(worker)
+    out: dict[str, Any] = {"pid": os.getpid(), "device": str(dev)}
+    if model is not None:
+        out["parameter_bytes"] = _unique_bytes(list(model.parameters()))
+        out["buffer_bytes"] = _unique_bytes(list(model.buffers()))
+        hidden, n_hidden = _hidden_weight_bytes(model)
+        out["repacked_weight_bytes_estimate"] = hidden
+        out["repacked_layers"] = n_hidden
+    out["kv_bytes"] = _unique_bytes(wv.kv_caches(worker))
+    for src, attr in ((mr, "model_memory_usage"), (worker, "peak_activation_memory"),
+                      (worker, "cudagraph_memory_estimate"), (worker, "total_consumed"),
+                      (worker, "available_kv_cache_memory_bytes"), (worker, "requested_memory")):
+        value = getattr(src, attr, None)
+        if isinstance(value, (int, float)):
+            out[f"vllm_{attr}"] = int(value)
+    out["host"] = host_memory()
+    if dev.type == "cuda" and torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info(dev)
+        out["cuda"] = {
+            "allocated": torch.cuda.memory_allocated(dev),
+            "reserved": torch.cuda.memory_reserved(dev),
+            "max_allocated": torch.cuda.max_memory_allocated(dev),
+            "max_reserved": torch.cuda.max_memory_reserved(dev),
+            "device_free": free,
+            "device_total": total,
+        }
+    out["compile"] = wv.compile_state(worker)
+    return out

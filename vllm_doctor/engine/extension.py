@@ -1,0 +1,144 @@
+"""The worker extension: ``LLM(..., worker_extension_cls=EXTENSION_QUALNAME)``.
+
+vLLM mixes this class into its worker class, so each method below runs inside every worker
+(same process in single-process mode, a worker process otherwise) and is called by name:
+``llm.collective_rpc("doctor_kv")``. Every method returns a JSON-able envelope
+
+    {"ok": true, "method": ..., "rank": ..., "pid": ..., "data": {...}}
+    {"ok": false, "method": ..., "rank": ..., "pid": ..., "error": {"type", "message", "traceback"}}
+
+and never raises: a probe that fails is a ``crash`` finding on the doctor's side, and the
+engine keeps serving. Options may be a dict or a JSON string (vLLM's HTTP ``/collective_rpc``
+dev endpoint passes strings only). Method names all start with ``doctor_`` (vLLM refuses an
+extension whose attributes clash with the worker's).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+PROTOCOL = 1
+
+
+def _options(options: Any) -> dict[str, Any]:
+    if options is None or options == "":
+        return {}
+    if isinstance(options, str):
+        parsed = json.loads(options)
+        if not isinstance(parsed, dict):
+            raise ValueError("options must be a JSON object")
+        return parsed
+    if isinstance(options, dict):
+        return dict(options)
+    raise TypeError(f"options must be a dict or a JSON string, not {type(options).__name__}")
+
+
+def _envelope(worker: Any, method: str, fn: Callable[[], Any]) -> dict[str, Any]:
+    head = {"method": method, "rank": getattr(worker, "rank", None), "pid": os.getpid()}
+    try:
+        from vllm_doctor.engine.session import session_for
+
+        session_for(worker).fault(f"rpc:{method}")
+        return {"ok": True, **head, "data": fn()}
+    except Exception as exc:
+        return {
+            "ok": False, **head,
+            "error": {"type": type(exc).__name__, "message": str(exc)[:1000], "traceback": traceback.format_exc()[-6000:]},
+        }
+
+
+class DoctorWorkerExtension:
+    """Methods the doctor calls inside each vLLM worker through ``collective_rpc``."""
+
+    def doctor_ping(self) -> dict[str, Any]:
+        from vllm_doctor import __version__
+
+        return _envelope(self, "doctor_ping", lambda: {"protocol": PROTOCOL, "version": __version__})
+
+    def doctor_anatomy(self) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            from vllm_doctor.engine import worker_view as wv
+
+            return {**wv.identity(self), "compile": wv.compile_state(self)}
+
+        return _envelope(self, "doctor_anatomy", run)
+
+    def doctor_placement(self) -> dict[str, Any]:
+        from vllm_doctor.engine.collect import placement
+
+        return _envelope(self, "doctor_placement", lambda: placement(self))
+
+    def doctor_kv(self) -> dict[str, Any]:
+        from vllm_doctor.engine.collect import kv_cache
+
+        return _envelope(self, "doctor_kv", lambda: kv_cache(self))
+
+    def doctor_memory(self) -> dict[str, Any]:
+        from vllm_doctor.engine.collect import memory
+
+        return _envelope(self, "doctor_memory", lambda: memory(self))
+
+    def doctor_install(self, options: Any = None) -> dict[str, Any]:
+        """Start the forward profiler: per step always, per layer if ``layers`` (default true)."""
+
+        def run() -> dict[str, Any]:
+            from vllm_doctor.engine.session import session_for
+
+            opts = _options(options)
+            return session_for(self).install(
+                layers=bool(opts.get("layers", True)), trace_steps=int(opts.get("trace_steps", 64))
+            )
+
+        return _envelope(self, "doctor_install", run)
+
+    def doctor_arm_probe(self, options: Any = None) -> dict[str, Any]:
+        """Watch the next steps op by op (VD403/VD404); ``phases`` default ["prefill", "decode"]."""
+
+        def run() -> dict[str, Any]:
+            from vllm_doctor.engine.session import session_for
+
+            phases = _options(options).get("phases", ["prefill", "decode"])
+            return session_for(self).arm_probe([str(p) for p in phases])
+
+        return _envelope(self, "doctor_arm_probe", run)
+
+    def doctor_collect(self, options: Any = None) -> dict[str, Any]:
+        def run() -> dict[str, Any]:
+            from vllm_doctor.engine.session import session_for
+
+            return session_for(self).collect(reset=bool(_options(options).get("reset", False)))
+
+        return _envelope(self, "doctor_collect", run)
+
+    def doctor_status(self) -> dict[str, Any]:
+        from vllm_doctor.engine.session import session_for
+
+        return _envelope(self, "doctor_status", lambda: session_for(self).status())
+
+    def doctor_detach(self) -> dict[str, Any]:
+        """Remove every hook and wrapper the doctor installed in this worker."""
+        from vllm_doctor.engine.session import session_for
+
+        return _envelope(self, "doctor_detach", lambda: session_for(self).detach())
+
+    def doctor_inject_fault(self, options: Any = None) -> dict[str, Any]:
+        """For tests: make a doctor component raise (``{"where": "steps"|"layers"|"probe"|"rpc:doctor_kv", "on": true}``)."""
+
+        def run() -> dict[str, Any]:
+            from vllm_doctor.engine.session import session_for
+
+            opts = _options(options)
+            sess = session_for(self)
+            where = str(opts["where"])
+            if opts.get("on", True):
+                sess.faults.add(where)
+            else:
+                sess.faults.discard(where)
+                sess.disabled.discard(where)
+            return {"faults": sorted(sess.faults)}
+
+        return _envelope(self, "doctor_inject_fault", run)

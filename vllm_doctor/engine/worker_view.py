@@ -1,0 +1,173 @@
+"""Capability-detecting views of a vLLM worker (V1 and V2 model runners, CPU and CUDA).
+
+vLLM's worker internals drift between releases; every attribute is probed with ``getattr`` and
+a missing one becomes ``None`` (reported as "unavailable") rather than an exception. Facts
+measured on vLLM 0.26 (CUDA, V1 and V2 runners) and 0.32 (CPU, V1 runner):
+
+- ``worker.model_runner.get_model()`` unwraps CUDA-graph wrappers; ``.model`` may be a wrapper.
+- ``model_runner.kv_caches``: a list of per-layer tensors that can share one storage.
+- ``model_runner.kv_cache_config``: ``num_blocks``, ``kv_cache_tensors`` (planned sizes),
+  ``kv_cache_groups`` (layer names + spec).
+- ``vllm_config.compilation_config.static_forward_context``: attention layers by prefix.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def runner(worker: Any) -> Any:
+    return getattr(worker, "model_runner", None)
+
+
+def model(worker: Any) -> nn.Module | None:
+    """The model as an ``nn.Module`` (CUDA-graph wrappers unwrapped)."""
+    mr = runner(worker)
+    if mr is None:
+        return None
+    get_model = getattr(mr, "get_model", None)
+    if callable(get_model):
+        try:
+            m = get_model()
+            if isinstance(m, nn.Module):
+                return m
+        except Exception:
+            pass
+    m = getattr(mr, "model", None)
+    if isinstance(m, nn.Module):
+        return m
+    unwrap = getattr(m, "unwrap", None)
+    if callable(unwrap):
+        inner = unwrap()
+        if isinstance(inner, nn.Module):
+            return inner
+    return None
+
+
+def device(worker: Any) -> torch.device:
+    dev = getattr(worker, "device", None)
+    if dev is None:
+        dev = getattr(runner(worker), "device", None)
+    return torch.device(dev) if dev is not None else torch.device("cpu")
+
+
+def vllm_config(worker: Any) -> Any:
+    return getattr(worker, "vllm_config", None) or getattr(runner(worker), "vllm_config", None)
+
+
+def sub_config(worker: Any, name: str) -> Any:
+    found = getattr(worker, name, None)
+    if found is None:
+        found = getattr(vllm_config(worker), name, None)
+    return found
+
+
+def kv_caches(worker: Any) -> list[torch.Tensor]:
+    """Per-layer KV tensors, whatever container the runner keeps them in."""
+    kv = getattr(runner(worker), "kv_caches", None)
+    if kv is None:
+        return []
+    items = list(kv.values()) if isinstance(kv, dict) else list(kv)
+    out: list[torch.Tensor] = []
+    for item in items:
+        if isinstance(item, torch.Tensor):
+            out.append(item)
+        elif isinstance(item, (list, tuple)):  # some backends keep (k, v) pairs
+            out.extend(t for t in item if isinstance(t, torch.Tensor))
+    return out
+
+
+def kv_cache_config(worker: Any) -> Any:
+    return getattr(runner(worker), "kv_cache_config", None)
+
+
+def forward_context(worker: Any) -> dict[str, Any]:
+    cc = sub_config(worker, "compilation_config")
+    sfc = getattr(cc, "static_forward_context", None)
+    return dict(sfc) if isinstance(sfc, dict) else {}
+
+
+def runner_kind(worker: Any) -> str:
+    """"v2" for vLLM's V2 model runner (``vllm.v1.worker.gpu.model_runner`` or a subclass)."""
+    mr = runner(worker)
+    for cls in type(mr).__mro__:
+        if cls.__module__.startswith("vllm.v1.worker.gpu.") or cls.__module__.startswith("vllm.v1.worker.cpu."):
+            return "v2"
+    return "v1"
+
+
+def qualname(obj: Any) -> str:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def compile_state(worker: Any) -> dict[str, Any]:
+    """Is the model run eagerly (Python hooks fire) or through torch.compile / CUDA graphs?"""
+    model_config = sub_config(worker, "model_config")
+    cc = sub_config(worker, "compilation_config")
+    enforce_eager = bool(getattr(model_config, "enforce_eager", False))
+    mode = getattr(cc, "mode", None)
+    if mode is None:
+        mode = getattr(cc, "level", None)  # older name of the same setting
+    cudagraph_mode = getattr(cc, "cudagraph_mode", None)
+    mode_value = int(getattr(mode, "value", mode) or 0) if mode is not None else 0
+    cg_name = getattr(cudagraph_mode, "name", str(cudagraph_mode)) if cudagraph_mode is not None else "NONE"
+    compiled = mode_value != 0
+    cudagraphs = cg_name not in ("NONE", "None")
+    eager = enforce_eager or (not compiled and not cudagraphs)
+    return {
+        "enforce_eager": enforce_eager,
+        "compilation_mode": getattr(mode, "name", str(mode)),
+        "cudagraph_mode": cg_name,
+        "compiled": compiled,
+        "cudagraphs": cudagraphs,
+        "eager": eager,
+    }
+
+
+def identity(worker: Any) -> dict[str, Any]:
+    """Who this worker is: pid, ranks, device, runner and model classes."""
+    dev = device(worker)
+    pc = sub_config(worker, "parallel_config")
+    m = model(worker)
+    info: dict[str, Any] = {
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "rank": getattr(worker, "rank", None),
+        "local_rank": getattr(worker, "local_rank", None),
+        "is_driver_worker": getattr(worker, "is_driver_worker", None),
+        "device": str(dev),
+        "worker_class": qualname(worker),
+        "model_runner_class": qualname(runner(worker)),
+        "model_runner_kind": runner_kind(worker),
+        "model_class": qualname(m) if m is not None else None,
+        "tensor_parallel_size": getattr(pc, "tensor_parallel_size", None),
+        "pipeline_parallel_size": getattr(pc, "pipeline_parallel_size", None),
+        "data_parallel_size": getattr(pc, "data_parallel_size", None),
+        "world_size": getattr(pc, "world_size", None),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "process_title": _process_title(),
+    }
+    if m is not None:
+        info["model_module_file"] = _module_file(type(m))
+    return info
+
+
+def _module_file(cls: type) -> str | None:
+    import sys
+
+    module = sys.modules.get(cls.__module__)
+    return getattr(module, "__file__", None)
+
+
+def _process_title() -> str | None:
+    try:
+        with open(f"/proc/{os.getpid()}/cmdline", "rb") as fh:
+            raw = fh.read()
+    except OSError:
+        return None
+    return raw.split(b"\0")[0].decode(errors="replace")[:120] or None

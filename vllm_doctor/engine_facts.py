@@ -1,0 +1,67 @@
+"""The snapshot every engine-stage check reads: plain dicts gathered from each worker.
+
+Built by :mod:`vllm_doctor.attach` from the extension's ``doctor_*`` replies (or from a failed
+engine start, for VD501/VD208). No vLLM or torch object in here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PARTS = ("anatomy", "placement", "kv", "memory", "profile")
+
+
+@dataclass
+class WorkerFacts:
+    rank: int | None
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)  # part -> data
+    errors: dict[str, dict[str, Any]] = field(default_factory=dict)  # part -> {type, message, traceback}
+
+    def get(self, part: str) -> dict[str, Any] | None:
+        return self.parts.get(part)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "parts": self.parts, "errors": self.errors}
+
+
+@dataclass
+class EngineFacts:
+    front_end: dict[str, Any] = field(default_factory=dict)
+    workers: list[WorkerFacts] = field(default_factory=list)
+    startup_error: str | None = None  # vLLM's message when the engine did not start
+    runtime_error: str | None = None  # the engine started, then the workload failed
+    nvml: dict[str, Any] | None = None  # from the doctor's own process (compat/nvml.py)
+    model_dir: str | None = None
+
+    def errors_for(self, part: str) -> list[tuple[WorkerFacts, dict[str, Any]]]:
+        return [(w, w.errors[part]) for w in self.workers if part in w.errors]
+
+    @property
+    def started(self) -> bool:
+        return self.startup_error is None and bool(self.workers)
+
+
+def facts_to_dict(facts: EngineFacts) -> dict[str, Any]:
+    return {
+        "front_end": facts.front_end,
+        "workers": [w.to_dict() for w in facts.workers],
+        "startup_error": facts.startup_error,
+        "runtime_error": facts.runtime_error,
+        "nvml": facts.nvml,
+        "model_dir": facts.model_dir,
+    }
+
+
+def facts_from_dict(data: dict[str, Any]) -> EngineFacts:
+    return EngineFacts(
+        front_end=dict(data.get("front_end") or {}),
+        workers=[
+            WorkerFacts(rank=w.get("rank"), parts=dict(w.get("parts") or {}), errors=dict(w.get("errors") or {}))
+            for w in data.get("workers") or []
+        ],
+        startup_error=data.get("startup_error"),
+        runtime_error=data.get("runtime_error"),
+        nvml=data.get("nvml"),
+        model_dir=data.get("model_dir"),
+    )

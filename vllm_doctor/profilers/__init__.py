@@ -1,0 +1,1 @@
+"""Pure summaries of what the worker-side profiler measured (no vLLM, no torch)."""

@@ -1,0 +1,254 @@
+"""Turn the workers' raw profile, KV and memory facts into the report's ``profiles["engine"]``
+and the engine anatomy (``facts["engine"]``). Pure functions over :class:`EngineFacts`.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from vllm_doctor.engine_facts import EngineFacts, WorkerFacts
+
+KIND_ORDER = ("embedding", "attention", "mlp", "norm", "logits", "other")
+
+
+def model_origin(model_class: str | None) -> str:
+    if not model_class:
+        return "unknown"
+    if model_class.startswith("vllm.model_executor.models.transformers"):
+        return "transformers-fallback"
+    if model_class.startswith("vllm."):
+        return "built-in"
+    return "plugin"
+
+
+def _block_size(kv: dict[str, Any]) -> int | None:
+    for group in kv.get("groups") or []:
+        bs = (group.get("spec") or {}).get("block_size")
+        if bs:
+            return int(bs)
+    bs = (kv.get("cache_config") or {}).get("block_size")
+    return int(bs) if bs else None
+
+
+def anatomy(facts: EngineFacts) -> dict[str, Any]:
+    """Which process holds the front end, engine core, executor and each worker."""
+    fe = facts.front_end
+    workers: list[dict[str, Any]] = []
+    for wf in facts.workers:
+        a = wf.get("anatomy") or {}
+        workers.append({
+            k: a.get(k) for k in (
+                "rank", "local_rank", "pid", "ppid", "device", "worker_class", "model_runner_class",
+                "model_runner_kind", "model_class", "model_module_file", "compile",
+            )
+        })
+    first: dict[str, Any] = workers[0] if workers else {}
+    kv = (facts.workers[0].get("kv") or {}) if facts.workers else {}
+    core_pids = fe.get("engine_core_pids") or []
+    executor_pid = core_pids[0] if core_pids else None
+    front_holds = [fe.get("llm_class"), fe.get("core_client_class")]
+    if fe.get("engine_core_in_process"):
+        front_holds.append("engine core (in process)")
+    processes: list[dict[str, Any]] = [{"role": "front end", "pid": fe.get("pid"), "holds": front_holds}]
+    if not fe.get("engine_core_in_process"):
+        for pid in core_pids:
+            processes.append({"role": "engine core", "pid": pid, "holds": ["EngineCore", "scheduler", "KV cache manager"]})
+    executor = {"backend": fe.get("executor_backend"), "class": fe.get("executor_class"), "pid": executor_pid}
+    for w in workers:
+        in_core = w.get("pid") in [fe.get("pid"), *core_pids]
+        processes.append({
+            "role": "worker", "pid": w.get("pid"), "rank": w.get("rank"), "device": w.get("device"),
+            "in_process_with": "engine core" if in_core else None,
+            "holds": [w.get("worker_class"), w.get("model_runner_class"), w.get("model_class")],
+        })
+    kv_summary = {
+        "layout": kv.get("layout"),
+        "num_blocks": kv.get("num_blocks"),
+        "block_size": _block_size(kv),
+        "num_layers": kv.get("num_tensors"),
+        "num_storages": kv.get("num_storages"),
+        "storage_bytes": kv.get("storage_bytes"),
+        "tensor_shape": (kv.get("layers") or [{}])[0].get("shape"),
+        "dtype": (kv.get("layers") or [{}])[0].get("dtype"),
+        "groups": [
+            {"layers": len(g.get("layer_names", [])), **(g.get("spec") or {})} for g in kv.get("groups") or []
+        ],
+    }
+    return {
+        "front_end": fe,
+        "executor": executor,
+        "workers": workers,
+        "processes": processes,
+        "model": {
+            "class": first.get("model_class"),
+            "origin": model_origin(first.get("model_class")),
+            "file": first.get("model_module_file"),
+        },
+        "model_runner": {"class": first.get("model_runner_class"), "kind": first.get("model_runner_kind")},
+        "kv_cache": kv_summary,
+        "compile": first.get("compile"),
+    }
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def phase_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for phase in ("prefill", "decode", "mixed"):
+        chosen = [s for s in steps if s.get("phase") == phase]
+        if not chosen:
+            continue
+        times = [float(s["step_s"]) for s in chosen]
+        fwd = [float(s["forward_s"]) for s in chosen if s.get("forward_s") is not None]
+        tokens = sum(int(s.get("total_tokens", 0)) for s in chosen)
+        out[phase] = {
+            "steps": len(chosen),
+            "tokens": tokens,
+            "mean_batch": round(statistics.fmean(s.get("num_reqs", 0) for s in chosen), 2),
+            "step_s_mean": statistics.fmean(times),
+            "step_s_p50": _pct(times, 0.5),
+            "step_s_p90": _pct(times, 0.9),
+            "forward_s_mean": statistics.fmean(fwd) if fwd else None,
+            "tokens_per_s": tokens / sum(times) if sum(times) > 0 else None,
+        }
+    return out
+
+
+def layer_tables(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per module, per decoder layer and per kind (with "other" = forward not in any kind)."""
+    modules = list(profile.get("layers") or [])
+    for m in modules:
+        m["total_s"] = m.get("prefill_s", 0.0) + m.get("decode_s", 0.0)
+        m["calls"] = m.get("prefill_calls", 0) + m.get("decode_calls", 0)
+    by_layer: dict[int, dict[str, Any]] = {}
+    by_kind: dict[str, float] = {}
+    for m in modules:
+        kind, layer = m.get("kind"), m.get("layer")
+        if kind == "layer" and layer is not None:
+            entry = by_layer.setdefault(layer, {"layer": layer, "total_s": 0.0, "kinds": {}})
+            entry["total_s"] += m["total_s"]
+        elif kind in KIND_ORDER:
+            by_kind[kind] = by_kind.get(kind, 0.0) + m["total_s"]
+            if layer is not None:
+                entry = by_layer.setdefault(layer, {"layer": layer, "total_s": 0.0, "kinds": {}})
+                entry["kinds"][kind] = entry["kinds"].get(kind, 0.0) + m["total_s"]
+    forward_total = sum(float(s["forward_s"]) for s in steps if s.get("forward_s") is not None)
+    if modules and forward_total:
+        inside = sum(v for k, v in by_kind.items() if k != "logits")
+        by_kind["other"] = max(0.0, forward_total - inside)
+    return {
+        "modules": modules,
+        "by_layer": [by_layer[k] for k in sorted(by_layer)],
+        "by_kind": {k: by_kind[k] for k in KIND_ORDER if k in by_kind},
+        "forward_total_s": forward_total,
+    }
+
+
+def kv_usage_series(steps: list[dict[str, Any]], num_blocks: int | None) -> list[dict[str, Any]]:
+    if not num_blocks:
+        return []
+    usable = max(1, num_blocks - 1)  # block 0 is vLLM's null block
+    return [{"t": s["t"], "index": s["index"], "blocks": s.get("kv_blocks_used", 0),
+             "usage": s.get("kv_blocks_used", 0) / usable} for s in steps]
+
+
+def memory_breakdown(memory: dict[str, Any], nvml: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Weights / peak activations / KV / CUDA graphs / other, and what could not be measured."""
+    notes: list[str] = []
+    parts: dict[str, int | None] = {}
+    weights_params = int(memory.get("parameter_bytes", 0)) + int(memory.get("buffer_bytes", 0))
+    kv = int(memory.get("kv_bytes", 0))
+    cuda = memory.get("cuda")
+    if cuda:
+        weights = memory.get("vllm_model_memory_usage") or weights_params
+        parts["weights"] = int(weights)
+        parts["kv_cache"] = kv
+        peak = memory.get("vllm_peak_activation_memory")
+        observed = max(0, int(cuda["max_allocated"]) - int(weights) - kv)
+        if peak is None:
+            notes.append("vLLM skipped its start-up memory profiling (kv_cache_memory_bytes was given): "
+                         "peak activations are the peak torch allocation seen minus weights and KV")
+        parts["peak_activations"] = int(peak) if peak is not None else observed
+        graphs = memory.get("vllm_cudagraph_memory_estimate")
+        compile_state = memory.get("compile") or {}
+        if compile_state.get("cudagraphs"):
+            parts["cuda_graphs"] = int(graphs) if graphs is not None else None
+            if graphs is None:
+                notes.append("CUDA-graph pool size not exposed by this vLLM: included in 'other'")
+        else:
+            parts["cuda_graphs"] = 0
+        pid = memory.get("pid")
+        from vllm_doctor.compat.nvml import process_memory
+
+        nvml_bytes = process_memory(nvml or {}, int(pid)) if pid is not None else None
+        if nvml_bytes is not None:
+            total, total_source = nvml_bytes, "NVML: memory used by the worker process"
+        else:
+            total, total_source = int(cuda["reserved"]), "torch.cuda.memory_reserved (NVML unavailable)"
+            notes.append("NVML unavailable: total is torch's reserved memory (misses the CUDA context and NCCL)")
+        known = sum(v for v in parts.values() if v)
+        parts["other"] = total - known
+        device_used = int(cuda["device_total"]) - int(cuda["device_free"])
+        out = {"device": memory.get("device"), "total": total, "total_source": total_source, "parts": parts,
+               "torch": cuda, "device_used": device_used, "notes": notes, "measurable": True}
+    else:
+        repacked = int(memory.get("repacked_weight_bytes_estimate", 0))
+        weights_cpu = weights_params + repacked
+        parts["weights"] = weights_cpu
+        if repacked:
+            notes.append(f"{memory.get('repacked_layers', 0)} linear layers hold their weights in CPU-repacked "
+                         "kernels (oneDNN); their bytes are estimated from the layer shapes")
+        parts["kv_cache"] = kv
+        parts["peak_activations"] = None
+        parts["cuda_graphs"] = None
+        notes.append("CPU worker: torch keeps no allocator statistics on CPU, so peak activations are not "
+                     "measurable; they are inside 'other' (with Python, torch and vLLM themselves)")
+        notes.append("CUDA graphs do not exist on CPU")
+        host = memory.get("host") or {}
+        total = int(host.get("VmRSS", 0))
+        parts["other"] = total - weights_cpu - kv if total else None
+        out = {"device": memory.get("device"), "total": total, "total_source": "worker process resident memory (VmRSS)",
+               "peak_total": host.get("VmHWM"), "parts": parts, "notes": notes, "measurable": False}
+    return out
+
+
+def summarize(facts: EngineFacts) -> dict[str, Any]:
+    """``report.profiles["engine"]``: steps, phases, layers, KV usage, memory (rank 0 first)."""
+    if not facts.workers:
+        return {"available": False, "reason": facts.startup_error or "no worker replied"}
+    primary: WorkerFacts = facts.workers[0]
+    profile = primary.get("profile") or {}
+    steps = list(profile.get("steps") or [])
+    kv = primary.get("kv") or {}
+    num_blocks = profile.get("num_blocks") or kv.get("num_blocks")
+    out: dict[str, Any] = {
+        "available": bool(profile.get("profiling")),
+        "rank": primary.rank,
+        "clock": profile.get("clock"),
+        "layers_on": profile.get("layers_on"),
+        "layers_reason": profile.get("layers_reason"),
+        "steps": steps,
+        "dropped_steps": profile.get("dropped_steps", 0),
+        "phases": phase_summary(steps),
+        "layers": layer_tables(profile, steps),
+        "kv_usage": kv_usage_series(steps, num_blocks),
+        "kv_num_blocks": num_blocks,
+        "kv_block_size": _block_size(kv),
+        "trace": profile.get("trace") or [],
+        "memory": [memory_breakdown(w.get("memory") or {}, facts.nvml) | {"rank": w.rank}
+                   for w in facts.workers if w.get("memory")],
+        "nvml": facts.nvml,
+        "crashes": [c | {"rank": w.rank} for w in facts.workers for c in (w.get("profile") or {}).get("crashes", [])],
+    }
+    if len(facts.workers) > 1:
+        out["per_rank"] = [
+            {"rank": w.rank, "phases": phase_summary(list((w.get("profile") or {}).get("steps") or []))}
+            for w in facts.workers
+        ]
+    return out

@@ -1,0 +1,92 @@
+"""Terminal rendering of the engine stage: anatomy, memory, per-step and per-layer summary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fmt_bytes(n: Any) -> str:
+    if n is None:
+        return "n/a"
+    n = float(n)
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_s(s: Any) -> str:
+    if s is None:
+        return "n/a"
+    s = float(s)
+    return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def _short(qualname: Any) -> str:
+    return str(qualname).rsplit(".", 1)[-1] if qualname else "?"
+
+
+def render_anatomy(anatomy: dict[str, Any]) -> str:
+    """Which process holds what, the model's origin and the KV layout."""
+    if not anatomy:
+        return "engine anatomy: unavailable (the engine did not start)"
+    fe = anatomy.get("front_end") or {}
+    ex = anatomy.get("executor") or {}
+    model = anatomy.get("model") or {}
+    kv = anatomy.get("kv_cache") or {}
+    runner = anatomy.get("model_runner") or {}
+    comp = anatomy.get("compile") or {}
+    lines = ["engine anatomy"]
+    lines.append(f"  front end     pid {fe.get('pid')}: {_short(fe.get('llm_class'))} -> {_short(fe.get('core_client_class'))}")
+    if fe.get("engine_core_in_process"):
+        lines.append(f"  engine core   pid {fe.get('pid')} (in the front end's process)")
+    else:
+        lines.append(f"  engine core   pid {', '.join(str(p) for p in fe.get('engine_core_pids') or ['?'])} (own process)")
+    lines.append(f"  executor      {ex.get('backend') or '?'}" + (f" ({_short(ex.get('class'))})" if ex.get("class") else ""))
+    for w in anatomy.get("workers") or []:
+        lines.append(
+            f"  worker {w.get('rank')}      pid {w.get('pid')} (parent {w.get('ppid')}), local rank {w.get('local_rank')}, "
+            f"device {w.get('device')}: {_short(w.get('worker_class'))} / {_short(w.get('model_runner_class'))}"
+        )
+    lines.append(f"  model runner  {runner.get('class')} ({runner.get('kind')})")
+    lines.append(f"  model         {model.get('class')} [{model.get('origin')}]" + (f" from {model.get('file')}" if model.get("file") else ""))
+    if comp:
+        lines.append(
+            f"  execution     {'eager' if comp.get('eager') else 'compiled'} (torch.compile mode {comp.get('compilation_mode')}, "
+            f"CUDA graphs {comp.get('cudagraph_mode')})"
+        )
+    if kv.get("num_blocks") is not None:
+        lines.append(
+            f"  KV cache      {kv.get('num_layers')} layer tensor(s) in {kv.get('num_storages')} storage(s), "
+            f"{fmt_bytes(kv.get('storage_bytes'))}; {kv.get('num_blocks')} blocks x {kv.get('block_size')} tokens; "
+            f"layout {kv.get('layout') or 'not exposed'}; shape {kv.get('tensor_shape')} {kv.get('dtype')}"
+        )
+        for g in kv.get("groups") or []:
+            lines.append(f"                group: {g.get('layers')} layer(s), {g.get('type')}, {g.get('num_kv_heads')} KV heads x {g.get('head_size')}, {g.get('dtype')}")
+    return "\n".join(lines)
+
+
+def render_profile(profile: dict[str, Any], workload: dict[str, Any] | None = None) -> str:
+    if not profile or not profile.get("steps"):
+        return "forward profile: no steps recorded"
+    lines = [f"forward profile ({profile.get('clock')}; per-layer: {'on' if profile.get('layers_on') else 'off'})"]
+    if not profile.get("layers_on") and profile.get("layers_reason"):
+        lines.append(f"  {profile['layers_reason']}")
+    if workload:
+        lines.append(f"  workload      {workload.get('prompts')} prompt(s) x {workload.get('input_len')} in / {workload.get('output_len')} out: "
+                     f"{workload.get('generated_tokens')} tokens in {fmt_s(workload.get('wall_s'))} ({workload.get('output_tokens_per_s')} tok/s)")
+    for phase, p in (profile.get("phases") or {}).items():
+        lines.append(f"  {phase:<8}      {p['steps']} step(s), {p['tokens']} tokens, batch {p['mean_batch']}, step {fmt_s(p['step_s_mean'])} mean "
+                     f"(p90 {fmt_s(p['step_s_p90'])}), forward {fmt_s(p['forward_s_mean'])}")
+    kinds = (profile.get("layers") or {}).get("by_kind") or {}
+    total = sum(kinds.values())
+    if total:
+        lines.append("  by kind       " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in kinds.items()))
+    usage = profile.get("kv_usage") or []
+    if usage:
+        peak = max(usage, key=lambda u: u["usage"])
+        lines.append(f"  KV usage      peak {peak['blocks']} of {profile.get('kv_num_blocks')} blocks ({100 * peak['usage']:.2g}%)")
+    for m in profile.get("memory") or []:
+        parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in (m.get("parts") or {}).items())
+        lines.append(f"  memory (rank {m.get('rank')}) {parts} of {fmt_bytes(m.get('total'))} ({m.get('total_source')})")
+    return "\n".join(lines)
