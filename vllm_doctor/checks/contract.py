@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from vllm_doctor.checks.base import Emit, check
-from vllm_doctor.checks.registry import resolved_target
+from vllm_doctor.checks.registry import inspected_class
 from vllm_doctor.facts import Facts
 from vllm_doctor.model import Finding, Severity, Stage
 
@@ -16,15 +16,12 @@ FORWARD_KWARGS = ("input_ids", "positions", "intermediate_tensors", "inputs_embe
 
 def _contract(facts: Facts, emit: Emit) -> tuple[str, dict[str, Any]] | Finding:
     """(target, contract facts) of the class vLLM would build, or the finding saying why not."""
-    if facts.import_pass is None:
-        return emit.skip("needs the import pass: " + (facts.import_pass_error or "skipped by --fast"))
-    resolved = resolved_target(facts)
-    if resolved is None:
-        return emit.not_applicable("no architecture of config.json is registered (see VD101)")
-    arch, target = resolved
-    record = facts.class_record(arch)
-    if record is None or "contract" not in record:
-        why = "it could not be imported (see VD106)" if record and "import_error" in record else "it was not inspected"
+    got = inspected_class(facts, emit)
+    if isinstance(got, Finding):
+        return got
+    _arch, target, record = got
+    if "contract" not in record:
+        why = "it could not be imported (see VD106)" if "import_error" in record else "it was not inspected"
         return emit.skip(f"{target}: {why}", target)
     return target, record["contract"]
 
@@ -236,15 +233,11 @@ def embed_input_ids_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
     requires=("import",),
 )
 def cuda_initialized_at_import(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    if facts.import_pass is None:
-        yield emit.skip("needs the import pass: " + (facts.import_pass_error or "skipped by --fast"))
+    got = inspected_class(facts, emit)
+    if isinstance(got, Finding):
+        yield got
         return
-    resolved = resolved_target(facts)
-    if resolved is None:
-        yield emit.not_applicable("no architecture of config.json is registered (see VD101)")
-        return
-    arch, target = resolved
-    record = facts.class_record(arch) or {}
+    _arch, target, record = got
     frames = record.get("cuda_init_at_import")
     if frames:
         yield emit.fail(

@@ -424,6 +424,46 @@ def kv_cache_too_small(facts: Any, emit: Emit) -> Iterable[Finding]:
 
 
 @check(
+    "VD502",
+    "kv-cache-preemptions",
+    "Requests were preempted (evicted from the KV cache and recomputed) during the run.",
+    severity=Severity.WARN,
+    stage=Stage.ENGINE,
+    what="When the KV cache runs out of free blocks, vLLM's scheduler preempts running requests: it frees their blocks and later recomputes their whole prefill. The doctor counts preempted and resumed requests per step (from the SchedulerOutput) next to the KV blocks in use.",
+    why="Each preemption throws away finished work: throughput drops and latency spikes while the KV usage metric looks merely 'high'.",
+    example="4 requests preempted, 4 resumed; KV cache peaked at 100% of 23 usable blocks",
+    fix="Give the KV cache more room (gpu_memory_utilization, kv_cache_memory_bytes), or admit less at once (max_num_seqs, max_num_batched_tokens), or shorten max_model_len.",
+    references=("vllm-project/vllm#34076", "vllm-project/vllm#39734"),
+    requires=("engine",),
+)
+def kv_cache_preemptions(facts: Any, emit: Emit) -> Iterable[Finding]:
+    for item in _workers(facts, emit, "profile"):
+        if isinstance(item, Finding):
+            yield item
+            continue
+        w, profile = item
+        steps = list(profile.get("steps") or [])
+        if not steps:
+            yield emit.skip("no step was profiled (run a workload while attached)", _subject(w))
+            continue
+        preempted = sum(int(s.get("preempted_reqs", 0)) for s in steps)
+        resumed = sum(int(s.get("resumed_reqs", 0)) for s in steps)
+        num_blocks = profile.get("num_blocks") or ((w.get("kv") or {}).get("num_blocks"))
+        usable = max(1, int(num_blocks) - 1) if num_blocks else None  # block 0 is vLLM's null block
+        peak_blocks = max(int(s.get("kv_blocks_used", 0)) for s in steps)
+        peak = peak_blocks / usable if usable else None
+        evidence = {"preempted": preempted, "resumed": resumed, "peak_blocks": peak_blocks, "usable_blocks": usable,
+                    "peak_usage": peak, "steps": len(steps),
+                    "steps_with_preemption": sum(1 for s in steps if s.get("preempted_reqs") or s.get("resumed_reqs"))}
+        usage = f"KV cache peaked at {peak:.0%} of {usable} usable blocks" if peak is not None else f"KV peak {peak_blocks} blocks"
+        if preempted or resumed:
+            yield emit.warn(f"{max(preempted, resumed)} request(s) preempted and recomputed; {usage}", _subject(w), evidence,
+                            "give the KV cache more memory or admit fewer requests at once (max_num_seqs)")
+        else:
+            yield emit.ok(f"no preemptions in {len(steps)} steps; {usage}", _subject(w), evidence)
+
+
+@check(
     "VD503",
     "memory-breakdown",
     "Where the worker's memory goes: weights / peak activations / KV cache / CUDA graphs / other.",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
 
 from vllm_doctor.checks.base import Emit, check
 from vllm_doctor.facts import Facts
@@ -44,6 +45,21 @@ def resolved_target(facts: Facts) -> tuple[str, str] | None:
         if arch in facts.registry:
             return arch, facts.registry[arch]
     return None
+
+
+def inspected_class(facts: Facts, emit: Emit) -> tuple[str, str, dict[str, Any]] | Finding:
+    """(arch, target, import-pass record) of the class vLLM would build, or the finding saying
+    why there is none (import pass not run, nothing registered, class not inspected)."""
+    if facts.import_pass is None:
+        return emit.skip("needs the import pass: " + (facts.import_pass_error or "skipped by --fast"))
+    resolved = resolved_target(facts)
+    if resolved is None:
+        return emit.not_applicable("no architecture of config.json is registered (see VD101)")
+    arch, target = resolved
+    record = facts.class_record(arch)
+    if record is None:
+        return emit.skip(f"the import pass did not inspect {arch}", target)
+    return arch, target, record
 
 
 def _registry_or_skip(facts: Facts, emit: Emit) -> Finding | None:
@@ -326,18 +342,11 @@ def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
     requires=("import",),
 )
 def model_class_import_fails(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    if facts.import_pass is None:
-        yield emit.skip("needs the import pass: " + (facts.import_pass_error or "skipped by --fast"))
+    got = inspected_class(facts, emit)
+    if isinstance(got, Finding):
+        yield got
         return
-    resolved = resolved_target(facts)
-    if resolved is None:
-        yield emit.not_applicable("no architecture of config.json is registered (see VD101)")
-        return
-    arch, target = resolved
-    record = facts.class_record(arch)
-    if record is None:
-        yield emit.skip(f"the import pass did not inspect {arch}")
-        return
+    _arch, target, record = got
     if "import_error" in record:
         tb = record["import_error"]
         yield emit.fail(

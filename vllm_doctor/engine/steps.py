@@ -26,7 +26,8 @@ class StepTracker:
     def observe(self, so: Any) -> dict[str, Any]:
         """Update from one SchedulerOutput; return the step's token/request/KV counts."""
         self._forget(getattr(so, "finished_req_ids", None))
-        for rid in getattr(so, "preempted_req_ids", None) or ():
+        preempted = list(getattr(so, "preempted_req_ids", None) or ())
+        for rid in preempted:
             self.blocks.pop(rid, None)  # a preempted request gives its blocks back
         num_sched: dict[str, int] = dict(getattr(so, "num_scheduled_tokens", None) or {})
         spec: dict[str, Any] = dict(getattr(so, "scheduled_spec_decode_tokens", None) or {})
@@ -81,6 +82,13 @@ class StepTracker:
         counts["num_reqs"] = counts["prefill_reqs"] + counts["decode_reqs"]
         counts["total_tokens"] = int(getattr(so, "total_num_scheduled_tokens", 0) or sum(num_sched.values()))
         counts["kv_blocks_used"] = len(used)
+        # VD502: requests evicted from the KV cache in this step, and ones brought back (their
+        # prefill is recomputed); older vLLM reports only the latter
+        counts["preempted_reqs"] = len(preempted)
+        counts["resumed_reqs"] = sum(
+            1 for i, rid in enumerate(req_ids)
+            if rid in resumed_ids or (i < len(resumed_flags) and bool(resumed_flags[i]))
+        )
         return counts
 
 
