@@ -82,9 +82,15 @@ def main() -> None:
         with vllm_doctor.attach(llm, layers=False, probe=False):
             return run()
 
+    coverage: list[float] = []
+
     def per_layer() -> float:
-        with vllm_doctor.attach(llm, probe=False):
-            return run()
+        with vllm_doctor.attach(llm, probe=False) as doc:
+            rate = run()
+        fraction = doc.report().profiles["engine"]["layers"].get("timed_fraction")
+        if fraction is not None:
+            coverage.append(fraction)
+        return rate
 
     def torch_prof() -> float:
         handle.start_torch_profile()
@@ -108,6 +114,9 @@ def main() -> None:
     for name, values in results.items():
         med = statistics.median(values)
         print(f"| {name} | {med:.1f} | {min(values):.1f} | {max(values):.1f} | {100 * (med / base - 1):+.1f}% |")
+    if coverage:
+        print(f"\nper-layer timings (decoder layers + embedding + final norm) / forward time: "
+              f"median {statistics.median(coverage):.1%}, range {min(coverage):.1%}-{max(coverage):.1%}")
 
 
 if __name__ == "__main__":

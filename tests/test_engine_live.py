@@ -161,6 +161,8 @@ def test_step_profile_matches_the_workload(doctored: Run) -> None:
     kinds = prof["layers"]["by_kind"]
     assert set(kinds) == {"embedding", "attention", "mlp", "norm", "logits", "other"}
     assert [e["layer"] for e in prof["layers"]["by_layer"]] == [0, 1]
+    # nested timings: the layers, embedding and final norm lie inside the timed forward
+    assert 0 < prof["layers"]["timed_fraction"] <= 1.0
     assert prof["trace"] and prof["trace"][0]["layers"]
 
 

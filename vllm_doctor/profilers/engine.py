@@ -142,7 +142,14 @@ def layer_tables(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
     if modules and forward_total:
         inside = sum(v for k, v in by_kind.items() if k != "logits")
         by_kind["other"] = max(0.0, forward_total - inside)
+    # how much of the forward the per-layer timings account for: the decoder layers plus the
+    # top-level embedding and final norm (the model's whole forward, minus glue between them)
+    covered = sum(
+        m["total_s"] for m in modules
+        if m.get("kind") == "layer" or (m.get("layer") is None and m.get("kind") in ("embedding", "norm"))
+    )
     return {
+        "timed_fraction": covered / forward_total if modules and forward_total else None,
         "modules": modules,
         "by_layer": [by_layer[k] for k in sorted(by_layer)],
         "by_kind": {k: by_kind[k] for k in KIND_ORDER if k in by_kind},
