@@ -78,11 +78,13 @@ class Facts:
                 out.append((plugin, reg.arch, reg.target, reg.where))
         if self.registry_source == "import" and self.registry is not None and self.builtin_archs is not None:
             known = {(arch, target) for _, arch, target, _ in out}
-            for arch, target in self.registry.items():
-                if self.builtin_archs.get(arch) != target and (arch, target) not in known:
-                    owner = next((p for p in self.plugins if p.allowed), None)
-                    if owner is not None:
-                        out.append((owner, arch, target, "registered at import time"))
+            extra = [(a, t) for a, t in self.registry.items() if self.builtin_archs.get(a) != t and (a, t) not in known]
+            if extra:
+                # only a plugin the static scan could not follow can have made these
+                opaque = [p for p in self.plugins if p.allowed and (p.dynamic or p.problem or not p.function_found)]
+                owner = opaque[0] if len(opaque) == 1 else PluginInfo(
+                    name="(an installed plugin)", value="", distribution=None, allowed=True)
+                out.extend((owner, arch, target, "registered at import time") for arch, target in extra)
         return out
 
     def is_transformers_backend(self, target: str) -> bool:

@@ -143,3 +143,28 @@ def test_every_check_has_complete_metadata() -> None:
         m = entry.meta
         assert m.code == code and m.name == m.name.lower() and " " not in m.name
         assert m.summary and m.explanation.what and m.explanation.why and m.explanation.example and m.explanation.fix
+
+
+def test_import_time_registrations_are_not_blamed_on_an_unrelated_plugin() -> None:
+    f = facts({"architectures": ["MyForCausalLM"], "model_type": "my"},
+              plugins=[plugin(("Other", "o:O")), PluginInfo(name="dyn", value="d:register", distribution="d",
+                                                            allowed=True, function_found=True, dynamic=True)])
+    f.registry = dict(BUILTIN, my="my.model:MyForCausalLM")
+    f.registry_source = "import"
+    owners = {arch: p.name for p, arch, _t, _w in f.plugin_registrations()}
+    assert owners == {"Other": "p", "my": "dyn"}
+    f.plugins[1].dynamic = False  # nobody is opaque: say so instead of guessing
+    assert {arch: p.name for p, arch, _t, _w in f.plugin_registrations()}["my"] == "(an installed plugin)"
+
+
+def test_module_level_entry_point_scans_all_top_level_registrations(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_doctor.compat.plugins import scan_plugin
+
+    (tmp_path / "modplug.py").write_text(
+        "from vllm import ModelRegistry\nimport os\n"
+        "ModelRegistry.register_model('A', 'a:A')\nModelRegistry.register_model('B', 'b:B')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    info = PluginInfo(name="m", value="modplug", distribution=None, allowed=True)
+    scan_plugin(info)
+    assert [r.arch for r in info.registrations] == ["A", "B"]

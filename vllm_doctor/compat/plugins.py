@@ -125,7 +125,9 @@ def scan_plugin(info: PluginInfo) -> None:
     info.function_found = True
     imported = _imported_names(tree)
     # follow calls from the entry function into same-module helpers (one level is typical)
-    todo = [functions[attr]] if attr else [n for n in tree.body if not isinstance(n, ast.FunctionDef)]
+    # entry point "module:function" -> that function; plain "module" -> its top-level code
+    module_code = ast.Module(body=[n for n in tree.body if not isinstance(n, ast.FunctionDef)], type_ignores=[])
+    todo: list[ast.AST] = [functions[attr]] if attr else [module_code]
     seen: set[str] = set()
     while todo:
         fn = todo.pop()
@@ -133,7 +135,7 @@ def scan_plugin(info: PluginInfo) -> None:
         if key in seen:
             continue
         seen.add(key)
-        for node in ast.walk(fn) if isinstance(fn, ast.AST) else []:
+        for node in ast.walk(fn):
             if not isinstance(node, ast.Call):
                 continue
             cname = _call_name(node)
