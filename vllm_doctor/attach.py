@@ -9,6 +9,11 @@ While attached, each worker runs the forward profiler (per step always, per laye
 mode) and, for the first prefill and the first decode step, the forward probe. Leaving the
 ``with`` block (or :meth:`EngineDoctor.detach`) collects a final snapshot and removes every
 hook and wrapper from the workers.
+
+A served engine is attached the same way by URL (``attach("http://127.0.0.1:8000")``) when it
+runs with ``VLLM_DOCTOR=1`` (the plugin adds the worker extension) and
+``VLLM_SERVER_DEV_MODE=1`` (vLLM's ``/collective_rpc`` endpoint): while attached, the engine's
+real traffic is profiled.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any
 from vllm_doctor import environment
 from vllm_doctor.compat import nvml
 from vllm_doctor.compat.engine import EngineHandle, ExtensionMissing, engine_kwargs
+from vllm_doctor.compat.http import HttpEngineHandle
 from vllm_doctor.engine_facts import EngineFacts, WorkerFacts
 from vllm_doctor.model import Report
 
@@ -52,10 +58,14 @@ def merge_replies(facts: EngineFacts, part: str, replies: list[dict[str, Any]]) 
 class EngineDoctor:
     """The doctor attached to one engine. Use :func:`attach`."""
 
-    def __init__(self, llm: Any, *, layers: bool = True, probe: bool = True,
+    def __init__(self, engine: Any, *, layers: bool = True, probe: bool = True,
                  probe_phases: Iterable[str] = ("prefill", "decode"),
                  select: Iterable[str] = (), ignore: Iterable[str] = ()) -> None:
-        self.handle = EngineHandle(llm)
+        self.handle: EngineHandle | HttpEngineHandle
+        if isinstance(engine, (EngineHandle, HttpEngineHandle)):
+            self.handle = engine
+        else:
+            self.handle = HttpEngineHandle(engine) if isinstance(engine, str) else EngineHandle(engine)
         self.layers = layers
         self.probe = probe
         self.probe_phases = list(probe_phases)
@@ -99,6 +109,10 @@ class EngineDoctor:
             if exc_type is None:  # never hide the user's own exception behind ours
                 raise
 
+    def status(self) -> list[dict[str, Any]]:
+        """Each worker's ``doctor_status`` envelope (hooks installed, steps seen so far)."""
+        return self.handle.rpc("doctor_status")
+
     # -- facts and report -----------------------------------------------------------------------
     def gather(self) -> EngineFacts:
         """Ask every worker for every part (a live snapshot, or the final one once detached)."""
@@ -120,13 +134,17 @@ class EngineDoctor:
         return build_engine_report(facts, target or self.handle.model_name(), self.select, self.ignore, self.timings)
 
 
-def attach(llm: Any, *, layers: bool = True, probe: bool = True,
+def attach(engine: Any, *, layers: bool = True, probe: bool = True,
            select: Iterable[str] = (), ignore: Iterable[str] = ()) -> EngineDoctor:
-    """Attach to ``llm`` (built with the doctor's worker extension); use as a context manager.
+    """Attach to ``engine``; use as a context manager.
 
-    Raises :class:`ExtensionMissing` (with the fix) if the engine lacks the extension.
+    ``engine`` is a ``vllm.LLM`` built with the doctor's worker extension, or the URL of a
+    served engine (``"http://127.0.0.1:8000"``, started with ``VLLM_DOCTOR=1`` and
+    ``VLLM_SERVER_DEV_MODE=1``). Raises :class:`ExtensionMissing` (with the fix) if the engine
+    lacks the extension, and :class:`vllm_doctor.compat.http.ServerError` if a URL cannot be
+    reached or has no ``/collective_rpc``.
     """
-    return EngineDoctor(llm, layers=layers, probe=probe, select=select, ignore=ignore).attach()
+    return EngineDoctor(engine, layers=layers, probe=probe, select=select, ignore=ignore).attach()
 
 
 def nvml_for(facts: EngineFacts) -> dict[str, Any]:

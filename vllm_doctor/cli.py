@@ -13,7 +13,13 @@ import traceback
 from collections.abc import Sequence
 
 from vllm_doctor import __version__
-from vllm_doctor.cli_engine import add_engine_options, add_profile_parser, cmd_profile
+from vllm_doctor.cli_engine import (
+    add_attach_parser,
+    add_engine_options,
+    add_profile_parser,
+    cmd_attach,
+    cmd_profile,
+)
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.model import Severity
 
@@ -27,6 +33,8 @@ commands:
                     --engine adds device, KV-cache and memory checks on a real engine
   profile MODEL_DIR --out DIR
                     forward profile on a real engine: report.json, report.html, trace.json
+  attach URL        attach to a served engine (vllm serve with VLLM_DOCTOR=1), profile its
+                    traffic, run the engine checks, detach
   rules             the check catalogue
   rule CODE         one check explained: what, why, example, fix, references
 """
@@ -99,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_check.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
     add_engine_options(p_check, with_switch=True)
     add_profile_parser(sub)
+    add_attach_parser(sub)
 
     p_rules = sub.add_parser("rules", help="list every check", description="List the check catalogue.")
     p_rules.add_argument("--json", action="store_true", help="as JSON")
@@ -189,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_INPUT
-    handlers = {"check": _cmd_check, "rules": _cmd_rules, "rule": _cmd_rule, "profile": cmd_profile}
+    handlers = {"check": _cmd_check, "rules": _cmd_rules, "rule": _cmd_rule, "profile": cmd_profile, "attach": cmd_attach}
     try:
         return handlers[args.command](args)
     except DoctorInputError as exc:

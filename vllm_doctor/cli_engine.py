@@ -31,6 +31,27 @@ examples:
 """
 
 
+ATTACH_EPILOG = """\
+the server must run with the doctor's plugin and vLLM's dev endpoints (loopback only!):
+  VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1 vllm serve ./my-model --host 127.0.0.1 --enforce-eager
+VLLM_DOCTOR=1 makes the plugin add the doctor's worker extension (kept beside any extension of
+your own); VLLM_SERVER_DEV_MODE=1 enables /collective_rpc, through which the doctor reaches the
+workers. Per-layer timing needs --enforce-eager; with CUDA graphs it is per step only.
+
+While attached, the engine's own traffic is profiled; the first prefill and decode steps are
+probed op by op (VD403/VD404; --no-probe to skip). On exit (after --seconds, or Ctrl-C) every
+hook is removed from the workers and the report is printed; --out DIR also writes
+report.json, report.html and trace.json (as `profile`).
+
+exit codes: 0 nothing at or above --fail-on, 1 findings, 2 server unreachable / no extension /
+no /collective_rpc, 3 vllm-doctor failed
+
+examples:
+  vllm-doctor attach http://127.0.0.1:8000 --seconds 60 --out prof
+  vllm-doctor attach 127.0.0.1:8000 --seconds 10 --no-layers --json
+"""
+
+
 def _size(value: str) -> int:
     units = {"k": 2**10, "m": 2**20, "g": 2**30}
     text = value.strip().lower().rstrip("ib").rstrip("b")
@@ -87,6 +108,100 @@ def add_profile_parser(sub: Any) -> None:
     add_engine_options(p, with_switch=False)
 
 
+def add_attach_parser(sub: Any) -> None:
+    p = sub.add_parser("attach", help="attach to a served engine (vllm serve) and profile its traffic",
+                       description="Attach to a running `vllm serve` through vLLM's /collective_rpc endpoint, profile the "
+                                   "forward pass of its real traffic, run the engine-stage checks, detach.",
+                       epilog=ATTACH_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--seconds", type=float, default=30.0, metavar="S",
+                   help="how long to stay attached (default 30; Ctrl-C ends it early and still reports)")
+    p.add_argument("--out", metavar="DIR", help="also write report.json, report.html and trace.json into DIR")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer hooks)")
+    p.add_argument("--no-probe", action="store_true", help="do not probe the first steps op by op (VD403/VD404)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="limit for each call to the server (default 60)")
+    p.add_argument("--fail-on", choices=[s.value for s in Severity], default="error",
+                   help="lowest severity that makes the exit code 1 (default: error)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+
+
+def _write_reports(out: Path, report: Report) -> list[Path]:
+    from vllm_doctor.report.html import render_html
+    from vllm_doctor.report.io import write_json_atomic, write_text_atomic
+    from vllm_doctor.report.trace import chrome_trace
+
+    out.mkdir(parents=True, exist_ok=True)
+    data = report.to_dict()
+    paths = [out / "report.json", out / "report.html", out / "trace.json"]
+    write_json_atomic(paths[0], data)
+    write_text_atomic(paths[1], render_html(data))
+    write_json_atomic(paths[2], chrome_trace(report.profiles.get("engine") or {}, report.facts.get("engine")))
+    return paths
+
+
+def _print_problems(report: Report, fail_on: str) -> bool:
+    problems = report.problems(Severity(fail_on))
+    for f in problems:
+        print(f"{f.outcome.value.upper():<5} {f.code} {f.message}" + (f"\n      at: {f.subject}" if f.subject else ""))
+    return bool(problems)
+
+
+def cmd_attach(args: argparse.Namespace) -> int:
+    import time
+
+    from vllm_doctor import environment
+    from vllm_doctor.attach import EngineDoctor, ExtensionMissing
+    from vllm_doctor.compat.http import HttpEngineHandle
+    from vllm_doctor.report.engine_text import render_anatomy, render_profile
+
+    def progress(msg: str) -> None:
+        if not args.quiet:
+            print(f"vllm-doctor: {msg}", file=sys.stderr, flush=True)
+
+    if args.seconds < 0:
+        raise DoctorInputError("--seconds must not be negative")
+    handle = HttpEngineHandle(args.url, timeout=args.timeout)
+    doc = EngineDoctor(handle, layers=not args.no_layers, probe=not args.no_probe)
+    try:
+        doc.attach()
+    except ExtensionMissing as exc:
+        raise DoctorInputError(str(exc)) from None
+    workers = len(doc.install_replies)
+    layers = [r.get("data", {}).get("layers_reason") for r in doc.install_replies if r.get("ok")]
+    progress(f"attached to {workers} worker(s) of {handle.model_name()} at {handle.url}"
+             + (f"; {layers[0]}" if layers and layers[0] else ""))
+    progress(f"profiling the server's traffic for {args.seconds:g} s (Ctrl-C to stop early)")
+    start = time.monotonic()
+    last_note = start
+    try:
+        while (left := args.seconds - (time.monotonic() - start)) > 0:
+            time.sleep(min(1.0, left))
+            if time.monotonic() - last_note >= 10 and not args.quiet:
+                last_note = time.monotonic()
+                steps = [r.get("data", {}).get("steps") for r in doc.status() if r.get("ok")]
+                progress(f"{time.monotonic() - start:.0f} s: {steps[0] if steps else '?'} step(s) so far")
+    except KeyboardInterrupt:
+        progress("interrupted: detaching and reporting")
+    try:
+        doc.detach()
+    finally:
+        if doc.attached:
+            progress("could not detach cleanly; the hooks stay until the server restarts")
+    report = doc.report(handle.model_name())
+    report.environment = environment.collect()
+    report.profiles["attached_s"] = round(time.monotonic() - start, 3)
+    if args.out:
+        paths = _write_reports(Path(args.out), report)
+        progress("wrote " + ", ".join(str(p) for p in paths))
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+        return 1 if report.problems(Severity(args.fail_on)) else 0
+    print(render_anatomy(report.facts["engine"]))
+    print(render_profile(report.profiles["engine"]))
+    return 1 if _print_problems(report, args.fail_on) else 0
+
+
 def _engine_options(args: argparse.Namespace, workload: Any, deep_dir: str | None = None, layers: bool = True) -> Any:
     from vllm_doctor.engine_stage import EngineOptions
 
@@ -131,9 +246,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from vllm_doctor.engine_stage import Workload, run_engine_stage
     from vllm_doctor.probes.model_dir import resolve_model_dir
     from vllm_doctor.report.engine_text import render_anatomy, render_profile
-    from vllm_doctor.report.html import render_html
-    from vllm_doctor.report.io import write_json_atomic, write_text_atomic
-    from vllm_doctor.report.trace import chrome_trace
 
     def progress(msg: str) -> None:
         if not args.quiet:
@@ -160,18 +272,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     failure = _engine_failure(result.facts)
     if failure:
         report.facts["engine_failure"] = failure
-    data = report.to_dict()
-    write_json_atomic(out / "report.json", data)
-    write_text_atomic(out / "report.html", render_html(data))
-    write_json_atomic(out / "trace.json", chrome_trace(report.profiles.get("engine") or {}, report.facts.get("engine")))
-    progress(f"wrote {out / 'report.json'}, {out / 'report.html'}, {out / 'trace.json'}")
+    paths = _write_reports(out, report)
+    progress("wrote " + ", ".join(str(p) for p in paths))
     if result.facts.workers:
         print(render_anatomy(report.facts["engine"]))
     if failure:
         print(failure)
     else:
         print(render_profile(report.profiles["engine"], result.workload))
-    problems = report.problems(Severity(args.fail_on))
-    for f in problems:
-        print(f"{f.outcome.value.upper():<5} {f.code} {f.message}" + (f"\n      at: {f.subject}" if f.subject else ""))
+    problems = _print_problems(report, args.fail_on)
     return 1 if problems or failure else 0

@@ -9,14 +9,23 @@ Without ``VLLM_DOCTOR=1`` it returns at once and imports nothing. With it, each 
   ``$TMPDIR/vllm-doctor-<uid>``), written atomically: the anatomy of a served engine, readable
   by ``vllm-doctor`` from outside.
 
-It never changes what vLLM computes. To call the doctor's worker methods in a served engine,
-also pass ``--worker-extension-cls vllm_doctor.engine.extension.DoctorWorkerExtension`` and, for
-vLLM's ``/collective_rpc`` endpoint, ``VLLM_SERVER_DEV_MODE=1``.
+- in the process that builds the engine config (the ``vllm serve`` API server, or the script
+  that creates ``vllm.LLM``), gives every config it builds the doctor's worker extension: if
+  ``worker_extension_cls`` is unset it becomes
+  ``vllm_doctor.engine.extension.DoctorWorkerExtension`` (what ``--worker-extension-cls`` would
+  set); if the user has an extension of their own, a class mixing both
+  (:mod:`vllm_doctor.engine.combined`). This is the one place the doctor wraps a vLLM function
+  (``EngineArgs.create_engine_config``), and only with the opt-in set.
+
+It never changes what vLLM computes: the extension only adds ``doctor_*`` methods, idle until
+called. A served engine's workers are then reachable through vLLM's dev endpoint
+``/collective_rpc`` (``VLLM_SERVER_DEV_MODE=1``): ``vllm-doctor attach http://HOST:PORT``.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Any
 
 ENV_FLAG = "VLLM_DOCTOR"
 _registered = False
@@ -35,16 +44,86 @@ def record_dir() -> str:
     return os.path.join(tempfile.gettempdir(), f"vllm-doctor-{os.getuid()}")
 
 
+_extension_state = "not-tried"  # "installed" | "unsupported" once decided in this process
+
+
 def register() -> None:
     """Entry point called by vLLM's ``load_general_plugins`` (may run several times per process)."""
-    global _registered
-    if not active() or _registered:
+    global _registered, _extension_state
+    if not active():
         return
-    _registered = True
-    try:
-        _announce()
-    except Exception:
-        pass
+    if not _registered:
+        _registered = True
+        try:
+            _announce()
+        except Exception:
+            pass
+    if _extension_state not in ("installed", "unsupported"):
+        try:
+            _extension_state = default_extension()
+        except Exception as exc:  # never break vLLM's start-up for the doctor
+            _extension_state = "unsupported"
+            _log().warning("vllm-doctor plugin could not add its worker extension: %s: %s", type(exc).__name__, exc)
+
+
+def _log() -> Any:
+    import logging
+
+    return logging.getLogger("vllm_doctor")
+
+
+def default_extension() -> str:
+    """Make engine configs built in this process carry the doctor's worker extension.
+
+    Wraps ``EngineArgs.create_engine_config`` once vLLM's ``arg_utils`` is imported (it is in
+    the front end, where vLLM loads plugins from ``EngineArgs.__post_init__``; engine-core and
+    worker processes receive a finished config, so there is nothing to do there). Returns
+    "installed", "not-yet" (``arg_utils`` not imported: try again at the next call) or
+    "unsupported" (this vLLM has no such method: the user passes the flag themselves).
+    """
+    import sys
+
+    arg_utils = sys.modules.get("vllm.engine.arg_utils")
+    if arg_utils is None:
+        return "not-yet"
+    engine_args = getattr(arg_utils, "EngineArgs", None)
+    original = getattr(engine_args, "create_engine_config", None)
+    if engine_args is None or not callable(original):
+        return "unsupported"
+    if getattr(original, "__vllm_doctor_wrapper__", False):
+        return "installed"
+
+    import functools
+
+    @functools.wraps(original)
+    def create_engine_config(self: Any, *args: Any, **kwargs: Any) -> Any:
+        config = original(self, *args, **kwargs)
+        try:
+            with_extension(config)
+        except Exception as exc:
+            _log().warning("vllm-doctor could not add its worker extension: %s: %s", type(exc).__name__, exc)
+        return config
+
+    create_engine_config.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
+    engine_args.create_engine_config = create_engine_config
+    return "installed"
+
+
+def with_extension(config: Any) -> str | None:
+    """Set ``config.parallel_config.worker_extension_cls`` to one that includes the doctor's."""
+    from vllm_doctor.engine import EXTENSION_QUALNAME
+    from vllm_doctor.engine.combined import qualname_with, user_qualname
+
+    pc = getattr(config, "parallel_config", None)
+    if pc is None or not hasattr(pc, "worker_extension_cls"):
+        return None
+    current = pc.worker_extension_cls
+    if current == EXTENSION_QUALNAME or (isinstance(current, str) and user_qualname(current) is not None):
+        return str(current)
+    wanted = qualname_with(current) if isinstance(current, str) and current else EXTENSION_QUALNAME
+    pc.worker_extension_cls = wanted
+    _log().warning("vllm-doctor plugin: worker_extension_cls=%s (VLLM_DOCTOR=1)", wanted)
+    return wanted
 
 
 def _announce() -> None:

@@ -93,6 +93,7 @@ class WorkerSession:
             "probe_hooks": len(self.probe._handles) if self.probe else 0,
             "probe_armed": list(self.probe_plan),
             "profiling": self.profiler is not None,
+            "steps": self.profiler.step_index if self.profiler is not None else 0,
             "layers_on": self.layers_on,
             "disabled": sorted(self.disabled),
             "crashes": len(self.crashes),

@@ -40,12 +40,16 @@ def anatomy(facts: EngineFacts) -> dict[str, Any]:
         workers.append({
             k: a.get(k) for k in (
                 "rank", "local_rank", "pid", "ppid", "device", "worker_class", "model_runner_class",
-                "model_runner_kind", "model_class", "model_module_file", "compile",
+                "model_runner_kind", "model_class", "model_module_file", "compile", "process_title",
             )
         })
     first: dict[str, Any] = workers[0] if workers else {}
     kv = (facts.workers[0].get("kv") or {}) if facts.workers else {}
     core_pids = fe.get("engine_core_pids") or []
+    if not core_pids and fe.get("url"):  # a served engine: seen only from its workers
+        core_pids = sorted({w["pid"] if "EngineCore" in str(w.get("process_title") or "") else w.get("ppid")
+                            for w in workers if w.get("pid") is not None})
+        fe = {**fe, "engine_core_pids": core_pids}
     executor_pid = core_pids[0] if core_pids else None
     front_holds = [fe.get("llm_class"), fe.get("core_client_class")]
     if fe.get("engine_core_in_process"):

@@ -37,7 +37,11 @@ def render_anatomy(anatomy: dict[str, Any]) -> str:
     runner = anatomy.get("model_runner") or {}
     comp = anatomy.get("compile") or {}
     lines = ["engine anatomy"]
-    lines.append(f"  front end     pid {fe.get('pid')}: {_short(fe.get('llm_class'))} -> {_short(fe.get('core_client_class'))}")
+    if fe.get("url"):
+        version = f" (vLLM {fe['server_version']})" if fe.get("server_version") else ""
+        lines.append(f"  front end     API server at {fe['url']}{version}, serving {', '.join(fe.get('served_models') or ['?'])}")
+    else:
+        lines.append(f"  front end     pid {fe.get('pid')}: {_short(fe.get('llm_class'))} -> {_short(fe.get('core_client_class'))}")
     if fe.get("engine_core_in_process"):
         lines.append(f"  engine core   pid {fe.get('pid')} (in the front end's process)")
     else:

