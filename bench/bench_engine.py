@@ -2,14 +2,22 @@
 
     python bench/bench_engine.py [MODEL_DIR] [--prompts 8 --input-len 16 --output-len 64 --repeats 3]
 
-Runs the same greedy workload (fixed lengths, ignore_eos) on ONE engine in four modes,
-interleaved ``--repeats`` times, and prints a markdown table of output tokens/s (median) and
-the slowdown against the plain engine:
+Runs the same greedy workload (fixed lengths, ignore_eos) on ONE engine in five modes,
+``--repeats`` rounds (the order of the modes rotates every round so drift hits all alike), and
+prints a markdown table of output tokens/s and the slowdown against the plain engine:
 
-  none        the engine as the user built it (the doctor's extension is mixed in but idle)
-  per-step    vllm_doctor.attach(llm, layers=False, probe=False): step wrappers + root hooks
-  per-layer   vllm_doctor.attach(llm, probe=False): + hooks on every timed module
-  torch-prof  vLLM's own torch profiler (llm.start_profile / stop_profile), no doctor
+  none              the engine as the user built it (the doctor's extension mixed in, idle)
+  per-step          attach(llm, layers=False, probe=False): step wrappers + root hooks
+  per-layer         attach(llm, probe=False): + per-layer hooks, sampled (the default: first
+                    8 steps of each phase, then every 4th)
+  per-layer, all    attach(llm, probe=False, layer_every=1): every step timed per layer
+  torch-prof        vLLM's own torch profiler (llm.start_profile / stop_profile), no doctor
+
+"vs none" is the median over rounds of (mode / none of the same round) - 1, with its range: a
+paired comparison, steadier than comparing medians. "doctor cost" is the doctor's own host time
+per step, measured inside its wrappers and hooks (report.profiles["engine"]["doctor_overhead"]),
+as a share of the worker's host time of a step: the precise view of the per-step cost, which
+throughput differences of a few percent cannot resolve.
 
 Without MODEL_DIR it builds a tiny random Llama (tests/fixtures/engine_models.py). CPU and GPU
 (single-process engine, eager). Timings are wall clock around ``llm.generate``.
@@ -78,19 +86,29 @@ def main() -> None:
     def none() -> float:
         return run()
 
-    def per_step() -> float:
-        with vllm_doctor.attach(llm, layers=False, probe=False):
-            return run()
-
     coverage: list[float] = []
+    cost: dict[str, list[float]] = {}
 
-    def per_layer() -> float:
-        with vllm_doctor.attach(llm, probe=False) as doc:
+    def doctored(name: str, **options: object) -> float:
+        with vllm_doctor.attach(llm, probe=False, **options) as doc:  # type: ignore[arg-type]
             rate = run()
-        fraction = doc.report().profiles["engine"]["layers"].get("timed_fraction")
-        if fraction is not None:
+        profile = doc.report().profiles["engine"]
+        over = profile.get("doctor_overhead") or {}
+        if over.get("share") is not None:
+            cost.setdefault(name, []).append(over["share"])
+        fraction = profile["layers"].get("timed_fraction")
+        if fraction is not None and name == "per-layer, all":
             coverage.append(fraction)
         return rate
+
+    def per_step() -> float:
+        return doctored("per-step", layers=False)
+
+    def per_layer() -> float:
+        return doctored("per-layer")
+
+    def per_layer_all() -> float:
+        return doctored("per-layer, all", layer_every=1)
 
     def torch_prof() -> float:
         handle.start_torch_profile()
@@ -99,23 +117,27 @@ def main() -> None:
         finally:
             handle.stop_torch_profile()
 
-    modes = {"none": none, "per-step": per_step, "per-layer": per_layer, "torch-prof": torch_prof}
+    modes = {"none": none, "per-step": per_step, "per-layer": per_layer, "per-layer, all": per_layer_all,
+             "torch-prof": torch_prof}
     run()  # warm-up
     results: dict[str, list[float]] = {m: [] for m in modes}
-    for _ in range(args.repeats):
-        for name, fn in modes.items():
-            results[name].append(fn())
-    base = statistics.median(results["none"])
+    names = list(modes)
+    for r in range(args.repeats):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            results[name].append(modes[name]())
     device = torch.cuda.get_device_name(0) if cuda else f"CPU ({os.cpu_count()} cores)"
     print(f"\nengine: {model} on {device}; {args.prompts} prompts x {args.input_len} in / {args.output_len} out, "
-          f"median of {args.repeats}\n")
-    print("| mode | output tokens/s (median) | min | max | vs none |")
-    print("|---|---:|---:|---:|---:|")
+          f"{args.repeats} rounds\n")
+    print("| mode | output tokens/s (median) | min | max | vs none (median of paired rounds) | range | doctor cost (host) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, values in results.items():
-        med = statistics.median(values)
-        print(f"| {name} | {med:.1f} | {min(values):.1f} | {max(values):.1f} | {100 * (med / base - 1):+.1f}% |")
+        ratios = [v / b - 1 for v, b in zip(values, results["none"], strict=True)]
+        share = f"{100 * statistics.median(cost[name]):.2f}%" if name in cost else "-"
+        paired = f"{100 * statistics.median(ratios):+.1f}%" if name != "none" else "-"
+        spread = f"{100 * min(ratios):+.1f}% .. {100 * max(ratios):+.1f}%" if name != "none" else "-"
+        print(f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} | {max(values):.1f} | {paired} | {spread} | {share} |")
     if coverage:
-        print(f"\nper-layer timings (decoder layers + embedding + final norm) / forward time: "
+        print(f"\nper-layer timings (decoder layers + embedding + final norm) / forward time, every step timed: "
               f"median {statistics.median(coverage):.1%}, range {min(coverage):.1%}-{max(coverage):.1%}")
 
 

@@ -167,6 +167,34 @@ def test_forward_profiler_aggregates_steps_and_layers_with_wall_clock() -> None:
     assert len(snap["trace"]) == 2 and snap["trace"][0]["layers"]
 
 
+def test_per_layer_timing_samples_the_first_steps_of_each_phase_then_every_nth() -> None:
+    prof = ForwardProfiler(WallClock(), select_modules(ToyForCausalLM()), layer_every=4)
+    prof.layers_enabled = True
+    timed = {}
+    for i in range(20):
+        phase_tokens = {"prefill_tokens": 6, "decode_tokens": 0} if i in (0, 10) else {"prefill_tokens": 0, "decode_tokens": 2}
+        prof.begin_step({**phase_tokens, "prefill_reqs": 0, "decode_reqs": 0, "num_reqs": 2, "total_tokens": 6, "kv_blocks_used": 1})
+        assert prof.current is not None
+        timed[i] = prof.current.layers_timed
+        prof.after_execute(0.001, output_is_final=True)
+    # both prefills (each phase has its own warm-up); decode steps 0-7 of that phase, then its 8th, 12th, 16th
+    decode_steps = [i for i in range(20) if i not in (0, 10)]
+    expected_decode = {decode_steps[n] for n in range(len(decode_steps)) if n < 8 or (n - 8) % 4 == 0}
+    assert {i for i, t in timed.items() if t} == {0, 10} | expected_decode
+    snap = prof.snapshot()
+    assert [s["layers_timed"] for s in snap["steps"]] == [timed[i] for i in range(20)]
+    assert snap["layer_every"] == 4
+
+
+def test_layer_tables_compare_layer_times_with_the_sampled_steps_only() -> None:
+    steps = [{"forward_s": 1.0, "layers_timed": True}, {"forward_s": 5.0, "layers_timed": False}]
+    profile = {"layers": [{"name": "model.layers.0", "kind": "layer", "layer": 0, "decode_s": 0.9, "decode_calls": 1}],
+               "layer_every": 4}
+    tables = layer_tables(profile, steps)
+    assert tables["forward_total_s"] == 1.0 and tables["timed_fraction"] == pytest.approx(0.9)
+    assert tables["timed_steps"] == 1 and tables["layer_every"] == 4
+
+
 def _new(rid: str, prompt: int, blocks: list[int], computed: int = 0) -> Any:
     return SimpleNamespace(req_id=rid, prompt_token_ids=list(range(prompt)), block_ids=(blocks,), num_computed_tokens=computed)
 

@@ -19,6 +19,7 @@ from vllm_doctor.cli_engine import (
     add_profile_parser,
     cmd_attach,
     cmd_profile,
+    positive_int,
 )
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.model import Severity
@@ -57,16 +58,6 @@ examples:
 """
 
 
-def _positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
-
-
 def _codes(value: str) -> set[str]:
     return {c.strip().upper() for c in value.split(",") if c.strip()}
 
@@ -100,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_check.add_argument("--script", metavar="FILE", help="your serving script: find register_model calls the engine's processes will not run (VD102)")
     p_check.add_argument("--timeout", type=float, default=180.0, metavar="S", help="limit for the import pass (default 180 s)")
     p_check.add_argument(
-        "--tensor-parallel-size", "-tp", type=_positive_int, default=1, metavar="N",
+        "--tensor-parallel-size", "-tp", type=positive_int, default=1, metavar="N",
         help="check that the model can be split over N ranks (VD305; default 1)",
     )
     p_check.add_argument("--verbose", "-v", action="store_true", help="list passing checks and whole tracebacks")

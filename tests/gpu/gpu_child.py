@@ -3,7 +3,10 @@
     python -m tests.gpu.gpu_child MODEL_DIR OUT_JSON {v2|v1|graphs}
 
 v2: vLLM's default model runner (V2 on vLLM >= 0.26), eager; v1: VLLM_USE_V2_MODEL_RUNNER=0,
-eager; graphs: default runner with CUDA graphs (per-layer timing must switch itself off).
+eager; graphs: default runner with CUDA graphs (per-layer timing must switch itself off);
+plugin: VLLM_DOCTOR=1 and a plain ``LLM(...)`` (no worker_extension_cls) with the engine core
+in its own process: the opt-in plugin must add the extension (the parent puts the doctor's
+entry point on PYTHONPATH).
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ import sys
 
 
 def main(model_dir: str, out: str, mode: str) -> None:
+    if mode == "plugin":
+        plugin_main(model_dir, out)
+        return
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if mode == "v1":
         os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
@@ -47,6 +53,32 @@ def main(model_dir: str, out: str, mode: str) -> None:
         "vllm_planned_kv_bytes": planned,
         "torch_allocated": torch.cuda.memory_allocated(),
         "runner_module": type(worker.model_runner).__module__,
+    }
+    with open(out, "w") as fh:
+        json.dump(result, fh, default=str)
+
+
+def plugin_main(model_dir: str, out: str) -> None:
+    os.environ["VLLM_DOCTOR"] = "1"
+    os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    from vllm import LLM
+
+    import vllm_doctor
+    from vllm_doctor.compat.engine import greedy
+
+    llm = LLM(model=model_dir, enforce_eager=True, gpu_memory_utilization=0.15, max_model_len=512)
+    prompts = ["hello world", "the capital of france is", "my name is"]
+    params = greedy(16, ignore_eos=True)
+    base = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    with vllm_doctor.attach(llm) as doc:
+        during = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+    report = doc.report()
+    result = {
+        "mode": "plugin",
+        "same": base == during,
+        "report": report.to_dict(),
+        "front_end_pid": os.getpid(),
+        "worker_extension_cls": llm.llm_engine.vllm_config.parallel_config.worker_extension_cls,
     }
     with open(out, "w") as fh:
         json.dump(result, fh, default=str)

@@ -55,7 +55,12 @@ def run_mode(model_dir: Path, mode: str, tmp: Path) -> dict[str, Any]:
     if mode not in _results:
         out = tmp / f"{mode}.json"
         env = {k: v for k, v in os.environ.items() if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_V2_MODEL_RUNNER")}
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+        paths = [str(REPO_ROOT), env.get("PYTHONPATH", "")]
+        if mode == "plugin":  # the doctor's vllm.general_plugins entry point, without pip install
+            from tests.fixtures.entry_points import doctor_entry_point_site
+
+            paths.insert(0, str(doctor_entry_point_site(tmp / "ep")))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
         proc = subprocess.run([sys.executable, "-m", "tests.gpu.gpu_child", str(model_dir), str(out), mode],
                               cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
         assert out.exists(), f"{mode} child failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
@@ -86,6 +91,13 @@ def test_eager_engine_on_cuda(model_dir: Path, tmp_path: Path, mode: str) -> Non
     assert prof["steps"] and all(s["step_s"] > 0 and s["forward_s"] > 0 for s in prof["steps"])
     assert {s["phase"] for s in prof["steps"]} == {"prefill", "decode"}
     assert all(m["total_s"] > 0 for m in prof["layers"]["modules"])
+    # sampled per-layer timing: the first 8 steps of each phase, then every 4th
+    per_phase: dict[str, int] = {}
+    for s in prof["steps"]:
+        per_phase[s["phase"]] = per_phase.get(s["phase"], 0) + 1
+    assert prof["layers"]["timed_steps"] == sum(min(n, 8) + len(range(8, n, 4)) for n in per_phase.values())
+    assert 0.5 < prof["layers"]["timed_fraction"] <= 1.0
+    assert 0 < prof["doctor_overhead"]["share"] < 0.5
     assert {"attention", "mlp", "norm"} <= set(prof["layers"]["by_kind"])
     # KV bytes: the doctor's count (shared storage once) = torch's storages = vLLM's plan
     vd504 = finding(report, "VD504")
@@ -113,3 +125,14 @@ def test_cuda_graphs_switch_per_layer_timing_off(model_dir: Path, tmp_path: Path
     assert prof["steps"] and all(s["step_s"] > 0 for s in prof["steps"])
     probe = [f for f in r["report"]["findings"] if f["code"] == "VD404"]
     assert probe and probe[0]["outcome"] == "skip"
+
+
+def test_opt_in_plugin_adds_the_extension_to_a_plain_multiprocess_engine(model_dir: Path, tmp_path: Path) -> None:
+    r = run_mode(model_dir, "plugin", tmp_path)
+    assert r["worker_extension_cls"] == "vllm_doctor.engine.extension.DoctorWorkerExtension"
+    assert r["same"] is True
+    anatomy = r["report"]["facts"]["engine"]
+    assert anatomy["workers"][0]["device"] == "cuda:0"
+    assert anatomy["workers"][0]["pid"] != r["front_end_pid"]  # the engine core runs in its own process
+    prof = r["report"]["profiles"]["engine"]
+    assert prof["clock"] == "cuda_events" and prof["layers_on"] is True and prof["steps"]

@@ -17,7 +17,7 @@ class WallClock:
     kind = "wall_clock"
     marks_outside_forward = True  # a step's bounds can be taken in the runner wrappers
 
-    def mark(self) -> Any:
+    def mark(self, refresh: bool = False) -> Any:
         return time.perf_counter()
 
     def ready(self, mark: Any) -> bool:
@@ -40,10 +40,19 @@ class CudaEventClock:
 
     def __init__(self) -> None:
         self._free: list[Any] = []
+        self._stream: Any = None
 
-    def mark(self) -> Any:
+    def mark(self, refresh: bool = False) -> Any:
+        """Record an event on the current stream.
+
+        The stream is looked up when ``refresh`` is set (the profiler does so where the model's
+        forward and the logits processor begin) and reused for the marks inside: asking torch
+        for the current stream costs about as much as recording the event.
+        """
+        if refresh or self._stream is None:
+            self._stream = torch.cuda.current_stream()
         event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(self._stream)
         return event
 
     def ready(self, mark: Any) -> bool:

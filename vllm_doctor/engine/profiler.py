@@ -5,6 +5,12 @@ time of ``execute_model`` (+ ``sample_tokens``), device time of the step and of 
 forward (root module hooks). Per layer (eager mode only): forward pre/post hooks on the modules
 :func:`select_modules` picks, timed by :mod:`clock` marks. Marks are resolved lazily: on GPU
 a step's events are read back only once they completed, or at collection.
+
+Per-layer timing is *sampled*: the first :data:`LAYER_WARMUP_STEPS` steps of each phase
+(prefill, decode, mixed) are timed, then every ``layer_every``-th step of that phase
+(default :data:`DEFAULT_LAYER_EVERY`; 1 = every step). On the other steps the layer hooks
+return at once. Layer shares and per-call times need a sample, not every step, and the cost on
+a launch-bound GPU forward is two CUDA-event records per module call (bench/bench_engine.py).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_doctor.engine import DEFAULT_LAYER_EVERY, LAYER_WARMUP_STEPS
 from vllm_doctor.engine.clock import CudaEventClock, WallClock
 from vllm_doctor.engine.layers import TimedModule
 from vllm_doctor.engine.steps import phase_of
@@ -22,7 +29,7 @@ MAX_STEP_RECORDS = 20_000  # aggregates keep counting beyond this
 DEFAULT_TRACE_STEPS = 64  # steps whose per-layer events are kept for trace.json
 
 
-@dataclass
+@dataclass(slots=True)
 class OpenStep:
     index: int
     host_start: float  # perf_counter
@@ -35,18 +42,23 @@ class OpenStep:
     host_execute_s: float = 0.0
     host_sample_s: float = 0.0
     executed: bool = False
+    layers_timed: bool = False  # this step is one of the per-layer samples
 
 
 class ForwardProfiler:
-    def __init__(self, clock: WallClock | CudaEventClock, timed: list[TimedModule], trace_steps: int = DEFAULT_TRACE_STEPS) -> None:
+    def __init__(self, clock: WallClock | CudaEventClock, timed: list[TimedModule], trace_steps: int = DEFAULT_TRACE_STEPS,
+                 layer_every: int = DEFAULT_LAYER_EVERY) -> None:
         self.clock = clock
+        self.layers_enabled = False  # set by the session once the layer hooks are installed
+        self.layer_every = max(1, int(layer_every))
+        self._phase_steps: dict[str, int] = {}
         self.timed = {m.name: m for m in timed}
         self.trace_steps = trace_steps
         self.t0 = time.perf_counter()
         self.step_index = 0
         self.current: OpenStep | None = None
         self.pending: deque[OpenStep] = deque()
-        self.steps: list[dict[str, Any]] = []
+        self.steps: list[tuple[Any, ...]] = []  # see _record
         self.dropped_steps = 0
         self.layer_stats: dict[str, dict[str, Any]] = {}
         self.layer_trace: list[dict[str, Any]] = []
@@ -57,10 +69,16 @@ class ForwardProfiler:
         if self.current is not None:  # the previous step never reached sample_tokens
             self.finish_step()
         start = self.clock.mark() if self.clock.marks_outside_forward else None
-        self.current = OpenStep(self.step_index, time.perf_counter(), counts, start)
+        self.current = OpenStep(self.step_index, time.perf_counter(), counts, start,
+                                layers_timed=self.layers_enabled and self._sample_layers(phase_of(counts)))
         self.step_index += 1
         self._stack.clear()
         self.resolve(block=False)
+
+    def _sample_layers(self, phase: str) -> bool:
+        n = self._phase_steps.get(phase, 0)
+        self._phase_steps[phase] = n + 1
+        return n < LAYER_WARMUP_STEPS or (n - LAYER_WARMUP_STEPS) % self.layer_every == 0
 
     def after_execute(self, host_s: float, output_is_final: bool) -> None:
         step = self.current
@@ -92,10 +110,10 @@ class ForwardProfiler:
         self._stack.clear()
 
     # -- module hooks ------------------------------------------------------------------------
-    def module_enter(self, name: str) -> None:
+    def module_enter(self, name: str, outer: bool = False) -> None:
         step = self.current
         if step is not None:
-            mark = self.clock.mark()
+            mark = self.clock.mark(outer)
             if step.start is None:
                 step.start = mark
             self._stack.append((name, mark))
@@ -132,29 +150,33 @@ class ForwardProfiler:
             self._account(step)
 
     def _account(self, step: OpenStep) -> None:
+        """Turn a finished step's marks into seconds (the hot path: a tuple per step, dicts later)."""
         sec = self.clock.seconds
-        phase = phase_of(step.counts)
-        forward_s = sum(sec(a, b) for a, b in step.forward) if step.forward else None
         device_timed = step.start is not None and step.end is not None
+        fwd = step.forward
+        forward_s = (sec(*fwd[0]) if len(fwd) == 1 else sum(sec(a, b) for a, b in fwd)) if fwd else None
         # no timed module ran (CUDA-graph replay skips Python hooks): fall back to host time
         step_s = sec(step.start, step.end) if device_timed else step.host_execute_s + step.host_sample_s
         logits_s = sum(sec(a, b) for a, b in step.logits) if step.logits else None
-        record = {
-            "index": step.index,
-            "t": round(step.host_start - self.t0, 6),
-            "phase": phase,
-            **step.counts,
-            "step_s": step_s,
-            "step_clock": self.clock.kind if device_timed else "host",
-            "forward_s": forward_s,
-            "logits_s": logits_s,
-            "host_execute_s": step.host_execute_s,
-            "host_sample_s": step.host_sample_s,
-        }
         if len(self.steps) < MAX_STEP_RECORDS:
-            self.steps.append(record)
+            self.steps.append((step.index, step.host_start, step.counts, step_s, device_timed, forward_s, logits_s,
+                               step.host_execute_s, step.host_sample_s, step.layers_timed))
         else:
             self.dropped_steps += 1
+        if step.layers:  # a per-layer sample
+            self._account_layers(step, step_s, device_timed)
+        release = getattr(self.clock, "release", None)
+        if release is not None:
+            marks = [m for m in (step.start, step.end) if m is not None]
+            for a, b in step.forward + step.logits:
+                marks += [a, b]
+            for _, a, b in step.layers:
+                marks += [a, b]
+            release(*set(marks))
+
+    def _account_layers(self, step: OpenStep, step_s: float, device_timed: bool) -> None:
+        sec = self.clock.seconds
+        phase = phase_of(step.counts)
         keep_trace = len(self.layer_trace) < self.trace_steps
         events = []
         bucket = "decode" if phase == "decode" else "prefill"
@@ -175,22 +197,32 @@ class ForwardProfiler:
                 events.append({"name": name, "offset_s": sec(origin, a) if origin is not None else 0.0, "dur_s": dur})
         if keep_trace:
             fwd = [{"offset_s": sec(origin, a) if origin is not None else 0.0, "dur_s": sec(a, b)} for a, b in step.forward]
-            self.layer_trace.append({"index": step.index, "t": record["t"], "step_s": record["step_s"],
+            self.layer_trace.append({"index": step.index, "t": round(step.host_start - self.t0, 6), "step_s": step_s,
                                      "phase": phase, "forward": fwd, "layers": events})
-        release = getattr(self.clock, "release", None)
-        if release is not None:
-            marks = [m for m in (step.start, step.end) if m is not None]
-            for a, b in step.forward + step.logits:
-                marks += [a, b]
-            for _, a, b in step.layers:
-                marks += [a, b]
-            release(*set(marks))
+
+    def _record(self, row: tuple[Any, ...]) -> dict[str, Any]:
+        index, host_start, counts, step_s, device_timed, forward_s, logits_s, host_execute_s, host_sample_s, layers_timed = row
+        return {
+            "index": index,
+            "t": round(host_start - self.t0, 6),
+            "phase": phase_of(counts),
+            **counts,
+            "step_s": step_s,
+            "step_clock": self.clock.kind if device_timed else "host",
+            "forward_s": forward_s,
+            "logits_s": logits_s,
+            "host_execute_s": host_execute_s,
+            "host_sample_s": host_sample_s,
+            "layers_timed": layers_timed,
+        }
 
     def snapshot(self, reset: bool = False) -> dict[str, Any]:
         self.resolve(block=True)
         out = {
             "clock": self.clock.kind,
-            "steps": list(self.steps),
+            "layer_every": self.layer_every,
+            "layer_warmup_steps": LAYER_WARMUP_STEPS,
+            "steps": [self._record(row) for row in self.steps],
             "dropped_steps": self.dropped_steps,
             "layers": list(self.layer_stats.values()),
             "trace": list(self.layer_trace),
@@ -203,4 +235,5 @@ class ForwardProfiler:
             self.layer_stats.clear()
             self.layer_trace.clear()
             self.dropped_steps = 0
+            self._phase_steps.clear()
         return out

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from vllm_doctor.engine import DEFAULT_LAYER_EVERY, LAYER_WARMUP_STEPS
 from vllm_doctor.engine import worker_view as wv
 from vllm_doctor.engine.clock import clock_for
 from vllm_doctor.engine.layers import select_modules
@@ -50,6 +51,8 @@ class WorkerSession:
         self.disabled: set[str] = set()
         self.profiler: ForwardProfiler | None = None
         self.tracker = StepTracker()
+        # the doctor's own host time while attached (measured inside its wrappers and hooks)
+        self.own_s: dict[str, float] = {"wrappers": 0.0, "hooks": 0.0, "layer_hooks": 0.0}
         self.layers_on = False
         self.layers_reason = ""
         self._saved_methods: dict[str, Any] = {}  # name -> previous instance attribute or None
@@ -73,15 +76,19 @@ class WorkerSession:
             self.fault(component)
             return fn(*args)
         except Exception as exc:
-            self.disabled.add(component)
-            self.crashes.append({
-                "component": component, "type": type(exc).__name__, "message": str(exc)[:500],
-                "traceback": traceback.format_exc()[-4000:],
-                "step": self.profiler.step_index if self.profiler else None,
-            })
-            if component == "probe":
-                self._end_probe_step()
+            self._crashed(component, exc)
             return None
+
+    def _crashed(self, component: str, exc: Exception) -> None:
+        """Switch ``component`` off and record why (called from an ``except`` block)."""
+        self.disabled.add(component)
+        self.crashes.append({
+            "component": component, "type": type(exc).__name__, "message": str(exc)[:500],
+            "traceback": traceback.format_exc()[-4000:],
+            "step": self.profiler.step_index if self.profiler else None,
+        })
+        if component == "probe":
+            self._end_probe_step()
 
     # -- install / detach --------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -100,26 +107,34 @@ class WorkerSession:
             "model_hook_counts": _hook_counts(wv.model(self.worker)),
         }
 
-    def install(self, layers: bool = True, trace_steps: int = DEFAULT_TRACE_STEPS) -> dict[str, Any]:
+    def install(self, layers: bool = True, trace_steps: int = DEFAULT_TRACE_STEPS,
+                layer_every: int = DEFAULT_LAYER_EVERY) -> dict[str, Any]:
         model = wv.model(self.worker)
         if model is None:
             raise RuntimeError("the worker has no model loaded yet")
         if self.profiler is None:
             timed = select_modules(model)
-            self.profiler = ForwardProfiler(clock_for(wv.device(self.worker)), timed, trace_steps)
+            self.profiler = ForwardProfiler(clock_for(wv.device(self.worker)), timed, trace_steps, layer_every)
             self._wrap_runner()
             self._hook(model, "", self._hooks)
             for tm in timed:
                 if tm.kind == "logits":  # outside the root forward; cheap, keep it on always
                     self._hook(model.get_submodule(tm.name), tm.name, self._hooks)
+        self.profiler.layer_every = max(1, int(layer_every))
         state = wv.compile_state(self.worker)
         if layers and not self.layers_on:
             if state["eager"]:
                 for tm in self.profiler.timed.values():
                     if tm.kind not in ("model", "logits"):
-                        self._hook(model.get_submodule(tm.name), tm.name, self._layer_hooks)
+                        self._hook_layer(model.get_submodule(tm.name), tm.name, self._layer_hooks)
                 self.layers_on = True
-                self.layers_reason = "eager mode: forward hooks fire for every timed module"
+                self.profiler.layers_enabled = True
+                every = self.profiler.layer_every
+                self.layers_reason = (
+                    "eager mode: forward hooks on every timed module, timing "
+                    + ("every step" if every == 1 else
+                       f"the first {LAYER_WARMUP_STEPS} steps of each phase, then every {every}th")
+                )
             else:
                 self.layers_reason = (
                     "per-layer timing needs eager mode (enforce_eager=True): this engine runs "
@@ -129,6 +144,7 @@ class WorkerSession:
         elif not layers:
             self.layers_reason = "per-layer timing not requested"
         return {"installed": True, "clock": self.profiler.clock.kind, "layers_on": self.layers_on,
+                "layer_every": self.profiler.layer_every,
                 "layers_reason": self.layers_reason, "compile": state,
                 "timed_modules": len(self.profiler.timed)}
 
@@ -146,25 +162,64 @@ class WorkerSession:
         return {"restored_methods": restored, "removed_hooks": removed, "status": self.status()}
 
     def _hook(self, module: nn.Module, name: str, into: list[Any]) -> None:
-        timed = self.profiler.timed.get(name) if self.profiler else None
-        # the root forward and the logits processor belong to the always-on per-step profiler,
-        # and are where the probe's modes open and close; every other timed module is "layers"
-        outer = timed is None or timed.kind in ("model", "logits")
-        component = "steps" if outer else "layers"
+        """Hooks of the always-on per-step profiler: the root forward and the logits processor.
+
+        They are also where the probe's modes open and close on a probe step.
+        """
+
+        own = self.own_s
 
         def pre_hook(module: nn.Module, args: Any) -> None:
             prof = self.profiler
             if prof is not None:
-                self._safely(component, prof.module_enter, name)
-            if outer and self.probe_step:
+                t = time.perf_counter()
+                self._safely("steps", prof.module_enter, name, True)
+                own["hooks"] += time.perf_counter() - t
+            if self.probe_step:
                 self._safely("probe", self._probe_enter)
 
         def post_hook(module: nn.Module, args: Any, output: Any) -> None:
-            if outer and self.probe_modes is not None and self.probe_modes.active:
+            if self.probe_modes is not None and self.probe_modes.active:
                 self._safely("probe", self.probe_modes.exit)
             prof = self.profiler
             if prof is not None:
-                self._safely(component, prof.module_exit, name)
+                t = time.perf_counter()
+                self._safely("steps", prof.module_exit, name)
+                own["hooks"] += time.perf_counter() - t
+
+        into.append(module.register_forward_pre_hook(pre_hook))
+        into.append(module.register_forward_hook(post_hook, always_call=True))
+
+    def _hook_layer(self, module: nn.Module, name: str, into: list[Any]) -> None:
+        """Per-layer hooks: the hot path (two calls per module per step), so no :meth:`_safely`
+        indirection; they return at once unless the current step is a per-layer sample."""
+        prof = self.profiler
+        assert prof is not None
+        disabled, faults, own, clock = self.disabled, self.faults, self.own_s, time.perf_counter
+
+        def pre_hook(module: nn.Module, args: Any) -> None:
+            step = prof.current
+            if step is None or not step.layers_timed or "layers" in disabled:
+                return
+            t = clock()
+            try:
+                if faults:
+                    self.fault("layers")
+                prof.module_enter(name)
+            except Exception as exc:
+                self._crashed("layers", exc)
+            own["layer_hooks"] += clock() - t
+
+        def post_hook(module: nn.Module, args: Any, output: Any) -> None:
+            step = prof.current
+            if step is None or not step.layers_timed or "layers" in disabled:
+                return
+            t = clock()
+            try:
+                prof.module_exit(name)
+            except Exception as exc:
+                self._crashed("layers", exc)
+            own["layer_hooks"] += clock() - t
 
         into.append(module.register_forward_pre_hook(pre_hook))
         into.append(module.register_forward_hook(post_hook, always_call=True))
@@ -194,7 +249,10 @@ class WorkerSession:
         return restored
 
     def _execute_wrapper(self, original: Any) -> Any:
+        own = self.own_s
+
         def execute_model(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
             so = args[0] if args else kwargs.get("scheduler_output")
             self._safely("steps", self._begin_step, so)
             t = time.perf_counter()
@@ -203,19 +261,25 @@ class WorkerSession:
             except BaseException:
                 self._safely("steps", self._abort_step)
                 raise
-            self._safely("steps", self._after_execute, time.perf_counter() - t, out is not None)
+            t1 = time.perf_counter()
+            self._safely("steps", self._after_execute, t1 - t, out is not None)
+            own["wrappers"] += (t - t0) + (time.perf_counter() - t1)
             return out
 
         execute_model.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return execute_model
 
     def _sample_wrapper(self, original: Any) -> Any:
+        own = self.own_s
+
         def sample_tokens(*args: Any, **kwargs: Any) -> Any:
             t = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
-                self._safely("steps", self._after_sample, time.perf_counter() - t)
+                t1 = time.perf_counter()
+                self._safely("steps", self._after_sample, t1 - t)
+                own["wrappers"] += time.perf_counter() - t1
 
         sample_tokens.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return sample_tokens
@@ -311,6 +375,10 @@ class WorkerSession:
         if self.profiler is not None:
             data.update(self._safely("collect", self.profiler.snapshot, reset) or {})
             data["num_blocks"] = _num_blocks(self.worker)
+            data["doctor_host_s"] = dict(self.own_s)
+            if reset:
+                for key in self.own_s:
+                    self.own_s[key] = 0.0
         data["crashes"] = list(self.crashes)
         data["probe"] = self.probe_snapshot()
         return data

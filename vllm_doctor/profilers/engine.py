@@ -142,7 +142,9 @@ def layer_tables(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
             if layer is not None:
                 entry = by_layer.setdefault(layer, {"layer": layer, "total_s": 0.0, "kinds": {}})
                 entry["kinds"][kind] = entry["kinds"].get(kind, 0.0) + m["total_s"]
-    forward_total = sum(float(s["forward_s"]) for s in steps if s.get("forward_s") is not None)
+    # layer times exist only for the per-layer samples: compare them with those steps' forwards
+    timed_steps = [s for s in steps if s.get("layers_timed", True)]
+    forward_total = sum(float(s["forward_s"]) for s in timed_steps if s.get("forward_s") is not None)
     if modules and forward_total:
         inside = sum(v for k, v in by_kind.items() if k != "logits")
         by_kind["other"] = max(0.0, forward_total - inside)
@@ -158,6 +160,8 @@ def layer_tables(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
         "by_layer": [by_layer[k] for k in sorted(by_layer)],
         "by_kind": {k: by_kind[k] for k in KIND_ORDER if k in by_kind},
         "forward_total_s": forward_total,
+        "timed_steps": len(timed_steps) if modules else 0,
+        "layer_every": profile.get("layer_every"),
     }
 
 
@@ -229,6 +233,29 @@ def memory_breakdown(memory: dict[str, Any], nvml: dict[str, Any] | None = None)
     return out
 
 
+def doctor_overhead(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The doctor's own host time per step, against the worker's host time of the step.
+
+    Measured inside the doctor's wrappers and hooks (``perf_counter`` around its own code), so
+    it is precise where end-to-end throughput comparisons drown in run-to-run noise. Not
+    included: PyTorch's cost of calling a hook (about a microsecond per hooked module call).
+    """
+    own = profile.get("doctor_host_s")
+    if not own or not steps:
+        return None
+    n = len(steps) + int(profile.get("dropped_steps") or 0)
+    own_step = sum(float(v) for v in own.values()) / n
+    host_step = sum(float(s.get("host_execute_s") or 0) + float(s.get("host_sample_s") or 0) for s in steps) / len(steps)
+    host_step += float(own.get("wrappers", 0.0)) / n  # the wrappers run outside the measured host time
+    return {
+        "host_s": {k: float(v) for k, v in own.items()},
+        "steps": n,
+        "per_step_s": own_step,
+        "step_host_s": host_step,
+        "share": own_step / host_step if host_step else None,
+    }
+
+
 def summarize(facts: EngineFacts) -> dict[str, Any]:
     """``report.profiles["engine"]``: steps, phases, layers, KV usage, memory (rank 0 first)."""
     if not facts.workers:
@@ -257,6 +284,7 @@ def summarize(facts: EngineFacts) -> dict[str, Any]:
         "nvml": facts.nvml,
         "crashes": [c | {"rank": w.rank} for w in facts.workers for c in (w.get("profile") or {}).get("crashes", [])],
     }
+    out["doctor_overhead"] = doctor_overhead(profile, steps)
     if len(facts.workers) > 1:
         out["per_rank"] = [
             {"rank": w.rank, "phases": phase_summary(list((w.get("profile") or {}).get("steps") or []))}

@@ -19,6 +19,8 @@ def fmt_s(s: Any) -> str:
     if s is None:
         return "n/a"
     s = float(s)
+    if s < 1e-3:
+        return f"{s * 1e6:.1f} µs"
     return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
 
 
@@ -85,7 +87,14 @@ def render_profile(profile: dict[str, Any], workload: dict[str, Any] | None = No
     kinds = (profile.get("layers") or {}).get("by_kind") or {}
     total = sum(kinds.values())
     if total:
-        lines.append("  by kind       " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in kinds.items()))
+        layers = profile.get("layers") or {}
+        sampled = f" (per-layer timings of {layers.get('timed_steps')} of {len(profile.get('steps') or [])} steps)"
+        lines.append("  by kind       " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in kinds.items()) + sampled)
+    over = profile.get("doctor_overhead") or {}
+    if over.get("share") is not None:
+        parts = ", ".join(f"{k.replace('_', ' ')} {fmt_s(v / over['steps'])}" for k, v in (over.get("host_s") or {}).items())
+        lines.append(f"  doctor cost   {fmt_s(over['per_step_s'])} host time per step = {100 * over['share']:.2g}% of the worker's "
+                     f"step ({parts})")
     usage = profile.get("kv_usage") or []
     if usage:
         peak = max(usage, key=lambda u: u["usage"])
