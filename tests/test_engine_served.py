@@ -43,6 +43,12 @@ class Server:
     env: dict[str, str]
 
 
+def _doctor_plugin_installed() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.value == "vllm_doctor.engine.plugin:register" for ep in entry_points(group="vllm.general_plugins"))
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -67,7 +73,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     example = tmp / "ok"
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
-    env.update(PYTHONPATH=os.pathsep.join([str(example / "site"), str(REPO_ROOT)]), VLLM_DOCTOR="1",
+    paths = [str(example / "site"), str(REPO_ROOT)]
+    if not _doctor_plugin_installed():  # a source checkout (the GPU machine): declare the entry point
+        from tests.fixtures.entry_points import doctor_entry_point_site
+
+        paths.insert(0, str(doctor_entry_point_site(tmp / "ep")))
+    env.update(PYTHONPATH=os.pathsep.join(paths), VLLM_DOCTOR="1",
                VLLM_DOCTOR_DIR=str(tmp / "procs"), VLLM_SERVER_DEV_MODE="1")
     log_path = tmp / "server.log"
     log = open(log_path, "w")  # closed below
