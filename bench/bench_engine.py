@@ -10,7 +10,7 @@ prints a markdown table of output tokens/s and the slowdown against the plain en
   per-step          attach(llm, layers=False, probe=False): step wrappers + root hooks
   per-layer         attach(llm, probe=False): + per-layer hooks, sampled (the default: first
                     8 steps of each phase, then every 4th)
-  per-layer, all    attach(llm, probe=False, layer_every=1): every step timed per layer
+  per-layer, all    attach(llm, probe=False, sample_every=1): every step timed per layer
   torch-prof        vLLM's own torch profiler (llm.start_profile / stop_profile), no doctor
 
 "vs none" is the median over rounds of (mode / none of the same round) - 1, with its range: a
@@ -108,7 +108,7 @@ def main() -> None:
         return doctored("per-layer")
 
     def per_layer_all() -> float:
-        return doctored("per-layer, all", layer_every=1)
+        return doctored("per-layer, all", sample_every=1)
 
     def torch_prof() -> float:
         handle.start_torch_profile()

@@ -114,6 +114,11 @@ def test_detach_restores_every_hook_and_method(engine: Engine, doctored: Run) ->
     assert doctored.status_during["model_hook_counts"]["forward_pre_hooks"] > doctored.status_before["model_hook_counts"]["forward_pre_hooks"]
     assert doctored.status_after["model_hook_counts"] == doctored.status_before["model_hook_counts"]
     assert doctored.status_after["wrapped_methods"] == []
+    # the per-layer timing forwards exist only while a sampled step runs: none between steps
+    assert doctored.status_during["layer_wrappers"] > 0 and doctored.status_during["doctor_forwards"] == 0
+    assert doctored.status_after["doctor_forwards"] == 0
+    model = engine.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+    assert not any("forward" in vars(m) for m in model.modules())
     worker = engine.llm.llm_engine.model_executor.driver_worker.worker
     runner = worker.model_runner
     assert "execute_model" not in vars(runner) and "sample_tokens" not in vars(runner)
@@ -167,7 +172,7 @@ def test_step_profile_matches_the_workload(doctored: Run) -> None:
     assert timed == [steps[0]["index"], *decode_idx[:8], decode_idx[8]]
     layer0 = next(m for m in prof["layers"]["modules"] if m["name"] == "model.layers.0")
     assert (layer0["prefill_calls"], layer0["decode_calls"]) == (1, 9)
-    assert prof["layers"]["timed_steps"] == 10 and prof["layers"]["layer_every"] == 4
+    assert prof["layers"]["timed_steps"] == 10 and prof["layers"]["sample_every"] == 4
     # nested timings: the layers, embedding and final norm lie inside the timed forward
     assert 0 < prof["layers"]["timed_fraction"] <= 1.0
     assert prof["trace"] and prof["trace"][0]["layers"]

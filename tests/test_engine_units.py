@@ -168,7 +168,7 @@ def test_forward_profiler_aggregates_steps_and_layers_with_wall_clock() -> None:
 
 
 def test_per_layer_timing_samples_the_first_steps_of_each_phase_then_every_nth() -> None:
-    prof = ForwardProfiler(WallClock(), select_modules(ToyForCausalLM()), layer_every=4)
+    prof = ForwardProfiler(WallClock(), select_modules(ToyForCausalLM()), sample_every=4)
     prof.layers_enabled = True
     timed = {}
     for i in range(20):
@@ -183,16 +183,16 @@ def test_per_layer_timing_samples_the_first_steps_of_each_phase_then_every_nth()
     assert {i for i, t in timed.items() if t} == {0, 10} | expected_decode
     snap = prof.snapshot()
     assert [s["layers_timed"] for s in snap["steps"]] == [timed[i] for i in range(20)]
-    assert snap["layer_every"] == 4
+    assert snap["sample_every"] == 4
 
 
 def test_layer_tables_compare_layer_times_with_the_sampled_steps_only() -> None:
     steps = [{"forward_s": 1.0, "layers_timed": True}, {"forward_s": 5.0, "layers_timed": False}]
     profile = {"layers": [{"name": "model.layers.0", "kind": "layer", "layer": 0, "decode_s": 0.9, "decode_calls": 1}],
-               "layer_every": 4}
+               "sample_every": 4}
     tables = layer_tables(profile, steps)
     assert tables["forward_total_s"] == 1.0 and tables["timed_fraction"] == pytest.approx(0.9)
-    assert tables["timed_steps"] == 1 and tables["layer_every"] == 4
+    assert tables["timed_steps"] == 1 and tables["sample_every"] == 4
 
 
 def _new(rid: str, prompt: int, blocks: list[int], computed: int = 0) -> Any:

@@ -26,7 +26,7 @@ from vllm_doctor import environment
 from vllm_doctor.compat import nvml
 from vllm_doctor.compat.engine import EngineHandle, ExtensionMissing, engine_kwargs
 from vllm_doctor.compat.http import HttpEngineHandle
-from vllm_doctor.engine import DEFAULT_LAYER_EVERY
+from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY
 from vllm_doctor.engine_facts import EngineFacts, WorkerFacts
 from vllm_doctor.model import Report
 
@@ -59,7 +59,7 @@ def merge_replies(facts: EngineFacts, part: str, replies: list[dict[str, Any]]) 
 class EngineDoctor:
     """The doctor attached to one engine. Use :func:`attach`."""
 
-    def __init__(self, engine: Any, *, layers: bool = True, layer_every: int = DEFAULT_LAYER_EVERY, probe: bool = True,
+    def __init__(self, engine: Any, *, layers: bool = True, sample_every: int = DEFAULT_SAMPLE_EVERY, probe: bool = True,
                  probe_phases: Iterable[str] = ("prefill", "decode"),
                  select: Iterable[str] = (), ignore: Iterable[str] = ()) -> None:
         self.handle: EngineHandle | HttpEngineHandle
@@ -68,7 +68,7 @@ class EngineDoctor:
         else:
             self.handle = HttpEngineHandle(engine) if isinstance(engine, str) else EngineHandle(engine)
         self.layers = layers
-        self.layer_every = layer_every
+        self.sample_every = sample_every
         self.probe = probe
         self.probe_phases = list(probe_phases)
         self.select = set(select)
@@ -84,7 +84,7 @@ class EngineDoctor:
     def attach(self) -> EngineDoctor:
         t = time.perf_counter()
         self.handle.ensure_extension()
-        self.install_replies = self.handle.rpc("doctor_install", {"layers": self.layers, "layer_every": self.layer_every})
+        self.install_replies = self.handle.rpc("doctor_install", {"layers": self.layers, "sample_every": self.sample_every})
         if self.probe:
             self.probe_replies = self.handle.rpc("doctor_arm_probe", {"phases": self.probe_phases})
         self.attached = True
@@ -136,7 +136,7 @@ class EngineDoctor:
         return build_engine_report(facts, target or self.handle.model_name(), self.select, self.ignore, self.timings)
 
 
-def attach(engine: Any, *, layers: bool = True, layer_every: int = DEFAULT_LAYER_EVERY, probe: bool = True,
+def attach(engine: Any, *, layers: bool = True, sample_every: int = DEFAULT_SAMPLE_EVERY, probe: bool = True,
            select: Iterable[str] = (), ignore: Iterable[str] = ()) -> EngineDoctor:
     """Attach to ``engine``; use as a context manager.
 
@@ -146,7 +146,7 @@ def attach(engine: Any, *, layers: bool = True, layer_every: int = DEFAULT_LAYER
     lacks the extension, and :class:`vllm_doctor.compat.http.ServerError` if a URL cannot be
     reached or has no ``/collective_rpc``.
     """
-    return EngineDoctor(engine, layers=layers, layer_every=layer_every, probe=probe, select=select, ignore=ignore).attach()
+    return EngineDoctor(engine, layers=layers, sample_every=sample_every, probe=probe, select=select, ignore=ignore).attach()
 
 
 def nvml_for(facts: EngineFacts) -> dict[str, Any]:

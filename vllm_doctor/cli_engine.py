@@ -101,7 +101,7 @@ def add_profile_parser(sub: Any) -> None:
     p.add_argument("--output-len", type=int, default=32, metavar="M", help="tokens generated per prompt (default 32)")
     p.add_argument("--deep", action="store_true", help="also record vLLM's own torch profiler trace (slower) into DIR/torch")
     p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer hooks)")
-    add_layer_every(p)
+    add_sample_every(p)
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--fail-on", choices=[s.value for s in Severity], default="error",
                    help="lowest severity that makes the exit code 1 (default: error)")
@@ -119,12 +119,12 @@ def positive_int(value: str) -> int:
     return n
 
 
-def add_layer_every(parser: argparse.ArgumentParser) -> None:
-    from vllm_doctor.engine import DEFAULT_LAYER_EVERY, LAYER_WARMUP_STEPS
+def add_sample_every(parser: argparse.ArgumentParser) -> None:
+    from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
 
-    parser.add_argument("--layer-every", type=positive_int, default=DEFAULT_LAYER_EVERY, metavar="N",
-                        help=f"per-layer timing on the first {LAYER_WARMUP_STEPS} steps of each phase, then every N-th "
-                             f"(default {DEFAULT_LAYER_EVERY}; 1 = every step, the most detail and the most overhead)")
+    parser.add_argument("--sample-every", type=positive_int, default=DEFAULT_SAMPLE_EVERY, metavar="N",
+                        help=f"per-layer timing on the first {SAMPLE_WARMUP_STEPS} steps of each phase, then every N-th "
+                             f"(default {DEFAULT_SAMPLE_EVERY}; 1 = every step, the most detail and the most overhead)")
 
 
 def add_attach_parser(sub: Any) -> None:
@@ -138,7 +138,7 @@ def add_attach_parser(sub: Any) -> None:
     p.add_argument("--out", metavar="DIR", help="also write report.json, report.html and trace.json into DIR")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer hooks)")
-    add_layer_every(p)
+    add_sample_every(p)
     p.add_argument("--no-probe", action="store_true", help="do not probe the first steps op by op (VD403/VD404)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="limit for each call to the server (default 60)")
     p.add_argument("--fail-on", choices=[s.value for s in Severity], default="error",
@@ -182,7 +182,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
     if args.seconds < 0:
         raise DoctorInputError("--seconds must not be negative")
     handle = HttpEngineHandle(args.url, timeout=args.timeout)
-    doc = EngineDoctor(handle, layers=not args.no_layers, layer_every=args.layer_every, probe=not args.no_probe)
+    doc = EngineDoctor(handle, layers=not args.no_layers, sample_every=args.sample_every, probe=not args.no_probe)
     try:
         doc.attach()
     except ExtensionMissing as exc:
@@ -228,7 +228,7 @@ def _engine_options(args: argparse.Namespace, workload: Any, deep_dir: str | Non
     return EngineOptions(
         workload=workload, max_model_len=args.max_model_len, kv_cache_memory_bytes=args.kv_cache_memory,
         trust_remote_code=bool(getattr(args, "trust_remote_code", False)), multiprocess=args.multiprocess,
-        layers=layers, layer_every=getattr(args, "layer_every", EngineOptions.layer_every), deep_dir=deep_dir, extra=dict(args.engine_arg),
+        layers=layers, sample_every=getattr(args, "sample_every", EngineOptions.sample_every), deep_dir=deep_dir, extra=dict(args.engine_arg),
         timeout=args.engine_timeout,
     )
 

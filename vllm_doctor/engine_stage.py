@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.engine import DEFAULT_LAYER_EVERY
+from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY
 from vllm_doctor.engine_facts import EngineFacts, facts_from_dict, facts_to_dict
 
 PROGRESS_PREFIX = "@@vllm-doctor@@ "
@@ -50,7 +50,7 @@ class EngineOptions:
     trust_remote_code: bool = False
     multiprocess: bool = False
     layers: bool = True
-    layer_every: int = DEFAULT_LAYER_EVERY  # per-layer sampling (1 = every step)
+    sample_every: int = DEFAULT_SAMPLE_EVERY  # per-layer sampling (1 = every step)
     probe: bool = True
     deep_dir: str | None = None  # vLLM's torch profiler writes here when set
     extra: dict[str, Any] = field(default_factory=dict)  # --engine-arg KEY=VALUE
@@ -192,7 +192,7 @@ def child_main(request: dict[str, Any], out: str) -> int:
     from vllm_doctor.attach import EngineDoctor
     from vllm_doctor.compat.engine import EngineHandle
 
-    doc = EngineDoctor(llm, layers=options.layers, layer_every=options.layer_every, probe=options.probe).attach()
+    doc = EngineDoctor(llm, layers=options.layers, sample_every=options.sample_every, probe=options.probe).attach()
     handle = EngineHandle(llm)
     vocab = handle.vocab_size() or 1000
     prompts = make_prompts(workload, vocab)

@@ -8,7 +8,8 @@ through ``collective_rpc`` is a plain JSON-able dict.
 
 EXTENSION_QUALNAME = "vllm_doctor.engine.extension.DoctorWorkerExtension"
 
-# the per-layer profiler's sampling (vllm_doctor.engine.profiler), here so that the doctor's side
-# can name the defaults without importing torch
-DEFAULT_LAYER_EVERY = 4  # after the warm-up, time every 4th step of a phase per layer
-LAYER_WARMUP_STEPS = 8  # the first steps of each phase are always timed per layer
+# the forward profiler's sampling (vllm_doctor.engine.profiler), here so that the doctor's side
+# can name the defaults without importing torch: detailed timing (CUDA events on GPU, per-layer
+# timing) on the first SAMPLE_WARMUP_STEPS steps of each phase, then on every N-th
+DEFAULT_SAMPLE_EVERY = 4
+SAMPLE_WARMUP_STEPS = 8

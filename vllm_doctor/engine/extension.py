@@ -85,19 +85,19 @@ class DoctorWorkerExtension:
     def doctor_install(self, options: Any = None) -> dict[str, Any]:
         """Start the forward profiler: per step always, per layer if ``layers`` (default true).
 
-        ``layer_every``: after the first steps of each phase, time every N-th step per layer
+        ``sample_every``: after the first steps of each phase, time every N-th step per layer
         (default 4; 1 = every step). ``trace_steps``: steps kept with their layer events.
         """
 
         def run() -> dict[str, Any]:
-            from vllm_doctor.engine import DEFAULT_LAYER_EVERY
+            from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY
             from vllm_doctor.engine.profiler import DEFAULT_TRACE_STEPS
             from vllm_doctor.engine.session import session_for
 
             opts = _options(options)
             return session_for(self).install(
                 layers=bool(opts.get("layers", True)), trace_steps=int(opts.get("trace_steps", DEFAULT_TRACE_STEPS)),
-                layer_every=int(opts.get("layer_every", DEFAULT_LAYER_EVERY)),
+                sample_every=int(opts.get("sample_every", DEFAULT_SAMPLE_EVERY)),
             )
 
         return _envelope(self, "doctor_install", run)

@@ -6,11 +6,13 @@ forward (root module hooks). Per layer (eager mode only): forward pre/post hooks
 :func:`select_modules` picks, timed by :mod:`clock` marks. Marks are resolved lazily: on GPU
 a step's events are read back only once they completed, or at collection.
 
-Per-layer timing is *sampled*: the first :data:`LAYER_WARMUP_STEPS` steps of each phase
-(prefill, decode, mixed) are timed, then every ``layer_every``-th step of that phase
-(default :data:`DEFAULT_LAYER_EVERY`; 1 = every step). On the other steps the layer hooks
-return at once. Layer shares and per-call times need a sample, not every step, and the cost on
-a launch-bound GPU forward is two CUDA-event records per module call (bench/bench_engine.py).
+Detailed timing is *sampled*: the first :data:`SAMPLE_WARMUP_STEPS` steps of each phase
+(prefill, decode, mixed), then every ``sample_every``-th step of that phase (default
+:data:`DEFAULT_SAMPLE_EVERY`; 1 = every step). Every step gets its counts and host times; a
+sampled step also gets per-layer timing (eager mode) and, on GPU, CUDA-event device times (on
+CPU the wall clock costs nothing, so every step is timed). Shares and per-call times need a
+sample, not every step; a CUDA-event record costs microseconds of host time inside a busy
+engine, which a launch-bound forward pays in full (bench/bench_engine.py).
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_doctor.engine import DEFAULT_LAYER_EVERY, LAYER_WARMUP_STEPS
+from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
 from vllm_doctor.engine.clock import CudaEventClock, WallClock
 from vllm_doctor.engine.layers import TimedModule
 from vllm_doctor.engine.steps import phase_of
 
 MAX_STEP_RECORDS = 20_000  # aggregates keep counting beyond this
 DEFAULT_TRACE_STEPS = 64  # steps whose per-layer events are kept for trace.json
+# finished steps are turned into records in batches (one warm loop instead of a cold call per
+# step); on GPU a batch holds at most this many sampled steps' events
+RESOLVE_BATCH = 32
 
 
 @dataclass(slots=True)
@@ -42,15 +47,17 @@ class OpenStep:
     host_execute_s: float = 0.0
     host_sample_s: float = 0.0
     executed: bool = False
-    layers_timed: bool = False  # this step is one of the per-layer samples
+    sampled: bool = False  # one of the samples (see the module docstring)
+    timed: bool = True  # the clock marks this step (every step on CPU, the samples on GPU)
+    layers_timed: bool = False  # per-layer timing on this step (a sample, eager, layers on)
 
 
 class ForwardProfiler:
     def __init__(self, clock: WallClock | CudaEventClock, timed: list[TimedModule], trace_steps: int = DEFAULT_TRACE_STEPS,
-                 layer_every: int = DEFAULT_LAYER_EVERY) -> None:
+                 sample_every: int = DEFAULT_SAMPLE_EVERY) -> None:
         self.clock = clock
         self.layers_enabled = False  # set by the session once the layer hooks are installed
-        self.layer_every = max(1, int(layer_every))
+        self.sample_every = max(1, int(sample_every))
         self._phase_steps: dict[str, int] = {}
         self.timed = {m.name: m for m in timed}
         self.trace_steps = trace_steps
@@ -68,17 +75,20 @@ class ForwardProfiler:
     def begin_step(self, counts: dict[str, Any]) -> None:
         if self.current is not None:  # the previous step never reached sample_tokens
             self.finish_step()
-        start = self.clock.mark() if self.clock.marks_outside_forward else None
-        self.current = OpenStep(self.step_index, time.perf_counter(), counts, start,
-                                layers_timed=self.layers_enabled and self._sample_layers(phase_of(counts)))
+        sampled = self._sample(phase_of(counts))
+        timed = sampled or self.clock.cheap
+        start = self.clock.mark() if timed and self.clock.marks_outside_forward else None
+        self.current = OpenStep(self.step_index, time.perf_counter(), counts, start, sampled=sampled, timed=timed,
+                                layers_timed=sampled and self.layers_enabled)
         self.step_index += 1
         self._stack.clear()
-        self.resolve(block=False)
+        if len(self.pending) >= RESOLVE_BATCH:
+            self.resolve(block=False)
 
-    def _sample_layers(self, phase: str) -> bool:
+    def _sample(self, phase: str) -> bool:
         n = self._phase_steps.get(phase, 0)
         self._phase_steps[phase] = n + 1
-        return n < LAYER_WARMUP_STEPS or (n - LAYER_WARMUP_STEPS) % self.layer_every == 0
+        return n < SAMPLE_WARMUP_STEPS or (n - SAMPLE_WARMUP_STEPS) % self.sample_every == 0
 
     def after_execute(self, host_s: float, output_is_final: bool) -> None:
         step = self.current
@@ -100,7 +110,7 @@ class ForwardProfiler:
         step = self.current
         if step is None:
             return
-        if self.clock.marks_outside_forward:
+        if step.timed and self.clock.marks_outside_forward:
             step.end = self.clock.mark()
         self.current = None
         self.pending.append(step)
@@ -112,7 +122,7 @@ class ForwardProfiler:
     # -- module hooks ------------------------------------------------------------------------
     def module_enter(self, name: str, outer: bool = False) -> None:
         step = self.current
-        if step is not None:
+        if step is not None and step.timed:
             mark = self.clock.mark(outer)
             if step.start is None:
                 step.start = mark
@@ -120,7 +130,7 @@ class ForwardProfiler:
 
     def module_exit(self, name: str) -> None:
         step = self.current
-        if step is None or not self._stack:
+        if step is None or not step.timed or not self._stack:
             return
         # pop to the matching entry (a module that raised may have left its children behind)
         while self._stack:
@@ -160,7 +170,7 @@ class ForwardProfiler:
         logits_s = sum(sec(a, b) for a, b in step.logits) if step.logits else None
         if len(self.steps) < MAX_STEP_RECORDS:
             self.steps.append((step.index, step.host_start, step.counts, step_s, device_timed, forward_s, logits_s,
-                               step.host_execute_s, step.host_sample_s, step.layers_timed))
+                               step.host_execute_s, step.host_sample_s, step.sampled, step.layers_timed))
         else:
             self.dropped_steps += 1
         if step.layers:  # a per-layer sample
@@ -201,7 +211,8 @@ class ForwardProfiler:
                                      "phase": phase, "forward": fwd, "layers": events})
 
     def _record(self, row: tuple[Any, ...]) -> dict[str, Any]:
-        index, host_start, counts, step_s, device_timed, forward_s, logits_s, host_execute_s, host_sample_s, layers_timed = row
+        (index, host_start, counts, step_s, device_timed, forward_s, logits_s, host_execute_s, host_sample_s,
+         sampled, layers_timed) = row
         return {
             "index": index,
             "t": round(host_start - self.t0, 6),
@@ -213,6 +224,7 @@ class ForwardProfiler:
             "logits_s": logits_s,
             "host_execute_s": host_execute_s,
             "host_sample_s": host_sample_s,
+            "sampled": sampled,
             "layers_timed": layers_timed,
         }
 
@@ -220,8 +232,8 @@ class ForwardProfiler:
         self.resolve(block=True)
         out = {
             "clock": self.clock.kind,
-            "layer_every": self.layer_every,
-            "layer_warmup_steps": LAYER_WARMUP_STEPS,
+            "sample_every": self.sample_every,
+            "sample_warmup_steps": SAMPLE_WARMUP_STEPS,
             "steps": [self._record(row) for row in self.steps],
             "dropped_steps": self.dropped_steps,
             "layers": list(self.layer_stats.values()),

@@ -3,7 +3,9 @@
 Installed pieces (each optional, each removed by :meth:`WorkerSession.detach`):
 - wrappers around ``model_runner.execute_model`` / ``sample_tokens`` (instance attributes that
   shadow the class methods; detach deletes them, restoring vLLM's own methods);
-- forward hooks on the root model (forward time) and, in eager mode, on the timed modules;
+- forward hooks on the root model and the logits processor (forward time);
+- in eager mode, a timing ``forward`` (instance attribute) on each timed module, present only
+  while a sampled step runs;
 - the forward probe (VD403/VD404): hooks on every module + function/dispatch modes, only for
   the probe steps.
 
@@ -19,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from vllm_doctor.engine import DEFAULT_LAYER_EVERY, LAYER_WARMUP_STEPS
+from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
 from vllm_doctor.engine import worker_view as wv
 from vllm_doctor.engine.clock import clock_for
 from vllm_doctor.engine.layers import select_modules
@@ -57,7 +59,8 @@ class WorkerSession:
         self.layers_reason = ""
         self._saved_methods: dict[str, Any] = {}  # name -> previous instance attribute or None
         self._hooks: list[Any] = []
-        self._layer_hooks: list[Any] = []
+        self._layer_wrappers: list[tuple[nn.Module, Any, Any]] = []  # (module, timing forward, previous)
+        self._layers_armed = False
         self.probe: ProbeRecorder | None = None
         self.probe_modes: ProbeModes | None = None
         self.probe_plan: list[str] = []  # phases still to probe: "prefill", "decode", "any"
@@ -96,7 +99,8 @@ class WorkerSession:
         return {
             "wrapped_methods": sorted(n for n in WRAPPED_METHODS if _is_doctor_wrapper(vars(mr).get(n))),
             "hooks": len(self._hooks),
-            "layer_hooks": len(self._layer_hooks),
+            "layer_wrappers": len(self._layer_wrappers),
+            "layers_armed": self._layers_armed,
             "probe_hooks": len(self.probe._handles) if self.probe else 0,
             "probe_armed": list(self.probe_plan),
             "profiling": self.profiler is not None,
@@ -105,35 +109,37 @@ class WorkerSession:
             "disabled": sorted(self.disabled),
             "crashes": len(self.crashes),
             "model_hook_counts": _hook_counts(wv.model(self.worker)),
+            "doctor_forwards": _doctor_forwards(wv.model(self.worker)),
         }
 
     def install(self, layers: bool = True, trace_steps: int = DEFAULT_TRACE_STEPS,
-                layer_every: int = DEFAULT_LAYER_EVERY) -> dict[str, Any]:
+                sample_every: int = DEFAULT_SAMPLE_EVERY) -> dict[str, Any]:
         model = wv.model(self.worker)
         if model is None:
             raise RuntimeError("the worker has no model loaded yet")
         if self.profiler is None:
             timed = select_modules(model)
-            self.profiler = ForwardProfiler(clock_for(wv.device(self.worker)), timed, trace_steps, layer_every)
+            self.profiler = ForwardProfiler(clock_for(wv.device(self.worker)), timed, trace_steps, sample_every)
             self._wrap_runner()
             self._hook(model, "", self._hooks)
             for tm in timed:
                 if tm.kind == "logits":  # outside the root forward; cheap, keep it on always
                     self._hook(model.get_submodule(tm.name), tm.name, self._hooks)
-        self.profiler.layer_every = max(1, int(layer_every))
+        self.profiler.sample_every = max(1, int(sample_every))
         state = wv.compile_state(self.worker)
         if layers and not self.layers_on:
             if state["eager"]:
-                for tm in self.profiler.timed.values():
-                    if tm.kind not in ("model", "logits"):
-                        self._hook_layer(model.get_submodule(tm.name), tm.name, self._layer_hooks)
+                self._layer_wrappers = [
+                    self._layer_wrapper(model.get_submodule(tm.name), tm.name)
+                    for tm in self.profiler.timed.values() if tm.kind not in ("model", "logits")
+                ]
                 self.layers_on = True
                 self.profiler.layers_enabled = True
-                every = self.profiler.layer_every
+                every = self.profiler.sample_every
                 self.layers_reason = (
-                    "eager mode: forward hooks on every timed module, timing "
+                    "eager mode: every timed module is timed on "
                     + ("every step" if every == 1 else
-                       f"the first {LAYER_WARMUP_STEPS} steps of each phase, then every {every}th")
+                       f"the first {SAMPLE_WARMUP_STEPS} steps of each phase, then every {every}th")
                 )
             else:
                 self.layers_reason = (
@@ -144,17 +150,18 @@ class WorkerSession:
         elif not layers:
             self.layers_reason = "per-layer timing not requested"
         return {"installed": True, "clock": self.profiler.clock.kind, "layers_on": self.layers_on,
-                "layer_every": self.profiler.layer_every,
+                "sample_every": self.profiler.sample_every,
                 "layers_reason": self.layers_reason, "compile": state,
                 "timed_modules": len(self.profiler.timed)}
 
     def detach(self) -> dict[str, Any]:
         restored = self._unwrap_runner()
-        removed = len(self._hooks) + len(self._layer_hooks)
-        for h in self._hooks + self._layer_hooks:
+        self._disarm_layers()
+        removed = len(self._hooks)
+        for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        self._layer_hooks.clear()
+        self._layer_wrappers = []
         self._stop_probe()
         self.layers_on = False
         self.profiler = None
@@ -164,17 +171,20 @@ class WorkerSession:
     def _hook(self, module: nn.Module, name: str, into: list[Any]) -> None:
         """Hooks of the always-on per-step profiler: the root forward and the logits processor.
 
-        They are also where the probe's modes open and close on a probe step.
+        They time the step when it is timed (every step on CPU, the samples on GPU), and are
+        where the probe's modes open and close on a probe step.
         """
-
-        own = self.own_s
+        own, disabled, clock = self.own_s, self.disabled, time.perf_counter
 
         def pre_hook(module: nn.Module, args: Any) -> None:
             prof = self.profiler
-            if prof is not None:
-                t = time.perf_counter()
-                self._safely("steps", prof.module_enter, name, True)
-                own["hooks"] += time.perf_counter() - t
+            if prof is not None and prof.current is not None and prof.current.timed and "steps" not in disabled:
+                t = clock()
+                try:
+                    prof.module_enter(name, True)
+                except Exception as exc:
+                    self._crashed("steps", exc)
+                own["hooks"] += clock() - t
             if self.probe_step:
                 self._safely("probe", self._probe_enter)
 
@@ -182,25 +192,33 @@ class WorkerSession:
             if self.probe_modes is not None and self.probe_modes.active:
                 self._safely("probe", self.probe_modes.exit)
             prof = self.profiler
-            if prof is not None:
-                t = time.perf_counter()
-                self._safely("steps", prof.module_exit, name)
-                own["hooks"] += time.perf_counter() - t
+            if prof is not None and prof.current is not None and prof.current.timed and "steps" not in disabled:
+                t = clock()
+                try:
+                    prof.module_exit(name)
+                except Exception as exc:
+                    self._crashed("steps", exc)
+                own["hooks"] += clock() - t
 
         into.append(module.register_forward_pre_hook(pre_hook))
         into.append(module.register_forward_hook(post_hook, always_call=True))
 
-    def _hook_layer(self, module: nn.Module, name: str, into: list[Any]) -> None:
-        """Per-layer hooks: the hot path (two calls per module per step), so no :meth:`_safely`
-        indirection; they return at once unless the current step is a per-layer sample."""
+    def _layer_wrapper(self, module: nn.Module, name: str) -> tuple[nn.Module, Any, Any]:
+        """A timing ``forward`` for one timed module, put on the module only for sampled steps.
+
+        An instance attribute ``forward`` shadows the class's for exactly those steps (nn.Module
+        calls ``self.forward``); on every other step the module has nothing of the doctor's, not
+        even an idle hook (PyTorch's hook path costs microseconds per call on its own).
+        """
         prof = self.profiler
         assert prof is not None
+        previous = module.__dict__.get("forward")  # someone else's instance forward, restored after
+        original = module.forward
         disabled, faults, own, clock = self.disabled, self.faults, self.own_s, time.perf_counter
 
-        def pre_hook(module: nn.Module, args: Any) -> None:
-            step = prof.current
-            if step is None or not step.layers_timed or "layers" in disabled:
-                return
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if "layers" in disabled:
+                return original(*args, **kwargs)
             t = clock()
             try:
                 if faults:
@@ -209,20 +227,33 @@ class WorkerSession:
             except Exception as exc:
                 self._crashed("layers", exc)
             own["layer_hooks"] += clock() - t
-
-        def post_hook(module: nn.Module, args: Any, output: Any) -> None:
-            step = prof.current
-            if step is None or not step.layers_timed or "layers" in disabled:
-                return
-            t = clock()
             try:
-                prof.module_exit(name)
-            except Exception as exc:
-                self._crashed("layers", exc)
-            own["layer_hooks"] += clock() - t
+                return original(*args, **kwargs)
+            finally:
+                t = clock()
+                try:
+                    prof.module_exit(name)
+                except Exception as exc:
+                    self._crashed("layers", exc)
+                own["layer_hooks"] += clock() - t
 
-        into.append(module.register_forward_pre_hook(pre_hook))
-        into.append(module.register_forward_hook(post_hook, always_call=True))
+        forward.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
+        return module, forward, previous
+
+    def _arm_layers(self) -> None:
+        for module, forward, _ in self._layer_wrappers:
+            module.__dict__["forward"] = forward
+        self._layers_armed = True
+
+    def _disarm_layers(self) -> None:
+        if not self._layers_armed:
+            return
+        for module, _, previous in self._layer_wrappers:
+            if previous is None:
+                module.__dict__.pop("forward", None)
+            else:
+                module.__dict__["forward"] = previous
+        self._layers_armed = False
 
     # -- runner wrappers -----------------------------------------------------------------------
     def _wrap_runner(self) -> None:
@@ -249,37 +280,51 @@ class WorkerSession:
         return restored
 
     def _execute_wrapper(self, original: Any) -> Any:
-        own = self.own_s
+        # the hot path of every step: _safely's checks inlined
+        own, disabled, clock = self.own_s, self.disabled, time.perf_counter
 
         def execute_model(*args: Any, **kwargs: Any) -> Any:
-            t0 = time.perf_counter()
-            so = args[0] if args else kwargs.get("scheduler_output")
-            self._safely("steps", self._begin_step, so)
-            t = time.perf_counter()
+            t0 = clock()
+            if "steps" not in disabled:
+                try:
+                    if self.faults:
+                        self.fault("steps")
+                    self._begin_step(args[0] if args else kwargs.get("scheduler_output"))
+                except Exception as exc:
+                    self._crashed("steps", exc)
+            t = clock()
             try:
                 out = original(*args, **kwargs)
             except BaseException:
                 self._safely("steps", self._abort_step)
                 raise
-            t1 = time.perf_counter()
-            self._safely("steps", self._after_execute, t1 - t, out is not None)
-            own["wrappers"] += (t - t0) + (time.perf_counter() - t1)
+            t1 = clock()
+            if "steps" not in disabled:
+                try:
+                    self._after_execute(t1 - t, out is not None)
+                except Exception as exc:
+                    self._crashed("steps", exc)
+            own["wrappers"] += (t - t0) + (clock() - t1)
             return out
 
         execute_model.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return execute_model
 
     def _sample_wrapper(self, original: Any) -> Any:
-        own = self.own_s
+        own, disabled, clock = self.own_s, self.disabled, time.perf_counter
 
         def sample_tokens(*args: Any, **kwargs: Any) -> Any:
-            t = time.perf_counter()
+            t = clock()
             try:
                 return original(*args, **kwargs)
             finally:
-                t1 = time.perf_counter()
-                self._safely("steps", self._after_sample, t1 - t)
-                own["wrappers"] += time.perf_counter() - t1
+                t1 = clock()
+                if "steps" not in disabled:
+                    try:
+                        self._after_sample(t1 - t)
+                    except Exception as exc:
+                        self._crashed("steps", exc)
+                own["wrappers"] += clock() - t1
 
         sample_tokens.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return sample_tokens
@@ -290,21 +335,28 @@ class WorkerSession:
             self._abort_step()
             return
         assert self.profiler is not None
+        self._disarm_layers()  # the previous step never finished
         self.profiler.begin_step(counts)
-        self.probe_step = self._probe_wants(phase_of(counts))
+        step = self.profiler.current
+        if step is not None and step.layers_timed and "layers" not in self.disabled:
+            self._arm_layers()
+        self.probe_step = bool(self.probe_plan) and self._probe_wants(phase_of(counts))
 
     def _after_execute(self, host_s: float, final: bool) -> None:
+        self._disarm_layers()  # the forward ran inside execute_model
         if self.profiler is not None:
             self.profiler.after_execute(host_s, final)
         if final:
             self._end_probe_step()
 
     def _after_sample(self, host_s: float) -> None:
+        self._disarm_layers()
         if self.profiler is not None:
             self.profiler.after_sample(host_s)
         self._end_probe_step()
 
     def _abort_step(self) -> None:
+        self._disarm_layers()
         if self.profiler is not None:
             self.profiler.abort_step()
         self._end_probe_step()
@@ -392,6 +444,13 @@ def _num_blocks(worker: Any) -> int | None:
 
 def _is_doctor_wrapper(obj: Any) -> bool:
     return bool(getattr(obj, "__vllm_doctor_wrapper__", False))
+
+
+def _doctor_forwards(model: nn.Module | None) -> int:
+    """Modules that carry one of the doctor's timing ``forward`` attributes right now."""
+    if model is None:
+        return 0
+    return sum(1 for m in model.modules() if _is_doctor_wrapper(m.__dict__.get("forward")))
 
 
 def _hook_counts(model: nn.Module | None) -> dict[str, int]:

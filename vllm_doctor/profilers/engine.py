@@ -161,7 +161,7 @@ def layer_tables(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
         "by_kind": {k: by_kind[k] for k in KIND_ORDER if k in by_kind},
         "forward_total_s": forward_total,
         "timed_steps": len(timed_steps) if modules else 0,
-        "layer_every": profile.get("layer_every"),
+        "sample_every": profile.get("sample_every"),
     }
 
 
