@@ -9,7 +9,7 @@ prints a markdown table of output tokens/s and the slowdown against the plain en
   none              the engine as the user built it (the doctor's extension mixed in, idle)
   per-step          attach(llm, layers=False, probe=False): step wrappers + root hooks
   per-layer         attach(llm, probe=False): + per-layer hooks, sampled (the default: first
-                    8 steps of each phase, then every 4th)
+                    8 steps of each phase, then every 8th)
   per-layer, all    attach(llm, probe=False, sample_every=1): every step timed per layer
   torch-prof        vLLM's own torch profiler (llm.start_profile / stop_profile), no doctor
 
@@ -52,7 +52,7 @@ def main() -> None:
         from tests.fixtures.engine_models import build_llama_dir
 
         dims = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
-                    num_key_value_heads=4, head_dim=64, vocab_size=32000) if args.dims == "gpu" else None
+                    num_key_value_heads=4, head_dim=64, vocab_size=32000, max_position_embeddings=2048) if args.dims == "gpu" else None
         model = str(build_llama_dir(tmp / "tiny-llama", ["LlamaForCausalLM"], dims))
 
     import torch
@@ -88,6 +88,7 @@ def main() -> None:
 
     coverage: list[float] = []
     cost: dict[str, list[float]] = {}
+    parts: dict[str, list[dict[str, float]]] = {}
 
     def doctored(name: str, **options: object) -> float:
         with vllm_doctor.attach(llm, probe=False, **options) as doc:  # type: ignore[arg-type]
@@ -96,6 +97,7 @@ def main() -> None:
         over = profile.get("doctor_overhead") or {}
         if over.get("share") is not None:
             cost.setdefault(name, []).append(over["share"])
+            parts.setdefault(name, []).append({k: v / over["steps"] for k, v in over["host_s"].items()})
         fraction = profile["layers"].get("timed_fraction")
         if fraction is not None and name == "per-layer, all":
             coverage.append(fraction)
@@ -136,6 +138,9 @@ def main() -> None:
         paired = f"{100 * statistics.median(ratios):+.1f}%" if name != "none" else "-"
         spread = f"{100 * min(ratios):+.1f}% .. {100 * max(ratios):+.1f}%" if name != "none" else "-"
         print(f"| {name} | {statistics.median(values):.1f} | {min(values):.1f} | {max(values):.1f} | {paired} | {spread} | {share} |")
+    print("\ndoctor's own host time per step (median over rounds): "
+          + "; ".join(f"{name}: " + ", ".join(f"{k} {1e6 * statistics.median(p[k] for p in runs):.1f} us" for k in runs[0])
+                      for name, runs in parts.items()))
     if coverage:
         print(f"\nper-layer timings (decoder layers + embedding + final norm) / forward time, every step timed: "
               f"median {statistics.median(coverage):.1%}, range {min(coverage):.1%}-{max(coverage):.1%}")

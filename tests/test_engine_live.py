@@ -166,13 +166,13 @@ def test_step_profile_matches_the_workload(doctored: Run) -> None:
     kinds = prof["layers"]["by_kind"]
     assert set(kinds) == {"embedding", "attention", "mlp", "norm", "logits", "other"}
     assert [e["layer"] for e in prof["layers"]["by_layer"]] == [0, 1]
-    # per-layer samples: the first 8 steps of each phase, then every 4th (decode steps 8 .. 10 -> 8)
+    # per-layer samples: the first 8 steps of each phase, then every 8th (decode steps 8 .. 10 -> 8)
     timed = [s["index"] for s in steps if s["layers_timed"]]
     decode_idx = [s["index"] for s in decode]
     assert timed == [steps[0]["index"], *decode_idx[:8], decode_idx[8]]
     layer0 = next(m for m in prof["layers"]["modules"] if m["name"] == "model.layers.0")
     assert (layer0["prefill_calls"], layer0["decode_calls"]) == (1, 9)
-    assert prof["layers"]["timed_steps"] == 10 and prof["layers"]["sample_every"] == 4
+    assert prof["layers"]["timed_steps"] == 10 and prof["layers"]["sample_every"] == 8
     # nested timings: the layers, embedding and final norm lie inside the timed forward
     assert 0 < prof["layers"]["timed_fraction"] <= 1.0
     assert prof["trace"] and prof["trace"][0]["layers"]

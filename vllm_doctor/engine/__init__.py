@@ -11,5 +11,5 @@ EXTENSION_QUALNAME = "vllm_doctor.engine.extension.DoctorWorkerExtension"
 # the forward profiler's sampling (vllm_doctor.engine.profiler), here so that the doctor's side
 # can name the defaults without importing torch: detailed timing (CUDA events on GPU, per-layer
 # timing) on the first SAMPLE_WARMUP_STEPS steps of each phase, then on every N-th
-DEFAULT_SAMPLE_EVERY = 4
+DEFAULT_SAMPLE_EVERY = 8
 SAMPLE_WARMUP_STEPS = 8
