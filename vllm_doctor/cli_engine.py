@@ -210,7 +210,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
             progress("could not detach cleanly; the hooks stay until the server restarts")
     report = doc.report(handle.model_name())
     report.environment = environment.collect()
-    report.profiles["attached_s"] = round(time.monotonic() - start, 3)
+    report.timings["attached_s"] = round(time.monotonic() - start, 3)
     if args.out:
         paths = _write_reports(Path(args.out), report)
         progress("wrote " + ", ".join(str(p) for p in paths))
