@@ -100,7 +100,7 @@ def add_profile_parser(sub: Any) -> None:
     p.add_argument("--input-len", type=int, default=64, metavar="L", help="prompt length in tokens (default 64)")
     p.add_argument("--output-len", type=int, default=32, metavar="M", help="tokens generated per prompt (default 32)")
     p.add_argument("--deep", action="store_true", help="also record vLLM's own torch profiler trace (slower) into DIR/torch")
-    p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer hooks)")
+    p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer timing)")
     add_sample_every(p)
     p.add_argument("--trust-remote-code", action="store_true")
     p.add_argument("--fail-on", choices=[s.value for s in Severity], default="error",
@@ -138,7 +138,7 @@ def add_attach_parser(sub: Any) -> None:
                    help="how long to stay attached (default 30; Ctrl-C ends it early and still reports)")
     p.add_argument("--out", metavar="DIR", help="also write report.json, report.html and trace.json into DIR")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer hooks)")
+    p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer timing)")
     add_sample_every(p)
     p.add_argument("--no-probe", action="store_true", help="do not probe the first steps op by op (VD403/VD404)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="limit for each call to the server (default 60)")

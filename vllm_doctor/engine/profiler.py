@@ -2,8 +2,8 @@
 
 Per step (cheap enough to leave on): prefill/decode tokens, batch size, KV blocks in use, host
 time of ``execute_model`` (+ ``sample_tokens``), device time of the step and of the model's
-forward (root module hooks). Per layer (eager mode only): forward pre/post hooks on the modules
-:func:`select_modules` picks, timed by :mod:`clock` marks. Marks are resolved lazily: on GPU
+forward (root module hooks). Per layer (eager mode only): the modules :func:`select_modules`
+picks, timed by :mod:`clock` marks from the session's timing ``forward`` wrappers. Marks are resolved lazily: on GPU
 a step's events are read back only once they completed, or at collection.
 
 Detailed timing is *sampled*: the first :data:`SAMPLE_WARMUP_STEPS` steps of each phase
@@ -56,7 +56,7 @@ class ForwardProfiler:
     def __init__(self, clock: WallClock | CudaEventClock, timed: list[TimedModule], trace_steps: int = DEFAULT_TRACE_STEPS,
                  sample_every: int = DEFAULT_SAMPLE_EVERY) -> None:
         self.clock = clock
-        self.layers_enabled = False  # set by the session once the layer hooks are installed
+        self.layers_enabled = False  # set by the session once its per-layer timing forwards exist
         self.sample_every = max(1, int(sample_every))
         self._phase_steps: dict[str, int] = {}
         self.timed = {m.name: m for m in timed}

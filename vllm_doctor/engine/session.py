@@ -54,7 +54,7 @@ class WorkerSession:
         self.profiler: ForwardProfiler | None = None
         self.tracker = StepTracker()
         # the doctor's own host time while attached (measured inside its wrappers and hooks)
-        self.own_s: dict[str, float] = {"wrappers": 0.0, "hooks": 0.0, "layer_hooks": 0.0}
+        self.own_s: dict[str, float] = {"wrappers": 0.0, "hooks": 0.0, "layer_forwards": 0.0}
         self.layers_on = False
         self.layers_reason = ""
         self._saved_methods: dict[str, Any] = {}  # name -> previous instance attribute or None
@@ -139,7 +139,7 @@ class WorkerSession:
                 self.layers_reason = (
                     "eager mode: every timed module is timed on "
                     + ("every step" if every == 1 else
-                       f"the first {SAMPLE_WARMUP_STEPS} steps of each phase, then every {every}th")
+                       f"the first {SAMPLE_WARMUP_STEPS} steps of each phase, then every {every}-th")
                 )
             else:
                 self.layers_reason = (
@@ -226,7 +226,7 @@ class WorkerSession:
                 prof.module_enter(name)
             except Exception as exc:
                 self._crashed("layers", exc)
-            own["layer_hooks"] += clock() - t
+            own["layer_forwards"] += clock() - t
             try:
                 return original(*args, **kwargs)
             finally:
@@ -235,7 +235,7 @@ class WorkerSession:
                     prof.module_exit(name)
                 except Exception as exc:
                     self._crashed("layers", exc)
-                own["layer_hooks"] += clock() - t
+                own["layer_forwards"] += clock() - t
 
         forward.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return module, forward, previous

@@ -75,7 +75,7 @@ def layer_chart(layers: dict[str, Any]) -> str:
     total_kinds = sum(kinds.values()) or 1.0
     kind_text = ", ".join(f"{escape(k)} {100 * v / total_kinds:.0f}% ({fmt_s(v)})" for k, v in kinds.items())
     sampled = (f"summed over the {layers.get('timed_steps')} steps timed per layer"
-               + (f" (the first steps of each phase, then every {layers.get('sample_every')}th)" if (layers.get("sample_every") or 1) > 1 else ""))
+               + (f" (the first steps of each phase, then every {layers.get('sample_every')}-th)" if (layers.get("sample_every") or 1) > 1 else ""))
     return (svg + _legend([k for k in COLORS if k in kinds or any(k in p for _, p, _ in items)][:6])
             + f'<p class="note">by kind: {kind_text}; {escape(sampled)}</p>')
 
