@@ -7,8 +7,9 @@ Runs the same greedy workload (fixed lengths, ignore_eos) on ONE engine in five 
 prints a markdown table of output tokens/s and the slowdown against the plain engine:
 
   none              the engine as the user built it (the doctor's extension mixed in, idle)
-  per-step          attach(llm, layers=False, probe=False): step wrappers + root hooks
-  per-layer         attach(llm, probe=False): + per-layer hooks, sampled (the default: first
+  per-step          attach(llm, layers=False, probe=False): step wrappers (+ forward and
+                    logits timing on the sampled steps)
+  per-layer         attach(llm, probe=False): + per-layer timing, sampled (the default: first
                     8 steps of each phase, then every 8th)
   per-layer, all    attach(llm, probe=False, sample_every=1): every step timed per layer
   torch-prof        vLLM's own torch profiler (llm.start_profile / stop_profile), no doctor

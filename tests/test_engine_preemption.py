@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from vllm_doctor.checks import CATALOGUE
-from vllm_doctor.engine.steps import StepTracker
+from vllm_doctor.engine.steps import StepTracker, counts_dict
 from vllm_doctor.engine_facts import EngineFacts, WorkerFacts
 from vllm_doctor.model import Outcome
 
@@ -37,7 +37,7 @@ class _SchedulerOutput:
 
 
 def test_step_tracker_counts_preempted_and_resumed_requests() -> None:
-    counts = StepTracker().observe(_SchedulerOutput(_Cached(["a", "b"], resumed={"b"}), preempted={"c", "d"}))
+    counts = counts_dict(StepTracker().observe(_SchedulerOutput(_Cached(["a", "b"], resumed={"b"}), preempted={"c", "d"})))
     assert (counts["preempted_reqs"], counts["resumed_reqs"]) == (2, 1)
 
 

@@ -19,8 +19,8 @@ from vllm_doctor.engine.clock import WallClock
 from vllm_doctor.engine.extension import DoctorWorkerExtension
 from vllm_doctor.engine.layers import layer_index, module_kind, select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
-from vllm_doctor.engine.profiler import ForwardProfiler
-from vllm_doctor.engine.steps import StepTracker, phase_of
+from vllm_doctor.engine.profiler import ForwardProfiler, OpenStep
+from vllm_doctor.engine.steps import COUNT_FIELDS, StepTracker, counts_dict, phase_of
 from vllm_doctor.engine_facts import EngineFacts, WorkerFacts
 from vllm_doctor.model import Outcome, Severity, Stage
 from vllm_doctor.profilers.engine import (
@@ -144,13 +144,27 @@ def test_probe_names_module_for_host_syncs_and_wrong_device_ops() -> None:
     assert sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules()) == 0
 
 
+def _two_requests(steps: int, prompt: int = 3, restart_at: int | None = None) -> list[Any]:
+    """SchedulerOutputs of two requests: a prefill, then one-token decode steps; at
+    ``restart_at`` both finish and two new ones start."""
+    out, ids, start = [], ("a", "b"), 0
+    for i in range(steps):
+        if i in (0, restart_at):
+            finished = set(ids) if i else set()
+            ids, start = ((ids, 0) if not i else ((ids[0] + "'", ids[1] + "'"), i))
+            out.append(_so([_new(r, prompt, [10 * i + k + 1]) for k, r in enumerate(ids)], [], dict.fromkeys(ids, prompt),
+                           finished=finished))
+        else:
+            out.append(_so([], [(r, prompt + i - start - 1, None) for r in ids], dict.fromkeys(ids, 1)))
+    return out
+
+
 def test_forward_profiler_aggregates_steps_and_layers_with_wall_clock() -> None:
     model = ToyForCausalLM()
     timed = select_modules(model)
     prof = ForwardProfiler(WallClock(), timed)
-    for phase_tokens in ({"prefill_tokens": 6, "decode_tokens": 0}, {"prefill_tokens": 0, "decode_tokens": 2}):
-        counts = {**phase_tokens, "prefill_reqs": 0, "decode_reqs": 0, "num_reqs": 2, "total_tokens": 6, "kv_blocks_used": 1}
-        prof.begin_step(counts)
+    for so in _two_requests(2):
+        prof.begin_step(so)
         prof.module_enter("")
         prof.module_enter("model.layers.0")
         prof.module_exit("model.layers.0")
@@ -161,6 +175,7 @@ def test_forward_profiler_aggregates_steps_and_layers_with_wall_clock() -> None:
         prof.after_sample(0.0005)
     snap = prof.snapshot()
     assert [s["phase"] for s in snap["steps"]] == ["prefill", "decode"]
+    assert [(s["prefill_tokens"], s["decode_tokens"], s["kv_blocks_used"]) for s in snap["steps"]] == [(6, 0, 2), (0, 2, 2)]
     assert all(s["forward_s"] is not None and s["step_s"] >= s["forward_s"] for s in snap["steps"])
     layer0 = next(m for m in snap["layers"] if m["name"] == "model.layers.0")
     assert (layer0["prefill_calls"], layer0["decode_calls"]) == (1, 1)
@@ -171,11 +186,10 @@ def test_per_layer_timing_samples_the_first_steps_of_each_phase_then_every_nth()
     prof = ForwardProfiler(WallClock(), select_modules(ToyForCausalLM()), sample_every=4)
     prof.layers_enabled = True
     timed = {}
-    for i in range(20):
-        phase_tokens = {"prefill_tokens": 6, "decode_tokens": 0} if i in (0, 10) else {"prefill_tokens": 0, "decode_tokens": 2}
-        prof.begin_step({**phase_tokens, "prefill_reqs": 0, "decode_reqs": 0, "num_reqs": 2, "total_tokens": 6, "kv_blocks_used": 1})
-        assert prof.current is not None
-        timed[i] = prof.current.layers_timed
+    for i, so in enumerate(_two_requests(20, restart_at=10)):
+        step = prof.begin_step(so)
+        assert step is not None and step is prof.current
+        timed[i] = isinstance(step, OpenStep) and step.layers_timed
         prof.after_execute(0.001, output_is_final=True)
     # both prefills (each phase has its own warm-up); decode steps 0-7 of that phase, then its 8th, 12th, 16th
     decode_steps = [i for i in range(20) if i not in (0, 10)]
@@ -183,7 +197,29 @@ def test_per_layer_timing_samples_the_first_steps_of_each_phase_then_every_nth()
     assert {i for i, t in timed.items() if t} == {0, 10} | expected_decode
     snap = prof.snapshot()
     assert [s["layers_timed"] for s in snap["steps"]] == [timed[i] for i in range(20)]
+    assert [s["phase"] for s in snap["steps"]] == ["decode" if i in decode_steps else "prefill" for i in range(20)]
     assert snap["sample_every"] == 4
+
+
+def test_unsampled_steps_are_plain_records_and_empty_steps_still_free_blocks() -> None:
+    prof = ForwardProfiler(WallClock(), [], sample_every=4)
+    sos = _two_requests(16, restart_at=6)
+    for i, so in enumerate(sos):
+        if i == 6:  # a step with nothing scheduled is no step, but its finished requests free their blocks
+            assert prof.begin_step(_so([], [], {}, finished={"a", "b"})) is None and prof.current is None
+            assert prof.tracker.refs == {}
+        step = prof.begin_step(so)
+        # decode steps 0-7 of the phase are samples, then its 8th, 12th: steps 1-5 and 7-15 decode
+        assert isinstance(step, OpenStep) == (i not in (11, 12, 13, 15))
+        prof.after_execute(0.001, output_is_final=False)
+        prof.after_sample(0.0005)
+    snap = prof.snapshot()
+    assert [s["index"] for s in snap["steps"]] == list(range(16))
+    assert [s["kv_blocks_used"] for s in snap["steps"]] == [2] * 16
+    assert [s["phase"] for s in snap["steps"]].count("prefill") == 2
+    plain = [s for s in snap["steps"] if not s["sampled"]]
+    assert len(plain) == 4 and all(s["forward_s"] is None and s["host_execute_s"] == 0.001 for s in plain)
+    assert all(s["step_clock"] == "wall_clock" and s["step_s"] > 0 for s in plain)
 
 
 def test_layer_tables_compare_layer_times_with_the_sampled_steps_only() -> None:
@@ -213,14 +249,34 @@ def _so(new: list[Any], cached: list[tuple[str, int, list[int] | None]], sched: 
 
 def test_step_tracker_splits_prefill_and_decode_and_counts_kv_blocks() -> None:
     t = StepTracker()
-    first = t.observe(_so([_new("a", 5, [1]), _new("b", 3, [2])], [], {"a": 5, "b": 3}))
-    assert (first["prefill_tokens"], first["decode_tokens"], first["kv_blocks_used"]) == (8, 0, 2)
-    assert phase_of(first) == "prefill"
-    second = t.observe(_so([_new("c", 4, [3, 4])], [("a", 5, [5]), ("b", 3, None)], {"a": 1, "b": 1, "c": 4}))
+    raw = t.observe(_so([_new("a", 5, [1]), _new("b", 3, [2])], [], {"a": 5, "b": 3}))
+    first = counts_dict(raw)
+    assert (first["prefill_tokens"], first["decode_tokens"], first["kv_blocks_used"], first["num_reqs"]) == (8, 0, 2, 2)
+    assert phase_of(raw) == "prefill" and set(first) == {*COUNT_FIELDS, "num_reqs"}
+    raw = t.observe(_so([_new("c", 4, [3, 4])], [("a", 5, [5]), ("b", 3, None)], {"a": 1, "b": 1, "c": 4}))
+    second = counts_dict(raw)
     assert (second["prefill_tokens"], second["decode_tokens"], second["num_reqs"]) == (4, 2, 3)
-    assert second["kv_blocks_used"] == 5 and phase_of(second) == "mixed"
-    third = t.observe(_so([], [("c", 4, None)], {"c": 1}, finished={"a", "b"}))
+    assert second["kv_blocks_used"] == 5 and phase_of(raw) == "mixed"
+    # a pure decode step takes the fast path (nothing new, finished or added; all past their prompt)
+    assert t.observe(_so([], [("a", 6, None), ("b", 4, None), ("c", 4, None)], {"a": 1, "b": 1, "c": 1})) == (0, 3, 0, 3, 3, 5, 0, 0)
+    third = counts_dict(t.observe(_so([], [("c", 4, None)], {"c": 1}, finished={"a", "b"})))
     assert (third["decode_tokens"], third["kv_blocks_used"]) == (1, 2)
+
+
+def test_step_tracker_phases_of_resumed_and_mid_run_requests() -> None:
+    t = StepTracker()
+    t.observe(_so([_new("a", 4, [1])], [], {"a": 4}))
+    assert phase_of(t.observe(_so([], [("a", 4, None)], {"a": 1}))) == "decode"
+    assert "a" in t.decoding
+    # preempted and brought back: its prompt and outputs are recomputed, a prefill again
+    so = _so([], [("a", 0, [7])], {"a": 5})
+    so.scheduled_cached_reqs.resumed_req_ids = {"a"}
+    raw = t.observe(so)
+    assert phase_of(raw) == "prefill" and raw[6:] == (0, 1) and "a" not in t.decoding and t.refs == {7: 1}
+    # requests already running when the doctor attached: one token is decode, more is a prompt chunk
+    raw = t.observe(_so([], [("a", 5, None), ("x", 40, [8]), ("y", 16, [9])], {"a": 1, "x": 1, "y": 16}))
+    assert counts_dict(raw)["decode_reqs"] == 2 and counts_dict(raw)["prefill_tokens"] == 16
+    assert {"a", "x"} <= t.decoding and "y" not in t.decoding and raw[5] == 3
 
 
 # ---- the extension envelope on a fake worker --------------------------------------------------

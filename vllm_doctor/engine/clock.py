@@ -16,7 +16,6 @@ import torch
 class WallClock:
     kind = "wall_clock"
     marks_outside_forward = True  # a step's bounds can be taken in the runner wrappers
-    cheap = True  # a mark costs ~0.1 us: every step is timed, not only the samples
 
     def mark(self, refresh: bool = False) -> Any:
         return time.perf_counter()
@@ -38,8 +37,6 @@ class CudaEventClock:
     # Only record inside the model's forward, on the stream vLLM runs it on: an event on the
     # legacy default stream at execute_model entry could serialise vLLM's side streams.
     marks_outside_forward = False
-    # each mark is a CUDA API call (2-20 us inside a busy engine): only sampled steps are timed
-    cheap = False
 
     def __init__(self) -> None:
         self._free: list[Any] = []

@@ -1,18 +1,19 @@
 """The forward profiler that runs inside a worker: per step always, per layer when eager.
 
 Per step (cheap enough to leave on): prefill/decode tokens, batch size, KV blocks in use, host
-time of ``execute_model`` (+ ``sample_tokens``), device time of the step and of the model's
-forward (root module hooks). Per layer (eager mode only): the modules :func:`select_modules`
-picks, timed by :mod:`clock` marks from the session's timing ``forward`` wrappers. Marks are resolved lazily: on GPU
-a step's events are read back only once they completed, or at collection.
+time of ``execute_model`` (+ ``sample_tokens``); on sampled steps the device time of the step, of
+the model's forward and of the logits processor. Per layer (eager mode only): the modules
+:func:`select_modules` picks. Both are timed by :mod:`clock` marks from the session's timing
+``forward`` wrappers. Marks are resolved lazily: on GPU a step's events are read back only once
+they completed, or at collection.
 
 Detailed timing is *sampled*: the first :data:`SAMPLE_WARMUP_STEPS` steps of each phase
 (prefill, decode, mixed), then every ``sample_every``-th step of that phase (default
-:data:`DEFAULT_SAMPLE_EVERY`; 1 = every step). Every step gets its counts and host times; a
-sampled step also gets per-layer timing (eager mode) and, on GPU, CUDA-event device times (on
-CPU the wall clock costs nothing, so every step is timed). Shares and per-call times need a
-sample, not every step; a CUDA-event record costs microseconds of host time inside a busy
-engine, which a launch-bound forward pays in full (bench/bench_engine.py).
+:data:`DEFAULT_SAMPLE_EVERY`; 1 = every step). Every step gets its counts and host times (on CPU
+the wall-clock step time is its host time); a sampled step also gets the model's forward and
+logits time, per-layer timing (eager mode) and, on GPU, CUDA-event device times. Shares and
+per-call times need a sample, not every step; every piece of Python on a launch-bound step's
+path costs throughput (bench/bench_engine.py), so an unsampled step pays for counting only.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
 from vllm_doctor.engine.clock import CudaEventClock, WallClock
 from vllm_doctor.engine.layers import TimedModule
-from vllm_doctor.engine.steps import phase_of
+from vllm_doctor.engine.steps import Counts, StepTracker, counts_dict, phase_of
 
 MAX_STEP_RECORDS = 20_000  # aggregates keep counting beyond this
 DEFAULT_TRACE_STEPS = 64  # steps whose per-layer events are kept for trace.json
@@ -36,35 +38,43 @@ RESOLVE_BATCH = 32
 
 @dataclass(slots=True)
 class OpenStep:
+    """A sampled step while it runs and until its marks are resolved.
+
+    Unsampled steps are plain lists ``[index, host_start, counts, host_execute_s,
+    host_sample_s]`` that become records when they finish (a list costs less than an object).
+    """
+
     index: int
     host_start: float  # perf_counter
-    counts: dict[str, Any]
-    start: Any  # clock mark (None on GPU until the first timed module starts)
+    counts: Counts
+    start: Any = None  # clock mark (None on GPU until the first timed module starts)
     end: Any = None  # on GPU: the end of the last timed module
-    forward: list[tuple[Any, Any]] = field(default_factory=list)  # (start, end) marks of root forward
+    # (start, end) marks of the root forward and of the logits processor, (name, start, end) of
+    # each timed module
+    forward: list[tuple[Any, Any]] = field(default_factory=list)
     logits: list[tuple[Any, Any]] = field(default_factory=list)
     layers: list[tuple[str, Any, Any]] = field(default_factory=list)
     host_execute_s: float = 0.0
     host_sample_s: float = 0.0
-    executed: bool = False
-    sampled: bool = False  # one of the samples (see the module docstring)
-    timed: bool = True  # the clock marks this step (every step on CPU, the samples on GPU)
-    layers_timed: bool = False  # per-layer timing on this step (a sample, eager, layers on)
+    layers_timed: bool = False  # per-layer timing on this step (eager, layers on)
 
 
 class ForwardProfiler:
     def __init__(self, clock: WallClock | CudaEventClock, timed: list[TimedModule], trace_steps: int = DEFAULT_TRACE_STEPS,
                  sample_every: int = DEFAULT_SAMPLE_EVERY) -> None:
         self.clock = clock
+        self._wall = clock.marks_outside_forward  # the clock is the host's wall clock
+        self.tracker = StepTracker()
         self.layers_enabled = False  # set by the session once its per-layer timing forwards exist
         self.sample_every = max(1, int(sample_every))
-        self._phase_steps: dict[str, int] = {}
+        self._phase_steps = [0, 0, 0]  # steps seen per phase: decode, prefill, mixed
         self.timed = {m.name: m for m in timed}
+        self._logits_names = frozenset(m.name for m in timed if m.kind == "logits")
         self.trace_steps = trace_steps
         self.t0 = time.perf_counter()
         self.step_index = 0
-        self.current: OpenStep | None = None
-        self.pending: deque[OpenStep] = deque()
+        self.current: OpenStep | list[Any] | None = None
+        self.pending: deque[OpenStep] = deque()  # finished samples whose marks are not resolved yet
         self.steps: list[tuple[Any, ...]] = []  # see _record
         self.dropped_steps = 0
         self.layer_stats: dict[str, dict[str, Any]] = {}
@@ -72,120 +82,157 @@ class ForwardProfiler:
         self._stack: list[tuple[str, Any]] = []
 
     # -- step boundaries (called from the execute_model / sample_tokens wrappers) ----------
-    def begin_step(self, counts: dict[str, Any]) -> None:
+    def begin_step(self, so: Any) -> OpenStep | list[Any] | None:
+        """Count one ``SchedulerOutput`` and open its step: a sample (:class:`OpenStep`) or not
+        (a list). The hot path of every step. None when nothing is scheduled (not a step)."""
         if self.current is not None:  # the previous step never reached sample_tokens
             self.finish_step()
-        sampled = self._sample(phase_of(counts))
-        timed = sampled or self.clock.cheap
-        start = self.clock.mark() if timed and self.clock.marks_outside_forward else None
-        self.current = OpenStep(self.step_index, time.perf_counter(), counts, start, sampled=sampled, timed=timed,
-                                layers_timed=sampled and self.layers_enabled)
-        self.step_index += 1
-        self._stack.clear()
-        if len(self.pending) >= RESOLVE_BATCH:
-            self.resolve(block=False)
-
-    def _sample(self, phase: str) -> bool:
-        n = self._phase_steps.get(phase, 0)
+        counts = self.tracker.observe(so)
+        if not counts[4]:  # total tokens
+            return None
+        phase = (2 if counts[1] else 1) if counts[0] else 0
+        n = self._phase_steps[phase]
         self._phase_steps[phase] = n + 1
-        return n < SAMPLE_WARMUP_STEPS or (n - SAMPLE_WARMUP_STEPS) % self.sample_every == 0
+        index = self.step_index
+        self.step_index = index + 1
+        if n >= SAMPLE_WARMUP_STEPS and (n - SAMPLE_WARMUP_STEPS) % self.sample_every:
+            step: OpenStep | list[Any] = [index, time.perf_counter(), counts, 0.0, 0.0]
+            self.current = step
+            return step
+        self._stack.clear()
+        start = self.clock.mark() if self.clock.marks_outside_forward else None
+        step = self.current = OpenStep(index, time.perf_counter(), counts, start, layers_timed=self.layers_enabled)
+        return step
 
     def after_execute(self, host_s: float, output_is_final: bool) -> None:
         step = self.current
-        if step is None:
+        if step.__class__ is list:
+            step[3] += host_s  # type: ignore[index]
+        elif step is not None:
+            step.host_execute_s += host_s  # type: ignore[union-attr]
+        else:
             return
-        step.host_execute_s += host_s
-        step.executed = True
         if output_is_final:
             self.finish_step()
 
     def after_sample(self, host_s: float) -> None:
         step = self.current
-        if step is None:
+        if step.__class__ is list:
+            step[4] += host_s  # type: ignore[index]
+        elif step is not None:
+            step.host_sample_s += host_s  # type: ignore[union-attr]
+        else:
             return
-        step.host_sample_s += host_s
         self.finish_step()
 
     def finish_step(self) -> None:
         step = self.current
         if step is None:
             return
-        if step.timed and self.clock.marks_outside_forward:
-            step.end = self.clock.mark()
         self.current = None
-        self.pending.append(step)
+        if isinstance(step, OpenStep):
+            if self.clock.marks_outside_forward:
+                step.end = self.clock.mark()
+            pending = self.pending
+            pending.append(step)
+            if len(pending) >= RESOLVE_BATCH:
+                self.resolve(block=False)
+            return
+        self.finish_plain(step)
+
+    def finish_plain(self, step: list[Any]) -> None:
+        """An unsampled step is a record at once: the wall clock is its host time on CPU; on GPU
+        its host time stands for its device time."""
+        self.current = None
+        steps = self.steps
+        if len(steps) < MAX_STEP_RECORDS:
+            index, host_start, counts, host_execute_s, host_sample_s = step
+            wall = self._wall
+            steps.append((index, host_start, counts,
+                          time.perf_counter() - host_start if wall else host_execute_s + host_sample_s,
+                          wall, None, None, host_execute_s, host_sample_s, False, False))
+        else:
+            self.dropped_steps += 1
 
     def abort_step(self) -> None:
+        """``execute_model`` raised: the step leaves no record."""
         self.current = None
         self._stack.clear()
 
     # -- module hooks ------------------------------------------------------------------------
     def module_enter(self, name: str, outer: bool = False) -> None:
         step = self.current
-        if step is not None and step.timed:
+        if step.__class__ is OpenStep:
             mark = self.clock.mark(outer)
-            if step.start is None:
-                step.start = mark
+            if step.start is None:  # type: ignore[union-attr]
+                step.start = mark  # type: ignore[union-attr]
             self._stack.append((name, mark))
 
     def module_exit(self, name: str) -> None:
         step = self.current
-        if step is None or not step.timed or not self._stack:
+        stack = self._stack
+        if step.__class__ is not OpenStep or not stack:
             return
         # pop to the matching entry (a module that raised may have left its children behind)
-        while self._stack:
-            top, start = self._stack.pop()
+        while stack:
+            top, start = stack.pop()
             if top == name:
                 end = self.clock.mark()
-                if not self.clock.marks_outside_forward:
-                    step.end = end
+                if not self._wall:
+                    step.end = end  # type: ignore[union-attr]
                 if name == "":
-                    step.forward.append((start, end))
-                elif self.timed.get(name) is not None and self.timed[name].kind == "logits":
-                    step.logits.append((start, end))
-                    step.layers.append((name, start, end))
-                else:
-                    step.layers.append((name, start, end))
+                    step.forward.append((start, end))  # type: ignore[union-attr]
+                    return
+                if name in self._logits_names:
+                    step.logits.append((start, end))  # type: ignore[union-attr]
+                step.layers.append((name, start, end))  # type: ignore[union-attr]
                 return
 
     # -- resolution ----------------------------------------------------------------------------
     def resolve(self, block: bool) -> None:
-        while self.pending:
-            step = self.pending[0]
-            if step.end is not None and not self.clock.ready(step.end):
+        """Turn finished samples into records, in order; on GPU stop at one whose events are
+        still running unless ``block``."""
+        pending, clock = self.pending, self.clock
+        while pending:
+            step = pending[0]
+            if step.end is not None and not clock.ready(step.end):
                 if not block:
                     return
-                self.clock.wait(step.end)
-            self.pending.popleft()
+                clock.wait(step.end)
+            pending.popleft()
             self._account(step)
 
     def _account(self, step: OpenStep) -> None:
-        """Turn a finished step's marks into seconds (the hot path: a tuple per step, dicts later)."""
+        """Turn a sampled step's marks into seconds (a tuple per step, dicts at collection)."""
         sec = self.clock.seconds
-        device_timed = step.start is not None and step.end is not None
-        fwd = step.forward
+        fwd, logits, layers = step.forward, step.logits, step.layers
+        # on GPU the step's bounds are the first and last marks inside the model: only a step
+        # whose root forward ran through Python has them (torch.compile / CUDA graphs call the
+        # compiled forward directly): otherwise its host time stands for it
+        device_timed = step.start is not None and step.end is not None and (
+            self.clock.marks_outside_forward or bool(fwd))
         forward_s = (sec(*fwd[0]) if len(fwd) == 1 else sum(sec(a, b) for a, b in fwd)) if fwd else None
-        # no timed module ran (CUDA-graph replay skips Python hooks): fall back to host time
         step_s = sec(step.start, step.end) if device_timed else step.host_execute_s + step.host_sample_s
-        logits_s = sum(sec(a, b) for a, b in step.logits) if step.logits else None
+        logits_s = sum(sec(a, b) for a, b in logits) if logits else None
         if len(self.steps) < MAX_STEP_RECORDS:
             self.steps.append((step.index, step.host_start, step.counts, step_s, device_timed, forward_s, logits_s,
-                               step.host_execute_s, step.host_sample_s, step.sampled, step.layers_timed))
+                               step.host_execute_s, step.host_sample_s, True, step.layers_timed))
         else:
             self.dropped_steps += 1
-        if step.layers:  # a per-layer sample
+        if layers:  # a per-layer sample
             self._account_layers(step, step_s, device_timed)
         release = getattr(self.clock, "release", None)
         if release is not None:
             marks = [m for m in (step.start, step.end) if m is not None]
-            for a, b in step.forward + step.logits:
+            for a, b in fwd + logits:
                 marks += [a, b]
-            for _, a, b in step.layers:
+            for _, a, b in layers:
                 marks += [a, b]
             release(*set(marks))
 
     def _account_layers(self, step: OpenStep, step_s: float, device_timed: bool) -> None:
         sec = self.clock.seconds
+        assert step.counts is not None
         phase = phase_of(step.counts)
         keep_trace = len(self.layer_trace) < self.trace_steps
         events = []
@@ -217,7 +264,7 @@ class ForwardProfiler:
             "index": index,
             "t": round(host_start - self.t0, 6),
             "phase": phase_of(counts),
-            **counts,
+            **counts_dict(counts),
             "step_s": step_s,
             "step_clock": self.clock.kind if device_timed else "host",
             "forward_s": forward_s,
@@ -234,7 +281,8 @@ class ForwardProfiler:
             "clock": self.clock.kind,
             "sample_every": self.sample_every,
             "sample_warmup_steps": SAMPLE_WARMUP_STEPS,
-            "steps": [self._record(row) for row in self.steps],
+            # unsampled steps are records when they finish, samples once resolved
+            "steps": [self._record(row) for row in sorted(self.steps, key=itemgetter(0))],
             "dropped_steps": self.dropped_steps,
             "layers": list(self.layer_stats.values()),
             "trace": list(self.layer_trace),
@@ -247,5 +295,5 @@ class ForwardProfiler:
             self.layer_stats.clear()
             self.layer_trace.clear()
             self.dropped_steps = 0
-            self._phase_steps.clear()
+            self._phase_steps = [0, 0, 0]
         return out

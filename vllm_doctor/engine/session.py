@@ -2,12 +2,13 @@
 
 Installed pieces (each optional, each removed by :meth:`WorkerSession.detach`):
 - wrappers around ``model_runner.execute_model`` / ``sample_tokens`` (instance attributes that
-  shadow the class methods; detach deletes them, restoring vLLM's own methods);
-- forward hooks on the root model and the logits processor (forward time);
-- in eager mode, a timing ``forward`` (instance attribute) on each timed module, present only
-  while a sampled step runs;
+  shadow the class methods; detach deletes them, restoring vLLM's own methods): the only thing
+  of the doctor's on the path of an unsampled step;
+- timing ``forward`` wrappers (instance attributes shadowing the class's ``forward``) on the
+  logits processor, and in eager mode on the root model and each timed module, present only
+  while a sampled step (or a probe step) runs;
 - the forward probe (VD403/VD404): hooks on every module + function/dispatch modes, only for
-  the probe steps.
+  the probe steps (the root model's timing forward opens and closes the modes).
 
 Every piece of doctor code on the forward path runs under :meth:`_safely`: an exception is
 recorded as a crash, that piece is switched off, and vLLM's own call goes on untouched.
@@ -26,8 +27,8 @@ from vllm_doctor.engine import worker_view as wv
 from vllm_doctor.engine.clock import clock_for
 from vllm_doctor.engine.layers import select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
-from vllm_doctor.engine.profiler import DEFAULT_TRACE_STEPS, ForwardProfiler
-from vllm_doctor.engine.steps import StepTracker, phase_of
+from vllm_doctor.engine.profiler import DEFAULT_TRACE_STEPS, ForwardProfiler, OpenStep
+from vllm_doctor.engine.steps import phase_of
 
 SESSION_ATTR = "_vllm_doctor_session"
 WRAPPED_METHODS = ("execute_model", "sample_tokens")
@@ -52,15 +53,18 @@ class WorkerSession:
         self.crashes: list[dict[str, Any]] = []
         self.disabled: set[str] = set()
         self.profiler: ForwardProfiler | None = None
-        self.tracker = StepTracker()
         # the doctor's own host time while attached (measured inside its wrappers and hooks)
-        self.own_s: dict[str, float] = {"wrappers": 0.0, "hooks": 0.0, "layer_forwards": 0.0}
+        self.own_s: dict[str, float] = {"wrappers": 0.0, "timers": 0.0, "layer_forwards": 0.0}
         self.layers_on = False
         self.layers_reason = ""
         self._saved_methods: dict[str, Any] = {}  # name -> previous instance attribute or None
-        self._hooks: list[Any] = []
-        self._layer_wrappers: list[tuple[nn.Module, Any, Any]] = []  # (module, timing forward, previous)
-        self._layers_armed = False
+        # timing forwards, each (module, timing forward, previous instance forward or None):
+        # the root model's and the logits processor's (per-step forward and logits time) ...
+        self._timers: list[tuple[nn.Module, Any, Any]] = []
+        # ... and the timed modules' (per-layer time)
+        self._layer_wrappers: list[tuple[nn.Module, Any, Any]] = []
+        self._armed: list[tuple[nn.Module, Any, Any]] = []  # those on their modules now
+        self._armed_layers: list[tuple[nn.Module, Any, Any]] = []
         self.probe: ProbeRecorder | None = None
         self.probe_modes: ProbeModes | None = None
         self.probe_plan: list[str] = []  # phases still to probe: "prefill", "decode", "any"
@@ -98,9 +102,9 @@ class WorkerSession:
         mr = wv.runner(self.worker)
         return {
             "wrapped_methods": sorted(n for n in WRAPPED_METHODS if _is_doctor_wrapper(vars(mr).get(n))),
-            "hooks": len(self._hooks),
+            "timers": len(self._timers),
             "layer_wrappers": len(self._layer_wrappers),
-            "layers_armed": self._layers_armed,
+            "armed": len(self._armed) + len(self._armed_layers),
             "probe_hooks": len(self.probe._handles) if self.probe else 0,
             "probe_armed": list(self.probe_plan),
             "profiling": self.profiler is not None,
@@ -117,20 +121,23 @@ class WorkerSession:
         model = wv.model(self.worker)
         if model is None:
             raise RuntimeError("the worker has no model loaded yet")
+        state = wv.compile_state(self.worker)
         if self.profiler is None:
             timed = select_modules(model)
             self.profiler = ForwardProfiler(clock_for(wv.device(self.worker)), timed, trace_steps, sample_every)
             self._wrap_runner()
-            self._hook(model, "", self._hooks)
-            for tm in timed:
-                if tm.kind == "logits":  # outside the root forward; cheap, keep it on always
-                    self._hook(model.get_submodule(tm.name), tm.name, self._hooks)
+            # the root model's forward only in eager mode: with torch.compile vLLM's __call__
+            # hands ``self.forward`` to the compiler (and CUDA graphs replay without Python);
+            # the logits processor runs eagerly outside the compiled forward either way
+            if state["eager"]:
+                self._timers.append(self._timing_forward(model, "", "timers", "steps", outer=True, probe=True))
+            self._timers += [self._timing_forward(model.get_submodule(tm.name), tm.name, "timers", "steps", outer=True)
+                             for tm in timed if tm.kind == "logits"]
         self.profiler.sample_every = max(1, int(sample_every))
-        state = wv.compile_state(self.worker)
         if layers and not self.layers_on:
             if state["eager"]:
                 self._layer_wrappers = [
-                    self._layer_wrapper(model.get_submodule(tm.name), tm.name)
+                    self._timing_forward(model.get_submodule(tm.name), tm.name, "layer_forwards", "layers")
                     for tm in self.profiler.timed.values() if tm.kind not in ("model", "logits")
                 ]
                 self.layers_on = True
@@ -156,59 +163,25 @@ class WorkerSession:
 
     def detach(self) -> dict[str, Any]:
         restored = self._unwrap_runner()
-        self._disarm_layers()
-        removed = len(self._hooks)
-        for h in self._hooks:
-            h.remove()
-        self._hooks.clear()
+        self._disarm()
+        removed = len(self._timers) + len(self._layer_wrappers)
+        self._timers = []
         self._layer_wrappers = []
         self._stop_probe()
         self.layers_on = False
         self.profiler = None
         self.worker.__dict__.pop(SESSION_ATTR, None)
-        return {"restored_methods": restored, "removed_hooks": removed, "status": self.status()}
+        return {"restored_methods": restored, "removed_timing_forwards": removed, "status": self.status()}
 
-    def _hook(self, module: nn.Module, name: str, into: list[Any]) -> None:
-        """Hooks of the always-on per-step profiler: the root forward and the logits processor.
-
-        They time the step when it is timed (every step on CPU, the samples on GPU), and are
-        where the probe's modes open and close on a probe step.
-        """
-        own, disabled, clock = self.own_s, self.disabled, time.perf_counter
-
-        def pre_hook(module: nn.Module, args: Any) -> None:
-            prof = self.profiler
-            if prof is not None and prof.current is not None and prof.current.timed and "steps" not in disabled:
-                t = clock()
-                try:
-                    prof.module_enter(name, True)
-                except Exception as exc:
-                    self._crashed("steps", exc)
-                own["hooks"] += clock() - t
-            if self.probe_step:
-                self._safely("probe", self._probe_enter)
-
-        def post_hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self.probe_modes is not None and self.probe_modes.active:
-                self._safely("probe", self.probe_modes.exit)
-            prof = self.profiler
-            if prof is not None and prof.current is not None and prof.current.timed and "steps" not in disabled:
-                t = clock()
-                try:
-                    prof.module_exit(name)
-                except Exception as exc:
-                    self._crashed("steps", exc)
-                own["hooks"] += clock() - t
-
-        into.append(module.register_forward_pre_hook(pre_hook))
-        into.append(module.register_forward_hook(post_hook, always_call=True))
-
-    def _layer_wrapper(self, module: nn.Module, name: str) -> tuple[nn.Module, Any, Any]:
-        """A timing ``forward`` for one timed module, put on the module only for sampled steps.
+    def _timing_forward(self, module: nn.Module, name: str, part: str, component: str, outer: bool = False,
+                        probe: bool = False) -> tuple[nn.Module, Any, Any]:
+        """A timing ``forward`` for one module, put on the module only for a sampled step.
 
         An instance attribute ``forward`` shadows the class's for exactly those steps (nn.Module
         calls ``self.forward``); on every other step the module has nothing of the doctor's, not
-        even an idle hook (PyTorch's hook path costs microseconds per call on its own).
+        even an idle hook (PyTorch's hook path costs microseconds per call on its own). ``part``
+        names the doctor's own-cost counter, ``component`` what a crash switches off. The root
+        model's (``probe``) also opens and closes the forward probe's modes on a probe step.
         """
         prof = self.profiler
         assert prof is not None
@@ -217,43 +190,55 @@ class WorkerSession:
         disabled, faults, own, clock = self.disabled, self.faults, self.own_s, time.perf_counter
 
         def forward(*args: Any, **kwargs: Any) -> Any:
-            if "layers" in disabled:
-                return original(*args, **kwargs)
-            t = clock()
-            try:
-                if faults:
-                    self.fault("layers")
-                prof.module_enter(name)
-            except Exception as exc:
-                self._crashed("layers", exc)
-            own["layer_forwards"] += clock() - t
+            if probe and self.probe_step:
+                self._safely("probe", self._probe_enter)
+            step = prof.current
+            timing = step.__class__ is OpenStep and component not in disabled
+            if timing:
+                t = clock()
+                try:
+                    if faults:
+                        self.fault(component)
+                    prof.module_enter(name, outer)
+                except Exception as exc:
+                    self._crashed(component, exc)
+                own[part] += clock() - t
             try:
                 return original(*args, **kwargs)
             finally:
-                t = clock()
-                try:
-                    prof.module_exit(name)
-                except Exception as exc:
-                    self._crashed("layers", exc)
-                own["layer_forwards"] += clock() - t
+                if probe and self.probe_modes is not None and self.probe_modes.active:
+                    self._safely("probe", self.probe_modes.exit)
+                if timing and component not in disabled:
+                    t = clock()
+                    try:
+                        prof.module_exit(name)
+                    except Exception as exc:
+                        self._crashed(component, exc)
+                    own[part] += clock() - t
 
         forward.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return module, forward, previous
 
-    def _arm_layers(self) -> None:
-        for module, forward, _ in self._layer_wrappers:
+    def _arm(self, layers: bool) -> None:
+        for module, forward, _ in self._timers:
             module.__dict__["forward"] = forward
-        self._layers_armed = True
+        self._armed = self._timers
+        if layers:
+            for module, forward, _ in self._layer_wrappers:
+                module.__dict__["forward"] = forward
+            self._armed_layers = self._layer_wrappers
 
     def _disarm_layers(self) -> None:
-        if not self._layers_armed:
-            return
-        for module, _, previous in self._layer_wrappers:
-            if previous is None:
-                module.__dict__.pop("forward", None)
-            else:
-                module.__dict__["forward"] = previous
-        self._layers_armed = False
+        """The layers' timing forwards come off once ``execute_model`` returns (the forward ran
+        inside it; a drafter model that shares modules may run in ``sample_tokens``)."""
+        _restore(self._armed_layers)
+        self._armed_layers = []
+
+    def _disarm(self) -> None:
+        """Everything comes off at the end of the step (V2 runners compute logits in ``sample_tokens``)."""
+        _restore(self._armed)
+        _restore(self._armed_layers)
+        self._armed = self._armed_layers = []
 
     # -- runner wrappers -----------------------------------------------------------------------
     def _wrap_runner(self) -> None:
@@ -280,8 +265,10 @@ class WorkerSession:
         return restored
 
     def _execute_wrapper(self, original: Any) -> Any:
-        # the hot path of every step: _safely's checks inlined
-        own, disabled, clock = self.own_s, self.disabled, time.perf_counter
+        # the hot path of every step: _safely's checks inlined; an unsampled step (a list) costs
+        # one profiler call on each side of vLLM's method
+        own, disabled, clock, prof = self.own_s, self.disabled, time.perf_counter, self.profiler
+        assert prof is not None
 
         def execute_model(*args: Any, **kwargs: Any) -> Any:
             t0 = clock()
@@ -289,7 +276,11 @@ class WorkerSession:
                 try:
                     if self.faults:
                         self.fault("steps")
-                    self._begin_step(args[0] if args else kwargs.get("scheduler_output"))
+                    if self._armed or self._armed_layers:  # the previous step never finished
+                        self._disarm()
+                    step = prof.begin_step(args[0] if args else kwargs.get("scheduler_output"))
+                    if self.probe_plan or not isinstance(step, list):
+                        self._begin_special(step)
                 except Exception as exc:
                     self._crashed("steps", exc)
             t = clock()
@@ -301,7 +292,15 @@ class WorkerSession:
             t1 = clock()
             if "steps" not in disabled:
                 try:
-                    self._after_execute(t1 - t, out is not None)
+                    step = prof.current
+                    if step.__class__ is list and out is None:  # an unsampled step, sample_tokens follows
+                        step[3] += t1 - t  # type: ignore[index]
+                    else:
+                        if self._armed_layers:  # the forward ran inside execute_model
+                            self._disarm_layers()
+                        prof.after_execute(t1 - t, out is not None)
+                        if out is not None and (self._armed or self.probe is not None):
+                            self._end_special()
                 except Exception as exc:
                     self._crashed("steps", exc)
             own["wrappers"] += (t - t0) + (clock() - t1)
@@ -311,7 +310,8 @@ class WorkerSession:
         return execute_model
 
     def _sample_wrapper(self, original: Any) -> Any:
-        own, disabled, clock = self.own_s, self.disabled, time.perf_counter
+        own, disabled, clock, prof = self.own_s, self.disabled, time.perf_counter, self.profiler
+        assert prof is not None
 
         def sample_tokens(*args: Any, **kwargs: Any) -> Any:
             t = clock()
@@ -321,7 +321,14 @@ class WorkerSession:
                 t1 = clock()
                 if "steps" not in disabled:
                     try:
-                        self._after_sample(t1 - t)
+                        step = prof.current
+                        if step.__class__ is list:  # an unsampled step
+                            step[4] += t1 - t  # type: ignore[index]
+                            prof.finish_plain(step)  # type: ignore[arg-type]
+                        else:
+                            prof.after_sample(t1 - t)
+                        if self._armed or self.probe is not None:
+                            self._end_special()
                     except Exception as exc:
                         self._crashed("steps", exc)
                 own["wrappers"] += clock() - t1
@@ -329,34 +336,26 @@ class WorkerSession:
         sample_tokens.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return sample_tokens
 
-    def _begin_step(self, so: Any) -> None:
-        counts = self.tracker.observe(so)
-        if not counts["total_tokens"]:
-            self._abort_step()
-            return
-        assert self.profiler is not None
-        self._disarm_layers()  # the previous step never finished
-        self.profiler.begin_step(counts)
-        step = self.profiler.current
-        if step is not None and step.layers_timed and "layers" not in self.disabled:
-            self._arm_layers()
-        self.probe_step = bool(self.probe_plan) and self._probe_wants(phase_of(counts))
-
-    def _after_execute(self, host_s: float, final: bool) -> None:
-        self._disarm_layers()  # the forward ran inside execute_model
-        if self.profiler is not None:
-            self.profiler.after_execute(host_s, final)
-        if final:
+    def _begin_special(self, step: OpenStep | list[Any] | None) -> None:
+        """A sampled step, or any step while the probe waits (or nothing scheduled): arm the
+        timing forwards (the root model's opens the probe's modes)."""
+        if step is None:  # nothing scheduled
             self._end_probe_step()
+            return
+        sampled = isinstance(step, OpenStep)
+        counts = step.counts if isinstance(step, OpenStep) else step[2]
+        self.probe_step = bool(self.probe_plan) and self._probe_wants(phase_of(counts))
+        if sampled or self.probe_step:
+            self._arm(isinstance(step, OpenStep) and step.layers_timed and "layers" not in self.disabled)
 
-    def _after_sample(self, host_s: float) -> None:
-        self._disarm_layers()
-        if self.profiler is not None:
-            self.profiler.after_sample(host_s)
+    def _end_special(self) -> None:
+        """The step ended: the timing forwards come off (V2 runners compute the logits in
+        ``sample_tokens``), the probe's modes close."""
+        self._disarm()
         self._end_probe_step()
 
     def _abort_step(self) -> None:
-        self._disarm_layers()
+        self._disarm()
         if self.profiler is not None:
             self.profiler.abort_step()
         self._end_probe_step()
@@ -440,6 +439,14 @@ def _num_blocks(worker: Any) -> int | None:
     kcc = wv.kv_cache_config(worker)
     n = getattr(kcc, "num_blocks", None)
     return int(n) if n is not None else None
+
+
+def _restore(armed: list[tuple[nn.Module, Any, Any]]) -> None:
+    for module, _, previous in armed:
+        if previous is None:
+            module.__dict__.pop("forward", None)
+        else:
+            module.__dict__["forward"] = previous
 
 
 def _is_doctor_wrapper(obj: Any) -> bool:

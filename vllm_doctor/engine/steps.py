@@ -12,6 +12,15 @@ from typing import Any
 
 NULL_BLOCK = 0  # vLLM's block pool reserves block 0 as a placeholder; it holds no tokens
 
+# a step's counts, as StepTracker.observe returns them (a flat tuple: it is made on every step)
+COUNT_FIELDS = (
+    "prefill_tokens", "decode_tokens", "prefill_reqs", "decode_reqs", "total_tokens", "kv_blocks_used",
+    # VD502: requests evicted from the KV cache in this step, and ones brought back (their
+    # prefill is recomputed); older vLLM reports only the latter
+    "preempted_reqs", "resumed_reqs",
+)
+Counts = tuple[int, int, int, int, int, int, int, int]
+
 
 class StepTracker:
     """Per-step counts from the SchedulerOutput, in time proportional to what changed.
@@ -25,6 +34,8 @@ class StepTracker:
         self.prompt_len: dict[str, int] = {}
         self.blocks: dict[str, list[list[int]]] = {}
         self.refs: dict[int, int] = {}  # block id -> number of (request, group) lists holding it
+        self.decoding: set[str] = set()  # requests past their prompt (until finished or preempted)
+        self._layout: bool | None = None  # the SchedulerOutput has every field the fast path reads
 
     def _add(self, ids: Any) -> None:
         refs = self.refs
@@ -51,44 +62,71 @@ class StepTracker:
         for ids in copied:
             self._add(ids)
 
-    def observe(self, so: Any) -> dict[str, Any]:
-        """Update from one SchedulerOutput; return the step's token/request/KV counts."""
+    def observe(self, so: Any) -> Counts:
+        """Update from one SchedulerOutput; return the step's token/request/KV counts
+        (:data:`COUNT_FIELDS`; :func:`counts_dict` names them).
+
+        A pure decode step (no new, resumed or still-prefilling requests) is counted with set
+        and list operations that run in C; the per-request loop runs only for the requests
+        whose phase can have changed.
+        """
+        decoding = self.decoding
+        layout = self._layout
+        if layout is None:
+            layout = self._layout = _has_fast_layout(so)
+        if layout:
+            # a pure decode step: nothing new, finished, preempted or resumed, no new blocks, and
+            # every request past its prompt: attribute reads and C calls only
+            cached = so.scheduled_cached_reqs
+            req_ids = cached.req_ids
+            new_blocks = cached.new_block_ids
+            if (not so.scheduled_new_reqs and not so.finished_req_ids and not so.preempted_req_ids
+                    and not cached.resumed_req_ids and new_blocks.count(None) == len(new_blocks)
+                    and decoding.issuperset(req_ids)):
+                refs, total = self.refs, so.total_num_scheduled_tokens
+                return (0, total, 0, len(req_ids), total, len(refs) - (NULL_BLOCK in refs), 0, 0)
+        prompt_len, blocks = self.prompt_len, self.blocks
         for rid in getattr(so, "finished_req_ids", None) or ():
-            self.prompt_len.pop(rid, None)
+            prompt_len.pop(rid, None)
+            decoding.discard(rid)
             self._drop_blocks(rid)
         preempted = getattr(so, "preempted_req_ids", None) or ()
         for rid in preempted:
+            decoding.discard(rid)
             self._drop_blocks(rid)  # a preempted request gives its blocks back
         num_sched: dict[str, int] = getattr(so, "num_scheduled_tokens", None) or {}
-        spec: dict[str, Any] = getattr(so, "scheduled_spec_decode_tokens", None) or {}
+        total = int(getattr(so, "total_num_scheduled_tokens", 0) or sum(num_sched.values()))
         prefill_tokens = decode_tokens = prefill_reqs = decode_reqs = 0
 
         for req in getattr(so, "scheduled_new_reqs", None) or ():
             rid = req.req_id
             prompt = getattr(req, "prompt_token_ids", None)
             if prompt is not None:
-                self.prompt_len[rid] = len(prompt)
+                prompt_len[rid] = len(prompt)
+            decoding.discard(rid)
             self._set_blocks(rid, getattr(req, "block_ids", None))
             prefill_tokens += num_sched.get(rid, 0)
             prefill_reqs += 1
 
         cached = getattr(so, "scheduled_cached_reqs", None)
         req_ids = getattr(cached, "req_ids", None) or ()
-        new_blocks = getattr(cached, "new_block_ids", None) or ()
-        computed = getattr(cached, "num_computed_tokens", None) or ()
-        resumed_ids = getattr(cached, "resumed_req_ids", None) or ()
-        resumed_flags = getattr(cached, "resumed_from_preemption", None) or ()  # older vLLM
-        n_new_blocks, n_computed, n_flags = len(new_blocks), len(computed), len(resumed_flags)
         resumed_reqs = 0
-        prompt_len, blocks = self.prompt_len, self.blocks
-        for i, rid in enumerate(req_ids):
-            resumed = rid in resumed_ids or (i < n_flags and bool(resumed_flags[i]))
-            resumed_reqs += resumed
-            added = new_blocks[i] if i < n_new_blocks else None
-            if added is not None:
-                if resumed or rid not in blocks:
-                    self._set_blocks(rid, added)
-                else:
+        if req_ids:
+            resumed: Any = getattr(cached, "resumed_req_ids", None) or ()
+            flags = getattr(cached, "resumed_from_preemption", None) or ()  # older vLLM: a bool per request
+            if not resumed and True in flags:
+                resumed = {rid for rid, flag in zip(req_ids, flags, strict=False) if flag}
+            if resumed:
+                resumed_reqs = len(resumed)
+                decoding.difference_update(resumed)  # recomputed from the start: prefill again
+            new_blocks = getattr(cached, "new_block_ids", None) or ()
+            if new_blocks.count(None) != len(new_blocks):  # some request got blocks this step
+                for rid, added in zip(req_ids, new_blocks, strict=False):
+                    if added is None:
+                        continue
+                    if rid in resumed or rid not in blocks:
+                        self._set_blocks(rid, added)
+                        continue
                     groups = blocks[rid]
                     for g, ids in enumerate(added):
                         if not ids:
@@ -98,34 +136,57 @@ class StepTracker:
                         else:
                             groups.append(list(ids))
                         self._add(ids)
-            n = num_sched.get(rid, 0)
-            plen = prompt_len.get(rid)
-            if plen is not None and i < n_computed:
-                decoding = computed[i] >= plen
+            if decoding.issuperset(req_ids):  # every one of them was decoding already
+                decode_reqs = len(req_ids)
+                decode_tokens = total - prefill_tokens
             else:
-                decoding = n - len(spec.get(rid, ())) <= 1
-            if decoding:
-                decode_tokens += n
-                decode_reqs += 1
-            else:
-                prefill_tokens += n
-                prefill_reqs += 1
+                spec: dict[str, Any] = getattr(so, "scheduled_spec_decode_tokens", None) or {}
+                computed = getattr(cached, "num_computed_tokens", None) or ()
+                n_computed = len(computed)
+                for i, rid in enumerate(req_ids):
+                    n = num_sched.get(rid, 0)
+                    if rid in decoding:
+                        is_decode = True
+                    else:
+                        plen = prompt_len.get(rid)
+                        if plen is not None and i < n_computed:
+                            is_decode = computed[i] >= plen
+                        else:  # first seen mid-run: one scheduled token (plus speculative ones)
+                            is_decode = n - len(spec.get(rid, ())) <= 1
+                        if is_decode:
+                            decoding.add(rid)  # a request's computed tokens only grow until preempted
+                    if is_decode:
+                        decode_tokens += n
+                        decode_reqs += 1
+                    else:
+                        prefill_tokens += n
+                        prefill_reqs += 1
 
         used = len(self.refs) - (NULL_BLOCK in self.refs)
-        return {
-            "prefill_tokens": prefill_tokens, "decode_tokens": decode_tokens,
-            "prefill_reqs": prefill_reqs, "decode_reqs": decode_reqs,
-            "num_reqs": prefill_reqs + decode_reqs,
-            "total_tokens": int(getattr(so, "total_num_scheduled_tokens", 0) or sum(num_sched.values())),
-            "kv_blocks_used": used,
-            # VD502: requests evicted from the KV cache in this step, and ones brought back (their
-            # prefill is recomputed); older vLLM reports only the latter
-            "preempted_reqs": len(preempted),
-            "resumed_reqs": resumed_reqs,
-        }
+        return (prefill_tokens, decode_tokens, prefill_reqs, decode_reqs, total, used, len(preempted), resumed_reqs)
 
 
-def phase_of(counts: dict[str, Any]) -> str:
-    if counts["prefill_tokens"] and counts["decode_tokens"]:
+FAST_FIELDS = ("scheduled_new_reqs", "scheduled_cached_reqs", "finished_req_ids", "preempted_req_ids",
+               "total_num_scheduled_tokens")
+FAST_CACHED_FIELDS = ("req_ids", "new_block_ids", "resumed_req_ids")
+
+
+def _has_fast_layout(so: Any) -> bool:
+    """Capability probe: the SchedulerOutput layout the decode fast path reads (a
+    ``resumed_req_ids`` set, a ``new_block_ids`` list); else every step takes the general path."""
+    cached = getattr(so, "scheduled_cached_reqs", None)
+    return (all(hasattr(so, f) for f in FAST_FIELDS) and all(hasattr(cached, f) for f in FAST_CACHED_FIELDS)
+            and isinstance(getattr(cached, "new_block_ids", None), list) and isinstance(so.total_num_scheduled_tokens, int))
+
+
+def counts_dict(counts: Counts) -> dict[str, int]:
+    out = dict(zip(COUNT_FIELDS, counts, strict=True))
+    out["num_reqs"] = counts[2] + counts[3]
+    return out
+
+
+def phase_of(counts: Counts) -> str:
+    if counts[0] and counts[1]:
         return "mixed"
-    return "prefill" if counts["prefill_tokens"] else "decode"
+    return "prefill" if counts[0] else "decode"
+
