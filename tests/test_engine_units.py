@@ -222,6 +222,76 @@ def test_unsampled_steps_are_plain_records_and_empty_steps_still_free_blocks() -
     assert all(s["step_clock"] == "wall_clock" and s["step_s"] > 0 for s in plain)
 
 
+class Mark:
+    """A point in time as an object (hashed by identity, like a CUDA event)."""
+
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+
+class CountingEventClock:
+    """CUDA-event-like marks (recorded inside the forward, read back later) that count the calls
+    the profiler makes: the logic under test is how few marks and readings a sample needs."""
+
+    kind = "cuda_events"
+    marks_outside_forward = False
+
+    def __init__(self) -> None:
+        self.now, self.one_stream, self.calls = 0.0, True, {"mark": 0, "ready": 0, "seconds": 0}
+
+    def mark(self, refresh: bool = False) -> Mark:
+        self.calls["mark"] += 1
+        self.now += 1.0
+        return Mark(self.now)
+
+    def ready(self, mark: Mark) -> bool:
+        self.calls["ready"] += 1
+        return True
+
+    def wait(self, mark: Mark) -> None:
+        return None
+
+    def seconds(self, start: Mark, end: Mark) -> float:
+        self.calls["seconds"] += 1
+        return float(end.t - start.t)
+
+
+def test_a_sample_on_gpu_costs_three_events_and_two_readings() -> None:
+    clock = CountingEventClock()
+    prof = ForwardProfiler(clock, select_modules(ToyForCausalLM()))  # type: ignore[arg-type]
+
+    def run(sos: list[Any]) -> int:
+        samples = 0
+        for so in sos:
+            prof.begin_step(so)
+            if isinstance(prof.current, OpenStep):
+                samples += 1
+                prof.module_enter("", True)
+                prof.module_exit("")
+                prof.module_enter("logits_processor", True)  # starts where the forward ended
+                prof.module_exit("logits_processor")
+            prof.after_execute(0.001, output_is_final=False)
+            prof.after_sample(0.0005)
+        return samples
+
+    samples = run(_two_requests(300))
+    assert samples == 1 + 8 + 37  # the prefill, 8 warm-up decode steps, then every 8th of 291
+    assert clock.calls["mark"] == 3 * samples
+    # one stream: when the newest of 32 pending samples has completed, so have the others
+    assert clock.calls["ready"] == samples // 32
+    snap = prof.snapshot()
+    timed = [s for s in snap["steps"] if s["sampled"]]
+    assert len(timed) == samples and all(s["step_clock"] == "cuda_events" for s in timed)
+    assert all((s["forward_s"], s["logits_s"], s["step_s"]) == (1.0, 1.0, 2.0) for s in timed)
+    assert clock.calls["seconds"] == 2 * samples  # each mark read once, relative to the step's first
+    # marks on several streams: each sample is asked on its own
+    clock.one_stream, ready = False, clock.calls["ready"]
+    prof.sample_every = 1
+    assert run(_two_requests(3)) == 3
+    prof.resolve(block=False)
+    assert clock.calls["ready"] == ready + 3 and not prof.pending
+
+
 def test_layer_tables_compare_layer_times_with_the_sampled_steps_only() -> None:
     steps = [{"forward_s": 1.0, "layers_timed": True}, {"forward_s": 5.0, "layers_timed": False}]
     profile = {"layers": [{"name": "model.layers.0", "kind": "layer", "layer": 0, "decode_s": 0.9, "decode_calls": 1}],

@@ -41,6 +41,9 @@ class CudaEventClock:
     def __init__(self) -> None:
         self._free: list[Any] = []
         self._stream: Any = None
+        # every mark so far went to one stream, so they complete in the order recorded (the
+        # profiler then asks only whether the newest has completed)
+        self.one_stream = True
 
     def mark(self, refresh: bool = False) -> Any:
         """Record an event on the current stream.
@@ -50,7 +53,10 @@ class CudaEventClock:
         for the current stream costs about as much as recording the event.
         """
         if refresh or self._stream is None:
-            self._stream = torch.cuda.current_stream()
+            stream = torch.cuda.current_stream()
+            if self._stream is not None and stream != self._stream:
+                self.one_stream = False
+            self._stream = stream
         event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
         event.record(self._stream)
         return event

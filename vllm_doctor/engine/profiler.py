@@ -80,6 +80,7 @@ class ForwardProfiler:
         self.layer_stats: dict[str, dict[str, Any]] = {}
         self.layer_trace: list[dict[str, Any]] = []
         self._stack: list[tuple[str, Any]] = []
+        self._after_forward: Any = None  # the root forward's end mark, until another module is timed
 
     # -- step boundaries (called from the execute_model / sample_tokens wrappers) ----------
     def begin_step(self, so: Any) -> OpenStep | list[Any] | None:
@@ -100,6 +101,7 @@ class ForwardProfiler:
             self.current = step
             return step
         self._stack.clear()
+        self._after_forward = None
         start = self.clock.mark() if self.clock.marks_outside_forward else None
         step = self.current = OpenStep(index, time.perf_counter(), counts, start, layers_timed=self.layers_enabled)
         return step
@@ -163,7 +165,12 @@ class ForwardProfiler:
     def module_enter(self, name: str, outer: bool = False) -> None:
         step = self.current
         if step.__class__ is OpenStep:
-            mark = self.clock.mark(outer)
+            after = self._after_forward
+            if after is not None and name in self._logits_names:
+                mark = after  # the logits time starts where the model's forward ended (one event fewer)
+            else:
+                mark = self.clock.mark(outer)
+            self._after_forward = None
             if step.start is None:  # type: ignore[union-attr]
                 step.start = mark  # type: ignore[union-attr]
             self._stack.append((name, mark))
@@ -182,7 +189,9 @@ class ForwardProfiler:
                     step.end = end  # type: ignore[union-attr]
                 if name == "":
                     step.forward.append((start, end))  # type: ignore[union-attr]
+                    self._after_forward = end
                     return
+                self._after_forward = None
                 if name in self._logits_names:
                     step.logits.append((start, end))  # type: ignore[union-attr]
                 step.layers.append((name, start, end))  # type: ignore[union-attr]
@@ -191,8 +200,17 @@ class ForwardProfiler:
     # -- resolution ----------------------------------------------------------------------------
     def resolve(self, block: bool) -> None:
         """Turn finished samples into records, in order; on GPU stop at one whose events are
-        still running unless ``block``."""
+        still running unless ``block``. Events recorded on one stream complete in order: when
+        the newest sample's last event has completed, so have all before it (one query)."""
         pending, clock = self.pending, self.clock
+        newest = next((step.end for step in reversed(pending) if step.end is not None), None)
+        if newest is not None and (self._wall or getattr(clock, "one_stream", False)):
+            if block:
+                clock.wait(newest)
+            if block or clock.ready(newest):
+                while pending:
+                    self._account(pending.popleft())
+                return
         while pending:
             step = pending[0]
             if step.end is not None and not clock.ready(step.end):
@@ -203,43 +221,51 @@ class ForwardProfiler:
             self._account(step)
 
     def _account(self, step: OpenStep) -> None:
-        """Turn a sampled step's marks into seconds (a tuple per step, dicts at collection)."""
-        sec = self.clock.seconds
-        fwd, logits, layers = step.forward, step.logits, step.layers
+        """Turn a sampled step's marks into seconds (a tuple per step, dicts at collection).
+
+        Every mark is read once, as its time since the step's first mark (on GPU each reading
+        is a CUDA call); durations and trace offsets are differences of those.
+        """
+        sec, origin = self.clock.seconds, step.start
+        since: dict[Any, float] = {origin: 0.0}
+
+        def t(mark: Any) -> float:
+            v = since.get(mark)
+            if v is None:
+                v = since[mark] = sec(origin, mark)
+            return v
+
+        fwd, logits = step.forward, step.logits
         # on GPU the step's bounds are the first and last marks inside the model: only a step
         # whose root forward ran through Python has them (torch.compile / CUDA graphs call the
         # compiled forward directly): otherwise its host time stands for it
-        device_timed = step.start is not None and step.end is not None and (
-            self.clock.marks_outside_forward or bool(fwd))
-        forward_s = (sec(*fwd[0]) if len(fwd) == 1 else sum(sec(a, b) for a, b in fwd)) if fwd else None
-        step_s = sec(step.start, step.end) if device_timed else step.host_execute_s + step.host_sample_s
-        logits_s = sum(sec(a, b) for a, b in logits) if logits else None
+        device_timed = origin is not None and step.end is not None and (self._wall or bool(fwd))
+        forward_s = sum(t(b) - t(a) for a, b in fwd) if fwd else None
+        logits_s = sum(t(b) - t(a) for a, b in logits) if logits else None
+        step_s = t(step.end) if device_timed else step.host_execute_s + step.host_sample_s
         if len(self.steps) < MAX_STEP_RECORDS:
             self.steps.append((step.index, step.host_start, step.counts, step_s, device_timed, forward_s, logits_s,
                                step.host_execute_s, step.host_sample_s, True, step.layers_timed))
         else:
             self.dropped_steps += 1
-        if layers:  # a per-layer sample
-            self._account_layers(step, step_s, device_timed)
+        if step.layers:  # per-layer (and logits-processor) timings
+            self._account_layers(step, t, step_s, device_timed)
         release = getattr(self.clock, "release", None)
         if release is not None:
-            marks = [m for m in (step.start, step.end) if m is not None]
+            marks = {m for m in (step.start, step.end) if m is not None}
             for a, b in fwd + logits:
-                marks += [a, b]
-            for _, a, b in layers:
-                marks += [a, b]
-            release(*set(marks))
+                marks.update((a, b))
+            for _, a, b in step.layers:
+                marks.update((a, b))
+            release(*marks)
 
-    def _account_layers(self, step: OpenStep, step_s: float, device_timed: bool) -> None:
-        sec = self.clock.seconds
-        assert step.counts is not None
+    def _account_layers(self, step: OpenStep, t: Any, step_s: float, device_timed: bool) -> None:
         phase = phase_of(step.counts)
         keep_trace = len(self.layer_trace) < self.trace_steps
         events = []
         bucket = "decode" if phase == "decode" else "prefill"
-        origin = step.start if device_timed else None
         for name, a, b in step.layers:
-            dur = sec(a, b)
+            dur = t(b) - t(a)
             stats = self.layer_stats.get(name)
             if stats is None:
                 tm = self.timed.get(name)
@@ -251,9 +277,9 @@ class ForwardProfiler:
             stats[f"{bucket}_calls"] += 1
             stats[f"{bucket}_s"] += dur
             if keep_trace:
-                events.append({"name": name, "offset_s": sec(origin, a) if origin is not None else 0.0, "dur_s": dur})
+                events.append({"name": name, "offset_s": t(a) if device_timed else 0.0, "dur_s": dur})
         if keep_trace:
-            fwd = [{"offset_s": sec(origin, a) if origin is not None else 0.0, "dur_s": sec(a, b)} for a, b in step.forward]
+            fwd = [{"offset_s": t(a) if device_timed else 0.0, "dur_s": t(b) - t(a)} for a, b in step.forward]
             self.layer_trace.append({"index": step.index, "t": round(step.host_start - self.t0, 6), "step_s": step_s,
                                      "phase": phase, "forward": fwd, "layers": events})
 
