@@ -45,6 +45,8 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dims", default="", help="gpu: a bigger tiny Llama (hidden 512, 4 layers, head_dim 64)")
+    parser.add_argument("--modes", default="", help="comma-separated subset of the modes (none is always run), "
+                        "e.g. per-step for a longer A/B of the per-step profiler alone")
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     tmp = Path(tempfile.mkdtemp(prefix="bench-engine-"))
@@ -122,6 +124,12 @@ def main() -> None:
 
     modes = {"none": none, "per-step": per_step, "per-layer": per_layer, "per-layer, all": per_layer_all,
              "torch-prof": torch_prof}
+    if args.modes:
+        wanted = {m.strip() for m in args.modes.split(",")}
+        unknown = wanted - set(modes)
+        if unknown:
+            parser.error(f"unknown mode(s) {sorted(unknown)}; choose from {sorted(modes)}")
+        modes = {name: fn for name, fn in modes.items() if name == "none" or name in wanted}
     run()  # warm-up
     results: dict[str, list[float]] = {m: [] for m in modes}
     names = list(modes)

@@ -140,18 +140,18 @@ class ForwardProfiler:
             if len(pending) >= RESOLVE_BATCH:
                 self.resolve(block=False)
             return
-        self.finish_plain(step)
+        self.finish_plain(step, time.perf_counter())
 
-    def finish_plain(self, step: list[Any]) -> None:
-        """An unsampled step is a record at once: the wall clock is its host time on CPU; on GPU
-        its host time stands for its device time."""
+    def finish_plain(self, step: list[Any], end: float) -> None:
+        """An unsampled step is a record at once: the wall clock (``end``: perf_counter when its
+        last method returned) is its host time on CPU; on GPU its host time stands for its
+        device time."""
         self.current = None
         steps = self.steps
         if len(steps) < MAX_STEP_RECORDS:
             index, host_start, counts, host_execute_s, host_sample_s = step
             wall = self._wall
-            steps.append((index, host_start, counts,
-                          time.perf_counter() - host_start if wall else host_execute_s + host_sample_s,
+            steps.append((index, host_start, counts, end - host_start if wall else host_execute_s + host_sample_s,
                           wall, None, None, host_execute_s, host_sample_s, False, False))
         else:
             self.dropped_steps += 1

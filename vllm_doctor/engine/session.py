@@ -324,7 +324,7 @@ class WorkerSession:
                         step = prof.current
                         if step.__class__ is list:  # an unsampled step
                             step[4] += t1 - t  # type: ignore[index]
-                            prof.finish_plain(step)  # type: ignore[arg-type]
+                            prof.finish_plain(step, t1)  # type: ignore[arg-type]
                         else:
                             prof.after_sample(t1 - t)
                         if self._armed or self.probe is not None:
