@@ -123,7 +123,7 @@ def add_sample_every(parser: argparse.ArgumentParser) -> None:
     from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
 
     parser.add_argument("--sample-every", type=positive_int, default=DEFAULT_SAMPLE_EVERY, metavar="N",
-                        help=f"detailed timing (per layer; CUDA events on GPU) on the first {SAMPLE_WARMUP_STEPS} steps of "
+                        help=f"detailed timing (forward and logits, per layer; CUDA events on GPU) on the first {SAMPLE_WARMUP_STEPS} steps of "
                              f"each phase, then every N-th (default {DEFAULT_SAMPLE_EVERY}; 1 = every step, the most detail "
                              "and the most overhead); every step still gets its token counts and host times")
 

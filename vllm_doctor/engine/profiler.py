@@ -102,7 +102,7 @@ class ForwardProfiler:
             return step
         self._stack.clear()
         self._after_forward = None
-        start = self.clock.mark() if self.clock.marks_outside_forward else None
+        start = self.clock.mark() if self._wall else None
         step = self.current = OpenStep(index, time.perf_counter(), counts, start, layers_timed=self.layers_enabled)
         return step
 
@@ -133,7 +133,7 @@ class ForwardProfiler:
             return
         self.current = None
         if isinstance(step, OpenStep):
-            if self.clock.marks_outside_forward:
+            if self._wall:
                 step.end = self.clock.mark()
             pending = self.pending
             pending.append(step)

@@ -265,8 +265,10 @@ class WorkerSession:
         return restored
 
     def _execute_wrapper(self, original: Any) -> Any:
-        # the hot path of every step: _safely's checks inlined; an unsampled step (a list) costs
-        # one profiler call on each side of vLLM's method
+        # the hot path of every step: _safely's checks inlined. An unsampled step (a list) costs
+        # two profiler calls, begin_step here and finish_plain when sample_tokens returns; the
+        # wrappers fill its host-time slots themselves (what ForwardProfiler.after_execute /
+        # after_sample do for a list), a call fewer on each side, measured in bench_engine.py
         own, disabled, clock, prof = self.own_s, self.disabled, time.perf_counter, self.profiler
         assert prof is not None
 
