@@ -31,6 +31,7 @@ demo: setup
 
 lint: setup
 	$(BIN)/ruff check vllm_doctor tests bench examples
+	$(BIN)/ruff format --check vllm_doctor
 	$(BIN)/mypy
 
 test: lint

@@ -61,14 +61,14 @@ def main() -> None:
     import torch
 
     import vllm_doctor
-    from vllm_doctor.compat.engine import (
+    from vllm_doctor.compat.llm import (
         FAST_ENGINE_KWARGS,
         EngineHandle,
         greedy,
         start_engine,
         torch_profiler_kwargs,
     )
-    from vllm_doctor.engine_stage import Workload, make_prompts
+    from vllm_doctor.stages.engine import Workload, make_prompts
 
     cuda = torch.cuda.is_available()
     extra = {"enforce_eager": True, "gpu_memory_utilization": 0.2} if cuda else dict(FAST_ENGINE_KWARGS)

@@ -212,7 +212,10 @@ def _split_result(output: str) -> tuple[dict[str, Any] | None, list[str]]:
 
 
 def describe_exception(exc: BaseException) -> str:
-    """`Type: message` for the exception and each cause/context under it, outermost first."""
+    """`Type: message` for the exception and each cause/context under it, outermost first.
+
+    Independent of vllm_doctor.compat.common.describe_exception on purpose: the ground-truth
+    harness judges the doctor, so it imports none of the doctor's code."""
     parts: list[str] = []
     seen: set[int] = set()
     current: BaseException | None = exc

@@ -45,7 +45,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
     tmp = tmp_path_factory.mktemp("engine")
     model_dir = build_llama_dir(tmp / "faulty-llama", [FAULTY_ARCH])
     from tests.fixtures.engine_models import register_faulty_model
-    from vllm_doctor.compat.engine import (
+    from vllm_doctor.compat.llm import (
         FAST_ENGINE_KWARGS,
         shutdown,
         start_engine,
@@ -63,7 +63,7 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
 
 
 def generate(llm: Any) -> list[list[int]]:
-    from vllm_doctor.compat.engine import greedy
+    from vllm_doctor.compat.llm import greedy
 
     return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy(MAX_TOKENS, ignore_eos=True))]
 
@@ -84,7 +84,7 @@ class Run:
 def doctored(engine: Engine) -> Run:
     """The workload without, with (profiler per step + per layer + probe) and after the doctor."""
     import vllm_doctor
-    from vllm_doctor.compat.engine import EngineHandle, greedy
+    from vllm_doctor.compat.llm import EngineHandle, greedy
 
     handle = EngineHandle(engine.llm)
     base = generate(engine.llm)
@@ -196,7 +196,7 @@ def test_anatomy_of_a_single_process_engine(doctored: Run) -> None:
 
 def test_a_probe_that_raises_is_a_crash_finding_and_the_engine_keeps_serving(engine: Engine, doctored: Run) -> None:
     import vllm_doctor
-    from vllm_doctor.compat.engine import EngineHandle
+    from vllm_doctor.compat.llm import EngineHandle
 
     handle = EngineHandle(engine.llm)
     for where in ("layers", "probe", "rpc:doctor_kv"):
@@ -217,14 +217,14 @@ def test_a_probe_that_raises_is_a_crash_finding_and_the_engine_keeps_serving(eng
 
 
 def test_missing_extension_is_explained_on_a_real_engine(engine: Engine) -> None:
-    from vllm_doctor.compat.engine import EngineHandle, ExtensionMissing
+    from vllm_doctor.compat.llm import EngineHandle, ExtensionMissing
 
     with pytest.raises(ExtensionMissing, match="worker_extension_cls"):
         EngineHandle(engine.llm).ensure_extension("doctor_no_such_method")
 
 
 def test_vllms_torch_profiler_deep_dive(engine: Engine) -> None:
-    from vllm_doctor.compat.engine import EngineHandle
+    from vllm_doctor.compat.llm import EngineHandle
 
     handle = EngineHandle(engine.llm)
     assert handle.torch_profiler_dir() == str(engine.torch_dir)

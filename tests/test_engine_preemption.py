@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_doctor.checks import CATALOGUE
+from vllm_doctor.checks import run_checks
 from vllm_doctor.engine.steps import StepTracker, counts_dict
-from vllm_doctor.engine_facts import EngineFacts, WorkerFacts
+from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.model import Outcome
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -47,16 +47,16 @@ def _facts(steps: list[dict]) -> EngineFacts:
 
 def test_vd502_warns_with_counts_and_peak_usage() -> None:
     steps = [{"kv_blocks_used": 2}, {"kv_blocks_used": 4, "preempted_reqs": 1}, {"kv_blocks_used": 3, "resumed_reqs": 1}]
-    (f,) = CATALOGUE["VD502"].run(_facts(steps))
+    (f,) = run_checks(_facts(steps), ["VD502"])
     assert f.outcome is Outcome.WARN
     assert f.message == "1 request(s) preempted and recomputed; KV cache peaked at 100% of 4 usable blocks"
     assert f.evidence["steps_with_preemption"] == 2
 
 
 def test_vd502_passes_without_preemption_and_skips_without_steps() -> None:
-    (ok,) = CATALOGUE["VD502"].run(_facts([{"kv_blocks_used": 1}]))
+    (ok,) = run_checks(_facts([{"kv_blocks_used": 1}]), ["VD502"])
     assert ok.outcome is Outcome.PASS and "25% of 4" in ok.message
-    (skip,) = CATALOGUE["VD502"].run(_facts([]))
+    (skip,) = run_checks(_facts([]), ["VD502"])
     assert skip.outcome is Outcome.SKIP
 
 

@@ -190,8 +190,8 @@ def test_attach_profiles_the_served_traffic_and_changes_no_output(server: Server
 
 def test_attach_to_a_server_without_the_method_says_how_to_fix_it(server: Server) -> None:
     """vLLM's real answer to an unknown worker method becomes ExtensionMissing with the fix."""
-    from vllm_doctor.compat.engine import ExtensionMissing
     from vllm_doctor.compat.http import HttpEngineHandle
+    from vllm_doctor.compat.llm import ExtensionMissing
 
     with pytest.raises(ExtensionMissing, match="VLLM_DOCTOR=1"):
         HttpEngineHandle(server.base).ensure_extension("doctor_no_such_method")

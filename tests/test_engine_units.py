@@ -10,10 +10,18 @@ import pytest
 import torch
 from torch import nn
 
-from vllm_doctor.checks import CATALOGUE
+from vllm_doctor.analysis.engine import (
+    anatomy,
+    layer_tables,
+    memory_breakdown,
+    model_origin,
+    process_memory,
+    summarize,
+)
+from vllm_doctor.checks import CATALOGUE, run_checks
 from vllm_doctor.checks.engine import blocks_needed, largest_length
 from vllm_doctor.compat import nvml
-from vllm_doctor.compat.engine import EngineHandle, ExtensionMissing, engine_kwargs
+from vllm_doctor.compat.llm import EngineHandle, ExtensionMissing, engine_kwargs
 from vllm_doctor.engine import EXTENSION_QUALNAME
 from vllm_doctor.engine.clock import WallClock
 from vllm_doctor.engine.extension import DoctorWorkerExtension
@@ -21,20 +29,14 @@ from vllm_doctor.engine.layers import layer_index, module_kind, select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
 from vllm_doctor.engine.profiler import ForwardProfiler, OpenStep
 from vllm_doctor.engine.steps import COUNT_FIELDS, StepTracker, counts_dict, phase_of
-from vllm_doctor.engine_facts import EngineFacts, WorkerFacts
+from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.model import Outcome, Severity, Stage
-from vllm_doctor.profilers.engine import (
-    anatomy,
-    layer_tables,
-    memory_breakdown,
-    model_origin,
-    summarize,
-)
-from vllm_doctor.runner import CheckOptions, selected_codes
+from vllm_doctor.stages.static import CheckOptions, selected_codes
 
 
 def run(code: str, facts: Any) -> list[Any]:
-    return list(CATALOGUE[code].run(facts))
+    """One check through the runner (its gates first, as in every real run)."""
+    return run_checks(facts, [code])
 
 
 # ---- a toy model shaped like a decoder ------------------------------------------------------
@@ -557,7 +559,7 @@ def test_nvml_gateway_never_raises() -> None:
     assert isinstance(snap, dict) and "available" in snap
     if not snap["available"]:
         assert snap["reason"]
-    assert nvml.process_memory({"available": False}, 1) is None
+    assert process_memory({"available": False}, 1) is None
 
 
 def test_summaries_and_anatomy_from_synthetic_facts() -> None:
@@ -599,7 +601,7 @@ def test_plugin_is_a_no_op_unless_opted_in(tmp_path: Any, monkeypatch: pytest.Mo
 
 
 def test_html_and_trace_render_from_a_report_dict_offline() -> None:
-    from vllm_doctor.attach import build_engine_report
+    from vllm_doctor.live.attach import build_engine_report
     from vllm_doctor.report.html import render_html
     from vllm_doctor.report.trace import chrome_trace
 

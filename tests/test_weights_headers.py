@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from tests.fixtures.weights import write_raw_safetensors
-from vllm_doctor.checks import CATALOGUE
+from vllm_doctor.checks import run_checks
 from vllm_doctor.checks.weights import tp_problems, working_tp_sizes
-from vllm_doctor.facts import Facts
+from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Outcome, Severity
 from vllm_doctor.probes import safetensors_header
 from vllm_doctor.probes.safetensors_header import read_checkpoint
@@ -41,7 +41,7 @@ def model_dir(tmp_path: Path, config: dict[str, Any] | None = None) -> Path:
 def run(code: str, d: Path, config: dict[str, Any] | None = None, tp: int = 1) -> list[Finding]:
     cfg = config or json.loads((d / "config.json").read_text())
     facts = Facts(model_dir=str(d), config=cfg, checkpoint=read_checkpoint(d), tensor_parallel_size=tp)
-    return list(CATALOGUE[code].run(facts))
+    return run_checks(facts, [code])
 
 
 def problems(findings: list[Finding]) -> list[Finding]:
@@ -145,7 +145,7 @@ def test_broken_file_is_one_clear_problem(tmp_path: Path, name: str, make: Any, 
     ck = read_checkpoint(d)
     assert [p.kind for p in ck.problems] == [kind]
     (problem,) = ck.problems
-    assert problem.code == "VD308" and problem.subject == "model.safetensors"
+    assert problem.scope == "file" and problem.subject == "model.safetensors"
     assert "Traceback" not in problem.message
     # the safetensors library (vLLM's reader) rejects the same file: its words are kept
     assert "SafetensorError" in problem.vllm_error or "Error" in problem.vllm_error
@@ -207,7 +207,7 @@ def test_broken_index_entry(tmp_path: Path, entry: str, kind: str) -> None:
     (tmp_path / "outside.safetensors").write_bytes(b"")
     index(d, {"model.embed_tokens.weight": "model-00001-of-00002.safetensors", "model.norm.weight": entry, "lm_head.weight": entry})
     ck = read_checkpoint(d)
-    (problem,) = [p for p in ck.problems if p.code == "VD306"]
+    (problem,) = [p for p in ck.problems if p.scope == "index"]
     assert problem.kind == kind
     assert problem.subject == f"model.safetensors.index.json:{entry}"
     assert "Weight files referenced in index but missing" in problem.vllm_error  # what vLLM 0.32 raises
@@ -332,5 +332,5 @@ def test_load_checks_skip_with_the_reason_when_the_model_was_not_built(tmp_path:
     facts = Facts(model_dir=str(d), config={"architectures": ["X"]}, checkpoint=read_checkpoint(d))
     facts.weight_load_error = "failed while building the model class on the meta device: RuntimeError: boom"
     for code in ("VD301", "VD302", "VD303"):
-        (f,) = CATALOGUE[code].run(facts)
+        (f,) = run_checks(facts, [code])
         assert f.outcome is Outcome.SKIP and "RuntimeError: boom" in f.message

@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterable
 
 from vllm_doctor.model import Report
-from vllm_doctor.runner import CheckOptions, diagnose
-
-
-def _caller_registry() -> dict[str, str] | None:
-    """This process's ModelRegistry, if the caller already imported vLLM (never imports it)."""
-    if "vllm" not in sys.modules:
-        return None
-    from vllm_doctor.compat.live import registry_snapshot
-
-    try:
-        return registry_snapshot()
-    except Exception:
-        return None
+from vllm_doctor.stages.static import CheckOptions, caller_registry, diagnose
 
 
 def check(
@@ -41,7 +28,7 @@ def check(
         fast=fast,
         select=set(select),
         ignore=set(ignore),
-        caller_registry=_caller_registry(),
+        caller_registry=caller_registry(),
         import_timeout=import_timeout,
     )
     return diagnose(model, options)

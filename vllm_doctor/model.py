@@ -127,8 +127,7 @@ class Report:
         return [
             f
             for f in self.findings
-            if f.outcome in (Outcome.FAIL, Outcome.WARN, Outcome.CRASH)
-            and f.severity.rank >= at_least.rank
+            if f.outcome in (Outcome.FAIL, Outcome.WARN, Outcome.CRASH) and f.severity.rank >= at_least.rank
         ]
 
     def by_code(self, code: str) -> list[Finding]:

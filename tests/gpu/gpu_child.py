@@ -27,7 +27,7 @@ def main(model_dir: str, out: str, mode: str) -> None:
     from vllm import LLM
 
     import vllm_doctor
-    from vllm_doctor.compat.engine import greedy
+    from vllm_doctor.compat.llm import greedy
 
     kwargs = vllm_doctor.engine_kwargs(enforce_eager=mode != "graphs", gpu_memory_utilization=0.15, max_model_len=512)
     if mode == "graphs":
@@ -64,7 +64,7 @@ def plugin_main(model_dir: str, out: str) -> None:
     from vllm import LLM
 
     import vllm_doctor
-    from vllm_doctor.compat.engine import greedy
+    from vllm_doctor.compat.llm import greedy
 
     llm = LLM(model=model_dir, enforce_eager=True, gpu_memory_utilization=0.15, max_model_len=512)
     prompts = ["hello world", "the capital of france is", "my name is"]

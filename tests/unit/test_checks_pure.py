@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from vllm_doctor.checks import CATALOGUE
+from vllm_doctor.checks import CATALOGUE, run_checks
 from vllm_doctor.checks.base import Check
 from vllm_doctor.checks.registry import nearest_names
-from vllm_doctor.compat.plugins import PluginInfo, Registration
-from vllm_doctor.facts import Facts
+from vllm_doctor.facts.plugins import PluginInfo, Registration
+from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import CheckMeta, Explanation, Outcome, Severity, Stage
-from vllm_doctor.runner import CheckOptions, run_checks, selected_codes
+from vllm_doctor.stages.static import CheckOptions, selected_codes
 
 BUILTIN = {"LlamaForCausalLM": "vllm.model_executor.models.llama:LlamaForCausalLM",
            "OlmoForCausalLM": "vllm.model_executor.models.transformers:TransformersForCausalLM"}
@@ -168,3 +168,44 @@ def test_module_level_entry_point_scans_all_top_level_registrations(tmp_path: Pa
     info = PluginInfo(name="m", value="modplug", distribution=None, allowed=True)
     scan_plugin(info)
     assert [r.arch for r in info.registrations] == ["A", "B"]
+
+
+def test_every_requirement_is_a_gate_and_gates_run_before_the_check() -> None:
+    from vllm_doctor.checks import GATES, needs_import
+
+    assert {name for c in CATALOGUE.values() for name in c.meta.requires} <= set(GATES)
+    # the import pass (or the weights pass beside it) is what these checks wait for
+    assert {c for c in CATALOGUE if needs_import(c)} == {
+        "VD106", "VD201", "VD202", "VD203", "VD204", "VD205", "VD206", "VD207", "VD301", "VD302", "VD303", "VD304"}
+    # no import pass: every check that needs it gets the gate's skip, and its body never runs
+    f = facts({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, import_pass_error="no vLLM here")
+    for code in ("VD106", "VD201", "VD207"):
+        (finding,) = run_checks(f, [code])
+        assert (finding.outcome, finding.message) == (Outcome.SKIP, "needs the import pass: no vLLM here")
+    # the import pass ran, nothing of config.json is registered: not applicable, not a skip
+    f = facts({"architectures": ["Nope"], "model_type": "llama"}, import_pass={"classes": {}})
+    (finding,) = run_checks(f, ["VD201"])
+    assert finding.outcome is Outcome.NOT_APPLICABLE and "see VD101" in finding.message
+
+
+def test_a_gate_that_fails_stops_the_gates_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_doctor.checks.base import GATES, Emit, Gate
+
+    calls: list[str] = []
+
+    def first(_f: object, emit: Emit):
+        calls.append("first")
+        return emit.not_applicable("nothing here")
+
+    def second(_f: object, emit: Emit):
+        calls.append("second")
+        return None
+
+    monkeypatch.setitem(GATES, "t-first", Gate("t-first", first))
+    monkeypatch.setitem(GATES, "t-second", Gate("t-second", second))
+    meta = CheckMeta("VD998", "test-gates", "s", Explanation("w", "y", "e", "f"), Severity.WARN, Stage.STATIC,
+                     requires=("t-first", "t-second"))
+    monkeypatch.setitem(CATALOGUE, "VD998", Check(meta=meta, run=lambda _f: pytest.fail("the body ran")))
+    (finding,) = run_checks(object(), ["VD998"])
+    assert (finding.code, finding.outcome, finding.message) == ("VD998", Outcome.NOT_APPLICABLE, "nothing here")
+    assert calls == ["first"]

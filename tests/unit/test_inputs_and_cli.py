@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from vllm_doctor.cli import build_parser, main
+from vllm_doctor.files import write_json_atomic
 from vllm_doctor.model import Finding, Outcome, Report, Severity
 from vllm_doctor.probes.script_scan import scan_script
-from vllm_doctor.report.io import write_json_atomic
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:

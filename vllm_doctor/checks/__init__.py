@@ -6,6 +6,15 @@ from vllm_doctor.checks import (  # noqa: F401  (registers checks)
     registry,
     weights,
 )
-from vllm_doctor.checks.base import CATALOGUE, Check, Emit, check
+from vllm_doctor.checks.base import (
+    CATALOGUE,
+    GATES,
+    Check,
+    Emit,
+    check,
+    needs_import,
+    run_checks,
+    select_codes,
+)
 
-__all__ = ["CATALOGUE", "Check", "Emit", "check"]
+__all__ = ["CATALOGUE", "GATES", "Check", "Emit", "check", "needs_import", "run_checks", "select_codes"]

@@ -1,7 +1,14 @@
 """The check catalogue: one function per check, registered with :func:`check`.
 
-A check is a pure function ``(facts) -> Iterable[Finding]``. Its metadata (:class:`CheckMeta`)
-is the single source of the catalogue (``vllm-doctor rules``), the README table and the docs.
+A check is a pure function ``(facts, emit) -> Iterable[Finding]`` over a snapshot that was
+complete before any check ran; it only reads. Its metadata (:class:`CheckMeta`) is the single
+source of the catalogue (``vllm-doctor rules``), the README table and the docs.
+
+``requires=`` names *gates* (:func:`gate`): each one looks at the facts and returns the
+``skip`` / ``not_applicable`` finding to give instead of running the check, or ``None``. The
+runner (:func:`run_checks`) evaluates a check's gates in order, so a check's body starts where
+its inputs are known to be there. A gate registered with ``after_import=True`` needs the
+import pass (or the weights pass that runs beside it): such checks wait for it.
 """
 
 from __future__ import annotations
@@ -24,13 +31,58 @@ class Check(Generic[F]):
 CATALOGUE: dict[str, Check[Any]] = {}
 
 
+@dataclass(frozen=True)
+class Gate:
+    name: str
+    test: Callable[[Any, Emit], Finding | None]  # the finding to give instead, or None
+    after_import: bool = False
+
+
+GATES: dict[str, Gate] = {}
+T = TypeVar("T")
+
+
+def gate(
+    name: str, *, after_import: bool = False
+) -> Callable[[Callable[[Any, Emit], Finding | None]], Callable[[Any, Emit], Finding | None]]:
+    """Register a gate that checks can name in ``requires=``."""
+
+    def decorate(fn: Callable[[Any, Emit], Finding | None]) -> Callable[[Any, Emit], Finding | None]:
+        if name in GATES:
+            raise ValueError(f"duplicate gate {name}")
+        GATES[name] = Gate(name, fn, after_import)
+        return fn
+
+    return decorate
+
+
+def needs_import(code: str) -> bool:
+    """Does the check need the import pass (one of its gates says so)?"""
+    return any(GATES[name].after_import for name in CATALOGUE[code].meta.requires)
+
+
+def known(value: T | None) -> T:
+    """A value a gate has already established (for the type checker; a gate bug raises here)."""
+    if value is None:
+        raise RuntimeError("a check ran without the input its gate guarantees")
+    return value
+
+
 class Emit:
     """Builds findings for one check (keeps code/severity consistent)."""
 
     def __init__(self, meta: CheckMeta) -> None:
         self.meta = meta
 
-    def _make(self, outcome: Outcome, message: str, subject: str, evidence: dict[str, Any] | None, hint: str, severity: Severity | None) -> Finding:
+    def _make(
+        self,
+        outcome: Outcome,
+        message: str,
+        subject: str,
+        evidence: dict[str, Any] | None,
+        hint: str,
+        severity: Severity | None,
+    ) -> Finding:
         return Finding(
             code=self.meta.code,
             outcome=outcome,
@@ -41,10 +93,24 @@ class Emit:
             hint=hint,
         )
 
-    def fail(self, message: str, subject: str = "", evidence: dict[str, Any] | None = None, hint: str = "", severity: Severity | None = None) -> Finding:
+    def fail(
+        self,
+        message: str,
+        subject: str = "",
+        evidence: dict[str, Any] | None = None,
+        hint: str = "",
+        severity: Severity | None = None,
+    ) -> Finding:
         return self._make(Outcome.FAIL, message, subject, evidence, hint, severity)
 
-    def warn(self, message: str, subject: str = "", evidence: dict[str, Any] | None = None, hint: str = "", severity: Severity | None = None) -> Finding:
+    def warn(
+        self,
+        message: str,
+        subject: str = "",
+        evidence: dict[str, Any] | None = None,
+        hint: str = "",
+        severity: Severity | None = None,
+    ) -> Finding:
         return self._make(Outcome.WARN, message, subject, evidence, hint, severity)
 
     def ok(self, message: str, subject: str = "", evidence: dict[str, Any] | None = None) -> Finding:
@@ -71,7 +137,12 @@ def check(
     references: tuple[str, ...] = (),
     requires: tuple[str, ...] = (),
 ) -> Callable[[Callable[[F, Emit], Iterable[Finding]]], Callable[[F, Emit], Iterable[Finding]]]:
-    """Register a check. The function receives the facts and an :class:`Emit` for its code."""
+    """Register a check. The function receives the facts and an :class:`Emit` for its code.
+
+    Every name in ``requires`` must be a gate registered before the check (:func:`gate`)."""
+    unknown = [name for name in requires if name not in GATES]
+    if unknown:
+        raise ValueError(f"{code}: unknown gate(s) {unknown}")
     meta = CheckMeta(
         code=code,
         name=name,
@@ -90,3 +161,48 @@ def check(
         return fn
 
     return decorate
+
+
+def _matches(code: str, patterns: Iterable[str]) -> bool:
+    return any(code.startswith(p) for p in patterns)
+
+
+def select_codes(stages: Iterable[Stage], select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[str]:
+    """The catalogue's codes of ``stages``, narrowed by ``--select`` / ``--ignore`` prefixes."""
+    stages, select, ignore = set(stages), set(select), set(ignore)
+    return [
+        c
+        for c in sorted(CATALOGUE)
+        if CATALOGUE[c].meta.stage in stages and (not select or _matches(c, select)) and not _matches(c, ignore)
+    ]
+
+
+def run_checks(facts: Any, codes: Iterable[str]) -> list[Finding]:
+    """Run each check behind its gates; one that raises becomes a ``crash`` finding and the run
+    goes on."""
+    findings: list[Finding] = []
+    for code in codes:
+        entry = CATALOGUE[code]
+        emit = Emit(entry.meta)
+        try:
+            for name in entry.meta.requires:
+                instead = GATES[name].test(facts, emit)
+                if instead is not None:
+                    findings.append(instead)
+                    break
+            else:
+                findings.extend(entry.run(facts))
+        except Exception as exc:  # a bug in a check must not hide the other findings
+            import traceback
+
+            findings.append(
+                Finding(
+                    code=code,
+                    outcome=Outcome.CRASH,
+                    severity=Severity.ERROR,
+                    message=f"the check itself failed: {type(exc).__name__}: {exc}",
+                    evidence={"traceback": traceback.format_exc()},
+                    hint="this is a vllm-doctor bug; please report it with the traceback",
+                )
+            )
+    return findings

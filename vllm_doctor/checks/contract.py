@@ -5,24 +5,28 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from vllm_doctor.checks.base import Emit, check
+from vllm_doctor.checks.base import Emit, check, gate
 from vllm_doctor.checks.registry import inspected_class
-from vllm_doctor.facts import Facts
+from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
 
 GENERIC = "This model does not support `--runner generate`"
 FORWARD_KWARGS = ("input_ids", "positions", "intermediate_tensors", "inputs_embeds")
 
 
-def _contract(facts: Facts, emit: Emit) -> tuple[str, dict[str, Any]] | Finding:
-    """(target, contract facts) of the class vLLM would build, or the finding saying why not."""
-    got = inspected_class(facts, emit)
-    if isinstance(got, Finding):
-        return got
-    _arch, target, record = got
+@gate("contract", after_import=True)
+def _contract_inspected(facts: Facts, emit: Emit) -> Finding | None:
+    """The import pass read the class's contract facts (after gate ``model-class``)."""
+    _arch, target, record = inspected_class(facts)
     if "contract" not in record:
         why = "it could not be imported (see VD106)" if "import_error" in record else "it was not inspected"
         return emit.skip(f"{target}: {why}", target)
+    return None
+
+
+def _contract(facts: Facts) -> tuple[str, dict[str, Any]]:
+    """(target, contract facts) of the class vLLM would build (gates ``model-class``, ``contract``)."""
+    _arch, target, record = inspected_class(facts)
     return target, record["contract"]
 
 
@@ -37,19 +41,24 @@ def _verdict(contract: dict[str, Any]) -> str:
     "The model's `__init__` does not take keyword arguments `vllm_config` and `prefix`.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="vLLM constructs every model as `Model(vllm_config=vllm_config, prefix=prefix)` and reads the HF config from `vllm_config.model_config.hf_config`.",
-    why=f"An HF-style `__init__(self, config)` fails vLLM's interface check: vLLM says only `{GENERIC}`, or warns `vLLM model class should accept vllm_config and prefix` and guesses arguments.",
+    what=(
+        "vLLM constructs every model as `Model(vllm_config=vllm_config, prefix=prefix)` and reads the HF config from "
+        "`vllm_config.model_config.hf_config`."
+    ),
+    why=(
+        f"An HF-style `__init__(self, config)` fails vLLM's interface check: vLLM says only `{GENERIC}`, or warns "
+        f"`vLLM model class should accept vllm_config and prefix` and guesses arguments."
+    ),
     example="class MyForCausalLM(nn.Module):\n    def __init__(self, config): ...",
-    fix="def __init__(self, *, vllm_config: VllmConfig, prefix: str = ''):\n    config = vllm_config.model_config.hf_config",
+    fix=(
+        "def __init__(self, *, vllm_config: VllmConfig, prefix: str = ''):\n    config = "
+        "vllm_config.model_config.hf_config"
+    ),
     references=("vllm/model_executor/model_loader/utils.py:initialize_model",),
-    requires=("import",),
+    requires=("import", "model-class", "contract"),
 )
 def init_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = _contract(facts, emit)
-    if isinstance(got, Finding):
-        yield got
-        return
-    target, c = got
+    target, c = _contract(facts)
     params = c.get("init_params") or []
     missing = [p for p in ("vllm_config", "prefix") if p not in params]
     if missing:
@@ -69,18 +78,23 @@ def init_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "The vLLM model class subclasses transformers' `PreTrainedModel`.",
     severity=Severity.WARN,
     stage=Stage.STATIC,
-    what="A vLLM model is a plain `torch.nn.Module` built from vLLM layers (parallel linear layers, vLLM's Attention with a paged KV cache); the HF `PreTrainedModel` class is for training and `from_pretrained`.",
-    why="Measured on vLLM 0.32: with a vLLM-style constructor the subclass is built and runs, but it drags in HF's machinery (post_init weight init over vLLM's loaders, `config_class` checks, generation mixins, HF's attention if its layers are reused) that vLLM never uses; with an HF-style constructor vLLM rejects it (`This model does not support `--runner generate``, see VD201). It usually means the model was ported by subclassing the HF class instead of rebuilding it from vLLM layers.",
+    what=(
+        "A vLLM model is a plain `torch.nn.Module` built from vLLM layers (parallel linear layers, vLLM's Attention "
+        "with a paged KV cache); the HF `PreTrainedModel` class is for training and `from_pretrained`."
+    ),
+    why=(
+        "Measured on vLLM 0.32: with a vLLM-style constructor the subclass is built and runs, but it drags in HF's "
+        "machinery (post_init weight init over vLLM's loaders, `config_class` checks, generation mixins, HF's "
+        "attention if its layers are reused) that vLLM never uses; with an HF-style constructor vLLM rejects it "
+        "(`This model does not support `--runner generate``, see VD201). It usually means the model was ported by "
+        "subclassing the HF class instead of rebuilding it from vLLM layers."
+    ),
     example="class MyForCausalLM(PreTrainedModel): ...",
     fix="Subclass `nn.Module` and use vLLM layers; keep the HF class for training only.",
-    requires=("import",),
+    requires=("import", "model-class", "contract"),
 )
 def subclasses_pretrainedmodel(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = _contract(facts, emit)
-    if isinstance(got, Finding):
-        yield got
-        return
-    target, c = got
+    target, c = _contract(facts)
     if c.get("is_pretrained_model"):
         hf_base = next((m for m in c.get("mro", []) if m.startswith("transformers.")), "PreTrainedModel")
         yield emit.warn(
@@ -90,7 +104,9 @@ def subclasses_pretrainedmodel(facts: Facts, emit: Emit) -> Iterable[Finding]:
             "subclass torch.nn.Module and build the model from vLLM layers",
         )
     elif not c.get("is_nn_module", True):
-        yield emit.fail(f"{target} is not a torch.nn.Module", target, {"mro": c.get("mro", [])}, "subclass torch.nn.Module")
+        yield emit.fail(
+            f"{target} is not a torch.nn.Module", target, {"mro": c.get("mro", [])}, "subclass torch.nn.Module"
+        )
     else:
         yield emit.ok(f"{target} is a plain nn.Module", target)
 
@@ -102,27 +118,40 @@ def subclasses_pretrainedmodel(facts: Facts, emit: Emit) -> Iterable[Finding]:
     severity=Severity.ERROR,
     stage=Stage.STATIC,
     what="The model runner calls `model(input_ids=..., positions=..., intermediate_tensors=..., inputs_embeds=...)`.",
-    why=f"Without `positions` vLLM's interface check fails (`{GENERIC}`); without the other two the first forward raises TypeError.",
+    why=(
+        f"Without `positions` vLLM's interface check fails (`{GENERIC}`); without the other two the first forward "
+        f"raises TypeError."
+    ),
     example="def forward(self, input_ids, attention_mask=None): ...  # HF style",
     fix="def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None): ...",
-    requires=("import",),
+    requires=("import", "model-class", "contract"),
 )
 def forward_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = _contract(facts, emit)
-    if isinstance(got, Finding):
-        yield got
-        return
-    target, c = got
+    target, c = _contract(facts)
     if not c.get("forward_callable"):
-        yield emit.fail(f"{target} has no callable forward", f"{target}.forward", {}, "define forward(self, input_ids, positions, ...)")
+        yield emit.fail(
+            f"{target} has no callable forward",
+            f"{target}.forward",
+            {},
+            "define forward(self, input_ids, positions, ...)",
+        )
         return
     supports = c.get("forward_supports", {})
     missing = [kw for kw in FORWARD_KWARGS if not supports.get(kw)]
     if missing:
         yield emit.fail(
-            f"{target}.forward does not accept {', '.join(missing)}: its parameters are ({', '.join(c.get('forward_params') or [])}){_verdict(c)}",
+            (
+                f"{target}.forward does not accept {', '.join(missing)}: its parameters are "
+                f"({', '.join(c.get('forward_params') or [])}){_verdict(c)}"
+            ),
             f"{target}.forward",
-            {"forward_params": c.get("forward_params"), "missing": missing, "vllm_error": GENERIC if {"input_ids", "positions"} & set(missing) else "TypeError at the first forward"},
+            {
+                "forward_params": c.get("forward_params"),
+                "missing": missing,
+                "vllm_error": GENERIC
+                if {"input_ids", "positions"} & set(missing)
+                else "TypeError at the first forward",
+            },
             "def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None)",
         )
     else:
@@ -135,21 +164,24 @@ def forward_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "The class has no callable `compute_logits`, so vLLM does not treat it as a text-generation model.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="vLLM calls `forward` for hidden states and then `compute_logits(hidden_states)` (usually `self.logits_processor(self.lm_head, hidden_states)`).",
+    what=(
+        "vLLM calls `forward` for hidden states and then `compute_logits(hidden_states)` (usually "
+        "`self.logits_processor(self.lm_head, hidden_states)`)."
+    ),
     why=f"Without it `is_text_generation_model` is false and vLLM says `{GENERIC}`.",
     example="def logits(self, hidden_states): ...  # renamed",
     fix="def compute_logits(self, hidden_states): return self.logits_processor(self.lm_head, hidden_states)",
-    requires=("import",),
+    requires=("import", "model-class", "contract"),
 )
 def compute_logits_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = _contract(facts, emit)
-    if isinstance(got, Finding):
-        yield got
-        return
-    target, c = got
+    target, c = _contract(facts)
     if not c.get("compute_logits_callable"):
-        yield emit.fail(f"{target} has no compute_logits{_verdict(c)}", f"{target}.compute_logits", {"vllm_error": GENERIC},
-                        "def compute_logits(self, hidden_states): return self.logits_processor(self.lm_head, hidden_states)")
+        yield emit.fail(
+            f"{target} has no compute_logits{_verdict(c)}",
+            f"{target}.compute_logits",
+            {"vllm_error": GENERIC},
+            "def compute_logits(self, hidden_states): return self.logits_processor(self.lm_head, hidden_states)",
+        )
     else:
         yield emit.ok(f"{target}.compute_logits exists", f"{target}.compute_logits")
 
@@ -160,21 +192,28 @@ def compute_logits_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "`load_weights` is missing, or returns None, which silently turns off vLLM's missing-weight check.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="vLLM's default loader calls `model.load_weights(weights)` and compares the returned set of loaded parameter names with the model's parameters.",
-    why="No `load_weights`: loading raises AttributeError. Returning None: vLLM skips its `Following weights were not initialized from checkpoint` check, so missing weights go unnoticed and the model generates garbage.",
+    what=(
+        "vLLM's default loader calls `model.load_weights(weights)` and compares the returned set of loaded parameter "
+        "names with the model's parameters."
+    ),
+    why=(
+        "No `load_weights`: loading raises AttributeError. Returning None: vLLM skips its `Following weights were not "
+        "initialized from checkpoint` check, so missing weights go unnoticed and the model generates garbage."
+    ),
     example="def load_weights(self, weights):\n    for name, w in weights: ...\n    # no return",
     fix="Collect the names you load into a set and `return loaded_params` (see vLLM's llama.py).",
     references=("vllm-project/vllm#15536",),
-    requires=("import",),
+    requires=("import", "model-class", "contract"),
 )
 def load_weights_contract(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = _contract(facts, emit)
-    if isinstance(got, Finding):
-        yield got
-        return
-    target, c = got
+    target, c = _contract(facts)
     if not c.get("load_weights_callable"):
-        yield emit.fail(f"{target} has no load_weights", f"{target}.load_weights", {}, "define load_weights(self, weights) -> set[str]")
+        yield emit.fail(
+            f"{target} has no load_weights",
+            f"{target}.load_weights",
+            {},
+            "define load_weights(self, weights) -> set[str]",
+        )
     elif c.get("load_weights_returns_value") is False:
         yield emit.warn(
             f"{target}.load_weights returns None: vLLM cannot tell which parameters were never loaded",
@@ -194,22 +233,25 @@ def load_weights_contract(facts: Facts, emit: Emit) -> Iterable[Finding]:
     severity=Severity.WARN,
     stage=Stage.STATIC,
     what="vLLM embeds token ids through `model.embed_input_ids(input_ids)` (older vLLM: `get_input_embeddings`).",
-    why=f"vLLM 0.32 requires it in `is_vllm_model` (`The model (...) is missing the embed_input_ids method`, then `{GENERIC}`); older versions warn.",
+    why=(
+        f"vLLM 0.32 requires it in `is_vllm_model` (`The model (...) is missing the embed_input_ids method`, then "
+        f"`{GENERIC}`); older versions warn."
+    ),
     example="def get_input_embeddings(self, input_ids): ...  # pre-rename name",
     fix="def embed_input_ids(self, input_ids): return self.model.embed_tokens(input_ids)",
-    requires=("import",),
+    requires=("import", "model-class", "contract"),
 )
 def embed_input_ids_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = _contract(facts, emit)
-    if isinstance(got, Finding):
-        yield got
-        return
-    target, c = got
+    target, c = _contract(facts)
     if c.get("embed_input_ids_callable"):
         yield emit.ok(f"{target}.embed_input_ids exists", f"{target}.embed_input_ids")
         return
     required = bool(c.get("vllm", {}).get("requires_embed_input_ids"))
-    hint = "rename get_input_embeddings to embed_input_ids" if c.get("get_input_embeddings_callable") else "def embed_input_ids(self, input_ids): return self.model.embed_tokens(input_ids)"
+    hint = (
+        "rename get_input_embeddings to embed_input_ids"
+        if c.get("get_input_embeddings_callable")
+        else "def embed_input_ids(self, input_ids): return self.model.embed_tokens(input_ids)"
+    )
     yield emit.fail(
         f"{target} has no embed_input_ids" + (" (required by this vLLM)" if required else ""),
         f"{target}.embed_input_ids",
@@ -225,19 +267,21 @@ def embed_input_ids_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "Importing the model module initialises CUDA.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="vLLM imports model modules in processes that later fork workers; CUDA cannot be re-initialised in a forked child.",
-    why="`RuntimeError: Cannot re-initialize CUDA in forked subprocess` in the workers (on a CPU build: `Torch not compiled with CUDA enabled` at import).",
+    what=(
+        "vLLM imports model modules in processes that later fork workers; CUDA cannot be re-initialised in a forked "
+        "child."
+    ),
+    why=(
+        "`RuntimeError: Cannot re-initialize CUDA in forked subprocess` in the workers (on a CPU build: `Torch not "
+        "compiled with CUDA enabled` at import)."
+    ),
     example="GPU_NAME = torch.cuda.get_device_name(0)  # at module level",
     fix="Move device queries into __init__/forward, or make them lazy; register the class lazily ('module:Class').",
     references=("vllm-project/vllm#12754", "vllm-project/vllm#8893"),
-    requires=("import",),
+    requires=("import", "model-class"),
 )
 def cuda_initialized_at_import(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = inspected_class(facts, emit)
-    if isinstance(got, Finding):
-        yield got
-        return
-    _arch, target, record = got
+    _arch, target, record = inspected_class(facts)
     frames = record.get("cuda_init_at_import")
     if frames:
         yield emit.fail(

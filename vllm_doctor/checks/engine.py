@@ -10,25 +10,23 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
-from vllm_doctor.checks.base import Emit, check
-from vllm_doctor.engine_facts import EngineFacts, WorkerFacts
+from vllm_doctor.analysis.engine import memory_breakdown
+from vllm_doctor.checks.base import Emit, check, gate
+from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.model import Finding, Outcome, Severity, Stage
-from vllm_doctor.profilers.engine import memory_breakdown
+from vllm_doctor.units import fmt_bytes
 
 MAX_FINDINGS_PER_WORKER = 10
 NEEDS_ENGINE = "engine stage: run `vllm-doctor check MODEL --engine`, or vllm_doctor.attach(llm) in your script"
 _TO_SERVE = re.compile(
-    r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache memory \(([\d.]+) GiB\)"
+    r"max seq len \((\d+)\), \(([\d.]+) GiB KV cache is needed, which is larger than the available KV cache "
+    r"memory \(([\d.]+) GiB\)"
 )
 _ESTIMATED = re.compile(r"estimated maximum model length is (\d+)")
 _DUPLICATE = re.compile(r"Duplicate layer name: ([^\s]+)")
-
-
-def _gib(n: int | float | None) -> str:
-    return "?" if n is None else f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 def _subject(w: WorkerFacts, dev: str | None = None) -> str:
@@ -37,29 +35,46 @@ def _subject(w: WorkerFacts, dev: str | None = None) -> str:
 
 def _crash(emit: Emit, w: WorkerFacts, part: str, error: dict[str, Any]) -> Finding:
     return Finding(
-        code=emit.meta.code, outcome=Outcome.CRASH, severity=Severity.ERROR,
+        code=emit.meta.code,
+        outcome=Outcome.CRASH,
+        severity=Severity.ERROR,
         message=f"the worker-side probe for {part!r} failed: {error.get('type')}: {error.get('message')}",
-        subject=_subject(w), evidence={"traceback": error.get("traceback", "")},
-        hint="the engine kept serving; this is a vllm-doctor bug or an incompatibility with this vLLM: please report it",
+        subject=_subject(w),
+        evidence={"traceback": error.get("traceback", "")},
+        hint=(
+            "the engine kept serving; this is a vllm-doctor bug or an incompatibility with this vLLM: please report it"
+        ),
     )
 
 
-def _workers(facts: Any, emit: Emit, part: str) -> Iterator[tuple[WorkerFacts, dict[str, Any]] | Finding]:
-    """Each worker's ``part`` (or a crash/skip finding in its place)."""
-    if not isinstance(facts, EngineFacts):
-        yield emit.skip(NEEDS_ENGINE)
-        return
-    if not facts.started:
-        if facts.runtime_error:
-            yield emit.skip(f"the engine started, then the workload failed: {facts.runtime_error.splitlines()[0][:300]}")
-        else:
-            yield emit.skip(f"the engine did not start: {(facts.startup_error or 'no worker replied').splitlines()[0][:300]}")
-        return
+@gate("engine-facts")
+def _engine_facts(facts: Any, emit: Emit) -> Finding | None:
+    """The facts come from an engine (``check --engine`` or ``attach``), started or not."""
+    return None if isinstance(facts, EngineFacts) else emit.skip(NEEDS_ENGINE)
+
+
+@gate("engine")
+def _engine_started(facts: Any, emit: Emit) -> Finding | None:
+    """As ``engine-facts``, and the engine started and its workers answered."""
+    instead = _engine_facts(facts, emit)
+    if instead is not None or facts.started:
+        return instead
+    if facts.runtime_error:
+        return emit.skip(f"the engine started, then the workload failed: {facts.runtime_error.splitlines()[0][:300]}")
+    return emit.skip(f"the engine did not start: {(facts.startup_error or 'no worker replied').splitlines()[0][:300]}")
+
+
+def _workers(
+    facts: EngineFacts, emit: Emit, part: str
+) -> tuple[list[tuple[WorkerFacts, dict[str, Any]]], list[Finding]]:
+    """Each worker's ``part``, and a crash finding for each worker whose probe of it failed."""
+    pairs, crashes = [], []
     for w in facts.workers:
         if part in w.errors:
-            yield _crash(emit, w, part, w.errors[part])
+            crashes.append(_crash(emit, w, part, w.errors[part]))
         elif w.get(part) is not None:
-            yield (w, w.parts[part])
+            pairs.append((w, w.parts[part]))
+    return pairs, crashes
 
 
 def _capped(findings: list[Finding], emit: Emit, w: WorkerFacts, what: str, total: int) -> Iterable[Finding]:
@@ -74,26 +89,39 @@ def _capped(findings: list[Finding], emit: Emit, w: WorkerFacts, what: str, tota
     "A doctor hook inside a worker raised; it switched itself off and the engine kept serving.",
     severity=Severity.WARN,
     stage=Stage.ENGINE,
-    what="The doctor's forward profiler and probe run as hooks inside vLLM's workers. Each one runs under a guard: if it raises, the guard records the error, switches that piece off and returns, so vLLM's own forward goes on untouched.",
-    why="Part of the profile is missing (per-step or per-layer timings, or the VD403/VD404 probe) and the cause is in the doctor, not in your model.",
+    what=(
+        "The doctor's forward profiler and probe run as hooks inside vLLM's workers. Each one runs under a guard: if "
+        "it raises, the guard records the error, switches that piece off and returns, so vLLM's own forward goes on "
+        "untouched."
+    ),
+    why=(
+        "Part of the profile is missing (per-step or per-layer timings, or the VD403/VD404 probe) and the cause is in "
+        "the doctor, not in your model."
+    ),
     example="crash in component 'layers' at step 12: AttributeError: ...",
-    fix="Report it with the traceback (vllm-doctor and vLLM versions are in the report); meanwhile attach with layers=False or probe=False.",
+    fix=(
+        "Report it with the traceback (vllm-doctor and vLLM versions are in the report); meanwhile attach with "
+        "layers=False or probe=False."
+    ),
     requires=("engine",),
 )
 def doctor_probe_crashed(facts: Any, emit: Emit) -> Iterable[Finding]:
-    found = False
-    for item in _workers(facts, emit, "profile"):
-        if isinstance(item, Finding):
-            yield item
-            found = True
-            continue
-        w, profile = item
+    pairs, crashes = _workers(facts, emit, "profile")
+    yield from crashes
+    found = bool(crashes)
+    for w, profile in pairs:
         for c in profile.get("crashes", []):
             found = True
             yield Finding(
-                code=emit.meta.code, outcome=Outcome.CRASH, severity=Severity.WARN,
-                message=f"the doctor's {c.get('component')!r} hook raised at step {c.get('step')}: {c.get('type')}: {c.get('message')}; it was switched off",
-                subject=_subject(w), evidence={"traceback": c.get("traceback", ""), "component": c.get("component")},
+                code=emit.meta.code,
+                outcome=Outcome.CRASH,
+                severity=Severity.WARN,
+                message=(
+                    f"the doctor's {c.get('component')!r} hook raised at step {c.get('step')}: {c.get('type')}: "
+                    f"{c.get('message')}; it was switched off"
+                ),
+                subject=_subject(w),
+                evidence={"traceback": c.get("traceback", ""), "component": c.get("component")},
                 hint="the engine kept serving and its outputs are unaffected; please report this traceback",
             )
     if not found:
@@ -106,19 +134,28 @@ def doctor_probe_crashed(facts: Any, emit: Emit) -> Iterable[Finding]:
     "A parameter or buffer is not on the worker's device.",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
-    what="Lists every parameter and buffer of the loaded model whose device differs from the worker's (`cuda:N` on a GPU worker, `cpu` on a CPU worker).",
-    why="vLLM builds the model under `with torch.device(worker device)`; a tensor pinned elsewhere (an explicit `device='cpu'`, `torch.from_numpy`, a buffer built on `meta` and never materialised) either crashes the first forward with `Expected all tensors to be on the same device`, or silently copies host->device every step.",
+    what=(
+        "Lists every parameter and buffer of the loaded model whose device differs from the worker's (`cuda:N` on a "
+        "GPU worker, `cpu` on a CPU worker)."
+    ),
+    why=(
+        "vLLM builds the model under `with torch.device(worker device)`; a tensor pinned elsewhere (an explicit "
+        "`device='cpu'`, `torch.from_numpy`, a buffer built on `meta` and never materialised) either crashes the "
+        "first forward with `Expected all tensors to be on the same device`, or silently copies host->device every "
+        "step."
+    ),
     example="self.register_buffer('inv_freq', torch.from_numpy(freqs))  # stays on the CPU of a cuda:0 worker",
-    fix="Create tensors without an explicit device inside `__init__` (vLLM's device context places them), or move them in `process_weights_after_loading`; never build them from numpy at forward time.",
+    fix=(
+        "Create tensors without an explicit device inside `__init__` (vLLM's device context places them), or move "
+        "them in `process_weights_after_loading`; never build them from numpy at forward time."
+    ),
     references=("vllm-project/vllm#42322", "vllm-project/vllm#3482"),
     requires=("engine",),
 )
 def tensor_off_worker_device(facts: Any, emit: Emit) -> Iterable[Finding]:
-    for item in _workers(facts, emit, "placement"):
-        if isinstance(item, Finding):
-            yield item
-            continue
-        w, p = item
+    pairs, crashes = _workers(facts, emit, "placement")
+    yield from crashes
+    for w, p in pairs:
         dev = (p.get("device") or {}).get("device")
         counts = p.get("counts") or {}
         if p.get("model") is None:
@@ -126,17 +163,30 @@ def tensor_off_worker_device(facts: Any, emit: Emit) -> Iterable[Finding]:
             continue
         misplaced = p.get("misplaced") or []
         if not misplaced:
-            yield emit.ok(f"all {counts.get('parameters', 0)} parameters and {counts.get('buffers', 0)} buffers are on {dev}", _subject(w, dev))
+            yield emit.ok(
+                f"all {counts.get('parameters', 0)} parameters and {counts.get('buffers', 0)} buffers are on {dev}",
+                _subject(w, dev),
+            )
             continue
         findings = [
             emit.fail(
                 f"{t['kind']} {t['name']} is on {t['device']}, but worker {w.rank} runs on {dev}",
                 t["name"],
-                {"expected": dev, "actual": t["device"], "dtype": t["dtype"], "shape": t["shape"],
-                 "bytes": t["bytes"], "module_class": t["module_class"], "rank": w.rank},
+                {
+                    "expected": dev,
+                    "actual": t["device"],
+                    "dtype": t["dtype"],
+                    "shape": t["shape"],
+                    "bytes": t["bytes"],
+                    "module_class": t["module_class"],
+                    "rank": w.rank,
+                },
                 "create it without an explicit device in __init__ (vLLM's device context places it) "
-                + ("or call .to(device) / materialise it in process_weights_after_loading" if t["device"] == "meta"
-                   else "or move it in process_weights_after_loading"),
+                + (
+                    "or call .to(device) / materialise it in process_weights_after_loading"
+                    if t["device"] == "meta"
+                    else "or move it in process_weights_after_loading"
+                ),
             )
             for t in misplaced
         ]
@@ -149,25 +199,32 @@ def tensor_off_worker_device(facts: Any, emit: Emit) -> Iterable[Finding]:
     "A worker's device does not match its rank / CUDA_VISIBLE_DEVICES, or two ranks share one GPU.",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
-    what="Compares each GPU worker's device with its local rank, torch's current device and CUDA_VISIBLE_DEVICES, and looks for two ranks on one physical GPU (same UUID).",
-    why="Two ranks on one GPU halve its memory and serialise its kernels; a current device that differs from the worker's device sends unqualified allocations (`torch.empty(..., device='cuda')`) to another GPU.",
+    what=(
+        "Compares each GPU worker's device with its local rank, torch's current device and CUDA_VISIBLE_DEVICES, and "
+        "looks for two ranks on one physical GPU (same UUID)."
+    ),
+    why=(
+        "Two ranks on one GPU halve its memory and serialise its kernels; a current device that differs from the "
+        "worker's device sends unqualified allocations (`torch.empty(..., device='cuda')`) to another GPU."
+    ),
     example="CUDA_VISIBLE_DEVICES=0,0 vllm serve ... --tensor-parallel-size 2",
-    fix="Give each rank its own GPU (CUDA_VISIBLE_DEVICES lists distinct ids, at least tensor_parallel_size of them) and allocate with `device=x.device`, not a bare 'cuda'.",
+    fix=(
+        "Give each rank its own GPU (CUDA_VISIBLE_DEVICES lists distinct ids, at least tensor_parallel_size of them) "
+        "and allocate with `device=x.device`, not a bare 'cuda'."
+    ),
     requires=("engine",),
 )
 def worker_device_mismatch(facts: Any, emit: Emit) -> Iterable[Finding]:
     by_gpu: dict[tuple[Any, Any], list[int | None]] = {}
-    any_worker = False
-    for item in _workers(facts, emit, "placement"):
-        if isinstance(item, Finding):
-            yield item
-            continue
-        any_worker = True
-        w, p = item
+    pairs, crashes = _workers(facts, emit, "placement")
+    yield from crashes
+    for w, p in pairs:
         d = p.get("device") or {}
         dev = d.get("device")
         if d.get("type") != "cuda":
-            yield emit.not_applicable(f"worker {w.rank} runs on {dev}: device-per-rank applies to GPU workers only", _subject(w, dev))
+            yield emit.not_applicable(
+                f"worker {w.rank} runs on {dev}: device-per-rank applies to GPU workers only", _subject(w, dev)
+            )
             continue
         problems = []
         local_rank, index = d.get("local_rank"), d.get("index")
@@ -179,37 +236,64 @@ def worker_device_mismatch(facts: Any, emit: Emit) -> Iterable[Finding]:
             problems.append(f"torch.cuda.current_device() is {d['current_device']}, not {index}")
         key = (d.get("hostname"), d.get("uuid") or d.get("pci_bus_id") or f"{d.get('cuda_visible_devices')}#{index}")
         by_gpu.setdefault(key, []).append(w.rank)
-        evidence = {k: d.get(k) for k in ("device", "local_rank", "rank", "current_device", "device_count", "cuda_visible_devices", "uuid", "pci_bus_id")}
+        evidence = {
+            k: d.get(k)
+            for k in (
+                "device",
+                "local_rank",
+                "rank",
+                "current_device",
+                "device_count",
+                "cuda_visible_devices",
+                "uuid",
+                "pci_bus_id",
+            )
+        }
         if problems:
-            yield emit.fail(f"worker {w.rank}: " + "; ".join(problems), _subject(w, dev), evidence,
-                            "let vLLM pick the device (cuda:<local_rank>) and list distinct GPUs in CUDA_VISIBLE_DEVICES")
+            yield emit.fail(
+                f"worker {w.rank}: " + "; ".join(problems),
+                _subject(w, dev),
+                evidence,
+                "let vLLM pick the device (cuda:<local_rank>) and list distinct GPUs in CUDA_VISIBLE_DEVICES",
+            )
         else:
-            yield emit.ok(f"worker {w.rank} (local rank {local_rank}) runs on {dev} ({d.get('name')})", _subject(w, dev), evidence)
+            yield emit.ok(
+                f"worker {w.rank} (local rank {local_rank}) runs on {dev} ({d.get('name')})", _subject(w, dev), evidence
+            )
     for (host, gpu), ranks in by_gpu.items():
         if len(ranks) > 1:
-            yield emit.fail(f"ranks {ranks} share one GPU ({gpu}) on {host}", f"GPU {gpu}",
-                            {"ranks": ranks, "gpu": gpu, "host": host},
-                            "give each rank its own GPU: CUDA_VISIBLE_DEVICES must list distinct devices")
-    if not any_worker and isinstance(facts, EngineFacts) and facts.started:
+            yield emit.fail(
+                f"ranks {ranks} share one GPU ({gpu}) on {host}",
+                f"GPU {gpu}",
+                {"ranks": ranks, "gpu": gpu, "host": host},
+                "give each rank its own GPU: CUDA_VISIBLE_DEVICES must list distinct devices",
+            )
+    if not pairs:
         yield emit.skip("no worker reported its device")
 
 
-def _probe_events(facts: Any, emit: Emit, kinds: set[str]) -> Iterator[tuple[WorkerFacts, str, dict[str, Any] | None] | Finding]:
-    for item in _workers(facts, emit, "profile"):
-        if isinstance(item, Finding):
-            yield item
-            continue
-        w, profile = item
+def _probe_events(
+    facts: EngineFacts, emit: Emit, kinds: set[str]
+) -> tuple[list[tuple[WorkerFacts, str, dict[str, Any] | None]], list[Finding]]:
+    """(worker, device, event or None when the worker's probe saw none of ``kinds``), and the
+    findings for workers whose probe crashed or saw no step."""
+    pairs, findings = _workers(facts, emit, "profile")
+    items: list[tuple[WorkerFacts, str, dict[str, Any] | None]] = []
+    for w, profile in pairs:
         probe = profile.get("probe") or {}
-        dev = probe.get("worker_device")
+        dev = probe.get("worker_device") or ""
         if not probe.get("steps") and not probe.get("events"):  # judge what was probed, even if incomplete
-            yield emit.skip(probe.get("reason") or f"the forward probe saw no step yet (waiting for {probe.get('waiting_for')})", _subject(w))
+            findings.append(
+                emit.skip(
+                    probe.get("reason")
+                    or f"the forward probe saw no step yet (waiting for {probe.get('waiting_for')})",
+                    _subject(w),
+                )
+            )
             continue
         events = [e for e in probe.get("events", []) if e.get("kind") in kinds]
-        if not events:
-            yield (w, dev or "", None)
-        for e in events:
-            yield (w, dev or "", e)
+        items += [(w, dev, e) for e in events] or [(w, dev, None)]
+    return items, findings
 
 
 def _probe_steps(w: WorkerFacts) -> list[Any]:
@@ -222,18 +306,26 @@ def _probe_steps(w: WorkerFacts) -> list[Any]:
     "The forward pass creates tensors on another device than the worker's, or copies across devices every step.",
     severity=Severity.WARN,
     stage=Stage.ENGINE,
-    what="During one prefill and one decode step, a torch dispatch mode records every op whose output lands on another device than the worker's (a factory with an explicit device, `torch.tensor(...)` on a GPU worker) and every copy between devices; forward pre-hooks name the module.",
-    why="A host->device copy per layer per step stalls the GPU and is invisible in a loss curve; under CUDA graphs a CPU tensor created at forward time is frozen into the graph.",
+    what=(
+        "During one prefill and one decode step, a torch dispatch mode records every op whose output lands on another "
+        "device than the worker's (a factory with an explicit device, `torch.tensor(...)` on a GPU worker) and every "
+        "copy between devices; forward pre-hooks name the module."
+    ),
+    why=(
+        "A host->device copy per layer per step stalls the GPU and is invisible in a loss curve; under CUDA graphs a "
+        "CPU tensor created at forward time is frozen into the graph."
+    ),
     example="mask = torch.tensor(pattern).to(x.device)   # in forward: a host tensor + an H2D copy every step",
-    fix="Build such tensors once in `__init__` as buffers (vLLM places them on the worker's device), or create them with `device=x.device`.",
-    requires=("engine", "probe"),
+    fix=(
+        "Build such tensors once in `__init__` as buffers (vLLM places them on the worker's device), or create them "
+        "with `device=x.device`."
+    ),
+    requires=("engine",),
 )
 def forward_wrong_device(facts: Any, emit: Emit) -> Iterable[Finding]:
-    for item in _probe_events(facts, emit, {"wrong_device_create", "cross_device_copy", "wrong_device_compute"}):
-        if isinstance(item, Finding):
-            yield item
-            continue
-        w, dev, e = item
+    items, findings = _probe_events(facts, emit, {"wrong_device_create", "cross_device_copy", "wrong_device_compute"})
+    yield from findings
+    for w, dev, e in items:
         if e is None:
             steps = _probe_steps(w)
             yield emit.ok(f"no op in {len(steps)} probed step(s) left {dev}", _subject(w, dev), {"probed_steps": steps})
@@ -246,12 +338,16 @@ def forward_wrong_device(facts: Any, emit: Emit) -> Iterable[Finding]:
         where = (e.get("where") or [""])[-1]
         builtin = bool(e.get("vllm_builtin"))
         yield emit.warn(
-            f"{e['module']} ({e['module_class']}) {what} ({e['op']}, {e['count']}x in the probed steps); the worker runs on {dev}"
+            (
+                f"{e['module']} ({e['module_class']}) {what} ({e['op']}, {e['count']}x in the probed steps); the "
+                f"worker runs on {dev}"
+            )
             + (" [inside vLLM's own layer]" if builtin else ""),
             e["module"],
             {**e, "worker_device": dev, "rank": w.rank},
-            f"at {where}: build it once in __init__ (a buffer) or create it with device=x.device" if where else
-            "build it once in __init__ (a buffer) or create it with device=x.device",
+            f"at {where}: build it once in __init__ (a buffer) or create it with device=x.device"
+            if where
+            else "build it once in __init__ (a buffer) or create it with device=x.device",
             severity=Severity.INFO if builtin else None,
         )
 
@@ -259,37 +355,57 @@ def forward_wrong_device(facts: Any, emit: Emit) -> Iterable[Finding]:
 @check(
     "VD404",
     "host-sync-in-forward",
-    "The forward pass reads tensor values on the host (`.item()`, `.cpu()`, `.tolist()`) or has data-dependent shapes (`nonzero`).",
+    (
+        "The forward pass reads tensor values on the host (`.item()`, `.cpu()`, `.tolist()`) or has data-dependent "
+        "shapes (`nonzero`)."
+    ),
     severity=Severity.WARN,
     stage=Stage.ENGINE,
-    what="During one prefill and one decode step, a torch function mode records host reads (`.item()`, `.tolist()`, `.cpu()`, `.numpy()`, `bool(t)`, `int(t)`) and a dispatch mode records ops whose output shape depends on values (`nonzero`, `masked_select`, `unique`, boolean-mask indexing); forward pre-hooks name the module.",
-    why="On a GPU each one waits for all queued kernels (a host sync), and each one breaks torch.compile graphs and CUDA-graph capture, so vLLM falls back to slower paths or fails to capture.",
+    what=(
+        "During one prefill and one decode step, a torch function mode records host reads (`.item()`, `.tolist()`, "
+        "`.cpu()`, `.numpy()`, `bool(t)`, `int(t)`) and a dispatch mode records ops whose output shape depends on "
+        "values (`nonzero`, `masked_select`, `unique`, boolean-mask indexing); forward pre-hooks name the module."
+    ),
+    why=(
+        "On a GPU each one waits for all queued kernels (a host sync), and each one breaks torch.compile graphs and "
+        "CUDA-graph capture, so vLLM falls back to slower paths or fails to capture."
+    ),
     example="if (positions > limit).any().item(): ...   # in forward",
-    fix="Keep control flow on the host side of the step (vLLM's attention metadata carries lengths), use masks instead of `nonzero`, or precompute in `__init__`.",
+    fix=(
+        "Keep control flow on the host side of the step (vLLM's attention metadata carries lengths), use masks "
+        "instead of `nonzero`, or precompute in `__init__`."
+    ),
     references=("vllm-project/vllm#11587", "vllm-project/vllm#10445", "vllm-project/vllm#48053"),
-    requires=("engine", "probe"),
+    requires=("engine",),
 )
 def host_sync_in_forward(facts: Any, emit: Emit) -> Iterable[Finding]:
-    for item in _probe_events(facts, emit, {"host_sync", "data_dependent"}):
-        if isinstance(item, Finding):
-            yield item
-            continue
-        w, dev, e = item
+    items, findings = _probe_events(facts, emit, {"host_sync", "data_dependent"})
+    yield from findings
+    for w, dev, e in items:
         if e is None:
             steps = _probe_steps(w)
-            yield emit.ok(f"no host read or data-dependent shape in {len(steps)} probed step(s)", _subject(w, dev), {"probed_steps": steps})
+            yield emit.ok(
+                f"no host read or data-dependent shape in {len(steps)} probed step(s)",
+                _subject(w, dev),
+                {"probed_steps": steps},
+            )
             continue
         what = "reads a tensor value on the host" if e["kind"] == "host_sync" else "has a data-dependent output shape"
         on_cpu = dev.startswith("cpu")
         builtin = bool(e.get("vllm_builtin"))
-        note = " (a no-op on this CPU worker; on a GPU worker it waits for the GPU and breaks CUDA-graph capture)" if on_cpu else ""
+        note = (
+            " (a no-op on this CPU worker; on a GPU worker it waits for the GPU and breaks CUDA-graph capture)"
+            if on_cpu
+            else ""
+        )
         where = (e.get("where") or [""])[-1]
         yield emit.warn(
             f"{e['module']} ({e['module_class']}) {what}: {e['op']}, {e['count']}x in the probed steps{note}"
             + (" [inside vLLM's own layer]" if builtin else ""),
             e["module"],
             {**e, "worker_device": dev, "rank": w.rank},
-            (f"at {where}: " if where else "") + "keep values on the device (masks, torch.where) or move the decision out of forward",
+            (f"at {where}: " if where else "")
+            + "keep values on the device (masks, torch.where) or move the decision out of forward",
             severity=Severity.INFO if builtin else None,
         )
 
@@ -300,30 +416,49 @@ def host_sync_in_forward(facts: Any, emit: Emit) -> Iterable[Finding]:
     "A parameter's dtype differs from the model dtype (info: fine if deliberate).",
     severity=Severity.INFO,
     stage=Stage.ENGINE,
-    what="Lists floating-point parameters whose dtype is not the engine's model dtype (fp8 and integer quantized weights are not listed).",
-    why="A float32 parameter in a bfloat16 model upcasts every op that touches it (slower, more memory) or fails in a fused kernel that expects one dtype; often it is a `torch.ones(...)` created with an explicit dtype.",
+    what=(
+        "Lists floating-point parameters whose dtype is not the engine's model dtype (fp8 and integer quantized "
+        "weights are not listed)."
+    ),
+    why=(
+        "A float32 parameter in a bfloat16 model upcasts every op that touches it (slower, more memory) or fails in a "
+        "fused kernel that expects one dtype; often it is a `torch.ones(...)` created with an explicit dtype."
+    ),
     example="self.scale = nn.Parameter(torch.ones(1, dtype=torch.float32))   # model runs in bfloat16",
-    fix="Create it with `params_dtype` / `torch.get_default_dtype()` (vLLM sets the default dtype while building the model), or keep it float32 on purpose and ignore VD405.",
+    fix=(
+        "Create it with `params_dtype` / `torch.get_default_dtype()` (vLLM sets the default dtype while building the "
+        "model), or keep it float32 on purpose and ignore VD405."
+    ),
     requires=("engine",),
 )
 def parameter_dtype_differs(facts: Any, emit: Emit) -> Iterable[Finding]:
-    for item in _workers(facts, emit, "placement"):
-        if isinstance(item, Finding):
-            yield item
-            continue
-        w, p = item
+    pairs, crashes = _workers(facts, emit, "placement")
+    yield from crashes
+    for w, p in pairs:
         model_dtype = p.get("model_dtype")
         mismatched = p.get("dtype_mismatch") or []
         if not mismatched:
             yield emit.ok(f"every floating-point parameter is {model_dtype}", _subject(w))
             continue
         findings = [
-            emit.warn(f"parameter {t['name']} is {t['dtype']}, the model runs in {model_dtype}", t["name"],
-                      {"expected": model_dtype, "actual": t["dtype"], "shape": t["shape"], "module_class": t["module_class"]},
-                      "create it with the default dtype (vLLM sets it while building the model), or ignore VD405 if deliberate")
+            emit.warn(
+                f"parameter {t['name']} is {t['dtype']}, the model runs in {model_dtype}",
+                t["name"],
+                {"expected": model_dtype, "actual": t["dtype"], "shape": t["shape"], "module_class": t["module_class"]},
+                (
+                    "create it with the default dtype (vLLM sets it while building the model), or ignore VD405 if "
+                    "deliberate"
+                ),
+            )
             for t in mismatched
         ]
-        yield from _capped(findings, emit, w, "parameters with another dtype", int((p.get("counts") or {}).get("dtype_mismatch", len(mismatched))))
+        yield from _capped(
+            findings,
+            emit,
+            w,
+            "parameters with another dtype",
+            int((p.get("counts") or {}).get("dtype_mismatch", len(mismatched))),
+        )
 
 
 def blocks_needed(groups: list[dict[str, Any]], length: int) -> int | None:
@@ -368,37 +503,60 @@ def largest_length(groups: list[dict[str, Any]], num_blocks: int, cap: int) -> i
     "The KV cache cannot hold one request of max_model_len; says the largest length that fits.",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
-    what="From the running engine's KV cache (blocks x block size per KV group) computes the longest request that fits and how many requests of max_model_len fit at once; if the engine refused to start, reads vLLM's own numbers from its error.",
-    why="vLLM stops at start-up (`To serve at least one request with the model's max seq len ...`) or, with several groups, rejects long prompts at run time.",
+    what=(
+        "From the running engine's KV cache (blocks x block size per KV group) computes the longest request that fits "
+        "and how many requests of max_model_len fit at once; if the engine refused to start, reads vLLM's own numbers "
+        "from its error."
+    ),
+    why=(
+        "vLLM stops at start-up (`To serve at least one request with the model's max seq len ...`) or, with several "
+        "groups, rejects long prompts at run time."
+    ),
     example="max_model_len=32768 with gpu_memory_utilization=0.5 on a 24 GiB GPU",
-    fix="Lower `max_model_len` to the length that fits, raise `gpu_memory_utilization` / `kv_cache_memory_bytes`, or use an fp8 KV cache (`kv_cache_dtype='fp8'`).",
+    fix=(
+        "Lower `max_model_len` to the length that fits, raise `gpu_memory_utilization` / `kv_cache_memory_bytes`, or "
+        "use an fp8 KV cache (`kv_cache_dtype='fp8'`)."
+    ),
     references=("vllm-project/vllm#10439", "vllm-project/vllm#16118"),
-    requires=("engine",),
+    requires=("engine-facts",),
 )
 def kv_cache_too_small(facts: Any, emit: Emit) -> Iterable[Finding]:
-    if isinstance(facts, EngineFacts) and facts.startup_error:
+    if facts.startup_error:
         err = facts.startup_error
         m = _TO_SERVE.search(err)
         if m:
             est = _ESTIMATED.search(err)
             yield emit.fail(
                 f"the KV cache cannot hold one request of max_model_len={m.group(1)}: it needs {m.group(2)} GiB, "
-                f"{m.group(3)} GiB are available" + (f"; the longest request that fits is {est.group(1)} tokens" if est else ""),
+                f"{m.group(3)} GiB are available"
+                + (f"; the longest request that fits is {est.group(1)} tokens" if est else ""),
                 "engine start-up",
-                {"max_model_len": int(m.group(1)), "needed_gib": float(m.group(2)), "available_gib": float(m.group(3)),
-                 "largest_length": int(est.group(1)) if est else None, "vllm_error": err[:600]},
-                f"set max_model_len={est.group(1)} or less" if est else "lower max_model_len or give the KV cache more memory",
+                {
+                    "max_model_len": int(m.group(1)),
+                    "needed_gib": float(m.group(2)),
+                    "available_gib": float(m.group(3)),
+                    "largest_length": int(est.group(1)) if est else None,
+                    "vllm_error": err[:600],
+                },
+                f"set max_model_len={est.group(1)} or less"
+                if est
+                else "lower max_model_len or give the KV cache more memory",
             )
             return
         if "No available memory for the cache blocks" in err:
-            yield emit.fail("no memory is left for the KV cache after the weights and activations", "engine start-up",
-                            {"vllm_error": err[:600]}, "raise gpu_memory_utilization / kv_cache_memory_bytes, or use a smaller model / quantization")
+            yield emit.fail(
+                "no memory is left for the KV cache after the weights and activations",
+                "engine start-up",
+                {"vllm_error": err[:600]},
+                "raise gpu_memory_utilization / kv_cache_memory_bytes, or use a smaller model / quantization",
+            )
             return
-    for item in _workers(facts, emit, "kv"):
-        if isinstance(item, Finding):
-            yield item
-            continue
-        w, kv = item
+    if (instead := _engine_started(facts, emit)) is not None:
+        yield instead
+        return
+    pairs, crashes = _workers(facts, emit, "kv")
+    yield from crashes
+    for w, kv in pairs:
         groups, num_blocks, max_len = kv.get("groups") or [], kv.get("num_blocks"), kv.get("max_model_len")
         if not groups or not num_blocks or not max_len:
             yield emit.skip("this vLLM does not expose the KV cache configuration", _subject(w))
@@ -409,18 +567,30 @@ def kv_cache_too_small(facts: Any, emit: Emit) -> Iterable[Finding]:
             yield emit.skip(f"unknown KV spec types: {[g.get('spec', {}).get('type') for g in groups]}", _subject(w))
             continue
         per_request = blocks_needed(groups, int(max_len)) or 1
-        evidence = {"num_blocks": num_blocks, "block_size": (groups[0].get("spec") or {}).get("block_size"),
-                    "groups": len(groups), "max_model_len": max_len, "largest_length": fits,
-                    "full_length_requests_at_once": usable // per_request, "kv_bytes": kv.get("storage_bytes")}
+        evidence = {
+            "num_blocks": num_blocks,
+            "block_size": (groups[0].get("spec") or {}).get("block_size"),
+            "groups": len(groups),
+            "max_model_len": max_len,
+            "largest_length": fits,
+            "full_length_requests_at_once": usable // per_request,
+            "kv_bytes": kv.get("storage_bytes"),
+        }
         if fits < int(max_len):
-            yield emit.fail(f"the KV cache holds {fits} tokens per request, less than max_model_len={max_len}",
-                            _subject(w), evidence, f"set max_model_len={fits} or give the KV cache more memory")
+            yield emit.fail(
+                f"the KV cache holds {fits} tokens per request, less than max_model_len={max_len}",
+                _subject(w),
+                evidence,
+                f"set max_model_len={fits} or give the KV cache more memory",
+            )
         else:
             yield emit.ok(
                 f"the KV cache ({num_blocks} blocks of {evidence['block_size']} tokens) holds "
                 f"{usable // per_request} request(s) of max_model_len={max_len} at once"
                 + (f"; the longest single request that fits is {fits} tokens" if fits < int(max_len) * 1024 else ""),
-                _subject(w), evidence)
+                _subject(w),
+                evidence,
+            )
 
 
 @check(
@@ -429,19 +599,27 @@ def kv_cache_too_small(facts: Any, emit: Emit) -> Iterable[Finding]:
     "Requests were preempted (evicted from the KV cache and recomputed) during the run.",
     severity=Severity.WARN,
     stage=Stage.ENGINE,
-    what="When the KV cache runs out of free blocks, vLLM's scheduler preempts running requests: it frees their blocks and later recomputes their whole prefill. The doctor counts preempted and resumed requests per step (from the SchedulerOutput) next to the KV blocks in use.",
-    why="Each preemption throws away finished work: throughput drops and latency spikes while the KV usage metric looks merely 'high'.",
+    what=(
+        "When the KV cache runs out of free blocks, vLLM's scheduler preempts running requests: it frees their blocks "
+        "and later recomputes their whole prefill. The doctor counts preempted and resumed requests per step (from "
+        "the SchedulerOutput) next to the KV blocks in use."
+    ),
+    why=(
+        "Each preemption throws away finished work: throughput drops and latency spikes while the KV usage metric "
+        "looks merely 'high'."
+    ),
     example="4 requests preempted, 4 resumed; KV cache peaked at 100% of 23 usable blocks",
-    fix="Give the KV cache more room (gpu_memory_utilization, kv_cache_memory_bytes), or admit less at once (max_num_seqs, max_num_batched_tokens), or shorten max_model_len.",
+    fix=(
+        "Give the KV cache more room (gpu_memory_utilization, kv_cache_memory_bytes), or admit less at once "
+        "(max_num_seqs, max_num_batched_tokens), or shorten max_model_len."
+    ),
     references=("vllm-project/vllm#34076", "vllm-project/vllm#39734"),
     requires=("engine",),
 )
 def kv_cache_preemptions(facts: Any, emit: Emit) -> Iterable[Finding]:
-    for item in _workers(facts, emit, "profile"):
-        if isinstance(item, Finding):
-            yield item
-            continue
-        w, profile = item
+    pairs, crashes = _workers(facts, emit, "profile")
+    yield from crashes
+    for w, profile in pairs:
         steps = list(profile.get("steps") or [])
         if not steps:
             yield emit.skip("no step was profiled (run a workload while attached)", _subject(w))
@@ -452,13 +630,27 @@ def kv_cache_preemptions(facts: Any, emit: Emit) -> Iterable[Finding]:
         usable = max(1, int(num_blocks) - 1) if num_blocks else None  # block 0 is vLLM's null block
         peak_blocks = max(int(s.get("kv_blocks_used", 0)) for s in steps)
         peak = peak_blocks / usable if usable else None
-        evidence = {"preempted": preempted, "resumed": resumed, "peak_blocks": peak_blocks, "usable_blocks": usable,
-                    "peak_usage": peak, "steps": len(steps),
-                    "steps_with_preemption": sum(1 for s in steps if s.get("preempted_reqs") or s.get("resumed_reqs"))}
-        usage = f"KV cache peaked at {peak:.0%} of {usable} usable blocks" if peak is not None else f"KV peak {peak_blocks} blocks"
+        evidence = {
+            "preempted": preempted,
+            "resumed": resumed,
+            "peak_blocks": peak_blocks,
+            "usable_blocks": usable,
+            "peak_usage": peak,
+            "steps": len(steps),
+            "steps_with_preemption": sum(1 for s in steps if s.get("preempted_reqs") or s.get("resumed_reqs")),
+        }
+        usage = (
+            f"KV cache peaked at {peak:.0%} of {usable} usable blocks"
+            if peak is not None
+            else f"KV peak {peak_blocks} blocks"
+        )
         if preempted or resumed:
-            yield emit.warn(f"{max(preempted, resumed)} request(s) preempted and recomputed; {usage}", _subject(w), evidence,
-                            "give the KV cache more memory or admit fewer requests at once (max_num_seqs)")
+            yield emit.warn(
+                f"{max(preempted, resumed)} request(s) preempted and recomputed; {usage}",
+                _subject(w),
+                evidence,
+                "give the KV cache more memory or admit fewer requests at once (max_num_seqs)",
+            )
         else:
             yield emit.ok(f"no preemptions in {len(steps)} steps; {usage}", _subject(w), evidence)
 
@@ -469,26 +661,40 @@ def kv_cache_preemptions(facts: Any, emit: Emit) -> Iterable[Finding]:
     "Where the worker's memory goes: weights / peak activations / KV cache / CUDA graphs / other.",
     severity=Severity.INFO,
     stage=Stage.ENGINE,
-    what="Adds up what each worker holds: weights (vLLM's measured load size, or the parameters' storages), the KV cache (each storage once), peak activations (vLLM's start-up profile or torch's peak), CUDA-graph pools, and the rest of what the device (NVML, per process) or the OS (resident memory, on CPU) reports.",
-    why="Before tuning max_model_len or gpu_memory_utilization you need to know which part is large; 'other' that is large points at the CUDA context, NCCL buffers or allocator fragmentation.",
+    what=(
+        "Adds up what each worker holds: weights (vLLM's measured load size, or the parameters' storages), the KV "
+        "cache (each storage once), peak activations (vLLM's start-up profile or torch's peak), CUDA-graph pools, and "
+        "the rest of what the device (NVML, per process) or the OS (resident memory, on CPU) reports."
+    ),
+    why=(
+        "Before tuning max_model_len or gpu_memory_utilization you need to know which part is large; 'other' that is "
+        "large points at the CUDA context, NCCL buffers or allocator fragmentation."
+    ),
     example="weights 14.2 GiB, KV 52.1 GiB, peak activations 1.3 GiB, CUDA graphs 0.4 GiB, other 2.1 GiB of 70.1 GiB",
-    fix="Informational. Reduce the largest part: quantize weights, shorten max_model_len, lower max_num_seqs or max_num_batched_tokens (activations), or run with enforce_eager (no graphs).",
+    fix=(
+        "Informational. Reduce the largest part: quantize weights, shorten max_model_len, lower max_num_seqs or "
+        "max_num_batched_tokens (activations), or run with enforce_eager (no graphs)."
+    ),
     requires=("engine",),
 )
 def memory_breakdown_check(facts: Any, emit: Emit) -> Iterable[Finding]:
-    for item in _workers(facts, emit, "memory"):
-        if isinstance(item, Finding):
-            yield item
-            continue
-        w, mem = item
+    pairs, crashes = _workers(facts, emit, "memory")
+    yield from crashes
+    for w, mem in pairs:
         b = memory_breakdown(mem, facts.nvml)
         parts = b["parts"]
-        text = ", ".join(f"{k.replace('_', ' ')} {_gib(v) if v is not None else 'not measurable'}" for k, v in parts.items())
-        message = f"{text} of {_gib(b['total'])} ({b['total_source']})"
+        text = ", ".join(
+            f"{k.replace('_', ' ')} {fmt_bytes(v) if v is not None else 'not measurable'}" for k, v in parts.items()
+        )
+        message = f"{text} of {fmt_bytes(b['total'])} ({b['total_source']})"
         evidence = {**b, "rank": w.rank}
         if parts.get("other") is not None and parts["other"] < 0:
-            yield emit.warn("the parts add up to more than the total: " + message, _subject(w, b.get("device")), evidence,
-                            severity=Severity.INFO)
+            yield emit.warn(
+                "the parts add up to more than the total: " + message,
+                _subject(w, b.get("device")),
+                evidence,
+                severity=Severity.INFO,
+            )
         else:
             yield emit.ok(message, _subject(w, b.get("device")), evidence)
 
@@ -499,18 +705,29 @@ def memory_breakdown_check(facts: Any, emit: Emit) -> Iterable[Finding]:
     "The KV-cache spec does not match the model's attention layers (heads, head size, layers, bytes).",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
-    what="Compares each attention layer (vLLM's forward context) with the KV-cache group that holds it (KV heads, head size), with config.json (num_key_value_heads / tensor_parallel_size, head_dim), and the KV storage torch allocated (shared storage counted once) with the bytes vLLM planned.",
-    why="An attention layer that ignores grouped-query attention (KV heads = query heads) makes the KV cache several times larger than needed and shortens the max batch; a layer missing from the KV groups gets no cache at all.",
-    example="Attention(num_heads, head_dim, scale, num_kv_heads=config.num_attention_heads)  # config has num_key_value_heads=8",
-    fix="Pass `num_kv_heads=config.num_key_value_heads // tp_size` (at least 1) and `head_size=config.head_dim` to vLLM's Attention, and give every attention layer its own prefix.",
+    what=(
+        "Compares each attention layer (vLLM's forward context) with the KV-cache group that holds it (KV heads, head "
+        "size), with config.json (num_key_value_heads / tensor_parallel_size, head_dim), and the KV storage torch "
+        "allocated (shared storage counted once) with the bytes vLLM planned."
+    ),
+    why=(
+        "An attention layer that ignores grouped-query attention (KV heads = query heads) makes the KV cache several "
+        "times larger than needed and shortens the max batch; a layer missing from the KV groups gets no cache at all."
+    ),
+    example=(
+        "Attention(num_heads, head_dim, scale, num_kv_heads=config.num_attention_heads)  # config has "
+        "num_key_value_heads=8"
+    ),
+    fix=(
+        "Pass `num_kv_heads=config.num_key_value_heads // tp_size` (at least 1) and `head_size=config.head_dim` to "
+        "vLLM's Attention, and give every attention layer its own prefix."
+    ),
     requires=("engine",),
 )
 def kv_spec_mismatch(facts: Any, emit: Emit) -> Iterable[Finding]:
-    for item in _workers(facts, emit, "kv"):
-        if isinstance(item, Finding):
-            yield item
-            continue
-        w, kv = item
+    pairs, crashes = _workers(facts, emit, "kv")
+    yield from crashes
+    for w, kv in pairs:
         problems: list[tuple[str, str, dict[str, Any]]] = []
         layers = kv.get("attention_layers") or []
         group_of: dict[str, dict[str, Any]] = {}
@@ -529,39 +746,85 @@ def kv_spec_mismatch(facts: Any, emit: Emit) -> Iterable[Finding]:
                 continue  # reads another layer's cache by design
             spec = group_of.get(name)
             if spec is None:
-                problems.append((f"attention layer {name} is in no KV-cache group: it gets no cache", name, {"layer": layer}))
+                problems.append(
+                    (f"attention layer {name} is in no KV-cache group: it gets no cache", name, {"layer": layer})
+                )
                 continue
             for attr, label in (("num_kv_heads", "KV heads"), ("head_size", "head size")):
                 if layer.get(attr) is not None and spec.get(attr) is not None and int(layer[attr]) != int(spec[attr]):
-                    problems.append((f"{name}: {label} {layer[attr]} but its KV spec says {spec[attr]}", name,
-                                     {"layer": layer.get(attr), "spec": spec.get(attr)}))
-            if expected_kv is not None and layer.get("num_kv_heads") is not None and int(layer["num_kv_heads"]) != expected_kv:
+                    problems.append(
+                        (
+                            f"{name}: {label} {layer[attr]} but its KV spec says {spec[attr]}",
+                            name,
+                            {"layer": layer.get(attr), "spec": spec.get(attr)},
+                        )
+                    )
+            if (
+                expected_kv is not None
+                and layer.get("num_kv_heads") is not None
+                and int(layer["num_kv_heads"]) != expected_kv
+            ):
                 ratio = int(layer["num_kv_heads"]) / expected_kv
-                problems.append((
-                    f"{name} caches {layer['num_kv_heads']} KV heads per rank, config.json implies {expected_kv} "
-                    f"(num_key_value_heads={cfg_kv} / tp={tp})" + (f": the KV cache is {ratio:g}x larger than needed" if ratio > 1 else ""),
-                    name, {"layer_kv_heads": layer["num_kv_heads"], "expected": expected_kv, "config_num_key_value_heads": cfg_kv, "tp": tp}))
-            if isinstance(expected_head, int) and layer.get("head_size") is not None and int(layer["head_size"]) != expected_head:
-                problems.append((f"{name} uses head size {layer['head_size']}, config.json says {expected_head}", name,
-                                 {"layer_head_size": layer["head_size"], "config_head_dim": expected_head}))
+                problems.append(
+                    (
+                        f"{name} caches {layer['num_kv_heads']} KV heads per rank, config.json implies {expected_kv} "
+                        f"(num_key_value_heads={cfg_kv} / tp={tp})"
+                        + (f": the KV cache is {ratio:g}x larger than needed" if ratio > 1 else ""),
+                        name,
+                        {
+                            "layer_kv_heads": layer["num_kv_heads"],
+                            "expected": expected_kv,
+                            "config_num_key_value_heads": cfg_kv,
+                            "tp": tp,
+                        },
+                    )
+                )
+            if (
+                isinstance(expected_head, int)
+                and layer.get("head_size") is not None
+                and int(layer["head_size"]) != expected_head
+            ):
+                problems.append(
+                    (
+                        f"{name} uses head size {layer['head_size']}, config.json says {expected_head}",
+                        name,
+                        {"layer_head_size": layer["head_size"], "config_head_dim": expected_head},
+                    )
+                )
         for name in group_of:
             if name not in names:
                 problems.append((f"KV-cache group names {name}, which is no attention layer of the model", name, {}))
         storage, planned = kv.get("storage_bytes"), kv.get("planned_bytes")
         if planned and storage is not None and int(storage) != int(planned):
-            problems.append((f"torch allocated {storage} bytes of KV storage, vLLM planned {planned}", _subject(w),
-                             {"storage_bytes": storage, "planned_bytes": planned, "num_storages": kv.get("num_storages")}))
+            problems.append(
+                (
+                    f"torch allocated {storage} bytes of KV storage, vLLM planned {planned}",
+                    _subject(w),
+                    {"storage_bytes": storage, "planned_bytes": planned, "num_storages": kv.get("num_storages")},
+                )
+            )
         n_layers = hf.get("num_hidden_layers")
         for message, subject, evidence in problems:
-            yield emit.fail(message, subject, {**evidence, "rank": w.rank},
-                            "pass num_kv_heads=config.num_key_value_heads // tp_size and head_size=config.head_dim to Attention")
+            yield emit.fail(
+                message,
+                subject,
+                {**evidence, "rank": w.rank},
+                "pass num_kv_heads=config.num_key_value_heads // tp_size and head_size=config.head_dim to Attention",
+            )
         if not problems:
             yield emit.ok(
-                f"{len(layers)} attention layer(s) match their KV spec and config.json; KV storage {_gib(storage)} in "
+                f"{len(layers)} attention layer(s) match their KV spec and config.json; KV storage "
+                f"{fmt_bytes(storage)} in "
                 f"{kv.get('num_storages')} storage(s) (shared storage counted once) = vLLM's plan",
                 _subject(w),
-                {"attention_layers": len(layers), "num_hidden_layers": n_layers, "storage_bytes": storage,
-                 "planned_bytes": planned, "view_bytes": kv.get("view_bytes")})
+                {
+                    "attention_layers": len(layers),
+                    "num_hidden_layers": n_layers,
+                    "storage_bytes": storage,
+                    "planned_bytes": planned,
+                    "view_bytes": kv.get("view_bytes"),
+                },
+            )
 
 
 @check(
@@ -570,25 +833,41 @@ def kv_spec_mismatch(facts: Any, emit: Emit) -> Iterable[Finding]:
     "Attention layers without a unique `prefix` equal to their module path.",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
-    what="vLLM registers every Attention layer in its forward context under the `prefix` passed to it, and binds KV caches and quantization scales by that name. Checks the prefixes are unique (vLLM refuses duplicates at start-up) and equal to where the layer sits in the model.",
-    why="Duplicates stop the engine with `Duplicate layer name`; a prefix that differs from the module path (e.g. `layers.0.attn` for `model.layers.0.self_attn.attn`) breaks KV-scale loading and per-layer KV binding in quantized checkpoints.",
+    what=(
+        "vLLM registers every Attention layer in its forward context under the `prefix` passed to it, and binds KV "
+        "caches and quantization scales by that name. Checks the prefixes are unique (vLLM refuses duplicates at "
+        "start-up) and equal to where the layer sits in the model."
+    ),
+    why=(
+        "Duplicates stop the engine with `Duplicate layer name`; a prefix that differs from the module path (e.g. "
+        "`layers.0.attn` for `model.layers.0.self_attn.attn`) breaks KV-scale loading and per-layer KV binding in "
+        "quantized checkpoints."
+    ),
     example="self.attn = Attention(..., prefix='attn')   # the same for every layer",
-    fix="Thread `prefix` down from the model: `Attention(..., prefix=f\"{prefix}.attn\")` with the decoder layer built as `Layer(..., prefix=f\"{prefix}.layers.{i}\")`.",
+    fix=(
+        'Thread `prefix` down from the model: `Attention(..., prefix=f"{prefix}.attn")` with the decoder layer built '
+        'as `Layer(..., prefix=f"{prefix}.layers.{i}")`.'
+    ),
     references=("vllm-project/vllm#18212", "vllm-project/vllm#15077"),
-    requires=("engine",),
+    requires=("engine-facts",),
 )
 def attention_prefix_not_unique(facts: Any, emit: Emit) -> Iterable[Finding]:
-    if isinstance(facts, EngineFacts) and facts.startup_error:
+    if facts.startup_error:
         m = _DUPLICATE.search(facts.startup_error)
         if m:
-            yield emit.fail(f"two attention layers use the prefix {m.group(1)!r}: vLLM refused to start", m.group(1),
-                            {"vllm_error": facts.startup_error[:600]}, "pass a unique prefix to each Attention: prefix=f\"{prefix}.attn\"")
+            yield emit.fail(
+                f"two attention layers use the prefix {m.group(1)!r}: vLLM refused to start",
+                m.group(1),
+                {"vllm_error": facts.startup_error[:600]},
+                'pass a unique prefix to each Attention: prefix=f"{prefix}.attn"',
+            )
             return
-    for item in _workers(facts, emit, "kv"):
-        if isinstance(item, Finding):
-            yield item
-            continue
-        w, kv = item
+    if (instead := _engine_started(facts, emit)) is not None:
+        yield instead
+        return
+    pairs, crashes = _workers(facts, emit, "kv")
+    yield from crashes
+    for w, kv in pairs:
         layers = kv.get("attention_layers") or []
         bad = 0
         for layer in layers:
@@ -598,7 +877,8 @@ def attention_prefix_not_unique(facts: Any, emit: Emit) -> Iterable[Finding]:
             bad += 1
             where = paths[0] if paths else "nowhere in the model (not a submodule)"
             yield emit.warn(
-                f"attention layer registered as {prefix!r} sits at {where!r}", prefix,
+                f"attention layer registered as {prefix!r} sits at {where!r}",
+                prefix,
                 {"prefix": prefix, "module_paths": paths, "rank": w.rank},
                 "pass the module's own path as prefix (thread `prefix` down from the model's constructor)",
             )

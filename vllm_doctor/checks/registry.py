@@ -6,8 +6,8 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-from vllm_doctor.checks.base import Emit, check
-from vllm_doctor.facts import Facts
+from vllm_doctor.checks.base import Emit, check, gate, known
+from vllm_doctor.facts.static import Facts, is_transformers_backend
 from vllm_doctor.model import Finding, Severity, Stage
 
 UNSUPPORTED = "Model architectures [...] are not supported for now. Supported architectures: ..."
@@ -47,25 +47,59 @@ def resolved_target(facts: Facts) -> tuple[str, str] | None:
     return None
 
 
-def inspected_class(facts: Facts, emit: Emit) -> tuple[str, str, dict[str, Any]] | Finding:
-    """(arch, target, import-pass record) of the class vLLM would build, or the finding saying
-    why there is none (import pass not run, nothing registered, class not inspected)."""
+@gate("registry")
+def _registry_known(facts: Facts, emit: Emit) -> Finding | None:
+    if facts.registry is None:
+        reason = facts.import_pass_error or "vLLM is not importable here and its registry table could not be read"
+        return emit.skip(f"registry unavailable: {reason}")
+    return None
+
+
+@gate("import", after_import=True)
+def _import_pass_ran(facts: Facts, emit: Emit) -> Finding | None:
     if facts.import_pass is None:
         return emit.skip("needs the import pass: " + (facts.import_pass_error or "skipped by --fast"))
+    return None
+
+
+@gate("model-class", after_import=True)
+def _class_inspected(facts: Facts, emit: Emit) -> Finding | None:
+    """The class vLLM would build was found and inspected by the import pass."""
     resolved = resolved_target(facts)
     if resolved is None:
         return emit.not_applicable("no architecture of config.json is registered (see VD101)")
     arch, target = resolved
-    record = facts.class_record(arch)
-    if record is None:
+    if facts.class_record(arch) is None:
         return emit.skip(f"the import pass did not inspect {arch}", target)
-    return arch, target, record
+    return None
 
 
-def _registry_or_skip(facts: Facts, emit: Emit) -> Finding | None:
-    if facts.registry is None:
-        reason = facts.import_pass_error or "vLLM is not importable here and its registry table could not be read"
-        return emit.skip(f"registry unavailable: {reason}")
+def inspected_class(facts: Facts) -> tuple[str, str, dict[str, Any]]:
+    """(arch, target, import-pass record) of the class vLLM would build (gate ``model-class``)."""
+    arch, target = known(resolved_target(facts))
+    return arch, target, known(facts.class_record(arch))
+
+
+@gate("caller-registry")
+def _caller_registry_given(facts: Facts, emit: Emit) -> Finding | None:
+    if facts.caller_registry is None and facts.script_registrations is None:
+        return emit.not_applicable(
+            "needs the caller's registry: call vllm_doctor.check() from your script, or pass --script FILE"
+        )
+    return None
+
+
+@gate("plugins")
+def _plugins_installed(facts: Facts, emit: Emit) -> Finding | None:
+    if not facts.plugins:
+        return emit.not_applicable("no vllm.general_plugins entry points are installed")
+    return None
+
+
+@gate("builtin-table")
+def _builtins_known(facts: Facts, emit: Emit) -> Finding | None:
+    if facts.builtin_archs is None:
+        return emit.skip("vLLM's built-in table is unavailable")
     return None
 
 
@@ -75,33 +109,44 @@ def _registry_or_skip(facts: Facts, emit: Emit) -> Finding | None:
     "No entry of config.json `architectures` is registered with vLLM (built-ins + plugins).",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="vLLM resolves the model class from config.json's `architectures` list, looking each name up in its ModelRegistry: the built-in table plus whatever `vllm.general_plugins` entry points register in the engine's processes.",
-    why=f"If no name is found (and no Transformers fallback applies) vLLM stops with `{UNSUPPORTED}`, after 10-30 s of start-up and with a list of 400 names that hides the near miss.",
-    example='config.json: "architectures": ["TinyDoctorForCausalLm"] while the plugin registers "TinyDoctorForCausalLM".',
-    fix="Make config.json's `architectures[0]` and the first argument of `ModelRegistry.register_model` the same string, and register from a plugin entry point.",
+    what=(
+        "vLLM resolves the model class from config.json's `architectures` list, looking each name up in its "
+        "ModelRegistry: the built-in table plus whatever `vllm.general_plugins` entry points register in the engine's "
+        "processes."
+    ),
+    why=(
+        f"If no name is found (and no Transformers fallback applies) vLLM stops with `{UNSUPPORTED}`, after 10-30 s "
+        f"of start-up and with a list of 400 names that hides the near miss."
+    ),
+    example=(
+        'config.json: "architectures": ["TinyDoctorForCausalLm"] while the plugin registers "TinyDoctorForCausalLM".'
+    ),
+    fix=(
+        "Make config.json's `architectures[0]` and the first argument of `ModelRegistry.register_model` the same "
+        "string, and register from a plugin entry point."
+    ),
     references=("vllm-project/vllm#16905", "vllm-project/vllm#5655"),
-    requires=("config", "registry"),
+    requires=("registry",),
 )
 def architecture_not_registered(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    skipped = _registry_or_skip(facts, emit)
-    if skipped:
-        yield skipped
-        return
-    assert facts.registry is not None
+    registry = known(facts.registry)
     archs = facts.architectures
     if not archs:
         yield emit.not_applicable("config.json names no architectures (see VD108)")
         return
-    registered = [a for a in archs if a in facts.registry]
+    registered = [a for a in archs if a in registry]
     if registered:
-        yield emit.ok(f"{registered[0]} is registered ({facts.registry[registered[0]]})", "config.json:architectures")
+        yield emit.ok(f"{registered[0]} is registered ({registry[registered[0]]})", "config.json:architectures")
         return
     if fallback_possible(facts, archs[0]):
-        yield emit.ok(f"{archs[0]} is not registered, but vLLM can serve it through its Transformers backend (see VD107)", "config.json:architectures[0]")
+        yield emit.ok(
+            f"{archs[0]} is not registered, but vLLM can serve it through its Transformers backend (see VD107)",
+            "config.json:architectures[0]",
+        )
         return
     plugin_archs = sorted({arch for _, arch, _, _ in facts.plugin_registrations()})
     for i, arch in enumerate(archs):
-        near = nearest_names(arch, list(facts.registry) + plugin_archs)
+        near = nearest_names(arch, list(registry) + plugin_archs)
         if arch in facts.previously_supported:
             message = f"{arch} was removed from vLLM after v{facts.previously_supported[arch]}"
         elif arch in facts.out_of_tree:
@@ -131,21 +176,33 @@ def architecture_not_registered(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "The architecture is registered in your script's process only; the engine's processes will not see it.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="A `ModelRegistry.register_model` call made in your script (inside `main()`, a function, a test, or under `if __name__ == '__main__':`) runs in that process only. vLLM's engine core and workers are separate processes; they import plugins from `vllm.general_plugins` entry points, not your script.",
-    why="The engine core raises `Model architectures [...] are not supported for now` although your own `ModelRegistry.get_supported_archs()` lists the name, which sends people hunting in the wrong place.",
-    example="if __name__ == '__main__':\n    ModelRegistry.register_model('TinyDoctorForCausalLM', TinyDoctorForCausalLM)\n    LLM(model=...)",
-    fix="Move the registration into a function exposed as a `vllm.general_plugins` entry point in your package's pyproject.toml, and pip install the package.",
+    what=(
+        "A `ModelRegistry.register_model` call made in your script (inside `main()`, a function, a test, or under `if "
+        "__name__ == '__main__':`) runs in that process only. vLLM's engine core and workers are separate processes; "
+        "they import plugins from `vllm.general_plugins` entry points, not your script."
+    ),
+    why=(
+        "The engine core raises `Model architectures [...] are not supported for now` although your own "
+        "`ModelRegistry.get_supported_archs()` lists the name, which sends people hunting in the wrong place."
+    ),
+    example=(
+        "if __name__ == '__main__':\n    ModelRegistry.register_model('TinyDoctorForCausalLM', "
+        "TinyDoctorForCausalLM)\n    LLM(model=...)"
+    ),
+    fix=(
+        "Move the registration into a function exposed as a `vllm.general_plugins` entry point in your package's "
+        "pyproject.toml, and pip install the package."
+    ),
     references=("vllm-project/vllm#18740", "vllm-project/vllm#9233"),
-    requires=("caller_registry|script",),
+    requires=("caller-registry",),
 )
 def registered_only_in_caller(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    if facts.caller_registry is None and facts.script_registrations is None:
-        yield emit.not_applicable("needs the caller's registry: call vllm_doctor.check() from your script, or pass --script FILE")
-        return
     found = False
     if facts.caller_registry is not None:
         if facts.registry is None or facts.registry_source != "import":
-            yield emit.skip("the fresh-process registry is unavailable: " + (facts.import_pass_error or "import pass not run"))
+            yield emit.skip(
+                "the fresh-process registry is unavailable: " + (facts.import_pass_error or "import pass not run")
+            )
             return
         for i, arch in enumerate(facts.architectures):
             if arch in facts.caller_registry and arch not in facts.registry:
@@ -172,28 +229,36 @@ def registered_only_in_caller(facts: Facts, emit: Emit) -> Iterable[Finding]:
 @check(
     "VD103",
     "registered-under-wrong-name",
-    "The plugin registers the class under another name (often the `model_type` string) than config.json's `architectures`.",
+    (
+        "The plugin registers the class under another name (often the `model_type` string) than config.json's "
+        "`architectures`."
+    ),
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="`model_type` only selects the Hugging Face config class; the model class is looked up by the `architectures` entries.",
-    why="Registering under `model_type` (or a renamed class) gives `Model architectures [...] are not supported for now` although the plugin ran.",
-    example="ModelRegistry.register_model('tiny_doctor', ...) while config.json says architectures: ['TinyDoctorForCausalLM'].",
+    what=(
+        "`model_type` only selects the Hugging Face config class; the model class is looked up by the `architectures` "
+        "entries."
+    ),
+    why=(
+        "Registering under `model_type` (or a renamed class) gives `Model architectures [...] are not supported for "
+        "now` although the plugin ran."
+    ),
+    example=(
+        "ModelRegistry.register_model('tiny_doctor', ...) while config.json says architectures: "
+        "['TinyDoctorForCausalLM']."
+    ),
     fix="Register under the exact string in config.json's `architectures` (or change config.json).",
     references=("vllm-project/vllm#11229",),
-    requires=("config", "registry"),
+    requires=("registry",),
 )
 def registered_under_wrong_name(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    skipped = _registry_or_skip(facts, emit)
-    if skipped:
-        yield skipped
-        return
-    assert facts.registry is not None
+    registry = known(facts.registry)
     archs = facts.architectures
     regs = facts.plugin_registrations()
     if not regs:
         yield emit.not_applicable("no plugin registers a model")
         return
-    if any(a in facts.registry for a in archs):
+    if any(a in registry for a in archs):
         yield emit.ok("a plugin registration matches config.json's architectures")
         return
     found = False
@@ -211,7 +276,12 @@ def registered_under_wrong_name(facts: Facts, emit: Emit) -> Iterable[Finding]:
             yield emit.fail(
                 f"plugin {plugin.name!r} {reason}",
                 where,
-                {"registered_as": arch, "target": target, "config_architectures": archs, "model_type": facts.model_type},
+                {
+                    "registered_as": arch,
+                    "target": target,
+                    "config_architectures": archs,
+                    "model_type": facts.model_type,
+                },
                 f"register it as {archs[0]!r}: ModelRegistry.register_model({archs[0]!r}, {target!r})" if archs else "",
             )
     if not found:
@@ -224,18 +294,31 @@ def registered_under_wrong_name(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "config.json's `model_type` is known neither to transformers nor to vLLM nor registered by a plugin.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="vLLM builds the config through transformers' AutoConfig, keyed by `model_type`. A custom model_type must be registered (`AutoConfig.register(model_type, ConfigClass)`) in every engine process, e.g. in the same plugin function that registers the model.",
-    why="Otherwise loading fails with `The checkpoint you are trying to load has model type `...` but Transformers does not recognize this architecture`.",
-    example="model_type 'tiny_doctor' with a plugin that registers the model class but never calls AutoConfig.register.",
-    fix="Call `AutoConfig.register('<model_type>', YourConfig)` in your plugin function (guard it: plugins run in several processes), or ship the config class via `auto_map` with trust_remote_code.",
+    what=(
+        "vLLM builds the config through transformers' AutoConfig, keyed by `model_type`. A custom model_type must be "
+        "registered (`AutoConfig.register(model_type, ConfigClass)`) in every engine process, e.g. in the same plugin "
+        "function that registers the model."
+    ),
+    why=(
+        "Otherwise loading fails with `The checkpoint you are trying to load has model type `...` but Transformers "
+        "does not recognize this architecture`."
+    ),
+    example=(
+        "model_type 'tiny_doctor' with a plugin that registers the model class but never calls AutoConfig.register."
+    ),
+    fix=(
+        "Call `AutoConfig.register('<model_type>', YourConfig)` in your plugin function (guard it: plugins run in "
+        "several processes), or ship the config class via `auto_map` with trust_remote_code."
+    ),
     references=("vllm-project/vllm#13579", "vllm-project/vllm#39532"),
-    requires=("config",),
 )
 def model_type_unknown(facts: Facts, emit: Emit) -> Iterable[Finding]:
     mt = facts.model_type
     if mt is None:
         yield emit.fail(
-            "config.json has no `model_type`" if "model_type" not in facts.config else f"config.json `model_type` is not a string: {facts.config['model_type']!r}",
+            "config.json has no `model_type`"
+            if "model_type" not in facts.config
+            else f"config.json `model_type` is not a string: {facts.config['model_type']!r}",
             "config.json:model_type",
             {},
             "set model_type to the string your config class declares (PretrainedConfig.model_type)",
@@ -271,8 +354,15 @@ def model_type_unknown(facts: Facts, emit: Emit) -> Iterable[Finding]:
     yield emit.fail(
         f"model_type {mt!r} is unknown to transformers and registered by no plugin",
         "config.json:model_type",
-        {"model_type": mt, "nearest_known": near, "source": source,
-         "vllm_error": f"The checkpoint you are trying to load has model type `{mt}` but Transformers does not recognize this architecture"},
+        {
+            "model_type": mt,
+            "nearest_known": near,
+            "source": source,
+            "vllm_error": (
+                f"The checkpoint you are trying to load has model type `{mt}` but Transformers does not recognize "
+                f"this architecture"
+            ),
+        },
         hint,
     )
 
@@ -280,14 +370,29 @@ def model_type_unknown(facts: Facts, emit: Emit) -> Iterable[Finding]:
 @check(
     "VD105",
     "auto-map-needs-trust-remote-code",
-    "config.json has `auto_map` (code shipped with the model) but trust_remote_code is off, or a referenced file is missing.",
+    (
+        "config.json has `auto_map` (code shipped with the model) but trust_remote_code is off, or a referenced file "
+        "is missing."
+    ),
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="`auto_map` points AutoConfig/AutoModel at Python files in the model directory; transformers runs them only with trust_remote_code=True.",
-    why="vLLM stops while building its ModelConfig with transformers' `The repository <dir> contains custom code which must be executed to correctly load the model` (older vLLM: `Failed to load the model config ... consider setting trust_remote_code=True`).",
-    example='"auto_map": {"AutoConfig": "configuration_tiny_doctor.TinyDoctorConfig"} and LLM(model=dir) without trust_remote_code.',
-    fix="Pass `trust_remote_code=True` (`--trust-remote-code` for vllm serve and for this check), or register the config class from a plugin instead.",
-    requires=("config",),
+    what=(
+        "`auto_map` points AutoConfig/AutoModel at Python files in the model directory; transformers runs them only "
+        "with trust_remote_code=True."
+    ),
+    why=(
+        "vLLM stops while building its ModelConfig with transformers' `The repository <dir> contains custom code "
+        "which must be executed to correctly load the model` (older vLLM: `Failed to load the model config ... "
+        "consider setting trust_remote_code=True`)."
+    ),
+    example=(
+        '"auto_map": {"AutoConfig": "configuration_tiny_doctor.TinyDoctorConfig"} and LLM(model=dir) without '
+        "trust_remote_code."
+    ),
+    fix=(
+        "Pass `trust_remote_code=True` (`--trust-remote-code` for vllm serve and for this check), or register the "
+        "config class from a plugin instead."
+    ),
 )
 def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
     auto_map = facts.auto_map
@@ -320,9 +425,18 @@ def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
         yield emit.fail(
             "config.json's auto_map needs trust_remote_code=True, which is off",
             "config.json:auto_map",
-            {"auto_map": auto_map, "model_type": mt,
-             "vllm_error": f"The repository {facts.model_dir} contains custom code which must be executed to correctly load the model."},
-            "pass trust_remote_code=True to LLM (--trust-remote-code to vllm serve and to vllm-doctor check) if you trust this code",
+            {
+                "auto_map": auto_map,
+                "model_type": mt,
+                "vllm_error": (
+                    f"The repository {facts.model_dir} contains custom code which must be executed to correctly load "
+                    f"the model."
+                ),
+            },
+            (
+                "pass trust_remote_code=True to LLM (--trust-remote-code to vllm serve and to vllm-doctor check) if "
+                "you trust this code"
+            ),
         )
     if not problems:
         yield emit.ok("auto_map is usable" + (" with trust_remote_code" if facts.trust_remote_code else ""))
@@ -334,26 +448,31 @@ def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "The registered `module:Class` cannot be imported; here is the real traceback vLLM hides.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="Lazy registrations (`'pkg.module:Class'`) are imported when vLLM first inspects the model, in a subprocess whose traceback ends up far from the final error.",
+    what=(
+        "Lazy registrations (`'pkg.module:Class'`) are imported when vLLM first inspects the model, in a subprocess "
+        "whose traceback ends up far from the final error."
+    ),
     why="vLLM reports only `Model architectures [...] failed to be inspected. Please check the logs for more details.`",
     example="from vllm.model_executor.layers.linear import QKVParallelLinaer  # typo in the model module",
     fix="Fix the error the traceback shows; `python -c 'import pkg.module'` reproduces it.",
     references=("vllm-project/vllm#13332", "vllm-project/vllm#12219", "vllm-project/vllm#22376"),
-    requires=("import",),
+    requires=("import", "model-class"),
 )
 def model_class_import_fails(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = inspected_class(facts, emit)
-    if isinstance(got, Finding):
-        yield got
-        return
-    _arch, target, record = got
+    _arch, target, record = inspected_class(facts)
     if "import_error" in record:
         tb = record["import_error"]
         yield emit.fail(
             f"{target} cannot be imported: {record.get('import_error_summary', '')}",
             target,
-            {"traceback": tb, "module_file": record.get("module_file"),
-             "vllm_error": f"Model architectures {facts.architectures!r} failed to be inspected. Please check the logs for more details."},
+            {
+                "traceback": tb,
+                "module_file": record.get("module_file"),
+                "vllm_error": (
+                    f"Model architectures {facts.architectures!r} failed to be inspected. Please check the logs for "
+                    f"more details."
+                ),
+            },
             f"reproduce with: python -c 'import {target.split(':')[0]}'",
         )
         return
@@ -366,19 +485,21 @@ def model_class_import_fails(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "vLLM will serve this model with its Transformers backend, not a native or custom vLLM class.",
     severity=Severity.WARN,
     stage=Stage.STATIC,
-    what="When config.json's architecture is one vLLM serves only through its generic Transformers backend (or none is registered but transformers knows the class), vLLM silently builds `TransformersForCausalLM` around the HF model.",
+    what=(
+        "When config.json's architecture is one vLLM serves only through its generic Transformers backend (or none is "
+        "registered but transformers knows the class), vLLM silently builds `TransformersForCausalLM` around the HF "
+        "model."
+    ),
     why="No error: your custom vLLM class is simply not what runs, and performance and behaviour differ.",
-    example="Your plugin registers 'TinyDoctorForCausalLM' but config.json, copied from the base model, still says 'OlmoForCausalLM'.",
+    example=(
+        "Your plugin registers 'TinyDoctorForCausalLM' but config.json, copied from the base model, still says "
+        "'OlmoForCausalLM'."
+    ),
     fix="Put your registered name in config.json's `architectures` (or pass hf_overrides={'architectures': [...]}).",
     references=("vllm-project/vllm#41494",),
-    requires=("config", "registry"),
+    requires=("registry",),
 )
 def transformers_backend_fallback(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    skipped = _registry_or_skip(facts, emit)
-    if skipped:
-        yield skipped
-        return
-    assert facts.registry is not None
     archs = facts.architectures
     if not archs:
         yield emit.not_applicable("config.json names no architectures")
@@ -393,8 +514,13 @@ def transformers_backend_fallback(facts: Facts, emit: Emit) -> Iterable[Finding]
     )
     if resolved is not None:
         arch, target = resolved
-        if facts.is_transformers_backend(target):
-            yield emit.warn(f"{arch} resolves to vLLM's Transformers backend ({target})", "config.json:architectures[0]", evidence | {"target": target}, hint)
+        if is_transformers_backend(target):
+            yield emit.warn(
+                f"{arch} resolves to vLLM's Transformers backend ({target})",
+                "config.json:architectures[0]",
+                evidence | {"target": target},
+                hint,
+            )
         else:
             yield emit.ok(f"{arch} resolves to {target}", "config.json:architectures")
         return
@@ -416,25 +542,41 @@ def transformers_backend_fallback(facts: Facts, emit: Emit) -> Iterable[Finding]
     severity=Severity.ERROR,
     stage=Stage.STATIC,
     what="vLLM needs `architectures` to be a non-empty list of class names.",
-    why="Measured on vLLM 0.32: missing or [] with a known model_type makes vLLM silently pick a base model class without LM head (e.g. LlamaModel); a string fails pydantic validation (`Input should be a valid list`); elsewhere `No model architectures are specified`.",
+    why=(
+        "Measured on vLLM 0.32: missing or [] with a known model_type makes vLLM silently pick a base model class "
+        "without LM head (e.g. LlamaModel); a string fails pydantic validation (`Input should be a valid list`); "
+        "elsewhere `No model architectures are specified`."
+    ),
     example='"architectures": "TinyDoctorForCausalLM"  (a string, not a list)',
-    fix='Write `"architectures": ["YourForCausalLM"]` (config.save_pretrained does this when config.architectures is set).',
+    fix=(
+        'Write `"architectures": ["YourForCausalLM"]` (config.save_pretrained does this when config.architectures is '
+        "set)."
+    ),
     references=("vllm-project/vllm#11224",),
-    requires=("config",),
 )
 def architectures_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
     archs = facts.config.get("architectures", None)
     subject = "config.json:architectures"
     if "architectures" not in facts.config or archs is None:
-        yield emit.fail("config.json has no `architectures`", subject, {"value": archs},
-                        'add "architectures": ["<the name you register>"]')
+        yield emit.fail(
+            "config.json has no `architectures`",
+            subject,
+            {"value": archs},
+            'add "architectures": ["<the name you register>"]',
+        )
     elif not isinstance(archs, list):
-        yield emit.fail(f"`architectures` is a {type(archs).__name__}, not a list: {archs!r}", subject, {"value": archs},
-                        f'write "architectures": [{archs!r}]' if isinstance(archs, str) else "make it a list of class names")
+        yield emit.fail(
+            f"`architectures` is a {type(archs).__name__}, not a list: {archs!r}",
+            subject,
+            {"value": archs},
+            f'write "architectures": [{archs!r}]' if isinstance(archs, str) else "make it a list of class names",
+        )
     elif not archs:
         yield emit.fail("`architectures` is an empty list", subject, {"value": archs}, "name your model class in it")
     elif not all(isinstance(a, str) and a for a in archs):
-        yield emit.fail(f"`architectures` holds non-string entries: {archs!r}", subject, {"value": archs}, "use class-name strings")
+        yield emit.fail(
+            f"`architectures` holds non-string entries: {archs!r}", subject, {"value": archs}, "use class-name strings"
+        )
     else:
         yield emit.ok(f"architectures = {archs!r}", subject)
 
@@ -445,19 +587,30 @@ def architectures_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "A `vllm.general_plugins` entry point is excluded by VLLM_PLUGINS or fails to load/run.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="vLLM loads every `vllm.general_plugins` entry point (only those named in VLLM_PLUGINS when it is set) in every process, and logs but ignores a plugin that raises.",
-    why="A plugin that fails or is filtered out registers nothing, and the error that follows (`not supported for now`) does not mention it.",
-    example="entry point `tiny_doctor = tiny_doctor_model:regsiter` (typo), or VLLM_PLUGINS=lora_resolver set in the environment.",
-    fix="Fix the entry point target (module:function) and reinstall the package; add the plugin's name to VLLM_PLUGINS or unset it.",
+    what=(
+        "vLLM loads every `vllm.general_plugins` entry point (only those named in VLLM_PLUGINS when it is set) in "
+        "every process, and logs but ignores a plugin that raises."
+    ),
+    why=(
+        "A plugin that fails or is filtered out registers nothing, and the error that follows (`not supported for "
+        "now`) does not mention it."
+    ),
+    example=(
+        "entry point `tiny_doctor = tiny_doctor_model:regsiter` (typo), or VLLM_PLUGINS=lora_resolver set in the "
+        "environment."
+    ),
+    fix=(
+        "Fix the entry point target (module:function) and reinstall the package; add the plugin's name to "
+        "VLLM_PLUGINS or unset it."
+    ),
     requires=("plugins",),
 )
 def plugin_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    if not facts.plugins:
-        yield emit.not_applicable("no vllm.general_plugins entry points are installed")
-        return
     live = {p["name"]: p for p in (facts.import_pass or {}).get("plugins", [])}
     for plugin in facts.plugins:
-        subject = f"entry point {plugin.name} = {plugin.value}" + (f" ({plugin.distribution})" if plugin.distribution else "")
+        subject = f"entry point {plugin.name} = {plugin.value}" + (
+            f" ({plugin.distribution})" if plugin.distribution else ""
+        )
         if not plugin.allowed:
             yield emit.fail(
                 f"plugin {plugin.name!r} is excluded by VLLM_PLUGINS={facts.vllm_plugins_env!r}",
@@ -471,12 +624,20 @@ def plugin_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
             stage = "import" if record.get("loaded") is False else "call"
             error = record.get("error", "")
             last = error.strip().splitlines()[-1] if error.strip() else "unknown error"
-            yield emit.fail(f"plugin {plugin.name!r} fails to {stage}: {last}", subject, {"traceback": error},
-                            "fix the entry point (module:function) in pyproject.toml and reinstall the package")
+            yield emit.fail(
+                f"plugin {plugin.name!r} fails to {stage}: {last}",
+                subject,
+                {"traceback": error},
+                "fix the entry point (module:function) in pyproject.toml and reinstall the package",
+            )
             continue
         if record is None and plugin.problem:
-            yield emit.fail(f"plugin {plugin.name!r} cannot load: {plugin.problem}", subject, {"static_scan": plugin.problem},
-                            "fix the entry point (module:function) in pyproject.toml and reinstall the package")
+            yield emit.fail(
+                f"plugin {plugin.name!r} cannot load: {plugin.problem}",
+                subject,
+                {"static_scan": plugin.problem},
+                "fix the entry point (module:function) in pyproject.toml and reinstall the package",
+            )
             continue
         yield emit.ok(f"plugin {plugin.name!r} loads", subject)
 
@@ -491,19 +652,17 @@ def plugin_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
     why="Usually deliberate (a patched Llama); when not, every model with that architecture now runs your class.",
     example="ModelRegistry.register_model('LlamaForCausalLM', 'my_pkg.model:MyLlama')",
     fix="Use a distinct architecture name unless you mean to replace vLLM's class.",
-    requires=("plugins", "registry"),
+    requires=("builtin-table",),
 )
 def registration_shadows_builtin(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    if facts.builtin_archs is None:
-        yield emit.skip("vLLM's built-in table is unavailable")
-        return
+    builtins = known(facts.builtin_archs)
     regs = facts.plugin_registrations()
     if not regs:
         yield emit.not_applicable("no plugin registers a model")
         return
     shadowed = False
     for plugin, arch, target, where in regs:
-        builtin = facts.builtin_archs.get(arch)
+        builtin = builtins.get(arch)
         if builtin is not None and builtin != target:
             shadowed = True
             yield emit.warn(

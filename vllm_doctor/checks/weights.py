@@ -12,11 +12,10 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-from vllm_doctor.checks.base import Emit, check
-from vllm_doctor.facts import Facts
+from vllm_doctor.checks.base import Emit, check, gate, known
+from vllm_doctor.facts.checkpoint import FLOAT_DTYPES, INDEX_NAME
+from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
-from vllm_doctor.probes.safetensors_header import FLOAT_DTYPES, INDEX_NAME
-from vllm_doctor.weights_pass import load_usable
 
 EXPECTED_SKIPS = {"inv_freq", "cos_cached", "sin_cached"}  # rotary caches vLLM recomputes
 MAX_FINDINGS = 50  # per check; the rest go into one summary finding (the JSON has them all)
@@ -24,7 +23,9 @@ NOT_INITIALIZED = "Following weights were not initialized from checkpoint: {...}
 REFS_LOADING = ("vllm/model_executor/model_loader/default_loader.py:track_weights_loading",)
 
 
-def _checkpoint_or_skip(facts: Facts, emit: Emit, need_tensors: bool = True) -> Finding | None:
+@gate("checkpoint-files")
+def _checkpoint_read(facts: Facts, emit: Emit) -> Finding | None:
+    """The fast pass read a safetensors checkpoint (its files may still be broken)."""
     ck = facts.checkpoint
     if ck is None:
         return emit.skip("the checkpoint was not read")
@@ -32,20 +33,31 @@ def _checkpoint_or_skip(facts: Facts, emit: Emit, need_tensors: bool = True) -> 
         return emit.not_applicable("no checkpoint files (*.safetensors, *.bin, *.pt) in the model directory")
     if ck.format != "safetensors":
         return emit.skip(f"the checkpoint is {ck.format} (pickle); vllm-doctor reads safetensors headers only")
-    if need_tensors and not ck.tensors:
-        return emit.skip("no checkpoint file could be read (see VD306/VD308)")
     return None
 
 
-def _load_or_skip(facts: Facts, emit: Emit) -> dict[str, Any] | Finding:
-    skipped = _checkpoint_or_skip(facts, emit)
-    if skipped:
-        return skipped
-    data = load_usable(facts)
-    if data is None:
+@gate("checkpoint")
+def _checkpoint_tensors(facts: Facts, emit: Emit) -> Finding | None:
+    """As ``checkpoint-files``, and at least one file could be read."""
+    instead = _checkpoint_read(facts, emit)
+    if instead is None and not known(facts.checkpoint).tensors:
+        return emit.skip("no checkpoint file could be read (see VD306/VD308)")
+    return instead
+
+
+@gate("weights-pass", after_import=True)
+def _weights_pass_over(facts: Facts, emit: Emit) -> None:
+    """Nothing to skip for: the check uses the weights pass's result where there is one."""
+    return None
+
+
+@gate("weights-load", after_import=True)
+def _weights_loaded(facts: Facts, emit: Emit) -> Finding | None:
+    """The weights pass built the model on the meta device and drove its load_weights."""
+    if facts.usable_weight_load() is None:
         reason = facts.weight_load_error or "the weights pass did not run"
         return emit.skip(f"the model could not be built and loaded on the meta device: {reason}")
-    return data
+    return None
 
 
 def _capped(findings: list[Finding], emit: Emit, what: str) -> Iterable[Finding]:
@@ -72,22 +84,38 @@ def _shard_text(shards: list[Any]) -> str:
     "A model parameter that no checkpoint tensor fills (or a fused parameter with a shard no tensor fills).",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="Every parameter of the model vLLM builds must be written by `load_weights` from a checkpoint tensor. vllm-doctor builds your class on the meta device and runs its real `load_weights` with meta tensors of the checkpoint's names, shapes and dtypes, recording every element written into every parameter. A fused parameter (qkv_proj from q/k/v, gate_up_proj from gate/up) counts as loaded only when every shard was written.",
-    why=f"vLLM's own check (`{NOT_INITIALIZED}`) trusts the names `load_weights` returns and skips linear and embedding layers altogether: a missing linear weight, a fused qkv_proj without its v shard, or a missing lm_head run silently on uninitialised memory and produce garbage. Only norms and other plain parameters make vLLM stop.",
-    example="checkpoint lacks model.layers.1.self_attn.v_proj.weight -> qkv_proj.weight has shards q, k but never v; vLLM starts and generates nonsense.",
-    fix="Make the checkpoint and `load_weights` agree: rename the tensor (or add it to `stacked_params_mapping` / a `WeightsMapper`), stop skipping it, or re-export the checkpoint with the missing tensors.",
+    what=(
+        "Every parameter of the model vLLM builds must be written by `load_weights` from a checkpoint tensor. "
+        "vllm-doctor builds your class on the meta device and runs its real `load_weights` with meta tensors of the "
+        "checkpoint's names, shapes and dtypes, recording every element written into every parameter. A fused "
+        "parameter (qkv_proj from q/k/v, gate_up_proj from gate/up) counts as loaded only when every shard was "
+        "written."
+    ),
+    why=(
+        f"vLLM's own check (`{NOT_INITIALIZED}`) trusts the names `load_weights` returns and skips linear and "
+        f"embedding layers altogether: a missing linear weight, a fused qkv_proj without its v shard, or a missing "
+        f"lm_head run silently on uninitialised memory and produce garbage. Only norms and other plain parameters "
+        f"make vLLM stop."
+    ),
+    example=(
+        "checkpoint lacks model.layers.1.self_attn.v_proj.weight -> qkv_proj.weight has shards q, k but never v; vLLM "
+        "starts and generates nonsense."
+    ),
+    fix=(
+        "Make the checkpoint and `load_weights` agree: rename the tensor (or add it to `stacked_params_mapping` / a "
+        "`WeightsMapper`), stop skipping it, or re-export the checkpoint with the missing tensors."
+    ),
     references=("vllm-project/vllm#15536", "vllm-project/vllm#12860", "vllm-project/vllm#44788", *REFS_LOADING),
-    requires=("import", "checkpoint"),
+    requires=("checkpoint", "weights-load"),
 )
 def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = _load_or_skip(facts, emit)
-    if isinstance(got, Finding):
-        yield got
-        return
+    got = known(facts.usable_weight_load())
     params: dict[str, Any] = got["params"]
     tensors: dict[str, Any] = got["tensors"]
-    unused = [n for n, t in tensors.items() if t["status"] in ("skipped", "raised", "handed_not_written", "shape_mismatch")]
-    unread_prefixes = {_module_prefix(n) for n in (facts.checkpoint.unread_tensors if facts.checkpoint else [])}
+    unused = [
+        n for n, t in tensors.items() if t["status"] in ("skipped", "raised", "handed_not_written", "shape_mismatch")
+    ]
+    unread_prefixes = {_module_prefix(n) for n in known(facts.checkpoint).unread_tensors}
     findings: list[Finding] = []
     unverifiable: list[str] = []
     meta_limited: list[str] = []
@@ -105,17 +133,25 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
         consequence = (
             f"vLLM's own check catches this one (`{NOT_INITIALIZED}`)"
             if vllm_notices
-            else "vLLM's own missing-weight check does not cover it: the engine would run with uninitialised memory there"
+            else (
+                "vLLM's own missing-weight check does not cover it: the engine would run with uninitialised memory "
+                "there"
+            )
         )
         if failed:
-            message = f"{name} is not filled: loading checkpoint tensor {', '.join(failed)} into it fails (see VD302/VD303)"
+            message = (
+                f"{name} is not filled: loading checkpoint tensor {', '.join(failed)} into it fails (see VD302/VD303)"
+            )
         elif p.get("shards_missing") and p.get("shards_loaded"):
             message = (
                 f"{name}: shard(s) {_shard_text(p['shards_missing'])} of the fused parameter are never loaded "
-                f"(loaded: {_shard_text(p['shards_loaded'])}; {p['covered']} of {p['numel']} elements written); {consequence}"
+                f"(loaded: {_shard_text(p['shards_loaded'])}; {p['covered']} of {p['numel']} elements written); "
+                f"{consequence}"
             )
         elif p["covered"]:
-            message = f"{name}: only {p['covered']} of {p['numel']} elements are written by the checkpoint; {consequence}"
+            message = (
+                f"{name}: only {p['covered']} of {p['numel']} elements are written by the checkpoint; {consequence}"
+            )
         else:
             message = f"no checkpoint tensor fills {name}; {consequence}"
         same_block = [t for t in unused if _module_prefix(t) == _module_prefix(name)]
@@ -126,33 +162,39 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
         if failed:
             hint = "fix the tensor's shape or name (VD302/VD303) and this parameter is filled"
         elif p.get("shards_missing"):
-            hint += f"add the tensor for shard {_shard_text(p['shards_missing'])} to the checkpoint, or map its name in `stacked_params_mapping`"
+            hint += (
+                f"add the tensor for shard {_shard_text(p['shards_missing'])} to the checkpoint, or map its name in "
+                f"`stacked_params_mapping`"
+            )
         else:
             hint += "add the tensor to the checkpoint or make load_weights map its checkpoint name to this parameter"
-        findings.append(emit.fail(
-            message,
-            name,
-            {
-                "shape": p["shape"],
-                "dtype": p["dtype"],
-                "elements_written": p["covered"],
-                "numel": p["numel"],
-                "shards_expected": p["shards_expected"],
-                "shards_loaded": p["shards_loaded"],
-                "shards_missing": p["shards_missing"],
-                "sources": p["sources"],
-                "failed_from": failed,
-                "load_weights_reports_it": p["in_returned"],
-                "vllm_notices": vllm_notices,
-                "related_checkpoint_tensors": related,
-                "vllm_error": NOT_INITIALIZED if vllm_notices else "",
-            },
-            hint,
-        ))
+        findings.append(
+            emit.fail(
+                message,
+                name,
+                {
+                    "shape": p["shape"],
+                    "dtype": p["dtype"],
+                    "elements_written": p["covered"],
+                    "numel": p["numel"],
+                    "shards_expected": p["shards_expected"],
+                    "shards_loaded": p["shards_loaded"],
+                    "shards_missing": p["shards_missing"],
+                    "sources": p["sources"],
+                    "failed_from": failed,
+                    "load_weights_reports_it": p["in_returned"],
+                    "vllm_notices": vllm_notices,
+                    "related_checkpoint_tensors": related,
+                    "vllm_error": NOT_INITIALIZED if vllm_notices else "",
+                },
+                hint,
+            )
+        )
     if unverifiable:
         yield emit.skip(
             f"{len(unverifiable)} parameter(s) get no tensor from the readable files; the index puts their tensors in "
-            f"files that cannot be read (see VD306/VD308): {', '.join(unverifiable[:5])}{' ...' if len(unverifiable) > 5 else ''}",
+            f"files that cannot be read (see VD306/VD308): "
+            f"{', '.join(unverifiable[:5])}{' ...' if len(unverifiable) > 5 else ''}",
             "(parameters in unreadable files)",
         )
     if meta_limited:
@@ -180,29 +222,47 @@ def _module_prefix(name: str) -> str:
     "A checkpoint tensor that `load_weights` never loads, or on which it raises (with the name it looked up).",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="Each checkpoint tensor is handed to your `load_weights`, which maps its name to a parameter (stacked/fused params, prefixes, tied `lm_head`, quantization scales) and calls the parameter's `weight_loader`. vllm-doctor follows every tensor through your real `load_weights` on the meta device.",
-    why="A tensor whose mapped name does not exist raises `KeyError` deep in start-up (after the whole model was built); a tensor that is silently skipped leaves its parameter uninitialised (VD301) or hides a naming mismatch.",
-    example="checkpoint: model.layers.1.mlp.gate_projection.weight; load_weights replaces '.gate_proj' -> '.gate_up_proj' and looks up model.layers.1.mlp.gate_up_projection.weight -> KeyError.",
-    fix="Rename the checkpoint tensor, or teach load_weights the name (stacked_params_mapping, WeightsMapper / hf_to_vllm_mapper, `skip_prefixes` for tensors that should be ignored).",
-    references=("vllm-project/vllm#4989", "vllm-project/vllm#27138", "vllm-project/vllm#40358", "hiyouga/LlamaFactory#2789"),
-    requires=("import", "checkpoint"),
+    what=(
+        "Each checkpoint tensor is handed to your `load_weights`, which maps its name to a parameter (stacked/fused "
+        "params, prefixes, tied `lm_head`, quantization scales) and calls the parameter's `weight_loader`. "
+        "vllm-doctor follows every tensor through your real `load_weights` on the meta device."
+    ),
+    why=(
+        "A tensor whose mapped name does not exist raises `KeyError` deep in start-up (after the whole model was "
+        "built); a tensor that is silently skipped leaves its parameter uninitialised (VD301) or hides a naming "
+        "mismatch."
+    ),
+    example=(
+        "checkpoint: model.layers.1.mlp.gate_projection.weight; load_weights replaces '.gate_proj' -> '.gate_up_proj' "
+        "and looks up model.layers.1.mlp.gate_up_projection.weight -> KeyError."
+    ),
+    fix=(
+        "Rename the checkpoint tensor, or teach load_weights the name (stacked_params_mapping, WeightsMapper / "
+        "hf_to_vllm_mapper, `skip_prefixes` for tensors that should be ignored)."
+    ),
+    references=(
+        "vllm-project/vllm#4989",
+        "vllm-project/vllm#27138",
+        "vllm-project/vllm#40358",
+        "hiyouga/LlamaFactory#2789",
+    ),
+    requires=("checkpoint", "weights-load"),
 )
 def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = _load_or_skip(facts, emit)
-    if isinstance(got, Finding):
-        yield got
-        return
+    got = known(facts.usable_weight_load())
     tensors: dict[str, Any] = got["tensors"]
     nearest: dict[str, list[str]] = got.get("nearest", {})
     findings: list[Finding] = []
     unverifiable: list[str] = []
     for err in got.get("load_weights", {}).get("global_errors", []):
-        findings.append(emit.fail(
-            f"load_weights raised before taking any checkpoint tensor: {err.get('error')}",
-            "load_weights",
-            {"error": err.get("error"), "traceback": err.get("traceback", "")},
-            "run load_weights on a small model in a debugger; the traceback shows where",
-        ))
+        findings.append(
+            emit.fail(
+                f"load_weights raised before taking any checkpoint tensor: {err.get('error')}",
+                "load_weights",
+                {"error": err.get("error"), "traceback": err.get("traceback", "")},
+                "run load_weights on a small model in a debugger; the traceback shows where",
+            )
+        )
     for name, t in tensors.items():
         status = t["status"]
         if status == "unverifiable":
@@ -215,46 +275,75 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
             err = next(e for e in t["errors"] if e["kind"] == "raised")
             looked = err.get("looked_up")
             evidence.update(
-                error=err["error"], looked_up=looked, where=err["where"], traceback=err.get("traceback", ""),
+                error=err["error"],
+                looked_up=looked,
+                where=err["where"],
+                traceback=err.get("traceback", ""),
                 vllm_error=err["error"],
             )
             near = nearest.get(looked or "", []) or nearest.get(name, [])
             evidence["nearest_parameters"] = near
             lookup = f" (it looked up {looked!r})" if looked and looked != name else ""
-            hint = f"the model has {near[0]!r}: map the checkpoint name onto it" if near else "map the name in load_weights or drop the tensor"
-            findings.append(emit.fail(f"load_weights raises {err['error'].splitlines()[0]} for checkpoint tensor {name}{lookup}", name, evidence, hint))
+            hint = (
+                f"the model has {near[0]!r}: map the checkpoint name onto it"
+                if near
+                else "map the name in load_weights or drop the tensor"
+            )
+            findings.append(
+                emit.fail(
+                    f"load_weights raises {err['error'].splitlines()[0]} for checkpoint tensor {name}{lookup}",
+                    name,
+                    evidence,
+                    hint,
+                )
+            )
         elif status == "skipped" and name.rsplit(".", 1)[-1] in EXPECTED_SKIPS:
-            findings.append(emit.warn(
-                f"load_weights skips checkpoint tensor {name}, as vLLM's own models do: it is recomputed at start-up",
-                name,
-                evidence,
-                "nothing to do; drop the tensor from the checkpoint to silence this",
-                severity=Severity.INFO,
-            ))
+            findings.append(
+                emit.warn(
+                    (
+                        f"load_weights skips checkpoint tensor {name}, as vLLM's own models do: it is recomputed at "
+                        f"start-up"
+                    ),
+                    name,
+                    evidence,
+                    "nothing to do; drop the tensor from the checkpoint to silence this",
+                    severity=Severity.INFO,
+                )
+            )
         elif status == "skipped":
             near = nearest.get(name, [])
             evidence["nearest_parameters"] = near
             tied = name.startswith("lm_head.") and _text_config(facts.config).get("tie_word_embeddings") is True
-            findings.append(emit.warn(
-                f"load_weights never loads checkpoint tensor {name}: it is skipped without reaching any weight_loader"
-                + (" (tie_word_embeddings is true, so the head is the embedding; see VD307)" if tied else ""),
-                name,
-                evidence,
-                "if this tensor is needed, remove the filter that skips it; if not, drop it from the checkpoint",
-                severity=Severity.WARN,
-            ))
+            findings.append(
+                emit.warn(
+                    (
+                        f"load_weights never loads checkpoint tensor {name}: it is skipped without reaching any "
+                        f"weight_loader"
+                    )
+                    + (" (tie_word_embeddings is true, so the head is the embedding; see VD307)" if tied else ""),
+                    name,
+                    evidence,
+                    "if this tensor is needed, remove the filter that skips it; if not, drop it from the checkpoint",
+                    severity=Severity.WARN,
+                )
+            )
         else:
             evidence["handed_to"] = t.get("handed_to", [])
-            findings.append(emit.warn(
-                f"checkpoint tensor {name} is handed to a weight_loader that writes nothing",
-                name,
-                evidence,
-                "check the parameter's weight_loader: it returns without copying the tensor",
-                severity=Severity.WARN,
-            ))
+            findings.append(
+                emit.warn(
+                    f"checkpoint tensor {name} is handed to a weight_loader that writes nothing",
+                    name,
+                    evidence,
+                    "check the parameter's weight_loader: it returns without copying the tensor",
+                    severity=Severity.WARN,
+                )
+            )
     if unverifiable:
         yield emit.skip(
-            f"{len(unverifiable)} tensor(s) use operations that meta tensors cannot run; not verified: {', '.join(unverifiable[:5])}",
+            (
+                f"{len(unverifiable)} tensor(s) use operations that meta tensors cannot run; not verified: "
+                f"{', '.join(unverifiable[:5])}"
+            ),
             "(tensors not verifiable on the meta device)",
         )
     elif not findings:
@@ -269,17 +358,26 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
     "A checkpoint tensor's shape does not fit the parameter (or shard) it loads into.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="vllm-doctor compares each checkpoint tensor with what the parameter's weight_loader wants at tensor-parallel size 1 (the fused shard's rows for qkv/gate_up) and watches the copies: a failed assert, a tensor only partly used (vLLM's loaders `narrow` silently), or one broadcast into a larger parameter.",
-    why="vLLM fails late with a bare `AssertionError` or `start (0) + length (256) exceeds dimension size (128)` that names no tensor — or, when a loader narrows a larger tensor, loads a slice without a word.",
-    example="model.layers.0.mlp.down_proj.weight stored transposed as [256, 128] (Conv1D-style) for a [128, 256] parameter.",
-    fix="Re-export the tensor with the shape the parameter wants (transpose Conv1D weights, check head_dim / num_key_value_heads / intermediate_size in config.json).",
-    requires=("import", "checkpoint"),
+    what=(
+        "vllm-doctor compares each checkpoint tensor with what the parameter's weight_loader wants at tensor-parallel "
+        "size 1 (the fused shard's rows for qkv/gate_up) and watches the copies: a failed assert, a tensor only "
+        "partly used (vLLM's loaders `narrow` silently), or one broadcast into a larger parameter."
+    ),
+    why=(
+        "vLLM fails late with a bare `AssertionError` or `start (0) + length (256) exceeds dimension size (128)` that "
+        "names no tensor — or, when a loader narrows a larger tensor, loads a slice without a word."
+    ),
+    example=(
+        "model.layers.0.mlp.down_proj.weight stored transposed as [256, 128] (Conv1D-style) for a [128, 256] parameter."
+    ),
+    fix=(
+        "Re-export the tensor with the shape the parameter wants (transpose Conv1D weights, check head_dim / "
+        "num_key_value_heads / intermediate_size in config.json)."
+    ),
+    requires=("checkpoint", "weights-load"),
 )
 def checkpoint_shape_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = _load_or_skip(facts, emit)
-    if isinstance(got, Finding):
-        yield got
-        return
+    got = known(facts.usable_weight_load())
     findings: list[Finding] = []
     for name, t in got["tensors"].items():
         status = t["status"]
@@ -293,30 +391,44 @@ def checkpoint_shape_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
         actual = t["shape"]
         target = f"{param}" + (f" (shard {shard})" if shard is not None else "") if param else "its parameter"
         if status == "shape_mismatch":
-            message = f"checkpoint tensor {name} has shape {actual} but {target} wants {want if want else 'another shape'}"
+            message = (
+                f"checkpoint tensor {name} has shape {actual} but {target} wants {want if want else 'another shape'}"
+            )
             if err:
                 message += f"; the loader fails with {err['error'].splitlines()[0]}"
         elif status == "partial":
-            message = f"only {t['consumed']} of {t['numel']} elements of {name} {actual} are loaded into {target} (wants {want}): vLLM's loader silently takes a slice"
+            message = (
+                f"only {t['consumed']} of {t['numel']} elements of {name} {actual} are loaded into {target} (wants "
+                f"{want}): vLLM's loader silently takes a slice"
+            )
         else:
-            message = f"checkpoint tensor {name} {actual} is broadcast into {target} (wants {want}): every row gets the same values"
+            message = (
+                f"checkpoint tensor {name} {actual} is broadcast into {target} (wants {want}): every row gets the "
+                f"same values"
+            )
         transposed = bool(want and len(want) == 2 and list(reversed(want)) == actual)
-        findings.append(emit.fail(
-            message,
-            name,
-            {
-                "status": status,
-                "param": param,
-                "shard": shard,
-                "expected_shape": want,
-                "actual_shape": actual,
-                "transposed": transposed,
-                "error": (err or {}).get("error"),
-                "vllm_error": (err or {}).get("error") or "",
-            },
-            "the tensor is stored transposed: transpose it when exporting (or in load_weights)" if transposed
-            else "re-export the tensor with the parameter's shape; check head_dim, num_key_value_heads and intermediate_size in config.json",
-        ))
+        findings.append(
+            emit.fail(
+                message,
+                name,
+                {
+                    "status": status,
+                    "param": param,
+                    "shard": shard,
+                    "expected_shape": want,
+                    "actual_shape": actual,
+                    "transposed": transposed,
+                    "error": (err or {}).get("error"),
+                    "vllm_error": (err or {}).get("error") or "",
+                },
+                "the tensor is stored transposed: transpose it when exporting (or in load_weights)"
+                if transposed
+                else (
+                    "re-export the tensor with the parameter's shape; check head_dim, num_key_value_heads and "
+                    "intermediate_size in config.json"
+                ),
+            )
+        )
     if not findings:
         yield emit.ok("every checkpoint tensor fits its parameter's shape", "checkpoint")
         return
@@ -329,7 +441,10 @@ LOSSY: dict[tuple[str, str], tuple[Severity, str]] = {
     ("F64", "BF16"): (Severity.INFO, "precision (52 -> 7 mantissa bits)"),
     ("F64", "F16"): (Severity.WARN, "precision, and values above 65504 overflow to inf in float16"),
     ("F32", "BF16"): (Severity.INFO, "precision (23 -> 7 mantissa bits); the range is kept"),
-    ("F32", "F16"): (Severity.WARN, "precision, and values above 65504 (or below 6e-8) overflow to inf (or flush to 0) in float16"),
+    ("F32", "F16"): (
+        Severity.WARN,
+        "precision, and values above 65504 (or below 6e-8) overflow to inf (or flush to 0) in float16",
+    ),
     ("BF16", "F16"): (Severity.WARN, "range: bfloat16 values above 65504 overflow to inf in float16"),
     ("F16", "BF16"): (Severity.INFO, "precision (10 -> 7 mantissa bits)"),
 }
@@ -344,22 +459,31 @@ def _config_dtype(config: dict[str, Any]) -> str | None:
 @check(
     "VD304",
     "lossy-checkpoint-dtype",
-    "Checkpoint tensors are stored in a wider float type than the model's parameters (precision loss, fp16 overflow risk), or as integers for float parameters.",
+    (
+        "Checkpoint tensors are stored in a wider float type than the model's parameters (precision loss, fp16 "
+        "overflow risk), or as integers for float parameters."
+    ),
     severity=Severity.WARN,
     stage=Stage.STATIC,
-    what="vLLM casts every tensor to the parameter's dtype while loading (the model dtype: `--dtype`, else config.json's `dtype`/`torch_dtype`). vllm-doctor compares the header dtypes with the dtypes of the parameters the tensors land in.",
-    why="float32 -> bfloat16 only loses precision; float32 or bfloat16 -> float16 can overflow (|x| > 65504 becomes inf) and produce NaNs at run time, with no message at load time.",
+    what=(
+        "vLLM casts every tensor to the parameter's dtype while loading (the model dtype: `--dtype`, else "
+        "config.json's `dtype`/`torch_dtype`). vllm-doctor compares the header dtypes with the dtypes of the "
+        "parameters the tensors land in."
+    ),
+    why=(
+        "float32 -> bfloat16 only loses precision; float32 or bfloat16 -> float16 can overflow (|x| > 65504 becomes "
+        "inf) and produce NaNs at run time, with no message at load time."
+    ),
     example="a float32 checkpoint (fine-tuning output) served with config.json dtype float16.",
-    fix="Serve in bfloat16 (`--dtype bfloat16`) or float32, or convert the checkpoint deliberately (and check for values out of float16 range).",
-    requires=("import", "checkpoint"),
+    fix=(
+        "Serve in bfloat16 (`--dtype bfloat16`) or float32, or convert the checkpoint deliberately (and check for "
+        "values out of float16 range)."
+    ),
+    requires=("checkpoint", "weights-pass"),
 )
 def lossy_checkpoint_dtype(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    skipped = _checkpoint_or_skip(facts, emit)
-    if skipped:
-        yield skipped
-        return
-    assert facts.checkpoint is not None
-    data = load_usable(facts)
+    checkpoint = known(facts.checkpoint)
+    data = facts.usable_weight_load()
     pairs: dict[tuple[str, str], list[str]] = {}
     source = "the parameters the tensors load into"
     if data is not None:
@@ -377,8 +501,12 @@ def lossy_checkpoint_dtype(facts: Facts, emit: Emit) -> Iterable[Finding]:
         if model_dtype is None:
             yield emit.skip("the model dtype is unknown: " + (facts.weight_load_error or "config.json names no dtype"))
             return
-        source = "the model dtype vLLM resolves" if model.get("dtype_name") else "config.json's dtype (the model could not be built)"
-        for t in facts.checkpoint.tensors:
+        source = (
+            "the model dtype vLLM resolves"
+            if model.get("dtype_name")
+            else "config.json's dtype (the model could not be built)"
+        )
+        for t in checkpoint.tensors:
             if t.dtype in FLOAT_DTYPES:
                 pairs.setdefault((t.dtype, model_dtype), []).append(t.name)
     found = False
@@ -389,8 +517,17 @@ def lossy_checkpoint_dtype(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 f"{len(names)} checkpoint tensor(s) stored as {ck} load into {pdt} parameters: the integers are cast "
                 "to floats as they are (quantized weights loaded into an unquantized model?)",
                 f"{ck}->{pdt}",
-                {"checkpoint_dtype": ck, "parameter_dtype": pdt, "tensors": len(names), "examples": names[:5], "compared_with": source},
-                "serve it with its quantization config (quantization_config in config.json / --quantization) or export float weights",
+                {
+                    "checkpoint_dtype": ck,
+                    "parameter_dtype": pdt,
+                    "tensors": len(names),
+                    "examples": names[:5],
+                    "compared_with": source,
+                },
+                (
+                    "serve it with its quantization config (quantization_config in config.json / --quantization) or "
+                    "export float weights"
+                ),
                 severity=Severity.ERROR,
             )
             continue
@@ -402,12 +539,22 @@ def lossy_checkpoint_dtype(facts: Facts, emit: Emit) -> Iterable[Finding]:
         yield emit.warn(
             f"{len(names)} checkpoint tensor(s) stored as {ck} load into {pdt} parameters: loses {lost}",
             f"{ck}->{pdt}",
-            {"checkpoint_dtype": ck, "parameter_dtype": pdt, "tensors": len(names), "examples": names[:5], "compared_with": source},
-            "serve with --dtype bfloat16 (or float32)" if pdt == "F16" else "expected when serving a float32 checkpoint in bfloat16; pass --dtype float32 to keep full precision",
+            {
+                "checkpoint_dtype": ck,
+                "parameter_dtype": pdt,
+                "tensors": len(names),
+                "examples": names[:5],
+                "compared_with": source,
+            },
+            "serve with --dtype bfloat16 (or float32)"
+            if pdt == "F16"
+            else "expected when serving a float32 checkpoint in bfloat16; pass --dtype float32 to keep full precision",
             severity=severity,
         )
     if not found:
-        yield emit.ok("no checkpoint tensor loses precision or range when it is cast to its parameter's dtype", "checkpoint")
+        yield emit.ok(
+            "no checkpoint tensor loses precision or range when it is cast to its parameter's dtype", "checkpoint"
+        )
 
 
 def _torch_to_st(dtype: str) -> str:
@@ -438,44 +585,78 @@ def tp_problems(config: dict[str, Any], tp: int) -> list[dict[str, Any]]:
     inter = _int(cfg, "intermediate_size")
     vocab = _int(cfg, "vocab_size")
     if heads is not None and heads % tp:
-        out.append({
-            "key": "num_attention_heads", "value": heads, "severity": "error",
-            "why": f"{heads} attention heads cannot be split evenly over {tp} ranks",
-            "vllm_error": f"ValueError: Total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp}).",
-        })
+        out.append(
+            {
+                "key": "num_attention_heads",
+                "value": heads,
+                "severity": "error",
+                "why": f"{heads} attention heads cannot be split evenly over {tp} ranks",
+                "vllm_error": (
+                    f"ValueError: Total number of attention heads ({heads}) must be divisible by tensor parallel size "
+                    f"({tp})."
+                ),
+            }
+        )
     if kv is not None:
         if kv >= tp and kv % tp:
-            out.append({
-                "key": "num_key_value_heads", "value": kv, "severity": "error",
-                "why": f"{kv} KV heads cannot be split evenly over {tp} ranks",
-                "vllm_error": f"AssertionError: {kv} is not divisible by {tp}",
-            })
+            out.append(
+                {
+                    "key": "num_key_value_heads",
+                    "value": kv,
+                    "severity": "error",
+                    "why": f"{kv} KV heads cannot be split evenly over {tp} ranks",
+                    "vllm_error": f"AssertionError: {kv} is not divisible by {tp}",
+                }
+            )
         elif kv < tp and tp % kv:
-            out.append({
-                "key": "num_key_value_heads", "value": kv, "severity": "error",
-                "why": f"{kv} KV heads cannot be replicated evenly over {tp} ranks ({tp} must be a multiple of {kv})",
-                "vllm_error": f"AssertionError: {tp} is not divisible by {kv}",
-            })
+            out.append(
+                {
+                    "key": "num_key_value_heads",
+                    "value": kv,
+                    "severity": "error",
+                    "why": (
+                        f"{kv} KV heads cannot be replicated evenly over {tp} ranks ({tp} must be a multiple of {kv})"
+                    ),
+                    "vllm_error": f"AssertionError: {tp} is not divisible by {kv}",
+                }
+            )
     if inter is not None and inter % tp:
-        out.append({
-            "key": "intermediate_size", "value": inter, "severity": "error",
-            "why": f"the MLP's {inter} intermediate features cannot be split evenly over {tp} ranks",
-            "vllm_error": f"AssertionError: {inter} is not divisible by {tp}",
-        })
+        out.append(
+            {
+                "key": "intermediate_size",
+                "value": inter,
+                "severity": "error",
+                "why": f"the MLP's {inter} intermediate features cannot be split evenly over {tp} ranks",
+                "vllm_error": f"AssertionError: {inter} is not divisible by {tp}",
+            }
+        )
     if vocab is not None:
         padded = -(-vocab // 64) * 64
         if padded % tp:
-            out.append({
-                "key": "vocab_size", "value": vocab, "severity": "error",
-                "why": f"the vocabulary, padded to {padded} (a multiple of 64), cannot be split evenly over {tp} ranks",
-                "vllm_error": f"AssertionError: {padded} is not divisible by {tp}",
-            })
+            out.append(
+                {
+                    "key": "vocab_size",
+                    "value": vocab,
+                    "severity": "error",
+                    "why": (
+                        f"the vocabulary, padded to {padded} (a multiple of 64), cannot be split evenly over {tp} ranks"
+                    ),
+                    "vllm_error": f"AssertionError: {padded} is not divisible by {tp}",
+                }
+            )
     if hidden is not None and hidden % tp:
-        out.append({
-            "key": "hidden_size", "value": hidden, "severity": "info",
-            "why": f"hidden_size {hidden} is not divisible by {tp}: vLLM's standard layers do not split it (they split heads and the MLP), but a custom layer that shards hidden_size will fail",
-            "vllm_error": "",
-        })
+        out.append(
+            {
+                "key": "hidden_size",
+                "value": hidden,
+                "severity": "info",
+                "why": (
+                    f"hidden_size {hidden} is not divisible by {tp}: vLLM's standard layers do not split it (they "
+                    f"split heads and the MLP), but a custom layer that shards hidden_size will fail"
+                ),
+                "vllm_error": "",
+            }
+        )
     return out
 
 
@@ -489,12 +670,21 @@ def working_tp_sizes(config: dict[str, Any], limit: int = 16) -> list[int]:
     "Attention heads, KV heads, intermediate size or vocabulary cannot be split over `--tensor-parallel-size N`.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="With tensor parallelism vLLM splits attention heads, KV heads (or replicates them when there are fewer than ranks), the MLP's intermediate features and the (64-padded) vocabulary evenly over the ranks. Pure arithmetic on config.json, for the size given with `--tensor-parallel-size` (default 1).",
-    why="vLLM checks only the attention heads up front; the other splits fail later, inside a worker, as a bare `AssertionError: 14 is not divisible by 4` after every rank started.",
+    what=(
+        "With tensor parallelism vLLM splits attention heads, KV heads (or replicates them when there are fewer than "
+        "ranks), the MLP's intermediate features and the (64-padded) vocabulary evenly over the ranks. Pure "
+        "arithmetic on config.json, for the size given with `--tensor-parallel-size` (default 1)."
+    ),
+    why=(
+        "vLLM checks only the attention heads up front; the other splits fail later, inside a worker, as a bare "
+        "`AssertionError: 14 is not divisible by 4` after every rank started."
+    ),
     example="num_attention_heads 28, num_key_value_heads 4: --tensor-parallel-size 8 fails (28 % 8), 4 works.",
-    fix="Pick a tensor-parallel size from the list this check prints (or combine a smaller TP size with pipeline parallelism).",
+    fix=(
+        "Pick a tensor-parallel size from the list this check prints (or combine a smaller TP size with pipeline "
+        "parallelism)."
+    ),
     references=("vllm-project/vllm#2652", "vllm-project/vllm#11797"),
-    requires=("config",),
 )
 def not_divisible_by_tp(facts: Facts, emit: Emit) -> Iterable[Finding]:
     tp = facts.tensor_parallel_size
@@ -503,14 +693,21 @@ def not_divisible_by_tp(facts: Facts, emit: Emit) -> Iterable[Finding]:
         yield emit.not_applicable("config.json has no num_attention_heads")
         return
     if tp == 1:
-        yield emit.ok("tensor-parallel size 1: nothing is split (pass --tensor-parallel-size N to check N)", "config.json")
+        yield emit.ok(
+            "tensor-parallel size 1: nothing is split (pass --tensor-parallel-size N to check N)", "config.json"
+        )
         return
     working = working_tp_sizes(facts.config)
     problems = tp_problems(facts.config, tp)
     hint = f"tensor-parallel sizes up to 16 that work: {', '.join(map(str, working))}"
     for p in problems:
         severity = Severity.ERROR if p["severity"] == "error" else Severity.INFO
-        evidence = {"value": p["value"], "tensor_parallel_size": tp, "working_sizes": working, "vllm_error": p["vllm_error"]}
+        evidence = {
+            "value": p["value"],
+            "tensor_parallel_size": tp,
+            "working_sizes": working,
+            "vllm_error": p["vllm_error"],
+        }
         subject = f"config.json:{p['key']}"
         if severity is Severity.ERROR:
             yield emit.fail(f"{p['key']} = {p['value']}: {p['why']}", subject, evidence, hint)
@@ -523,27 +720,40 @@ def not_divisible_by_tp(facts: Facts, emit: Emit) -> Iterable[Finding]:
 @check(
     "VD306",
     "broken-shard-index",
-    "model.safetensors.index.json names a missing file or a path outside the model directory (or a file links outside it).",
+    (
+        "model.safetensors.index.json names a missing file or a path outside the model directory (or a file links "
+        "outside it)."
+    ),
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="For a sharded checkpoint vLLM globs the top-level *.safetensors files and keeps those the index's `weight_map` names. vllm-doctor checks every entry: the file must exist, be a top-level file of the model directory, and stay inside it (no `../`, absolute paths or escaping symlinks; such paths are never opened). It also flags tensors the index places in a file that lacks them and tensors stored twice.",
-    why="vLLM 0.32 stops with `FileNotFoundError: Weight files referenced in index but missing: {...}` after the model was built; an index path outside the directory can make a loader read files the model's author did not ship.",
+    what=(
+        "For a sharded checkpoint vLLM globs the top-level *.safetensors files and keeps those the index's "
+        "`weight_map` names. vllm-doctor checks every entry: the file must exist, be a top-level file of the model "
+        "directory, and stay inside it (no `../`, absolute paths or escaping symlinks; such paths are never opened). "
+        "It also flags tensors the index places in a file that lacks them and tensors stored twice."
+    ),
+    why=(
+        "vLLM 0.32 stops with `FileNotFoundError: Weight files referenced in index but missing: {...}` after the "
+        "model was built; an index path outside the directory can make a loader read files the model's author did not "
+        "ship."
+    ),
     example='"weight_map": {"lm_head.weight": "../outside.safetensors", ...}',
-    fix="Regenerate the index (e.g. save_pretrained with max_shard_size), or fix the file names in `weight_map` to the shard files in the directory.",
-    requires=("checkpoint",),
+    fix=(
+        "Regenerate the index (e.g. save_pretrained with max_shard_size), or fix the file names in `weight_map` to "
+        "the shard files in the directory."
+    ),
+    requires=("checkpoint-files",),
 )
 def broken_shard_index(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    skipped = _checkpoint_or_skip(facts, emit, need_tensors=False)
-    if skipped:
-        yield skipped
-        return
-    assert facts.checkpoint is not None
-    problems = [p for p in facts.checkpoint.problems if p.code == "VD306"]
+    checkpoint = known(facts.checkpoint)
+    problems = [p for p in checkpoint.problems if p.scope == "index"]
     warn_kinds = {"duplicate-tensor", "index-tensor-not-in-file"}
     for p in problems:
         evidence = {"kind": p.kind, **p.evidence, "vllm_error": p.vllm_error}
         if p.kind in warn_kinds:
-            yield emit.warn(p.message, p.subject, evidence, "regenerate the index from the shard files", severity=Severity.WARN)
+            yield emit.warn(
+                p.message, p.subject, evidence, "regenerate the index from the shard files", severity=Severity.WARN
+            )
         else:
             hint = (
                 "use plain file names of shards in the model directory in weight_map"
@@ -552,11 +762,20 @@ def broken_shard_index(facts: Facts, emit: Emit) -> Iterable[Finding]:
             )
             yield emit.fail(p.message, p.subject, evidence, hint)
     if not problems:
-        index = facts.checkpoint.index
+        index = checkpoint.index
         if index is None:
-            yield emit.ok(f"single-file or unindexed checkpoint ({len(facts.checkpoint.files)} file(s)); no index to check", "checkpoint")
+            yield emit.ok(
+                f"single-file or unindexed checkpoint ({len(checkpoint.files)} file(s)); no index to check",
+                "checkpoint",
+            )
         else:
-            yield emit.ok(f"{INDEX_NAME}: {index.get('entries')} entries in {len(index.get('files', []))} file(s), all present and inside the model directory", INDEX_NAME)
+            yield emit.ok(
+                (
+                    f"{INDEX_NAME}: {index.get('entries')} entries in {len(index.get('files', []))} file(s), all "
+                    f"present and inside the model directory"
+                ),
+                INDEX_NAME,
+            )
 
 
 @check(
@@ -565,18 +784,27 @@ def broken_shard_index(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "`tie_word_embeddings` disagrees with the presence of `lm_head.weight` in the checkpoint.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="With `tie_word_embeddings: true` the LM head reuses the input embedding and models skip `lm_head.weight`; with `false` the checkpoint must carry `lm_head.weight`.",
-    why="Untied without lm_head.weight: vLLM leaves the LM head uninitialised without a word (embedding-type layers are exempt from its missing-weight check) and generates garbage. Tied with a separate lm_head.weight: the trained LM head is silently ignored.",
-    example='config.json "tie_word_embeddings": false, checkpoint without lm_head.weight (a tied model exported with the flag dropped).',
-    fix="Set tie_word_embeddings to what the model was trained with: true if the head is the embedding, false (and ship lm_head.weight) if not.",
-    requires=("config", "checkpoint"),
+    what=(
+        "With `tie_word_embeddings: true` the LM head reuses the input embedding and models skip `lm_head.weight`; "
+        "with `false` the checkpoint must carry `lm_head.weight`."
+    ),
+    why=(
+        "Untied without lm_head.weight: vLLM leaves the LM head uninitialised without a word (embedding-type layers "
+        "are exempt from its missing-weight check) and generates garbage. Tied with a separate lm_head.weight: the "
+        "trained LM head is silently ignored."
+    ),
+    example=(
+        'config.json "tie_word_embeddings": false, checkpoint without lm_head.weight (a tied model exported with the '
+        "flag dropped)."
+    ),
+    fix=(
+        "Set tie_word_embeddings to what the model was trained with: true if the head is the embedding, false (and "
+        "ship lm_head.weight) if not."
+    ),
+    requires=("checkpoint-files",),
 )
 def tie_word_embeddings_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    skipped = _checkpoint_or_skip(facts, emit, need_tensors=False)
-    if skipped:
-        yield skipped
-        return
-    assert facts.checkpoint is not None
+    checkpoint = known(facts.checkpoint)
     cfg = _text_config(facts.config)
     tie = cfg.get("tie_word_embeddings", facts.config.get("tie_word_embeddings"))
     source = "config.json"
@@ -585,23 +813,38 @@ def tie_word_embeddings_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
         tie = (model.get("hf") or {}).get("tie_word_embeddings")
         source = "the config class's default (config.json does not set it)"
         if not isinstance(tie, bool):
-            yield emit.skip("config.json does not set tie_word_embeddings and its config class default is unknown (needs the weights pass)")
+            yield emit.skip(
+                "config.json does not set tie_word_embeddings and its config class default is unknown (needs the "
+                "weights pass)"
+            )
             return
-    names = set(facts.checkpoint.tensor_map())
-    index = facts.checkpoint.index
-    complete = facts.checkpoint.complete
+    names = set(checkpoint.tensor_map())
+    index = checkpoint.index
+    complete = checkpoint.complete
     has_lm_head = "lm_head.weight" in names
     if not has_lm_head and not complete:
         yield emit.skip("part of the checkpoint could not be read (see VD306/VD308); lm_head.weight may be in it")
         return
     has_embed = any(n.endswith("embed_tokens.weight") or n.endswith("wte.weight") for n in names)
     subject = "config.json:tie_word_embeddings"
-    evidence = {"tie_word_embeddings": tie, "from": source, "lm_head_in_checkpoint": has_lm_head, "indexed": index is not None}
+    evidence = {
+        "tie_word_embeddings": tie,
+        "from": source,
+        "lm_head_in_checkpoint": has_lm_head,
+        "indexed": index is not None,
+    }
     if tie is False and not has_lm_head and has_embed:
         yield emit.fail(
-            "tie_word_embeddings is false but the checkpoint has no lm_head.weight: the LM head stays uninitialised and vLLM does not notice",
-            subject, evidence,
-            "if the model was trained with a tied head, set \"tie_word_embeddings\": true; otherwise export lm_head.weight",
+            (
+                "tie_word_embeddings is false but the checkpoint has no lm_head.weight: the LM head stays "
+                "uninitialised and vLLM does not notice"
+            ),
+            subject,
+            evidence,
+            (
+                'if the model was trained with a tied head, set "tie_word_embeddings": true; otherwise export '
+                "lm_head.weight"
+            ),
         )
     elif tie is True and has_lm_head:
         hf = ((facts.weight_load or {}).get("model") or {}).get("hf") or {}
@@ -612,44 +855,62 @@ def tie_word_embeddings_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 "tie_word_embeddings is true but the checkpoint carries its own lm_head.weight: this vLLM notices, "
                 "builds the head untied and loads it (re-tying only if it equals the embedding); older vLLM "
                 "versions tie and silently ignore it",
-                subject, evidence,
-                "make config.json say what the model is: \"tie_word_embeddings\": false if lm_head.weight differs from the embedding, "
+                subject,
+                evidence,
+                'make config.json say what the model is: "tie_word_embeddings": false if lm_head.weight differs from '
+                "the embedding, "
                 "else drop lm_head.weight from the checkpoint",
                 severity=Severity.INFO,
             )
         else:
-            known = unties is False
+            untie_known = unties is False
             yield emit.warn(
                 "tie_word_embeddings is true but the checkpoint carries its own lm_head.weight: "
-                + ("this vLLM ties the head to the embedding and ignores it"
-                   if known else "vLLM ties the head to the embedding and ignores it (vLLM 0.32 and later load it untied instead)"),
-                subject, evidence,
-                "if lm_head.weight differs from the embedding (an untied model), set \"tie_word_embeddings\": false",
+                + (
+                    "this vLLM ties the head to the embedding and ignores it"
+                    if untie_known
+                    else (
+                        "vLLM ties the head to the embedding and ignores it (vLLM 0.32 and later load it untied "
+                        "instead)"
+                    )
+                ),
+                subject,
+                evidence,
+                'if lm_head.weight differs from the embedding (an untied model), set "tie_word_embeddings": false',
                 severity=Severity.WARN,
             )
     else:
-        yield emit.ok(f"tie_word_embeddings={tie} and lm_head.weight {'present' if has_lm_head else 'absent'} agree", subject)
+        yield emit.ok(
+            f"tie_word_embeddings={tie} and lm_head.weight {'present' if has_lm_head else 'absent'} agree", subject
+        )
 
 
 @check(
     "VD308",
     "safetensors-file-unreadable",
-    "A safetensors file is corrupt: truncated header, header length past end of file, bad JSON or offsets, data cut short.",
+    (
+        "A safetensors file is corrupt: truncated header, header length past end of file, bad JSON or offsets, data "
+        "cut short."
+    ),
     severity=Severity.ERROR,
     stage=Stage.STATIC,
-    what="A safetensors file starts with an 8-byte little-endian header length, then a JSON header of tensor names, dtypes, shapes and data offsets that must tile the rest of the file exactly. vllm-doctor validates the header (reading no tensor data) and cross-checks it with the safetensors library that vLLM uses.",
-    why="vLLM finds out only when it reaches the file during loading, after building the model: `SafetensorError: Error while deserializing header: ...` without saying which of many shards is broken. A download cut short is the usual cause.",
+    what=(
+        "A safetensors file starts with an 8-byte little-endian header length, then a JSON header of tensor names, "
+        "dtypes, shapes and data offsets that must tile the rest of the file exactly. vllm-doctor validates the "
+        "header (reading no tensor data) and cross-checks it with the safetensors library that vLLM uses."
+    ),
+    why=(
+        "vLLM finds out only when it reaches the file during loading, after building the model: `SafetensorError: "
+        "Error while deserializing header: ...` without saying which of many shards is broken. A download cut short "
+        "is the usual cause."
+    ),
     example="model-00003-of-00004.safetensors is 2 GB shorter than its header says (interrupted download).",
     fix="Download or copy the named file again (compare its size or hash with the source).",
-    requires=("checkpoint",),
+    requires=("checkpoint-files",),
 )
 def safetensors_file_unreadable(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    skipped = _checkpoint_or_skip(facts, emit, need_tensors=False)
-    if skipped:
-        yield skipped
-        return
-    assert facts.checkpoint is not None
-    problems = [p for p in facts.checkpoint.problems if p.code == "VD308"]
+    checkpoint = known(facts.checkpoint)
+    problems = [p for p in checkpoint.problems if p.scope == "file"]
     for p in problems:
         yield emit.fail(
             p.message,
@@ -658,5 +919,7 @@ def safetensors_file_unreadable(facts: Facts, emit: Emit) -> Iterable[Finding]:
             "download or copy this file again; compare its size with the source",
         )
     if not problems:
-        files = facts.checkpoint.files
-        yield emit.ok(f"{len(files)} safetensors file(s), headers valid ({len(facts.checkpoint.tensors)} tensors)", "checkpoint")
+        files = checkpoint.files
+        yield emit.ok(
+            f"{len(files)} safetensors file(s), headers valid ({len(checkpoint.tensors)} tensors)", "checkpoint"
+        )

@@ -1,6 +1,6 @@
 """A served engine (``vllm serve``) seen by the doctor, through vLLM's HTTP endpoints.
 
-The counterpart of :class:`vllm_doctor.compat.engine.EngineHandle` for an engine in another
+The counterpart of :class:`vllm_doctor.compat.llm.EngineHandle` for an engine in another
 process tree: the same ``rpc`` / ``ensure_extension`` / ``front_end`` / ``model_name``
 interface, carried by vLLM's dev endpoint ``POST /collective_rpc`` (enabled by
 ``VLLM_SERVER_DEV_MODE=1``; it passes string arguments only, which the doctor's worker methods
@@ -16,8 +16,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from vllm_doctor.compat.engine import ExtensionMissing
-from vllm_doctor.engine import EXTENSION_QUALNAME
+from vllm_doctor.compat.llm import ExtensionMissing
+from vllm_doctor.constants import EXTENSION_QUALNAME
 from vllm_doctor.errors import DoctorInputError
 
 DEV_MODE_HINT = "start the server with VLLM_SERVER_DEV_MODE=1 (it enables vLLM's /collective_rpc endpoint)"
@@ -56,8 +56,12 @@ class HttpEngineHandle:
     # -- transport ----------------------------------------------------------------------------
     def _request(self, path: str, body: dict[str, Any] | None = None, timeout: float | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(self.url + path, data=data, method="POST" if data is not None else "GET",
-                                     headers={"content-type": "application/json"})
+        req = urllib.request.Request(
+            self.url + path,
+            data=data,
+            method="POST" if data is not None else "GET",
+            headers={"content-type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
                 raw = resp.read()
@@ -68,8 +72,10 @@ class HttpEngineHandle:
             raise ServerError(f"{self.url}{path} answered HTTP {exc.code}: {_detail(detail)}") from None
         except OSError as exc:  # URLError, timeouts, refused connections
             reason = getattr(exc, "reason", exc)
-            raise ServerError(f"cannot reach the vLLM server at {self.url}: {reason}",
-                              "is it running and listening there? (vllm serve ... --host 127.0.0.1 --port 8000)") from None
+            raise ServerError(
+                f"cannot reach the vLLM server at {self.url}: {reason}",
+                "is it running and listening there? (vllm serve ... --host 127.0.0.1 --port 8000)",
+            ) from None
         if not raw:
             return None
         try:
@@ -78,7 +84,9 @@ class HttpEngineHandle:
             raise ServerError(f"{self.url}{path} did not answer JSON: {raw[:200]!r}") from None
 
     # -- the engine-handle interface ------------------------------------------------------------
-    def rpc(self, method: str, options: dict[str, Any] | None = None, timeout: float | None = None) -> list[dict[str, Any]]:
+    def rpc(
+        self, method: str, options: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> list[dict[str, Any]]:
         body: dict[str, Any] = {"method": method, "args": [json.dumps(options)] if options is not None else []}
         if timeout is not None:
             body["timeout"] = timeout
@@ -86,8 +94,12 @@ class HttpEngineHandle:
         results = reply.get("results") if isinstance(reply, dict) else None
         if not isinstance(results, list):
             raise ServerError(f"{self.url}/collective_rpc answered {str(reply)[:200]!r}, expected {{'results': [...]}}")
-        return [r if isinstance(r, dict) else {"ok": False, "method": method, "error": {"type": "BadReply", "message": repr(r)[:500]}}
-                for r in results]
+        return [
+            r
+            if isinstance(r, dict)
+            else {"ok": False, "method": method, "error": {"type": "BadReply", "message": repr(r)[:500]}}
+            for r in results
+        ]
 
     def ensure_extension(self, method: str = "doctor_ping") -> list[dict[str, Any]]:
         try:
@@ -100,7 +112,9 @@ class HttpEngineHandle:
                 ) from None
             raise
         if not replies or not all(r.get("ok") for r in replies):
-            raise ExtensionMissing(f"the server at {self.url} answered {method} with {str(replies)[:300]}; {EXTENSION_HINT}")
+            raise ExtensionMissing(
+                f"the server at {self.url} answered {method} with {str(replies)[:300]}; {EXTENSION_HINT}"
+            )
         return replies
 
     def served_models(self) -> list[str]:

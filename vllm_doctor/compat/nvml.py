@@ -70,16 +70,3 @@ def snapshot(pids: list[int] | None = None) -> dict[str, Any]:
         }
     finally:
         _call(pynvml.nvmlShutdown)
-
-
-def process_memory(snap: dict[str, Any], pid: int) -> int | None:
-    """GPU memory NVML attributes to ``pid`` across devices, or None if unknown."""
-    if not snap.get("available"):
-        return None
-    total, seen = 0, False
-    for dev in snap.get("devices", []):
-        for proc in dev.get("processes", []) or []:
-            if proc.get("pid") == pid and proc.get("used_memory") is not None:
-                total += int(proc["used_memory"])
-                seen = True
-    return total if seen else None

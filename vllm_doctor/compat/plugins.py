@@ -12,10 +12,9 @@ import ast
 import importlib.metadata
 import os
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
-from typing import Any
 
 from vllm_doctor.compat.source_tables import find_module_file
+from vllm_doctor.facts.plugins import PluginInfo, Registration
 
 GENERAL_PLUGINS_GROUP = "vllm.general_plugins"
 
@@ -26,37 +25,6 @@ def allowed_plugin_names(environ: Mapping[str, str] | None = None) -> list[str] 
     if "VLLM_PLUGINS" not in env:
         return None
     return env["VLLM_PLUGINS"].split(",")
-
-
-@dataclass
-class Registration:
-    arch: str
-    target: str  # "module:Class" (lazy) or "module.Class" / "<name>" (eager class)
-    lazy: bool
-    where: str  # "path:line"
-
-    @property
-    def module(self) -> str | None:
-        if self.lazy and ":" in self.target:
-            return self.target.split(":", 1)[0]
-        return None
-
-
-@dataclass
-class PluginInfo:
-    name: str
-    value: str  # "module:function"
-    distribution: str | None
-    allowed: bool  # not excluded by VLLM_PLUGINS
-    module_file: str | None = None
-    function_found: bool = False
-    registrations: list[Registration] = field(default_factory=list)
-    config_registrations: list[tuple[str, str]] = field(default_factory=list)  # (model_type, cls)
-    dynamic: bool = False  # saw a registration call whose arguments are not literals
-    problem: str | None = None  # why the static scan could not follow it
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def discover_general_plugins(environ: Mapping[str, str] | None = None) -> list[PluginInfo]:
@@ -114,7 +82,12 @@ def scan_plugin(info: PluginInfo) -> None:
         # could still be an assignment or re-export; the import pass decides
         assigned = any(
             isinstance(n, ast.Assign | ast.ImportFrom)
-            and attr in ({t.id for t in n.targets if isinstance(t, ast.Name)} if isinstance(n, ast.Assign) else {a.asname or a.name for a in n.names})
+            and attr
+            in (
+                {t.id for t in n.targets if isinstance(t, ast.Name)}
+                if isinstance(n, ast.Assign)
+                else {a.asname or a.name for a in n.names}
+            )
             for n in tree.body
         )
         if not assigned:
@@ -143,7 +116,11 @@ def scan_plugin(info: PluginInfo) -> None:
                 todo.append(functions[cname])
             where = f"{path}:{node.lineno}"
             if cname.endswith("register_model"):
-                if len(node.args) >= 2 and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                if (
+                    len(node.args) >= 2
+                    and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)
+                ):
                     target = node.args[1]
                     if isinstance(target, ast.Constant) and isinstance(target.value, str):
                         info.registrations.append(Registration(node.args[0].value, target.value, True, where))
@@ -161,5 +138,3 @@ def scan_plugin(info: PluginInfo) -> None:
                     info.config_registrations.append((node.args[0].value, cls_name))
                 else:
                     info.dynamic = True
-
-

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_doctor.facts.static import is_transformers_backend
+
 
 def find_module_file(dotted: str) -> Path | None:
     """Locate a module's source file WITHOUT executing any package ``__init__``.
@@ -187,11 +189,7 @@ def read_vllm_registry_tables() -> RegistryTables | None:
             return None  # the table's shape changed: let the import path answer
         module, cls = target
         builtin[arch] = (module if module.startswith("vllm.") else f"vllm.model_executor.models.{module}", cls)
-    backend = {
-        arch
-        for arch, (module, _cls) in builtin.items()
-        if module.endswith(".transformers") or module.split(".")[-1].startswith("transformers")
-    }
+    backend = {arch for arch, (module, _cls) in builtin.items() if is_transformers_backend(module)}
     config_registry: set[str] = set()
     config_py = root / "transformers_utils" / "config.py"
     if config_py.is_file():

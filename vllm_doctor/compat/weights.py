@@ -31,9 +31,10 @@ import shutil
 import sys
 import tempfile
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from vllm_doctor.compat.common import format_exc, hf_text_config
 
 MAX_RESTARTS = 10_000
 MAX_RUNS_FOR_EXACT_COVERAGE = 200_000
@@ -45,7 +46,7 @@ def _exc_summary(exc: BaseException) -> str:
 
 
 def _format_exc(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-6000:]
+    return format_exc(exc, limit=6000)
 
 
 def torch_dtype(name: str) -> Any:
@@ -53,10 +54,23 @@ def torch_dtype(name: str) -> Any:
     import torch
 
     table = {
-        "BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16",
-        "F16": "float16", "BF16": "bfloat16", "I32": "int32", "U32": "uint32", "F32": "float32",
-        "I64": "int64", "U64": "uint64", "F64": "float64", "C64": "complex64",
-        "F8_E5M2": "float8_e5m2", "F8_E4M3": "float8_e4m3fn", "F8_E8M0": "float8_e8m0fnu",
+        "BOOL": "bool",
+        "U8": "uint8",
+        "I8": "int8",
+        "I16": "int16",
+        "U16": "uint16",
+        "F16": "float16",
+        "BF16": "bfloat16",
+        "I32": "int32",
+        "U32": "uint32",
+        "F32": "float32",
+        "I64": "int64",
+        "U64": "uint64",
+        "F64": "float64",
+        "C64": "complex64",
+        "F8_E5M2": "float8_e5m2",
+        "F8_E4M3": "float8_e4m3fn",
+        "F8_E8M0": "float8_e8m0fnu",
     }
     return getattr(torch, table.get(name, "uint8"), torch.uint8)
 
@@ -65,10 +79,23 @@ def dtype_name(dtype: Any) -> str:
     """torch dtype -> safetensors spelling (BF16, F32, ...), for comparing with headers."""
     text = str(dtype).replace("torch.", "")
     table = {
-        "bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16",
-        "float16": "F16", "bfloat16": "BF16", "int32": "I32", "uint32": "U32", "float32": "F32",
-        "int64": "I64", "uint64": "U64", "float64": "F64", "complex64": "C64",
-        "float8_e5m2": "F8_E5M2", "float8_e4m3fn": "F8_E4M3", "float8_e8m0fnu": "F8_E8M0",
+        "bool": "BOOL",
+        "uint8": "U8",
+        "int8": "I8",
+        "int16": "I16",
+        "uint16": "U16",
+        "float16": "F16",
+        "bfloat16": "BF16",
+        "int32": "I32",
+        "uint32": "U32",
+        "float32": "F32",
+        "int64": "I64",
+        "uint64": "U64",
+        "float64": "F64",
+        "complex64": "C64",
+        "float8_e5m2": "F8_E5M2",
+        "float8_e4m3fn": "F8_E4M3",
+        "float8_e8m0fnu": "F8_E8M0",
     }
     return table.get(text, text)
 
@@ -191,8 +218,14 @@ class LoadTracer:
                 self.origin[key] = {h["name"]}
         self.tensors: dict[str, dict[str, Any]] = {
             h["name"]: {
-                "shape": h["shape"], "dtype": h["dtype"], "numel": self.ckpt[h["name"]].numel(),
-                "handed_to": [], "written": [], "consumed": 0, "errors": [], "broadcast": False,
+                "shape": h["shape"],
+                "dtype": h["dtype"],
+                "numel": self.ckpt[h["name"]].numel(),
+                "handed_to": [],
+                "written": [],
+                "consumed": 0,
+                "errors": [],
+                "broadcast": False,
             }
             for h in headers
         }
@@ -312,7 +345,11 @@ class LoadTracer:
 
         def doctor_weight_loader(param: Any, loaded_weight: Any, *args: Any, **kwargs: Any) -> Any:
             pname = tracer.name_of.get(id(param), name)
-            shard = args[0] if args and isinstance(args[0], str | int) else kwargs.get("loaded_shard_id", kwargs.get("shard_id"))
+            shard = (
+                args[0]
+                if args and isinstance(args[0], str | int)
+                else kwargs.get("loaded_shard_id", kwargs.get("shard_id"))
+            )
             if isinstance(shard, bool):
                 shard = None
             origins = sorted(tracer.origins_of(loaded_weight)) if hasattr(loaded_weight, "untyped_storage") else []
@@ -397,7 +434,9 @@ class LoadTracer:
         if not yielded:
             return None
         text = str(exc)
-        quoted = _quoted(text) + ([exc.args[0]] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else [])
+        quoted = _quoted(text) + (
+            [exc.args[0]] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else []
+        )
         for i in reversed(yielded):
             if self.order[i] in text:
                 return i
@@ -450,7 +489,9 @@ class LoadTracer:
                     self.returned |= self.written_this_call
                     self.returned_approximate = True
                 culprit = self._culprit(exc, yielded)
-                looked_up = exc.args[0] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else None
+                looked_up = (
+                    exc.args[0] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else None
+                )
                 if looked_up is None and isinstance(exc, ValueError):
                     m = re.search(r"no module or parameter named '([^']+)'", str(exc))
                     looked_up = m.group(1) if m else None
@@ -513,7 +554,9 @@ class LoadTracer:
             module = self.owner.get(name)
             want = expected_shards(module) if module is not None else None
             got = self.shards[name]
-            loaded_shards = want if (want is not None and None in got) else sorted({s for s in got if s is not None}, key=str)
+            loaded_shards = (
+                want if (want is not None and None in got) else sorted({s for s in got if s is not None}, key=str)
+            )
             params[name] = {
                 "shape": list(p.shape),
                 "dtype": str(p.dtype).replace("torch.", ""),
@@ -597,19 +640,27 @@ def nearest_params(names: list[str], params: list[str], limit: int = 3) -> dict[
 
 
 def _hf_facts(model_config: Any) -> dict[str, Any]:
-    hf = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    hf = hf_text_config(model_config)
     out: dict[str, Any] = {}
     for key in (
-        "tie_word_embeddings", "num_attention_heads", "num_key_value_heads", "hidden_size",
-        "intermediate_size", "vocab_size", "head_dim", "num_hidden_layers",
+        "tie_word_embeddings",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "hidden_size",
+        "intermediate_size",
+        "vocab_size",
+        "head_dim",
+        "num_hidden_layers",
     ):
         value = getattr(hf, key, None)
         if isinstance(value, bool | int | float | str) or value is None:
             out[key] = value
     # vLLM >= 0.32: config says tied, checkpoint ships lm_head -> built untied (None: no such logic)
     untied = getattr(model_config, "word_embeddings_untied_by_checkpoint", None)
-    out["untied_by_checkpoint"] = untied if isinstance(untied, bool) else (
-        False if hasattr(model_config, "maybe_untie_word_embeddings") else None
+    out["untied_by_checkpoint"] = (
+        untied
+        if isinstance(untied, bool)
+        else (False if hasattr(model_config, "maybe_untie_word_embeddings") else None)
     )
     return out
 
@@ -741,7 +792,11 @@ def _meta_load(request: dict[str, Any], tmp: str) -> dict[str, Any]:
     t = lap("build_s", t)
     result["stage"] = "load"
     if not callable(getattr(model, "load_weights", None)):
-        result["error"] = {"stage": "load", "summary": f"{type(model).__name__} has no load_weights (see VD205)", "traceback": ""}
+        result["error"] = {
+            "stage": "load",
+            "summary": f"{type(model).__name__} has no load_weights (see VD205)",
+            "traceback": "",
+        }
         return result
     try:
         tracer = LoadTracer(model, request["tensors"])
@@ -753,9 +808,7 @@ def _meta_load(request: dict[str, Any], tmp: str) -> dict[str, Any]:
         return fail("load", exc)
     lap("load_s", t)
     failing = [n for n, r in result["tensors"].items() if r["status"] in ("raised", "skipped")]
-    looked = [
-        e.get("looked_up") for n in failing for e in result["tensors"][n]["errors"] if e.get("looked_up")
-    ]
+    looked = [e.get("looked_up") for n in failing for e in result["tensors"][n]["errors"] if e.get("looked_up")]
     result["nearest"] = nearest_params(sorted(set(looked) | set(failing)), list(result["params"]))
     result["stage"] = "done"
     try:

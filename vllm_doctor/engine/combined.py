@@ -26,7 +26,7 @@ def user_qualname(combined_name: str) -> str | None:
     name = combined_name.rpartition(".")[2]
     if not name.startswith(PREFIX):
         return None
-    return name[len(PREFIX):].replace(_DOT, ".")
+    return name[len(PREFIX) :].replace(_DOT, ".")
 
 
 def __getattr__(name: str) -> Any:

@@ -46,8 +46,13 @@ def _envelope(worker: Any, method: str, fn: Callable[[], Any]) -> dict[str, Any]
         return {"ok": True, **head, "data": fn()}
     except Exception as exc:
         return {
-            "ok": False, **head,
-            "error": {"type": type(exc).__name__, "message": str(exc)[:1000], "traceback": traceback.format_exc()[-6000:]},
+            "ok": False,
+            **head,
+            "error": {
+                "type": type(exc).__name__,
+                "message": str(exc)[:1000],
+                "traceback": traceback.format_exc()[-6000:],
+            },
         }
 
 
@@ -61,24 +66,24 @@ class DoctorWorkerExtension:
 
     def doctor_anatomy(self) -> dict[str, Any]:
         def run() -> dict[str, Any]:
-            from vllm_doctor.engine import worker_view as wv
+            from vllm_doctor.compat import worker as wv
 
             return {**wv.identity(self), "compile": wv.compile_state(self)}
 
         return _envelope(self, "doctor_anatomy", run)
 
     def doctor_placement(self) -> dict[str, Any]:
-        from vllm_doctor.engine.collect import placement
+        from vllm_doctor.compat.worker_facts import placement
 
         return _envelope(self, "doctor_placement", lambda: placement(self))
 
     def doctor_kv(self) -> dict[str, Any]:
-        from vllm_doctor.engine.collect import kv_cache
+        from vllm_doctor.compat.worker_facts import kv_cache
 
         return _envelope(self, "doctor_kv", lambda: kv_cache(self))
 
     def doctor_memory(self) -> dict[str, Any]:
-        from vllm_doctor.engine.collect import memory
+        from vllm_doctor.compat.worker_facts import memory
 
         return _envelope(self, "doctor_memory", lambda: memory(self))
 
@@ -96,7 +101,8 @@ class DoctorWorkerExtension:
 
             opts = _options(options)
             return session_for(self).install(
-                layers=bool(opts.get("layers", True)), trace_steps=int(opts.get("trace_steps", DEFAULT_TRACE_STEPS)),
+                layers=bool(opts.get("layers", True)),
+                trace_steps=int(opts.get("trace_steps", DEFAULT_TRACE_STEPS)),
                 sample_every=int(opts.get("sample_every", DEFAULT_SAMPLE_EVERY)),
             )
 
@@ -133,7 +139,8 @@ class DoctorWorkerExtension:
         return _envelope(self, "doctor_detach", lambda: session_for(self).detach())
 
     def doctor_inject_fault(self, options: Any = None) -> dict[str, Any]:
-        """For tests: make a doctor component raise (``{"where": "steps"|"layers"|"probe"|"rpc:doctor_kv", "on": true}``)."""
+        """For tests: make a doctor component raise
+        (``{"where": "steps"|"layers"|"probe"|"rpc:doctor_kv", "on": true}``)."""
 
         def run() -> dict[str, Any]:
             from vllm_doctor.engine.session import session_for

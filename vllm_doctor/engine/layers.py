@@ -31,7 +31,11 @@ def module_kind(name: str, module: nn.Module) -> str | None:
     if "attention" in cls or leaf in ("self_attn", "attn", "attention", "cross_attn"):
         return "attention"
     if any(k in cls for k in ("mlp", "moe", "feedforward", "experts")) or leaf in (
-        "mlp", "ffn", "feed_forward", "block_sparse_moe", "experts",
+        "mlp",
+        "ffn",
+        "feed_forward",
+        "block_sparse_moe",
+        "experts",
     ):
         return "mlp"
     if "norm" in cls or "norm" in leaf:

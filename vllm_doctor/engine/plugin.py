@@ -132,7 +132,7 @@ def _announce() -> None:
     import sys
     import time
 
-    from vllm_doctor.report.io import write_text_atomic
+    from vllm_doctor.files import write_text_atomic
 
     record = {
         "pid": os.getpid(),

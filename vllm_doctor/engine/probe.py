@@ -21,12 +21,25 @@ from torch.utils._pytree import tree_flatten
 
 # Python-level calls that read a tensor's value on the host (a device->host copy + sync on GPU)
 _HOST_SYNC_METHODS = {
-    "item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__",
+    "item",
+    "tolist",
+    "cpu",
+    "numpy",
+    "__bool__",
+    "__int__",
+    "__float__",
+    "__index__",
 }
 # aten ops whose output shape depends on tensor values (graph breaks, host syncs on GPU)
 _DATA_DEPENDENT_OPS = {
-    "nonzero", "masked_select", "_unique2", "unique_dim", "unique_consecutive",
-    "_unique", "argwhere", "repeat_interleave",
+    "nonzero",
+    "masked_select",
+    "_unique2",
+    "unique_dim",
+    "unique_consecutive",
+    "_unique",
+    "argwhere",
+    "repeat_interleave",
 }
 MAX_EVENTS = 200
 _SKIP_FRAMES = ("/torch/", "/vllm_doctor/engine/", "<frozen")
@@ -98,8 +111,14 @@ class ProbeRecorder:
             return
         cls, builtin = self._classes.get(module, (type(self.model).__qualname__, False))
         self.events[key] = {
-            "kind": kind, "op": op, "module": module, "module_class": cls,
-            "vllm_builtin": builtin, "count": 1, "where": _user_frames(), **(detail or {}),
+            "kind": kind,
+            "op": op,
+            "module": module,
+            "module_class": cls,
+            "vllm_builtin": builtin,
+            "count": 1,
+            "where": _user_frames(),
+            **(detail or {}),
         }
 
     def snapshot(self) -> dict[str, Any]:
@@ -122,9 +141,7 @@ class _FunctionWatch(TorchFunctionMode):
             t = args[0]
             self.rec.record("host_sync", f"Tensor.{name}", {"tensor_device": str(t.device), "numel": t.numel()})
         elif name == "to" and args and isinstance(args[0], torch.Tensor):
-            target = kwargs.get("device") or next(
-                (a for a in args[1:] if isinstance(a, (str, torch.device))), None
-            )
+            target = kwargs.get("device") or next((a for a in args[1:] if isinstance(a, (str, torch.device))), None)
             if target is not None and torch.device(target).type == "cpu" and args[0].device.type != "cpu":
                 self.rec.record("host_sync", "Tensor.to(cpu)", {"tensor_device": str(args[0].device)})
         return func(*args, **kwargs)
@@ -161,7 +178,8 @@ class _DispatchWatch(TorchDispatchMode):
         elif big_foreign_in and outputs:
             t = big_foreign_in[0]
             self.rec.record(
-                "cross_device_copy", op,
+                "cross_device_copy",
+                op,
                 {"from": str(t.device), "device": str(outputs[0].device), "shape": list(t.shape), "numel": t.numel()},
             )
         return out

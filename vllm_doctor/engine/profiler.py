@@ -60,8 +60,13 @@ class OpenStep:
 
 
 class ForwardProfiler:
-    def __init__(self, clock: WallClock | CudaEventClock, timed: list[TimedModule], trace_steps: int = DEFAULT_TRACE_STEPS,
-                 sample_every: int = DEFAULT_SAMPLE_EVERY) -> None:
+    def __init__(
+        self,
+        clock: WallClock | CudaEventClock,
+        timed: list[TimedModule],
+        trace_steps: int = DEFAULT_TRACE_STEPS,
+        sample_every: int = DEFAULT_SAMPLE_EVERY,
+    ) -> None:
         self.clock = clock
         self._wall = clock.marks_outside_forward  # the clock is the host's wall clock
         self.tracker = StepTracker()
@@ -151,8 +156,21 @@ class ForwardProfiler:
         if len(steps) < MAX_STEP_RECORDS:
             index, host_start, counts, host_execute_s, host_sample_s = step
             wall = self._wall
-            steps.append((index, host_start, counts, end - host_start if wall else host_execute_s + host_sample_s,
-                          wall, None, None, host_execute_s, host_sample_s, False, False))
+            steps.append(
+                (
+                    index,
+                    host_start,
+                    counts,
+                    end - host_start if wall else host_execute_s + host_sample_s,
+                    wall,
+                    None,
+                    None,
+                    host_execute_s,
+                    host_sample_s,
+                    False,
+                    False,
+                )
+            )
         else:
             self.dropped_steps += 1
 
@@ -244,8 +262,21 @@ class ForwardProfiler:
         logits_s = sum(t(b) - t(a) for a, b in logits) if logits else None
         step_s = t(step.end) if device_timed else step.host_execute_s + step.host_sample_s
         if len(self.steps) < MAX_STEP_RECORDS:
-            self.steps.append((step.index, step.host_start, step.counts, step_s, device_timed, forward_s, logits_s,
-                               step.host_execute_s, step.host_sample_s, True, step.layers_timed))
+            self.steps.append(
+                (
+                    step.index,
+                    step.host_start,
+                    step.counts,
+                    step_s,
+                    device_timed,
+                    forward_s,
+                    logits_s,
+                    step.host_execute_s,
+                    step.host_sample_s,
+                    True,
+                    step.layers_timed,
+                )
+            )
         else:
             self.dropped_steps += 1
         if step.layers:  # per-layer (and logits-processor) timings
@@ -270,9 +301,14 @@ class ForwardProfiler:
             if stats is None:
                 tm = self.timed.get(name)
                 stats = self.layer_stats[name] = {
-                    "name": name, "kind": tm.kind if tm else "?", "layer": tm.layer if tm else None,
-                    "class": tm.cls if tm else "?", "prefill_calls": 0, "prefill_s": 0.0,
-                    "decode_calls": 0, "decode_s": 0.0,
+                    "name": name,
+                    "kind": tm.kind if tm else "?",
+                    "layer": tm.layer if tm else None,
+                    "class": tm.cls if tm else "?",
+                    "prefill_calls": 0,
+                    "prefill_s": 0.0,
+                    "decode_calls": 0,
+                    "decode_s": 0.0,
                 }
             stats[f"{bucket}_calls"] += 1
             stats[f"{bucket}_s"] += dur
@@ -280,12 +316,31 @@ class ForwardProfiler:
                 events.append({"name": name, "offset_s": t(a) if device_timed else 0.0, "dur_s": dur})
         if keep_trace:
             fwd = [{"offset_s": t(a) if device_timed else 0.0, "dur_s": t(b) - t(a)} for a, b in step.forward]
-            self.layer_trace.append({"index": step.index, "t": round(step.host_start - self.t0, 6), "step_s": step_s,
-                                     "phase": phase, "forward": fwd, "layers": events})
+            self.layer_trace.append(
+                {
+                    "index": step.index,
+                    "t": round(step.host_start - self.t0, 6),
+                    "step_s": step_s,
+                    "phase": phase,
+                    "forward": fwd,
+                    "layers": events,
+                }
+            )
 
     def _record(self, row: tuple[Any, ...]) -> dict[str, Any]:
-        (index, host_start, counts, step_s, device_timed, forward_s, logits_s, host_execute_s, host_sample_s,
-         sampled, layers_timed) = row
+        (
+            index,
+            host_start,
+            counts,
+            step_s,
+            device_timed,
+            forward_s,
+            logits_s,
+            host_execute_s,
+            host_sample_s,
+            sampled,
+            layers_timed,
+        ) = row
         return {
             "index": index,
             "t": round(host_start - self.t0, 6),

@@ -22,8 +22,8 @@ from typing import Any
 
 from torch import nn
 
+from vllm_doctor.compat import worker as wv
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
-from vllm_doctor.engine import worker_view as wv
 from vllm_doctor.engine.clock import clock_for
 from vllm_doctor.engine.layers import select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
@@ -89,11 +89,15 @@ class WorkerSession:
     def _crashed(self, component: str, exc: Exception) -> None:
         """Switch ``component`` off and record why (called from an ``except`` block)."""
         self.disabled.add(component)
-        self.crashes.append({
-            "component": component, "type": type(exc).__name__, "message": str(exc)[:500],
-            "traceback": traceback.format_exc()[-4000:],
-            "step": self.profiler.step_index if self.profiler else None,
-        })
+        self.crashes.append(
+            {
+                "component": component,
+                "type": type(exc).__name__,
+                "message": str(exc)[:500],
+                "traceback": traceback.format_exc()[-4000:],
+                "step": self.profiler.step_index if self.profiler else None,
+            }
+        )
         if component == "probe":
             self._end_probe_step()
 
@@ -116,8 +120,9 @@ class WorkerSession:
             "doctor_forwards": _doctor_forwards(wv.model(self.worker)),
         }
 
-    def install(self, layers: bool = True, trace_steps: int = DEFAULT_TRACE_STEPS,
-                sample_every: int = DEFAULT_SAMPLE_EVERY) -> dict[str, Any]:
+    def install(
+        self, layers: bool = True, trace_steps: int = DEFAULT_TRACE_STEPS, sample_every: int = DEFAULT_SAMPLE_EVERY
+    ) -> dict[str, Any]:
         model = wv.model(self.worker)
         if model is None:
             raise RuntimeError("the worker has no model loaded yet")
@@ -131,22 +136,26 @@ class WorkerSession:
             # the logits processor runs eagerly outside the compiled forward either way
             if state["eager"]:
                 self._timers.append(self._timing_forward(model, "", "timers", "steps", outer=True, probe=True))
-            self._timers += [self._timing_forward(model.get_submodule(tm.name), tm.name, "timers", "steps", outer=True)
-                             for tm in timed if tm.kind == "logits"]
+            self._timers += [
+                self._timing_forward(model.get_submodule(tm.name), tm.name, "timers", "steps", outer=True)
+                for tm in timed
+                if tm.kind == "logits"
+            ]
         self.profiler.sample_every = max(1, int(sample_every))
         if layers and not self.layers_on:
             if state["eager"]:
                 self._layer_wrappers = [
                     self._timing_forward(model.get_submodule(tm.name), tm.name, "layer_forwards", "layers")
-                    for tm in self.profiler.timed.values() if tm.kind not in ("model", "logits")
+                    for tm in self.profiler.timed.values()
+                    if tm.kind not in ("model", "logits")
                 ]
                 self.layers_on = True
                 self.profiler.layers_enabled = True
                 every = self.profiler.sample_every
-                self.layers_reason = (
-                    "eager mode: every timed module is timed on "
-                    + ("every step" if every == 1 else
-                       f"the first {SAMPLE_WARMUP_STEPS} steps of each phase, then every {every}-th")
+                self.layers_reason = "eager mode: every timed module is timed on " + (
+                    "every step"
+                    if every == 1
+                    else f"the first {SAMPLE_WARMUP_STEPS} steps of each phase, then every {every}-th"
                 )
             else:
                 self.layers_reason = (
@@ -156,10 +165,15 @@ class WorkerSession:
                 )
         elif not layers:
             self.layers_reason = "per-layer timing not requested"
-        return {"installed": True, "clock": self.profiler.clock.kind, "layers_on": self.layers_on,
-                "sample_every": self.profiler.sample_every,
-                "layers_reason": self.layers_reason, "compile": state,
-                "timed_modules": len(self.profiler.timed)}
+        return {
+            "installed": True,
+            "clock": self.profiler.clock.kind,
+            "layers_on": self.layers_on,
+            "sample_every": self.profiler.sample_every,
+            "layers_reason": self.layers_reason,
+            "compile": state,
+            "timed_modules": len(self.profiler.timed),
+        }
 
     def detach(self) -> dict[str, Any]:
         restored = self._unwrap_runner()
@@ -173,8 +187,9 @@ class WorkerSession:
         self.worker.__dict__.pop(SESSION_ATTR, None)
         return {"restored_methods": restored, "removed_timing_forwards": removed, "status": self.status()}
 
-    def _timing_forward(self, module: nn.Module, name: str, part: str, component: str, outer: bool = False,
-                        probe: bool = False) -> tuple[nn.Module, Any, Any]:
+    def _timing_forward(
+        self, module: nn.Module, name: str, part: str, component: str, outer: bool = False, probe: bool = False
+    ) -> tuple[nn.Module, Any, Any]:
         """A timing ``forward`` for one module, put on the module only for a sampled step.
 
         An instance attribute ``forward`` shadows the class's for exactly those steps (nn.Module
@@ -369,8 +384,11 @@ class WorkerSession:
             raise RuntimeError("the worker has no model loaded yet")
         state = wv.compile_state(self.worker)
         if not state["eager"]:
-            return {"armed": False, "reason": "the forward probe needs eager mode (enforce_eager=True); "
-                    "torch.compile / CUDA-graph replay bypasses Python-level op tracing"}
+            return {
+                "armed": False,
+                "reason": "the forward probe needs eager mode (enforce_eager=True); "
+                "torch.compile / CUDA-graph replay bypasses Python-level op tracing",
+            }
         if self.profiler is None:
             self.install(layers=False)
         if self.probe is None:
@@ -386,7 +404,9 @@ class WorkerSession:
             if wanted == "any" or wanted == phase or (wanted == "prefill" and phase == "mixed"):
                 self.probe_plan.pop(i)
                 if self.probe is not None:
-                    self.probe.steps_probed.append({"phase": phase, "index": self.profiler.step_index - 1 if self.profiler else None})
+                    self.probe.steps_probed.append(
+                        {"phase": phase, "index": self.profiler.step_index - 1 if self.profiler else None}
+                    )
                 return True
         return False
 
@@ -418,13 +438,21 @@ class WorkerSession:
         if self.probe is not None:  # still armed: report what it saw so far
             return {**self.probe.snapshot(), "complete": False, "waiting_for": list(self.probe_plan)}
         if self.probe_result is None:
-            return {"complete": False, "events": [], "steps": [], "reason": "the probe never ran: arm it, then generate"}
+            return {
+                "complete": False,
+                "events": [],
+                "steps": [],
+                "reason": "the probe never ran: arm it, then generate",
+            }
         return {**self.probe_result, "complete": True}
 
     # -- collection -----------------------------------------------------------------------------
     def collect(self, reset: bool = False) -> dict[str, Any]:
-        data: dict[str, Any] = {"profiling": self.profiler is not None, "layers_on": self.layers_on,
-                                "layers_reason": self.layers_reason}
+        data: dict[str, Any] = {
+            "profiling": self.profiler is not None,
+            "layers_on": self.layers_on,
+            "layers_reason": self.layers_reason,
+        }
         if self.profiler is not None:
             data.update(self._safely("collect", self.profiler.snapshot, reset) or {})
             data["num_blocks"] = _num_blocks(self.worker)

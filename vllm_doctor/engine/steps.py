@@ -14,10 +14,16 @@ NULL_BLOCK = 0  # vLLM's block pool reserves block 0 as a placeholder; it holds 
 
 # a step's counts, as StepTracker.observe returns them (a flat tuple: it is made on every step)
 COUNT_FIELDS = (
-    "prefill_tokens", "decode_tokens", "prefill_reqs", "decode_reqs", "total_tokens", "kv_blocks_used",
+    "prefill_tokens",
+    "decode_tokens",
+    "prefill_reqs",
+    "decode_reqs",
+    "total_tokens",
+    "kv_blocks_used",
     # VD502: requests evicted from the KV cache in this step, and ones brought back (their
     # prefill is recomputed); older vLLM reports only the latter
-    "preempted_reqs", "resumed_reqs",
+    "preempted_reqs",
+    "resumed_reqs",
 )
 Counts = tuple[int, int, int, int, int, int, int, int]
 
@@ -80,9 +86,14 @@ class StepTracker:
             cached = so.scheduled_cached_reqs
             req_ids = cached.req_ids
             new_blocks = cached.new_block_ids
-            if (not so.scheduled_new_reqs and not so.finished_req_ids and not so.preempted_req_ids
-                    and not cached.resumed_req_ids and new_blocks.count(None) == len(new_blocks)
-                    and decoding.issuperset(req_ids)):
+            if (
+                not so.scheduled_new_reqs
+                and not so.finished_req_ids
+                and not so.preempted_req_ids
+                and not cached.resumed_req_ids
+                and new_blocks.count(None) == len(new_blocks)
+                and decoding.issuperset(req_ids)
+            ):
                 refs, total = self.refs, so.total_num_scheduled_tokens
                 return (0, total, 0, len(req_ids), total, len(refs) - (NULL_BLOCK in refs), 0, 0)
         prompt_len, blocks = self.prompt_len, self.blocks
@@ -166,8 +177,13 @@ class StepTracker:
         return (prefill_tokens, decode_tokens, prefill_reqs, decode_reqs, total, used, len(preempted), resumed_reqs)
 
 
-FAST_FIELDS = ("scheduled_new_reqs", "scheduled_cached_reqs", "finished_req_ids", "preempted_req_ids",
-               "total_num_scheduled_tokens")
+FAST_FIELDS = (
+    "scheduled_new_reqs",
+    "scheduled_cached_reqs",
+    "finished_req_ids",
+    "preempted_req_ids",
+    "total_num_scheduled_tokens",
+)
 FAST_CACHED_FIELDS = ("req_ids", "new_block_ids", "resumed_req_ids")
 
 
@@ -175,8 +191,12 @@ def _has_fast_layout(so: Any) -> bool:
     """Capability probe: the SchedulerOutput layout the decode fast path reads (a
     ``resumed_req_ids`` set, a ``new_block_ids`` list); else every step takes the general path."""
     cached = getattr(so, "scheduled_cached_reqs", None)
-    return (all(hasattr(so, f) for f in FAST_FIELDS) and all(hasattr(cached, f) for f in FAST_CACHED_FIELDS)
-            and isinstance(getattr(cached, "new_block_ids", None), list) and isinstance(so.total_num_scheduled_tokens, int))
+    return (
+        all(hasattr(so, f) for f in FAST_FIELDS)
+        and all(hasattr(cached, f) for f in FAST_CACHED_FIELDS)
+        and isinstance(getattr(cached, "new_block_ids", None), list)
+        and isinstance(so.total_num_scheduled_tokens, int)
+    )
 
 
 def counts_dict(counts: Counts) -> dict[str, int]:
@@ -189,4 +209,3 @@ def phase_of(counts: Counts) -> str:
     if counts[0] and counts[1]:
         return "mixed"
     return "prefill" if counts[0] else "decode"
-

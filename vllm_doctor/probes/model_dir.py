@@ -75,7 +75,9 @@ def resolve_model_dir(model: str) -> ModelDir:
                 )
             path, source = cached, "hf-cache"
         else:
-            raise DoctorInputError(f"{model}: no such file or directory", "pass the model directory that holds config.json")
+            raise DoctorInputError(
+                f"{model}: no such file or directory", "pass the model directory that holds config.json"
+            )
     if not path.is_dir():
         raise DoctorInputError(
             f"{model}: is a file, not a model directory",
@@ -95,7 +97,7 @@ def resolve_model_dir(model: str) -> ModelDir:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DoctorInputError(
-            f"{config_path}: not UTF-8 text (byte {exc.start}: {raw[exc.start:exc.start + 1]!r})",
+            f"{config_path}: not UTF-8 text (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})",
             "config.json must be UTF-8 JSON; re-save it with config.save_pretrained",
         ) from exc
     try:
@@ -108,6 +110,6 @@ def resolve_model_dir(model: str) -> ModelDir:
     if not isinstance(config, dict):
         raise DoctorInputError(
             f"{config_path}: expected a JSON object, found {type(config).__name__}",
-            "config.json must be an object like {\"architectures\": [...], \"model_type\": ...}",
+            'config.json must be an object like {"architectures": [...], "model_type": ...}',
         )
     return ModelDir(path=path.resolve(), config=config, source=source)

@@ -31,116 +31,21 @@ import re
 import stat
 import struct
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-INDEX_NAME = "model.safetensors.index.json"
+from vllm_doctor.facts.checkpoint import (
+    DTYPE_BITS,
+    INDEX_NAME,
+    CheckpointFacts,
+    CheckpointProblem,
+    FileHeader,
+    TensorHeader,
+)
+
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit (HeaderTooLarge)
 DIAGNOSE_BYTES = 1 << 20  # how much a corrupt header length lets us look at
 SAFETENSORS_ERROR = "safetensors_rust.SafetensorError: Error while deserializing header: "
-
-# bits per element of each safetensors dtype
-DTYPE_BITS: dict[str, int] = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E8M0": 8,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
-    "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-}
-FLOAT_DTYPES = {"F64", "F32", "BF16", "F16", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4", "F6_E2M3", "F6_E3M2"}
-
-
-@dataclass
-class TensorHeader:
-    name: str
-    dtype: str  # safetensors spelling: "BF16", "F32", ...
-    shape: list[int]
-    file: str  # relative to the model directory
-    offsets: tuple[int, int]  # [begin, end) within the data region
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        return self.offsets[1] - self.offsets[0]
-
-
-@dataclass
-class CheckpointProblem:
-    """One defect of the checkpoint files. ``code`` is the check that reports it."""
-
-    code: str  # "VD306" (shard index) or "VD308" (a safetensors file itself)
-    kind: str  # machine-readable: "header-past-eof", "index-path-outside-dir", ...
-    subject: str  # the file (relative) or "model.safetensors.index.json:<entry>"
-    message: str
-    evidence: dict[str, Any] = field(default_factory=dict)
-    vllm_error: str = ""  # what vLLM (or the safetensors library under it) says, if known
-
-
-@dataclass
-class FileHeader:
-    file: str  # relative to the model directory
-    size: int
-    header_bytes: int | None = None
-    tensors: list[TensorHeader] = field(default_factory=list)
-    metadata: dict[str, str] | None = None
-    ok: bool = False
-
-
-@dataclass
-class CheckpointFacts:
-    """What the doctor knows about a model directory's weights without reading any data."""
-
-    model_dir: str
-    format: str  # "safetensors", "bin", "pt" or "none" (what vLLM's "auto" load format would use)
-    files: list[FileHeader] = field(default_factory=list)  # files vLLM would load, in its order
-    index: dict[str, Any] | None = None  # {"file", "entries", "files"} when an index exists
-    problems: list[CheckpointProblem] = field(default_factory=list)
-    # tensors the index names in files that are missing, outside the directory or unreadable
-    unread_tensors: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def tensors(self) -> list[TensorHeader]:
-        """Every readable tensor of the files vLLM would load, in the order it iterates them."""
-        return [t for f in self.files if f.ok for t in f.tensors]
-
-    @property
-    def complete(self) -> bool:
-        """True when every file vLLM would load could be read (no VD306/VD308 problem)."""
-        return not self.problems and all(f.ok for f in self.files)
-
-    def tensor_map(self) -> dict[str, TensorHeader]:
-        return {t.name: t for t in self.tensors}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "model_dir": self.model_dir,
-            "format": self.format,
-            "files": [
-                {
-                    "file": f.file,
-                    "size": f.size,
-                    "header_bytes": f.header_bytes,
-                    "tensors": len(f.tensors),
-                    "ok": f.ok,
-                    "metadata": f.metadata,
-                }
-                for f in self.files
-            ],
-            "index": self.index,
-            "problems": [asdict(p) for p in self.problems],
-            "tensor_count": len(self.tensors),
-            "unread_tensors": self.unread_tensors,
-            "tensor_bytes": sum(t.nbytes for t in self.tensors),
-            "seconds": round(self.seconds, 4),
-        }
 
 
 def natural_sort_key(path: str) -> list[Any]:
@@ -161,7 +66,7 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
     problems: list[CheckpointProblem] = []
 
     def bad(kind: str, message: str, **evidence: Any) -> tuple[FileHeader, list[CheckpointProblem]]:
-        problems.append(CheckpointProblem("VD308", kind, rel, message, evidence))
+        problems.append(CheckpointProblem("file", kind, rel, message, evidence))
         return header, problems
 
     try:
@@ -213,15 +118,31 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
     except OSError as exc:
         return bad("unreadable", f"{rel}: cannot read: {exc.strerror}")
     if len(raw) < n:
-        return bad("truncated-header", f"{rel}: header cut short ({len(raw)} of {n} bytes)", header_length=n, read=len(raw))
+        return bad(
+            "truncated-header", f"{rel}: header cut short ({len(raw)} of {n} bytes)", header_length=n, read=len(raw)
+        )
     try:
         doc = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
-        return bad("header-not-json", f"{rel}: header is not UTF-8 (byte {exc.start}); the file is corrupt or not safetensors", header_length=n)
+        return bad(
+            "header-not-json",
+            f"{rel}: header is not UTF-8 (byte {exc.start}); the file is corrupt or not safetensors",
+            header_length=n,
+        )
     except json.JSONDecodeError as exc:
         truncated = exc.pos >= len(raw.rstrip(b" \x00")) - 1
-        what = "ends in the middle of the JSON (truncated header)" if truncated else f"is not valid JSON ({exc.msg} at byte {exc.pos})"
-        return bad("truncated-header" if truncated else "header-not-json", f"{rel}: header {what}", header_length=n, json_error=exc.msg, at=exc.pos)
+        what = (
+            "ends in the middle of the JSON (truncated header)"
+            if truncated
+            else f"is not valid JSON ({exc.msg} at byte {exc.pos})"
+        )
+        return bad(
+            "truncated-header" if truncated else "header-not-json",
+            f"{rel}: header {what}",
+            header_length=n,
+            json_error=exc.msg,
+            at=exc.pos,
+        )
     if not isinstance(doc, dict):
         return bad("header-not-json", f"{rel}: header is a JSON {type(doc).__name__}, not an object", header_length=n)
     data_len = st.st_size - 8 - n
@@ -238,7 +159,9 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if dtype not in DTYPE_BITS:
             return bad("bad-entry", f"{rel}: tensor {name!r} has unknown dtype {dtype!r}", tensor=name, dtype=dtype)
-        if not (isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+        if not (
+            isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
+        ):
             return bad("bad-entry", f"{rel}: tensor {name!r} has an invalid shape {shape!r}", tensor=name, shape=shape)
         if not (
             isinstance(offsets, list)
@@ -246,14 +169,22 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
             and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
             and offsets[0] <= offsets[1]
         ):
-            return bad("bad-entry", f"{rel}: tensor {name!r} has invalid data_offsets {offsets!r}", tensor=name, data_offsets=offsets)
+            return bad(
+                "bad-entry",
+                f"{rel}: tensor {name!r} has invalid data_offsets {offsets!r}",
+                tensor=name,
+                data_offsets=offsets,
+            )
         t = TensorHeader(name=name, dtype=dtype, shape=list(shape), file=rel, offsets=(offsets[0], offsets[1]))
         bits = t.numel * DTYPE_BITS[dtype]
         if bits % 8 or bits // 8 != t.nbytes:
             return bad(
                 "bad-entry",
                 f"{rel}: tensor {name!r} ({dtype} {shape}) needs {bits / 8:g} bytes but its offsets span {t.nbytes}",
-                tensor=name, shape=shape, dtype=dtype, data_offsets=offsets,
+                tensor=name,
+                shape=shape,
+                dtype=dtype,
+                data_offsets=offsets,
             )
         tensors.append(t)
     # safetensors requires the tensors to tile the data region exactly, in offset order
@@ -262,8 +193,13 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
         if t.offsets[0] != end:
             return bad(
                 "bad-entry",
-                f"{rel}: tensor {t.name!r} starts at byte {t.offsets[0]} of the data region, expected {end} (gap or overlap)",
-                tensor=t.name, data_offsets=list(t.offsets), expected_begin=end,
+                (
+                    f"{rel}: tensor {t.name!r} starts at byte {t.offsets[0]} of the data region, expected {end} (gap "
+                    f"or overlap)"
+                ),
+                tensor=t.name,
+                data_offsets=list(t.offsets),
+                expected_begin=end,
             )
         end = t.offsets[1]
     if end > data_len:
@@ -272,13 +208,20 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
             "data-past-eof",
             f"{rel}: tensor data ends at byte {end} of the data region but the file holds only {data_len} "
             f"bytes after the header (file truncated; {last.name!r} runs past the end)",
-            data_end=end, data_bytes=data_len, file_size=st.st_size, tensor=last.name,
+            data_end=end,
+            data_bytes=data_len,
+            file_size=st.st_size,
+            tensor=last.name,
         )
     if end < data_len:
         return bad(
             "trailing-bytes",
-            f"{rel}: {data_len - end} bytes after the last tensor; safetensors rejects files whose data region is longer than its tensors",
-            data_end=end, data_bytes=data_len,
+            (
+                f"{rel}: {data_len - end} bytes after the last tensor; safetensors rejects files whose data region is "
+                f"longer than its tensors"
+            ),
+            data_end=end,
+            data_bytes=data_len,
         )
     header.tensors = sorted(tensors, key=lambda t: t.name)
     header.ok = True
@@ -314,7 +257,10 @@ def library_check(path: Path, header: FileHeader) -> str | None:
             for t in header.tensors:
                 sl = f.get_slice(t.name)
                 if list(sl.get_shape()) != t.shape or sl.get_dtype() != t.dtype:
-                    return f"{t.name}: safetensors reads {sl.get_dtype()} {list(sl.get_shape())}, header says {t.dtype} {t.shape}"
+                    return (
+                        f"{t.name}: safetensors reads {sl.get_dtype()} {list(sl.get_shape())}, header says {t.dtype} "
+                        f"{t.shape}"
+                    )
     except Exception as exc:  # SafetensorError and friends
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -330,19 +276,28 @@ def _read_index(root: Path, problems: list[CheckpointProblem]) -> dict[str, Any]
             raise ValueError(f"{path.stat().st_size} bytes is implausibly large for an index")
         doc = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as exc:
-        problems.append(CheckpointProblem(
-            "VD306", "index-unreadable", INDEX_NAME, f"{INDEX_NAME} cannot be read as JSON: {exc}",
-            vllm_error="json.decoder.JSONDecodeError (vLLM reads the index before loading)",
-        ))
+        problems.append(
+            CheckpointProblem(
+                "index",
+                "index-unreadable",
+                INDEX_NAME,
+                f"{INDEX_NAME} cannot be read as JSON: {exc}",
+                vllm_error="json.decoder.JSONDecodeError (vLLM reads the index before loading)",
+            )
+        )
         index["error"] = str(exc)
         return index
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
-        problems.append(CheckpointProblem(
-            "VD306", "index-no-weight-map", INDEX_NAME,
-            f"{INDEX_NAME} has no `weight_map` object of tensor name -> file name",
-            vllm_error="KeyError: 'weight_map'",
-        ))
+        problems.append(
+            CheckpointProblem(
+                "index",
+                "index-no-weight-map",
+                INDEX_NAME,
+                f"{INDEX_NAME} has no `weight_map` object of tensor name -> file name",
+                vllm_error="KeyError: 'weight_map'",
+            )
+        )
         index["error"] = "no weight_map"
         return index
     index["entries"] = len(weight_map)
@@ -378,7 +333,11 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
             by_file.setdefault(fname, []).append(tensor)
         wanted = {os.path.join(folder, f) for f in by_file}
         missing_for_vllm = sorted(wanted - set(globbed))
-        vllm_error = f"FileNotFoundError: Weight files referenced in index but missing: {set(missing_for_vllm)}" if missing_for_vllm else ""
+        vllm_error = (
+            f"FileNotFoundError: Weight files referenced in index but missing: {set(missing_for_vllm)}"
+            if missing_for_vllm
+            else ""
+        )
         for fname in sorted(by_file, key=natural_sort_key):
             joined = os.path.join(folder, fname)
             tensors = sorted(by_file[fname])
@@ -387,24 +346,37 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
             if joined in globbed:
                 continue  # a file vLLM loads: checked below (an escaping symlink included)
             if os.path.isabs(fname) or not _inside(root_real, joined):
-                problems.append(CheckpointProblem(
-                    "VD306", "index-path-outside-dir", subject,
-                    f"the index sends {len(tensors)} tensor(s) to {fname!r}, a path outside the model directory; "
-                    "vllm-doctor does not follow it and vLLM will not load it",
-                    {**evidence, "resolves_to": os.path.realpath(joined)}, vllm_error,
-                ))
+                problems.append(
+                    CheckpointProblem(
+                        "index",
+                        "index-path-outside-dir",
+                        subject,
+                        f"the index sends {len(tensors)} tensor(s) to {fname!r}, a path outside the model directory; "
+                        "vllm-doctor does not follow it and vLLM will not load it",
+                        {**evidence, "resolves_to": os.path.realpath(joined)},
+                        vllm_error,
+                    )
+                )
             else:
                 exists = os.path.exists(joined)
                 kind, why = (
-                    ("index-path-not-top-level", f"{fname!r} exists but is not a top-level *.safetensors file vLLM's glob finds")
+                    (
+                        "index-path-not-top-level",
+                        f"{fname!r} exists but is not a top-level *.safetensors file vLLM's glob finds",
+                    )
                     if exists
                     else ("index-file-missing", f"{fname!r} does not exist")
                 )
-                problems.append(CheckpointProblem(
-                    "VD306", kind, subject,
-                    f"the index sends {len(tensors)} tensor(s) to {fname!r}: {why}",
-                    evidence, vllm_error,
-                ))
+                problems.append(
+                    CheckpointProblem(
+                        "index",
+                        kind,
+                        subject,
+                        f"the index sends {len(tensors)} tensor(s) to {fname!r}: {why}",
+                        evidence,
+                        vllm_error,
+                    )
+                )
         unlisted = [os.path.basename(f) for f in globbed if f not in wanted]
         if unlisted and facts.index is not None:
             facts.index["unlisted_files_ignored"] = unlisted
@@ -414,11 +386,18 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
     for fpath in load_files:
         rel = os.path.relpath(fpath, folder)
         if not _inside(root_real, fpath):
-            problems.append(CheckpointProblem(
-                "VD306", "file-outside-dir", rel,
-                f"{rel} is a symlink to {os.path.realpath(fpath)}, outside the model directory; vllm-doctor did not open it",
-                {"resolves_to": os.path.realpath(fpath)},
-            ))
+            problems.append(
+                CheckpointProblem(
+                    "index",
+                    "file-outside-dir",
+                    rel,
+                    (
+                        f"{rel} is a symlink to {os.path.realpath(fpath)}, outside the model directory; vllm-doctor "
+                        f"did not open it"
+                    ),
+                    {"resolves_to": os.path.realpath(fpath)},
+                )
+            )
             facts.files.append(FileHeader(file=rel, size=0))
             continue
         header, file_problems = parse_header(Path(fpath), rel)
@@ -427,7 +406,15 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
             err = library_check(Path(fpath), header)
             if err is not None:
                 header.ok = False
-                problems.append(CheckpointProblem("VD308", "library-rejects", rel, f"{rel}: the safetensors library rejects it: {err}", vllm_error=err))
+                problems.append(
+                    CheckpointProblem(
+                        "file",
+                        "library-rejects",
+                        rel,
+                        f"{rel}: the safetensors library rejects it: {err}",
+                        vllm_error=err,
+                    )
+                )
         elif not header.ok and library and file_problems:
             # what vLLM would print: the library's own error for the same file
             lib = _library_error(Path(fpath))
@@ -437,11 +424,18 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
         if header.ok:
             for t in header.tensors:
                 if t.name in seen:
-                    problems.append(CheckpointProblem(
-                        "VD306", "duplicate-tensor", t.name,
-                        f"tensor {t.name!r} is stored in both {seen[t.name]} and {rel}; vLLM loads both and the later file wins",
-                        {"files": [seen[t.name], rel]},
-                    ))
+                    problems.append(
+                        CheckpointProblem(
+                            "index",
+                            "duplicate-tensor",
+                            t.name,
+                            (
+                                f"tensor {t.name!r} is stored in both {seen[t.name]} and {rel}; vLLM loads both and "
+                                f"the later file wins"
+                            ),
+                            {"files": [seen[t.name], rel]},
+                        )
+                    )
                 else:
                     seen[t.name] = rel
     if index and "weight_map" in index:
@@ -450,11 +444,15 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
         facts.unread_tensors = sorted(t for t, fname in weight_map.items() if fname not in readable)
         for tensor, fname in sorted(weight_map.items()):
             if fname in readable and seen.get(tensor) != fname and tensor not in seen:
-                problems.append(CheckpointProblem(
-                    "VD306", "index-tensor-not-in-file", f"{INDEX_NAME}:{tensor}",
-                    f"the index puts {tensor!r} in {fname}, but {fname} does not contain it",
-                    {"tensor": tensor, "index_file": fname},
-                ))
+                problems.append(
+                    CheckpointProblem(
+                        "index",
+                        "index-tensor-not-in-file",
+                        f"{INDEX_NAME}:{tensor}",
+                        f"the index puts {tensor!r} in {fname}, but {fname} does not contain it",
+                        {"tensor": tensor, "index_file": fname},
+                    )
+                )
     facts.seconds = time.monotonic() - start
     return facts
 

@@ -10,8 +10,9 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.compat.plugins import PluginInfo, scan_plugin
+from vllm_doctor.compat.plugins import scan_plugin
 from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.facts.plugins import PluginInfo
 
 
 def _imported_functions(tree: ast.Module) -> dict[str, str]:
@@ -65,22 +66,28 @@ def scan_script(path: str | Path) -> list[dict[str, Any]]:
                 if isinstance(func, ast.Attribute) and func.attr == "register_model" and child.args:
                     arch_node = child.args[0]
                     target_node = child.args[1] if len(child.args) > 1 else None
-                    found.append({
-                        "arch": arch_node.value if isinstance(arch_node, ast.Constant) else ast.unparse(arch_node),
-                        "target": target_node.value if isinstance(target_node, ast.Constant) else (ast.unparse(target_node) if target_node is not None else ""),
-                        "scope": scope,
-                        "where": f"{file}:{child.lineno}",
-                    })
+                    found.append(
+                        {
+                            "arch": arch_node.value if isinstance(arch_node, ast.Constant) else ast.unparse(arch_node),
+                            "target": target_node.value
+                            if isinstance(target_node, ast.Constant)
+                            else (ast.unparse(target_node) if target_node is not None else ""),
+                            "scope": scope,
+                            "where": f"{file}:{child.lineno}",
+                        }
+                    )
                 elif isinstance(func, ast.Name) and func.id in imported:
                     # a helper such as `register()` from the user's package: look inside it
                     for arch, target, where in _registrations_behind(imported[func.id]):
-                        found.append({
-                            "arch": arch,
-                            "target": target,
-                            "scope": scope,
-                            "where": f"{file}:{child.lineno}",
-                            "via": f"{func.id}() at {where}",
-                        })
+                        found.append(
+                            {
+                                "arch": arch,
+                                "target": target,
+                                "scope": scope,
+                                "where": f"{file}:{child.lineno}",
+                                "via": f"{func.id}() at {where}",
+                            }
+                        )
             visit(child, child_scope)
 
     visit(tree, "module")

@@ -25,12 +25,16 @@ class DoctorSession:
     fast: bool = False
     cache: dict[tuple[Any, ...], Report] = field(default_factory=dict)
 
-    def check(self, model: str, *, trust_remote_code: bool = False, select: Iterable[str] = (), ignore: Iterable[str] = ()) -> Report:
+    def check(
+        self, model: str, *, trust_remote_code: bool = False, select: Iterable[str] = (), ignore: Iterable[str] = ()
+    ) -> Report:
         from vllm_doctor.api import check
 
         key = (str(model), trust_remote_code, tuple(sorted(select)), tuple(sorted(ignore)), self.fast)
         if key not in self.cache:
-            self.cache[key] = check(str(model), trust_remote_code=trust_remote_code, fast=self.fast, select=select, ignore=ignore)
+            self.cache[key] = check(
+                str(model), trust_remote_code=trust_remote_code, fast=self.fast, select=select, ignore=ignore
+            )
         return self.cache[key]
 
 
@@ -50,14 +54,23 @@ class DoctorCheck:
         threshold = Severity(fail_on) if fail_on is not None else self._session.fail_on
         found = report.problems(threshold)
         if found:
-            lines = [f"{f.code} [{f.severity.value}] {f.subject}: {f.message}" + (f"\n    fix: {f.hint}" if f.hint else "") for f in found]
-            pytest.fail(f"vllm-doctor found {len(found)} problem(s) in {report.target}:\n" + "\n".join(lines), pytrace=False)
+            lines = [
+                f"{f.code} [{f.severity.value}] {f.subject}: {f.message}" + (f"\n    fix: {f.hint}" if f.hint else "")
+                for f in found
+            ]
+            pytest.fail(
+                f"vllm-doctor found {len(found)} problem(s) in {report.target}:\n" + "\n".join(lines), pytrace=False
+            )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("vllm-doctor")
-    group.addoption("--vllm-doctor-fail-on", choices=[s.value for s in Severity], default="error",
-                    help="lowest severity that fails vllm_doctor_check.assert_clean (default: error)")
+    group.addoption(
+        "--vllm-doctor-fail-on",
+        choices=[s.value for s in Severity],
+        default="error",
+        help="lowest severity that fails vllm_doctor_check.assert_clean (default: error)",
+    )
     group.addoption("--vllm-doctor-fast", action="store_true", help="fast pass only (no vLLM import)")
 
 

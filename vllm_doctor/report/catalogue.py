@@ -1,7 +1,7 @@
 """Render the check catalogue as markdown (the README's table).
 
-    python -m vllm_doctor.report.catalogue               # print it
-    python -m vllm_doctor.report.catalogue --write README.md   # replace the marked block
+python -m vllm_doctor.report.catalogue               # print it
+python -m vllm_doctor.report.catalogue --write README.md   # replace the marked block
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ def markdown() -> str:
     lines = ["| code | name | severity | stage | what it finds |", "|---|---|---|---|---|"]
     for code in sorted(CATALOGUE):
         m = CATALOGUE[code].meta
-        lines.append(f"| {m.code} | `{m.name}` | {m.severity.value} | {m.stage.value} | {m.summary.replace('|', '/')} |")
+        lines.append(
+            f"| {m.code} | `{m.name}` | {m.severity.value} | {m.stage.value} | {m.summary.replace('|', '/')} |"
+        )
     return "\n".join(lines)
 
 

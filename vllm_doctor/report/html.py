@@ -11,16 +11,34 @@ from html import escape
 from itertools import pairwise
 from typing import Any
 
-from vllm_doctor.report.engine_text import fmt_bytes, fmt_s
+from vllm_doctor.units import fmt_bytes, fmt_s
 
 COLORS = {
-    "embedding": "#8e6c8a", "attention": "#4e79a7", "mlp": "#f28e2b", "norm": "#76b7b2",
-    "logits": "#59a14f", "other": "#bab0ac", "prefill": "#e15759", "decode": "#4e79a7", "mixed": "#b07aa1",
-    "weights": "#4e79a7", "kv_cache": "#f28e2b", "peak_activations": "#e15759", "cuda_graphs": "#76b7b2",
+    "embedding": "#8e6c8a",
+    "attention": "#4e79a7",
+    "mlp": "#f28e2b",
+    "norm": "#76b7b2",
+    "logits": "#59a14f",
+    "other": "#bab0ac",
+    "prefill": "#e15759",
+    "decode": "#4e79a7",
+    "mixed": "#b07aa1",
+    "weights": "#4e79a7",
+    "kv_cache": "#f28e2b",
+    "peak_activations": "#e15759",
+    "cuda_graphs": "#76b7b2",
 }
-OUTCOME_CLASS = {"fail": "bad", "crash": "bad", "warn": "warnc", "pass": "ok", "skip": "muted", "not_applicable": "muted"}
+OUTCOME_CLASS = {
+    "fail": "bad",
+    "crash": "bad",
+    "warn": "warnc",
+    "pass": "ok",
+    "skip": "muted",
+    "not_applicable": "muted",
+}
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;color:#222;padding:0 16px}
+body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1100px;
+color:#222;padding:0 16px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
 .meta{color:#666;font-size:13px}table{border-collapse:collapse;width:100%;font-size:13px}
 td,th{border-bottom:1px solid #eee;padding:4px 6px;text-align:left;vertical-align:top}th{background:#fafafa}
@@ -33,14 +51,21 @@ details summary{cursor:pointer;color:#444}
 
 
 def _legend(keys: list[str]) -> str:
-    return '<div class="legend">' + "".join(
-        f'<span><i style="background:{COLORS.get(k, "#999")}"></i>{escape(k.replace("_", " "))}</span>' for k in keys
-    ) + "</div>"
+    return (
+        '<div class="legend">'
+        + "".join(
+            f'<span><i style="background:{COLORS.get(k, "#999")}"></i>{escape(k.replace("_", " "))}</span>'
+            for k in keys
+        )
+        + "</div>"
+    )
 
 
 def _svg(width: int, height: int, body: str, label: str) -> str:
-    return (f'<svg class="chart" role="img" aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg" '
-            f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">{body}</svg>')
+    return (
+        f'<svg class="chart" role="img" aria-label="{escape(label)}" xmlns="http://www.w3.org/2000/svg" '
+        f'width="{width}" height="{height}" viewBox="0 0 {width} {height}">{body}</svg>'
+    )
 
 
 def layer_chart(layers: dict[str, Any]) -> str:
@@ -67,17 +92,26 @@ def layer_chart(layers: dict[str, Any]) -> str:
         x = float(label_w)
         for kind, v in parts.items():
             w = (width - label_w - 90) * v / top
-            body.append(f'<rect x="{x:.1f}" y="{y}" width="{max(w, 0.5):.1f}" height="{row_h - 5}" fill="{COLORS.get(kind, "#999")}">'
-                        f"<title>{escape(name)} {escape(kind)}: {fmt_s(v)}</title></rect>")
+            body.append(
+                f'<rect x="{x:.1f}" y="{y}" width="{max(w, 0.5):.1f}" height="{row_h - 5}" '
+                f'fill="{COLORS.get(kind, "#999")}">'
+                f"<title>{escape(name)} {escape(kind)}: {fmt_s(v)}</title></rect>"
+            )
             x += w
         body.append(f'<text x="{x + 4:.1f}" y="{y + 12}" font-size="11">{fmt_s(total)}</text>')
     svg = _svg(width, len(items) * row_h + 10, "".join(body), "forward time per decoder layer, stacked by kind")
     total_kinds = sum(kinds.values()) or 1.0
     kind_text = ", ".join(f"{escape(k)} {100 * v / total_kinds:.0f}% ({fmt_s(v)})" for k, v in kinds.items())
-    sampled = (f"summed over the {layers.get('timed_steps')} steps timed per layer"
-               + (f" (the first steps of each phase, then every {layers.get('sample_every')}-th)" if (layers.get("sample_every") or 1) > 1 else ""))
-    return (svg + _legend([k for k in COLORS if k in kinds or any(k in p for _, p, _ in items)][:6])
-            + f'<p class="note">by kind: {kind_text}; {escape(sampled)}</p>')
+    sampled = f"summed over the {layers.get('timed_steps')} steps timed per layer" + (
+        f" (the first steps of each phase, then every {layers.get('sample_every')}-th)"
+        if (layers.get("sample_every") or 1) > 1
+        else ""
+    )
+    return (
+        svg
+        + _legend([k for k in COLORS if k in kinds or any(k in p for _, p, _ in items)][:6])
+        + f'<p class="note">by kind: {kind_text}; {escape(sampled)}</p>'
+    )
 
 
 def step_chart(steps: list[dict[str, Any]]) -> str:
@@ -87,16 +121,22 @@ def step_chart(steps: list[dict[str, Any]]) -> str:
     shown = steps[:600]
     top = max(s["step_s"] for s in shown) or 1.0
     bar_w = max(1.0, (width - left - 10) / len(shown))
-    body = [f'<line x1="{left}" y1="{height - bottom}" x2="{width}" y2="{height - bottom}" stroke="#999"/>',
-            f'<text x="{left - 4}" y="12" text-anchor="end" font-size="10">{fmt_s(top)}</text>',
-            f'<text x="{left - 4}" y="{height - bottom}" text-anchor="end" font-size="10">0</text>']
+    body = [
+        f'<line x1="{left}" y1="{height - bottom}" x2="{width}" y2="{height - bottom}" stroke="#999"/>',
+        f'<text x="{left - 4}" y="12" text-anchor="end" font-size="10">{fmt_s(top)}</text>',
+        f'<text x="{left - 4}" y="{height - bottom}" text-anchor="end" font-size="10">0</text>',
+    ]
     for i, s in enumerate(shown):
         h = (height - bottom - 10) * s["step_s"] / top
         x = left + i * bar_w
-        tip = (f"step {s['index']} {s['phase']}: {fmt_s(s['step_s'])}, forward {fmt_s(s.get('forward_s'))}, "
-               f"{s.get('num_reqs')} req(s), {s.get('prefill_tokens')} prefill + {s.get('decode_tokens')} decode tokens")
-        body.append(f'<rect x="{x:.1f}" y="{height - bottom - h:.1f}" width="{max(bar_w - 1, 0.8):.1f}" height="{h:.1f}" '
-                    f'fill="{COLORS[s["phase"]]}"><title>{escape(tip)}</title></rect>')
+        tip = (
+            f"step {s['index']} {s['phase']}: {fmt_s(s['step_s'])}, forward {fmt_s(s.get('forward_s'))}, "
+            f"{s.get('num_reqs')} req(s), {s.get('prefill_tokens')} prefill + {s.get('decode_tokens')} decode tokens"
+        )
+        body.append(
+            f'<rect x="{x:.1f}" y="{height - bottom - h:.1f}" width="{max(bar_w - 1, 0.8):.1f}" height="{h:.1f}" '
+            f'fill="{COLORS[s["phase"]]}"><title>{escape(tip)}</title></rect>'
+        )
     body.append(f'<text x="{width / 2}" y="{height - 4}" text-anchor="middle" font-size="10">step</text>')
     note = f'<p class="note">first {len(shown)} of {len(steps)} steps</p>' if len(steps) > len(shown) else ""
     phases = [p for p in ("prefill", "decode", "mixed") if any(s["phase"] == p for s in shown)]
@@ -109,18 +149,20 @@ def kv_chart(usage: list[dict[str, Any]], num_blocks: Any) -> str:
     width, height, left, bottom = 900, 150, 76, 20
     t_max = max(u["t"] for u in usage) or 1.0
     top = max(0.001, max(u["usage"] for u in usage) * 1.15)  # scale to the peak: small caches stay readable
-    pts = " ".join(
-        f"{left + (width - left - 10) * u['t'] / t_max:.1f},{height - bottom - (height - bottom - 10) * u['usage'] / top:.1f}"
-        for u in usage
+    x_scale, y_scale = (width - left - 10) / t_max, (height - bottom - 10) / top
+    pts = " ".join(f"{left + x_scale * u['t']:.1f},{height - bottom - y_scale * u['usage']:.1f}" for u in usage)
+    body = (
+        f'<line x1="{left}" y1="{height - bottom}" x2="{width}" y2="{height - bottom}" stroke="#999"/>'
+        f'<text x="{left - 4}" y="14" text-anchor="end" font-size="10">{100 * top:.2f}%</text>'
+        f'<text x="{left - 4}" y="{height - bottom}" text-anchor="end" font-size="10">0%</text>'
+        f'<polyline points="{pts}" fill="none" stroke="{COLORS["kv_cache"]}" stroke-width="2"/>'
+        f'<text x="{width / 2}" y="{height - 4}" text-anchor="middle" font-size="10">time ({t_max:.2f} s)</text>'
     )
-    body = (f'<line x1="{left}" y1="{height - bottom}" x2="{width}" y2="{height - bottom}" stroke="#999"/>'
-            f'<text x="{left - 4}" y="14" text-anchor="end" font-size="10">{100 * top:.2f}%</text>'
-            f'<text x="{left - 4}" y="{height - bottom}" text-anchor="end" font-size="10">0%</text>'
-            f'<polyline points="{pts}" fill="none" stroke="{COLORS["kv_cache"]}" stroke-width="2"/>'
-            f'<text x="{width / 2}" y="{height - 4}" text-anchor="middle" font-size="10">time ({t_max:.2f} s)</text>')
     peak = max(u["usage"] for u in usage)
-    return _svg(width, height, body, "KV cache usage over the run") + \
-        f'<p class="note">peak {100 * peak:.2f}% of {escape(str(num_blocks))} blocks (blocks held by running requests)</p>'
+    return _svg(width, height, body, "KV cache usage over the run") + (
+        f'<p class="note">peak {100 * peak:.2f}% of {escape(str(num_blocks))} blocks (blocks held by running '
+        f"requests)</p>"
+    )
 
 
 def memory_chart(memory: list[dict[str, Any]]) -> str:
@@ -131,20 +173,30 @@ def memory_chart(memory: list[dict[str, Any]]) -> str:
     for m in memory:
         parts = {k: v for k, v in (m.get("parts") or {}).items() if v}
         total = float(m.get("total") or sum(v for v in parts.values() if v > 0) or 1)
-        x, body = float(label_w), [f'<text x="{label_w - 6}" y="20" text-anchor="end" font-size="11">rank {m.get("rank")}</text>']
+        x, body = (
+            float(label_w),
+            [f'<text x="{label_w - 6}" y="20" text-anchor="end" font-size="11">rank {m.get("rank")}</text>'],
+        )
         for k, v in parts.items():
             if v <= 0:
                 continue
             w = (width - label_w - 10) * v / total
-            body.append(f'<rect x="{x:.1f}" y="6" width="{max(w, 0.5):.1f}" height="20" fill="{COLORS.get(k, "#bab0ac")}">'
-                        f"<title>{escape(k)}: {fmt_bytes(v)}</title></rect>")
+            body.append(
+                f'<rect x="{x:.1f}" y="6" width="{max(w, 0.5):.1f}" height="20" fill="{COLORS.get(k, "#bab0ac")}">'
+                f"<title>{escape(k)}: {fmt_bytes(v)}</title></rect>"
+            )
             x += w
         out.append(_svg(width, 32, "".join(body), f"memory breakdown rank {m.get('rank')}"))
-        rows = "".join(f"<tr><td>{escape(k.replace('_', ' '))}</td><td>{fmt_bytes(v) if v is not None else 'not measurable'}</td></tr>"
-                       for k, v in (m.get("parts") or {}).items())
+        rows = "".join(
+            f"<tr><td>{escape(k.replace('_', ' '))}</td>"
+            f"<td>{fmt_bytes(v) if v is not None else 'not measurable'}</td></tr>"
+            for k, v in (m.get("parts") or {}).items()
+        )
         out.append(_legend(list(parts)))
-        out.append(f"<table><tr><th>part</th><th>bytes</th></tr>{rows}<tr><th>total</th><th>{fmt_bytes(m.get('total'))} "
-                   f"({escape(str(m.get('total_source')))})</th></tr></table>")
+        out.append(
+            f"<table><tr><th>part</th><th>bytes</th></tr>{rows}<tr><th>total</th><th>{fmt_bytes(m.get('total'))} "
+            f"({escape(str(m.get('total_source')))})</th></tr></table>"
+        )
         out.extend(f'<p class="note">{escape(n)}</p>' for n in m.get("notes") or [])
     return "".join(out)
 
@@ -166,7 +218,10 @@ def anatomy_svg(anatomy: dict[str, Any]) -> str:
         title = f"{p['role']}" + (f" {p['rank']}" if p.get("rank") is not None else "")
         color = {"front end": "#e8f0fb", "engine core": "#fdf1e2", "worker": "#e9f5ea"}.get(p["role"], "#f4f4f4")
         body.append(f'<rect x="{x}" y="{y}" width="{box_w}" height="{box_h}" rx="8" fill="{color}" stroke="#888"/>')
-        body.append(f'<text x="{x + 10}" y="{y + 20}" font-size="13" font-weight="600">{escape(title)} (pid {escape(str(p.get("pid")))})</text>')
+        body.append(
+            f'<text x="{x + 10}" y="{y + 20}" font-size="13" font-weight="600">{escape(title)} (pid '
+            f"{escape(str(p.get('pid')))})</text>"
+        )
         lines = [str(h).rsplit(".", 1)[-1] for h in p.get("holds") or [] if h]
         if p.get("device"):
             lines.insert(0, f"device {p['device']}")
@@ -175,18 +230,30 @@ def anatomy_svg(anatomy: dict[str, Any]) -> str:
         for j, line in enumerate(lines[:5]):
             body.append(f'<text x="{x + 10}" y="{y + 40 + j * 15}" font-size="11">{escape(line[:42])}</text>')
     for a, b in pairwise(centers):
-        body.append(f'<line x1="{a + box_w / 2}" y1="86" x2="{b - box_w / 2}" y2="86" stroke="#666" marker-end="url(#arrow)"/>')
+        body.append(
+            f'<line x1="{a + box_w / 2}" y1="86" x2="{b - box_w / 2}" y2="86" stroke="#666" marker-end="url(#arrow)"/>'
+        )
     ex = anatomy.get("executor") or {}
-    body.append(f'<text x="{gap}" y="18" font-size="12">executor: {escape(str(ex.get("backend")))} '
-                f'{escape(str(ex.get("class") or "").rsplit(".", 1)[-1])}</text>')
+    body.append(
+        f'<text x="{gap}" y="18" font-size="12">executor: {escape(str(ex.get("backend")))} '
+        f"{escape(str(ex.get('class') or '').rsplit('.', 1)[-1])}</text>"
+    )
     y2 = 30 + box_h + 26
-    body.append(f'<text x="{gap}" y="{y2}" font-size="12">model: {escape(str(model.get("class")))} [{escape(str(model.get("origin")))}]</text>')
-    body.append(f'<text x="{gap}" y="{y2 + 18}" font-size="12">KV cache: {escape(str(kv.get("num_layers")))} layer tensor(s) in '
-                f'{escape(str(kv.get("num_storages")))} storage(s), {fmt_bytes(kv.get("storage_bytes"))}, '
-                f'{escape(str(kv.get("num_blocks")))} blocks x {escape(str(kv.get("block_size")))} tokens, layout '
-                f'{escape(str(kv.get("layout") or "not exposed"))}, shape {escape(str(kv.get("tensor_shape")))}</text>')
-    defs = ('<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
-            '<path d="M0,0 L8,4 L0,8 z" fill="#666"/></marker></defs>')
+    body.append(
+        f'<text x="{gap}" y="{y2}" font-size="12">model: {escape(str(model.get("class")))} '
+        f"[{escape(str(model.get('origin')))}]</text>"
+    )
+    body.append(
+        f'<text x="{gap}" y="{y2 + 18}" font-size="12">KV cache: {escape(str(kv.get("num_layers")))} layer tensor(s) '
+        f"in "
+        f"{escape(str(kv.get('num_storages')))} storage(s), {fmt_bytes(kv.get('storage_bytes'))}, "
+        f"{escape(str(kv.get('num_blocks')))} blocks x {escape(str(kv.get('block_size')))} tokens, layout "
+        f"{escape(str(kv.get('layout') or 'not exposed'))}, shape {escape(str(kv.get('tensor_shape')))}</text>"
+    )
+    defs = (
+        '<defs><marker id="arrow" markerWidth="8" markerHeight="8" refX="7" refY="4" orient="auto">'
+        '<path d="M0,0 L8,4 L0,8 z" fill="#666"/></marker></defs>'
+    )
     return _svg(width, y2 + 30, defs + "".join(body), "engine anatomy")
 
 
@@ -196,17 +263,21 @@ def findings_table(findings: list[dict[str, Any]]) -> str:
 
     def rows(items: list[dict[str, Any]]) -> str:
         return "".join(
-            f'<tr><td class="{OUTCOME_CLASS.get(f["outcome"], "")}">{escape(f["outcome"])}</td><td>{escape(f["code"])}</td>'
-            f'<td>{escape(f["severity"])}</td><td>{escape(f["message"])}'
+            f"<tr><td "
+            f'class="{OUTCOME_CLASS.get(f["outcome"], "")}">{escape(f["outcome"])}</td><td>{escape(f["code"])}</td>'
+            f"<td>{escape(f['severity'])}</td><td>{escape(f['message'])}"
             + (f'<br><span class="note">fix: {escape(f["hint"])}</span>' if f.get("hint") else "")
-            + f'</td><td><code>{escape(f.get("subject") or "")}</code></td></tr>'
+            + f"</td><td><code>{escape(f.get('subject') or '')}</code></td></tr>"
             for f in items
         )
 
     head = "<tr><th>outcome</th><th>code</th><th>severity</th><th>message</th><th>subject</th></tr>"
     html = f"<table>{head}{rows(problems)}</table>" if problems else '<p class="ok">no problems found</p>'
     if others:
-        html += f"<details><summary>{len(others)} passing / skipped / n/a</summary><table>{head}{rows(others)}</table></details>"
+        html += (
+            f"<details><summary>{len(others)} passing / skipped / "
+            f"n/a</summary><table>{head}{rows(others)}</table></details>"
+        )
     return html
 
 
@@ -217,12 +288,17 @@ def phases_table(profile: dict[str, Any], workload: dict[str, Any] | None) -> st
         f"<td>{p['tokens_per_s']:.1f}</td></tr>"
         for ph, p in (profile.get("phases") or {}).items()
     )
-    html = ("<table><tr><th>phase</th><th>steps</th><th>tokens</th><th>mean batch</th><th>step mean</th><th>step p90</th>"
-            f"<th>forward mean</th><th>tokens/s</th></tr>{rows}</table>")
+    html = (
+        "<table><tr><th>phase</th><th>steps</th><th>tokens</th><th>mean batch</th><th>step mean</th><th>step p90</th>"
+        f"<th>forward mean</th><th>tokens/s</th></tr>{rows}</table>"
+    )
     if workload:
-        html += (f'<p class="note">workload: {workload.get("prompts")} prompt(s) x {workload.get("input_len")} tokens in, '
-                 f'{workload.get("output_len")} out; {workload.get("generated_tokens")} tokens in {fmt_s(workload.get("wall_s"))} '
-                 f'({workload.get("output_tokens_per_s")} output tokens/s, doctor attached)</p>')
+        html += (
+            f'<p class="note">workload: {workload.get("prompts")} prompt(s) x {workload.get("input_len")} tokens in, '
+            f"{workload.get('output_len')} out; {workload.get('generated_tokens')} tokens in "
+            f"{fmt_s(workload.get('wall_s'))} "
+            f"({workload.get('output_tokens_per_s')} output tokens/s, doctor attached)</p>"
+        )
     return html
 
 
@@ -232,21 +308,31 @@ def render_html(report: dict[str, Any]) -> str:
     workload = (report.get("profiles") or {}).get("workload")
     anatomy = (report.get("facts") or {}).get("engine") or {}
     summary = ", ".join(f"{v} {k}" for k, v in sorted((report.get("summary") or {}).items()))
-    layers_note = "" if profile.get("layers_on") else f'<p class="note">{escape(str(profile.get("layers_reason") or ""))}</p>'
+    layers_note = (
+        "" if profile.get("layers_on") else f'<p class="note">{escape(str(profile.get("layers_reason") or ""))}</p>'
+    )
     parts = [
-        "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
-        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">",
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>vllm-doctor profile: {escape(str(report.get('target')))}</title><style>{CSS}</style></head><body>",
-        f"<h1>vllm-doctor profile</h1><div class=\"meta\"><code>{escape(str(report.get('target')))}</code><br>"
+        f'<h1>vllm-doctor profile</h1><div class="meta"><code>{escape(str(report.get("target")))}</code><br>'
         f"vLLM {escape(str(env.get('vllm')))} | torch {escape(str(env.get('torch')))} | transformers "
         f"{escape(str(env.get('transformers')))} | vllm-doctor {escape(str(env.get('vllm_doctor')))} | timer: "
         f"{escape(str(profile.get('clock')))} | findings: {escape(summary)}</div>",
-        '<h2 id="findings">Findings</h2>', findings_table(report.get("findings") or []),
-        '<h2 id="anatomy">Engine anatomy</h2>', anatomy_svg(anatomy),
-        '<h2 id="steps">Steps: prefill vs decode</h2>', phases_table(profile, workload), step_chart(profile.get("steps") or []),
-        '<h2 id="layers">Forward time per layer</h2>', layers_note, layer_chart(profile.get("layers") or {}),
-        '<h2 id="kv">KV cache usage over the run</h2>', kv_chart(profile.get("kv_usage") or [], profile.get("kv_num_blocks")),
-        '<h2 id="memory">Memory breakdown</h2>', memory_chart(profile.get("memory") or []),
+        '<h2 id="findings">Findings</h2>',
+        findings_table(report.get("findings") or []),
+        '<h2 id="anatomy">Engine anatomy</h2>',
+        anatomy_svg(anatomy),
+        '<h2 id="steps">Steps: prefill vs decode</h2>',
+        phases_table(profile, workload),
+        step_chart(profile.get("steps") or []),
+        '<h2 id="layers">Forward time per layer</h2>',
+        layers_note,
+        layer_chart(profile.get("layers") or {}),
+        '<h2 id="kv">KV cache usage over the run</h2>',
+        kv_chart(profile.get("kv_usage") or [], profile.get("kv_num_blocks")),
+        '<h2 id="memory">Memory breakdown</h2>',
+        memory_chart(profile.get("memory") or []),
         '<p class="note">Generated by vllm-doctor. Self-contained: no scripts, fonts or network requests.</p>',
         "</body></html>",
     ]

@@ -19,20 +19,56 @@ def chrome_trace(profile: dict[str, Any], anatomy: dict[str, Any] | None = None)
         {"name": "thread_name", "ph": "M", "pid": pid, "tid": 2, "args": {"name": "forward / layers"}},
     ]
     for s in profile.get("steps") or []:
-        events.append({
-            "name": f"step {s['index']} {s['phase']}", "cat": s["phase"], "ph": "X", "pid": pid, "tid": 1,
-            "ts": s["t"] * 1e6, "dur": s["step_s"] * 1e6,
-            "args": {k: s.get(k) for k in ("num_reqs", "prefill_tokens", "decode_tokens", "kv_blocks_used", "forward_s", "logits_s")},
-        })
-        events.append({"name": "kv_blocks_used", "ph": "C", "pid": pid, "ts": s["t"] * 1e6, "args": {"blocks": s.get("kv_blocks_used", 0)}})
+        events.append(
+            {
+                "name": f"step {s['index']} {s['phase']}",
+                "cat": s["phase"],
+                "ph": "X",
+                "pid": pid,
+                "tid": 1,
+                "ts": s["t"] * 1e6,
+                "dur": s["step_s"] * 1e6,
+                "args": {
+                    k: s.get(k)
+                    for k in ("num_reqs", "prefill_tokens", "decode_tokens", "kv_blocks_used", "forward_s", "logits_s")
+                },
+            }
+        )
+        events.append(
+            {
+                "name": "kv_blocks_used",
+                "ph": "C",
+                "pid": pid,
+                "ts": s["t"] * 1e6,
+                "args": {"blocks": s.get("kv_blocks_used", 0)},
+            }
+        )
     for step in profile.get("trace") or []:
         base = step["t"] * 1e6
         for f in step.get("forward") or []:
-            events.append({"name": "forward", "cat": "forward", "ph": "X", "pid": pid, "tid": 2,
-                           "ts": base + f["offset_s"] * 1e6, "dur": f["dur_s"] * 1e6})
+            events.append(
+                {
+                    "name": "forward",
+                    "cat": "forward",
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": 2,
+                    "ts": base + f["offset_s"] * 1e6,
+                    "dur": f["dur_s"] * 1e6,
+                }
+            )
         for layer in step.get("layers") or []:
-            events.append({"name": layer["name"] or "model", "cat": "layer", "ph": "X", "pid": pid, "tid": 2,
-                           "ts": base + layer["offset_s"] * 1e6, "dur": layer["dur_s"] * 1e6})
+            events.append(
+                {
+                    "name": layer["name"] or "model",
+                    "cat": "layer",
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": 2,
+                    "ts": base + layer["offset_s"] * 1e6,
+                    "dur": layer["dur_s"] * 1e6,
+                }
+            )
     meta = {"clock": profile.get("clock"), "layers_on": profile.get("layers_on")}
     if anatomy:
         meta["model"] = (anatomy.get("model") or {}).get("class")

@@ -22,15 +22,23 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from vllm_doctor import environment
+from vllm_doctor.analysis.engine import anatomy, summarize
+from vllm_doctor.checks import run_checks, select_codes
 from vllm_doctor.compat import nvml
-from vllm_doctor.compat.engine import EngineHandle, ExtensionMissing, engine_kwargs
 from vllm_doctor.compat.http import HttpEngineHandle
-from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY
-from vllm_doctor.engine_facts import EngineFacts, WorkerFacts
-from vllm_doctor.model import Report
+from vllm_doctor.compat.llm import EngineHandle, ExtensionMissing, engine_kwargs
+from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
+from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.model import Report, Stage
+from vllm_doctor.probes import environment
 
-__all__ = ["EngineDoctor", "ExtensionMissing", "attach", "build_engine_report", "engine_kwargs"]
+__all__ = ["EngineDoctor", "ExtensionMissing", "attach", "build_engine_report", "engine_kwargs", "served_engine"]
+
+
+def served_engine(url: str, timeout: float = 60.0) -> HttpEngineHandle:
+    """A served engine (``vllm serve``) at ``url``; raises ServerError (an input error) for a bad URL."""
+    return HttpEngineHandle(url, timeout=timeout)
+
 
 PART_METHODS = {
     "anatomy": "doctor_anatomy",
@@ -59,9 +67,17 @@ def merge_replies(facts: EngineFacts, part: str, replies: list[dict[str, Any]]) 
 class EngineDoctor:
     """The doctor attached to one engine. Use :func:`attach`."""
 
-    def __init__(self, engine: Any, *, layers: bool = True, sample_every: int = DEFAULT_SAMPLE_EVERY, probe: bool = True,
-                 probe_phases: Iterable[str] = ("prefill", "decode"),
-                 select: Iterable[str] = (), ignore: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        *,
+        layers: bool = True,
+        sample_every: int = DEFAULT_SAMPLE_EVERY,
+        probe: bool = True,
+        probe_phases: Iterable[str] = ("prefill", "decode"),
+        select: Iterable[str] = (),
+        ignore: Iterable[str] = (),
+    ) -> None:
         self.handle: EngineHandle | HttpEngineHandle
         if isinstance(engine, (EngineHandle, HttpEngineHandle)):
             self.handle = engine
@@ -84,7 +100,9 @@ class EngineDoctor:
     def attach(self) -> EngineDoctor:
         t = time.perf_counter()
         self.handle.ensure_extension()
-        self.install_replies = self.handle.rpc("doctor_install", {"layers": self.layers, "sample_every": self.sample_every})
+        self.install_replies = self.handle.rpc(
+            "doctor_install", {"layers": self.layers, "sample_every": self.sample_every}
+        )
         if self.probe:
             self.probe_replies = self.handle.rpc("doctor_arm_probe", {"phases": self.probe_phases})
         self.attached = True
@@ -136,8 +154,15 @@ class EngineDoctor:
         return build_engine_report(facts, target or self.handle.model_name(), self.select, self.ignore, self.timings)
 
 
-def attach(engine: Any, *, layers: bool = True, sample_every: int = DEFAULT_SAMPLE_EVERY, probe: bool = True,
-           select: Iterable[str] = (), ignore: Iterable[str] = ()) -> EngineDoctor:
+def attach(
+    engine: Any,
+    *,
+    layers: bool = True,
+    sample_every: int = DEFAULT_SAMPLE_EVERY,
+    probe: bool = True,
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+) -> EngineDoctor:
     """Attach to ``engine``; use as a context manager.
 
     ``engine`` is a ``vllm.LLM`` built with the doctor's worker extension, or the URL of a
@@ -146,7 +171,9 @@ def attach(engine: Any, *, layers: bool = True, sample_every: int = DEFAULT_SAMP
     lacks the extension, and :class:`vllm_doctor.compat.http.ServerError` if a URL cannot be
     reached or has no ``/collective_rpc``.
     """
-    return EngineDoctor(engine, layers=layers, sample_every=sample_every, probe=probe, select=select, ignore=ignore).attach()
+    return EngineDoctor(
+        engine, layers=layers, sample_every=sample_every, probe=probe, select=select, ignore=ignore
+    ).attach()
 
 
 def nvml_for(facts: EngineFacts) -> dict[str, Any]:
@@ -157,23 +184,17 @@ def nvml_for(facts: EngineFacts) -> dict[str, Any]:
     return nvml.snapshot(pids=None) | {"worker_pids": pids}
 
 
-def build_engine_report(facts: EngineFacts, target: str, select: Iterable[str] = (), ignore: Iterable[str] = (),
-                        timings: dict[str, float] | None = None) -> Report:
+def build_engine_report(
+    facts: EngineFacts,
+    target: str,
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+    timings: dict[str, float] | None = None,
+) -> Report:
     """Run the engine-stage checks on ``facts``; add anatomy and profiles."""
-    from vllm_doctor.checks import CATALOGUE
-    from vllm_doctor.model import Stage
-    from vllm_doctor.profilers.engine import anatomy, summarize
-    from vllm_doctor.runner import run_checks
-
-    select, ignore = set(select), set(ignore)
-    codes = [
-        c for c in sorted(CATALOGUE)
-        if CATALOGUE[c].meta.stage is Stage.ENGINE
-        and (not select or any(c.startswith(s) for s in select))
-        and not any(c.startswith(s) for s in ignore)
-    ]
     report = Report(target=target)
-    report.findings = sorted(run_checks(facts, codes), key=lambda f: (f.code, f.subject))  # type: ignore[arg-type]
+    codes = select_codes((Stage.ENGINE,), select, ignore)
+    report.findings = sorted(run_checks(facts, codes), key=lambda f: (f.code, f.subject))
     report.environment = environment.collect()
     report.facts["engine"] = anatomy(facts)
     report.profiles["engine"] = summarize(facts)

@@ -1,6 +1,6 @@
 """The snapshot every engine-stage check reads: plain dicts gathered from each worker.
 
-Built by :mod:`vllm_doctor.attach` from the extension's ``doctor_*`` replies (or from a failed
+Built by :mod:`vllm_doctor.live.attach` from the extension's ``doctor_*`` replies (or from a failed
 engine start, for VD501/VD208). No vLLM or torch object in here.
 """
 

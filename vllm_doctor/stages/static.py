@@ -1,26 +1,34 @@
-"""Gather facts (fast static pass, then the import pass in a fresh process) and run the checks."""
+"""The static stage of ``vllm-doctor check``: gather every fact, then run the checks.
+
+Fast pass: config.json, vLLM's tables read from source, plugin entry points, safetensors
+headers (no vLLM import). Import pass: a fresh child imports vLLM and the plugins
+(:mod:`vllm_doctor.probes.import_probe`) while a second child builds the model on the meta
+device (:mod:`vllm_doctor.stages.weights`). Both go through :mod:`vllm_doctor.stages.child`.
+Checks run only once their facts are complete; they never wait or mutate.
+"""
 
 from __future__ import annotations
 
 import os
+import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vllm_doctor import environment
-from vllm_doctor.checks import CATALOGUE
+from vllm_doctor.checks import CATALOGUE, needs_import, run_checks, select_codes
 from vllm_doctor.compat.plugins import discover_general_plugins
 from vllm_doctor.compat.source_tables import (
     read_transformers_class_names,
     read_transformers_model_types,
     read_vllm_registry_tables,
 )
-from vllm_doctor.facts import Facts
-from vllm_doctor.model import Finding, Outcome, Report, Severity, Stage
-from vllm_doctor.probes.import_probe import run_import_probe
+from vllm_doctor.facts.static import Facts
+from vllm_doctor.model import Finding, Outcome, Report, Stage
+from vllm_doctor.probes import environment
 from vllm_doctor.probes.model_dir import resolve_model_dir
 from vllm_doctor.probes.script_scan import scan_script
-from vllm_doctor.weights_pass import add_weight_facts, weights_report
+from vllm_doctor.stages.child import run_child
+from vllm_doctor.stages.weights import finish_weights_pass, start_weights_pass, weights_report
 
 Progress = Callable[[str], None]
 
@@ -37,16 +45,21 @@ class CheckOptions:
     tensor_parallel_size: int = 1  # VD305: can the model be split this many ways?
 
 
-def _matches(code: str, patterns: Iterable[str]) -> bool:
-    return any(code.startswith(p) for p in patterns)
-
-
 def selected_codes(options: CheckOptions) -> list[str]:
-    # engine-stage checks need a running engine: engine_stage.py runs them (check --engine)
-    codes = [c for c in sorted(CATALOGUE) if CATALOGUE[c].meta.stage is not Stage.ENGINE]
-    if options.select:
-        codes = [c for c in codes if _matches(c, options.select)]
-    return [c for c in codes if not _matches(c, options.ignore)]
+    """The static stage's codes (engine-stage checks run in stages/engine.py: check --engine)."""
+    return select_codes((Stage.STATIC, Stage.LIVE), options.select, options.ignore)
+
+
+def caller_registry() -> dict[str, str] | None:
+    """This process's ModelRegistry, if the caller already imported vLLM (never imports it)."""
+    if "vllm" not in sys.modules:
+        return None
+    from vllm_doctor.compat.runtime import registry_snapshot
+
+    try:
+        return registry_snapshot()
+    except Exception:
+        return None
 
 
 def gather_static_facts(model: str, options: CheckOptions) -> Facts:
@@ -84,40 +97,22 @@ def gather_static_facts(model: str, options: CheckOptions) -> Facts:
 
 def add_import_facts(facts: Facts, options: CheckOptions) -> float:
     """Run the import pass; replace the predicted registry with the measured one."""
-    result = run_import_probe(facts.architectures, timeout=options.import_timeout)
-    if result.ok:
-        facts.import_pass = result.data
-        facts.registry = dict(result.data.get("registry", {}))
+    res = run_child(
+        "import", {"architectures": facts.architectures}, timeout=options.import_timeout, what="the import pass"
+    )
+    error = res.error
+    if res.timed_out:
+        error = f"{error} (a plugin or model module may hang on import)"
+    elif res.ok and "fatal" in res.data:
+        error = res.data["fatal"]
+    if error is None:
+        facts.import_pass = res.data
+        facts.registry = dict(res.data.get("registry", {}))
         facts.registry_source = "import"
     else:
-        facts.import_pass_error = result.error
         facts.import_pass = None
-        if result.stderr_tail:
-            facts.import_pass_error = f"{result.error}\n{result.stderr_tail[-1500:]}"
-    return result.seconds
-
-
-def run_checks(facts: Facts, codes: Iterable[str]) -> list[Finding]:
-    """Run each check; one that raises becomes a ``crash`` finding and the run goes on."""
-    findings: list[Finding] = []
-    for code in codes:
-        entry = CATALOGUE[code]
-        try:
-            findings.extend(entry.run(facts))
-        except Exception as exc:  # a bug in a check must not hide the other findings
-            import traceback
-
-            findings.append(
-                Finding(
-                    code=code,
-                    outcome=Outcome.CRASH,
-                    severity=Severity.ERROR,
-                    message=f"the check itself failed: {type(exc).__name__}: {exc}",
-                    evidence={"traceback": traceback.format_exc()},
-                    hint="this is a vllm-doctor bug; please report it with the traceback",
-                )
-            )
-    return findings
+        facts.import_pass_error = f"{error}\n{res.log_tail[-1500:]}" if res.log_tail else error
+    return res.seconds
 
 
 def diagnose(model: str, options: CheckOptions | None = None, progress: Progress | None = None) -> Report:
@@ -127,27 +122,33 @@ def diagnose(model: str, options: CheckOptions | None = None, progress: Progress
     codes = selected_codes(options)
     t0 = time.monotonic()
     facts = gather_static_facts(model, options)
-    add_weight_facts(facts, options, codes, say)  # headers now; meta-device load in the background
+    weights_job = start_weights_pass(facts, options, codes, say)  # headers now; the load beside the import pass
     report = Report(target=facts.model_dir)
     report.timings["static_facts_s"] = round(time.monotonic() - t0, 3)
-    static_codes = [c for c in codes if "import" not in CATALOGUE[c].meta.requires]
+    static_codes = [c for c in codes if not needs_import(c)]
     static_findings = run_checks(facts, static_codes)
     report.timings["static_pass_s"] = round(time.monotonic() - t0, 3)
     problems = [f for f in static_findings if f.is_problem]
-    say(f"fast pass: {len(problems)} problem(s) in {report.timings['static_pass_s']:.2f} s"
-        + (f" ({', '.join(sorted({f.code for f in problems}))})" if problems else ""))
+    say(
+        f"fast pass: {len(problems)} problem(s) in {report.timings['static_pass_s']:.2f} s"
+        + (f" ({', '.join(sorted({f.code for f in problems}))})" if problems else "")
+    )
     if options.fast:
+        finish_weights_pass(facts, weights_job)
         report.findings = static_findings
         for code in codes:
             if code not in static_codes:
                 report.findings.append(
-                    Finding(code, Outcome.SKIP, CATALOGUE[code].meta.severity, "skipped by --fast (needs the import pass)")
+                    Finding(
+                        code, Outcome.SKIP, CATALOGUE[code].meta.severity, "skipped by --fast (needs the import pass)"
+                    )
                 )
     else:
         say("import pass: loading vLLM and the plugins in a fresh process ...")
         report.timings["import_pass_s"] = round(add_import_facts(facts, options), 3)
         if facts.import_pass_error:
             say(f"import pass failed: {facts.import_pass_error.splitlines()[0]}")
+        finish_weights_pass(facts, weights_job)
         report.findings = run_checks(facts, codes)
     report.findings.sort(key=lambda f: (f.code, f.subject))
     report.timings["total_s"] = round(time.monotonic() - t0, 3)

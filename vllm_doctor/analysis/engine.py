@@ -7,7 +7,8 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from vllm_doctor.engine_facts import EngineFacts, WorkerFacts
+from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.facts.static import is_transformers_backend
 
 KIND_ORDER = ("embedding", "attention", "mlp", "norm", "logits", "other")
 
@@ -15,7 +16,7 @@ KIND_ORDER = ("embedding", "attention", "mlp", "norm", "logits", "other")
 def model_origin(model_class: str | None) -> str:
     if not model_class:
         return "unknown"
-    if model_class.startswith("vllm.model_executor.models.transformers"):
+    if is_transformers_backend(model_class):
         return "transformers-fallback"
     if model_class.startswith("vllm."):
         return "built-in"
@@ -37,18 +38,36 @@ def anatomy(facts: EngineFacts) -> dict[str, Any]:
     workers: list[dict[str, Any]] = []
     for wf in facts.workers:
         a = wf.get("anatomy") or {}
-        workers.append({
-            k: a.get(k) for k in (
-                "rank", "local_rank", "pid", "ppid", "device", "worker_class", "model_runner_class",
-                "model_runner_kind", "model_class", "model_module_file", "compile", "process_title",
-            )
-        })
+        workers.append(
+            {
+                k: a.get(k)
+                for k in (
+                    "rank",
+                    "local_rank",
+                    "pid",
+                    "ppid",
+                    "device",
+                    "worker_class",
+                    "model_runner_class",
+                    "model_runner_kind",
+                    "model_class",
+                    "model_module_file",
+                    "compile",
+                    "process_title",
+                )
+            }
+        )
     first: dict[str, Any] = workers[0] if workers else {}
     kv = (facts.workers[0].get("kv") or {}) if facts.workers else {}
     core_pids = fe.get("engine_core_pids") or []
     if not core_pids and fe.get("url"):  # a served engine: seen only from its workers
-        core_pids = sorted({w["pid"] if "EngineCore" in str(w.get("process_title") or "") else w.get("ppid")
-                            for w in workers if w.get("pid") is not None})
+        core_pids = sorted(
+            {
+                w["pid"] if "EngineCore" in str(w.get("process_title") or "") else w.get("ppid")
+                for w in workers
+                if w.get("pid") is not None
+            }
+        )
         fe = {**fe, "engine_core_pids": core_pids}
     executor_pid = core_pids[0] if core_pids else None
     front_holds = [fe.get("llm_class"), fe.get("core_client_class")]
@@ -57,15 +76,22 @@ def anatomy(facts: EngineFacts) -> dict[str, Any]:
     processes: list[dict[str, Any]] = [{"role": "front end", "pid": fe.get("pid"), "holds": front_holds}]
     if not fe.get("engine_core_in_process"):
         for pid in core_pids:
-            processes.append({"role": "engine core", "pid": pid, "holds": ["EngineCore", "scheduler", "KV cache manager"]})
+            processes.append(
+                {"role": "engine core", "pid": pid, "holds": ["EngineCore", "scheduler", "KV cache manager"]}
+            )
     executor = {"backend": fe.get("executor_backend"), "class": fe.get("executor_class"), "pid": executor_pid}
     for w in workers:
         in_core = w.get("pid") in [fe.get("pid"), *core_pids]
-        processes.append({
-            "role": "worker", "pid": w.get("pid"), "rank": w.get("rank"), "device": w.get("device"),
-            "in_process_with": "engine core" if in_core else None,
-            "holds": [w.get("worker_class"), w.get("model_runner_class"), w.get("model_class")],
-        })
+        processes.append(
+            {
+                "role": "worker",
+                "pid": w.get("pid"),
+                "rank": w.get("rank"),
+                "device": w.get("device"),
+                "in_process_with": "engine core" if in_core else None,
+                "holds": [w.get("worker_class"), w.get("model_runner_class"), w.get("model_class")],
+            }
+        )
     kv_summary = {
         "layout": kv.get("layout"),
         "num_blocks": kv.get("num_blocks"),
@@ -75,9 +101,7 @@ def anatomy(facts: EngineFacts) -> dict[str, Any]:
         "storage_bytes": kv.get("storage_bytes"),
         "tensor_shape": (kv.get("layers") or [{}])[0].get("shape"),
         "dtype": (kv.get("layers") or [{}])[0].get("dtype"),
-        "groups": [
-            {"layers": len(g.get("layer_names", [])), **(g.get("spec") or {})} for g in kv.get("groups") or []
-        ],
+        "groups": [{"layers": len(g.get("layer_names", [])), **(g.get("spec") or {})} for g in kv.get("groups") or []],
     }
     return {
         "front_end": fe,
@@ -151,7 +175,8 @@ def layer_tables(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
     # how much of the forward the per-layer timings account for: the decoder layers plus the
     # top-level embedding and final norm (the model's whole forward, minus glue between them)
     covered = sum(
-        m["total_s"] for m in modules
+        m["total_s"]
+        for m in modules
         if m.get("kind") == "layer" or (m.get("layer") is None and m.get("kind") in ("embedding", "norm"))
     )
     return {
@@ -169,8 +194,15 @@ def kv_usage_series(steps: list[dict[str, Any]], num_blocks: int | None) -> list
     if not num_blocks:
         return []
     usable = max(1, num_blocks - 1)  # block 0 is vLLM's null block
-    return [{"t": s["t"], "index": s["index"], "blocks": s.get("kv_blocks_used", 0),
-             "usage": s.get("kv_blocks_used", 0) / usable} for s in steps]
+    return [
+        {
+            "t": s["t"],
+            "index": s["index"],
+            "blocks": s.get("kv_blocks_used", 0),
+            "usage": s.get("kv_blocks_used", 0) / usable,
+        }
+        for s in steps
+    ]
 
 
 def memory_breakdown(memory: dict[str, Any], nvml: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -187,8 +219,10 @@ def memory_breakdown(memory: dict[str, Any], nvml: dict[str, Any] | None = None)
         peak = memory.get("vllm_peak_activation_memory")
         observed = max(0, int(cuda["max_allocated"]) - int(weights) - kv)
         if peak is None:
-            notes.append("vLLM skipped its start-up memory profiling (kv_cache_memory_bytes was given): "
-                         "peak activations are the peak torch allocation seen minus weights and KV")
+            notes.append(
+                "vLLM skipped its start-up memory profiling (kv_cache_memory_bytes was given): "
+                "peak activations are the peak torch allocation seen minus weights and KV"
+            )
         parts["peak_activations"] = int(peak) if peak is not None else observed
         graphs = memory.get("vllm_cudagraph_memory_estimate")
         compile_state = memory.get("compile") or {}
@@ -199,8 +233,6 @@ def memory_breakdown(memory: dict[str, Any], nvml: dict[str, Any] | None = None)
         else:
             parts["cuda_graphs"] = 0
         pid = memory.get("pid")
-        from vllm_doctor.compat.nvml import process_memory
-
         nvml_bytes = process_memory(nvml or {}, int(pid)) if pid is not None else None
         if nvml_bytes is not None:
             total, total_source = nvml_bytes, "NVML: memory used by the worker process"
@@ -210,26 +242,45 @@ def memory_breakdown(memory: dict[str, Any], nvml: dict[str, Any] | None = None)
         known = sum(v for v in parts.values() if v)
         parts["other"] = total - known
         device_used = int(cuda["device_total"]) - int(cuda["device_free"])
-        out = {"device": memory.get("device"), "total": total, "total_source": total_source, "parts": parts,
-               "torch": cuda, "device_used": device_used, "notes": notes, "measurable": True}
+        out = {
+            "device": memory.get("device"),
+            "total": total,
+            "total_source": total_source,
+            "parts": parts,
+            "torch": cuda,
+            "device_used": device_used,
+            "notes": notes,
+            "measurable": True,
+        }
     else:
         repacked = int(memory.get("repacked_weight_bytes_estimate", 0))
         weights_cpu = weights_params + repacked
         parts["weights"] = weights_cpu
         if repacked:
-            notes.append(f"{memory.get('repacked_layers', 0)} linear layers hold their weights in CPU-repacked "
-                         "kernels (oneDNN); their bytes are estimated from the layer shapes")
+            notes.append(
+                f"{memory.get('repacked_layers', 0)} linear layers hold their weights in CPU-repacked "
+                "kernels (oneDNN); their bytes are estimated from the layer shapes"
+            )
         parts["kv_cache"] = kv
         parts["peak_activations"] = None
         parts["cuda_graphs"] = None
-        notes.append("CPU worker: torch keeps no allocator statistics on CPU, so peak activations are not "
-                     "measurable; they are inside 'other' (with Python, torch and vLLM themselves)")
+        notes.append(
+            "CPU worker: torch keeps no allocator statistics on CPU, so peak activations are not "
+            "measurable; they are inside 'other' (with Python, torch and vLLM themselves)"
+        )
         notes.append("CUDA graphs do not exist on CPU")
         host = memory.get("host") or {}
         total = int(host.get("VmRSS", 0))
         parts["other"] = total - weights_cpu - kv if total else None
-        out = {"device": memory.get("device"), "total": total, "total_source": "worker process resident memory (VmRSS)",
-               "peak_total": host.get("VmHWM"), "parts": parts, "notes": notes, "measurable": False}
+        out = {
+            "device": memory.get("device"),
+            "total": total,
+            "total_source": "worker process resident memory (VmRSS)",
+            "peak_total": host.get("VmHWM"),
+            "parts": parts,
+            "notes": notes,
+            "measurable": False,
+        }
     return out
 
 
@@ -245,7 +296,9 @@ def doctor_overhead(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dic
         return None
     n = len(steps) + int(profile.get("dropped_steps") or 0)
     own_step = sum(float(v) for v in own.values()) / n
-    host_step = sum(float(s.get("host_execute_s") or 0) + float(s.get("host_sample_s") or 0) for s in steps) / len(steps)
+    host_step = sum(float(s.get("host_execute_s") or 0) + float(s.get("host_sample_s") or 0) for s in steps) / len(
+        steps
+    )
     host_step += float(own.get("wrappers", 0.0)) / n  # the wrappers run outside the measured host time
     return {
         "host_s": {k: float(v) for k, v in own.items()},
@@ -279,8 +332,11 @@ def summarize(facts: EngineFacts) -> dict[str, Any]:
         "kv_num_blocks": num_blocks,
         "kv_block_size": _block_size(kv),
         "trace": profile.get("trace") or [],
-        "memory": [memory_breakdown(w.get("memory") or {}, facts.nvml) | {"rank": w.rank}
-                   for w in facts.workers if w.get("memory")],
+        "memory": [
+            memory_breakdown(w.get("memory") or {}, facts.nvml) | {"rank": w.rank}
+            for w in facts.workers
+            if w.get("memory")
+        ],
         "nvml": facts.nvml,
         "crashes": [c | {"rank": w.rank} for w in facts.workers for c in (w.get("profile") or {}).get("crashes", [])],
     }
@@ -291,3 +347,16 @@ def summarize(facts: EngineFacts) -> dict[str, Any]:
             for w in facts.workers
         ]
     return out
+
+
+def process_memory(snap: dict[str, Any], pid: int) -> int | None:
+    """GPU memory NVML attributes to ``pid`` across devices, or None if unknown."""
+    if not snap.get("available"):
+        return None
+    total, seen = 0, False
+    for dev in snap.get("devices", []):
+        for proc in dev.get("processes", []) or []:
+            if proc.get("pid") == pid and proc.get("used_memory") is not None:
+                total += int(proc["used_memory"])
+                seen = True
+    return total if seen else None

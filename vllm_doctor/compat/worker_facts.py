@@ -1,7 +1,7 @@
 """Worker-side fact collectors: placement, KV cache, memory. Each returns a JSON-able dict.
 
 These run inside a vLLM worker (through the extension's ``doctor_*`` methods) and read the
-worker only through :mod:`vllm_doctor.engine.worker_view`.
+worker only through :mod:`vllm_doctor.compat.worker`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from vllm_doctor.engine import worker_view as wv
+from vllm_doctor.compat import worker as wv
+from vllm_doctor.compat.common import hf_text_config, qualname
 
 MAX_LISTED = 200  # tensors listed per category; the rest are counted
 
@@ -66,25 +67,44 @@ def placement(worker: Any) -> dict[str, Any]:
             counts["misplaced"] += 1
             if len(misplaced) < MAX_LISTED:
                 owner, builtin = _owner_class(model, name)
-                misplaced.append({
-                    "name": name, "kind": kind, "device": str(t.device), "dtype": str(t.dtype),
-                    "shape": list(t.shape), "bytes": t.numel() * t.element_size(),
-                    "module_class": owner, "vllm_builtin": builtin,
-                })
+                misplaced.append(
+                    {
+                        "name": name,
+                        "kind": kind,
+                        "device": str(t.device),
+                        "dtype": str(t.dtype),
+                        "shape": list(t.shape),
+                        "bytes": t.numel() * t.element_size(),
+                        "module_class": owner,
+                        "vllm_builtin": builtin,
+                    }
+                )
         if (
-            kind == "parameter" and model_dtype is not None and t.is_floating_point()
-            and t.dtype != model_dtype and t.element_size() > 1  # fp8 weights are quantization
+            kind == "parameter"
+            and model_dtype is not None
+            and t.is_floating_point()
+            and t.dtype != model_dtype
+            and t.element_size() > 1  # fp8 weights are quantization
         ):
             counts["dtype_mismatch"] += 1
             if len(dtype_mismatch) < MAX_LISTED:
                 owner, builtin = _owner_class(model, name)
-                dtype_mismatch.append({
-                    "name": name, "dtype": str(t.dtype), "shape": list(t.shape),
-                    "module_class": owner, "vllm_builtin": builtin,
-                })
+                dtype_mismatch.append(
+                    {
+                        "name": name,
+                        "dtype": str(t.dtype),
+                        "shape": list(t.shape),
+                        "module_class": owner,
+                        "vllm_builtin": builtin,
+                    }
+                )
     out.update(
-        model=wv.qualname(model), counts=counts, by_device=by_device, by_dtype=by_dtype,
-        misplaced=misplaced, dtype_mismatch=dtype_mismatch,
+        model=qualname(model),
+        counts=counts,
+        by_device=by_device,
+        by_dtype=by_dtype,
+        misplaced=misplaced,
+        dtype_mismatch=dtype_mismatch,
     )
     return out
 
@@ -161,10 +181,15 @@ def kv_cache(worker: Any) -> dict[str, Any]:
         st = t.untyped_storage()
         ptr = st.data_ptr()
         storages.setdefault(ptr, st.nbytes())
-        layers.append({
-            "shape": list(t.shape), "dtype": str(t.dtype), "device": str(t.device),
-            "view_bytes": t.numel() * t.element_size(), "storage": list(storages).index(ptr),
-        })
+        layers.append(
+            {
+                "shape": list(t.shape),
+                "dtype": str(t.dtype),
+                "device": str(t.device),
+                "view_bytes": t.numel() * t.element_size(),
+                "storage": list(storages).index(ptr),
+            }
+        )
     out: dict[str, Any] = {
         "num_tensors": len(tensors),
         "layers": layers,
@@ -178,7 +203,10 @@ def kv_cache(worker: Any) -> dict[str, Any]:
     if kcc is not None:
         out["num_blocks"] = _int_or_none(getattr(kcc, "num_blocks", None))
         out["planned_tensors"] = [
-            {"size": int(getattr(kt, "size", 0)), "layers": list(getattr(kt, "shared_by", None) or getattr(kt, "layers", []) or [])}
+            {
+                "size": int(getattr(kt, "size", 0)),
+                "layers": list(getattr(kt, "shared_by", None) or getattr(kt, "layers", []) or []),
+            }
             for kt in getattr(kcc, "kv_cache_tensors", []) or []
         ]
         out["planned_bytes"] = sum(p["size"] for p in out["planned_tensors"])
@@ -191,7 +219,14 @@ def kv_cache(worker: Any) -> dict[str, Any]:
     cache_config = wv.sub_config(worker, "cache_config")
     out["cache_config"] = {
         a: _jsonable(getattr(cache_config, a, None))
-        for a in ("block_size", "num_gpu_blocks", "cache_dtype", "kv_cache_memory_bytes", "gpu_memory_utilization", "enable_prefix_caching")
+        for a in (
+            "block_size",
+            "num_gpu_blocks",
+            "cache_dtype",
+            "kv_cache_memory_bytes",
+            "gpu_memory_utilization",
+            "enable_prefix_caching",
+        )
     }
     model_config = wv.sub_config(worker, "model_config")
     sched = wv.sub_config(worker, "scheduler_config")
@@ -213,9 +248,16 @@ def _int_or_none(value: Any) -> int | None:
 
 
 def _hf_config(model_config: Any) -> dict[str, Any]:
-    cfg = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    cfg = hf_text_config(model_config)
     out: dict[str, Any] = {}
-    for attr in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size", "model_type"):
+    for attr in (
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_size",
+        "model_type",
+    ):
         value = getattr(cfg, attr, None)
         if isinstance(value, (int, str)):
             out[attr] = value
@@ -246,7 +288,7 @@ def attention_layers(worker: Any) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {
             "prefix": prefix,
             "layer_name": getattr(layer, "layer_name", None),
-            "class": wv.qualname(layer),
+            "class": qualname(layer),
             "impl": type(impl).__name__ if impl is not None else None,
             "backend": getattr(backend, "__name__", str(backend)) if backend is not None else None,
             "num_kv_heads": _int_or_none(getattr(layer, "num_kv_heads", None) or getattr(impl, "num_kv_heads", None)),
@@ -322,9 +364,14 @@ def memory(worker: Any) -> dict[str, Any]:
         out["repacked_weight_bytes_estimate"] = hidden
         out["repacked_layers"] = n_hidden
     out["kv_bytes"] = _unique_bytes(wv.kv_caches(worker))
-    for src, attr in ((mr, "model_memory_usage"), (worker, "peak_activation_memory"),
-                      (worker, "cudagraph_memory_estimate"), (worker, "total_consumed"),
-                      (worker, "available_kv_cache_memory_bytes"), (worker, "requested_memory")):
+    for src, attr in (
+        (mr, "model_memory_usage"),
+        (worker, "peak_activation_memory"),
+        (worker, "cudagraph_memory_estimate"),
+        (worker, "total_consumed"),
+        (worker, "available_kv_cache_memory_bytes"),
+        (worker, "requested_memory"),
+    ):
         value = getattr(src, attr, None)
         if isinstance(value, (int, float)):
             out[f"vllm_{attr}"] = int(value)

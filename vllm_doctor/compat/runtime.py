@@ -14,11 +14,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from vllm_doctor.compat.common import format_exc
 from vllm_doctor.compat.plugins import GENERAL_PLUGINS_GROUP
-
-
-def _format_exc(exc: BaseException) -> str:
-    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
 
 
 def import_vllm() -> str | None:
@@ -52,14 +49,14 @@ def load_general_plugins_observed() -> list[dict[str, Any]]:
                 func = ep.load()
                 record["loaded"] = True
             except Exception as exc:
-                record.update(loaded=False, error=_format_exc(exc))
+                record.update(loaded=False, error=format_exc(exc))
                 results.append(record)
                 continue
             try:
                 func()
                 record["called"] = True
             except Exception as exc:
-                record.update(called=False, error=_format_exc(exc))
+                record.update(called=False, error=format_exc(exc))
         results.append(record)
     if vllm_plugins is not None and hasattr(vllm_plugins, "plugins_loaded"):
         vllm_plugins.plugins_loaded = True
@@ -114,9 +111,7 @@ class CudaInitWatch:
 
         def _lazy_init() -> None:
             if watch.stack is None:
-                watch.stack = [
-                    f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_stack()[:-1]
-                ]
+                watch.stack = [f"{f.filename}:{f.lineno} in {f.name}" for f in traceback.extract_stack()[:-1]]
             assert watch._orig is not None
             watch._orig()
 
@@ -261,7 +256,7 @@ def load_class(target: str) -> tuple[type | None, dict[str, Any]]:
             module = importlib.import_module(module_name)
             cls = getattr(module, cls_name)
     except BaseException as exc:  # SystemExit from a module is a failure too
-        record["import_error"] = _format_exc(exc)
+        record["import_error"] = format_exc(exc)
         record["import_error_summary"] = f"{type(exc).__name__}: {exc}"
         cls = None
     module_file = getattr(sys.modules.get(module_name), "__file__", None)
@@ -276,3 +271,13 @@ def load_class(target: str) -> tuple[type | None, dict[str, Any]]:
     if watch.stack is not None:
         record["cuda_init_at_import"] = watch.user_frames(module_file)
     return cls, record
+
+
+def cuda_initialized() -> bool | None:
+    """Has anything in this process initialised CUDA? (None: torch cannot tell)"""
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available() and torch.cuda.is_initialized())
+    except Exception:
+        return None

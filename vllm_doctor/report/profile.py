@@ -4,24 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-def fmt_bytes(n: Any) -> str:
-    if n is None:
-        return "n/a"
-    n = float(n)
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
-def fmt_s(s: Any) -> str:
-    if s is None:
-        return "n/a"
-    s = float(s)
-    if s < 1e-3:
-        return f"{s * 1e6:.1f} µs"
-    return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+from vllm_doctor.units import fmt_bytes, fmt_s
 
 
 def _short(qualname: Any) -> str:
@@ -41,24 +24,38 @@ def render_anatomy(anatomy: dict[str, Any]) -> str:
     lines = ["engine anatomy"]
     if fe.get("url"):
         version = f" (vLLM {fe['server_version']})" if fe.get("server_version") else ""
-        lines.append(f"  front end     API server at {fe['url']}{version}, serving {', '.join(fe.get('served_models') or ['?'])}")
+        lines.append(
+            f"  front end     API server at {fe['url']}{version}, serving {', '.join(fe.get('served_models') or ['?'])}"
+        )
     else:
-        lines.append(f"  front end     pid {fe.get('pid')}: {_short(fe.get('llm_class'))} -> {_short(fe.get('core_client_class'))}")
+        lines.append(
+            f"  front end     pid {fe.get('pid')}: {_short(fe.get('llm_class'))} -> "
+            f"{_short(fe.get('core_client_class'))}"
+        )
     if fe.get("engine_core_in_process"):
         lines.append(f"  engine core   pid {fe.get('pid')} (in the front end's process)")
     else:
-        lines.append(f"  engine core   pid {', '.join(str(p) for p in fe.get('engine_core_pids') or ['?'])} (own process)")
-    lines.append(f"  executor      {ex.get('backend') or '?'}" + (f" ({_short(ex.get('class'))})" if ex.get("class") else ""))
+        lines.append(
+            f"  engine core   pid {', '.join(str(p) for p in fe.get('engine_core_pids') or ['?'])} (own process)"
+        )
+    lines.append(
+        f"  executor      {ex.get('backend') or '?'}" + (f" ({_short(ex.get('class'))})" if ex.get("class") else "")
+    )
     for w in anatomy.get("workers") or []:
         lines.append(
-            f"  worker {w.get('rank')}      pid {w.get('pid')} (parent {w.get('ppid')}), local rank {w.get('local_rank')}, "
+            f"  worker {w.get('rank')}      pid {w.get('pid')} (parent {w.get('ppid')}), local rank "
+            f"{w.get('local_rank')}, "
             f"device {w.get('device')}: {_short(w.get('worker_class'))} / {_short(w.get('model_runner_class'))}"
         )
     lines.append(f"  model runner  {runner.get('class')} ({runner.get('kind')})")
-    lines.append(f"  model         {model.get('class')} [{model.get('origin')}]" + (f" from {model.get('file')}" if model.get("file") else ""))
+    lines.append(
+        f"  model         {model.get('class')} [{model.get('origin')}]"
+        + (f" from {model.get('file')}" if model.get("file") else "")
+    )
     if comp:
         lines.append(
-            f"  execution     {'eager' if comp.get('eager') else 'compiled'} (torch.compile mode {comp.get('compilation_mode')}, "
+            f"  execution     {'eager' if comp.get('eager') else 'compiled'} (torch.compile mode "
+            f"{comp.get('compilation_mode')}, "
             f"CUDA graphs {comp.get('cudagraph_mode')})"
         )
     if kv.get("num_blocks") is not None:
@@ -68,7 +65,10 @@ def render_anatomy(anatomy: dict[str, Any]) -> str:
             f"layout {kv.get('layout') or 'not exposed'}; shape {kv.get('tensor_shape')} {kv.get('dtype')}"
         )
         for g in kv.get("groups") or []:
-            lines.append(f"                group: {g.get('layers')} layer(s), {g.get('type')}, {g.get('num_kv_heads')} KV heads x {g.get('head_size')}, {g.get('dtype')}")
+            lines.append(
+                f"                group: {g.get('layers')} layer(s), {g.get('type')}, {g.get('num_kv_heads')} KV "
+                f"heads x {g.get('head_size')}, {g.get('dtype')}"
+            )
     return "\n".join(lines)
 
 
@@ -79,11 +79,18 @@ def render_profile(profile: dict[str, Any], workload: dict[str, Any] | None = No
     if not profile.get("layers_on") and profile.get("layers_reason"):
         lines.append(f"  {profile['layers_reason']}")
     if workload:
-        lines.append(f"  workload      {workload.get('prompts')} prompt(s) x {workload.get('input_len')} in / {workload.get('output_len')} out: "
-                     f"{workload.get('generated_tokens')} tokens in {fmt_s(workload.get('wall_s'))} ({workload.get('output_tokens_per_s')} tok/s)")
+        lines.append(
+            f"  workload      {workload.get('prompts')} prompt(s) x {workload.get('input_len')} in / "
+            f"{workload.get('output_len')} out: "
+            f"{workload.get('generated_tokens')} tokens in {fmt_s(workload.get('wall_s'))} "
+            f"({workload.get('output_tokens_per_s')} tok/s)"
+        )
     for phase, p in (profile.get("phases") or {}).items():
-        lines.append(f"  {phase:<8}      {p['steps']} step(s), {p['tokens']} tokens, batch {p['mean_batch']}, step {fmt_s(p['step_s_mean'])} mean "
-                     f"(p90 {fmt_s(p['step_s_p90'])}), forward {fmt_s(p['forward_s_mean'])}")
+        lines.append(
+            f"  {phase:<8}      {p['steps']} step(s), {p['tokens']} tokens, batch {p['mean_batch']}, step "
+            f"{fmt_s(p['step_s_mean'])} mean "
+            f"(p90 {fmt_s(p['step_s_p90'])}), forward {fmt_s(p['forward_s_mean'])}"
+        )
     kinds = (profile.get("layers") or {}).get("by_kind") or {}
     total = sum(kinds.values())
     if total:
@@ -92,14 +99,24 @@ def render_profile(profile: dict[str, Any], workload: dict[str, Any] | None = No
         lines.append("  by kind       " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in kinds.items()) + sampled)
     over = profile.get("doctor_overhead") or {}
     if over.get("share") is not None:
-        parts = ", ".join(f"{k.replace('_', ' ')} {fmt_s(v / over['steps'])}" for k, v in (over.get("host_s") or {}).items())
-        lines.append(f"  doctor cost   {fmt_s(over['per_step_s'])} host time per step = {100 * over['share']:.2g}% of the worker's "
-                     f"step ({parts})")
+        parts = ", ".join(
+            f"{k.replace('_', ' ')} {fmt_s(v / over['steps'])}" for k, v in (over.get("host_s") or {}).items()
+        )
+        lines.append(
+            f"  doctor cost   {fmt_s(over['per_step_s'])} host time per step = {100 * over['share']:.2g}% of the "
+            f"worker's "
+            f"step ({parts})"
+        )
     usage = profile.get("kv_usage") or []
     if usage:
         peak = max(usage, key=lambda u: u["usage"])
-        lines.append(f"  KV usage      peak {peak['blocks']} of {profile.get('kv_num_blocks')} blocks ({100 * peak['usage']:.2g}%)")
+        lines.append(
+            f"  KV usage      peak {peak['blocks']} of {profile.get('kv_num_blocks')} blocks "
+            f"({100 * peak['usage']:.2g}%)"
+        )
     for m in profile.get("memory") or []:
         parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in (m.get("parts") or {}).items())
-        lines.append(f"  memory (rank {m.get('rank')}) {parts} of {fmt_bytes(m.get('total'))} ({m.get('total_source')})")
+        lines.append(
+            f"  memory (rank {m.get('rank')}) {parts} of {fmt_bytes(m.get('total'))} ({m.get('total_source')})"
+        )
     return "\n".join(lines)

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm_doctor.compat.common import qualname
+
 
 def runner(worker: Any) -> Any:
     return getattr(worker, "model_runner", None)
@@ -92,17 +94,12 @@ def forward_context(worker: Any) -> dict[str, Any]:
 
 
 def runner_kind(worker: Any) -> str:
-    """"v2" for vLLM's V2 model runner (``vllm.v1.worker.gpu.model_runner`` or a subclass)."""
+    """ "v2" for vLLM's V2 model runner (``vllm.v1.worker.gpu.model_runner`` or a subclass)."""
     mr = runner(worker)
     for cls in type(mr).__mro__:
         if cls.__module__.startswith("vllm.v1.worker.gpu.") or cls.__module__.startswith("vllm.v1.worker.cpu."):
             return "v2"
     return "v1"
-
-
-def qualname(obj: Any) -> str:
-    cls = obj if isinstance(obj, type) else type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def compile_state(worker: Any) -> dict[str, Any]:

@@ -12,7 +12,8 @@ import inspect
 import os
 from typing import Any
 
-from vllm_doctor.engine import EXTENSION_QUALNAME
+from vllm_doctor.compat.common import qualname
+from vllm_doctor.constants import EXTENSION_QUALNAME
 
 # The cheapest settings that still run the real engine (measured on CPU: 2-4 s to start).
 FAST_ENGINE_KWARGS: dict[str, Any] = {
@@ -77,11 +78,18 @@ class EngineHandle:
             raise
         return replies
 
-    def rpc(self, method: str, options: dict[str, Any] | None = None, timeout: float | None = None) -> list[dict[str, Any]]:
+    def rpc(
+        self, method: str, options: dict[str, Any] | None = None, timeout: float | None = None
+    ) -> list[dict[str, Any]]:
         """Call ``method`` on every worker; one envelope per worker, in rank order."""
         args = (options,) if options is not None else ()
         replies = self.llm.collective_rpc(method, timeout=timeout, args=args)
-        return [r if isinstance(r, dict) else {"ok": False, "method": method, "error": {"type": "BadReply", "message": repr(r)[:500]}} for r in replies]
+        return [
+            r
+            if isinstance(r, dict)
+            else {"ok": False, "method": method, "error": {"type": "BadReply", "message": repr(r)[:500]}}
+            for r in replies
+        ]
 
     def model_name(self) -> str:
         mc = getattr(self.vllm_config, "model_config", None)
@@ -136,8 +144,13 @@ def torch_profiler_kwargs(out_dir: str) -> dict[str, Any]:
     from vllm import LLM
 
     if "profiler_config" in inspect.signature(LLM.__init__).parameters:
-        return {"profiler_config": {"profiler": "torch", "torch_profiler_dir": os.path.abspath(out_dir),
-                                   "torch_profiler_with_stack": False}}
+        return {
+            "profiler_config": {
+                "profiler": "torch",
+                "torch_profiler_dir": os.path.abspath(out_dir),
+                "torch_profiler_with_stack": False,
+            }
+        }
     return {}  # older vLLM: VLLM_TORCH_PROFILER_DIR in the environment instead
 
 
@@ -152,6 +165,15 @@ def start_engine(model: str, single_process: bool = True, **kwargs: Any) -> Any:
 
     kwargs.setdefault("worker_extension_cls", EXTENSION_QUALNAME)
     return LLM(model=model, **kwargs)
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except Exception:
+        return False
 
 
 def greedy(max_tokens: int, ignore_eos: bool = False) -> Any:
@@ -178,24 +200,21 @@ def _engine_core_pids(core: Any) -> list[int]:
     return [p.pid for p in procs if getattr(p, "pid", None)]
 
 
-def _subclasses_ours(qualname: str) -> bool:
+def _subclasses_ours(qualname_: str) -> bool:
+    """Is the configured extension class the doctor's or a subclass of it? (by the names in its
+    MRO, so the doctor's side never imports the worker-side package)"""
     try:
-        module_name, _, cls_name = qualname.rpartition(".")
         import importlib
 
-        from vllm_doctor.engine.extension import DoctorWorkerExtension
-
+        module_name, _, cls_name = qualname_.rpartition(".")
         cls = getattr(importlib.import_module(module_name), cls_name)
-        return isinstance(cls, type) and issubclass(cls, DoctorWorkerExtension)
+        return isinstance(cls, type) and any(qualname(c) == EXTENSION_QUALNAME for c in cls.__mro__)
     except Exception:
         return True
 
 
 def _qualname(obj: Any) -> str | None:
-    if obj is None:
-        return None
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
+    return None if obj is None else qualname(obj)
 
 
 def _str(value: Any) -> str | None:

@@ -5,11 +5,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_doctor.compat.plugins import PluginInfo
-from vllm_doctor.probes.safetensors_header import CheckpointFacts
-from vllm_doctor.probes.weight_probe import WeightProbeJob
+from vllm_doctor.facts.checkpoint import CheckpointFacts
+from vllm_doctor.facts.plugins import PluginInfo
 
-TRANSFORMERS_BACKEND_MODULE_HINTS = (".models.transformers",)
+TRANSFORMERS_BACKEND_PACKAGE = "vllm.model_executor.models."
+
+
+def is_transformers_backend(target: str) -> bool:
+    """Is ``target`` ("module:Class", "module.Class" or a module) vLLM's Transformers backend
+    (``vllm.model_executor.models.transformers`` / ``transformers_*``)?"""
+    module = target.split(":", 1)[0]
+    if not module.startswith(TRANSFORMERS_BACKEND_PACKAGE):
+        return False
+    return module[len(TRANSFORMERS_BACKEND_PACKAGE) :].startswith("transformers")
 
 
 @dataclass
@@ -37,11 +45,10 @@ class Facts:
     # VD102 inputs
     caller_registry: dict[str, str] | None = None
     script_registrations: list[dict[str, Any]] | None = None
-    # VD3xx inputs (weights_pass.py): safetensors headers, read in the fast pass; the meta-device
-    # load_weights run, started in a child during the import pass and collected once
+    # VD3xx inputs (stages/weights.py): safetensors headers, read in the fast pass; the
+    # meta-device load_weights run (a child beside the import pass), collected before checks run
     tensor_parallel_size: int = 1
     checkpoint: CheckpointFacts | None = None
-    weight_job: WeightProbeJob | None = None
     weight_load: dict[str, Any] | None = None
     weight_load_error: str | None = None
     weight_load_seconds: float | None = None
@@ -82,14 +89,20 @@ class Facts:
             if extra:
                 # only a plugin the static scan could not follow can have made these
                 opaque = [p for p in self.plugins if p.allowed and (p.dynamic or p.problem or not p.function_found)]
-                owner = opaque[0] if len(opaque) == 1 else PluginInfo(
-                    name="(an installed plugin)", value="", distribution=None, allowed=True)
+                owner = (
+                    opaque[0]
+                    if len(opaque) == 1
+                    else PluginInfo(name="(an installed plugin)", value="", distribution=None, allowed=True)
+                )
                 out.extend((owner, arch, target, "registered at import time") for arch, target in extra)
         return out
 
-    def is_transformers_backend(self, target: str) -> bool:
-        module = target.split(":", 1)[0]
-        return any(hint in module for hint in TRANSFORMERS_BACKEND_MODULE_HINTS)
+    def usable_weight_load(self) -> dict[str, Any] | None:
+        """The weights pass's result when the model was built and load_weights was driven."""
+        data = self.weight_load
+        if data is None or data.get("error") or "tensors" not in data:
+            return None
+        return data
 
     def class_record(self, arch: str) -> dict[str, Any] | None:
         """The import pass's record for the class registered under ``arch``."""

@@ -1,0 +1,181 @@
+"""The package's layout: who may import whom (the table the README's "Design" section draws).
+
+Every import in vllm_doctor (module level or inside a function) is read from the source; an
+import the table does not allow fails here with its file and line. Third-party packages are
+allowed only where the table names them; everything else is the standard library.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "vllm_doctor"
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+# unit -> the units of vllm_doctor it may import (besides itself and the lazy package root,
+# which imports nothing eagerly). A unit is a top-level module or package, or a module of
+# compat/ named on its own.
+MAY_IMPORT: dict[str, set[str]] = {
+    # plain data and helpers: import nothing of the doctor's
+    "constants": set(),
+    "errors": set(),
+    "model": set(),
+    "units": set(),
+    "files": set(),
+    "facts": {"model", "errors"},
+    # gateways to foreign APIs (vLLM, torch, transformers, NVML); worker-side readers of vLLM
+    "compat": {"constants", "errors", "model", "facts"},
+    # runs INSIDE vLLM's processes: reads vLLM objects only through the worker-side gateways
+    "engine": {"constants", "files", "compat.common", "compat.worker", "compat.worker_facts"},
+    # collectors (in process or in a child)
+    "probes": {"constants", "errors", "model", "facts", "compat", "files"},
+    # pure logic over facts
+    "analysis": {"model", "facts", "units"},
+    "checks": {"model", "facts", "analysis", "units"},
+    # the doctor's side of a running engine
+    "live": {"constants", "errors", "model", "facts", "compat", "probes", "checks", "analysis"},
+    # the passes and the one child-process helper
+    "stages": {"constants", "errors", "model", "facts", "compat", "probes", "checks", "analysis", "live", "files"},
+    # renderers
+    "report": {"model", "checks", "analysis", "units", "files"},
+    # front ends: never compat/ or vLLM
+    "api": {"errors", "model", "stages"},
+    "cli": {"constants", "errors", "model", "files", "probes", "checks", "stages", "live", "report"},
+    "pytest_plugin": {"errors", "model", "api"},
+    "tui": {"constants", "errors", "model", "units", "files", "checks", "analysis", "live", "report"},
+    "__main__": {"cli"},
+}
+
+THIRD_PARTY: dict[str, set[str]] = {
+    "compat": {"vllm", "torch", "transformers", "pynvml"},
+    "engine": {"torch"},
+    "probes": {"safetensors"},
+    "pytest_plugin": {"pytest", "_pytest"},
+    "tui": {"textual", "rich"},
+}
+FRONT_ENDS = ("api", "cli", "pytest_plugin", "tui", "report")
+
+
+def unit_of(module: str) -> str:
+    """``vllm_doctor.compat.worker.x`` -> ``compat.worker`` for compat, else the top-level name."""
+    parts = module.split(".")[1:]
+    if not parts:
+        return "__init__"
+    if parts[0] == "compat" and len(parts) > 1:
+        return f"compat.{parts[1]}"
+    return parts[0]
+
+
+def allowed(src: str, dst: str) -> bool:
+    if dst in ("__init__", src) or src.split(".")[0] == dst.split(".")[0]:
+        return True
+    rules = MAY_IMPORT[src.split(".")[0]]
+    return dst in rules or dst.split(".")[0] in rules
+
+
+def _modules() -> list[tuple[str, Path]]:
+    out = []
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out.append((".".join(parts), path))
+    return out
+
+
+def _imports(module: str, path: Path) -> list[tuple[str, int]]:
+    found = []
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                name = f"{base}.{node.module}" if node.module else base
+            else:
+                name = node.module or ""
+            for alias in node.names:  # `from pkg import x`: x may be a submodule of pkg
+                sub = ROOT.parent.joinpath(*f"{name}.{alias.name}".split("."))
+                is_module = sub.with_suffix(".py").is_file() or (sub / "__init__.py").is_file()
+                found.append((f"{name}.{alias.name}" if is_module else name, node.lineno))
+    return found
+
+
+def test_every_module_belongs_to_a_unit_of_the_table() -> None:
+    units = {unit_of(m).split(".")[0] for m, _ in _modules()} - {"__init__"}
+    assert units <= set(MAY_IMPORT), units - set(MAY_IMPORT)
+
+
+def test_imports_follow_the_table() -> None:
+    offenders = []
+    for module, path in _modules():
+        src = unit_of(module)
+        for name, line in _imports(module, path):
+            top = name.split(".")[0]
+            where = f"{path.relative_to(ROOT.parent)}:{line} imports {name}"
+            if top == "vllm_doctor":
+                if src != "__init__" and not allowed(src, unit_of(name)):
+                    offenders.append(where)
+            elif top not in sys.stdlib_module_names and top != "__future__":
+                if top not in THIRD_PARTY.get(src.split(".")[0], set()):
+                    offenders.append(where)
+    assert offenders == []
+
+
+def test_the_named_rules_hold_in_the_table() -> None:
+    """The issue's rules, stated on their own so a loosened table cannot hide them."""
+    assert not MAY_IMPORT["engine"] & {"checks", "report", "stages", "live", "cli", "probes"}
+    for front in FRONT_ENDS:
+        assert "compat" not in MAY_IMPORT[front] and not any(u.startswith("compat.") for u in MAY_IMPORT[front])
+        assert "vllm" not in THIRD_PARTY.get(front, set())
+    for unit, packages in THIRD_PARTY.items():
+        assert "vllm" not in packages or unit == "compat"
+
+
+def test_the_table_catches_an_offender(tmp_path: Path) -> None:
+    """The reader sees function-level and relative imports (so the table test can fail)."""
+    src = tmp_path / "m.py"
+    src.write_text("def f():\n    from ..compat import llm\n    import vllm.config\n", encoding="utf-8")
+    found = _imports("vllm_doctor.cli.m", src)
+    assert ("vllm_doctor.compat.llm", 2) in found and ("vllm.config", 3) in found
+    assert not allowed("cli", unit_of("vllm_doctor.compat.llm"))
+    assert allowed("engine", "compat.worker") and not allowed("engine", "compat.llm")
+
+
+def test_engine_plugin_imports_nothing_beyond_the_standard_library() -> None:
+    """vLLM imports the plugin in every engine process: at most 6 of our modules, no third party."""
+    code = (
+        "import sys, json; before = set(sys.modules)\n"
+        "import vllm_doctor.engine.plugin\n"
+        "print(json.dumps(sorted(set(sys.modules) - before)))"
+    )
+    new = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    ours = [m for m in new if m.split(".")[0] == "vllm_doctor"]
+    others = [m for m in new if m.split(".")[0] not in sys.stdlib_module_names and m not in ours]
+    assert len(ours) <= 6, ours
+    assert others == []
+
+
+def test_package_root_is_lazy() -> None:
+    code = (
+        "import sys; import vllm_doctor\n"
+        "print(sorted(m for m in sys.modules if m.startswith('vllm_doctor')))\n"
+        "vllm_doctor.Severity; assert 'vllm_doctor.model' in sys.modules\n"
+        "import vllm_doctor.live.attach as m; assert vllm_doctor.attach is m.attach"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['vllm_doctor']"
+
+
+@pytest.mark.parametrize("unit", sorted(MAY_IMPORT))
+def test_readme_design_section_places_every_unit(unit: str) -> None:
+    design = README.read_text(encoding="utf-8").split("## Design", 1)[1]
+    assert f"`{unit}" in design, f"README's Design section does not place {unit}"

@@ -1,0 +1,79 @@
+"""``vllm-doctor``: the command line, one module per verb (check, rules, profile, attach).
+
+Exit codes: 0 no finding at or above --fail-on; 1 findings at or above it; 2 usage or input
+error (bad path, unreadable config.json); 3 the doctor itself failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+
+from vllm_doctor import __version__
+from vllm_doctor.cli import attach, check, profile, rules
+from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL, EXIT_OK
+from vllm_doctor.errors import DoctorInputError
+
+__all__ = ["EXIT_FINDINGS", "EXIT_INPUT", "EXIT_INTERNAL", "EXIT_OK", "build_parser", "main"]
+
+DESCRIPTION = """\
+Find out why vLLM will not find, build, load or run your custom model — before vLLM tells you.
+
+commands:
+  check MODEL_DIR   registry, config.json and model-class checks (exit 0/1/2/3);
+                    --engine adds device, KV-cache and memory checks on a real engine
+  profile MODEL_DIR --out DIR
+                    forward profile on a real engine: report.json, report.html, trace.json
+  attach URL        attach to a served engine (vllm serve with VLLM_DOCTOR=1), profile its
+                    traffic, run the engine checks, detach
+  rules             the check catalogue
+  rule CODE         one check explained: what, why, example, fix, references
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vllm-doctor", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=f"vllm-doctor {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    check.add_parser(sub)
+    profile.add_parser(sub)
+    attach.add_parser(sub)
+    rules.add_parsers(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_INPUT
+    try:
+        return int(args.handler(args))
+    except DoctorInputError as exc:
+        print(f"vllm-doctor: error: {exc.message}", file=sys.stderr)
+        if exc.hint:
+            print(f"  hint: {exc.hint}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        return EXIT_INPUT
+    except KeyboardInterrupt:
+        print("vllm-doctor: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as exc:  # the doctor's own failure: say so, exit 3
+        print(f"vllm-doctor: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print("  this is a bug in vllm-doctor; rerun with --debug and report the traceback", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

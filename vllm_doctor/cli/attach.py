@@ -1,0 +1,121 @@
+"""``vllm-doctor attach URL``: profile a served engine's own traffic, check it, detach."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm_doctor.cli.common import (
+    add_fail_on,
+    add_quiet,
+    add_sample_every,
+    print_problems,
+    progress_printer,
+    write_reports,
+)
+from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.model import Severity
+
+EPILOG = """\
+the server must run with the doctor's plugin and vLLM's dev endpoints (loopback only!):
+  VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1 vllm serve ./my-model --host 127.0.0.1 --enforce-eager
+VLLM_DOCTOR=1 makes the plugin add the doctor's worker extension (kept beside any extension of
+your own); VLLM_SERVER_DEV_MODE=1 enables /collective_rpc, through which the doctor reaches the
+workers. Per-layer timing needs --enforce-eager; with CUDA graphs it is per step only.
+
+While attached, the engine's own traffic is profiled; the first prefill and decode steps are
+probed op by op (VD403/VD404; --no-probe to skip). On exit (after --seconds, or Ctrl-C) every
+hook is removed from the workers and the report is printed; --out DIR also writes
+report.json, report.html and trace.json (as `profile`).
+
+exit codes: 0 nothing at or above --fail-on, 1 findings, 2 server unreachable / no extension /
+no /collective_rpc, 3 vllm-doctor failed
+
+examples:
+  vllm-doctor attach http://127.0.0.1:8000 --seconds 60 --out prof
+  vllm-doctor attach 127.0.0.1:8000 --seconds 10 --no-layers --json
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "attach",
+        help="attach to a served engine (vllm serve) and profile its traffic",
+        description="Attach to a running `vllm serve` through vLLM's /collective_rpc endpoint, profile the "
+        "forward pass of its real traffic, run the engine-stage checks, detach.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="how long to stay attached (default 30; Ctrl-C ends it early and still reports)",
+    )
+    p.add_argument("--out", metavar="DIR", help="also write report.json, report.html and trace.json into DIR")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer timing)")
+    add_sample_every(p)
+    p.add_argument("--no-probe", action="store_true", help="do not probe the first steps op by op (VD403/VD404)")
+    p.add_argument(
+        "--timeout", type=float, default=60.0, metavar="S", help="limit for each call to the server (default 60)"
+    )
+    add_fail_on(p)
+    add_quiet(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_doctor.live.attach import EngineDoctor, ExtensionMissing, served_engine
+    from vllm_doctor.probes import environment
+    from vllm_doctor.report.profile import render_anatomy, render_profile
+
+    progress = progress_printer(args.quiet)
+    if args.seconds < 0:
+        raise DoctorInputError("--seconds must not be negative")
+    handle = served_engine(args.url, timeout=args.timeout)
+    doc = EngineDoctor(handle, layers=not args.no_layers, sample_every=args.sample_every, probe=not args.no_probe)
+    try:
+        doc.attach()
+    except ExtensionMissing as exc:
+        raise DoctorInputError(str(exc)) from None
+    workers = len(doc.install_replies)
+    layers = [r.get("data", {}).get("layers_reason") for r in doc.install_replies if r.get("ok")]
+    progress(
+        f"attached to {workers} worker(s) of {handle.model_name()} at {handle.url}"
+        + (f"; {layers[0]}" if layers and layers[0] else "")
+    )
+    progress(f"profiling the server's traffic for {args.seconds:g} s (Ctrl-C to stop early)")
+    start = time.monotonic()
+    last_note = start
+    try:
+        while (left := args.seconds - (time.monotonic() - start)) > 0:
+            time.sleep(min(1.0, left))
+            if time.monotonic() - last_note >= 10 and not args.quiet:
+                last_note = time.monotonic()
+                steps = [r.get("data", {}).get("steps") for r in doc.status() if r.get("ok")]
+                progress(f"{time.monotonic() - start:.0f} s: {steps[0] if steps else '?'} step(s) so far")
+    except KeyboardInterrupt:
+        progress("interrupted: detaching and reporting")
+    try:
+        doc.detach()
+    finally:
+        if doc.attached:
+            progress("could not detach cleanly; the hooks stay until the server restarts")
+    report = doc.report(handle.model_name())
+    report.environment = environment.collect()
+    report.timings["attached_s"] = round(time.monotonic() - start, 3)
+    if args.out:
+        paths = write_reports(Path(args.out), report)
+        progress("wrote " + ", ".join(str(p) for p in paths))
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2, default=str))
+        return 1 if report.problems(Severity(args.fail_on)) else 0
+    print(render_anatomy(report.facts["engine"]))
+    print(render_profile(report.profiles["engine"]))
+    return 1 if print_problems(report, args.fail_on) else 0

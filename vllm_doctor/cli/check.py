@@ -1,0 +1,135 @@
+"""``vllm-doctor check MODEL_DIR``: the static stage, and with ``--engine`` the engine stage."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from vllm_doctor.cli.common import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    add_engine_options,
+    add_fail_on,
+    add_quiet,
+    codes,
+    engine_failure,
+    engine_options,
+    positive_int,
+    progress_printer,
+)
+from vllm_doctor.model import Report, Severity
+
+EPILOG = """\
+passes:
+  fast pass    config.json + vLLM's registry tables read from its source + plugin entry
+               points read statically; no `import vllm` (well under 2 s)
+  import pass  a FRESH process imports vLLM and loads every vllm.general_plugins entry point
+               the way an engine process does, then imports and inspects your model class
+               (about 5-15 s); --fast skips it
+
+exit codes: 0 nothing at or above --fail-on, 1 findings, 2 bad input, 3 vllm-doctor failed
+
+examples:
+  vllm-doctor check ./my-model
+  vllm-doctor check ./my-model --json > report.json
+  vllm-doctor check ./my-model --select VD1 --fail-on warn
+  vllm-doctor check ./my-model --script serve.py     # is my script's register_model visible?
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "check",
+        help="check a model directory",
+        description="Check a model directory (config.json + weights) against the vLLM installed here.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", help="model directory with config.json (or a hub id already in the local HF cache)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (schema: docs/report-schema.json)")
+    p.add_argument("--output", "-o", metavar="FILE", help="also write the JSON report to FILE (atomically)")
+    add_fail_on(p)
+    p.add_argument(
+        "--select",
+        type=codes,
+        default=set(),
+        metavar="CODES",
+        help="only these codes or prefixes, comma-separated (VD1,VD205)",
+    )
+    p.add_argument("--ignore", type=codes, default=set(), metavar="CODES", help="skip these codes or prefixes")
+    p.add_argument(
+        "--trust-remote-code", action="store_true", help="as vLLM's flag: allow auto_map code from the model dir"
+    )
+    p.add_argument("--fast", action="store_true", help="fast pass only: do not import vLLM")
+    p.add_argument(
+        "--script",
+        metavar="FILE",
+        help="your serving script: find register_model calls the engine's processes will not run (VD102)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=180.0, metavar="S", help="limit for the import pass (default 180 s)"
+    )
+    p.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="check that the model can be split over N ranks (VD305; default 1)",
+    )
+    p.add_argument("--verbose", "-v", action="store_true", help="list passing checks and whole tracebacks")
+    add_quiet(p)
+    add_engine_options(p, with_switch=True)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_doctor.files import write_json_atomic
+    from vllm_doctor.report.text import render
+    from vllm_doctor.stages.static import CheckOptions, diagnose
+
+    progress = progress_printer(args.quiet)
+    options = CheckOptions(
+        trust_remote_code=args.trust_remote_code,
+        fast=args.fast,
+        select=args.select,
+        ignore=args.ignore,
+        script=args.script,
+        import_timeout=args.timeout,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
+    report = diagnose(args.model, options, progress)
+    anatomy = add_engine_stage(args, report, progress) if args.engine else None
+    data = report.to_dict()
+    if args.output:
+        write_json_atomic(args.output, data)
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+    else:
+        print(render(report, verbose=args.verbose))
+        if anatomy:
+            print("\n" + anatomy)
+    if any(f.outcome.value == "crash" for f in report.findings):
+        progress("a check crashed (see CRASH above); other findings are still valid")
+    return EXIT_FINDINGS if report.problems(Severity(args.fail_on)) else EXIT_OK
+
+
+def add_engine_stage(args: argparse.Namespace, report: Report, progress: Any) -> str:
+    """``check --engine``: run the engine stage, merge its findings into ``report``; return the anatomy text."""
+    from vllm_doctor.live.attach import build_engine_report
+    from vllm_doctor.report.profile import render_anatomy
+    from vllm_doctor.stages.engine import Workload, run_engine_stage
+
+    result = run_engine_stage(report.target, engine_options(args, Workload()), progress)
+    engine_report = build_engine_report(result.facts, report.target, args.select, args.ignore)
+    report.findings = sorted(report.findings + engine_report.findings, key=lambda f: (f.code, f.subject))
+    report.facts["engine"] = engine_report.facts["engine"]
+    report.facts["engine_log"] = result.log_path
+    report.profiles["engine"] = engine_report.profiles["engine"]
+    report.timings.update({f"engine_{k}" if not k.startswith("engine") else k: v for k, v in result.timings.items()})
+    failure = engine_failure(result.facts)
+    if failure:
+        report.facts["engine_failure"] = failure
+    anatomy = render_anatomy(report.facts["engine"]) if result.facts.workers else ""
+    return "\n".join(part for part in (anatomy, failure) if part)

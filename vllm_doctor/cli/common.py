@@ -1,0 +1,168 @@
+"""What every verb of the command line shares: exit codes, argument types, progress lines,
+engine-stage options, report files. No verb imports another; none imports compat/ or vLLM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
+from vllm_doctor.model import Report, Severity
+
+EXIT_OK, EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+def progress_printer(quiet: bool) -> Callable[[str], None]:
+    """``vllm-doctor: MSG`` lines on stderr, unless ``--quiet``."""
+
+    def progress(msg: str) -> None:
+        if not quiet:
+            print(f"vllm-doctor: {msg}", file=sys.stderr, flush=True)
+
+    return progress
+
+
+def codes(value: str) -> set[str]:
+    return {c.strip().upper() for c in value.split(",") if c.strip()}
+
+
+def positive_int(value: str) -> int:
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
+    return n
+
+
+def size(value: str) -> int:
+    units = {"k": 2**10, "m": 2**20, "g": 2**30}
+    text = value.strip().lower().rstrip("ib").rstrip("b")
+    try:
+        if text and text[-1] in units:
+            return int(float(text[:-1]) * units[text[-1]])
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected bytes like 67108864, 64M or 2G, got {value!r}") from None
+
+
+def engine_arg(value: str) -> tuple[str, Any]:
+    key, sep, raw = value.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    try:
+        parsed: Any = json.loads(raw)
+    except ValueError:
+        parsed = raw
+    return key.strip(), parsed
+
+
+def add_fail_on(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fail-on",
+        choices=[s.value for s in Severity],
+        default="error",
+        help="lowest severity that makes the exit code 1 (default: error)",
+    )
+
+
+def add_quiet(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress lines on stderr")
+
+
+def add_engine_options(parser: argparse.ArgumentParser, with_switch: bool) -> None:
+    group = parser.add_argument_group("engine stage (starts a real vLLM engine with the doctor's worker extension)")
+    if with_switch:
+        group.add_argument(
+            "--engine",
+            action="store_true",
+            help="also run the engine-stage checks (VD4xx, VD5xx, VD208) on a real engine and print its anatomy",
+        )
+    group.add_argument("--max-model-len", type=int, metavar="N", help="as vLLM's flag (default: the model's)")
+    group.add_argument(
+        "--kv-cache-memory",
+        type=size,
+        metavar="BYTES",
+        help="KV cache size (vLLM's kv_cache_memory_bytes; default 64M without a GPU, vLLM's sizing with one)",
+    )
+    group.add_argument(
+        "--engine-arg",
+        type=engine_arg,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other vllm.LLM keyword (VALUE parsed as JSON when it can be), repeatable",
+    )
+    group.add_argument(
+        "--multiprocess",
+        action="store_true",
+        help="run engine core and workers in their own processes (default: one process, fastest)",
+    )
+    group.add_argument(
+        "--engine-timeout", type=float, default=600.0, metavar="S", help="limit for the engine stage (default 600 s)"
+    )
+
+
+def add_sample_every(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sample-every",
+        type=positive_int,
+        default=DEFAULT_SAMPLE_EVERY,
+        metavar="N",
+        help=f"detailed timing (forward and logits, per layer; CUDA events on GPU) on the first {SAMPLE_WARMUP_STEPS} "
+        f"steps of "
+        f"each phase, then every N-th (default {DEFAULT_SAMPLE_EVERY}; 1 = every step, the most detail "
+        "and the most overhead); every step still gets its token counts and host times",
+    )
+
+
+def engine_options(args: argparse.Namespace, workload: Any, deep_dir: str | None = None, layers: bool = True) -> Any:
+    from vllm_doctor.stages.engine import EngineOptions
+
+    return EngineOptions(
+        workload=workload,
+        max_model_len=args.max_model_len,
+        kv_cache_memory_bytes=args.kv_cache_memory,
+        trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
+        multiprocess=args.multiprocess,
+        layers=layers,
+        sample_every=getattr(args, "sample_every", EngineOptions.sample_every),
+        deep_dir=deep_dir,
+        extra=dict(args.engine_arg),
+        timeout=args.engine_timeout,
+    )
+
+
+def engine_failure(facts: Any) -> str:
+    if facts.startup_error:
+        return "the engine did not start:\n  " + facts.startup_error.splitlines()[0][:400]
+    if facts.runtime_error:
+        return "the engine started, then the workload failed:\n  " + facts.runtime_error.splitlines()[0][:400]
+    return ""
+
+
+def write_reports(out: Path, report: Report) -> list[Path]:
+    """report.json, report.html and trace.json into ``out``, each written atomically."""
+    from vllm_doctor.files import write_json_atomic, write_text_atomic
+    from vllm_doctor.report.html import render_html
+    from vllm_doctor.report.trace import chrome_trace
+
+    out.mkdir(parents=True, exist_ok=True)
+    data = report.to_dict()
+    paths = [out / "report.json", out / "report.html", out / "trace.json"]
+    write_json_atomic(paths[0], data)
+    write_text_atomic(paths[1], render_html(data))
+    write_json_atomic(paths[2], chrome_trace(report.profiles.get("engine") or {}, report.facts.get("engine")))
+    return paths
+
+
+def print_problems(report: Report, fail_on: str) -> bool:
+    problems = report.problems(Severity(fail_on))
+    for f in problems:
+        print(f"{f.outcome.value.upper():<5} {f.code} {f.message}" + (f"\n      at: {f.subject}" if f.subject else ""))
+    return bool(problems)

@@ -1,0 +1,102 @@
+"""``vllm-doctor profile MODEL_DIR --out DIR``: a workload on a real engine, written as reports."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from vllm_doctor.cli.common import (
+    add_engine_options,
+    add_fail_on,
+    add_quiet,
+    add_sample_every,
+    engine_failure,
+    engine_options,
+    print_problems,
+    progress_printer,
+    write_reports,
+)
+from vllm_doctor.errors import DoctorInputError
+
+EPILOG = """\
+writes (atomically) into --out DIR:
+  report.json   the report schema, engine profile under profiles.engine
+  report.html   self-contained offline report: findings, engine anatomy, per-layer time,
+                step timeline (prefill vs decode), KV usage over the run, memory breakdown
+  trace.json    Chrome / Perfetto trace of steps and layers (ui.perfetto.dev)
+  engine.log    everything the engine logged
+  torch/        with --deep: vLLM's own torch profiler traces
+
+examples:
+  vllm-doctor profile ./my-model --out prof
+  vllm-doctor profile ./my-model --out prof --prompts 16 --input-len 256 --output-len 64 --deep
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="profile the forward pass on a real engine",
+        description="Run a workload on a real vLLM engine with the doctor attached; write report.json, "
+        "report.html and trace.json.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("model", help="model directory with config.json")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory")
+    p.add_argument("--prompts", type=int, default=8, metavar="N", help="number of prompts (default 8)")
+    p.add_argument("--input-len", type=int, default=64, metavar="L", help="prompt length in tokens (default 64)")
+    p.add_argument("--output-len", type=int, default=32, metavar="M", help="tokens generated per prompt (default 32)")
+    p.add_argument(
+        "--deep", action="store_true", help="also record vLLM's own torch profiler trace (slower) into DIR/torch"
+    )
+    p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer timing)")
+    add_sample_every(p)
+    p.add_argument("--trust-remote-code", action="store_true")
+    add_fail_on(p)
+    add_quiet(p)
+    add_engine_options(p, with_switch=False)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_doctor.live.attach import build_engine_report
+    from vllm_doctor.probes import environment
+    from vllm_doctor.probes.model_dir import resolve_model_dir
+    from vllm_doctor.report.profile import render_anatomy, render_profile
+    from vllm_doctor.stages.engine import Workload, run_engine_stage
+
+    progress = progress_printer(args.quiet)
+    for name in ("prompts", "input_len", "output_len"):
+        if getattr(args, name) < 1:
+            raise DoctorInputError(f"--{name.replace('_', '-')} must be at least 1")
+    model_dir = str(resolve_model_dir(args.model).path)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    workload = Workload(prompts=args.prompts, input_len=args.input_len, output_len=args.output_len)
+    deep_dir = str((out / "torch").resolve()) if args.deep else None
+    progress(f"profile: {model_dir} -> {out}")
+    result = run_engine_stage(
+        model_dir, engine_options(args, workload, deep_dir, layers=not args.no_layers), progress, log_dir=str(out)
+    )
+    report = build_engine_report(result.facts, model_dir)
+    report.environment = environment.collect()
+    report.profiles["workload"] = result.workload
+    report.profiles["engine_kwargs"] = result.engine_kwargs
+    if result.deep:
+        report.profiles["torch_profiler"] = result.deep
+    report.timings.update(result.timings)
+    failure = engine_failure(result.facts)
+    if failure:
+        report.facts["engine_failure"] = failure
+    paths = write_reports(out, report)
+    progress("wrote " + ", ".join(str(p) for p in paths))
+    if result.facts.workers:
+        print(render_anatomy(report.facts["engine"]))
+    if failure:
+        print(failure)
+    else:
+        print(render_profile(report.profiles["engine"], result.workload))
+    problems = print_problems(report, args.fail_on)
+    return 1 if problems or failure else 0

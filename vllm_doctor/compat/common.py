@@ -1,0 +1,36 @@
+"""Small helpers every gateway uses (standard library only, no vLLM or torch import)."""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+
+def qualname(obj: Any) -> str:
+    """``module.QualName`` of a class, or of an object's class."""
+    cls = obj if isinstance(obj, type) else type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def format_exc(exc: BaseException, limit: int | None = None) -> str:
+    """The whole traceback of ``exc`` as text (its last ``limit`` characters when given)."""
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return text[-limit:] if limit else text
+
+
+def hf_text_config(model_config: Any) -> Any:
+    """The language model's HF config of a vLLM ``ModelConfig`` (``hf_text_config`` since vLLM
+    0.6, else ``hf_config``)."""
+    return getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+
+
+def describe_exception(exc: BaseException, limit: int = 4000) -> str:
+    """``Type: message`` of ``exc`` and of each cause under it, outermost first."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        parts.append(f"{type(current).__name__}: {current}")
+        current = current.__cause__ or current.__context__
+    return "\n<- caused by ".join(parts)[:limit]

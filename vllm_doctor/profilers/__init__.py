@@ -1,1 +1,0 @@
-"""Pure summaries of what the worker-side profiler measured (no vLLM, no torch)."""

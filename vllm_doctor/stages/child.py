@@ -1,0 +1,344 @@
+"""The one way the doctor runs code in a child process (import pass, weights pass, engine stage).
+
+Every child the doctor starts goes through :class:`ChildJob`, so every child gets the same
+guarantees:
+
+- **JSON in, JSON out, no pickle.** The request is a JSON file; the child writes one JSON result
+  atomically (a reader never sees half a file). The child is
+  ``python -c <bootstrap> TASK REQUEST OUT`` where TASK names an entry of :data:`TASKS`: no
+  other code can be named from outside.
+- **Nothing from the current directory.** The bootstrap drops the current directory from
+  ``sys.path`` before importing anything, so a ``vllm.py`` lying in a downloaded model
+  directory is never imported; ``PYTHONPATH`` still works.
+- **Its own process group, a time limit, no orphans.** The child starts a new session; at the
+  deadline, when the job ends, when the doctor exits and on SIGTERM/SIGHUP the whole group is
+  killed (vLLM's engine core and workers included). On Linux the child also asks the kernel to
+  tell it when the doctor dies without cleaning up (``PR_SET_PDEATHSIG``), and then kills its group.
+- **Progress lines.** The child's ``progress(msg)`` prints ``PROGRESS_PREFIX + msg``; the parent
+  hands those lines to its callback and keeps everything else in a log file (whose tail goes
+  into error messages).
+
+A job starts at once; :meth:`ChildJob.result` waits (idempotent), so two children can run side
+by side (the weights pass runs while the import pass runs).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from vllm_doctor.files import write_json_atomic
+
+PROGRESS_PREFIX = "@@vllm-doctor@@ "
+Progress = Callable[[str], None]
+
+# TASK -> "module:function"; the function takes (request, progress) and returns the JSON result
+TASKS = {
+    "import": "vllm_doctor.probes.import_probe:child_task",
+    "weights": "vllm_doctor.probes.weight_probe:child_task",
+    "engine": "vllm_doctor.stages.engine:child_task",
+    "selftest": "vllm_doctor.stages.child:selftest_task",  # the helper's own tests
+}
+
+# environment every child starts with unless the caller set it
+CHILD_ENV_DEFAULTS = {
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",  # the doctor never downloads
+}
+_PDEATHSIG_ENV = "VLLM_DOCTOR_PARENT_PID"
+
+# drop the current directory from sys.path before anything is imported, then run the task
+_BOOTSTRAP = (
+    "import sys\n"
+    "if sys.path and sys.path[0] in ('', '.') and not getattr(sys.flags, 'safe_path', False):\n"
+    "    del sys.path[0]\n"
+    "from vllm_doctor.stages.child import child_main\n"
+    "sys.exit(child_main(sys.argv[1:]))\n"
+)
+
+
+@dataclass
+class ChildResult:
+    ok: bool  # the child wrote a result
+    data: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None  # why there is no result: time-out, crash, unreadable output
+    timed_out: bool = False
+    returncode: int | None = None
+    log_tail: str = ""
+    log_path: str | None = None
+    seconds: float = 0.0
+
+
+# ---- the parent side -----------------------------------------------------------------------
+
+_live: weakref.WeakSet[ChildJob] = weakref.WeakSet()
+_handlers_installed = False
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child's whole process group (also once the child itself has exited)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def kill_all() -> None:
+    """Kill every child the doctor still has (exit handler, signal handler, tests)."""
+    for job in list(_live):
+        job.kill()
+
+
+def _install_handlers() -> None:
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    _handlers_installed = True
+    atexit.register(kill_all)
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is signal.SIG_DFL:
+            signal.signal(sig, _on_signal)
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    kill_all()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+class ChildJob:
+    """A running child; ``result()`` waits for it (at most until the deadline) and is idempotent."""
+
+    def __init__(
+        self,
+        task: str,
+        request: dict[str, Any],
+        *,
+        timeout: float,
+        what: str,
+        progress: Progress | None = None,
+        env: dict[str, str] | None = None,
+        log_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if task not in TASKS:
+            raise ValueError(f"unknown child task {task!r}")
+        self.what = what  # "the import pass", for messages
+        self.timeout = timeout
+        self.start = time.monotonic()
+        self._tmp = tempfile.mkdtemp(prefix=f"vllm-doctor-{task}-")
+        self._out = Path(self._tmp) / "result.json"
+        request_path = Path(self._tmp) / "request.json"
+        request_path.write_text(json.dumps(request), encoding="utf-8")
+        self.log_path = Path(log_path) if log_path is not None else Path(self._tmp) / "child.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        child_env = dict(os.environ if env is None else env)
+        for key, value in CHILD_ENV_DEFAULTS.items():
+            child_env.setdefault(key, value)
+        if threading.current_thread() is threading.main_thread():
+            # the kernel's parent-death signal follows the spawning thread: only from the main one
+            child_env[_PDEATHSIG_ENV] = str(os.getpid())
+        else:
+            child_env.pop(_PDEATHSIG_ENV, None)
+        _install_handlers()
+        self._log: IO[bytes] = open(self.log_path, "wb")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _BOOTSTRAP, task, str(request_path), str(self._out)],
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self._progress = progress
+        self._reader = threading.Thread(target=self._read, name=f"vllm-doctor-{task}-log", daemon=True)
+        self._reader.start()
+        self._result: ChildResult | None = None
+        self._killed = False
+        _live.add(self)
+        self._finalizer = weakref.finalize(self, _cleanup, self._proc, self._tmp)
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        prefix = PROGRESS_PREFIX.encode()
+        for line in self._proc.stdout:
+            try:
+                self._log.write(line)
+                self._log.flush()
+            except (OSError, ValueError):
+                pass
+            if line.startswith(prefix) and self._progress is not None:
+                try:
+                    self._progress(line[len(prefix) :].decode("utf-8", "replace").rstrip())
+                except Exception:
+                    pass
+
+    def done(self) -> bool:
+        return self._result is not None or self._proc.poll() is not None
+
+    def kill(self) -> None:
+        self._killed = True
+        _kill_group(self._proc)
+
+    def result(self) -> ChildResult:
+        if self._result is not None:
+            return self._result
+        remaining = max(0.0, self.timeout - (time.monotonic() - self.start))
+        timed_out = False
+        try:
+            self._proc.wait(timeout=remaining)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        except KeyboardInterrupt:
+            self.kill()
+            raise
+        _kill_group(self._proc)  # the time-out, or what the child left running
+        self._reader.join(timeout=10)
+        try:
+            self._log.close()
+        except OSError:
+            pass
+        res = ChildResult(
+            ok=False,
+            timed_out=timed_out,
+            returncode=self._proc.returncode,
+            log_path=str(self.log_path),
+            seconds=time.monotonic() - self.start,
+        )
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(max(0, os.fstat(fh.fileno()).st_size - 4000))
+                res.log_tail = fh.read().decode("utf-8", "replace")
+        except OSError:
+            pass
+        if timed_out:
+            res.error = f"{self.what} did not finish within {self.timeout:.0f} s"
+        elif self._out.is_file():
+            try:
+                res.data = json.loads(self._out.read_text(encoding="utf-8"))
+                res.ok = True
+            except (OSError, ValueError) as exc:
+                res.error = f"unreadable output of {self.what}: {exc}"
+        elif self._killed:
+            res.error = f"{self.what} was stopped"
+        else:
+            res.error = f"{self.what} exited with code {self._proc.returncode} and wrote no result"
+        if res.ok and isinstance(res.data.get(INTERNAL_ERROR), dict):
+            err = res.data[INTERNAL_ERROR]
+            res.ok = False
+            res.error = f"{self.what} failed inside vllm-doctor: {err.get('type')}: {err.get('message')}"
+            res.log_tail = (res.log_tail + "\n" + str(err.get("traceback", "")))[-4000:]
+        self._result = res
+        _live.discard(self)
+        self._finalizer()
+        return res
+
+
+def _cleanup(proc: subprocess.Popen[bytes], tmp: str) -> None:
+    import shutil
+
+    _kill_group(proc)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def run_child(task: str, request: dict[str, Any], *, timeout: float, what: str, **kwargs: Any) -> ChildResult:
+    """Start a child and wait for it."""
+    return ChildJob(task, request, timeout=timeout, what=what, **kwargs).result()
+
+
+# ---- the child side ------------------------------------------------------------------------
+
+INTERNAL_ERROR = "vllm_doctor_internal_error"
+
+
+def progress(msg: str) -> None:
+    """A progress line for the parent's callback (child side)."""
+    print(PROGRESS_PREFIX + msg, flush=True)
+
+
+def _die_with_parent() -> None:
+    """Linux: when the doctor dies, even by SIGKILL, the kernel sends this child SIGTERM, and the
+    child takes its whole process group down (best effort: vLLM may install its own handler)."""
+    parent = os.environ.pop(_PDEATHSIG_ENV, None)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+
+    def take_group_down(_signum: int, _frame: Any) -> None:
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    signal.signal(signal.SIGTERM, take_group_down)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except Exception:
+        return
+    if str(os.getppid()) != parent:  # the doctor died before prctl took effect
+        take_group_down(signal.SIGTERM, None)
+
+
+def child_main(argv: list[str]) -> int:
+    """``python -c <bootstrap> TASK REQUEST OUT``: run the task, write its JSON result, exit."""
+    _die_with_parent()
+    task, request_path, out_path = argv
+    request = json.loads(Path(request_path).read_text(encoding="utf-8"))
+    module_name, _, func_name = TASKS[task].partition(":")
+    try:
+        import importlib
+
+        func = getattr(importlib.import_module(module_name), func_name)
+        result = func(request, progress)
+    except BaseException as exc:  # the doctor's own failure: still one JSON answer
+        import traceback
+
+        result = {
+            INTERNAL_ERROR: {
+                "type": type(exc).__name__,
+                "message": str(exc)[:2000],
+                "traceback": traceback.format_exc()[-6000:],
+            }
+        }
+    write_json_atomic(out_path, result)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # vLLM's distributed teardown and atexit hooks can take seconds; the answer is written and
+    # the parent kills whatever this process leaves behind
+    os._exit(0)
+
+
+def selftest_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """What the helper's tests run: report sys.path, say progress, spawn, sleep or fail."""
+    for line in request.get("progress", []):
+        progress(line)
+    if request.get("print"):
+        print(request["print"], flush=True)
+    pids = []
+    for _ in range(int(request.get("grandchildren", 0))):
+        pids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid)
+    if request.get("pid_file"):
+        Path(request["pid_file"]).write_text(json.dumps({"child": os.getpid(), "grandchildren": pids}))
+    time.sleep(float(request.get("sleep", 0)))
+    if request.get("raise"):
+        raise RuntimeError(request["raise"])
+    return {"sys_path": sys.path, "cwd": os.getcwd(), "echo": request.get("echo")}

@@ -1,0 +1,211 @@
+"""The engine stage of ``vllm-doctor check --engine`` and ``vllm-doctor profile``.
+
+The parent (:func:`run_engine_stage`) starts a fresh child through
+:mod:`vllm_doctor.stages.child` (task ``engine``): that child starts a real engine with the
+doctor's worker extension (single-process mode by default: 2-4 s on CPU), attaches, runs a
+small greedy workload, detaches and writes one JSON file (:class:`EngineFacts` + workload
+numbers). An engine that refuses to start is a result too (its error feeds VD501/VD208). The
+parent never imports vLLM; a hung or crashed engine costs a timeout, not the doctor.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
+from vllm_doctor.facts.engine import EngineFacts, facts_from_dict, facts_to_dict
+from vllm_doctor.stages.child import run_child
+
+Progress = Callable[[str], None]
+# vLLM settings that would change what the child's engine does: the child decides them itself
+SCRUBBED_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DOCTOR")
+
+
+@dataclass
+class Workload:
+    prompts: int = 2
+    input_len: int = 16
+    output_len: int = 8
+    seed: int = 0
+
+
+@dataclass
+class EngineOptions:
+    workload: Workload = field(default_factory=Workload)
+    max_model_len: int | None = None
+    kv_cache_memory_bytes: int | None = None  # None: 64 MiB without CUDA, vLLM's own sizing with it
+    trust_remote_code: bool = False
+    multiprocess: bool = False
+    layers: bool = True
+    sample_every: int = DEFAULT_SAMPLE_EVERY  # per-layer sampling (1 = every step)
+    probe: bool = True
+    deep_dir: str | None = None  # vLLM's torch profiler writes here when set
+    extra: dict[str, Any] = field(default_factory=dict)  # --engine-arg KEY=VALUE
+    timeout: float = 600.0
+
+
+@dataclass
+class EngineStageResult:
+    facts: EngineFacts
+    workload: dict[str, Any]
+    timings: dict[str, float]
+    log_path: str | None
+    engine_kwargs: dict[str, Any]
+    deep: dict[str, Any] | None = None
+
+
+def engine_kwargs_for(options: EngineOptions, cuda: bool) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"enforce_eager": True}
+    if options.max_model_len:
+        kwargs["max_model_len"] = options.max_model_len
+    if options.kv_cache_memory_bytes is not None:
+        kwargs["kv_cache_memory_bytes"] = options.kv_cache_memory_bytes
+    elif not cuda:
+        kwargs["kv_cache_memory_bytes"] = 64 * 2**20
+    if options.trust_remote_code:
+        kwargs["trust_remote_code"] = True
+    kwargs.update(options.extra)
+    return kwargs
+
+
+def run_engine_stage(
+    model: str, options: EngineOptions, progress: Progress | None = None, log_dir: str | None = None
+) -> EngineStageResult:
+    """Run the child and return its facts; raises RuntimeError if it printed no result."""
+    import tempfile
+
+    log_dir = log_dir or tempfile.mkdtemp(prefix="vllm-doctor-engine-")
+    log_path = Path(log_dir) / "engine.log"
+    env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+    env.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # engine.log keeps what vLLM says at start-up
+    res = run_child(
+        "engine",
+        {"model": model, "options": asdict(options)},
+        timeout=options.timeout,
+        what="the engine stage",
+        progress=progress,
+        env=env,
+        log_path=log_path,
+    )
+    if not res.ok:
+        raise RuntimeError(f"{res.error} (log: {log_path})")
+    data = res.data
+    timings = dict(data.get("timings") or {})
+    timings["engine_stage_s"] = round(res.seconds, 3)
+    return EngineStageResult(
+        facts=facts_from_dict(data["facts"]),
+        workload=data.get("workload") or {},
+        timings=timings,
+        log_path=str(log_path),
+        engine_kwargs=data.get("engine_kwargs") or {},
+        deep=data.get("deep"),
+    )
+
+
+# ---- child side -------------------------------------------------------------------------
+
+
+def make_prompts(workload: Workload, vocab_size: int) -> list[dict[str, list[int]]]:
+    """Token-id prompts of exactly ``input_len`` tokens (ids above the usual special tokens)."""
+    rng = random.Random(workload.seed)
+    low = min(10, max(0, vocab_size - 1))
+    return [
+        {"prompt_token_ids": [rng.randrange(low, vocab_size) for _ in range(workload.input_len)]}
+        for _ in range(workload.prompts)
+    ]
+
+
+def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """The child's side (run through :mod:`vllm_doctor.stages.child`)."""
+    from vllm_doctor.compat.common import describe_exception
+
+    opts = request["options"]
+    workload = Workload(**opts.pop("workload"))
+    options = EngineOptions(workload=workload, **opts)
+    result: dict[str, Any] = {"ok": False, "timings": {}}
+    from vllm_doctor.compat.llm import cuda_available
+
+    cuda = cuda_available()
+    kwargs = engine_kwargs_for(options, cuda)
+    result["engine_kwargs"] = kwargs
+    progress(
+        f"engine stage: importing vLLM and starting a {'multiprocess' if options.multiprocess else 'single-process'} "
+        f"engine ({'CUDA' if cuda else 'CPU'}, eager)"
+    )
+    t = time.perf_counter()
+    from vllm_doctor.compat.llm import greedy, shutdown, start_engine, torch_profiler_kwargs
+
+    if options.deep_dir:
+        kwargs.update(torch_profiler_kwargs(options.deep_dir))
+    try:
+        llm = start_engine(request["model"], single_process=not options.multiprocess, **kwargs)
+    except Exception as exc:  # the engine's own refusal is a finding (VD501, VD208, ...)
+        result["timings"]["engine_start_s"] = round(time.perf_counter() - t, 3)
+        result["facts"] = facts_to_dict(EngineFacts(startup_error=describe_exception(exc), model_dir=request["model"]))
+        progress(f"engine stage: the engine did not start: {str(exc).splitlines()[0][:200]}")
+        return result
+    result["timings"]["engine_start_s"] = round(time.perf_counter() - t, 3)
+    progress(f"engine stage: engine up in {result['timings']['engine_start_s']:.1f} s; attaching the doctor")
+    from vllm_doctor.compat.llm import EngineHandle
+    from vllm_doctor.live.attach import EngineDoctor
+
+    doc = EngineDoctor(llm, layers=options.layers, sample_every=options.sample_every, probe=options.probe).attach()
+    handle = EngineHandle(llm)
+    vocab = handle.vocab_size() or 1000
+    prompts = make_prompts(workload, vocab)
+    params = greedy(workload.output_len, ignore_eos=True)
+    if options.deep_dir:
+        handle.start_torch_profile()
+    progress(
+        f"engine stage: workload {workload.prompts} prompt(s) x {workload.input_len} tokens in, "
+        f"{workload.output_len} out"
+    )
+    t = time.perf_counter()
+    try:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    except Exception as exc:  # the model itself failed at run time: that is the finding
+        result["facts"] = facts_to_dict(_facts_after_failure(doc, request["model"], describe_exception(exc)))
+        progress(
+            f"engine stage: the workload failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
+        )
+        return result
+    wall = time.perf_counter() - t
+    deep = None
+    if options.deep_dir:
+        handle.stop_torch_profile()
+        files = sorted(str(p) for p in Path(options.deep_dir).rglob("*") if p.is_file())
+        deep = {"dir": options.deep_dir, "files": files}
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    result["workload"] = {
+        "prompts": workload.prompts,
+        "input_len": workload.input_len,
+        "output_len": workload.output_len,
+        "generated_tokens": generated,
+        "wall_s": round(wall, 4),
+        "output_tokens_per_s": round(generated / wall, 2) if wall else None,
+    }
+    doc.detach()
+    facts = doc.gather()
+    facts.model_dir = request["model"]
+    result.update(ok=True, facts=facts_to_dict(facts), deep=deep)
+    result["timings"].update(doc.timings)
+    progress(f"engine stage: {generated} tokens in {wall:.2f} s; collected facts from {len(facts.workers)} worker(s)")
+    shutdown(llm)
+    return result
+
+
+def _facts_after_failure(doc: Any, model: str, error: str) -> EngineFacts:
+    """Whatever the workers can still tell after a failed workload (often: nothing)."""
+    try:
+        facts = doc.gather()
+    except Exception:
+        facts = EngineFacts()
+    facts.runtime_error = error
+    facts.model_dir = model
+    return facts

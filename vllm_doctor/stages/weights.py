@@ -1,0 +1,162 @@
+"""The weights pass, wired into :func:`vllm_doctor.stages.static.diagnose` by two calls.
+
+:func:`start_weights_pass` runs in the fast pass: it reads the safetensors headers
+(milliseconds, no tensor data) into ``facts.checkpoint`` and, unless ``--fast``, starts the
+meta-device load (probes/weight_probe.py) in a child that runs *while* the import pass runs.
+:func:`finish_weights_pass` waits for that child and puts its result into the facts before any
+check runs; the VD3xx checks only read.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from vllm_doctor.facts.static import Facts
+from vllm_doctor.probes.safetensors_header import read_checkpoint
+from vllm_doctor.stages.child import ChildJob
+
+LOAD_CODES = ("VD301", "VD302", "VD303", "VD304")
+WEIGHT_CODES = (*LOAD_CODES, "VD305", "VD306", "VD307", "VD308")
+
+
+def start_weights_pass(
+    facts: Facts, options: Any, codes: Iterable[str], say: Callable[[str], None] | None = None
+) -> ChildJob | None:
+    """Headers now; the meta-device load started in the background when a VD301-VD304 check
+    wants it (the job to hand to :func:`finish_weights_pass`)."""
+    codes = set(codes)
+    facts.tensor_parallel_size = int(getattr(options, "tensor_parallel_size", 1) or 1)
+    if not codes & set(WEIGHT_CODES):
+        return None
+    facts.checkpoint = read_checkpoint(facts.model_dir)
+    if not codes & set(LOAD_CODES):
+        return None
+    if getattr(options, "fast", False):
+        facts.weight_load_error = "skipped by --fast (the weights pass imports vLLM)"
+        return None
+    checkpoint = facts.checkpoint
+    if checkpoint.format != "safetensors":
+        facts.weight_load_error = (
+            f"no safetensors checkpoint in the model directory (found: {checkpoint.format}); "
+            "vllm-doctor reads safetensors headers only, never pickled .bin/.pt files"
+        )
+        return None
+    tensors = checkpoint.tensors
+    if not tensors:
+        facts.weight_load_error = "no checkpoint file could be read (see VD306/VD308)"
+        return None
+    request = {
+        "model_dir": facts.model_dir,
+        "architectures": facts.architectures,
+        "trust_remote_code": facts.trust_remote_code,
+        # a path escapes the model dir: vLLM's config code must not read checkpoint headers either
+        "paths_escape": any(p.kind in ("file-outside-dir", "index-path-outside-dir") for p in checkpoint.problems),
+        "tensors": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in tensors],
+    }
+    timeout = float(getattr(options, "import_timeout", 180.0))
+    job = ChildJob(
+        "weights",
+        request,
+        timeout=timeout,
+        what="the weights pass",
+        env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
+    )
+    if say is not None:
+        say(
+            f"weights pass: {len(tensors)} tensors from {len(checkpoint.files)} file(s) headers; "
+            "building the model on the meta device in a fresh process ..."
+        )
+    return job
+
+
+def finish_weights_pass(facts: Facts, job: ChildJob | None) -> None:
+    """Wait for the meta-device load and put its result (or why there is none) into ``facts``."""
+    if job is None:
+        return
+    res = job.result()
+    facts.weight_load_seconds = round(res.seconds, 3)
+    if res.ok:
+        facts.weight_load = res.data
+        err = res.data.get("error")
+        if err:
+            stage = {
+                "import": "importing vLLM",
+                "config": "building vLLM's config for this model directory",
+                "build": "building the model class on the meta device",
+                "load": "driving load_weights",
+                "internal": "the weights pass itself",
+            }.get(err.get("stage"), err.get("stage"))
+            facts.weight_load_error = f"failed while {stage}: {_short(str(err.get('summary')))}"
+    else:
+        error = res.error or "the weights pass failed"
+        if res.timed_out:
+            error += " (building the model or its load_weights may hang)"
+        tail = res.log_tail.strip().splitlines()[-3:]
+        facts.weight_load_error = error + ("\n" + "\n".join(tail) if tail else "")
+
+
+def _short(summary: str, limit: int = 600) -> str:
+    """The informative line of an error: pydantic wraps vLLM's own message in `Value error, ...`."""
+    lines = [line.strip() for line in summary.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("Value error, "):
+            return f"{lines[0]}: {line[len('Value error, ') :].split(' [type=')[0]}"[:limit]
+    return " ".join(lines)[:limit]
+
+
+def weights_report(facts: Facts) -> dict[str, Any] | None:
+    """report.facts["weights"]: the checkpoint as read, and the full tensor -> parameter mapping."""
+    if facts.checkpoint is None:
+        return None
+    out: dict[str, Any] = {
+        "checkpoint": facts.checkpoint.to_dict(),
+        "tensor_parallel_size": facts.tensor_parallel_size,
+    }
+    data = facts.weight_load
+    if facts.weight_load_error:
+        out["load_error"] = facts.weight_load_error
+    if data is not None:
+        out["model"] = data.get("model")
+        out["timings"] = {**data.get("timings", {}), "probe_wall_s": facts.weight_load_seconds}
+        if "tensors" in data:
+            out["load_weights"] = data.get("load_weights")
+            out["mapping"] = {
+                name: {
+                    "status": t["status"],
+                    "params": t["params"],
+                    "shards": sorted({str(h["shard"]) for h in t.get("handed_to", []) if h.get("shard") is not None}),
+                    "shape": t["shape"],
+                    "dtype": t["dtype"],
+                    **({"error": t["errors"][0]["error"]} if t.get("errors") else {}),
+                    **(
+                        {"looked_up": t["errors"][0].get("looked_up")}
+                        if t.get("errors") and t["errors"][0].get("looked_up")
+                        else {}
+                    ),
+                }
+                for name, t in data["tensors"].items()
+            }
+            out["params"] = {
+                name: {
+                    k: p[k]
+                    for k in (
+                        "shape",
+                        "dtype",
+                        "written",
+                        "covered",
+                        "numel",
+                        "sources",
+                        "shards_expected",
+                        "shards_missing",
+                        "loader",
+                        "in_returned",
+                        "vllm_exempt",
+                    )
+                }
+                for name, p in data["params"].items()
+            }
+            if data.get("tracer_errors"):
+                out["tracer_errors"] = data["tracer_errors"]
+    return out
