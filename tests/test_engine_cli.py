@@ -178,3 +178,47 @@ def test_a_model_that_fails_at_run_time_is_reported_not_crashed(tmp_path: Path) 
     assert "Expected all tensors to be on the same device (doctor test)" in proc.stdout
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     assert "Expected all tensors to be on the same device" in report["facts"]["engine_failure"]
+
+
+FAILING_PLUGIN = '''
+def register():
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.llama import LlamaForCausalLM
+
+    class AlwaysFailingLlama(LlamaForCausalLM):
+        def forward(self, *args, **kwargs):
+            raise RuntimeError("doctor test: this forward always fails")
+
+    ModelRegistry.register_model("AlwaysFailingLlama", AlwaysFailingLlama)
+'''
+
+
+def test_an_engine_that_does_not_start_is_an_error_finding_with_the_phase(tmp_path: Path) -> None:
+    """vLLM's profile run calls the forward: VD500 fails (exit 1) with vLLM's error and the phase;
+    outside eager mode the doctor re-runs eagerly, and says the model fails there too."""
+    from tests.fixtures.engine_models import build_llama_dir
+
+    site = tmp_path / "site"
+    (site / "always_failing_plugin").mkdir(parents=True)
+    (site / "always_failing_plugin" / "__init__.py").write_text(FAILING_PLUGIN)
+    info = site / "always_failing_plugin-0.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: always-failing-plugin\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nalways_failing = always_failing_plugin:register\n")
+    model = build_llama_dir(tmp_path / "model", ["AlwaysFailingLlama"])
+    out = tmp_path / "report.json"
+    proc = doctor(tmp_path, "check", str(model), "--fast", "--engine", "--select", "VD5", "--output", str(out))
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "re-running the model in eager mode" in proc.stderr
+    report = Report.from_dict(json.loads(out.read_text()))
+    (f,) = report.by_code("VD500")
+    assert f.outcome.value == "fail" and f.severity.value == "error"
+    assert f.evidence["phase"] == "profile run" and f.subject == "engine start-up / profile run"
+    assert "doctor test: this forward always fails" in f.message and "it fails in eager mode too" in f.message
+    assert f.evidence["mode"]["requested"] == "vllm-default"
+    assert "execution mode:" in proc.stdout and "it failed too" in proc.stdout
+    # --eager: one engine, no re-run, the same finding
+    proc = doctor(tmp_path, "check", str(model), "--fast", "--engine", "--eager", "--select", "VD500", "--json")
+    assert proc.returncode == 1 and "re-running" not in proc.stderr
+    (f,) = [x for x in json.loads(proc.stdout)["findings"] if x["code"] == "VD500"]
+    assert f["evidence"]["mode"]["requested"] == "eager" and f["evidence"]["phase"] == "profile run"

@@ -628,3 +628,88 @@ def test_html_and_trace_render_from_a_report_dict_offline() -> None:
     assert "step 0 prefill" in names and "model.layers.0" in names
     json.dumps(trace)
 
+
+
+# ---- VD500: the engine did not start -------------------------------------------------------
+
+
+def test_vd500_passes_with_the_mode_when_the_engine_ran() -> None:
+    facts = EngineFacts(workers=[worker(placement=placement("cpu", []))], mode={"summary": "eager", "enforce_eager": True})
+    (f,) = run("VD500", facts)
+    assert f.outcome is Outcome.PASS and "eager" in f.message
+
+
+def test_vd500_names_vllms_error_the_phase_and_the_cause_from_the_eager_rerun() -> None:
+    from vllm_doctor.checks.engine import start_failure_causes
+
+    error = "RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned"
+    events = [
+        {"kind": "host_sync", "op": "Tensor.item", "module": "model.layers.0", "module_class": "Foo", "vllm_builtin": False,
+         "where": ["/m/model.py:10 in forward"]},
+        {"kind": "cross_device_copy", "op": "aten._to_copy.default", "module": "<model>", "module_class": "MyLlama",
+         "vllm_builtin": False, "where": ["/m/model.py:42 in forward"]},
+        {"kind": "cross_device_copy", "op": "aten.copy_.default", "module": "model.layers.0.attn", "module_class": "Attention",
+         "vllm_builtin": True, "where": []},
+    ]
+    misplaced = [{"name": "gain", "kind": "buffer", "device": "cpu", "dtype": "torch.float64", "shape": [8], "bytes": 64,
+                  "module_class": "MyLlama", "vllm_builtin": False}]
+    eager = EngineFacts(workers=[worker(placement=placement("cuda:0", misplaced), profile={"probe": {"events": events, "steps": [1]}})])
+    failed = EngineFacts(startup_error=error, startup_phase="graph capture", mode={"requested": "vllm-default"},
+                         diagnosis=eager)
+    causes = start_failure_causes(error, eager)
+    # the copy the error names first, the builtin vLLM module never
+    assert [c["kind"] for c in causes] == ["host tensor copied in forward", "tensor on another device", "host sync in forward"]
+    (f,) = run("VD500", failed)
+    assert f.outcome is Outcome.FAIL and f.severity is Severity.ERROR
+    assert f.subject == "engine start-up / graph capture"
+    assert "vLLM failed in graph capture" in f.message and "Cannot copy between CPU and CUDA" in f.message
+    assert "aten._to_copy.default in <model> (MyLlama) at /m/model.py:42 in forward" in f.message
+    assert "buffer on the model's device" in f.hint
+    # a capture invalidated by a host read puts the .item() first
+    sync_error = "RuntimeError: CUDA error: operation failed due to a previous error during capture (cudaErrorStreamCaptureInvalidated)"
+    assert start_failure_causes(sync_error, eager)[0]["kind"] == "host sync in forward"
+
+
+def test_vd500_says_when_the_model_fails_in_eager_mode_too_and_points_at_vd501() -> None:
+    err = ("ValueError: To serve at least one request with the model's max seq len (2048), (0.03 GiB KV cache is needed, "
+           "which is larger than the available KV cache memory (0.01 GiB).")
+    facts = EngineFacts(startup_error=err, startup_phase="KV cache allocation", mode={"requested": "vllm-default"},
+                        diagnosis=EngineFacts(startup_error=err))
+    (f,) = run("VD500", facts)
+    assert f.outcome is Outcome.FAIL and "(see VD501)" in f.message and "it fails in eager mode too" in f.message
+    (ok,) = run("VD500", EngineFacts(runtime_error="RuntimeError: boom", workers=[worker()], mode={}))
+    assert ok.outcome is Outcome.FAIL and ok.subject == "engine start-up / first step"
+
+
+def test_startup_phase_reads_vllms_own_frames() -> None:
+    from vllm_doctor.compat.startup import startup_phase
+
+    def raise_from(names: list[str]) -> BaseException:
+        """An exception whose traceback runs through functions named like vLLM's, in vllm/ files."""
+        src = ""
+        for i, name in enumerate(names):
+            nxt = f"{names[i + 1]}()" if i + 1 < len(names) else "raise RuntimeError('capture failed')"
+            src += f"def {name}():\n    {nxt}\n"
+        code = compile(src, "/site-packages/vllm/v1/worker/gpu_model_runner.py", "exec")
+        ns: dict[str, Any] = {}
+        exec(code, ns)
+        try:
+            ns[names[0]]()
+        except RuntimeError as exc:
+            return exc
+        raise AssertionError("no exception")
+
+    got = startup_phase(raise_from(["_initialize_kv_caches", "compile_or_warm_up_model", "capture_model", "_dummy_run"]))
+    assert got["phase"] == "graph capture" and got["function"].startswith("capture_model (vllm/v1/worker/")
+    assert startup_phase(raise_from(["_initialize_kv_caches", "determine_available_memory", "profile_run", "_dummy_run"]))["phase"] == "profile run"
+    assert startup_phase(raise_from(["load_model", "load_weights"]))["phase"] == "load"
+    assert startup_phase(RuntimeError("x"))["phase"] == "engine start-up"
+
+
+def test_vd405_warns_on_a_float64_buffer_on_any_device() -> None:
+    p = placement("cpu", [])
+    p["float64"] = [{"name": "gain", "kind": "buffer", "device": "cpu", "shape": [8], "module_class": "MyLlama"}]
+    findings = run("VD405", EngineFacts(workers=[worker(placement=p)]))
+    warn = [f for f in findings if f.outcome is Outcome.WARN and f.evidence.get("actual") == "torch.float64"]
+    assert [(f.subject, f.evidence["kind"]) for f in warn] == [("gain", "buffer")]
+    assert "float64" in warn[0].message and warn[0].severity is Severity.WARN

@@ -141,3 +141,60 @@ def test_opt_in_plugin_adds_the_extension_to_a_plain_multiprocess_engine(model_d
     assert anatomy["workers"][0]["pid"] != r["front_end_pid"]  # the engine core runs in its own process
     prof = r["report"]["profiles"]["engine"]
     assert prof["clock"] == "cuda_events" and prof["layers_on"] is True and prof["steps"]
+
+
+def _doctor_check(model: Path, tmp: Path, *args: str) -> tuple[int, dict[str, Any], str]:
+    """``vllm-doctor check MODEL --engine --json`` in a fresh process, the capture models' plugin on
+    PYTHONPATH; returns (exit code, report, stderr)."""
+    from tests.fixtures.capture_models import capture_site
+
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_V2_MODEL_RUNNER")}
+    site = capture_site(tmp / "capture-site")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    cmd = [sys.executable, "-m", "vllm_doctor", "check", str(model), "--engine", "--json", "--select", "VD4,VD5",
+           "--max-model-len", "512", "--engine-arg", "gpu_memory_utilization=0.15", *args]
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.stdout.strip().startswith("{"), proc.stderr[-6000:]
+    return proc.returncode, json.loads(proc.stdout), proc.stderr
+
+
+@pytest.mark.parametrize("arch", ["DoctorCpuBufferLlama", "DoctorItemLlama"])
+def test_a_model_that_cannot_be_captured_fails_with_its_cause(tmp_path: Path, arch: str) -> None:
+    """Default mode (torch.compile + CUDA graphs): exit 1, VD500 with vLLM's error, the phase and
+    the cause the eager re-run's op probe found (the buffer / the .item() line)."""
+    from tests.fixtures.engine_models import build_llama_dir
+
+    model = build_llama_dir(tmp_path / arch, [arch], GPU_DIMS)
+    code, report, stderr = _doctor_check(model, tmp_path)
+    assert code == 1, stderr[-4000:]
+    (vd500,) = finding(report, "VD500")
+    ev = vd500["evidence"]
+    assert vd500["outcome"] == "fail" and vd500["severity"] == "error", vd500
+    assert ev["mode"]["requested"] == "vllm-default" and ev["phase"].startswith("graph capture"), ev
+    assert report["facts"]["engine_mode"]["requested"] == "vllm-default"
+    causes = ev["causes"]
+    assert causes, vd500
+    if arch == "DoctorCpuBufferLlama":
+        assert "CUDA graph capture" in ev["vllm_error"]
+        assert causes[0]["kind"] in ("host tensor copied in forward", "tensor on another device"), causes
+        assert any("gain" in c["detail"] for c in causes), causes
+        assert any(c["kind"] == "tensor on another device" and "float64" in c["detail"] for c in causes), causes
+        # the model's own checks read the eager re-run: the buffer is on the CPU of a cuda:0 worker
+        assert any(f["outcome"] == "fail" and f["subject"].endswith("gain") for f in finding(report, "VD401"))
+    else:
+        assert causes[0]["kind"] == "host sync in forward", causes
+        assert any("capture_models.py" in w for w in causes[0]["where"]), causes[0]
+        assert "Tensor.item" in vd500["message"] and "capture_models.py" in vd500["message"]
+        assert any(f["outcome"] == "warn" for f in finding(report, "VD404"))
+
+
+def test_eager_mode_runs_the_cpu_buffer_model_and_finds_the_buffer(tmp_path: Path) -> None:
+    from tests.fixtures.engine_models import build_llama_dir
+
+    model = build_llama_dir(tmp_path / "cpu-buffer", ["DoctorCpuBufferLlama"], GPU_DIMS)
+    code, report, stderr = _doctor_check(model, tmp_path, "--eager")
+    assert code == 1, stderr[-4000:]  # VD401 is an error
+    assert [f["outcome"] for f in finding(report, "VD500")] == ["pass"]
+    assert report["facts"]["engine_mode"]["enforce_eager"] is True
+    assert any(f["outcome"] == "fail" and f["subject"].endswith("gain") for f in finding(report, "VD401"))
+    assert any(f["outcome"] == "warn" for f in finding(report, "VD403"))

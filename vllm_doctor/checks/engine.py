@@ -413,12 +413,12 @@ def host_sync_in_forward(facts: Any, emit: Emit) -> Iterable[Finding]:
 @check(
     "VD405",
     "parameter-dtype-differs",
-    "A parameter's dtype differs from the model dtype (info: fine if deliberate).",
+    "A parameter's dtype differs from the model dtype (info: fine if deliberate); any float64 tensor (warn).",
     severity=Severity.INFO,
     stage=Stage.ENGINE,
     what=(
         "Lists floating-point parameters whose dtype is not the engine's model dtype (fp8 and integer quantized "
-        "weights are not listed)."
+        "weights are not listed), and warns on every float64 parameter or buffer, on any device."
     ),
     why=(
         "A float32 parameter in a bfloat16 model upcasts every op that touches it (slower, more memory) or fails in a "
@@ -436,9 +436,26 @@ def parameter_dtype_differs(facts: Any, emit: Emit) -> Iterable[Finding]:
     yield from crashes
     for w, p in pairs:
         model_dtype = p.get("model_dtype")
-        mismatched = p.get("dtype_mismatch") or []
+        for t in p.get("float64") or []:
+            yield emit.warn(
+                f"{t['kind']} {t['name']} is float64 (on {t['device']}): numpy's default dtype, never what a GPU "
+                "kernel wants",
+                t["name"],
+                {
+                    "expected": model_dtype,
+                    "actual": "torch.float64",
+                    "shape": t["shape"],
+                    "kind": t["kind"],
+                    "module_class": t["module_class"],
+                },
+                "make it in the model dtype (torch.from_numpy(a).to(torch.get_default_dtype()), or torch.tensor "
+                "without dtype) and register it in __init__ so vLLM places it",
+                severity=Severity.WARN,
+            )
+        mismatched = [t for t in p.get("dtype_mismatch") or [] if t.get("dtype") != "torch.float64"]
         if not mismatched:
-            yield emit.ok(f"every floating-point parameter is {model_dtype}", _subject(w))
+            if not p.get("float64"):
+                yield emit.ok(f"every floating-point parameter is {model_dtype}", _subject(w))
             continue
         findings = [
             emit.warn(
@@ -884,3 +901,142 @@ def attention_prefix_not_unique(facts: Any, emit: Emit) -> Iterable[Finding]:
             )
         if not bad:
             yield emit.ok(f"{len(layers)} attention layer(s), each registered under its own module path", _subject(w))
+
+
+# ---- VD500: the engine did not start (or died on its first steps) -------------------------
+
+_CAPTURE_COPY = ("Cannot copy between CPU and CUDA tensors during CUDA graph capture",)
+_CAPTURE_SYNC = (
+    "cudaErrorStreamCaptureInvalidated",
+    "operation not permitted when stream is capturing",
+    "cudaErrorStreamCaptureUnsupported",
+    "captures_underway",
+)
+_CAUSE_FIX = {
+    "tensor on another device": (
+        "create it without an explicit device in __init__ (vLLM's device context places it) or register it as a "
+        "buffer; never build it with torch.from_numpy"
+    ),
+    "host tensor copied in forward": (
+        "build the tensor once in __init__ as a buffer on the model's device (no .to(device) in forward); CUDA "
+        "graphs cannot capture a copy from unpinned host memory"
+    ),
+    "tensor created on another device in forward": "create it with device=x.device (or as a buffer in __init__)",
+    "host sync in forward": (
+        "keep the value on the device (no .item()/.tolist()/int(tensor) in forward); CUDA graph capture cannot "
+        "read a device value on the host"
+    ),
+    "data-dependent shape": "use fixed-shape ops (masking, torch.where) instead of nonzero / boolean indexing",
+}
+
+
+def start_failure_causes(error: str, diagnosis: EngineFacts | None) -> list[dict[str, Any]]:
+    """What an eager re-run of the same model found that explains ``error``, most likely first."""
+    if diagnosis is None or not diagnosis.started:
+        return []
+    causes: list[dict[str, Any]] = []
+    for w in diagnosis.workers:
+        placement = w.get("placement") or {}
+        for t in placement.get("misplaced") or []:
+            causes.append(
+                {
+                    "kind": "tensor on another device",
+                    "subject": t["name"],
+                    "detail": f"{t['kind']} {t['name']} ({t.get('module_class')}, {t.get('dtype')}) "
+                    f"is on {t['device']}",
+                    "where": [],
+                }
+            )
+        for e in ((w.get("profile") or {}).get("probe") or {}).get("events") or []:
+            kind = {
+                "cross_device_copy": "host tensor copied in forward",
+                "wrong_device_create": "tensor created on another device in forward",
+                "host_sync": "host sync in forward",
+                "data_dependent": "data-dependent shape",
+            }.get(e.get("kind", ""))
+            if kind is None or e.get("vllm_builtin"):
+                continue
+            causes.append(
+                {
+                    "kind": kind,
+                    "subject": e.get("module") or "<model>",
+                    "detail": f"{e.get('op')} in {e.get('module')} ({e.get('module_class')})",
+                    "where": list(e.get("where") or []),
+                }
+            )
+    copy_first = any(m in error for m in _CAPTURE_COPY)
+    sync_first = any(m in error for m in _CAPTURE_SYNC)
+    order = (
+        ["host tensor copied in forward", "tensor on another device", "tensor created on another device in forward"]
+        if copy_first
+        else ["host sync in forward", "data-dependent shape"]
+        if sync_first
+        else []
+    )
+    causes.sort(key=lambda c: order.index(c["kind"]) if c["kind"] in order else len(order))
+    for c in causes:
+        c["fix"] = _CAUSE_FIX[c["kind"]]
+    return causes
+
+
+@check(
+    "VD500",
+    "engine-failed-to-start",
+    "vLLM could not build, load, capture or run the model: its error, the phase, and the cause.",
+    severity=Severity.ERROR,
+    stage=Stage.ENGINE,
+    what=(
+        "The engine stage starts a real engine in the execution mode vLLM would serve with (on a GPU: torch.compile "
+        "and CUDA graphs, unless you pass vLLM's own flags or --eager). When vLLM refuses, this finding carries its "
+        "exception and the phase it failed in (load, profile run, KV cache allocation, graph capture, first step). "
+        "If the mode was not eager, the doctor re-runs the model in eager mode with its op probe and names the cause: "
+        "module, file:line, the op, and the fix."
+    ),
+    why=(
+        "A model that runs eagerly can still fail to serve: CUDA graph capture rejects host syncs (`.item()`), "
+        "copies from unpinned host memory and data-dependent shapes, and vLLM's message names none of your code."
+    ),
+    example=(
+        "self.scale = torch.from_numpy(np.ones(hidden))   # float64 on the CPU\n"
+        "...\n"
+        "def forward(...): x = x * self.scale.to(x.device)  # capture: Cannot copy between CPU and CUDA tensors"
+    ),
+    fix=(
+        "Do what the cause says (buffers made in __init__ on the model's device, no host reads in forward); "
+        "`--eager` (vLLM's enforce_eager) serves without graphs meanwhile, more slowly."
+    ),
+    references=("vllm/v1/worker/gpu_model_runner.py:capture_model", "vllm-project/vllm#10439"),
+    requires=("engine-facts",),
+)
+def engine_failed_to_start(facts: Any, emit: Emit) -> Iterable[Finding]:
+    mode = facts.mode or {}
+    mode_text = mode.get("summary") or ("eager" if mode.get("enforce_eager") else "vLLM's default execution mode")
+    error = facts.startup_error or facts.runtime_error
+    if error is None:
+        if facts.started:
+            yield emit.ok(f"the engine started ({mode_text}) and ran the workload", "engine start-up", {"mode": mode})
+        return
+    phase = facts.startup_phase or ("first step" if facts.runtime_error else "engine start-up")
+    first = error.splitlines()[0][:400]
+    causes = start_failure_causes(error, facts.diagnosis)
+    evidence: dict[str, Any] = {"vllm_error": error[:2000], "phase": phase, "mode": mode, "causes": causes[:20]}
+    if facts.startup_function:
+        evidence["vllm_function"] = facts.startup_function
+    message = f"vLLM failed in {phase} ({mode_text}): {first}"
+    see = [code for code, pattern in (("VD501", _TO_SERVE), ("VD208", _DUPLICATE)) if pattern.search(error)]
+    if see:
+        message += f" (see {', '.join(see)})"
+    hint = "run with --eager to see whether the model itself works, then fix what the error names"
+    if causes:
+        top = causes[0]
+        where = f" at {top['where'][-1]}" if top["where"] else ""
+        message += f"; cause: {top['kind']}: {top['detail']}{where}"
+        hint = top["fix"]
+    elif facts.diagnosis is not None:
+        d = facts.diagnosis
+        eager_error = d.startup_error or d.runtime_error
+        if eager_error or not d.started:
+            message += "; it fails in eager mode too: " + (eager_error or "no worker replied").splitlines()[0][:200]
+        else:
+            message += "; in eager mode it runs, and the op probe saw nothing that explains the failure"
+    yield emit.fail(message, f"engine start-up / {phase}", evidence, hint)

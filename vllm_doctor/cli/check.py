@@ -15,6 +15,7 @@ from vllm_doctor.cli.common import (
     codes,
     engine_failure,
     engine_options,
+    mode_line,
     positive_int,
     progress_printer,
 )
@@ -124,7 +125,9 @@ def add_engine_stage(args: argparse.Namespace, report: Report, progress: Any) ->
     result = run_engine_stage(report.target, engine_options(args, Workload()), progress)
     engine_report = build_engine_report(result.facts, report.target, args.select, args.ignore)
     report.findings = sorted(report.findings + engine_report.findings, key=lambda f: (f.code, f.subject))
-    report.facts["engine"] = engine_report.facts["engine"]
+    for key in ("engine", "engine_mode", "engine_diagnosis"):
+        if key in engine_report.facts:
+            report.facts[key] = engine_report.facts[key]
     report.facts["engine_log"] = result.log_path
     report.profiles["engine"] = engine_report.profiles["engine"]
     report.timings.update({f"engine_{k}" if not k.startswith("engine") else k: v for k, v in result.timings.items()})
@@ -132,4 +135,4 @@ def add_engine_stage(args: argparse.Namespace, report: Report, progress: Any) ->
     if failure:
         report.facts["engine_failure"] = failure
     anatomy = render_anatomy(report.facts["engine"]) if result.facts.workers else ""
-    return "\n".join(part for part in (anatomy, failure) if part)
+    return "\n".join(part for part in (anatomy, mode_line(result.facts), failure) if part)

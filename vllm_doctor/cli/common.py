@@ -83,6 +83,18 @@ def add_engine_options(parser: argparse.ArgumentParser, with_switch: bool) -> No
             action="store_true",
             help="also run the engine-stage checks (VD4xx, VD5xx, VD208) on a real engine and print its anatomy",
         )
+    group.add_argument(
+        "--eager",
+        action="store_true",
+        help="run the engine eagerly (vLLM's enforce_eager: no torch.compile, no CUDA graphs; per-layer timing "
+        "everywhere). Default: the mode vLLM itself would serve with; when that fails, the doctor re-runs "
+        "eagerly with its op probe to name the cause (VD500)",
+    )
+    group.add_argument(
+        "--no-diagnosis",
+        action="store_true",
+        help="when the engine fails outside eager mode, do not re-run it eagerly to find the cause",
+    )
     group.add_argument("--max-model-len", type=int, metavar="N", help="as vLLM's flag (default: the model's)")
     group.add_argument(
         "--kv-cache-memory",
@@ -131,6 +143,8 @@ def engine_options(args: argparse.Namespace, workload: Any, deep_dir: str | None
         trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
         multiprocess=args.multiprocess,
         layers=layers,
+        eager=bool(getattr(args, "eager", False)),
+        diagnose=not getattr(args, "no_diagnosis", False),
         sample_every=getattr(args, "sample_every", EngineOptions.sample_every),
         deep_dir=deep_dir,
         extra=dict(args.engine_arg),
@@ -138,11 +152,29 @@ def engine_options(args: argparse.Namespace, workload: Any, deep_dir: str | None
     )
 
 
+def mode_line(facts: Any) -> str:
+    """``execution mode: ...`` of an engine stage (what ran, and the eager re-run if there was one)."""
+    mode = facts.mode or {}
+    text = f"execution mode: {mode.get('summary') or mode.get('requested') or 'unknown'}"
+    if mode.get("requested") == "vllm-default":
+        text += " (vLLM's default; --eager forces eager)"
+    if facts.diagnosis is not None:
+        d = facts.diagnosis
+        text += "; re-run eagerly to find the cause: " + (
+            "it ran" if d.started and not d.runtime_error else "it failed too"
+        )
+    return text
+
+
 def engine_failure(facts: Any) -> str:
+    mode = (facts.mode or {}).get("summary") or (facts.mode or {}).get("requested") or "?"
     if facts.startup_error:
-        return "the engine did not start:\n  " + facts.startup_error.splitlines()[0][:400]
+        return (
+            f"the engine did not start (failed in {facts.startup_phase or 'start-up'}; mode: {mode}):\n  "
+            + facts.startup_error.splitlines()[0][:400]
+        )
     if facts.runtime_error:
-        return "the engine started, then the workload failed:\n  " + facts.runtime_error.splitlines()[0][:400]
+        return f"the engine started ({mode}), then the workload failed:\n  " + facts.runtime_error.splitlines()[0][:400]
     return ""
 
 

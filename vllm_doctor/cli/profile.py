@@ -13,6 +13,7 @@ from vllm_doctor.cli.common import (
     add_sample_every,
     engine_failure,
     engine_options,
+    mode_line,
     print_problems,
     progress_printer,
     write_reports,
@@ -94,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
     progress("wrote " + ", ".join(str(p) for p in paths))
     if result.facts.workers:
         print(render_anatomy(report.facts["engine"]))
+    print(mode_line(result.facts))
     if failure:
         print(failure)
     else:

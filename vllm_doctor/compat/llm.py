@@ -167,6 +167,34 @@ def start_engine(model: str, single_process: bool = True, **kwargs: Any) -> Any:
     return LLM(model=model, **kwargs)
 
 
+def execution_mode(llm: Any) -> dict[str, Any]:
+    """How a started engine runs the model: eager, torch.compile, CUDA graphs (read from its config)."""
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    mc = getattr(config, "model_config", None)
+    cc = getattr(config, "compilation_config", None)
+    eager = bool(getattr(mc, "enforce_eager", False))
+    compile_mode = getattr(cc, "mode", None)
+    if compile_mode is None:
+        compile_mode = getattr(cc, "level", None)  # before vLLM 0.11
+    cudagraph = getattr(cc, "cudagraph_mode", None)
+    out: dict[str, Any] = {
+        "enforce_eager": eager,
+        "compilation_mode": _name(compile_mode),
+        "cudagraph_mode": _name(cudagraph),
+    }
+    if eager:
+        out["summary"] = "eager (enforce_eager)"
+    else:
+        out["summary"] = f"compilation {out['compilation_mode']}, CUDA graphs {out['cudagraph_mode']}"
+    return out
+
+
+def _name(value: Any) -> str | None:
+    if value is None:
+        return None
+    return str(getattr(value, "name", value))
+
+
 def cuda_available() -> bool:
     try:
         import torch

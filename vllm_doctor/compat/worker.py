@@ -113,14 +113,23 @@ def compile_state(worker: Any) -> dict[str, Any]:
     cudagraph_mode = getattr(cc, "cudagraph_mode", None)
     mode_value = int(getattr(mode, "value", mode) or 0) if mode is not None else 0
     cg_name = getattr(cudagraph_mode, "name", str(cudagraph_mode)) if cudagraph_mode is not None else "NONE"
-    compiled = mode_value != 0
-    cudagraphs = cg_name not in ("NONE", "None")
-    eager = enforce_eager or (not compiled and not cudagraphs)
+    compiled = mode_value != 0 and not enforce_eager
+    cudagraphs = cg_name not in ("NONE", "None") and not enforce_eager
+    # vLLM compiles only classes decorated with @support_torch_compile (they carry do_not_compile);
+    # a custom model without it runs its Python forward even when compilation is configured
+    m = model(worker)
+    compiled_modules = (
+        [name for name, mod in m.named_modules() if getattr(mod, "do_not_compile", True) is False]
+        if compiled and m is not None
+        else []
+    )
+    eager = enforce_eager or (not compiled_modules and not cudagraphs)
     return {
         "enforce_eager": enforce_eager,
         "compilation_mode": getattr(mode, "name", str(mode)),
         "cudagraph_mode": cg_name,
         "compiled": compiled,
+        "compiled_modules": compiled_modules[:20],
         "cudagraphs": cudagraphs,
         "eager": eager,
     }

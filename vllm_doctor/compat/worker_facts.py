@@ -98,7 +98,20 @@ def placement(worker: Any) -> dict[str, Any]:
                         "vllm_builtin": builtin,
                     }
                 )
+    # float64 anywhere (numpy's default dtype; never what a GPU kernel wants): VD405 warns on every device
+    float64 = [
+        {
+            "name": name,
+            "kind": kind,
+            "device": str(t.device),
+            "shape": list(t.shape),
+            "module_class": _owner_class(model, name)[0],
+        }
+        for kind, name, t in tensors
+        if t.dtype == torch.float64
+    ][:MAX_LISTED]
     out.update(
+        float64=float64,
         model=qualname(model),
         counts=counts,
         by_device=by_device,

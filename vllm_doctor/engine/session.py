@@ -68,6 +68,7 @@ class WorkerSession:
         self.probe: ProbeRecorder | None = None
         self.probe_modes: ProbeModes | None = None
         self.probe_plan: list[str] = []  # phases still to probe: "prefill", "decode", "any"
+        self.probe_refused: str | None = None  # why arm_probe could not arm (not eager)
         self.probe_step = False
         self.probe_result: dict[str, Any] | None = None
 
@@ -384,11 +385,11 @@ class WorkerSession:
             raise RuntimeError("the worker has no model loaded yet")
         state = wv.compile_state(self.worker)
         if not state["eager"]:
-            return {
-                "armed": False,
-                "reason": "the forward probe needs eager mode (enforce_eager=True); "
-                "torch.compile / CUDA-graph replay bypasses Python-level op tracing",
-            }
+            self.probe_refused = (
+                "the forward probe needs eager mode (enforce_eager=True, --eager); "
+                "torch.compile / CUDA-graph replay bypasses Python-level op tracing"
+            )
+            return {"armed": False, "reason": self.probe_refused}
         if self.profiler is None:
             self.install(layers=False)
         if self.probe is None:
@@ -442,7 +443,7 @@ class WorkerSession:
                 "complete": False,
                 "events": [],
                 "steps": [],
-                "reason": "the probe never ran: arm it, then generate",
+                "reason": self.probe_refused or "the probe never ran: arm it, then generate",
             }
         return {**self.probe_result, "complete": True}
 

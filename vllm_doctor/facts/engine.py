@@ -33,6 +33,13 @@ class EngineFacts:
     runtime_error: str | None = None  # the engine started, then the workload failed
     nvml: dict[str, Any] | None = None  # from the doctor's own process (compat/nvml.py)
     model_dir: str | None = None
+    # how the engine ran: {"requested": "vllm-default" | "eager", "enforce_eager", "compilation_mode",
+    # "cudagraph_mode", "summary"} (compat/llm.py:execution_mode)
+    mode: dict[str, Any] = field(default_factory=dict)
+    startup_phase: str | None = None  # where vLLM failed: "load", "profile run", "graph capture", ...
+    startup_function: str | None = None  # the vLLM function that names the phase, with file:line
+    # after a failure outside eager mode: the same model re-run eagerly with the op probe
+    diagnosis: EngineFacts | None = None
 
     def errors_for(self, part: str) -> list[tuple[WorkerFacts, dict[str, Any]]]:
         return [(w, w.errors[part]) for w in self.workers if part in w.errors]
@@ -50,6 +57,10 @@ def facts_to_dict(facts: EngineFacts) -> dict[str, Any]:
         "runtime_error": facts.runtime_error,
         "nvml": facts.nvml,
         "model_dir": facts.model_dir,
+        "mode": facts.mode,
+        "startup_phase": facts.startup_phase,
+        "startup_function": facts.startup_function,
+        "diagnosis": facts_to_dict(facts.diagnosis) if facts.diagnosis is not None else None,
     }
 
 
@@ -64,4 +75,8 @@ def facts_from_dict(data: dict[str, Any]) -> EngineFacts:
         runtime_error=data.get("runtime_error"),
         nvml=data.get("nvml"),
         model_dir=data.get("model_dir"),
+        mode=dict(data.get("mode") or {}),
+        startup_phase=data.get("startup_phase"),
+        startup_function=data.get("startup_function"),
+        diagnosis=facts_from_dict(data["diagnosis"]) if data.get("diagnosis") else None,
     )

@@ -32,6 +32,9 @@ from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.model import Report, Stage
 from vllm_doctor.probes import environment
 
+# the checks that read vLLM's start-up error itself (the others read the workers' facts)
+START_CODES = ("VD500", "VD501", "VD208")
+
 __all__ = ["EngineDoctor", "ExtensionMissing", "attach", "build_engine_report", "engine_kwargs", "served_engine"]
 
 
@@ -194,9 +197,17 @@ def build_engine_report(
     """Run the engine-stage checks on ``facts``; add anatomy and profiles."""
     report = Report(target=target)
     codes = select_codes((Stage.ENGINE,), select, ignore)
-    report.findings = sorted(run_checks(facts, codes), key=lambda f: (f.code, f.subject))
+    # an engine that failed outside eager mode was re-run eagerly: the model's own checks read that
+    # run (a misplaced buffer is misplaced in every mode); VD500 reads both
+    checked = facts.diagnosis if (not facts.started or facts.runtime_error) and facts.diagnosis else facts
+    findings = run_checks(facts, [c for c in codes if c in START_CODES])
+    findings += run_checks(checked, [c for c in codes if c not in START_CODES])
+    report.findings = sorted(findings, key=lambda f: (f.code, f.subject))
     report.environment = environment.collect()
     report.facts["engine"] = anatomy(facts)
+    report.facts["engine_mode"] = facts.mode or None
+    if checked is not facts:
+        report.facts["engine_diagnosis"] = anatomy(checked)
     report.profiles["engine"] = summarize(facts)
     report.timings.update(timings or {})
     return report

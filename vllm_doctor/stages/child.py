@@ -8,8 +8,9 @@ guarantees:
   ``python -c <bootstrap> TASK REQUEST OUT`` where TASK names an entry of :data:`TASKS`: no
   other code can be named from outside.
 - **Nothing from the current directory.** The bootstrap drops the current directory from
-  ``sys.path`` before importing anything, so a ``vllm.py`` lying in a downloaded model
-  directory is never imported; ``PYTHONPATH`` still works.
+  ``sys.path`` before importing anything, and ``PYTHONSAFEPATH=1`` does the same for every
+  Python process below the child (vLLM starts ``python -m vllm...`` subprocesses), so a
+  ``vllm.py`` lying in a downloaded model directory is never imported; ``PYTHONPATH`` still works.
 - **Its own process group, a time limit, no orphans.** The child starts a new session; at the
   deadline, when the job ends, when the doctor exits and on SIGTERM/SIGHUP the whole group is
   killed (vLLM's engine core and workers included). On Linux the child also asks the kernel to
@@ -154,6 +155,10 @@ class ChildJob:
         child_env = dict(os.environ if env is None else env)
         for key, value in CHILD_ENV_DEFAULTS.items():
             child_env.setdefault(key, value)
+        # every Python process below the child (vLLM's own `python -m vllm...` inspection
+        # subprocess too) leaves the current directory off sys.path: a `vllm.py` lying in a
+        # downloaded model directory is never imported (Python >= 3.11)
+        child_env["PYTHONSAFEPATH"] = "1"
         if threading.current_thread() is threading.main_thread():
             # the kernel's parent-death signal follows the spawning thread: only from the main one
             child_env[_PDEATHSIG_ENV] = str(os.getpid())

@@ -14,7 +14,7 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ from vllm_doctor.stages.child import run_child
 Progress = Callable[[str], None]
 # vLLM settings that would change what the child's engine does: the child decides them itself
 SCRUBBED_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DOCTOR")
+# --engine-arg keys dropped from the eager re-run (they would bring graphs or compilation back)
+EAGER_CONFLICTS = ("enforce_eager", "compilation_config", "cudagraph_capture_sizes")
 
 
 @dataclass
@@ -45,6 +47,8 @@ class EngineOptions:
     layers: bool = True
     sample_every: int = DEFAULT_SAMPLE_EVERY  # per-layer sampling (1 = every step)
     probe: bool = True
+    eager: bool = False  # True: enforce_eager; False: the execution mode vLLM itself would serve with
+    diagnose: bool = True  # after a failure outside eager mode, re-run eagerly with the op probe
     deep_dir: str | None = None  # vLLM's torch profiler writes here when set
     extra: dict[str, Any] = field(default_factory=dict)  # --engine-arg KEY=VALUE
     timeout: float = 600.0
@@ -61,7 +65,7 @@ class EngineStageResult:
 
 
 def engine_kwargs_for(options: EngineOptions, cuda: bool) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"enforce_eager": True}
+    kwargs: dict[str, Any] = {"enforce_eager": True} if options.eager else {}
     if options.max_model_len:
         kwargs["max_model_len"] = options.max_model_len
     if options.kv_cache_memory_bytes is not None:
@@ -77,9 +81,14 @@ def engine_kwargs_for(options: EngineOptions, cuda: bool) -> dict[str, Any]:
 def run_engine_stage(
     model: str, options: EngineOptions, progress: Progress | None = None, log_dir: str | None = None
 ) -> EngineStageResult:
-    """Run the child and return its facts; raises RuntimeError if it printed no result."""
+    """Run the child and return its facts; raises RuntimeError if it printed no result.
+
+    An engine that failed outside eager mode is run again, eagerly and with the op probe, and
+    that run's facts become ``facts.diagnosis`` (VD500 names the cause from them).
+    """
     import tempfile
 
+    t0 = time.perf_counter()
     log_dir = log_dir or tempfile.mkdtemp(prefix="vllm-doctor-engine-")
     log_path = Path(log_dir) / "engine.log"
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
@@ -98,17 +107,27 @@ def run_engine_stage(
     data = res.data
     timings = dict(data.get("timings") or {})
     timings["engine_stage_s"] = round(res.seconds, 3)
+    facts = facts_from_dict(data["facts"])
+    failed = bool(facts.startup_error or facts.runtime_error)
+    if failed and options.diagnose and not facts.mode.get("enforce_eager"):
+        if progress is not None:
+            progress("engine stage: re-running the model in eager mode with the op probe to find the cause")
+        extra = {k: v for k, v in options.extra.items() if k not in EAGER_CONFLICTS}
+        again = replace(options, eager=True, diagnose=False, layers=False, probe=True, deep_dir=None, extra=extra)
+        try:
+            facts.diagnosis = run_engine_stage(model, again, progress, str(Path(log_dir) / "eager")).facts
+        except RuntimeError as exc:
+            if progress is not None:
+                progress(f"engine stage: the eager re-run gave no answer: {exc}")
+        timings["engine_diagnosis_s"] = round(time.perf_counter() - t0 - res.seconds, 3)
     return EngineStageResult(
-        facts=facts_from_dict(data["facts"]),
+        facts=facts,
         workload=data.get("workload") or {},
         timings=timings,
         log_path=str(log_path),
         engine_kwargs=data.get("engine_kwargs") or {},
         deep=data.get("deep"),
     )
-
-
-# ---- child side -------------------------------------------------------------------------
 
 
 def make_prompts(workload: Workload, vocab_size: int) -> list[dict[str, list[int]]]:
@@ -119,6 +138,9 @@ def make_prompts(workload: Workload, vocab_size: int) -> list[dict[str, list[int
         {"prompt_token_ids": [rng.randrange(low, vocab_size) for _ in range(workload.input_len)]}
         for _ in range(workload.prompts)
     ]
+
+
+# ---- child side -------------------------------------------------------------------------
 
 
 def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
@@ -134,22 +156,34 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     cuda = cuda_available()
     kwargs = engine_kwargs_for(options, cuda)
     result["engine_kwargs"] = kwargs
+    requested = {"requested": "eager" if kwargs.get("enforce_eager") else "vllm-default"}
     progress(
         f"engine stage: importing vLLM and starting a {'multiprocess' if options.multiprocess else 'single-process'} "
-        f"engine ({'CUDA' if cuda else 'CPU'}, eager)"
+        f"engine ({'CUDA' if cuda else 'CPU'}, {'eager' if kwargs.get('enforce_eager') else 'vLLM default mode'})"
     )
     t = time.perf_counter()
-    from vllm_doctor.compat.llm import greedy, shutdown, start_engine, torch_profiler_kwargs
+    from vllm_doctor.compat.llm import execution_mode, greedy, shutdown, start_engine, torch_profiler_kwargs
+    from vllm_doctor.compat.startup import startup_phase
 
     if options.deep_dir:
         kwargs.update(torch_profiler_kwargs(options.deep_dir))
     try:
         llm = start_engine(request["model"], single_process=not options.multiprocess, **kwargs)
-    except Exception as exc:  # the engine's own refusal is a finding (VD501, VD208, ...)
+    except Exception as exc:  # the engine's own refusal is the finding (VD500, with VD501, VD208, ...)
         result["timings"]["engine_start_s"] = round(time.perf_counter() - t, 3)
-        result["facts"] = facts_to_dict(EngineFacts(startup_error=describe_exception(exc), model_dir=request["model"]))
-        progress(f"engine stage: the engine did not start: {str(exc).splitlines()[0][:200]}")
+        where = startup_phase(exc)
+        mode = {**requested, "enforce_eager": bool(kwargs.get("enforce_eager")), "torch_compile": where["compiling"]}
+        failed = EngineFacts(
+            startup_error=describe_exception(exc),
+            model_dir=request["model"],
+            mode=mode,
+            startup_phase=where["phase"],
+            startup_function=where["function"],
+        )
+        result["facts"] = facts_to_dict(failed)
+        progress(f"engine stage: the engine did not start ({where['phase']}): {str(exc).splitlines()[0][:200]}")
         return result
+    mode = {**requested, **execution_mode(llm)}
     result["timings"]["engine_start_s"] = round(time.perf_counter() - t, 3)
     progress(f"engine stage: engine up in {result['timings']['engine_start_s']:.1f} s; attaching the doctor")
     from vllm_doctor.compat.llm import EngineHandle
@@ -170,7 +204,9 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     try:
         outputs = llm.generate(prompts, params, use_tqdm=False)
     except Exception as exc:  # the model itself failed at run time: that is the finding
-        result["facts"] = facts_to_dict(_facts_after_failure(doc, request["model"], describe_exception(exc)))
+        failed = _facts_after_failure(doc, request["model"], describe_exception(exc))
+        failed.mode, failed.startup_phase = mode, "first step"
+        result["facts"] = facts_to_dict(failed)
         progress(
             f"engine stage: the workload failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
         )
@@ -193,6 +229,7 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     doc.detach()
     facts = doc.gather()
     facts.model_dir = request["model"]
+    facts.mode = mode
     result.update(ok=True, facts=facts_to_dict(facts), deep=deep)
     result["timings"].update(doc.timings)
     progress(f"engine stage: {generated} tokens in {wall:.2f} s; collected facts from {len(facts.workers)} worker(s)")
