@@ -151,7 +151,7 @@ def _doctor_check(model: Path, tmp: Path, *args: str) -> tuple[int, dict[str, An
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_V2_MODEL_RUNNER")}
     site = capture_site(tmp / "capture-site")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
-    cmd = [sys.executable, "-m", "vllm_doctor", "check", str(model), "--engine", "--json", "--select", "VD4,VD5",
+    cmd = [sys.executable, "-m", "vllm_doctor", "check", str(model), "--fast", "--engine", "--json", "--select", "VD4,VD5",
            "--max-model-len", "512", "--engine-arg", "gpu_memory_utilization=0.15", *args]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=1200)
     assert proc.stdout.strip().startswith("{"), proc.stderr[-6000:]
