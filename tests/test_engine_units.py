@@ -713,3 +713,22 @@ def test_vd405_warns_on_a_float64_buffer_on_any_device() -> None:
     warn = [f for f in findings if f.outcome is Outcome.WARN and f.evidence.get("actual") == "torch.float64"]
     assert [(f.subject, f.evidence["kind"]) for f in warn] == [("gain", "buffer")]
     assert "float64" in warn[0].message and warn[0].severity is Severity.WARN
+
+
+def test_a_graph_capture_inside_another_phase_is_the_phase() -> None:
+    """vLLM 0.26's V2 runner captures graphs from its KV cache set-up (measured on the H200)."""
+    from vllm_doctor.compat.startup import startup_phase
+
+    src = "def initialize_from_config():\n    capture_model()\ndef capture_model():\n    raise RuntimeError('x')\n"
+    ns: dict[str, Any] = {}
+    exec(compile(src, "/site-packages/vllm/v1/worker/gpu/model_runner.py", "exec"), ns)
+    try:
+        ns["initialize_from_config"]()
+    except RuntimeError as exc:
+        assert startup_phase(exc)["phase"] == "graph capture"
+    src = "def initialize_from_config():\n    raise RuntimeError('Cannot copy ... during CUDA graph capture unless ...')\n"
+    exec(compile(src, "/site-packages/vllm/v1/worker/gpu/model_runner.py", "exec"), ns)
+    try:
+        ns["initialize_from_config"]()
+    except RuntimeError as exc:
+        assert startup_phase(exc)["phase"] == "graph capture"

@@ -32,9 +32,8 @@ PHASE_OF_FUNCTION: dict[str, str] = {
 PHASES = ("load", "profile run", "KV cache allocation", "graph capture", "graph capture and warm-up", "first step")
 
 
-def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
-    """Frames of ``exc`` and of every exception under it (cause/context), outermost first."""
-    out: list[traceback.FrameSummary] = []
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception under it (cause/context), outermost first."""
     seen: set[int] = set()
     current: BaseException | None = exc
     chain: list[BaseException] = []
@@ -42,7 +41,13 @@ def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
         seen.add(id(current))
         chain.append(current)
         current = current.__cause__ or current.__context__
-    for e in chain:  # the last exception's frames start at the top; a cause's, where it was caught
+    return chain
+
+
+def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
+    """Frames of ``exc`` and of every exception under it, outermost first."""
+    out: list[traceback.FrameSummary] = []
+    for e in _chain(exc):  # the last exception's frames start at the top; a cause's, where it was caught
         out.extend(traceback.extract_tb(e.__traceback__))
     return out
 
@@ -51,14 +56,19 @@ def startup_phase(exc: BaseException) -> dict[str, Any]:
     """``{"phase", "function", "compiling"}`` for an exception raised while vLLM started."""
     frames = _frames(exc)
     matches = [(PHASE_OF_FUNCTION[f.name], f) for f in frames if "/vllm/" in f.filename and f.name in PHASE_OF_FUNCTION]
-    if matches and matches[0][0] == "graph capture and warm-up":  # the capture inside it is more precise
-        matches = [m for m in matches if m[0] == "graph capture"] or matches
+    # a capture is the most specific phase: vLLM runs it from inside other phases (warm-up, or the
+    # KV cache set-up of the V2 runner), so it wins wherever it stands
+    text = " ".join(str(e) for e in _chain(exc))
+    capture = [m for m in matches if m[0] == "graph capture"]
+    if capture:
+        matches = capture
+    elif "graph capture" in text or "StreamCapture" in text:
+        matches = [("graph capture", matches[0][1])] if matches else []
     phase, function = None, None
     if matches:
         phase, f = matches[0]
         function = f"{f.name} ({_short(f.filename)}:{f.lineno})"
-    text = str(exc)
-    if phase is None and "CUDA graph capture" in text:
+    if phase is None and ("graph capture" in text or "StreamCapture" in text):
         phase = "graph capture"
     compiling = any("/torch/_dynamo/" in f.filename or "/torch/_inductor/" in f.filename for f in frames)
     return {"phase": phase or "engine start-up", "function": function, "compiling": compiling}
