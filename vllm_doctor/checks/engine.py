@@ -960,7 +960,7 @@ def start_failure_causes(error: str, diagnosis: EngineFacts | None) -> list[dict
                 {
                     "kind": kind,
                     "subject": e.get("module") or "<model>",
-                    "detail": f"{e.get('op')} in {e.get('module')} ({e.get('module_class')})",
+                    "detail": f"{e.get('op')} in {e.get('module') or '<model>'} ({e.get('module_class')})",
                     "where": list(e.get("where") or []),
                 }
             )
