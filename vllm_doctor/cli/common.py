@@ -174,7 +174,8 @@ def engine_failure(facts: Any) -> str:
             + facts.startup_error.splitlines()[0][:400]
         )
     if facts.runtime_error:
-        return f"the engine started ({mode}), then the workload failed:\n  " + facts.runtime_error.splitlines()[0][:400]
+        first = facts.runtime_error.splitlines()[0][:400]
+        return f"the engine started, then the workload failed (mode: {mode}):\n  {first}"
     return ""
 
 
