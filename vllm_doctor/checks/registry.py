@@ -324,6 +324,15 @@ def model_type_unknown(facts: Facts, emit: Emit) -> Iterable[Finding]:
             "set model_type to the string your config class declares (PretrainedConfig.model_type)",
         )
         return
+    verdict = (facts.import_pass or {}).get("config_verdict") or {}
+    if verdict.get("ok"):  # vLLM itself loaded config.json in a fresh process: its verdict wins
+        yield emit.ok(
+            f"model_type {mt!r} is known: vLLM loaded config.json in a fresh engine process "
+            f"({verdict.get('config_class')})",
+            "config.json:model_type",
+            {"vllm_verdict": verdict},
+        )
+        return
     known: set[str] = set()
     source = ""
     if facts.import_pass and "transformers_model_types" in facts.import_pass:
@@ -339,7 +348,11 @@ def model_type_unknown(facts: Facts, emit: Emit) -> Iterable[Finding]:
     if mt in known:
         yield emit.ok(f"model_type {mt!r} is known ({source})", "config.json:model_type")
         return
-    if mt in facts.vllm_config_model_types:
+    vllm_types = set(facts.vllm_config_model_types) | set(
+        (facts.import_pass or {}).get("vllm_config_model_types") or []
+    )
+    vllm_types.update(mt_ for p in facts.plugins if p.allowed for mt_, _ in p.vllm_config_registrations)
+    if mt in vllm_types:
         yield emit.ok(f"model_type {mt!r} is supplied by vLLM's own config registry", "config.json:model_type")
         return
     if any(k.startswith("AutoConfig") for k in facts.auto_map):
@@ -535,6 +548,23 @@ def transformers_backend_fallback(facts: Facts, emit: Emit) -> Iterable[Finding]
     yield emit.not_applicable("no architecture resolves (see VD101)")
 
 
+def _what_vllm_does(facts: Facts) -> tuple[str, dict[str, Any]]:
+    """What this vLLM made of the config in the import pass (its own verdict), for VD108."""
+    verdict = (facts.import_pass or {}).get("config_verdict") or {}
+    version = (facts.import_pass or {}).get("vllm_version") or "this vLLM"
+    if verdict.get("ok") and verdict.get("architectures"):
+        return (
+            f"; vLLM {version} does not refuse it: it builds {verdict['architectures']} instead "
+            "(the model_type's base class, which may have no LM head)",
+            {"vllm_verdict": verdict},
+        )
+    if verdict and not verdict.get("ok"):
+        return f"; vLLM {version} refuses it: {str(verdict.get('error')).splitlines()[0][:300]}", {
+            "vllm_verdict": verdict
+        }
+    return "", {}
+
+
 @check(
     "VD108",
     "architectures-invalid",
@@ -558,10 +588,11 @@ def architectures_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
     archs = facts.config.get("architectures", None)
     subject = "config.json:architectures"
     if "architectures" not in facts.config or archs is None:
+        said, evidence = _what_vllm_does(facts)
         yield emit.fail(
-            "config.json has no `architectures`",
+            "config.json has no `architectures`" + said,
             subject,
-            {"value": archs},
+            {"value": archs, **evidence},
             'add "architectures": ["<the name you register>"]',
         )
     elif not isinstance(archs, list):
@@ -572,7 +603,13 @@ def architectures_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
             f'write "architectures": [{archs!r}]' if isinstance(archs, str) else "make it a list of class names",
         )
     elif not archs:
-        yield emit.fail("`architectures` is an empty list", subject, {"value": archs}, "name your model class in it")
+        said, evidence = _what_vllm_does(facts)
+        yield emit.fail(
+            "`architectures` is an empty list" + said,
+            subject,
+            {"value": archs, **evidence},
+            "name your model class in it",
+        )
     elif not all(isinstance(a, str) and a for a in archs):
         yield emit.fail(
             f"`architectures` holds non-string entries: {archs!r}", subject, {"value": archs}, "use class-name strings"

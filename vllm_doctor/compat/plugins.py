@@ -109,6 +109,10 @@ def scan_plugin(info: PluginInfo) -> None:
             continue
         seen.add(key)
         for node in ast.walk(fn):
+            reg = _vllm_config_registry_assignment(node, imported)
+            if reg is not None:
+                info.vllm_config_registrations.append(reg)
+                continue
             if not isinstance(node, ast.Call):
                 continue
             cname = _call_name(node)
@@ -138,3 +142,19 @@ def scan_plugin(info: PluginInfo) -> None:
                     info.config_registrations.append((node.args[0].value, cls_name))
                 else:
                     info.dynamic = True
+
+
+def _vllm_config_registry_assignment(node: ast.AST, imported: dict[str, str]) -> tuple[str, str] | None:
+    """``_CONFIG_REGISTRY["mt"] = Cls`` (vLLM's own config registry, as some plugins fill it)."""
+    if not isinstance(node, ast.Assign) or len(node.targets) != 1:
+        return None
+    target = node.targets[0]
+    if not isinstance(target, ast.Subscript):
+        return None
+    base = target.value
+    base_name = base.id if isinstance(base, ast.Name) else base.attr if isinstance(base, ast.Attribute) else ""
+    key = target.slice
+    if base_name != "_CONFIG_REGISTRY" or not (isinstance(key, ast.Constant) and isinstance(key.value, str)):
+        return None
+    cls = node.value
+    return key.value, imported.get(cls.id, cls.id) if isinstance(cls, ast.Name) else "?"

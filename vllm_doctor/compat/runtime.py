@@ -273,6 +273,41 @@ def load_class(target: str) -> tuple[type | None, dict[str, Any]]:
     return cls, record
 
 
+def vllm_config_model_types() -> list[str]:
+    """model_types in vLLM's own config registry now (plugins may add to it at import time)."""
+    try:
+        from vllm.transformers_utils import config as vllm_config
+    except Exception:
+        return []
+    registry = getattr(vllm_config, "_CONFIG_REGISTRY", None)
+    return sorted(str(k) for k in registry) if isinstance(registry, dict) else []
+
+
+def config_verdict(model_dir: str, trust_remote_code: bool) -> dict[str, Any]:
+    """vLLM's own verdict on the model directory's config, loaded the way ``vllm serve`` loads it
+    (``EngineArgs.create_model_config``): ``{"ok", "model_type", "architectures"}`` or ``{"ok":
+    False, "error"}``. Its verdict wins over the doctor's tables."""
+    from vllm_doctor.compat.common import describe_exception
+
+    try:
+        from vllm.engine.arg_utils import EngineArgs
+
+        model_config = EngineArgs(model=model_dir, trust_remote_code=trust_remote_code).create_model_config()
+    except Exception as exc:
+        return {"ok": False, "error": describe_exception(exc, limit=3000), "type": type(exc).__name__}
+    hf = getattr(model_config, "hf_config", None)
+    return {
+        "ok": True,
+        "model_type": getattr(hf, "model_type", None),
+        "config_class": qualname_of(hf),
+        "architectures": [str(a) for a in getattr(model_config, "architectures", None) or []],
+    }
+
+
+def qualname_of(obj: Any) -> str | None:
+    return None if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
+
+
 def cuda_initialized() -> bool | None:
     """Has anything in this process initialised CUDA? (None: torch cannot tell)"""
     try:

@@ -30,6 +30,8 @@ class PluginInfo:
     function_found: bool = False
     registrations: list[Registration] = field(default_factory=list)
     config_registrations: list[tuple[str, str]] = field(default_factory=list)  # (model_type, cls)
+    # (model_type, cls) put into vLLM's own config registry (``_CONFIG_REGISTRY[mt] = Cls``)
+    vllm_config_registrations: list[tuple[str, str]] = field(default_factory=list)
     dynamic: bool = False  # saw a registration call whose arguments are not literals
     problem: str | None = None  # why the static scan could not follow it
 

@@ -51,5 +51,10 @@ def child_task(request: dict[str, Any], _progress: Any) -> dict[str, Any]:
         record["seconds"] = time.monotonic() - t2
         classes[arch] = record
     result["classes"] = classes
+    result["vllm_config_model_types"] = live.vllm_config_model_types()
+    if request.get("model_dir"):
+        t3 = time.monotonic()
+        result["config_verdict"] = live.config_verdict(request["model_dir"], bool(request.get("trust_remote_code")))
+        result["timings"]["config_verdict"] = time.monotonic() - t3
     result["cuda_initialized"] = live.cuda_initialized()
     return result

@@ -97,9 +97,12 @@ def gather_static_facts(model: str, options: CheckOptions) -> Facts:
 
 def add_import_facts(facts: Facts, options: CheckOptions) -> float:
     """Run the import pass; replace the predicted registry with the measured one."""
-    res = run_child(
-        "import", {"architectures": facts.architectures}, timeout=options.import_timeout, what="the import pass"
-    )
+    request = {
+        "architectures": facts.architectures,
+        "model_dir": facts.model_dir,
+        "trust_remote_code": facts.trust_remote_code,
+    }
+    res = run_child("import", request, timeout=options.import_timeout, what="the import pass")
     error = res.error
     if res.timed_out:
         error = f"{error} (a plugin or model module may hang on import)"
