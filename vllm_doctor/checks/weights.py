@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from vllm_doctor.checks.base import Emit, check, gate, known
-from vllm_doctor.facts.checkpoint import FLOAT_DTYPES, INDEX_NAME
+from vllm_doctor.facts.checkpoint import FLOAT_DTYPES, INDEX_NAME, OUTSIDE_KINDS
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
 
@@ -757,7 +757,7 @@ def broken_shard_index(facts: Facts, emit: Emit) -> Iterable[Finding]:
         else:
             hint = (
                 "use plain file names of shards in the model directory in weight_map"
-                if p.kind in ("index-path-outside-dir", "file-outside-dir", "index-path-not-top-level")
+                if p.kind in OUTSIDE_KINDS or p.kind == "index-path-not-top-level"
                 else "add the missing shard file or regenerate the index"
             )
             yield emit.fail(p.message, p.subject, evidence, hint)

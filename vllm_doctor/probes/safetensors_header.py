@@ -10,7 +10,9 @@ VD306/VD308 checks), never an exception:
   is shorter or longer than the offsets say (safetensors and therefore vLLM reject such files);
 - ``model.safetensors.index.json`` names a file that does not exist, lies outside the model
   directory (``../x``, an absolute path, a symlink that escapes) or that vLLM's top-level
-  ``*.safetensors`` glob does not find. Such paths are never opened.
+  ``*.safetensors`` glob does not find. Such paths are never opened. "Inside" is
+  :func:`vllm_doctor.probes.paths.model_roots`: the directory itself, and for a Hugging Face
+  cache snapshot the same repo's ``blobs/`` (where its files link to).
 
 The file set and order are vLLM's (``DefaultModelLoader._prepare_weights`` +
 ``filter_duplicate_safetensors_files`` + ``safetensors_weights_iterator``, vLLM 0.32): every
@@ -42,6 +44,7 @@ from vllm_doctor.facts.checkpoint import (
     FileHeader,
     TensorHeader,
 )
+from vllm_doctor.probes.paths import NotRegular, TooLarge, inside, model_roots, read_regular, resolves_to
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit (HeaderTooLarge)
 DIAGNOSE_BYTES = 1 << 20  # how much a corrupt header length lets us look at
@@ -51,14 +54,6 @@ SAFETENSORS_ERROR = "safetensors_rust.SafetensorError: Error while deserializing
 def natural_sort_key(path: str) -> list[Any]:
     """vLLM's ``_natural_sort_key``: shard 2 before shard 10."""
     return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", path)]
-
-
-def _inside(root_real: str, path: str) -> bool:
-    real = os.path.realpath(path)
-    try:
-        return os.path.commonpath([root_real, real]) == root_real
-    except ValueError:  # different drives on Windows
-        return False
 
 
 def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProblem]]:
@@ -266,26 +261,45 @@ def library_check(path: Path, header: FileHeader) -> str | None:
     return None
 
 
-def _read_index(root: Path, problems: list[CheckpointProblem]) -> dict[str, Any] | None:
+def _read_index(root: Path, roots: tuple[str, ...], problems: list[CheckpointProblem]) -> dict[str, Any] | None:
     path = root / INDEX_NAME
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     index: dict[str, Any] = {"file": INDEX_NAME, "entries": 0, "files": []}
-    try:
-        if path.stat().st_size > MAX_HEADER_BYTES:
-            raise ValueError(f"{path.stat().st_size} bytes is implausibly large for an index")
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    if not inside(roots, path):
         problems.append(
             CheckpointProblem(
                 "index",
-                "index-unreadable",
+                "index-outside-dir",
                 INDEX_NAME,
-                f"{INDEX_NAME} cannot be read as JSON: {exc}",
-                vllm_error="json.decoder.JSONDecodeError (vLLM reads the index before loading)",
+                f"{INDEX_NAME} is a symlink to {resolves_to(path)}, outside the model directory; vllm-doctor did not "
+                "open it",
+                {"resolves_to": resolves_to(path)},
             )
         )
-        index["error"] = str(exc)
+        index["error"] = "outside the model directory"
+        return index
+    vllm_error = "json.decoder.JSONDecodeError (vLLM reads the index before loading)"
+    try:
+        raw = read_regular(path, MAX_HEADER_BYTES)
+    except (NotRegular, TooLarge) as exc:
+        why = f"{INDEX_NAME} {exc}; vllm-doctor did not read it"
+        vllm_error = ""
+    except OSError as exc:
+        why = f"{INDEX_NAME} cannot be read: {exc.strerror or exc}"
+    else:
+        why = ""
+        try:
+            doc = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            why = f"{INDEX_NAME} is not UTF-8 (byte {exc.start})"
+        except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
+            why = f"{INDEX_NAME} cannot be read as JSON: {exc}"
+        except RecursionError:
+            why = f"{INDEX_NAME} cannot be read as JSON: it nests too deeply"
+    if why:
+        problems.append(CheckpointProblem("index", "index-unreadable", INDEX_NAME, why, vllm_error=vllm_error))
+        index["error"] = why
         return index
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
@@ -310,7 +324,7 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
     """Headers of every checkpoint file vLLM would load from ``model_dir``, and their defects."""
     start = time.monotonic()
     root = Path(model_dir)
-    root_real = os.path.realpath(root)
+    roots = model_roots(root)
     facts = CheckpointFacts(model_dir=str(root), format="none")
     problems = facts.problems
     folder = str(root)
@@ -323,7 +337,7 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
         facts.seconds = time.monotonic() - start
         return facts
     facts.format = "safetensors"
-    index = _read_index(root, problems)
+    index = _read_index(root, roots, problems)
     facts.index = {k: v for k, v in index.items() if k != "weight_map"} if index else None
     load_files = list(globbed)
     if index and "weight_map" in index:
@@ -345,7 +359,7 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
             subject = f"{INDEX_NAME}:{fname}"
             if joined in globbed:
                 continue  # a file vLLM loads: checked below (an escaping symlink included)
-            if os.path.isabs(fname) or not _inside(root_real, joined):
+            if os.path.isabs(fname) or not inside(roots, joined):
                 problems.append(
                     CheckpointProblem(
                         "index",
@@ -353,7 +367,7 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
                         subject,
                         f"the index sends {len(tensors)} tensor(s) to {fname!r}, a path outside the model directory; "
                         "vllm-doctor does not follow it and vLLM will not load it",
-                        {**evidence, "resolves_to": os.path.realpath(joined)},
+                        {**evidence, "resolves_to": resolves_to(joined)},
                         vllm_error,
                     )
                 )
@@ -385,17 +399,17 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
     seen: dict[str, str] = {}
     for fpath in load_files:
         rel = os.path.relpath(fpath, folder)
-        if not _inside(root_real, fpath):
+        if not inside(roots, fpath):
             problems.append(
                 CheckpointProblem(
                     "index",
                     "file-outside-dir",
                     rel,
                     (
-                        f"{rel} is a symlink to {os.path.realpath(fpath)}, outside the model directory; vllm-doctor "
-                        f"did not open it"
+                        f"{rel} is a symlink to {resolves_to(fpath)}, outside the model directory; vllm-doctor did "
+                        "not open it"
                     ),
-                    {"resolves_to": os.path.realpath(fpath)},
+                    {"resolves_to": resolves_to(fpath)},
                 )
             )
             facts.files.append(FileHeader(file=rel, size=0))

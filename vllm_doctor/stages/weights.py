@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vllm_doctor.facts.checkpoint import OUTSIDE_KINDS
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.probes.safetensors_header import read_checkpoint
 from vllm_doctor.stages.child import ChildJob
@@ -52,7 +53,7 @@ def start_weights_pass(
         "architectures": facts.architectures,
         "trust_remote_code": facts.trust_remote_code,
         # a path escapes the model dir: vLLM's config code must not read checkpoint headers either
-        "paths_escape": any(p.kind in ("file-outside-dir", "index-path-outside-dir") for p in checkpoint.problems),
+        "paths_escape": any(p.kind in OUTSIDE_KINDS for p in checkpoint.problems),
         "tensors": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in tensors],
     }
     timeout = float(getattr(options, "import_timeout", 180.0))

@@ -1,0 +1,226 @@
+"""Hostile and odd model directories: one clear message, the right exit code, and no path opened
+outside the model directory (a FIFO outside it stands in for a file the doctor must not open:
+opening it would block, so a test that opens it times out)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.weights import write_raw_safetensors
+from vllm_doctor.checks import run_checks
+from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.facts.static import Facts
+from vllm_doctor.model import Outcome
+from vllm_doctor.probes.model_dir import find_in_hf_cache, resolve_model_dir
+from vllm_doctor.probes.paths import model_roots
+from vllm_doctor.probes.safetensors_header import read_checkpoint
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "tie_word_embeddings": False}
+TENSORS = {
+    "model.embed_tokens.weight": ("BF16", [64, 16]),
+    "model.norm.weight": ("BF16", [16]),
+    "lm_head.weight": ("BF16", [64, 16]),
+}
+
+
+def cli(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "vllm_doctor", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env or dict(os.environ),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def finishes(fn: Any, timeout: float = 10) -> Any:
+    """fn() must return (or raise) within timeout: opening a FIFO for reading would block."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:
+            box["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), f"{fn} did not finish within {timeout} s (it opened something it should not)"
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def input_error(fn: Any) -> DoctorInputError:
+    with pytest.raises(DoctorInputError) as info:
+        finishes(fn)
+    return info.value
+
+
+def model(tmp_path: Path, config: dict[str, Any] | None = None, name: str = "m") -> Path:
+    d = tmp_path / name
+    d.mkdir()
+    if config is not None:
+        (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def hf_cache(tmp_path: Path, repo: str = "org--tiny", rev: str = "abc123") -> tuple[Path, Path]:
+    """A Hugging Face cache repo laid out as huggingface_hub writes it: snapshot files are
+    symlinks to ../../blobs/<hash>. Returns (HF_HOME, snapshot dir)."""
+    home = tmp_path / "hf"
+    repo_dir = home / "hub" / f"models--{repo}"
+    blobs, snap = repo_dir / "blobs", repo_dir / "snapshots" / rev
+    blobs.mkdir(parents=True)
+    snap.mkdir(parents=True)
+    (repo_dir / "refs").mkdir()
+    (repo_dir / "refs" / "main").write_text(rev)
+    (blobs / "c0nf1g").write_text(json.dumps(LLAMA))
+    write_raw_safetensors(blobs / "we1ght", TENSORS)
+    (blobs / "1ndex").write_text(json.dumps({"weight_map": {k: "model.safetensors" for k in TENSORS}}))
+    for name, blob in (("config.json", "c0nf1g"), ("model.safetensors", "we1ght"), ("model.safetensors.index.json", "1ndex")):
+        (snap / name).symlink_to(Path("../../blobs") / blob)
+    return home, snap
+
+
+# --- 1. symlinks out of the model directory; the Hugging Face cache layout --------------------------
+
+
+def test_config_symlink_out_of_the_dir_is_refused_without_opening_it(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "outside-fifo")
+    d = model(tmp_path)
+    (d / "config.json").symlink_to(tmp_path / "outside-fifo")
+    err = input_error(lambda: resolve_model_dir(str(d)))
+    assert "is a symlink to" in err.message and "outside the model directory" in err.message
+    assert str(tmp_path / "outside-fifo") in err.message
+    # a readable, valid file outside is refused the same way (it is not read either)
+    (tmp_path / "outside.json").write_text(json.dumps(LLAMA))
+    (d / "config.json").unlink()
+    (d / "config.json").symlink_to("../outside.json")
+    assert "outside the model directory" in input_error(lambda: resolve_model_dir(str(d))).message
+
+
+def test_config_symlink_out_of_the_dir_exits_2_on_the_cli(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "outside-fifo")
+    d = model(tmp_path)
+    (d / "config.json").symlink_to(tmp_path / "outside-fifo")
+    proc = cli("check", str(d), "--fast", timeout=30)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("vllm-doctor: error: ") and "outside the model directory" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_config_symlink_inside_the_dir_is_followed(tmp_path: Path) -> None:
+    d = model(tmp_path)
+    (d / "real").mkdir()
+    (d / "real" / "config.json").write_text(json.dumps(LLAMA))
+    (d / "config.json").symlink_to("real/config.json")
+    assert resolve_model_dir(str(d)).config == LLAMA
+
+
+def test_dangling_and_looping_config_symlinks_are_input_errors(tmp_path: Path) -> None:
+    d = model(tmp_path)
+    (d / "config.json").symlink_to("missing.json")
+    assert "dangling symlink" in input_error(lambda: resolve_model_dir(str(d))).message
+    (d / "config.json").unlink()
+    (d / "config.json").symlink_to("config.json")
+    assert "config.json" in input_error(lambda: resolve_model_dir(str(d))).message
+
+
+def test_hf_snapshot_links_into_its_own_blobs_are_allowed(tmp_path: Path) -> None:
+    _home, snap = hf_cache(tmp_path)
+    assert model_roots(snap) == (str(snap.resolve()), str((snap.parent.parent / "blobs").resolve()))
+    assert resolve_model_dir(str(snap)).config == LLAMA
+    ck = read_checkpoint(snap)
+    assert ck.problems == [] and ck.complete and len(ck.tensors) == 3
+    facts = Facts(model_dir=str(snap), config=LLAMA, checkpoint=ck)
+    outcomes = {f.code: f.outcome for f in run_checks(facts, ["VD306", "VD308"])}
+    assert outcomes == {"VD306": Outcome.PASS, "VD308": Outcome.PASS}
+
+
+def test_hf_cache_check_passes_on_the_cli(tmp_path: Path) -> None:
+    home, snap = hf_cache(tmp_path)
+    proc = cli("check", "org/tiny", "--fast", "--json", "-q", env=dict(os.environ, HF_HOME=str(home)))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["target"] == str(snap.resolve())
+    outcomes = {f["code"]: f["outcome"] for f in data["findings"] if f["code"] in ("VD306", "VD308")}
+    assert outcomes == {"VD306": "pass", "VD308": "pass"}
+
+
+def test_hf_snapshot_links_into_another_repo_or_out_of_the_cache_are_refused(tmp_path: Path) -> None:
+    _home, snap = hf_cache(tmp_path)
+    _other_home, other = hf_cache(tmp_path / "other", repo="org--other")
+    os.mkfifo(tmp_path / "outside-fifo")
+    (snap / "config.json").unlink()
+    (snap / "config.json").symlink_to(other / "config.json")  # resolves into ANOTHER repo's blobs
+    assert "outside the model directory" in input_error(lambda: resolve_model_dir(str(snap))).message
+    (snap / "config.json").unlink()
+    (snap / "config.json").symlink_to(Path("../../blobs/c0nf1g"))
+    (snap / "model.safetensors").unlink()
+    (snap / "model.safetensors").symlink_to(tmp_path / "outside-fifo")
+    (snap / "model.safetensors.index.json").unlink()
+    (snap / "model.safetensors.index.json").symlink_to(tmp_path / "outside-fifo")
+    ck = finishes(lambda: read_checkpoint(snap))
+    assert sorted(p.kind for p in ck.problems) == ["file-outside-dir", "index-outside-dir"], ck.problems
+    findings = run_checks(Facts(model_dir=str(snap), config=LLAMA, checkpoint=ck), ["VD306"])
+    assert {f.outcome for f in findings} == {Outcome.FAIL}
+
+
+def test_a_plain_dir_named_like_a_snapshot_gets_no_blobs_allowance(tmp_path: Path) -> None:
+    d = tmp_path / "not-a-cache" / "snapshots" / "x"
+    d.mkdir(parents=True)
+    assert model_roots(d) == (str(d.resolve()),)
+
+
+@pytest.mark.parametrize("ref", ["../../..", "..", "../../../elsewhere", "a/b", "/etc", ""])
+def test_hf_ref_that_is_not_a_plain_revision_is_not_followed(tmp_path: Path, ref: str) -> None:
+    home, _snap = hf_cache(tmp_path)
+    (home / "hub" / "models--org--tiny" / "refs" / "main").write_text(ref)
+    elsewhere = tmp_path / "hf" / "hub" / "elsewhere"  # what ../../../elsewhere would reach
+    elsewhere.mkdir()
+    os.mkfifo(elsewhere / "config.json")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HOME", str(home))
+        mp.delenv("HF_HUB_CACHE", raising=False)
+        err = input_error(lambda: find_in_hf_cache("org/tiny"))
+    assert "not a revision name" in err.message
+
+
+def test_hf_ref_symlink_out_of_the_repo_is_not_read(tmp_path: Path) -> None:
+    home, _snap = hf_cache(tmp_path)
+    os.mkfifo(tmp_path / "outside-fifo")
+    ref = home / "hub" / "models--org--tiny" / "refs" / "main"
+    ref.unlink()
+    ref.symlink_to(tmp_path / "outside-fifo")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HOME", str(home))
+        mp.delenv("HF_HUB_CACHE", raising=False)
+        err = input_error(lambda: find_in_hf_cache("org/tiny"))
+    assert "outside the cache entry" in err.message
+
+
+def test_hf_snapshot_dir_linking_out_of_the_cache_is_not_used(tmp_path: Path) -> None:
+    home, snap = hf_cache(tmp_path)
+    outside = model(tmp_path, LLAMA, name="outside-model")
+    snapshots = snap.parent
+    (snapshots / "evil").symlink_to(outside, target_is_directory=True)
+    (home / "hub" / "models--org--tiny" / "refs" / "main").write_text("evil")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HOME", str(home))
+        mp.delenv("HF_HUB_CACHE", raising=False)
+        err = input_error(lambda: find_in_hf_cache("org/tiny"))
+        assert "outside the cache's snapshots directory" in err.message
+        (home / "hub" / "models--org--tiny" / "refs" / "main").unlink()  # no ref: the newest usable snapshot
+        os.utime(snapshots / "evil", follow_symlinks=False)
+        assert find_in_hf_cache("org/tiny") == snap
