@@ -224,3 +224,65 @@ def test_hf_snapshot_dir_linking_out_of_the_cache_is_not_used(tmp_path: Path) ->
         (home / "hub" / "models--org--tiny" / "refs" / "main").unlink()  # no ref: the newest usable snapshot
         os.utime(snapshots / "evil", follow_symlinks=False)
         assert find_in_hf_cache("org/tiny") == snap
+
+
+# --- 2. config.json that is a directory or a FIFO; a model path that starts with '-' -----------------
+
+
+@pytest.mark.parametrize(
+    ("make", "expected"),
+    [
+        (lambda c: c.mkdir(), "config.json is a directory, not a regular file"),
+        (lambda c: os.mkfifo(c), "config.json is a FIFO (named pipe), not a regular file; vllm-doctor did not open it"),
+    ],
+)
+def test_config_that_is_not_a_regular_file_says_what_it_is(tmp_path: Path, make: Any, expected: str) -> None:
+    d = model(tmp_path)
+    make(d / "config.json")
+    assert expected in input_error(lambda: resolve_model_dir(str(d))).message
+    proc = cli("check", str(d), "--fast", timeout=30)
+    assert proc.returncode == 2 and expected in proc.stderr and "Traceback" not in proc.stderr
+    assert "no config.json in this directory" not in proc.stderr
+
+
+def test_model_path_that_is_a_fifo_says_so(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "pipe")
+    err = input_error(lambda: resolve_model_dir(str(tmp_path / "pipe")))
+    assert err.message.endswith("is a FIFO (named pipe), not a model directory")
+
+
+def test_index_that_is_a_fifo_is_reported_not_opened(tmp_path: Path) -> None:
+    d = model(tmp_path, LLAMA)
+    write_raw_safetensors(d / "model.safetensors", TENSORS)
+    os.mkfifo(d / "model.safetensors.index.json")
+    ck = finishes(lambda: read_checkpoint(d))
+    (problem,) = ck.problems
+    assert problem.kind == "index-unreadable" and "is a FIFO (named pipe), not a regular file" in problem.message
+
+
+def test_model_path_starting_with_a_dash_gets_the_double_dash_hint(tmp_path: Path) -> None:
+    d = tmp_path / "-weird-dir"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(LLAMA))
+    env = dict(os.environ)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_doctor", "check", "-weird-dir", "--fast"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "the following arguments are required: model" in proc.stderr
+    assert "put it after '--' (vllm-doctor check --fast -- -weird-dir) or write it as ./-weird-dir" in proc.stderr
+    ok = subprocess.run(
+        [sys.executable, "-m", "vllm_doctor", "check", "--fast", "-q", "--", "-weird-dir"],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+    )
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_the_dash_hint_is_not_given_for_real_options(capsys: pytest.CaptureFixture[str]) -> None:
+    from vllm_doctor.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["check", "--fast", "--json"])
+    err = capsys.readouterr().err
+    assert "required: model" in err and "hint" not in err

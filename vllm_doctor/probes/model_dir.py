@@ -125,8 +125,12 @@ def resolve_model_dir(model: str) -> ModelDir:
                 f"{model}: no such file or directory", "pass the model directory that holds config.json"
             )
     if not path.is_dir():
+        try:
+            what = kind_of(path.stat().st_mode)
+        except OSError:
+            what = "unreadable"
         raise DoctorInputError(
-            f"{model}: is a file, not a model directory",
+            f"{model}: is {'a file' if what == 'a regular file' else what}, not a model directory",
             "pass the directory that holds config.json and the weights, not a file inside it",
         )
     config_path = path / "config.json"
