@@ -286,3 +286,96 @@ def test_the_dash_hint_is_not_given_for_real_options(capsys: pytest.CaptureFixtu
         build_parser().parse_args(["check", "--fast", "--json"])
     err = capsys.readouterr().err
     assert "required: model" in err and "hint" not in err
+
+
+# --- 3. size caps, deep nesting, huge numbers, NUL bytes -------------------------------------------------
+
+DEEP = "[" * 10_000 + "]" * 10_000
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ('{"architectures": ' + DEEP + "}", "nests deeper than Python's json parser allows"),
+        ('{"a": ' + "[" * 100 + "]" * 100 + "}", "nests more than 64 levels deep"),
+        ('{"vocab_size": ' + "7" * 5000 + "}", "holds an integer with more than 4300 digits"),
+    ],
+)
+def test_hostile_config_json_is_one_line_and_exit_2(tmp_path: Path, raw: str, expected: str) -> None:
+    d = model(tmp_path)
+    (d / "config.json").write_text(raw)
+    assert expected in input_error(lambda: resolve_model_dir(str(d))).message
+    proc = cli("check", str(d), "--fast", timeout=30)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    first, *rest = proc.stderr.splitlines()
+    assert first.startswith("vllm-doctor: error: ") and expected in first
+    assert all(line.startswith("  hint: ") for line in rest)
+
+
+def test_huge_config_json_is_refused_before_it_is_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = model(tmp_path)
+    with open(d / "config.json", "wb") as fh:
+        fh.truncate(17 << 20)  # sparse: 17 MiB apparent
+    reads: list[int] = []
+    real_read = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: reads.append(n) or real_read(fd, n))
+    err = input_error(lambda: resolve_model_dir(str(d)))
+    assert "config.json is 17.0 MiB; vllm-doctor reads at most 16 MiB" in err.message
+    assert reads == []
+
+
+def _header_file(path: Path, header: bytes) -> None:
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [
+        (b'{"w": ' + DEEP.encode() + b"}", "header nests deeper than Python's json parser allows"),
+        (b'{"w": {"dtype": "F32", "shape": [' + b"9" * 5000 + b'], "data_offsets": [0, 4]}}', "more than 4300 digits"),
+        (b'{"w": {"dtype": "F\x0032", "shape": [1], "data_offsets": [0, 4]}}', "is not valid JSON (Invalid control character"),
+        (b'{"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 0]}}\x00\x00\x00\x00', "is not valid JSON (Extra data"),
+    ],
+)
+def test_hostile_safetensors_header_is_a_vd308_finding_and_the_run_goes_on(tmp_path: Path, header: bytes, expected: str) -> None:
+    d = model(tmp_path, LLAMA)
+    _header_file(d / "model.safetensors", header)
+    ck = read_checkpoint(d)
+    (problem,) = ck.problems
+    assert problem.kind == "header-not-json" and expected in problem.message, problem.message
+    proc = cli("check", str(d), "--fast", "--json", "-q", timeout=30)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    failed = [(f["code"], f["subject"]) for f in json.loads(proc.stdout)["findings"] if f["outcome"] == "fail"]
+    assert failed == [("VD308", "model.safetensors")]
+
+
+def test_long_values_in_a_bad_header_entry_are_cut_in_the_message(tmp_path: Path) -> None:
+    d = model(tmp_path, LLAMA)
+    shape = [*range(100_000), -1]
+    _header_file(d / "model.safetensors", json.dumps({"w": {"dtype": "F32", "shape": shape, "data_offsets": [0, 4]}}).encode())
+    (problem,) = read_checkpoint(d).problems
+    assert problem.kind == "bad-entry" and len(problem.message) < 400 and "characters)" in problem.message
+    assert len(json.dumps(problem.evidence)) < 1000
+
+
+@pytest.mark.parametrize(
+    ("index", "kind", "expected"),
+    [
+        ('{"weight_map": ' + DEEP + "}", "index-unreadable", "nests deeper than Python's json parser allows"),
+        ('{"weight_map": {"w": "model\x00.safetensors"}}', "index-unreadable", "Invalid control character"),
+        ('{"weight_map": {"w": "model\\u0000.safetensors"}}', "index-path-invalid", "(it holds a NUL byte)"),
+        ('{"weight_map": {"w": ""}}', "index-path-invalid", "which is not a file name"),
+        ('{"weight_map": {"w": "model.safetensors"}, "n": ' + "1" * 5000 + "}", "index-unreadable", "more than 4300 digits"),
+    ],
+)
+def test_hostile_index_is_a_vd306_finding_and_the_run_goes_on(tmp_path: Path, index: str, kind: str, expected: str) -> None:
+    d = model(tmp_path, LLAMA)
+    write_raw_safetensors(d / "model.safetensors", TENSORS)
+    (d / "model.safetensors.index.json").write_text(index)
+    ck = read_checkpoint(d)
+    (problem,) = ck.problems
+    assert problem.kind == kind and expected in problem.message, problem.message
+    proc = cli("check", str(d), "--fast", "--json", "-q", timeout=30)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
+    failed = {f["code"] for f in json.loads(proc.stdout)["findings"] if f["outcome"] == "fail"}
+    assert failed == {"VD306"}

@@ -16,12 +16,22 @@ from pathlib import Path
 from typing import Any
 
 from vllm_doctor.errors import DoctorInputError
-from vllm_doctor.probes.paths import inside, kind_of, model_roots, read_regular, resolves_to
+from vllm_doctor.probes.paths import (
+    BadJSON,
+    TooLarge,
+    inside,
+    kind_of,
+    model_roots,
+    parse_json,
+    read_regular,
+    resolves_to,
+)
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # a revision the HF cache writes into refs/<branch> (a commit hash): one plain path component
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
 MAX_REF_BYTES = 4096
+MAX_CONFIG_BYTES = 16 << 20  # a model's config.json is a few KiB; a large multimodal one well under 1 MiB
 
 
 @dataclass
@@ -143,11 +153,16 @@ def resolve_model_dir(model: str) -> ModelDir:
             "config.json must be UTF-8 JSON; re-save it with config.save_pretrained",
         ) from exc
     try:
-        config = json.loads(text)
+        config = parse_json(text)
     except json.JSONDecodeError as exc:
         raise DoctorInputError(
             f"{config_path}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}",
             "fix the JSON syntax (a trailing comma or a missing quote is the usual cause)",
+        ) from exc
+    except BadJSON as exc:
+        raise DoctorInputError(
+            f"{config_path}: {exc.message}",
+            "config.json is a flat object of settings; re-save it with config.save_pretrained",
         ) from exc
     if not isinstance(config, dict):
         raise DoctorInputError(
@@ -189,6 +204,12 @@ def _read_config(path: Path, config_path: Path) -> bytes:
             "config.json must be a regular JSON file (write it with config.save_pretrained)",
         )
     try:
-        return read_regular(config_path, 1 << 62)
+        return read_regular(config_path, MAX_CONFIG_BYTES)
+    except TooLarge as exc:
+        raise DoctorInputError(
+            f"{config_path}: config.json is {exc.size / 2**20:.1f} MiB; vllm-doctor reads at most "
+            f"{MAX_CONFIG_BYTES >> 20} MiB (a model's config.json is a few KiB)",
+            "is this the right file? config.json holds settings, not weights or vocabularies",
+        ) from exc
     except OSError as exc:
         raise DoctorInputError(f"{config_path}: cannot read: {exc.strerror or exc}") from exc

@@ -1,4 +1,5 @@
-"""Which paths of a model directory the doctor may open, and how it opens them.
+"""Which paths of a model directory the doctor may open, how it opens them, and how it parses
+the JSON it finds there.
 
 A file of the model directory is opened only when its real path (symlinks resolved) lies
 inside the directory, or, for a Hugging Face cache snapshot
@@ -8,14 +9,21 @@ inside the directory, or, for a Hugging Face cache snapshot
 
 :func:`read_regular` opens without blocking and reads a bounded number of bytes, so a FIFO or
 device put in a file's place cannot hang the doctor and a huge file cannot exhaust memory.
+:func:`parse_json` turns what Python's json module raises on hostile input (RecursionError for
+thousands of nested brackets, ValueError for an integer of more than 4300 digits) into one
+:class:`BadJSON` message, and refuses documents nested deeper than :data:`MAX_JSON_DEPTH` so that
+no later ``repr`` or ``json.dumps`` of a value can hit the recursion limit.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from typing import Any
 
 HF_REPO_PREFIX = "models--"
+MAX_JSON_DEPTH = 64  # config.json and safetensors headers nest a handful of levels
 
 
 def model_roots(model_dir: str | os.PathLike[str]) -> tuple[str, ...]:
@@ -110,3 +118,41 @@ def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
         return data
     finally:
         os.close(fd)
+
+
+class BadJSON(ValueError):
+    """JSON that parses badly for a reason other than a syntax error (``message`` says which)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def parse_json(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads``, with RecursionError, the int-digits ValueError and nesting deeper than
+    ``max_depth`` raised as :class:`BadJSON`. A syntax error stays a ``json.JSONDecodeError``."""
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise BadJSON("nests deeper than Python's json parser allows (about 1000 levels)") from None
+    except ValueError as exc:
+        if "integer string conversion" in str(exc):
+            raise BadJSON("holds an integer with more than 4300 digits (Python's limit for reading one)") from None
+        raise BadJSON(f"cannot be parsed: {str(exc)[:200]}") from None
+    if nesting_over(doc, max_depth):
+        raise BadJSON(f"nests more than {max_depth} levels deep")
+    return doc
+
+
+def nesting_over(doc: Any, limit: int) -> bool:
+    """Do lists/objects in ``doc`` nest more than ``limit`` levels? (Iterative: no recursion.)"""
+    stack = [(doc, 1)] if isinstance(doc, (dict, list)) else []
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False

@@ -44,7 +44,16 @@ from vllm_doctor.facts.checkpoint import (
     FileHeader,
     TensorHeader,
 )
-from vllm_doctor.probes.paths import NotRegular, TooLarge, inside, model_roots, read_regular, resolves_to
+from vllm_doctor.probes.paths import (
+    BadJSON,
+    NotRegular,
+    TooLarge,
+    inside,
+    model_roots,
+    parse_json,
+    read_regular,
+    resolves_to,
+)
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit (HeaderTooLarge)
 DIAGNOSE_BYTES = 1 << 20  # how much a corrupt header length lets us look at
@@ -54,6 +63,17 @@ SAFETENSORS_ERROR = "safetensors_rust.SafetensorError: Error while deserializing
 def natural_sort_key(path: str) -> list[Any]:
     """vLLM's ``_natural_sort_key``: shard 2 before shard 10."""
     return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", path)]
+
+
+def brief(value: Any, limit: int = 120) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a header can hold a 10-million-entry shape)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _kept(value: Any, limit: int = 200) -> Any:
+    """``value`` for the evidence when its repr is short, else :func:`brief` of it."""
+    return value if len(repr(value)) <= limit else brief(value, limit)
 
 
 def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProblem]]:
@@ -117,7 +137,7 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
             "truncated-header", f"{rel}: header cut short ({len(raw)} of {n} bytes)", header_length=n, read=len(raw)
         )
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = parse_json(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         return bad(
             "header-not-json",
@@ -125,7 +145,8 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
             header_length=n,
         )
     except json.JSONDecodeError as exc:
-        truncated = exc.pos >= len(raw.rstrip(b" \x00")) - 1
+        # cut short: the error is at the end (a complete object followed by padding is not)
+        truncated = exc.pos >= len(raw.rstrip(b" \x00")) - 1 and exc.msg != "Extra data"
         what = (
             "ends in the middle of the JSON (truncated header)"
             if truncated
@@ -138,6 +159,8 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
             json_error=exc.msg,
             at=exc.pos,
         )
+    except BadJSON as exc:  # thousands of nested brackets, a 5000-digit number
+        return bad("header-not-json", f"{rel}: header {exc.message}", header_length=n)
     if not isinstance(doc, dict):
         return bad("header-not-json", f"{rel}: header is a JSON {type(doc).__name__}, not an object", header_length=n)
     data_len = st.st_size - 8 - n
@@ -150,14 +173,24 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
     tensors: list[TensorHeader] = []
     for name, entry in doc.items():
         if not isinstance(entry, dict):
-            return bad("bad-entry", f"{rel}: entry {name!r} is not an object", tensor=name)
+            return bad("bad-entry", f"{rel}: entry {brief(name)} is not an object", tensor=_kept(name))
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if dtype not in DTYPE_BITS:
-            return bad("bad-entry", f"{rel}: tensor {name!r} has unknown dtype {dtype!r}", tensor=name, dtype=dtype)
+            return bad(
+                "bad-entry",
+                f"{rel}: tensor {brief(name)} has unknown dtype {brief(dtype)}",
+                tensor=_kept(name),
+                dtype=_kept(dtype),
+            )
         if not (
             isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
         ):
-            return bad("bad-entry", f"{rel}: tensor {name!r} has an invalid shape {shape!r}", tensor=name, shape=shape)
+            return bad(
+                "bad-entry",
+                f"{rel}: tensor {brief(name)} has an invalid shape {brief(shape)}",
+                tensor=_kept(name),
+                shape=_kept(shape),
+            )
         if not (
             isinstance(offsets, list)
             and len(offsets) == 2
@@ -166,18 +199,19 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
         ):
             return bad(
                 "bad-entry",
-                f"{rel}: tensor {name!r} has invalid data_offsets {offsets!r}",
-                tensor=name,
-                data_offsets=offsets,
+                f"{rel}: tensor {brief(name)} has invalid data_offsets {brief(offsets)}",
+                tensor=_kept(name),
+                data_offsets=_kept(offsets),
             )
         t = TensorHeader(name=name, dtype=dtype, shape=list(shape), file=rel, offsets=(offsets[0], offsets[1]))
         bits = t.numel * DTYPE_BITS[dtype]
         if bits % 8 or bits // 8 != t.nbytes:
             return bad(
                 "bad-entry",
-                f"{rel}: tensor {name!r} ({dtype} {shape}) needs {bits / 8:g} bytes but its offsets span {t.nbytes}",
-                tensor=name,
-                shape=shape,
+                f"{rel}: tensor {brief(name)} ({dtype} {brief(shape)}) needs {bits / 8:g} bytes but its offsets span "
+                f"{t.nbytes}",
+                tensor=_kept(name),
+                shape=_kept(shape),
                 dtype=dtype,
                 data_offsets=offsets,
             )
@@ -230,7 +264,7 @@ def _complete_json_object(raw: bytes) -> int | None:
         return None
     try:
         _, end = json.JSONDecoder().raw_decode(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return len(text[:end].encode("utf-8", "replace"))
 
@@ -290,13 +324,11 @@ def _read_index(root: Path, roots: tuple[str, ...], problems: list[CheckpointPro
     else:
         why = ""
         try:
-            doc = json.loads(raw.decode("utf-8"))
+            doc = parse_json(raw.decode("utf-8"))
         except UnicodeDecodeError as exc:
             why = f"{INDEX_NAME} is not UTF-8 (byte {exc.start})"
-        except ValueError as exc:  # JSONDecodeError, or an integer of more than 4300 digits
+        except ValueError as exc:  # JSONDecodeError, or BadJSON: too deep, a 5000-digit number
             why = f"{INDEX_NAME} cannot be read as JSON: {exc}"
-        except RecursionError:
-            why = f"{INDEX_NAME} cannot be read as JSON: it nests too deeply"
     if why:
         problems.append(CheckpointProblem("index", "index-unreadable", INDEX_NAME, why, vllm_error=vllm_error))
         index["error"] = why
@@ -359,7 +391,19 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
             subject = f"{INDEX_NAME}:{fname}"
             if joined in globbed:
                 continue  # a file vLLM loads: checked below (an escaping symlink included)
-            if os.path.isabs(fname) or not inside(roots, joined):
+            if not fname or "\x00" in fname:
+                problems.append(
+                    CheckpointProblem(
+                        "index",
+                        "index-path-invalid",
+                        subject,
+                        f"the index sends {len(tensors)} tensor(s) to {brief(fname)}, which is not a file name"
+                        + (" (it holds a NUL byte)" if fname else ""),
+                        evidence,
+                        vllm_error,
+                    )
+                )
+            elif os.path.isabs(fname) or not inside(roots, joined):
                 problems.append(
                     CheckpointProblem(
                         "index",
