@@ -379,3 +379,98 @@ def test_hostile_index_is_a_vd306_finding_and_the_run_goes_on(tmp_path: Path, in
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     failed = {f["code"] for f in json.loads(proc.stdout)["findings"] if f["outcome"] == "fail"}
     assert failed == {"VD306"}
+
+
+# --- 4. absurd model sizes: VD309, and nothing is built from them --------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "raw", "expected"),
+    [
+        ("num_hidden_layers", "0", "num_hidden_layers = 0: must be at least 1"),
+        ("hidden_size", "-4096", "hidden_size = -4096: is negative"),
+        ("num_attention_heads", "32.0", "num_attention_heads = 32.0: is a float, not a whole number (write 32)"),
+        ("num_attention_heads", "32.5", "num_attention_heads = 32.5: is a float, not a whole number"),
+        ("intermediate_size", '"11008"', 'intermediate_size = "11008": is a string, not a whole number'),
+        ("num_key_value_heads", "true", "num_key_value_heads = true: is a boolean, not a whole number"),
+        ("vocab_size", "[32000]", "vocab_size = [32000]: is a list, not a whole number"),
+        ("hidden_size", "NaN", "hidden_size = NaN: is not a number"),
+        ("hidden_size", "Infinity", "hidden_size = Infinity: is not a number"),
+        ("vocab_size", "-Infinity", "vocab_size = -Infinity: is not a number"),
+        ("num_hidden_layers", "1000000000000000000",
+         "num_hidden_layers = 1000000000000000000: is over 10,000, vllm-doctor's plausibility limit for num_hidden_layers"),
+    ],
+)
+def test_absurd_sizes_are_vd309_findings(tmp_path: Path, key: str, raw: str, expected: str) -> None:
+    config = '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "' + key + '": ' + raw + "}"
+    d = model(tmp_path)
+    (d / "config.json").write_text(config)
+    facts = Facts(model_dir=str(d), config=resolve_model_dir(str(d)).config)
+    (finding,) = run_checks(facts, ["VD309"])
+    assert finding.outcome is Outcome.FAIL and finding.message == expected
+    assert finding.subject == f"config.json:{key}"
+    json.dumps(finding.evidence, allow_nan=False)  # evidence is strict JSON even for NaN
+
+
+def test_sizes_inside_text_config_and_their_product_are_checked() -> None:
+    config = {"architectures": ["X"], "text_config": {"hidden_size": 0, "num_hidden_layers": 32},
+              "vision_config": {"hidden_size": -1}}
+    (finding,) = run_checks(Facts(model_dir="/m", config=config), ["VD309"])
+    assert finding.subject == "config.json:text_config.hidden_size"  # vision_config is not a size VD309 reads
+    huge = {"architectures": ["X"], "hidden_size": 1 << 20, "num_hidden_layers": 10_000, "vocab_size": 1 << 20}
+    (finding,) = run_checks(Facts(model_dir="/m", config=huge), ["VD309"])
+    assert finding.subject == "config.json:sizes" and "parameters (over 1e+15)" in finding.message
+
+
+def test_plausible_sizes_pass_and_missing_ones_are_not_applicable() -> None:
+    llama8b = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
+               "vocab_size": 128256, "intermediate_size": 14336}
+    (finding,) = run_checks(Facts(model_dir="/m", config=llama8b), ["VD309"])
+    assert finding.outcome is Outcome.PASS
+    (finding,) = run_checks(Facts(model_dir="/m", config={"num_key_value_heads": None}), ["VD309"])
+    assert finding.outcome is Outcome.NOT_APPLICABLE
+
+
+def test_absurd_sizes_stop_the_weights_pass_before_its_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_doctor.stages import weights as weights_stage
+    from vllm_doctor.stages.static import CheckOptions
+
+    d = model(tmp_path, {**LLAMA, "num_hidden_layers": 10**18})
+    write_raw_safetensors(d / "model.safetensors", TENSORS)
+    monkeypatch.setattr(weights_stage, "ChildJob", lambda *a, **k: pytest.fail("the weights child was started"))
+    facts = Facts(model_dir=str(d), config={**LLAMA, "num_hidden_layers": 10**18})
+    assert weights_stage.start_weights_pass(facts, CheckOptions(fast=False), ["VD301", "VD309"]) is None
+    assert facts.weight_load_error is not None
+    assert "num_hidden_layers = 1000000000000000000; see VD309): the model was not built" in facts.weight_load_error
+    (finding,) = run_checks(facts, ["VD301"])
+    assert finding.outcome is Outcome.SKIP and "see VD309" in finding.message
+
+
+def test_absurd_sizes_stop_the_engine_stage_and_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from vllm_doctor.cli import check as check_cli
+    from vllm_doctor.cli import main
+    from vllm_doctor.stages import engine as engine_stage
+
+    d = model(tmp_path, {**LLAMA, "vocab_size": 0})
+    monkeypatch.setattr(check_cli, "add_engine_stage", lambda *a, **k: pytest.fail("the engine stage was started"))
+    monkeypatch.setattr(engine_stage, "run_engine_stage", lambda *a, **k: pytest.fail("the engine was started"))
+    assert main(["check", str(d), "--fast", "--engine", "--json", "-q"]) == 1
+    data = json.loads(capsys.readouterr().out)
+    assert "the engine stage was not started" in data["facts"]["engine_failure"]
+    assert main(["profile", str(d), "--out", str(tmp_path / "out"), "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "vocab_size = 0: must be at least 1" in err and "no engine was started" in err
+
+
+def test_nan_in_config_keeps_the_json_report_strict(tmp_path: Path) -> None:
+    d = model(tmp_path)
+    (d / "config.json").write_text('{"architectures": [NaN], "model_type": "llama", "hidden_size": NaN}')
+    proc = cli("check", str(d), "--fast", "--json", "-q", timeout=30)
+    assert proc.returncode == 1, proc.stderr
+
+    def strict(token: str) -> None:
+        raise AssertionError(f"bare {token} in the JSON report")
+
+    data = json.loads(proc.stdout, parse_constant=strict)
+    assert {f["code"] for f in data["findings"] if f["outcome"] == "fail"} == {"VD108", "VD309"}
