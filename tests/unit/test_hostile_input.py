@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -474,3 +475,39 @@ def test_nan_in_config_keeps_the_json_report_strict(tmp_path: Path) -> None:
 
     data = json.loads(proc.stdout, parse_constant=strict)
     assert {f["code"] for f in data["findings"] if f["outcome"] == "fail"} == {"VD108", "VD309"}
+
+
+# --- 5. output linear in the input ------------------------------------------------------------------------
+
+
+def test_ten_thousand_architectures_keep_the_fast_pass_fast_and_the_report_linear(tmp_path: Path) -> None:
+    archs = [f"Arch{i}ForCausalLM" for i in range(10_000)]
+    d = model(tmp_path, {"architectures": archs, "model_type": "llama"})
+    config_bytes = (d / "config.json").stat().st_size
+    start = time.monotonic()
+    proc = cli("check", str(d), "--fast", "--json", "-q", timeout=60)
+    took = time.monotonic() - start
+    assert proc.returncode == 1, proc.stderr
+    assert took < 20, f"{took:.1f} s"  # was over a minute (and 2 GB of JSON) before the lists were capped
+    data = json.loads(proc.stdout)
+    assert len(proc.stdout) < 4 * config_bytes + 200_000  # the full list once (facts), findings capped
+    assert max(len(json.dumps(f)) for f in data["findings"]) < 10_000
+    vd101 = [f for f in data["findings"] if f["code"] == "VD101"]
+    summary = {f["subject"]: f["message"] for f in vd101}["config.json:architectures[20:]"]
+    assert len(vd101) == 21 and summary == "... and 9980 more architecture(s) of config.json, none registered with vLLM"
+    assert all("... (9980 more)" in f["evidence"]["vllm_error"] for f in vd101)
+    text = cli("check", str(d), "--fast", "-q", timeout=60)
+    assert text.returncode == 1 and len(text.stdout) < 50_000
+
+
+def test_ten_thousand_missing_shards_give_findings_of_bounded_size(tmp_path: Path) -> None:
+    d = model(tmp_path, LLAMA)
+    write_raw_safetensors(d / "model.safetensors", {"a": ("BF16", [4])})
+    weight_map = {f"t{i}": f"missing-{i}.safetensors" for i in range(10_000)} | {"a": "model.safetensors"}
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    ck = read_checkpoint(d)
+    assert len(ck.problems) == 10_000
+    assert max(len(json.dumps(p.vllm_error)) for p in ck.problems) < 5_000  # not the 10,000 paths each
+    assert ck.problems[0].vllm_error.endswith("(and 9980 more)")
+    findings = run_checks(Facts(model_dir=str(d), config=LLAMA, checkpoint=ck), ["VD306"])
+    assert len(findings) == 51 and findings[-1].message.startswith("... and 9950 more shard index problems")

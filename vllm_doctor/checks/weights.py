@@ -750,19 +750,23 @@ def broken_shard_index(facts: Facts, emit: Emit) -> Iterable[Finding]:
     checkpoint = known(facts.checkpoint)
     problems = [p for p in checkpoint.problems if p.scope == "index"]
     warn_kinds = {"duplicate-tensor", "index-tensor-not-in-file"}
+    findings: list[Finding] = []
     for p in problems:
         evidence = {"kind": p.kind, **p.evidence, "vllm_error": p.vllm_error}
         if p.kind in warn_kinds:
-            yield emit.warn(
-                p.message, p.subject, evidence, "regenerate the index from the shard files", severity=Severity.WARN
+            findings.append(
+                emit.warn(
+                    p.message, p.subject, evidence, "regenerate the index from the shard files", severity=Severity.WARN
+                )
             )
         else:
             hint = (
                 "use plain file names of shards in the model directory in weight_map"
-                if p.kind in OUTSIDE_KINDS or p.kind == "index-path-not-top-level"
+                if p.kind in OUTSIDE_KINDS or p.kind in ("index-path-not-top-level", "index-path-invalid")
                 else "add the missing shard file or regenerate the index"
             )
-            yield emit.fail(p.message, p.subject, evidence, hint)
+            findings.append(emit.fail(p.message, p.subject, evidence, hint))
+    yield from _capped(findings, emit, "shard index problems")
     if not problems:
         index = checkpoint.index
         if index is None:

@@ -380,7 +380,8 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
         wanted = {os.path.join(folder, f) for f in by_file}
         missing_for_vllm = sorted(wanted - set(globbed))
         vllm_error = (
-            f"FileNotFoundError: Weight files referenced in index but missing: {set(missing_for_vllm)}"
+            f"FileNotFoundError: Weight files referenced in index but missing: {set(missing_for_vllm[:20])}"
+            + (f" (and {len(missing_for_vllm) - 20} more)" if len(missing_for_vllm) > 20 else "")
             if missing_for_vllm
             else ""
         )
