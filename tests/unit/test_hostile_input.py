@@ -511,3 +511,12 @@ def test_ten_thousand_missing_shards_give_findings_of_bounded_size(tmp_path: Pat
     assert ck.problems[0].vllm_error.endswith("(and 9980 more)")
     findings = run_checks(Facts(model_dir=str(d), config=LLAMA, checkpoint=ck), ["VD306"])
     assert len(findings) == 51 and findings[-1].message.startswith("... and 9950 more shard index problems")
+
+
+def test_read_regular_never_opens_a_fifo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_doctor.probes import paths
+
+    os.mkfifo(tmp_path / "fifo")
+    monkeypatch.setattr(os, "open", lambda *a, **k: pytest.fail("opened"))
+    with pytest.raises(paths.NotRegular, match="is a FIFO"):
+        paths.read_regular(tmp_path / "fifo", 100)

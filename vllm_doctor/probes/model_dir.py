@@ -31,6 +31,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 # a revision the HF cache writes into refs/<branch> (a commit hash): one plain path component
 _REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
 MAX_REF_BYTES = 4096
+_JSON_NAMES = {list: "list", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 MAX_CONFIG_BYTES = 16 << 20  # a model's config.json is a few KiB; a large multimodal one well under 1 MiB
 
 
@@ -166,7 +167,7 @@ def resolve_model_dir(model: str) -> ModelDir:
         ) from exc
     if not isinstance(config, dict):
         raise DoctorInputError(
-            f"{config_path}: expected a JSON object, found {type(config).__name__}",
+            f"{config_path}: expected a JSON object, found {_JSON_NAMES.get(type(config), type(config).__name__)}",
             'config.json must be an object like {"architectures": [...], "model_type": ...}',
         )
     return ModelDir(path=path.resolve(), config=config, source=source)

@@ -92,10 +92,16 @@ class TooLarge(OSError):
 def read_regular(path: str | os.PathLike[str], limit: int) -> bytes:
     """The bytes of a regular file of at most ``limit`` bytes.
 
-    Opened with O_NONBLOCK (a FIFO swapped in after a stat check cannot block the open) and
-    checked with fstat on the open descriptor before a byte is read; reads at most ``limit + 1``
-    bytes. Raises :class:`NotRegular`, :class:`TooLarge` or another OSError.
+    A FIFO, device or directory is recognised with stat and never opened; the open itself uses
+    O_NONBLOCK (a FIFO swapped in after the stat cannot block it) and the descriptor is checked
+    again with fstat before a byte is read; reads at most ``limit + 1`` bytes. Raises
+    :class:`NotRegular`, :class:`TooLarge` or another OSError.
     """
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegular(kind_of(st.st_mode))
+    if st.st_size > limit:
+        raise TooLarge(st.st_size, limit)
     flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
     fd = os.open(path, flags)
     try:
