@@ -61,6 +61,25 @@ def needs_import(code: str) -> bool:
     return any(GATES[name].after_import for name in CATALOGUE[code].meta.requires)
 
 
+LIST_LIMIT = 20  # items of a config.json list a message or an evidence field repeats
+
+
+def capped(items: Any, limit: int = LIST_LIMIT) -> Any:
+    """A list cut to its first ``limit`` items plus one ``"... (N more)"`` entry; anything else as is.
+
+    Findings repeat config.json's lists (``architectures``) in messages and evidence: cut, a
+    10,000-name list costs each finding a constant, so the report stays linear in the input."""
+    if not isinstance(items, list) or len(items) <= limit:
+        return items
+    return [*items[:limit], f"... ({len(items) - limit} more)"]
+
+
+def shown(value: Any, limit: int = LIST_LIMIT, chars: int = 2000) -> str:
+    """``repr`` of :func:`capped` ``value``, at most ``chars`` characters."""
+    text = repr(capped(value, limit))
+    return text if len(text) <= chars else f"{text[:chars]}... ({len(text)} characters)"
+
+
 def known(value: T | None) -> T:
     """A value a gate has already established (for the type checker; a gate bug raises here)."""
     if value is None:

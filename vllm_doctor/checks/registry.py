@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-from vllm_doctor.checks.base import Emit, check, gate, known
+from vllm_doctor.checks.base import LIST_LIMIT, Emit, capped, check, gate, known, shown
 from vllm_doctor.facts.static import Facts, is_transformers_backend
 from vllm_doctor.model import Finding, Severity, Stage
 
@@ -145,7 +145,8 @@ def architecture_not_registered(facts: Facts, emit: Emit) -> Iterable[Finding]:
         )
         return
     plugin_archs = sorted({arch for _, arch, _, _ in facts.plugin_registrations()})
-    for i, arch in enumerate(archs):
+    vllm_error = UNSUPPORTED.replace("[...]", shown(archs))
+    for i, arch in enumerate(archs[:LIST_LIMIT]):
         near = nearest_names(arch, list(registry) + plugin_archs)
         if arch in facts.previously_supported:
             message = f"{arch} was removed from vLLM after v{facts.previously_supported[arch]}"
@@ -162,11 +163,19 @@ def architecture_not_registered(facts: Facts, emit: Emit) -> Iterable[Finding]:
             {
                 "architecture": arch,
                 "nearest_registered": near,
-                "registered_by_plugins": plugin_archs,
+                "registered_by_plugins": capped(plugin_archs),
                 "registry_source": facts.registry_source,
-                "vllm_error": UNSUPPORTED.replace("[...]", repr(archs)),
+                "vllm_error": vllm_error,
             },
             hint,
+        )
+    if len(archs) > LIST_LIMIT:
+        rest = len(archs) - LIST_LIMIT
+        yield emit.fail(
+            f"... and {rest} more architecture(s) of config.json, none registered with vLLM",
+            f"config.json:architectures[{LIST_LIMIT}:]",
+            {"architectures": len(archs), "not_shown": rest, "vllm_error": vllm_error},
+            "config.json's `architectures` normally names one class; keep the one you register",
         )
 
 
@@ -279,7 +288,7 @@ def registered_under_wrong_name(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 {
                     "registered_as": arch,
                     "target": target,
-                    "config_architectures": archs,
+                    "config_architectures": capped(archs),
                     "model_type": facts.model_type,
                 },
                 f"register it as {archs[0]!r}: ModelRegistry.register_model({archs[0]!r}, {target!r})" if archs else "",
@@ -482,8 +491,8 @@ def model_class_import_fails(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 "traceback": tb,
                 "module_file": record.get("module_file"),
                 "vllm_error": (
-                    f"Model architectures {facts.architectures!r} failed to be inspected. Please check the logs for "
-                    f"more details."
+                    f"Model architectures {shown(facts.architectures)} failed to be inspected. Please check the logs "
+                    f"for more details."
                 ),
             },
             f"reproduce with: python -c 'import {target.split(':')[0]}'",
@@ -519,7 +528,7 @@ def transformers_backend_fallback(facts: Facts, emit: Emit) -> Iterable[Finding]
         return
     resolved = resolved_target(facts)
     custom = sorted({arch for _, arch, _, _ in facts.plugin_registrations() if arch not in archs})
-    evidence = {"config_architectures": archs, "plugin_architectures_not_in_config": custom}
+    evidence = {"config_architectures": capped(archs), "plugin_architectures_not_in_config": capped(custom)}
     hint = (
         f"your plugin registers {custom[0]!r}: put it in config.json's architectures"
         if custom
@@ -592,15 +601,15 @@ def architectures_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
         yield emit.fail(
             "config.json has no `architectures`" + said,
             subject,
-            {"value": archs, **evidence},
+            {"value": capped(archs), **evidence},
             'add "architectures": ["<the name you register>"]',
         )
     elif not isinstance(archs, list):
         yield emit.fail(
-            f"`architectures` is a {type(archs).__name__}, not a list: {archs!r}",
+            f"`architectures` is a {type(archs).__name__}, not a list: {shown(archs)}",
             subject,
-            {"value": archs},
-            f'write "architectures": [{archs!r}]' if isinstance(archs, str) else "make it a list of class names",
+            {"value": capped(archs)},
+            f'write "architectures": [{shown(archs)}]' if isinstance(archs, str) else "make it a list of class names",
         )
     elif not archs:
         said, evidence = _what_vllm_does(facts)
@@ -612,10 +621,13 @@ def architectures_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
         )
     elif not all(isinstance(a, str) and a for a in archs):
         yield emit.fail(
-            f"`architectures` holds non-string entries: {archs!r}", subject, {"value": archs}, "use class-name strings"
+            f"`architectures` holds non-string entries: {shown(archs)}",
+            subject,
+            {"value": capped(archs)},
+            "use class-name strings",
         )
     else:
-        yield emit.ok(f"architectures = {archs!r}", subject)
+        yield emit.ok(f"architectures = {shown(archs)}", subject)
 
 
 @check(

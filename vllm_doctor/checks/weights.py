@@ -9,11 +9,13 @@ model cannot be built those four say ``skip`` with the reason; the others still 
 from __future__ import annotations
 
 import difflib
+import json
+import math
 from collections.abc import Iterable
 from typing import Any
 
 from vllm_doctor.checks.base import Emit, check, gate, known
-from vllm_doctor.facts.checkpoint import FLOAT_DTYPES, INDEX_NAME
+from vllm_doctor.facts.checkpoint import FLOAT_DTYPES, INDEX_NAME, OUTSIDE_KINDS
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
 
@@ -748,19 +750,23 @@ def broken_shard_index(facts: Facts, emit: Emit) -> Iterable[Finding]:
     checkpoint = known(facts.checkpoint)
     problems = [p for p in checkpoint.problems if p.scope == "index"]
     warn_kinds = {"duplicate-tensor", "index-tensor-not-in-file"}
+    findings: list[Finding] = []
     for p in problems:
         evidence = {"kind": p.kind, **p.evidence, "vllm_error": p.vllm_error}
         if p.kind in warn_kinds:
-            yield emit.warn(
-                p.message, p.subject, evidence, "regenerate the index from the shard files", severity=Severity.WARN
+            findings.append(
+                emit.warn(
+                    p.message, p.subject, evidence, "regenerate the index from the shard files", severity=Severity.WARN
+                )
             )
         else:
             hint = (
                 "use plain file names of shards in the model directory in weight_map"
-                if p.kind in ("index-path-outside-dir", "file-outside-dir", "index-path-not-top-level")
+                if p.kind in OUTSIDE_KINDS or p.kind in ("index-path-not-top-level", "index-path-invalid")
                 else "add the missing shard file or regenerate the index"
             )
-            yield emit.fail(p.message, p.subject, evidence, hint)
+            findings.append(emit.fail(p.message, p.subject, evidence, hint))
+    yield from _capped(findings, emit, "shard index problems")
     if not problems:
         index = checkpoint.index
         if index is None:
@@ -923,3 +929,135 @@ def safetensors_file_unreadable(facts: Facts, emit: Emit) -> Iterable[Finding]:
         yield emit.ok(
             f"{len(files)} safetensors file(s), headers valid ({len(checkpoint.tensors)} tensors)", "checkpoint"
         )
+
+
+# VD309: the sizes a model is built from; each must be a positive whole number below a plausibility bound
+SIZE_LIMITS: dict[str, int] = {
+    "num_hidden_layers": 10_000,
+    "hidden_size": 1 << 20,
+    "num_attention_heads": 1 << 16,
+    "num_key_value_heads": 1 << 16,
+    "vocab_size": 1 << 24,
+    "intermediate_size": 1 << 22,
+}
+MAX_PARAMETERS = 10**15  # the largest published models have a few 10**12
+SUB_CONFIGS = ("text_config", "llm_config", "language_config")
+_JSON_TYPES = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+
+
+def _shown(value: Any, limit: int = 60) -> str:
+    """A config value as config.json spells it, cut to ``limit`` characters."""
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, float) and not math.isfinite(value):
+        text = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    elif isinstance(value, (int, float)):
+        text = repr(value)
+    else:
+        text = json.dumps(value, default=str)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _size_problem(key: str, value: Any) -> str | None:
+    """Why ``value`` cannot be the size ``key``, or None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"is {_JSON_TYPES.get(type(value), type(value).__name__)}, not a whole number"
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return "is not a number"
+        return "is a float, not a whole number" + (f" (write {int(value)})" if value.is_integer() else "")
+    if value <= 0:
+        return "must be at least 1" if value == 0 else "is negative"
+    if value > SIZE_LIMITS[key]:
+        return f"is over {SIZE_LIMITS[key]:,}, vllm-doctor's plausibility limit for {key}"
+    return None
+
+
+def _parameter_estimate(sizes: dict[str, int]) -> int | None:
+    """Roughly how many parameters a decoder with these sizes has (None without hidden_size)."""
+    hidden = sizes.get("hidden_size")
+    if hidden is None:
+        return None
+    inter = sizes.get("intermediate_size", 4 * hidden)
+    layers = sizes.get("num_hidden_layers", 1)
+    return layers * (4 * hidden * hidden + 3 * hidden * inter) + 2 * sizes.get("vocab_size", 0) * hidden
+
+
+def config_size_problems(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The model sizes of config.json (and of its text_config / llm_config / language_config)
+    that no model can be built from. Each: key (dotted), value (as config.json spells it), why."""
+    scopes = [("", config)] + [(f"{name}.", config[name]) for name in SUB_CONFIGS if isinstance(config.get(name), dict)]
+    out: list[dict[str, Any]] = []
+    for prefix, cfg in scopes:
+        sizes: dict[str, int] = {}
+        for key in SIZE_LIMITS:
+            value = cfg.get(key)
+            if value is None:  # absent, or null: the config class's default applies
+                continue
+            why = _size_problem(key, value)
+            if why is None:
+                sizes[key] = value
+            else:
+                out.append({"key": prefix + key, "value": _shown(value), "why": why})
+        total = _parameter_estimate(sizes)
+        if total is not None and total > MAX_PARAMETERS:
+            out.append(
+                {
+                    "key": prefix.rstrip(".") or "sizes",
+                    "value": ", ".join(f"{k} {v}" for k, v in sizes.items()),
+                    "why": f"these sizes make a model of about {total:.1e} parameters (over {MAX_PARAMETERS:.0e})",
+                }
+            )
+    return out
+
+
+def config_sizes_present(config: dict[str, Any]) -> bool:
+    scopes = [config] + [config[name] for name in SUB_CONFIGS if isinstance(config.get(name), dict)]
+    return any(cfg.get(key) is not None for cfg in scopes for key in SIZE_LIMITS)
+
+
+@check(
+    "VD309",
+    "config-size-invalid",
+    (
+        "A model size in config.json (layers, hidden size, heads, KV heads, vocabulary, MLP size) is zero, negative, "
+        "not a whole number, NaN/Infinity or absurdly large."
+    ),
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what=(
+        "num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, vocab_size and intermediate_size "
+        "(in config.json and in its text_config / llm_config / language_config) must be positive whole numbers. "
+        f"vllm-doctor also flags values over a plausibility limit (e.g. {SIZE_LIMITS['num_hidden_layers']:,} layers) "
+        f"and sizes that multiply to more than {MAX_PARAMETERS:.0e} parameters. Read in the fast pass; the model is "
+        "not built (the weights pass and the engine stage are not started) when this check fails."
+    ),
+    why=(
+        "Nothing bounds these sizes up front: transformers 5.19's LlamaConfig accepts num_hidden_layers -1, "
+        "vocab_size 0 and num_hidden_layers 10**18 (it rejects floats, strings and booleans, but only once vLLM "
+        "builds the config; a custom config class accepts anything). The mistake surfaces while the model is built, "
+        "far from config.json, or the build runs out of memory or time."
+    ),
+    example=(
+        '"num_hidden_layers": 32.0, "vocab_size": 0, "hidden_size": NaN, or "num_hidden_layers": '
+        "1000000000000000000 (10**18)"
+    ),
+    fix=(
+        "Write the sizes the checkpoint was trained with as plain integers (config.save_pretrained does); a NaN, a "
+        "zero or a huge number usually means config.json was edited by hand or generated by a broken script."
+    ),
+)
+def config_size_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    if not config_sizes_present(facts.config):
+        yield emit.not_applicable(f"config.json sets none of {', '.join(SIZE_LIMITS)}")
+        return
+    problems = config_size_problems(facts.config)
+    for p in problems:
+        yield emit.fail(
+            f"{p['key']} = {p['value']}: {p['why']}",
+            f"config.json:{p['key']}",
+            {"key": p["key"], "value": p["value"], "problem": p["why"]},
+            "write the size the model was trained with as a positive integer",
+        )
+    if not problems:
+        yield emit.ok("the model sizes in config.json are positive whole numbers of plausible size", "config.json")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from vllm_doctor.cli.common import (
@@ -86,7 +85,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_doctor.files import write_json_atomic
+    from vllm_doctor.files import json_text, write_json_atomic
     from vllm_doctor.report.text import render
     from vllm_doctor.stages.static import CheckOptions, diagnose
 
@@ -101,12 +100,20 @@ def run(args: argparse.Namespace) -> int:
         tensor_parallel_size=args.tensor_parallel_size,
     )
     report = diagnose(args.model, options, progress)
-    anatomy = add_engine_stage(args, report, progress) if args.engine else None
+    anatomy = None
+    if args.engine:
+        blocked = [f for f in report.findings if f.code == "VD309" and f.outcome.value == "fail"]
+        if blocked:
+            anatomy = report.facts["engine_failure"] = (
+                "the engine stage was not started: config.json has model sizes no model can be built from (VD309)"
+            )
+        else:
+            anatomy = add_engine_stage(args, report, progress)
     data = report.to_dict()
     if args.output:
         write_json_atomic(args.output, data)
     if args.json:
-        print(json.dumps(data, indent=2, default=str))
+        print(json_text(data))
     else:
         print(render(report, verbose=args.verbose))
         if anatomy:

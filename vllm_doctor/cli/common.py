@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,6 +15,40 @@ from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
 from vllm_doctor.model import Report, Severity
 
 EXIT_OK, EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, plus a hint when a path that starts with ``-`` was taken for an option.
+
+    ``vllm-doctor check -weird-dir`` reads ``-weird-dir`` as an (unknown) option, so argparse says
+    the model argument is missing; the hint shows the ``--`` spelling that works."""
+
+    _seen: list[str] | None = None
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._seen = list(sys.argv[1:] if args is None else args)  # subparsers get their own slice
+        return super().parse_known_args(args, namespace)
+
+    def _dashed_path(self) -> str | None:
+        """The first argument that starts with '-' and is no option of this parser."""
+        for arg in self._seen or []:
+            if arg == "--":
+                return None
+            if len(arg) > 1 and arg.startswith("-") and arg.split("=", 1)[0] not in self._option_string_actions:
+                if not any(opt.startswith(arg) for opt in self._option_string_actions):  # not an abbreviation
+                    return arg
+        return None
+
+    def error(self, message: str) -> Any:
+        dashed = self._dashed_path()
+        if dashed and "the following arguments are required" in message:
+            others = [a for a in self._seen or [] if a != dashed]
+            example = shlex.join([*self.prog.split(), *others, "--", dashed])
+            message += (
+                f"\n  hint: {dashed!r} starts with '-', so it is read as an option; if it is a path, put it after "
+                f"'--' ({example}) or write it as ./{dashed}"
+            )
+        super().error(message)
 
 
 def progress_printer(quiet: bool) -> Callable[[str], None]:

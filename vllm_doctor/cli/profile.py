@@ -62,6 +62,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_doctor.checks.weights import config_size_problems
     from vllm_doctor.live.attach import build_engine_report
     from vllm_doctor.probes import environment
     from vllm_doctor.probes.model_dir import resolve_model_dir
@@ -72,7 +73,17 @@ def run(args: argparse.Namespace) -> int:
     for name in ("prompts", "input_len", "output_len"):
         if getattr(args, name) < 1:
             raise DoctorInputError(f"--{name.replace('_', '-')} must be at least 1")
-    model_dir = str(resolve_model_dir(args.model).path)
+    resolved = resolve_model_dir(args.model)
+    model_dir = str(resolved.path)
+    sizes = config_size_problems(resolved.config)
+    if sizes:
+        first = sizes[0]
+        raise DoctorInputError(
+            f"{resolved.config_path}: {first['key']} = {first['value']}: {first['why']}"
+            + (f" (and {len(sizes) - 1} more size problem(s))" if len(sizes) > 1 else ""),
+            f"no model can be built from these sizes, so no engine was started; `vllm-doctor check {args.model} "
+            "--fast` lists them (VD309)",
+        )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workload = Workload(prompts=args.prompts, input_len=args.input_len, output_len=args.output_len)

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 INDEX_NAME = "model.safetensors.index.json"
+# problem kinds of a path that leads out of the model directory (never opened)
+OUTSIDE_KINDS = frozenset({"file-outside-dir", "index-path-outside-dir", "index-outside-dir"})
 
 # bits per element of each safetensors dtype
 DTYPE_BITS: dict[str, int] = {

@@ -10,7 +10,9 @@ VD306/VD308 checks), never an exception:
   is shorter or longer than the offsets say (safetensors and therefore vLLM reject such files);
 - ``model.safetensors.index.json`` names a file that does not exist, lies outside the model
   directory (``../x``, an absolute path, a symlink that escapes) or that vLLM's top-level
-  ``*.safetensors`` glob does not find. Such paths are never opened.
+  ``*.safetensors`` glob does not find. Such paths are never opened. "Inside" is
+  :func:`vllm_doctor.probes.paths.model_roots`: the directory itself, and for a Hugging Face
+  cache snapshot the same repo's ``blobs/`` (where its files link to).
 
 The file set and order are vLLM's (``DefaultModelLoader._prepare_weights`` +
 ``filter_duplicate_safetensors_files`` + ``safetensors_weights_iterator``, vLLM 0.32): every
@@ -42,6 +44,16 @@ from vllm_doctor.facts.checkpoint import (
     FileHeader,
     TensorHeader,
 )
+from vllm_doctor.probes.paths import (
+    BadJSON,
+    NotRegular,
+    TooLarge,
+    inside,
+    model_roots,
+    parse_json,
+    read_regular,
+    resolves_to,
+)
 
 MAX_HEADER_BYTES = 100_000_000  # safetensors' own limit (HeaderTooLarge)
 DIAGNOSE_BYTES = 1 << 20  # how much a corrupt header length lets us look at
@@ -53,12 +65,15 @@ def natural_sort_key(path: str) -> list[Any]:
     return [int(part) if part.isdigit() else part.lower() for part in re.split(r"(\d+)", path)]
 
 
-def _inside(root_real: str, path: str) -> bool:
-    real = os.path.realpath(path)
-    try:
-        return os.path.commonpath([root_real, real]) == root_real
-    except ValueError:  # different drives on Windows
-        return False
+def brief(value: Any, limit: int = 120) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a header can hold a 10-million-entry shape)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def _kept(value: Any, limit: int = 200) -> Any:
+    """``value`` for the evidence when its repr is short, else :func:`brief` of it."""
+    return value if len(repr(value)) <= limit else brief(value, limit)
 
 
 def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProblem]]:
@@ -122,7 +137,7 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
             "truncated-header", f"{rel}: header cut short ({len(raw)} of {n} bytes)", header_length=n, read=len(raw)
         )
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = parse_json(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
         return bad(
             "header-not-json",
@@ -130,7 +145,8 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
             header_length=n,
         )
     except json.JSONDecodeError as exc:
-        truncated = exc.pos >= len(raw.rstrip(b" \x00")) - 1
+        # cut short: the error is at the end (a complete object followed by padding is not)
+        truncated = exc.pos >= len(raw.rstrip(b" \x00")) - 1 and exc.msg != "Extra data"
         what = (
             "ends in the middle of the JSON (truncated header)"
             if truncated
@@ -143,6 +159,8 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
             json_error=exc.msg,
             at=exc.pos,
         )
+    except BadJSON as exc:  # thousands of nested brackets, a 5000-digit number
+        return bad("header-not-json", f"{rel}: header {exc.message}", header_length=n)
     if not isinstance(doc, dict):
         return bad("header-not-json", f"{rel}: header is a JSON {type(doc).__name__}, not an object", header_length=n)
     data_len = st.st_size - 8 - n
@@ -155,14 +173,24 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
     tensors: list[TensorHeader] = []
     for name, entry in doc.items():
         if not isinstance(entry, dict):
-            return bad("bad-entry", f"{rel}: entry {name!r} is not an object", tensor=name)
+            return bad("bad-entry", f"{rel}: entry {brief(name)} is not an object", tensor=_kept(name))
         dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
         if dtype not in DTYPE_BITS:
-            return bad("bad-entry", f"{rel}: tensor {name!r} has unknown dtype {dtype!r}", tensor=name, dtype=dtype)
+            return bad(
+                "bad-entry",
+                f"{rel}: tensor {brief(name)} has unknown dtype {brief(dtype)}",
+                tensor=_kept(name),
+                dtype=_kept(dtype),
+            )
         if not (
             isinstance(shape, list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)
         ):
-            return bad("bad-entry", f"{rel}: tensor {name!r} has an invalid shape {shape!r}", tensor=name, shape=shape)
+            return bad(
+                "bad-entry",
+                f"{rel}: tensor {brief(name)} has an invalid shape {brief(shape)}",
+                tensor=_kept(name),
+                shape=_kept(shape),
+            )
         if not (
             isinstance(offsets, list)
             and len(offsets) == 2
@@ -171,18 +199,19 @@ def parse_header(path: Path, rel: str) -> tuple[FileHeader, list[CheckpointProbl
         ):
             return bad(
                 "bad-entry",
-                f"{rel}: tensor {name!r} has invalid data_offsets {offsets!r}",
-                tensor=name,
-                data_offsets=offsets,
+                f"{rel}: tensor {brief(name)} has invalid data_offsets {brief(offsets)}",
+                tensor=_kept(name),
+                data_offsets=_kept(offsets),
             )
         t = TensorHeader(name=name, dtype=dtype, shape=list(shape), file=rel, offsets=(offsets[0], offsets[1]))
         bits = t.numel * DTYPE_BITS[dtype]
         if bits % 8 or bits // 8 != t.nbytes:
             return bad(
                 "bad-entry",
-                f"{rel}: tensor {name!r} ({dtype} {shape}) needs {bits / 8:g} bytes but its offsets span {t.nbytes}",
-                tensor=name,
-                shape=shape,
+                f"{rel}: tensor {brief(name)} ({dtype} {brief(shape)}) needs {bits / 8:g} bytes but its offsets span "
+                f"{t.nbytes}",
+                tensor=_kept(name),
+                shape=_kept(shape),
                 dtype=dtype,
                 data_offsets=offsets,
             )
@@ -235,7 +264,7 @@ def _complete_json_object(raw: bytes) -> int | None:
         return None
     try:
         _, end = json.JSONDecoder().raw_decode(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     return len(text[:end].encode("utf-8", "replace"))
 
@@ -266,26 +295,43 @@ def library_check(path: Path, header: FileHeader) -> str | None:
     return None
 
 
-def _read_index(root: Path, problems: list[CheckpointProblem]) -> dict[str, Any] | None:
+def _read_index(root: Path, roots: tuple[str, ...], problems: list[CheckpointProblem]) -> dict[str, Any] | None:
     path = root / INDEX_NAME
-    if not path.is_file():
+    if not os.path.lexists(path):
         return None
     index: dict[str, Any] = {"file": INDEX_NAME, "entries": 0, "files": []}
-    try:
-        if path.stat().st_size > MAX_HEADER_BYTES:
-            raise ValueError(f"{path.stat().st_size} bytes is implausibly large for an index")
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
+    if not inside(roots, path):
         problems.append(
             CheckpointProblem(
                 "index",
-                "index-unreadable",
+                "index-outside-dir",
                 INDEX_NAME,
-                f"{INDEX_NAME} cannot be read as JSON: {exc}",
-                vllm_error="json.decoder.JSONDecodeError (vLLM reads the index before loading)",
+                f"{INDEX_NAME} is a symlink to {resolves_to(path)}, outside the model directory; vllm-doctor did not "
+                "open it",
+                {"resolves_to": resolves_to(path)},
             )
         )
-        index["error"] = str(exc)
+        index["error"] = "outside the model directory"
+        return index
+    vllm_error = "json.decoder.JSONDecodeError (vLLM reads the index before loading)"
+    try:
+        raw = read_regular(path, MAX_HEADER_BYTES)
+    except (NotRegular, TooLarge) as exc:
+        why = f"{INDEX_NAME} {exc}; vllm-doctor did not read it"
+        vllm_error = ""
+    except OSError as exc:
+        why = f"{INDEX_NAME} cannot be read: {exc.strerror or exc}"
+    else:
+        why = ""
+        try:
+            doc = parse_json(raw.decode("utf-8"))
+        except UnicodeDecodeError as exc:
+            why = f"{INDEX_NAME} is not UTF-8 (byte {exc.start})"
+        except ValueError as exc:  # JSONDecodeError, or BadJSON: too deep, a 5000-digit number
+            why = f"{INDEX_NAME} cannot be read as JSON: {exc}"
+    if why:
+        problems.append(CheckpointProblem("index", "index-unreadable", INDEX_NAME, why, vllm_error=vllm_error))
+        index["error"] = why
         return index
     weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
@@ -310,7 +356,7 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
     """Headers of every checkpoint file vLLM would load from ``model_dir``, and their defects."""
     start = time.monotonic()
     root = Path(model_dir)
-    root_real = os.path.realpath(root)
+    roots = model_roots(root)
     facts = CheckpointFacts(model_dir=str(root), format="none")
     problems = facts.problems
     folder = str(root)
@@ -323,7 +369,7 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
         facts.seconds = time.monotonic() - start
         return facts
     facts.format = "safetensors"
-    index = _read_index(root, problems)
+    index = _read_index(root, roots, problems)
     facts.index = {k: v for k, v in index.items() if k != "weight_map"} if index else None
     load_files = list(globbed)
     if index and "weight_map" in index:
@@ -334,7 +380,8 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
         wanted = {os.path.join(folder, f) for f in by_file}
         missing_for_vllm = sorted(wanted - set(globbed))
         vllm_error = (
-            f"FileNotFoundError: Weight files referenced in index but missing: {set(missing_for_vllm)}"
+            f"FileNotFoundError: Weight files referenced in index but missing: {set(missing_for_vllm[:20])}"
+            + (f" (and {len(missing_for_vllm) - 20} more)" if len(missing_for_vllm) > 20 else "")
             if missing_for_vllm
             else ""
         )
@@ -345,7 +392,19 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
             subject = f"{INDEX_NAME}:{fname}"
             if joined in globbed:
                 continue  # a file vLLM loads: checked below (an escaping symlink included)
-            if os.path.isabs(fname) or not _inside(root_real, joined):
+            if not fname or "\x00" in fname:
+                problems.append(
+                    CheckpointProblem(
+                        "index",
+                        "index-path-invalid",
+                        subject,
+                        f"the index sends {len(tensors)} tensor(s) to {brief(fname)}, which is not a file name"
+                        + (" (it holds a NUL byte)" if fname else ""),
+                        evidence,
+                        vllm_error,
+                    )
+                )
+            elif os.path.isabs(fname) or not inside(roots, joined):
                 problems.append(
                     CheckpointProblem(
                         "index",
@@ -353,7 +412,7 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
                         subject,
                         f"the index sends {len(tensors)} tensor(s) to {fname!r}, a path outside the model directory; "
                         "vllm-doctor does not follow it and vLLM will not load it",
-                        {**evidence, "resolves_to": os.path.realpath(joined)},
+                        {**evidence, "resolves_to": resolves_to(joined)},
                         vllm_error,
                     )
                 )
@@ -385,17 +444,17 @@ def read_checkpoint(model_dir: str | os.PathLike[str], library: bool = True) -> 
     seen: dict[str, str] = {}
     for fpath in load_files:
         rel = os.path.relpath(fpath, folder)
-        if not _inside(root_real, fpath):
+        if not inside(roots, fpath):
             problems.append(
                 CheckpointProblem(
                     "index",
                     "file-outside-dir",
                     rel,
                     (
-                        f"{rel} is a symlink to {os.path.realpath(fpath)}, outside the model directory; vllm-doctor "
-                        f"did not open it"
+                        f"{rel} is a symlink to {resolves_to(fpath)}, outside the model directory; vllm-doctor did "
+                        "not open it"
                     ),
-                    {"resolves_to": os.path.realpath(fpath)},
+                    {"resolves_to": resolves_to(fpath)},
                 )
             )
             facts.files.append(FileHeader(file=rel, size=0))

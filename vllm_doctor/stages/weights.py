@@ -13,12 +13,25 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vllm_doctor.checks.weights import config_size_problems
+from vllm_doctor.facts.checkpoint import OUTSIDE_KINDS
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.probes.safetensors_header import read_checkpoint
 from vllm_doctor.stages.child import ChildJob
 
 LOAD_CODES = ("VD301", "VD302", "VD303", "VD304")
 WEIGHT_CODES = (*LOAD_CODES, "VD305", "VD306", "VD307", "VD308")
+
+
+def size_block(config: dict[str, Any]) -> str | None:
+    """Why no model may be built from ``config`` (VD309's sizes), or None."""
+    bad = config_size_problems(config)
+    if not bad:
+        return None
+    listed = "; ".join(f"{p['key']} = {p['value']}" for p in bad[:5]) + (
+        f"; {len(bad) - 5} more" if len(bad) > 5 else ""
+    )
+    return f"config.json has model sizes no model can be built from ({listed}; see VD309): the model was not built"
 
 
 def start_weights_pass(
@@ -36,6 +49,10 @@ def start_weights_pass(
     if getattr(options, "fast", False):
         facts.weight_load_error = "skipped by --fast (the weights pass imports vLLM)"
         return None
+    blocked = size_block(facts.config)
+    if blocked:
+        facts.weight_load_error = blocked
+        return None
     checkpoint = facts.checkpoint
     if checkpoint.format != "safetensors":
         facts.weight_load_error = (
@@ -52,7 +69,7 @@ def start_weights_pass(
         "architectures": facts.architectures,
         "trust_remote_code": facts.trust_remote_code,
         # a path escapes the model dir: vLLM's config code must not read checkpoint headers either
-        "paths_escape": any(p.kind in ("file-outside-dir", "index-path-outside-dir") for p in checkpoint.problems),
+        "paths_escape": any(p.kind in OUTSIDE_KINDS for p in checkpoint.problems),
         "tensors": [{"name": t.name, "shape": t.shape, "dtype": t.dtype} for t in tensors],
     }
     timeout = float(getattr(options, "import_timeout", 180.0))
