@@ -143,6 +143,17 @@ def test_check_engine_reports_kv_cache_too_small_from_vllms_own_refusal(example:
     assert "the engine did not start" in proc.stdout
 
 
+def plugin_site(site: Path, package: str, source: str) -> Path:
+    """A one-module plugin package declared as a `vllm.general_plugins` entry point (for PYTHONPATH)."""
+    (site / package).mkdir(parents=True)
+    (site / package / "__init__.py").write_text(source)
+    info = site / f"{package}-0.0.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package.replace('_', '-')}\nVersion: 0.0.0\n")
+    (info / "entry_points.txt").write_text(f"[vllm.general_plugins]\n{package} = {package}:register\n")
+    return site
+
+
 BROKEN_PLUGIN = '''
 def register():
     from vllm import ModelRegistry
@@ -163,13 +174,7 @@ def test_a_model_that_fails_at_run_time_is_reported_not_crashed(tmp_path: Path) 
     """The engine starts (its dummy runs pass), then the user's workload raises in forward."""
     from tests.fixtures.engine_models import build_llama_dir
 
-    site = tmp_path / "site"
-    (site / "broken_forward_plugin").mkdir(parents=True)
-    (site / "broken_forward_plugin" / "__init__.py").write_text(BROKEN_PLUGIN)
-    info = site / "broken_forward_plugin-0.0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-forward-plugin\nVersion: 0.0.0\n")
-    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nbroken_forward = broken_forward_plugin:register\n")
+    plugin_site(tmp_path / "site", "broken_forward_plugin", BROKEN_PLUGIN)
     model = build_llama_dir(tmp_path / "model", ["BrokenForwardLlama"])
     proc = doctor(tmp_path, "profile", str(model), "--out", str(tmp_path / "out"), "--prompts", "2", "--input-len", "8",
                   "--output-len", "4")
@@ -198,13 +203,7 @@ def test_an_engine_that_does_not_start_is_an_error_finding_with_the_phase(tmp_pa
     outside eager mode the doctor re-runs eagerly, and says the model fails there too."""
     from tests.fixtures.engine_models import build_llama_dir
 
-    site = tmp_path / "site"
-    (site / "always_failing_plugin").mkdir(parents=True)
-    (site / "always_failing_plugin" / "__init__.py").write_text(FAILING_PLUGIN)
-    info = site / "always_failing_plugin-0.0.0.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: always-failing-plugin\nVersion: 0.0.0\n")
-    (info / "entry_points.txt").write_text("[vllm.general_plugins]\nalways_failing = always_failing_plugin:register\n")
+    plugin_site(tmp_path / "site", "always_failing_plugin", FAILING_PLUGIN)
     model = build_llama_dir(tmp_path / "model", ["AlwaysFailingLlama"])
     out = tmp_path / "report.json"
     proc = doctor(tmp_path, "check", str(model), "--fast", "--engine", "--select", "VD5", "--output", str(out))
