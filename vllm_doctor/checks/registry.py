@@ -722,3 +722,63 @@ def registration_shadows_builtin(facts: Facts, emit: Emit) -> Iterable[Finding]:
             )
     if not shadowed:
         yield emit.ok("no plugin registration shadows a built-in architecture")
+
+
+# vLLM's refusals that other checks explain: the architecture is not found, importable or valid
+# (VD101, VD106, VD108), the model_type is unknown or needs remote code (VD104, VD105)
+_EXPLAINED_REFUSALS = (
+    "are not supported for now",
+    "failed to be inspected",
+    "No model architectures are specified",
+    "valid list",
+    "does not recognize this architecture",
+    "Unrecognized model",
+    "trust_remote_code",
+)
+
+
+@check(
+    "VD111",
+    "config-rejected-by-vllm",
+    "vLLM itself refuses to load config.json (its config class or vLLM's validation raises).",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what=(
+        "In the import pass's fresh process, after the plugins are loaded, the doctor loads the model directory the "
+        "way `vllm serve` does (`EngineArgs.create_model_config`) and reports vLLM's own exception. Its verdict "
+        "wins over the doctor's tables: a model_type can be known and the config still be refused."
+    ),
+    why=(
+        "A config class that validates its fields (layer patterns, head counts, rope settings) or a vLLM check on "
+        "the config raises deep inside engine start-up, after the model files are copied and the GPU is reserved."
+    ),
+    example="IQuestQ1 hybrid layer pattern has 88 layers, expected 2   (raised by the plugin's config class)",
+    fix='Make config.json agree with the config class (the message says which field); `python -c "from vllm.engine.'
+    'arg_utils import EngineArgs; EngineArgs(model=DIR).create_model_config()"` reproduces it.',
+    references=("vllm/engine/arg_utils.py:EngineArgs.create_model_config",),
+    requires=("import",),
+)
+def config_rejected_by_vllm(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    verdict = (facts.import_pass or {}).get("config_verdict")
+    if not verdict:
+        yield emit.skip("the import pass did not load the config with vLLM")
+        return
+    if verdict.get("ok"):
+        yield emit.ok(
+            f"vLLM loads config.json ({verdict.get('config_class')}, architectures {verdict.get('architectures')})",
+            "config.json",
+            {"vllm_verdict": verdict},
+        )
+        return
+    error = str(verdict.get("error") or "")
+    if any(text in error for text in _ARCH_REFUSALS):
+        yield emit.not_applicable(
+            "vLLM refuses the architecture, not the config (see VD101, VD106, VD108)", "config.json"
+        )
+        return
+    yield emit.fail(
+        f"vLLM refuses config.json: {error.splitlines()[0][:500]}",
+        "config.json",
+        {"vllm_error": error[:3000], "vllm_verdict": verdict},
+        "make config.json agree with the config class; EngineArgs(model=DIR).create_model_config() reproduces it",
+    )
