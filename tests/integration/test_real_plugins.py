@@ -29,29 +29,83 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.engine
 
 _TINY = {
-    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "num_hidden_layers": 2, "vocab_size": 256, "max_position_embeddings": 128, "head_dim": 16,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 128,
+    "head_dim": 16,
     "torch_dtype": "float32",
 }
 
 # name, version, wheel sha256, architecture, model_type, extra config keys
 PLUGINS: list[tuple[str, str, str, str, str, dict]] = [
-    ("aleph-alpha-inference", "1.0.0", "5a0ca118e67924f10c4f9c04dd64bef117007a17dd820233a8841b9cb8d6f211",
-     "Kolibri1ForCausalLM", "kolibri1", {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2}),
-    ("exionos-vllm", "0.1.0", "571b702d3c5ec42318b920fcf119924c67a9997d3ea771cc57fae1642e73cbf6",
-     "ExionosX1ForConditionalGeneration", "exionos_x1", {"text_config": dict(_TINY), "vision_config": {}}),
-    ("vllm-iquest-q1", "0.1.1", "142b36b3331915cd1689baa762d78eec518e7eba6dc30ceb6c6199946ca8e159",
-     "IQuestQ1ForCausalLM", "iquest_q1", {}),
-    ("vllm-spark2-5-plugin", "0.1.0", "d6aaae51f7ed793ce5a17a49f1e47fcae35cc2a454ec5c40789394df9f2e5b2d",
-     "Spark2_5ForCausalLM", "spark2_5", {}),
-    ("qwerky-vllm-models", "0.2.71", "762a7c0df1627dfaa5892ab86d4fabf2a8ccb6948236e657a2d8b5bed085868d",
-     "MambaInLlamaMambaForCausalLM", "mambainllama_mamba", {}),
-    ("vllm-plugin-meralion2", "0.3.0", "97a016896f813e831e56f92f128e549fd1c5c7330baf5ca8ee6f0ef23e08cbd8",
-     "MERaLiON2ForConditionalGeneration", "meralion2", {}),
-    ("fp4local-abliterated", "0.1.0", "9937a2d5b448fec6aa80e4af8f3c7d4a27bd3356b1f685dea5b810e281d0a3e6",
-     "AbliteratedQwen4ExpForCausalLM", "qwen4_exp", {}),
-    ("vllm-canon", "0.1.0", "475ae62e9d95128dfe5716bc1a4ff29125122eb21f1e9f9917775a8b5708c0f9",
-     "LlamaCanonForCausalLM", "llama", {}),
+    (
+        "aleph-alpha-inference",
+        "1.0.0",
+        "5a0ca118e67924f10c4f9c04dd64bef117007a17dd820233a8841b9cb8d6f211",
+        "Kolibri1ForCausalLM",
+        "kolibri1",
+        {"moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2},
+    ),
+    (
+        "exionos-vllm",
+        "0.1.0",
+        "571b702d3c5ec42318b920fcf119924c67a9997d3ea771cc57fae1642e73cbf6",
+        "ExionosX1ForConditionalGeneration",
+        "exionos_x1",
+        {"text_config": dict(_TINY), "vision_config": {}},
+    ),
+    (
+        "vllm-iquest-q1",
+        "0.1.1",
+        "142b36b3331915cd1689baa762d78eec518e7eba6dc30ceb6c6199946ca8e159",
+        "IQuestQ1ForCausalLM",
+        "iquest_q1",
+        {},
+    ),
+    (
+        "vllm-spark2-5-plugin",
+        "0.1.0",
+        "d6aaae51f7ed793ce5a17a49f1e47fcae35cc2a454ec5c40789394df9f2e5b2d",
+        "Spark2_5ForCausalLM",
+        "spark2_5",
+        {},
+    ),
+    (
+        "qwerky-vllm-models",
+        "0.2.71",
+        "762a7c0df1627dfaa5892ab86d4fabf2a8ccb6948236e657a2d8b5bed085868d",
+        "MambaInLlamaMambaForCausalLM",
+        "mambainllama_mamba",
+        {},
+    ),
+    (
+        "vllm-plugin-meralion2",
+        "0.3.0",
+        "97a016896f813e831e56f92f128e549fd1c5c7330baf5ca8ee6f0ef23e08cbd8",
+        "MERaLiON2ForConditionalGeneration",
+        "meralion2",
+        {},
+    ),
+    (
+        "fp4local-abliterated",
+        "0.1.0",
+        "9937a2d5b448fec6aa80e4af8f3c7d4a27bd3356b1f685dea5b810e281d0a3e6",
+        "AbliteratedQwen4ExpForCausalLM",
+        "qwen4_exp",
+        {},
+    ),
+    (
+        "vllm-canon",
+        "0.1.0",
+        "475ae62e9d95128dfe5716bc1a4ff29125122eb21f1e9f9917775a8b5708c0f9",
+        "LlamaCanonForCausalLM",
+        "llama",
+        {},
+    ),
 ]
 
 # Known doctor/vLLM disagreements: plugin name -> the precise disagreement.
@@ -99,8 +153,12 @@ def _sha256(path: Path) -> str:
 def sites(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     cache = tmp_path_factory.mktemp("plugin-wheels")
     specs = [f"{name}=={version}" for name, version, *_ in PLUGINS]
-    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q",
-                           "-d", str(cache), *specs], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-q", "-d", str(cache), *specs],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if proc.returncode != 0:
         pytest.skip(f"pip download of the plugin wheels failed: {proc.stderr.strip()[-500:]}")
     out: dict[str, Path] = {}
@@ -134,17 +192,28 @@ def _model_dir(root: Path, arch: str, model_type: str, extra: dict) -> Path:
 
 
 def _truth(model: Path, arch: str, site: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", TRUTH, str(model), arch], env=_env(site), capture_output=True,
-                          text=True, timeout=600, cwd=model.parent)
+    proc = subprocess.run(
+        [sys.executable, "-c", TRUTH, str(model), arch],
+        env=_env(site),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=model.parent,
+    )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("TRUTH ")]
     assert lines, proc.stderr[-3000:]
-    return json.loads(lines[-1][len("TRUTH "):])
+    return json.loads(lines[-1][len("TRUTH ") :])
 
 
 def _doctor(model: Path, site: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "vllm_doctor", "check", str(model), "--json", "-q",
-                           "--select", "VD1,VD2"], env=_env(site), capture_output=True, text=True, timeout=600,
-                          cwd=model.parent)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_doctor", "check", str(model), "--json", "-q", "--select", "VD1,VD2"],
+        env=_env(site),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=model.parent,
+    )
     assert proc.stdout.startswith("{"), proc.stderr[-3000:]
     return json.loads(proc.stdout)
 

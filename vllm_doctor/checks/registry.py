@@ -771,9 +771,9 @@ def config_rejected_by_vllm(facts: Facts, emit: Emit) -> Iterable[Finding]:
         )
         return
     error = str(verdict.get("error") or "")
-    if any(text in error for text in _ARCH_REFUSALS):
+    if any(text in error for text in _EXPLAINED_REFUSALS):
         yield emit.not_applicable(
-            "vLLM refuses the architecture, not the config (see VD101, VD106, VD108)", "config.json"
+            "vLLM refuses the architecture or the model_type, which VD101-VD108 explain", "config.json"
         )
         return
     yield emit.fail(
