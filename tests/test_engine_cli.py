@@ -216,8 +216,11 @@ def test_an_engine_that_does_not_start_is_an_error_finding_with_the_phase(tmp_pa
     assert "doctor test: this forward always fails" in f.message and "it fails in eager mode too" in f.message
     assert f.evidence["mode"]["requested"] == "vllm-default"
     assert "execution mode:" in proc.stdout and "it failed too" in proc.stdout
-    # --eager: one engine, no re-run, the same finding
+    # --eager: one engine, no re-run. With a fixed KV cache size vLLM's CPU worker runs no
+    # profiling forward and an eager engine warms up without one: the forward first runs on the
+    # workload, so the phase is the first step
     proc = doctor(tmp_path, "check", str(model), "--fast", "--engine", "--eager", "--select", "VD500", "--json")
     assert proc.returncode == 1 and "re-running" not in proc.stderr
     (f,) = [x for x in json.loads(proc.stdout)["findings"] if x["code"] == "VD500"]
-    assert f["evidence"]["mode"]["requested"] == "eager" and f["evidence"]["phase"] == "profile run"
+    assert f["evidence"]["mode"]["requested"] == "eager" and f["evidence"]["phase"] == "first step"
+    assert "doctor test: this forward always fails" in f["message"]

@@ -109,13 +109,7 @@ PLUGINS: list[tuple[str, str, str, str, str, dict]] = [
 ]
 
 # Known doctor/vLLM disagreements: plugin name -> the precise disagreement.
-XFAIL: dict[str, str] = {
-    "vllm-iquest-q1": (
-        "vLLM refuses config.json at create_model_config (IQuestQ1Config validation: 'IQuestQ1 hybrid layer "
-        "pattern has 88 layers, expected 2'); the doctor passes VD104 from AutoConfig in a fresh process "
-        "and reports no VD1xx/VD2xx fail"
-    ),
-}
+XFAIL: dict[str, str] = {}  # plugin -> the doctor/vLLM disagreement, while it stands
 
 TRUTH = r"""
 import importlib, json, sys, traceback
