@@ -68,7 +68,9 @@ def test_every_check_code_has_a_variant() -> None:
     from vllm_doctor.checks import CATALOGUE
 
     static = {c for c, e in CATALOGUE.items() if e.meta.stage.value == "static" and c.startswith(("VD1", "VD2"))}
-    covered = {code for code, _, _ in EXPECTED.values()} | {"VD102"}  # VD102: tests below
+    # VD102: tests below; VD111 (vLLM refuses the config): tests/integration/test_real_plugins.py
+    # (a real plugin's config class refuses the directory) and tests/unit/test_checks_pure.py
+    covered = {code for code, _, _ in EXPECTED.values()} | {"VD102", "VD111"}
     assert static <= covered
 
 

@@ -210,3 +210,21 @@ def test_a_gate_that_fails_stops_the_gates_after_it(monkeypatch: pytest.MonkeyPa
     (finding,) = run_checks(object(), ["VD998"])
     assert (finding.code, finding.outcome, finding.message) == ("VD998", Outcome.NOT_APPLICABLE, "nothing here")
     assert calls == ["first"]
+
+
+def test_vd111_fails_with_vllms_refusal_and_leaves_explained_ones_to_their_checks() -> None:
+    refusal = ("ValidationError: 1 validation error for ModelConfig\n  Value error, IQuestQ1 hybrid layer pattern has 88 "
+               "layers, expected 2 [type=value_error, input_value=...]")
+    f = facts({"architectures": ["LlamaForCausalLM"], "model_type": "llama"},
+              import_pass={"config_verdict": {"ok": False, "error": refusal}})
+    (finding,) = run_checks(f, ["VD111"])
+    assert finding.outcome is Outcome.FAIL and finding.severity is Severity.ERROR
+    assert finding.message == ("vLLM refuses config.json: ValidationError: 1 validation error for ModelConfig: "
+                               "IQuestQ1 hybrid layer pattern has 88 layers, expected 2")
+    generic = "Value error, This model does not support `--runner generate`. [type=value_error]"
+    f.import_pass = {"config_verdict": {"ok": False, "error": generic}}
+    assert run_checks(f, ["VD111"])[0].outcome is Outcome.NOT_APPLICABLE
+    f.import_pass = {"config_verdict": {"ok": True, "config_class": "C", "architectures": ["LlamaForCausalLM"]}}
+    assert run_checks(f, ["VD111"])[0].outcome is Outcome.PASS
+    f.import_pass = None
+    assert run_checks(f, ["VD111"])[0].outcome is Outcome.SKIP

@@ -80,6 +80,15 @@ def shown(value: Any, limit: int = LIST_LIMIT, chars: int = 2000) -> str:
     return text if len(text) <= chars else f"{text[:chars]}... ({len(text)} characters)"
 
 
+def informative_line(summary: str, limit: int = 600) -> str:
+    """The informative line of vLLM's error: pydantic wraps vLLM's own message in `Value error, ...`."""
+    lines = [line.strip() for line in summary.splitlines() if line.strip()]
+    for line in lines:
+        if line.startswith("Value error, "):
+            return f"{lines[0]}: {line[len('Value error, ') :].split(' [type=')[0]}"[:limit]
+    return " ".join(lines)[:limit]
+
+
 def known(value: T | None) -> T:
     """A value a gate has already established (for the type checker; a gate bug raises here)."""
     if value is None:

@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-from vllm_doctor.checks.base import LIST_LIMIT, Emit, capped, check, gate, known, shown
+from vllm_doctor.checks.base import LIST_LIMIT, Emit, capped, check, gate, informative_line, known, shown
 from vllm_doctor.facts.static import Facts, is_transformers_backend
 from vllm_doctor.model import Finding, Severity, Stage
 
@@ -734,6 +734,7 @@ _EXPLAINED_REFUSALS = (
     "does not recognize this architecture",
     "Unrecognized model",
     "trust_remote_code",
+    "does not support `--runner",  # the class fails vLLM's interface checks: VD201-VD206
 )
 
 
@@ -777,7 +778,7 @@ def config_rejected_by_vllm(facts: Facts, emit: Emit) -> Iterable[Finding]:
         )
         return
     yield emit.fail(
-        f"vLLM refuses config.json: {error.splitlines()[0][:500]}",
+        f"vLLM refuses config.json: {informative_line(error, 500)}",
         "config.json",
         {"vllm_error": error[:3000], "vllm_verdict": verdict},
         "make config.json agree with the config class; EngineArgs(model=DIR).create_model_config() reproduces it",

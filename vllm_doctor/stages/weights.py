@@ -13,6 +13,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from vllm_doctor.checks.base import informative_line
 from vllm_doctor.checks.weights import config_size_problems
 from vllm_doctor.facts.checkpoint import OUTSIDE_KINDS
 from vllm_doctor.facts.static import Facts
@@ -105,22 +106,13 @@ def finish_weights_pass(facts: Facts, job: ChildJob | None) -> None:
                 "load": "driving load_weights",
                 "internal": "the weights pass itself",
             }.get(err.get("stage"), err.get("stage"))
-            facts.weight_load_error = f"failed while {stage}: {_short(str(err.get('summary')))}"
+            facts.weight_load_error = f"failed while {stage}: {informative_line(str(err.get('summary')))}"
     else:
         error = res.error or "the weights pass failed"
         if res.timed_out:
             error += " (building the model or its load_weights may hang)"
         tail = res.log_tail.strip().splitlines()[-3:]
         facts.weight_load_error = error + ("\n" + "\n".join(tail) if tail else "")
-
-
-def _short(summary: str, limit: int = 600) -> str:
-    """The informative line of an error: pydantic wraps vLLM's own message in `Value error, ...`."""
-    lines = [line.strip() for line in summary.splitlines() if line.strip()]
-    for line in lines:
-        if line.startswith("Value error, "):
-            return f"{lines[0]}: {line[len('Value error, ') :].split(' [type=')[0]}"[:limit]
-    return " ".join(lines)[:limit]
 
 
 def weights_report(facts: Facts) -> dict[str, Any] | None:
