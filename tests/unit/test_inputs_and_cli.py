@@ -83,7 +83,7 @@ def test_fail_on_threshold_sets_the_exit_code(tmp_path: Path) -> None:
 
 def test_rules_and_rule_render_from_the_metadata() -> None:
     rules = json.loads(cli("rules", "--json").stdout)
-    assert [r["code"] for r in rules][:3] == ["VD101", "VD102", "VD103"]
+    assert [r["code"] for r in rules][:4] == ["VD100", "VD101", "VD102", "VD103"]
     text = cli("rule", "VD103").stdout
     assert text.startswith("VD103 registered-under-wrong-name (error, static stage)")
     assert "Fix\n" in text and "vllm-project/vllm#11229" in text
@@ -143,3 +143,16 @@ def test_atomic_reports_get_ordinary_file_permissions(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert path.stat().st_mode & 0o777 == 0o644
+
+
+def test_a_pass_that_does_not_complete_is_a_finding_not_a_silent_skip(tmp_path: Path) -> None:
+    """The import pass cut off by its time limit: VD100 fails (exit 1), never '0 problem(s)'."""
+    d = model(tmp_path, json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}).encode())
+    proc = cli("check", str(d), "--json", "-q", "--timeout", "0.2")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    findings = json.loads(proc.stdout)["findings"]
+    (f,) = [f for f in findings if f["code"] == "VD100"]
+    assert f["outcome"] == "fail" and f["subject"] == "the import pass"
+    assert "the import pass did not complete: the import pass did not finish within 0 s" in f["message"]
+    # the checks that needed it say why they skipped
+    assert all(x["outcome"] == "skip" for x in findings if x["code"] in ("VD106", "VD201"))

@@ -783,3 +783,47 @@ def config_rejected_by_vllm(facts: Facts, emit: Emit) -> Iterable[Finding]:
         {"vllm_error": error[:3000], "vllm_verdict": verdict},
         "make config.json agree with the config class; EngineArgs(model=DIR).create_model_config() reproduces it",
     )
+
+
+@gate("passes-ran", after_import=True)
+def _passes_over(facts: Facts, emit: Emit) -> None:
+    """Nothing to skip for: the check reads how the import and weights passes ended."""
+    return None
+
+
+@check(
+    "VD100",
+    "doctor-pass-failed",
+    "The import pass or the weights pass did not complete (time-out, crash, vLLM not importable).",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    what=(
+        "The import pass imports vLLM and every plugin in a fresh process, as an engine process does; the weights "
+        "pass builds the model on the meta device. When either ends without an answer (its time limit, a crash, a "
+        "plugin that hangs on import, vLLM missing), every check that needed it is skipped: this finding says so "
+        "once, with the error, so that the run is never '0 problem(s)'."
+    ),
+    why="A run whose passes did not complete has not checked the model: an exit code of 0 would say it had.",
+    example="the import pass did not finish within 180 s (a plugin or model module may hang on import)",
+    fix=(
+        "Read the error: a plugin or model module that hangs or crashes on import is the model's problem (run "
+        "`python -c 'import your_pkg.model'`); a missing vLLM or a time-out on a slow machine is the environment's "
+        "(raise --timeout)."
+    ),
+    requires=("passes-ran",),
+)
+def doctor_pass_failed(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    if not facts.pass_failures:
+        if facts.import_pass is None:
+            yield emit.not_applicable("the import pass did not run (--fast)")
+        else:
+            yield emit.ok("the import pass completed" + (" and so did the weights pass" if facts.weight_load else ""))
+        return
+    for failure in facts.pass_failures:
+        yield emit.fail(
+            f"{failure['pass']} did not complete: {failure['error'].splitlines()[0][:500]}",
+            failure["pass"],
+            {"error": failure["error"][:3000]},
+            "the checks that needed it are skipped; fix what the error names, or raise --timeout if the machine is "
+            "slow",
+        )

@@ -52,6 +52,8 @@ class Facts:
     weight_load: dict[str, Any] | None = None
     weight_load_error: str | None = None
     weight_load_seconds: float | None = None
+    # passes that ran and did not complete (time-out, crash, no vLLM): {"pass", "error"}; VD100
+    pass_failures: list[dict[str, str]] = field(default_factory=list)
 
     # ---- derived views ----
     @property

@@ -115,6 +115,7 @@ def add_import_facts(facts: Facts, options: CheckOptions) -> float:
     else:
         facts.import_pass = None
         facts.import_pass_error = f"{error}\n{res.log_tail[-1500:]}" if res.log_tail else error
+        facts.pass_failures.append({"pass": "the import pass", "error": facts.import_pass_error})
     return res.seconds
 
 

@@ -107,12 +107,15 @@ def finish_weights_pass(facts: Facts, job: ChildJob | None) -> None:
                 "internal": "the weights pass itself",
             }.get(err.get("stage"), err.get("stage"))
             facts.weight_load_error = f"failed while {stage}: {informative_line(str(err.get('summary')))}"
+            if err.get("stage") in ("import", "internal"):  # the pass itself, not the model, failed
+                facts.pass_failures.append({"pass": "the weights pass", "error": facts.weight_load_error})
     else:
         error = res.error or "the weights pass failed"
         if res.timed_out:
             error += " (building the model or its load_weights may hang)"
         tail = res.log_tail.strip().splitlines()[-3:]
         facts.weight_load_error = error + ("\n" + "\n".join(tail) if tail else "")
+        facts.pass_failures.append({"pass": "the weights pass", "error": facts.weight_load_error})
 
 
 def weights_report(facts: Facts) -> dict[str, Any] | None:
