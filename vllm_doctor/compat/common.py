@@ -24,13 +24,18 @@ def hf_text_config(model_config: Any) -> Any:
     return getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
 
 
-def describe_exception(exc: BaseException, limit: int = 4000) -> str:
-    """``Type: message`` of ``exc`` and of each cause under it, outermost first."""
-    parts: list[str] = []
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and every exception under it (cause, else context), outermost first."""
     seen: set[int] = set()
     current: BaseException | None = exc
+    chain: list[BaseException] = []
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        parts.append(f"{type(current).__name__}: {current}")
+        chain.append(current)
         current = current.__cause__ or current.__context__
-    return "\n<- caused by ".join(parts)[:limit]
+    return chain
+
+
+def describe_exception(exc: BaseException, limit: int = 4000) -> str:
+    """``Type: message`` of ``exc`` and of each cause under it, outermost first."""
+    return "\n<- caused by ".join(f"{type(e).__name__}: {e}" for e in exception_chain(exc))[:limit]

@@ -14,7 +14,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from vllm_doctor.compat.common import format_exc
+from vllm_doctor.compat.common import format_exc, qualname
 from vllm_doctor.compat.plugins import GENERAL_PLUGINS_GROUP
 
 
@@ -299,13 +299,9 @@ def config_verdict(model_dir: str, trust_remote_code: bool) -> dict[str, Any]:
     return {
         "ok": True,
         "model_type": getattr(hf, "model_type", None),
-        "config_class": qualname_of(hf),
+        "config_class": None if hf is None else qualname(hf),
         "architectures": [str(a) for a in getattr(model_config, "architectures", None) or []],
     }
-
-
-def qualname_of(obj: Any) -> str | None:
-    return None if obj is None else f"{type(obj).__module__}.{type(obj).__qualname__}"
 
 
 def cuda_initialized() -> bool | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import traceback
 from typing import Any
 
+from vllm_doctor.compat.common import exception_chain
+
 # vLLM function name -> phase (V1 and V2 model runners, vLLM 0.26-0.32); generic orchestrators
 # (``_initialize_kv_caches``, ``__init__``) are deliberately absent
 PHASE_OF_FUNCTION: dict[str, str] = {
@@ -32,22 +34,10 @@ PHASE_OF_FUNCTION: dict[str, str] = {
 PHASES = ("load", "profile run", "KV cache allocation", "graph capture", "graph capture and warm-up", "first step")
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and every exception under it (cause/context), outermost first."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    chain: list[BaseException] = []
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        chain.append(current)
-        current = current.__cause__ or current.__context__
-    return chain
-
-
 def _frames(exc: BaseException) -> list[traceback.FrameSummary]:
     """Frames of ``exc`` and of every exception under it, outermost first."""
     out: list[traceback.FrameSummary] = []
-    for e in _chain(exc):  # the last exception's frames start at the top; a cause's, where it was caught
+    for e in exception_chain(exc):  # the last exception's frames start at the top; a cause's, where it was caught
         out.extend(traceback.extract_tb(e.__traceback__))
     return out
 
@@ -58,7 +48,7 @@ def startup_phase(exc: BaseException) -> dict[str, Any]:
     matches = [(PHASE_OF_FUNCTION[f.name], f) for f in frames if "/vllm/" in f.filename and f.name in PHASE_OF_FUNCTION]
     # a capture is the most specific phase: vLLM runs it from inside other phases (warm-up, or the
     # KV cache set-up of the V2 runner), so it wins wherever it stands
-    text = " ".join(str(e) for e in _chain(exc))
+    text = " ".join(str(e) for e in exception_chain(exc))
     capture = [m for m in matches if m[0] == "graph capture"]
     if capture:
         matches = capture
