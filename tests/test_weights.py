@@ -110,7 +110,7 @@ def test_ok_example_has_full_coverage(reports: dict[str, Any]) -> None:
     assert report, stderr
     assert not vd3_problems(report)
     outcomes = {f["code"]: f["outcome"] for f in vd3(report)}
-    assert outcomes == {f"VD30{i}": "pass" for i in range(1, 10)}  # VD301-VD309
+    assert outcomes == {f"VD3{i:02d}": "pass" for i in range(1, 11)}  # VD301-VD310
     weights = report["facts"]["weights"]
     mapping, params = weights["mapping"], weights["params"]
     assert len(mapping) == 21 and all(t["status"] == "loaded" for t in mapping.values())

@@ -61,6 +61,9 @@ class CheckMeta:
     severity: Severity
     stage: Stage
     requires: tuple[str, ...] = ()  # facts it needs: "config", "registry", "model_class", ...
+    # codes (or prefixes) that name the cause of this check's failure when they fail in the same
+    # run: then this check says so in a skip instead of reporting the same cause twice
+    defers_to: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -68,6 +71,7 @@ class CheckMeta:
         data["stage"] = self.stage.value
         data["explanation"]["references"] = list(self.explanation.references)
         data["requires"] = list(self.requires)
+        data["defers_to"] = list(self.defers_to)
         return data
 
 

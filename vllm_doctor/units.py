@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
+
+_BYTE_UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 
 
 def fmt_bytes(n: Any) -> str:
@@ -24,3 +27,11 @@ def fmt_s(s: Any) -> str:
     if s < 1e-3:
         return f"{s * 1e6:.1f} µs"
     return f"{s * 1e3:.2f} ms" if s < 1 else f"{s:.2f} s"
+
+
+def parse_bytes(text: str) -> int:
+    """``"64M"``, ``"1.5GiB"``, ``"2g"``, ``"67108864"`` -> bytes (binary units); ValueError otherwise."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgt]?)(?:i?b)?", text.strip().lower().replace(" ", ""))
+    if m is None:
+        raise ValueError(f"expected bytes like 67108864, 64M or 2G, got {text!r}")
+    return int(float(m.group(1)) * _BYTE_UNITS[m.group(2)])

@@ -177,7 +177,7 @@ def test_every_requirement_is_a_gate_and_gates_run_before_the_check() -> None:
     # the import pass (or the weights pass beside it) is what these checks wait for
     assert {c for c in CATALOGUE if needs_import(c)} == {
         "VD100", "VD106", "VD111", "VD201", "VD202", "VD203", "VD204", "VD205", "VD206", "VD207", "VD301", "VD302", "VD303",
-        "VD304"}
+        "VD304", "VD310"}
     # no import pass: every check that needs it gets the gate's skip, and its body never runs
     f = facts({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, import_pass_error="no vLLM here")
     for code in ("VD106", "VD201", "VD207"):
@@ -228,3 +228,28 @@ def test_vd111_fails_with_vllms_refusal_and_leaves_explained_ones_to_their_check
     assert run_checks(f, ["VD111"])[0].outcome is Outcome.PASS
     f.import_pass = None
     assert run_checks(f, ["VD111"])[0].outcome is Outcome.SKIP
+
+
+def test_vd310_reports_a_build_failure_once() -> None:
+    """The weights pass could not build the model: VD310 fails with vLLM's error and the model's
+    line; when a check that names the cause (here VD309) fails in the same run, VD310 defers to it."""
+    error = {"stage": "build", "summary": "KeyError: 'factor'", "traceback": "...", "where": "/p/m.py:62 in __init__"}
+    f = facts({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, import_pass={"classes": {}})
+    f.weight_load = {"error": error}
+    (finding,) = run_checks(f, ["VD310"])
+    assert (finding.outcome, finding.subject) == (Outcome.FAIL, "the model's construction")
+    assert finding.message == ("failed while building the model on the meta device (vLLM's initialize_model): "
+                               "KeyError: 'factor' at /p/m.py:62 in __init__")
+    assert finding.evidence["vllm_error"] == "KeyError: 'factor'" and finding.evidence["stage"] == "build"
+    f.config["num_hidden_layers"] = 0
+    vd309, vd310 = run_checks(f, ["VD309", "VD310"])
+    assert vd309.outcome is Outcome.FAIL
+    assert vd310.outcome is Outcome.SKIP and vd310.message.startswith("VD309 names the cause of this failure: failed")
+    # the pass itself failing is VD100's, a completed build is a pass, no weights pass is n/a
+    f.config["num_hidden_layers"] = 2
+    f.weight_load = {"error": {"stage": "import", "summary": "ImportError: no vllm"}}
+    assert run_checks(f, ["VD310"])[0].outcome is Outcome.NOT_APPLICABLE
+    f.weight_load = {"tensors": {}}
+    assert run_checks(f, ["VD310"])[0].outcome is Outcome.PASS
+    f.weight_load = None
+    assert run_checks(f, ["VD310"])[0].outcome is Outcome.NOT_APPLICABLE

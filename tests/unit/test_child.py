@@ -124,3 +124,45 @@ def test_children_die_with_the_doctor(tmp_path: Path, how: str) -> None:
         doctor.send_signal(getattr(signal, how))
     doctor.wait(timeout=30)
     assert wait_gone([pids["child"], *pids["grandchildren"]]) == []
+
+
+def test_a_process_group_over_its_memory_limit_is_stopped(tmp_path: Path) -> None:
+    """The watchdog sums the group's resident memory: the child allocates 1 MiB at a time past the limit."""
+    pid_file = tmp_path / "pids.json"
+    limit = 200 * 2**20
+    job = ChildJob(
+        "selftest",
+        {"grandchildren": 1, "pid_file": str(pid_file), "allocate_mib": 2000, "allocate_pause": 0.002, "sleep": 600},
+        timeout=120,
+        what="the self-test",
+        memory_limit=limit,
+    )
+    res = job.result()
+    assert not res.ok and not res.timed_out
+    assert res.error is not None and res.error.startswith("the self-test was stopped: its processes held ")
+    assert "over the limit of 200.00 MiB (--max-memory, or VLLM_DOCTOR_MAX_MEMORY)" in res.error
+    assert limit < job.memory_peak < 2000 * 2**20
+    pids = json.loads(pid_file.read_text())
+    assert wait_gone([pids["child"], *pids["grandchildren"]]) == []
+
+
+def test_memory_limit_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_doctor.stages.child import default_memory_limit, machine_memory, parse_limit
+
+    assert parse_limit("8G") == 8 * 2**30
+    assert parse_limit("1.5GiB") == 3 * 2**29
+    assert parse_limit("512m") == 512 * 2**20
+    assert parse_limit("1073741824") == 2**30
+    assert parse_limit("none") is None and parse_limit("0") is None and parse_limit("off") is None
+    for bad in ("", "-1G", "8X", "lots", "1e9"):
+        with pytest.raises(ValueError, match="expected bytes like"):
+            parse_limit(bad)
+    monkeypatch.setenv("VLLM_DOCTOR_MAX_MEMORY", "3G")
+    assert default_memory_limit() == 3 * 2**30
+    monkeypatch.setenv("VLLM_DOCTOR_MAX_MEMORY", "none")
+    assert default_memory_limit() is None
+    monkeypatch.delenv("VLLM_DOCTOR_MAX_MEMORY")
+    total = machine_memory()
+    assert total and default_memory_limit() == int(total * 0.75)
+    # a limit of None starts no watchdog and the child runs as before
+    assert run_child("selftest", {"allocate_mib": 50}, timeout=60, what="the self-test", memory_limit=None).ok

@@ -41,12 +41,24 @@ MAY_IMPORT: dict[str, set[str]] = {
     # the doctor's side of a running engine
     "live": {"constants", "errors", "model", "facts", "compat", "probes", "checks", "analysis"},
     # the passes and the one child-process helper
-    "stages": {"constants", "errors", "model", "facts", "compat", "probes", "checks", "analysis", "live", "files"},
+    "stages": {
+        "constants",
+        "errors",
+        "model",
+        "facts",
+        "compat",
+        "probes",
+        "checks",
+        "analysis",
+        "live",
+        "files",
+        "units",
+    },
     # renderers
     "report": {"model", "checks", "analysis", "units", "files"},
     # front ends: never compat/ or vLLM
     "api": {"errors", "model", "stages"},
-    "cli": {"constants", "errors", "model", "files", "probes", "checks", "stages", "live", "report"},
+    "cli": {"constants", "errors", "model", "files", "units", "probes", "checks", "stages", "live", "report"},
     "pytest_plugin": {"errors", "model", "api"},
     "tui": {"constants", "errors", "model", "units", "files", "checks", "analysis", "live", "report"},
     "__main__": {"cli"},

@@ -164,6 +164,7 @@ def check(
     fix: str,
     references: tuple[str, ...] = (),
     requires: tuple[str, ...] = (),
+    defers_to: tuple[str, ...] = (),
 ) -> Callable[[Callable[[F, Emit], Iterable[Finding]]], Callable[[F, Emit], Iterable[Finding]]]:
     """Register a check. The function receives the facts and an :class:`Emit` for its code.
 
@@ -179,6 +180,7 @@ def check(
         severity=severity,
         stage=stage,
         requires=requires,
+        defers_to=defers_to,
     )
 
     def decorate(fn: Callable[[F, Emit], Iterable[Finding]]) -> Callable[[F, Emit], Iterable[Finding]]:
@@ -205,6 +207,18 @@ def select_codes(stages: Iterable[Stage], select: Iterable[str] = (), ignore: It
     ]
 
 
+def _deferred(meta: CheckMeta, produced: list[Finding], earlier: list[Finding], emit: Emit) -> list[Finding]:
+    """A check whose failure an earlier failing check already explains (``meta.defers_to``)
+    skips and names that check, so that one cause is reported once."""
+    if not meta.defers_to or not any(f.outcome is Outcome.FAIL for f in produced):
+        return produced
+    causes = sorted({f.code for f in earlier if f.outcome is Outcome.FAIL and _matches(f.code, meta.defers_to)})
+    if not causes:
+        return produced
+    first = next(f for f in produced if f.outcome is Outcome.FAIL)
+    return [emit.skip(f"{', '.join(causes)} names the cause of this failure: {first.message}"[:800], first.subject)]
+
+
 def run_checks(facts: Any, codes: Iterable[str]) -> list[Finding]:
     """Run each check behind its gates; one that raises becomes a ``crash`` finding and the run
     goes on."""
@@ -219,7 +233,7 @@ def run_checks(facts: Any, codes: Iterable[str]) -> list[Finding]:
                     findings.append(instead)
                     break
             else:
-                findings.extend(entry.run(facts))
+                findings.extend(_deferred(entry.meta, list(entry.run(facts)), findings, emit))
         except Exception as exc:  # a bug in a check must not hide the other findings
             import traceback
 

@@ -794,21 +794,22 @@ def _passes_over(facts: Facts, emit: Emit) -> None:
 @check(
     "VD100",
     "doctor-pass-failed",
-    "The import pass or the weights pass did not complete (time-out, crash, vLLM not importable).",
+    "The import pass or the weights pass did not complete (time-out, memory limit, crash, vLLM not importable).",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
     what=(
         "The import pass imports vLLM and every plugin in a fresh process, as an engine process does; the weights "
-        "pass builds the model on the meta device. When either ends without an answer (its time limit, a crash, a "
-        "plugin that hangs on import, vLLM missing), every check that needed it is skipped: this finding says so "
-        "once, with the error, so that the run is never '0 problem(s)'."
+        "pass builds the model on the meta device. When either ends without an answer (its time limit, its memory "
+        "limit, a crash, a plugin that hangs on import, vLLM missing), every check that needed it is skipped: this "
+        "finding says so once, with the error, so that the run is never '0 problem(s)'."
     ),
     why="A run whose passes did not complete has not checked the model: an exit code of 0 would say it had.",
     example="the import pass did not finish within 180 s (a plugin or model module may hang on import)",
     fix=(
         "Read the error: a plugin or model module that hangs or crashes on import is the model's problem (run "
         "`python -c 'import your_pkg.model'`); a missing vLLM or a time-out on a slow machine is the environment's "
-        "(raise --timeout)."
+        "(raise --timeout); a pass stopped at the memory limit either builds something absurdly large (a model "
+        "module allocating at import) or needs a higher --max-memory."
     ),
     requires=("passes-ran",),
 )
@@ -820,10 +821,15 @@ def doctor_pass_failed(facts: Facts, emit: Emit) -> Iterable[Finding]:
             yield emit.ok("the import pass completed" + (" and so did the weights pass" if facts.weight_load else ""))
         return
     for failure in facts.pass_failures:
+        error = failure["error"]
+        fix = "the checks that needed it are skipped; " + (
+            "find what allocates at import or build, or raise --max-memory"
+            if "over the limit of" in error
+            else "fix what the error names, or raise --timeout if the machine is slow"
+        )
         yield emit.fail(
-            f"{failure['pass']} did not complete: {failure['error'].splitlines()[0][:500]}",
+            f"{failure['pass']} did not complete: {error.splitlines()[0][:500]}",
             failure["pass"],
-            {"error": failure["error"][:3000]},
-            "the checks that needed it are skipped; fix what the error names, or raise --timeout if the machine is "
-            "slow",
+            {"error": error[:3000]},
+            fix,
         )

@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         script=args.script,
         import_timeout=args.timeout,
         tensor_parallel_size=args.tensor_parallel_size,
+        max_memory=args.max_memory,
     )
     report = diagnose(args.model, options, progress)
     anatomy = None

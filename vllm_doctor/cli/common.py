@@ -13,6 +13,7 @@ from typing import Any
 
 from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
 from vllm_doctor.model import Report, Severity
+from vllm_doctor.units import parse_bytes
 
 EXIT_OK, EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -76,14 +77,21 @@ def positive_int(value: str) -> int:
 
 
 def size(value: str) -> int:
-    units = {"k": 2**10, "m": 2**20, "g": 2**30}
-    text = value.strip().lower().rstrip("ib").rstrip("b")
     try:
-        if text and text[-1] in units:
-            return int(float(text[:-1]) * units[text[-1]])
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected bytes like 67108864, 64M or 2G, got {value!r}") from None
+        return parse_bytes(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def memory_limit(value: str) -> int | str | None:
+    from vllm_doctor.stages.child import parse_limit
+
+    if value == "default":  # argparse passes a string default through the type
+        return value
+    try:
+        return parse_limit(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def engine_arg(value: str) -> tuple[str, Any]:
@@ -153,6 +161,15 @@ def add_engine_options(parser: argparse.ArgumentParser, with_switch: bool) -> No
     group.add_argument(
         "--engine-timeout", type=float, default=600.0, metavar="S", help="limit for the engine stage (default 600 s)"
     )
+    parser.add_argument(
+        "--max-memory",
+        type=memory_limit,
+        default="default",
+        metavar="SIZE",
+        help="memory limit of each process group the doctor starts (import and weights passes, engine stage): "
+        "the group is stopped when its resident memory passes it; e.g. 8G, none (default: $VLLM_DOCTOR_MAX_MEMORY "
+        "or 75%% of this machine's memory)",
+    )
 
 
 def add_sample_every(parser: argparse.ArgumentParser) -> None:
@@ -184,6 +201,7 @@ def engine_options(args: argparse.Namespace, workload: Any, deep_dir: str | None
         deep_dir=deep_dir,
         extra=dict(args.engine_arg),
         timeout=args.engine_timeout,
+        max_memory=args.max_memory,
     )
 
 

@@ -36,6 +36,21 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
+_LIBRARY_PARTS = ("/vllm/", "/torch/", "/transformers/", "/vllm_doctor/", "/site-packages/pydantic", "<frozen ")
+
+
+def user_frame(exc: BaseException) -> str | None:
+    """``file:line in function`` of the deepest frame of the root cause that is not vLLM's, torch's,
+    transformers' or the doctor's own code (the model's line), else of the deepest frame."""
+    root = exception_chain(exc)[-1]
+    frames = traceback.extract_tb(root.__traceback__)
+    if not frames:
+        return None
+    own = [f for f in frames if not any(part in f.filename.replace("\\", "/") for part in _LIBRARY_PARTS)]
+    frame = (own or frames)[-1]
+    return f"{frame.filename}:{frame.lineno} in {frame.name}"
+
+
 def describe_exception(exc: BaseException, limit: int = 4000) -> str:
     """``Type: message`` of ``exc`` and of each cause under it, outermost first."""
     return "\n<- caused by ".join(f"{type(e).__name__}: {e}" for e in exception_chain(exc))[:limit]

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from vllm_doctor.compat.common import format_exc, hf_text_config
+from vllm_doctor.compat.common import format_exc, hf_text_config, user_frame
 
 MAX_RESTARTS = 10_000
 MAX_RUNS_FOR_EXACT_COVERAGE = 200_000
@@ -735,7 +735,12 @@ def _meta_load(request: dict[str, Any], tmp: str) -> dict[str, Any]:
     t0 = time.monotonic()
 
     def fail(stage: str, exc: BaseException) -> dict[str, Any]:
-        result["error"] = {"stage": stage, "summary": _exc_summary(exc), "traceback": _format_exc(exc)}
+        result["error"] = {
+            "stage": stage,
+            "summary": _exc_summary(exc),
+            "traceback": _format_exc(exc),
+            "where": user_frame(exc),
+        }
         return result
 
     def lap(key: str, since: float) -> float:

@@ -15,6 +15,11 @@ guarantees:
   deadline, when the job ends, when the doctor exits and on SIGTERM/SIGHUP the whole group is
   killed (vLLM's engine core and workers included). On Linux the child also asks the kernel to
   tell it when the doctor dies without cleaning up (``PR_SET_PDEATHSIG``), and then kills its group.
+- **Bounded memory.** A watchdog thread sums the resident memory of the child's whole process
+  group (``/proc``) a few times a second and kills the group when it passes the limit
+  (:func:`default_memory_limit`: ``VLLM_DOCTOR_MAX_MEMORY`` or 75 % of the machine's memory).
+  An address-space rlimit is not used: torch and vLLM reserve far more virtual memory than
+  they touch, and die under one.
 - **Progress lines.** The child's ``progress(msg)`` prints ``PROGRESS_PREFIX + msg``; the parent
   hands those lines to its callback and keeps everything else in a log file (whose tail goes
   into error messages).
@@ -41,6 +46,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from vllm_doctor.files import write_json_atomic
+from vllm_doctor.units import fmt_bytes, parse_bytes
 
 PROGRESS_PREFIX = "@@vllm-doctor@@ "
 Progress = Callable[[str], None]
@@ -60,6 +66,8 @@ CHILD_ENV_DEFAULTS = {
     "HF_HUB_OFFLINE": "1",  # the doctor never downloads
 }
 _PDEATHSIG_ENV = "VLLM_DOCTOR_PARENT_PID"
+MEMORY_ENV = "VLLM_DOCTOR_MAX_MEMORY"
+MEMORY_POLL_S = 0.2
 
 # drop the current directory from sys.path before anything is imported, then run the task
 _BOOTSTRAP = (
@@ -84,6 +92,66 @@ class ChildResult:
 
 
 # ---- the parent side -----------------------------------------------------------------------
+
+
+def parse_limit(text: str) -> int | None:
+    """A memory limit: bytes (``8G``, ``512M``, ``1073741824``); ``0``/``none``/``off`` -> None (no limit)."""
+    if text.strip().lower() in ("0", "none", "off", "unlimited"):
+        return None
+    value = parse_bytes(text)
+    return value if value > 0 else None
+
+
+def machine_memory() -> int | None:
+    """MemTotal of /proc/meminfo in bytes (None off Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def default_memory_limit() -> int | None:
+    """``VLLM_DOCTOR_MAX_MEMORY`` if set (a bad value is ignored: the CLI checks its own flag),
+    else three quarters of the machine's memory; None where neither is known."""
+    env = os.environ.get(MEMORY_ENV)
+    if env:
+        try:
+            return parse_limit(env)
+        except ValueError:
+            pass
+    total = machine_memory()
+    return int(total * 0.75) if total else None
+
+
+def group_rss(pgid: int) -> int:
+    """Resident bytes of every process whose process group or session is ``pgid`` (Linux /proc)."""
+    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+    total = 0
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return 0
+    for name in entries:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        # fields[0] is state: pgrp is fields[2], session fields[3], rss (pages) fields[21]
+        try:
+            if int(fields[2]) == pgid or int(fields[3]) == pgid:
+                total += int(fields[21]) * page
+        except (IndexError, ValueError):
+            continue
+    return total
+
 
 _live: weakref.WeakSet[ChildJob] = weakref.WeakSet()
 _handlers_installed = False
@@ -140,7 +208,10 @@ class ChildJob:
         progress: Progress | None = None,
         env: dict[str, str] | None = None,
         log_path: str | os.PathLike[str] | None = None,
+        memory_limit: int | str | None = "default",
     ) -> None:
+        """``memory_limit``: bytes for the whole process group, None for none, "default" for
+        :func:`default_memory_limit`."""
         if task not in TASKS:
             raise ValueError(f"unknown child task {task!r}")
         self.what = what  # "the import pass", for messages
@@ -179,6 +250,11 @@ class ChildJob:
         self._reader.start()
         self._result: ChildResult | None = None
         self._killed = False
+        self.memory_limit = default_memory_limit() if memory_limit == "default" else memory_limit
+        self.memory_peak = 0
+        self._over_memory = False
+        if isinstance(self.memory_limit, int) and os.path.isdir("/proc"):
+            threading.Thread(target=self._watch_memory, name=f"vllm-doctor-{task}-memory", daemon=True).start()
         _live.add(self)
         self._finalizer = weakref.finalize(self, _cleanup, self._proc, self._tmp)
 
@@ -196,6 +272,18 @@ class ChildJob:
                     self._progress(line[len(prefix) :].decode("utf-8", "replace").rstrip())
                 except Exception:
                     pass
+
+    def _watch_memory(self) -> None:
+        limit = self.memory_limit
+        assert isinstance(limit, int)
+        while self._proc.poll() is None:
+            rss = group_rss(self._proc.pid)
+            self.memory_peak = max(self.memory_peak, rss)
+            if rss > limit:
+                self._over_memory = True
+                _kill_group(self._proc)
+                return
+            time.sleep(MEMORY_POLL_S)
 
     def done(self) -> bool:
         return self._result is not None or self._proc.poll() is not None
@@ -235,7 +323,12 @@ class ChildJob:
                 res.log_tail = fh.read().decode("utf-8", "replace")
         except OSError:
             pass
-        if timed_out:
+        if self._over_memory:
+            res.error = (
+                f"{self.what} was stopped: its processes held {fmt_bytes(self.memory_peak)} of memory, over the "
+                f"limit of {fmt_bytes(self.memory_limit)} (--max-memory, or {MEMORY_ENV})"
+            )
+        elif timed_out:
             res.error = f"{self.what} did not finish within {self.timeout:.0f} s"
         elif self._out.is_file():
             try:
@@ -343,6 +436,10 @@ def selftest_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]
         pids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid)
     if request.get("pid_file"):
         Path(request["pid_file"]).write_text(json.dumps({"child": os.getpid(), "grandchildren": pids}))
+    hog = []
+    for _ in range(int(request.get("allocate_mib", 0))):  # touch memory 1 MiB at a time
+        hog.append(bytearray(2**20))
+        time.sleep(float(request.get("allocate_pause", 0.0)))
     time.sleep(float(request.get("sleep", 0)))
     if request.get("raise"):
         raise RuntimeError(request["raise"])

@@ -52,6 +52,7 @@ class EngineOptions:
     deep_dir: str | None = None  # vLLM's torch profiler writes here when set
     extra: dict[str, Any] = field(default_factory=dict)  # --engine-arg KEY=VALUE
     timeout: float = 600.0
+    max_memory: int | str | None = "default"  # the engine's process group; see stages.child.default_memory_limit
 
 
 @dataclass
@@ -101,6 +102,7 @@ def run_engine_stage(
         progress=progress,
         env=env,
         log_path=log_path,
+        memory_limit=options.max_memory,
     )
     if not res.ok:
         raise RuntimeError(f"{res.error} (log: {log_path})")

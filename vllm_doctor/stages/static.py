@@ -43,6 +43,7 @@ class CheckOptions:
     caller_registry: dict[str, str] | None = None
     import_timeout: float = 180.0
     tensor_parallel_size: int = 1  # VD305: can the model be split this many ways?
+    max_memory: int | str | None = "default"  # per child process group; "default": stages.child.default_memory_limit
 
 
 def selected_codes(options: CheckOptions) -> list[str]:
@@ -102,7 +103,9 @@ def add_import_facts(facts: Facts, options: CheckOptions) -> float:
         "model_dir": facts.model_dir,
         "trust_remote_code": facts.trust_remote_code,
     }
-    res = run_child("import", request, timeout=options.import_timeout, what="the import pass")
+    res = run_child(
+        "import", request, timeout=options.import_timeout, what="the import pass", memory_limit=options.max_memory
+    )
     error = res.error
     if res.timed_out:
         error = f"{error} (a plugin or model module may hang on import)"

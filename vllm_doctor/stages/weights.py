@@ -79,6 +79,7 @@ def start_weights_pass(
         request,
         timeout=timeout,
         what="the weights pass",
+        memory_limit=getattr(options, "max_memory", "default"),
         env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")},
     )
     if say is not None:
