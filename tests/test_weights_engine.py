@@ -93,3 +93,26 @@ def test_tensor_parallel_size_3_is_rejected_by_vllm(engines: dict[str, dict[str,
     res = engines["tp3"]
     assert not res["ok"]
     assert "Total number of attention heads (4) must be divisible by tensor parallel size (3)." in res["error"]
+
+
+def test_a_worker_that_fails_in_its_own_process_is_named_with_the_models_line(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Multiprocess engine: the model's __init__ raises inside vLLM's worker process, and vLLM's
+    front end only says "Engine core initialization failed. See root cause above". VD500 takes
+    the cause from the worker's traceback in the engine log: the error, the phase, the line."""
+    import json
+    import os
+
+    from tests.conftest import run_doctor
+
+    fx = built(str(tmp_path_factory.getbasetemp() / "weight-fixtures"))["init-raises"]
+    proc = run_doctor(
+        ["check", str(fx.model_dir), "--engine", "--multiprocess", "--eager", "--select", "VD5", "--json", "-q"],
+        env={**os.environ, "PYTHONPATH": str(fx.site_dir)},
+    )
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (f,) = [f for f in json.loads(proc.stdout)["findings"] if f["code"] == "VD500"]
+    assert f["outcome"] == "fail" and f["subject"] == "engine start-up / load"
+    assert f["message"].startswith("vLLM failed in load (eager): KeyError: 'factor' (in vLLM's Worker")
+    assert "tiny_doctor_model/model.py:62 in __init__" in f["message"]
+    assert "<- reported as: RuntimeError: Engine core initialization failed" in f["evidence"]["vllm_error"]
+    assert f["hint"].startswith("fix the line named (") and "model.py:62 in __init__" in f["hint"]

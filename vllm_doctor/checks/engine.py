@@ -1026,7 +1026,13 @@ def engine_failed_to_start(facts: Any, emit: Emit) -> Iterable[Finding]:
     see = [code for code, pattern in (("VD501", _TO_SERVE), ("VD208", _DUPLICATE)) if pattern.search(error)]
     if see:
         message += f" (see {', '.join(see)})"
-    hint = "run with --eager to see whether the model itself works, then fix what the error names"
+    if mode.get("enforce_eager"):
+        hint = "it fails in eager mode: fix what the error names"
+    else:
+        hint = "run with --eager to see whether the model itself works, then fix what the error names"
+    own_line = re.search(r" at (\S+:\d+ in \S+)\)?$", first)
+    if own_line:
+        hint = f"fix the line named ({own_line.group(1)}); it fails the same way in every process vLLM starts"
     if causes:
         top = causes[0]
         where = f" at {top['where'][-1]}" if top["where"] else ""

@@ -8,6 +8,7 @@ dummy forwards too: the capture, not the dummy run, is the phase). Standard libr
 
 from __future__ import annotations
 
+import re
 import traceback
 from typing import Any
 
@@ -67,3 +68,70 @@ def startup_phase(exc: BaseException) -> dict[str, Any]:
 def _short(path: str) -> str:
     i = path.rfind("/vllm/")
     return path[i + 1 :] if i >= 0 else path
+
+
+# ---- a failure inside another process: its traceback is only in the engine's log ----------
+
+# "(EngineCore pid=1) ERROR 11-30 19:28:04 [core.py:1510] " / "(Worker_TP1 pid=2) " / "(EngineCore_DP0 pid=3) "
+_PREFIX = re.compile(r"^\((?P<proc>[^()]*?) pid=\d+\) (?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\] ?)?")
+_FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
+# messages of vLLM's wrappers around a failure that happened elsewhere (another process)
+_WRAPPERS = ("See root cause above", "initialization failed", "Engine core initialization failed", "died unexpectedly")
+_LIBRARY_PARTS = ("/vllm/", "/torch/", "/transformers/", "/vllm_doctor/", "/multiprocessing/", "/concurrent/")
+
+
+def is_wrapper_error(text: str) -> bool:
+    """vLLM's front end saying that a core or worker process failed (the cause is in its log)."""
+    return any(w in text for w in _WRAPPERS)
+
+
+def _tracebacks(text: str) -> list[dict[str, Any]]:
+    """Every traceback in a log: ``{"proc", "frames": [(file, line, func)], "error"}``, in order."""
+    streams: dict[str, list[tuple[int, str]]] = {}  # process -> (line number in the log, text)
+    for n, raw in enumerate(text.splitlines()):
+        m = _PREFIX.match(raw)
+        streams.setdefault(m.group("proc") if m else "", []).append((n, raw[m.end() :] if m else raw))
+    found: list[tuple[int, dict[str, Any]]] = []
+    for proc, lines in streams.items():
+        i = 0
+        while i < len(lines):
+            if lines[i][1].strip() != "Traceback (most recent call last):":
+                i += 1
+                continue
+            start, frames = lines[i][0], []
+            i += 1
+            while i < len(lines) and (lines[i][1].startswith(" ") or not lines[i][1].strip()):
+                f = _FRAME.match(lines[i][1])
+                if f:
+                    frames.append((f.group("file"), int(f.group("line")), f.group("func")))
+                i += 1
+            if i < len(lines) and frames:
+                found.append((start, {"proc": proc, "frames": frames, "error": lines[i][1].strip()}))
+    return [tb for _, tb in sorted(found, key=lambda x: x[0])]
+
+
+def root_cause_from_log(text: str) -> dict[str, Any] | None:
+    """The failure that vLLM's front end only points to ("See root cause above"): the last
+    traceback a worker printed, else the engine core's, that is not itself such a pointer.
+    ``{"process", "error", "phase", "function", "where"}`` or None."""
+    tracebacks = [tb for tb in _tracebacks(text[-2_000_000:]) if not is_wrapper_error(tb["error"])]
+    if not tracebacks:
+        return None
+    workers = [tb for tb in tracebacks if "Worker" in tb["proc"]]
+    core = [tb for tb in tracebacks if "EngineCore" in tb["proc"]]
+    tb = (workers or core or tracebacks)[-1]
+    frames = tb["frames"]
+    phase, function = None, None
+    for file, line, func in frames:  # the outermost vLLM function that names a phase
+        if "/vllm/" in file and func in PHASE_OF_FUNCTION:
+            phase, function = PHASE_OF_FUNCTION[func], f"{func} ({_short(file)}:{line})"
+            break
+    own = [f for f in frames if not any(part in f[0] for part in _LIBRARY_PARTS)]
+    where = own[-1] if own else None
+    return {
+        "process": tb["proc"] or None,
+        "error": tb["error"],
+        "phase": phase,
+        "function": function,
+        "where": f"{where[0]}:{where[1]} in {where[2]}" if where else None,
+    }

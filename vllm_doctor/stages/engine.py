@@ -79,6 +79,28 @@ def engine_kwargs_for(options: EngineOptions, cuda: bool) -> dict[str, Any]:
     return kwargs
 
 
+def _root_cause_from_log(facts: EngineFacts, log_path: Path) -> None:
+    """A core or worker process failed and vLLM's front end only says "see root cause above":
+    take the cause from that process's traceback in the engine log."""
+    from vllm_doctor.compat.startup import is_wrapper_error, root_cause_from_log
+
+    if not facts.startup_error or not is_wrapper_error(facts.startup_error):
+        return
+    try:
+        with open(log_path, "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 2_000_000))
+            root = root_cause_from_log(fh.read().decode("utf-8", "replace"))
+    except OSError:
+        return
+    if root is None:
+        return
+    where = f" at {root['where']}" if root.get("where") else ""
+    process = f" (in vLLM's {root['process']} process{where})" if root.get("process") else where
+    facts.startup_error = f"{root['error']}{process}\n<- reported as: {facts.startup_error.splitlines()[0]}"
+    if root.get("phase"):
+        facts.startup_phase, facts.startup_function = root["phase"], root["function"]
+
+
 def run_engine_stage(
     model: str, options: EngineOptions, progress: Progress | None = None, log_dir: str | None = None
 ) -> EngineStageResult:
@@ -110,6 +132,7 @@ def run_engine_stage(
     timings = dict(data.get("timings") or {})
     timings["engine_stage_s"] = round(res.seconds, 3)
     facts = facts_from_dict(data["facts"])
+    _root_cause_from_log(facts, log_path)
     failed = bool(facts.startup_error or facts.runtime_error)
     if failed and options.diagnose and not facts.mode.get("enforce_eager"):
         if progress is not None:
