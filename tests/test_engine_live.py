@@ -130,14 +130,14 @@ def test_detach_restores_every_hook_and_method(engine: Engine, doctored: Run) ->
 
 def test_faulty_model_findings(doctored: Run) -> None:
     r = doctored.report
-    assert outcomes(r, "VD401") == [("fail", "model.layers.0.mlp.stray_meta")]
+    assert outcomes(r, "VD401") == [("fail", "rank 0 / cpu / model.layers.0.mlp.stray_meta")]
     assert outcomes(r, "VD405") == [("warn", "logit_gain")]
     vd404 = {(f.evidence["op"], f.subject) for f in r.by_code("VD404")}
     assert vd404 == {("Tensor.item", "model.layers.1.mlp"), ("aten.nonzero.default", "model.layers.1.mlp")}
     vd403 = {(f.evidence["kind"], f.subject, f.evidence["device"]) for f in r.by_code("VD403")}
     assert vd403 == {("wrong_device_create", "model.layers.1.mlp", "meta"), ("cross_device_copy", "model.layers.1.mlp", "meta")}
     assert all(f.evidence["count"] == 2 for f in r.by_code("VD403"))  # one prefill + one decode step probed
-    assert outcomes(r, "VD402") == [("not_applicable", "worker 0 / cpu")]
+    assert outcomes(r, "VD402") == [("not_applicable", "rank 0 / cpu")]
     for code in ("VD208", "VD400", "VD501", "VD503", "VD504"):
         assert [o for o, _ in outcomes(r, code)] == ["pass"], (code, r.by_code(code))
 

@@ -422,7 +422,7 @@ def test_vd401_names_each_misplaced_tensor_and_passes_when_none() -> None:
     bad = [{"name": "model.layers.0.mlp.inv_freq", "kind": "buffer", "device": "cpu", "dtype": "torch.float32",
             "shape": [4], "bytes": 16, "module_class": "MyMLP", "vllm_builtin": False}]
     findings = run("VD401", EngineFacts(workers=[worker(placement=placement("cuda:0", bad))]))
-    assert [(f.outcome, f.subject) for f in findings] == [(Outcome.FAIL, "model.layers.0.mlp.inv_freq")]
+    assert [(f.outcome, f.subject) for f in findings] == [(Outcome.FAIL, "rank 0 / cuda:0 / model.layers.0.mlp.inv_freq")]
     assert findings[0].evidence["expected"] == "cuda:0" and findings[0].evidence["actual"] == "cpu"
     ok = run("VD401", EngineFacts(workers=[worker(placement=placement("cpu"))]))
     assert [f.outcome for f in ok] == [Outcome.PASS]
@@ -433,8 +433,8 @@ def test_vd402_flags_rank_device_mismatch_and_shared_gpu() -> None:
     w1 = worker(1, placement=placement("cuda:0", local_rank=1, current_device=0, device_count=2, uuid="GPU-a", hostname="h"))
     findings = run("VD402", EngineFacts(workers=[w0, w1]))
     outcomes = [(f.outcome, f.subject) for f in findings]
-    assert (Outcome.PASS, "worker 0 / cuda:0") in outcomes
-    assert (Outcome.FAIL, "worker 1 / cuda:0") in outcomes
+    assert (Outcome.PASS, "rank 0 / cuda:0") in outcomes
+    assert (Outcome.FAIL, "rank 1 / cuda:0") in outcomes
     assert any(f.outcome is Outcome.FAIL and f.evidence.get("ranks") == [0, 1] for f in findings)
     cpu = run("VD402", EngineFacts(workers=[worker(placement=placement("cpu"))]))
     assert [f.outcome for f in cpu] == [Outcome.NOT_APPLICABLE]
@@ -732,3 +732,98 @@ def test_a_graph_capture_inside_another_phase_is_the_phase() -> None:
         ns["initialize_from_config"]()
     except RuntimeError as exc:
         assert startup_phase(exc)["phase"] == "graph capture"
+
+
+# ---- multi-rank: VD406, per-rank profiles, CPU thread binding ----------------------------------
+
+
+def _tp_worker(rank: int, shards: dict[str, Any], tp: int = 2, pp_rank: int = 0, device: str = "cpu") -> WorkerFacts:
+    p = placement(device)
+    p["worker"] = {"tp_rank": rank % tp, "pp_rank": pp_rank, "tensor_parallel_size": tp, "device": device}
+    p["shards"] = shards
+    return worker(rank, placement=p)
+
+
+def test_vd406_compares_ranks_with_each_other_and_with_tensor_parallel_size_1() -> None:
+    down = "model.layers.1.mlp.down_proj.weight"
+    norm = "model.norm.weight"
+
+    def shards(fp: list[float], down_shape: list[int] | None = None) -> dict[str, Any]:
+        return {down: {"shape": down_shape or [128, 128], "dim": 1, "fingerprint": fp}, norm: {"shape": [128], "dim": None}}
+
+    reference = {down: [128, 256], norm: [128]}
+    good = EngineFacts(workers=[_tp_worker(0, shards([1.0, 2.0])), _tp_worker(1, shards([3.0, 4.0]))],
+                       reference_shapes=reference)
+    (ok,) = run("VD406", good)
+    assert ok.outcome is Outcome.PASS and "shapes against tensor-parallel size 1" in ok.message
+    # rank 1 holds rank 0's slice: the loader did not narrow by the rank
+    same = EngineFacts(workers=[_tp_worker(0, shards([1.0, 2.0])), _tp_worker(1, shards([1.0, 2.0]))])
+    (f,) = run("VD406", same)
+    assert (f.outcome, f.subject) == (Outcome.FAIL, f"rank 1 / cpu / {down}")
+    assert "the same values as on rank 0" in f.message and f.evidence["same_as_rank"] == 0
+    # the loader replaced the parameter with the whole checkpoint tensor on every rank
+    whole = EngineFacts(workers=[_tp_worker(r, shards([r + 1.0, 0.5], [128, 256])) for r in (0, 1)],
+                        reference_shapes=reference)
+    findings = run("VD406", whole)
+    assert [f.subject for f in findings] == [f"rank 0 / cpu / {down}", f"rank 1 / cpu / {down}"]
+    assert "split on dim 1 over 2 rank(s)" in findings[0].message and findings[0].evidence["expected"] == [128, 128]
+    # ranks that disagree with each other
+    odd = EngineFacts(workers=[_tp_worker(0, shards([1.0, 2.0])), _tp_worker(1, shards([3.0, 4.0], [128, 64]))])
+    (f,) = run("VD406", odd)
+    assert f.subject == f"rank 1 / cpu / {down}" and "shape [128, 64] on this rank, [128, 128] on rank 0" in f.message
+    # one rank: nothing to compare; a padded vocabulary shard fits
+    (na,) = run("VD406", EngineFacts(workers=[_tp_worker(0, shards([1.0, 2.0]), tp=1)]))
+    assert na.outcome is Outcome.NOT_APPLICABLE
+    vocab = {"lm_head.weight": {"shape": [288, 64], "dim": 0, "fingerprint": None}}
+    padded = EngineFacts(workers=[_tp_worker(r, vocab) for r in (0, 1)], reference_shapes={"lm_head.weight": [500, 64]})
+    assert [f.outcome for f in run("VD406", padded)] == [Outcome.PASS]
+
+
+def test_vd406_compares_within_each_pipeline_stage() -> None:
+    a = {"model.layers.0.w": {"shape": [4, 4], "dim": 0, "fingerprint": [1.0, 1.0]}}
+    b = {"model.layers.1.w": {"shape": [4, 4], "dim": 0, "fingerprint": [1.0, 1.0]}}
+    # TP=2 x PP=2: ranks 0,1 are stage 0 and 2,3 stage 1; equal values across stages are fine
+    facts = EngineFacts(workers=[
+        _tp_worker(0, a), _tp_worker(1, {"model.layers.0.w": {"shape": [4, 4], "dim": 0, "fingerprint": [2.0, 2.0]}}),
+        _tp_worker(2, b, pp_rank=1), _tp_worker(3, {"model.layers.1.w": {"shape": [4, 4], "dim": 0,
+                                                                           "fingerprint": [1.0, 1.0]}}, pp_rank=1),
+    ])
+    (f,) = run("VD406", facts)
+    assert f.subject == "rank 3 / cpu / model.layers.1.w" and f.evidence["pp_rank"] == 1
+
+
+def test_rank_summaries_and_imbalance() -> None:
+    from vllm_doctor.analysis.engine import rank_imbalance, summarize
+
+    def prof(fwd: float, layer: int) -> dict[str, Any]:
+        steps = [{"index": i, "t": float(i), "phase": "decode", "step_s": fwd * 1.1, "forward_s": fwd,
+                  "total_tokens": 1, "num_reqs": 1} for i in range(3)]
+        layers = [{"name": f"model.layers.{layer}", "kind": "layer", "layer": layer, "decode_s": 3 * fwd,
+                   "decode_calls": 3}]
+        return {"profiling": True, "steps": steps, "layers": layers, "trace": [{"t": 0.0, "forward": [], "layers": []}]}
+
+    workers = [
+        worker(0, profile=prof(0.010, 0), kv={"storage_bytes": 100}, placement={"worker": {"tp_rank": 0, "pp_rank": 0, "device": "cuda:0"}}),
+        worker(1, profile=prof(0.030, 1), kv={"storage_bytes": 100}, placement={"worker": {"tp_rank": 0, "pp_rank": 1, "device": "cuda:1"}}),
+    ]
+    out = summarize(EngineFacts(workers=workers))
+    r0, r1 = out["per_rank"]
+    assert (r0["pp_rank"], r1["pp_rank"], r1["device"]) == (0, 1, "cuda:1")
+    assert [x["layer"] for x in r0["by_layer"]] == [0] and [x["layer"] for x in r1["by_layer"]] == [1]
+    assert "steps" not in r0 and len(r1["steps"]) == 3  # the primary rank's timeline is the profile's own
+    imb = out["rank_imbalance"]["decode"]
+    assert (imb["slowest_rank"], imb["fastest_rank"]) == (1, 0) and abs(imb["ratio"] - 3.0) < 1e-9
+    assert rank_imbalance([{"rank": 0, "phases": {}}]) == {}
+    from vllm_doctor.report.trace import chrome_trace
+
+    trace = chrome_trace(out)
+    names = sorted(e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name")
+    assert names == ["rank 0 (cuda:0)", "rank 1 (cuda:1)"] and trace["otherData"]["ranks"] == [0, 1]
+
+
+def test_cpu_thread_binding_splits_the_cores() -> None:
+    from vllm_doctor.stages.engine import cpu_thread_binding
+
+    assert cpu_thread_binding(2, [0, 1]) == "0|1"
+    assert cpu_thread_binding(2, [0, 1, 2, 3, 4]) == "0,1|2,3"
+    assert cpu_thread_binding(3, [0, 1]) is None and cpu_thread_binding(1, [0, 1]) is None

@@ -321,6 +321,7 @@ def summarize(facts: EngineFacts) -> dict[str, Any]:
     out: dict[str, Any] = {
         "available": bool(profile.get("profiling")),
         "rank": primary.rank,
+        "device": ((primary.get("placement") or {}).get("worker") or {}).get("device"),
         "clock": profile.get("clock"),
         "layers_on": profile.get("layers_on"),
         "layers_reason": profile.get("layers_reason"),
@@ -342,10 +343,60 @@ def summarize(facts: EngineFacts) -> dict[str, Any]:
     }
     out["doctor_overhead"] = doctor_overhead(profile, steps)
     if len(facts.workers) > 1:
-        out["per_rank"] = [
-            {"rank": w.rank, "phases": phase_summary(list((w.get("profile") or {}).get("steps") or []))}
-            for w in facts.workers
-        ]
+        out["per_rank"] = [rank_summary(w, with_timeline=w is not primary) for w in facts.workers]
+        out["rank_imbalance"] = rank_imbalance(out["per_rank"])
+    return out
+
+
+def rank_summary(w: WorkerFacts, with_timeline: bool = True) -> dict[str, Any]:
+    """One rank's own numbers: who it is, its phases, its decoder layers, its KV cache (and its
+    steps and per-layer trace for the Perfetto track, except for the primary rank, whose are
+    the profile's own)."""
+    profile = w.get("profile") or {}
+    steps = list(profile.get("steps") or [])
+    ident = (w.get("placement") or {}).get("worker") or (w.get("anatomy") or {})
+    kv = w.get("kv") or {}
+    layers = layer_tables(dict(profile, layers=[dict(m) for m in profile.get("layers") or []]), steps)
+    out: dict[str, Any] = {
+        "rank": w.rank,
+        "tp_rank": ident.get("tp_rank"),
+        "pp_rank": ident.get("pp_rank"),
+        "device": ident.get("device"),
+        "pid": ident.get("pid"),
+        "phases": phase_summary(steps),
+        "by_layer": layers["by_layer"],
+        "forward_total_s": layers["forward_total_s"],
+        "kv_storage_bytes": kv.get("storage_bytes"),
+        "kv_num_blocks": profile.get("num_blocks") or kv.get("num_blocks"),
+    }
+    if with_timeline:
+        out["steps"] = steps
+        out["trace"] = profile.get("trace") or []
+    return out
+
+
+def rank_imbalance(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per phase, the slowest and the fastest rank by mean forward time (host step time where
+    the forward was not timed): the slowest rank sets the step of every rank."""
+    out: dict[str, Any] = {}
+    for phase in ("prefill", "decode", "mixed"):
+        values = []
+        for r in per_rank:
+            ph = (r.get("phases") or {}).get(phase)
+            if ph:
+                v = ph.get("forward_s_mean") if ph.get("forward_s_mean") is not None else ph.get("step_s_mean")
+                if v is not None:
+                    values.append((float(v), r["rank"]))
+        if len(values) < 2:
+            continue
+        (slow_s, slow), (fast_s, fast) = max(values), min(values)
+        out[phase] = {
+            "slowest_rank": slow,
+            "slowest_s": slow_s,
+            "fastest_rank": fast,
+            "fastest_s": fast_s,
+            "ratio": slow_s / fast_s if fast_s > 0 else None,
+        }
     return out
 
 

@@ -662,6 +662,35 @@ def tp_problems(config: dict[str, Any], tp: int) -> list[dict[str, Any]]:
     return out
 
 
+def pp_problems(config: dict[str, Any], pp: int) -> list[dict[str, Any]]:
+    """How vLLM's get_pp_indices splits the decoder layers over ``pp`` pipeline stages."""
+    layers = _int(_text_config(config), "num_hidden_layers")
+    if pp <= 1 or layers is None:
+        return []
+    if layers < pp:
+        return [
+            {
+                "key": "num_hidden_layers",
+                "value": layers,
+                "severity": "error",
+                "why": f"{layers} decoder layer(s) cannot fill {pp} pipeline stages: at least one stage holds none",
+                "vllm_error": None,
+            }
+        ]
+    if layers % pp:
+        return [
+            {
+                "key": "num_hidden_layers",
+                "value": layers,
+                "severity": "info",
+                "why": f"{layers} layers split unevenly over {pp} pipeline stages (vLLM gives the {layers % pp} extra "
+                "layer(s) to the stages before the last); the slowest stage sets the step time",
+                "vllm_error": None,
+            }
+        ]
+    return []
+
+
 def working_tp_sizes(config: dict[str, Any], limit: int = 16) -> list[int]:
     return [n for n in range(1, limit + 1) if not any(p["severity"] == "error" for p in tp_problems(config, n))]
 
@@ -669,13 +698,16 @@ def working_tp_sizes(config: dict[str, Any], limit: int = 16) -> list[int]:
 @check(
     "VD305",
     "not-divisible-by-tensor-parallel-size",
-    "Attention heads, KV heads, intermediate size or vocabulary cannot be split over `--tensor-parallel-size N`.",
+    "Attention heads, KV heads, intermediate size or vocabulary cannot be split over `--tensor-parallel-size N`, or "
+    "the layers over `--pipeline-parallel-size M`.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
     what=(
         "With tensor parallelism vLLM splits attention heads, KV heads (or replicates them when there are fewer than "
-        "ranks), the MLP's intermediate features and the (64-padded) vocabulary evenly over the ranks. Pure "
-        "arithmetic on config.json, for the size given with `--tensor-parallel-size` (default 1)."
+        "ranks), the MLP's intermediate features and the (64-padded) vocabulary evenly over the ranks; with pipeline "
+        "parallelism it splits the decoder layers over the stages (every stage needs at least one). Pure arithmetic "
+        "on config.json, for the sizes given with `--tensor-parallel-size` and `--pipeline-parallel-size` (default "
+        "1), before anything is launched."
     ),
     why=(
         "vLLM checks only the attention heads up front; the other splits fail later, inside a worker, as a bare "
@@ -689,14 +721,38 @@ def working_tp_sizes(config: dict[str, Any], limit: int = 16) -> list[int]:
     references=("vllm-project/vllm#2652", "vllm-project/vllm#11797"),
 )
 def not_divisible_by_tp(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    tp = facts.tensor_parallel_size
+    tp, pp = facts.tensor_parallel_size, facts.pipeline_parallel_size
     cfg = _text_config(facts.config)
     if _int(cfg, "num_attention_heads") is None:
         yield emit.not_applicable("config.json has no num_attention_heads")
         return
+    if pp > 1:
+        for arch in facts.architectures:
+            verdicts = ((facts.class_record(arch) or {}).get("contract") or {}).get("vllm") or {}
+            if verdicts.get("supports_pp") is False:
+                yield emit.fail(
+                    f"{arch} does not implement vLLM's SupportsPP interface: vLLM refuses pipeline_parallel_size {pp} "
+                    "for it",
+                    arch,
+                    {
+                        "pipeline_parallel_size": pp,
+                        "vllm_error": "NotImplementedError: Pipeline parallelism is not "
+                        "supported for this model. Supported models implement the `SupportsPP` interface.",
+                    },
+                    "implement SupportsPP (make_layers with PPMissingLayer, IntermediateTensors in forward, "
+                    "make_empty_intermediate_tensors), or use tensor parallelism only",
+                )
+    for p in pp_problems(facts.config, pp):
+        evidence = {"value": p["value"], "pipeline_parallel_size": pp}
+        if p["severity"] == "error":
+            yield emit.fail(p["why"], "config.json:num_hidden_layers", evidence, "use fewer pipeline stages")
+        else:
+            yield emit.warn(p["why"], "config.json:num_hidden_layers", evidence, "", severity=Severity.INFO)
     if tp == 1:
         yield emit.ok(
-            "tensor-parallel size 1: nothing is split (pass --tensor-parallel-size N to check N)", "config.json"
+            "tensor-parallel size 1: nothing is split (pass --tensor-parallel-size N to check N)"
+            + (f"; {pp} pipeline stages" if pp > 1 else ""),
+            "config.json",
         )
         return
     working = working_tp_sizes(facts.config)

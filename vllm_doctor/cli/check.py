@@ -15,7 +15,6 @@ from vllm_doctor.cli.common import (
     engine_failure,
     engine_options,
     mode_line,
-    positive_int,
     progress_printer,
 )
 from vllm_doctor.model import Report, Severity
@@ -70,18 +69,17 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--timeout", type=float, default=180.0, metavar="S", help="limit for the import pass (default 180 s)"
     )
-    p.add_argument(
-        "--tensor-parallel-size",
-        "-tp",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="check that the model can be split over N ranks (VD305; default 1)",
-    )
     p.add_argument("--verbose", "-v", action="store_true", help="list passing checks and whole tracebacks")
     add_quiet(p)
     add_engine_options(p, with_switch=True)
     p.set_defaults(handler=run)
+
+
+# findings that vLLM would fail on before serving a token: the engine stage is not started
+BLOCKING = {
+    "VD305": "the model cannot be split over the tensor- / pipeline-parallel sizes asked for (VD305)",
+    "VD309": "config.json has model sizes no model can be built from (VD309)",
+}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,15 +96,16 @@ def run(args: argparse.Namespace) -> int:
         script=args.script,
         import_timeout=args.timeout,
         tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
         max_memory=args.max_memory,
     )
     report = diagnose(args.model, options, progress)
     anatomy = None
     if args.engine:
-        blocked = [f for f in report.findings if f.code == "VD309" and f.outcome.value == "fail"]
+        blocked = sorted({f.code for f in report.findings if f.code in BLOCKING and f.outcome.value == "fail"})
         if blocked:
-            anatomy = report.facts["engine_failure"] = (
-                "the engine stage was not started: config.json has model sizes no model can be built from (VD309)"
+            anatomy = report.facts["engine_failure"] = "the engine stage was not started: " + "; ".join(
+                BLOCKING[code] for code in blocked
             )
         else:
             anatomy = add_engine_stage(args, report, progress)
@@ -131,6 +130,10 @@ def add_engine_stage(args: argparse.Namespace, report: Report, progress: Any) ->
     from vllm_doctor.stages.engine import Workload, run_engine_stage
 
     result = run_engine_stage(report.target, engine_options(args, Workload()), progress)
+    # the parameters as the weights pass built them at tensor-parallel size 1: VD406 checks each rank's shard
+    params = (report.facts.get("weights") or {}).get("params") or {}
+    if params:
+        result.facts.reference_shapes = {name: p["shape"] for name, p in params.items() if p.get("shape")}
     engine_report = build_engine_report(result.facts, report.target, args.select, args.ignore)
     report.findings = sorted(report.findings + engine_report.findings, key=lambda f: (f.code, f.subject))
     for key in ("engine", "engine_mode", "engine_diagnosis"):

@@ -119,6 +119,23 @@ def add_quiet(parser: argparse.ArgumentParser) -> None:
 
 
 def add_engine_options(parser: argparse.ArgumentParser, with_switch: bool) -> None:
+    parser.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=positive_int,
+        default=1,
+        metavar="N",
+        help="vLLM's flag: split the model over N ranks. VD305 checks the split before anything starts; the engine "
+        "stage starts N workers and reports per rank (default 1)",
+    )
+    parser.add_argument(
+        "--pipeline-parallel-size",
+        "-pp",
+        type=positive_int,
+        default=1,
+        metavar="M",
+        help="vLLM's flag: split the layers over M pipeline stages (VD305 before launch; default 1)",
+    )
     group = parser.add_argument_group("engine stage (starts a real vLLM engine with the doctor's worker extension)")
     if with_switch:
         group.add_argument(
@@ -202,6 +219,8 @@ def engine_options(args: argparse.Namespace, workload: Any, deep_dir: str | None
         extra=dict(args.engine_arg),
         timeout=args.engine_timeout,
         max_memory=args.max_memory,
+        tensor_parallel_size=args.tensor_parallel_size,
+        pipeline_parallel_size=args.pipeline_parallel_size,
     )
 
 

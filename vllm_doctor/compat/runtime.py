@@ -194,6 +194,13 @@ def vllm_verdicts(cls: type) -> dict[str, Any]:
             except Exception as exc:
                 out[name] = None
                 out[f"{name}_error"] = repr(exc)
+    try:  # pipeline parallelism: vLLM refuses pipeline_parallel_size > 1 for a class without SupportsPP
+        interfaces = importlib.import_module("vllm.model_executor.models.interfaces")
+        supports_pp = getattr(interfaces, "supports_pp", None)
+        if callable(supports_pp):
+            out["supports_pp"] = bool(supports_pp(cls))
+    except Exception as exc:
+        out["supports_pp_error"] = repr(exc)
     # does the installed vLLM require embed_input_ids for is_vllm_model? (0.32 does)
     check = getattr(base, "is_vllm_model", None)
     if check is not None:

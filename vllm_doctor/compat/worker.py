@@ -158,9 +158,26 @@ def identity(worker: Any) -> dict[str, Any]:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "process_title": _process_title(),
     }
+    info.update(parallel_ranks())
     if m is not None:
         info["model_module_file"] = _module_file(type(m))
     return info
+
+
+def parallel_ranks() -> dict[str, int | None]:
+    """This process's rank in its tensor- and pipeline-parallel groups (None where vLLM's
+    distributed state is not initialised or the accessor does not exist)."""
+    out: dict[str, int | None] = {"tp_rank": None, "pp_rank": None}
+    try:
+        from vllm.distributed import parallel_state as ps
+    except Exception:
+        return out
+    for key, getter in (("tp_rank", "get_tp_group"), ("pp_rank", "get_pp_group")):
+        try:
+            out[key] = int(getattr(ps, getter)().rank_in_group)
+        except Exception:
+            pass
+    return out
 
 
 def _module_file(cls: type) -> str | None:

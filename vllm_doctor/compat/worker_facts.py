@@ -16,6 +16,63 @@ from vllm_doctor.compat import worker as wv
 from vllm_doctor.compat.common import hf_text_config, qualname
 
 MAX_LISTED = 200  # tensors listed per category; the rest are counted
+MAX_SHARDS = 4096  # parameters whose per-rank shape (and fingerprint) the cross-rank check gets
+FINGERPRINT_SAMPLES = 1024
+
+
+def _shard_dim(model: nn.Module, name: str, p: torch.Tensor) -> int | None:
+    """The dimension vLLM splits this parameter on over tensor-parallel ranks, else None
+    (replicated, or not knowable). vLLM's parallel layers say it by class: column-parallel
+    layers (QKV, merged, vocabulary) split weight and bias on ``output_dim``, row-parallel ones
+    split the weight on ``input_dim`` and replicate the bias; a module of the model's own that
+    sets exactly one of the two loader attributes splits on that one."""
+    path, _, leaf = name.rpartition(".")
+    try:
+        owner = model.get_submodule(path) if path else model
+    except AttributeError:
+        return None
+    if getattr(owner, "tp_size", None) == 1:
+        return None
+    mro = {c.__name__ for c in type(owner).__mro__}
+    out_dim, in_dim = getattr(p, "output_dim", None), getattr(p, "input_dim", None)
+    if "RowParallelLinear" in mro:
+        return in_dim if leaf == "weight" and isinstance(in_dim, int) else None
+    if mro & {"ColumnParallelLinear", "VocabParallelEmbedding"}:
+        return out_dim if isinstance(out_dim, int) else 0
+    if isinstance(out_dim, int) != isinstance(in_dim, int):
+        return out_dim if isinstance(out_dim, int) else in_dim
+    return None
+
+
+def fingerprint(t: torch.Tensor) -> list[float] | None:
+    """Two numbers that tell two tensors' values apart without copying them: the float64 sum,
+    and a position-weighted sum of up to 1024 evenly spaced elements. None for meta tensors,
+    non-float tensors and tensors with one value everywhere (they prove nothing)."""
+    if t.device.type == "meta" or not t.is_floating_point() or t.numel() == 0:
+        return None
+    with torch.no_grad():
+        flat = t.detach().reshape(-1)
+        step = max(1, flat.numel() // FINGERPRINT_SAMPLES)
+        sample = flat[::step][:FINGERPRINT_SAMPLES].to(torch.float64)
+        if bool((sample == sample[0]).all()):
+            return None
+        weights = torch.arange(1, sample.numel() + 1, dtype=torch.float64, device=sample.device)
+        return [float(torch.sum(flat, dtype=torch.float64)), float((sample * weights).sum())]
+
+
+def shards(model: nn.Module, tp_size: int | None) -> dict[str, dict[str, Any]]:
+    """Each parameter's shape on this rank, the dimension vLLM splits it on, and (when there is
+    more than one tensor-parallel rank) a fingerprint of its values: the cross-rank check's input."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, p in model.named_parameters(remove_duplicate=True):
+        if len(out) >= MAX_SHARDS:
+            break
+        dim = _shard_dim(model, name, p)
+        entry: dict[str, Any] = {"shape": list(p.shape), "dim": dim}
+        if dim is not None and (tp_size or 1) > 1:
+            entry["fingerprint"] = fingerprint(p)
+        out[name] = entry
+    return out
 
 
 def _norm_device(dev: torch.device) -> torch.device:
@@ -110,7 +167,9 @@ def placement(worker: Any) -> dict[str, Any]:
         for kind, name, t in tensors
         if t.dtype == torch.float64
     ][:MAX_LISTED]
+    pc = wv.sub_config(worker, "parallel_config")
     out.update(
+        shards=shards(model, getattr(pc, "tensor_parallel_size", None)),
         float64=float64,
         model=qualname(model),
         counts=counts,

@@ -40,6 +40,8 @@ class EngineFacts:
     startup_function: str | None = None  # the vLLM function that names the phase, with file:line
     # after a failure outside eager mode: the same model re-run eagerly with the op probe
     diagnosis: EngineFacts | None = None
+    # each parameter's shape when built at tensor-parallel size 1 (the weights pass, `check --engine`)
+    reference_shapes: dict[str, list[int]] | None = None
 
     def errors_for(self, part: str) -> list[tuple[WorkerFacts, dict[str, Any]]]:
         return [(w, w.errors[part]) for w in self.workers if part in w.errors]
@@ -61,6 +63,7 @@ def facts_to_dict(facts: EngineFacts) -> dict[str, Any]:
         "startup_phase": facts.startup_phase,
         "startup_function": facts.startup_function,
         "diagnosis": facts_to_dict(facts.diagnosis) if facts.diagnosis is not None else None,
+        "reference_shapes": facts.reference_shapes,
     }
 
 
@@ -79,4 +82,5 @@ def facts_from_dict(data: dict[str, Any]) -> EngineFacts:
         startup_phase=data.get("startup_phase"),
         startup_function=data.get("startup_function"),
         diagnosis=facts_from_dict(data["diagnosis"]) if data.get("diagnosis") else None,
+        reference_shapes=data.get("reference_shapes"),
     )

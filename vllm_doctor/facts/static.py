@@ -48,6 +48,7 @@ class Facts:
     # VD3xx inputs (stages/weights.py): safetensors headers, read in the fast pass; the
     # meta-device load_weights run (a child beside the import pass), collected before checks run
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
     checkpoint: CheckpointFacts | None = None
     weight_load: dict[str, Any] | None = None
     weight_load_error: str | None = None

@@ -302,6 +302,40 @@ def phases_table(profile: dict[str, Any], workload: dict[str, Any] | None) -> st
     return html
 
 
+def ranks_table(profile: dict[str, Any]) -> str:
+    """Per-rank numbers side by side, and the imbalance (the slowest rank sets the step)."""
+    ranks = profile.get("per_rank") or []
+    if len(ranks) < 2:
+        return ""
+    rows = []
+    for r in ranks:
+        phases = r.get("phases") or {}
+        slowest = max(r.get("by_layer") or [], key=lambda x: x.get("total_s", 0.0), default=None)
+        cells = [
+            r.get("rank"),
+            r.get("tp_rank"),
+            r.get("pp_rank"),
+            r.get("device"),
+            fmt_s((phases.get("prefill") or {}).get("forward_s_mean")),
+            fmt_s((phases.get("decode") or {}).get("forward_s_mean")),
+            f"layer {slowest['layer']}: {fmt_s(slowest['total_s'])}" if slowest else "n/a",
+            fmt_bytes(r.get("kv_storage_bytes")),
+        ]
+        rows.append("<tr>" + "".join(f"<td>{escape(str(c))}</td>" for c in cells) + "</tr>")
+    notes = "".join(
+        f'<p class="note">{escape(phase)}: rank {imb["slowest_rank"]} is the slowest ({fmt_s(imb["slowest_s"])}), rank '
+        f"{imb['fastest_rank']} the fastest ({fmt_s(imb['fastest_s'])})"
+        + (f": {imb['ratio']:.2f}x" if imb.get("ratio") else "")
+        + "; the slowest rank sets the step.</p>"
+        for phase, imb in (profile.get("rank_imbalance") or {}).items()
+    )
+    head = (
+        "<tr><th>rank</th><th>tp</th><th>pp</th><th>device</th><th>prefill forward</th><th>decode forward</th>"
+        "<th>slowest layer</th><th>KV storage</th></tr>"
+    )
+    return f'<h2 id="ranks">Per rank</h2><table>{head}{"".join(rows)}</table>{notes}'
+
+
 def render_html(report: dict[str, Any]) -> str:
     env = report.get("environment") or {}
     profile = (report.get("profiles") or {}).get("engine") or {}
@@ -329,6 +363,7 @@ def render_html(report: dict[str, Any]) -> str:
         '<h2 id="layers">Forward time per layer</h2>',
         layers_note,
         layer_chart(profile.get("layers") or {}),
+        ranks_table(profile),
         '<h2 id="kv">KV cache usage over the run</h2>',
         kv_chart(profile.get("kv_usage") or [], profile.get("kv_num_blocks")),
         '<h2 id="memory">Memory breakdown</h2>',

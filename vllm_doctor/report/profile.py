@@ -119,4 +119,31 @@ def render_profile(profile: dict[str, Any], workload: dict[str, Any] | None = No
         lines.append(
             f"  memory (rank {m.get('rank')}) {parts} of {fmt_bytes(m.get('total'))} ({m.get('total_source')})"
         )
+    lines.extend(render_ranks(profile))
     return "\n".join(lines)
+
+
+def render_ranks(profile: dict[str, Any]) -> list[str]:
+    """Per-rank lines of a multi-rank profile, side by side, and the imbalance between ranks."""
+    ranks = profile.get("per_rank") or []
+    if len(ranks) < 2:
+        return []
+    lines = ["  per rank      rank  tp  pp  device    prefill fwd  decode fwd   slowest layer      KV storage"]
+    for r in ranks:
+        phases = r.get("phases") or {}
+        slowest = max(r.get("by_layer") or [], key=lambda x: x.get("total_s", 0.0), default=None)
+        slow_text = f"layer {slowest['layer']} {fmt_s(slowest['total_s'])}" if slowest else "n/a"
+        lines.append(
+            f"                {r.get('rank')!s:>4}  {r.get('tp_rank')!s:>2}  {r.get('pp_rank')!s:>2}  "
+            f"{r.get('device')!s:<8}  {fmt_s((phases.get('prefill') or {}).get('forward_s_mean')):>11}  "
+            f"{fmt_s((phases.get('decode') or {}).get('forward_s_mean')):>10}   {slow_text:<17}  "
+            f"{fmt_bytes(r.get('kv_storage_bytes'))}"
+        )
+    for phase, imb in (profile.get("rank_imbalance") or {}).items():
+        ratio = f"{imb['ratio']:.2f}x" if imb.get("ratio") else "n/a"
+        lines.append(
+            f"  imbalance     {phase}: rank {imb['slowest_rank']} is the slowest ({fmt_s(imb['slowest_s'])}), "
+            f"rank {imb['fastest_rank']} the fastest ({fmt_s(imb['fastest_s'])}): {ratio}; the slowest rank sets "
+            "the step"
+        )
+    return lines

@@ -53,6 +53,12 @@ class EngineOptions:
     extra: dict[str, Any] = field(default_factory=dict)  # --engine-arg KEY=VALUE
     timeout: float = 600.0
     max_memory: int | str | None = "default"  # the engine's process group; see stages.child.default_memory_limit
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+
+    @property
+    def ranks(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 @dataclass
@@ -75,8 +81,23 @@ def engine_kwargs_for(options: EngineOptions, cuda: bool) -> dict[str, Any]:
         kwargs["kv_cache_memory_bytes"] = 64 * 2**20
     if options.trust_remote_code:
         kwargs["trust_remote_code"] = True
+    if options.tensor_parallel_size > 1:
+        kwargs["tensor_parallel_size"] = options.tensor_parallel_size
+    if options.pipeline_parallel_size > 1:
+        kwargs["pipeline_parallel_size"] = options.pipeline_parallel_size
     kwargs.update(options.extra)
     return kwargs
+
+
+def cpu_thread_binding(ranks: int, cores: list[int]) -> str | None:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` CPU workers on ``cores``: disjoint core lists
+    joined by ``|`` (vLLM's CPU executor binds each rank's OpenMP threads to one list and refuses
+    to guess on a host with fewer NUMA nodes than ranks). None when there are fewer cores than ranks."""
+    if ranks <= 1 or len(cores) < ranks:
+        return None
+    per = len(cores) // ranks
+    groups = [cores[i * per : (i + 1) * per] for i in range(ranks)]
+    return "|".join(",".join(map(str, g)) for g in groups)
 
 
 def _root_cause_from_log(facts: EngineFacts, log_path: Path) -> None:
@@ -181,6 +202,14 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     cuda = cuda_available()
     kwargs = engine_kwargs_for(options, cuda)
     result["engine_kwargs"] = kwargs
+    ranks = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
+    if ranks > 1:
+        options.multiprocess = True  # vLLM runs each rank in a worker process of its own
+        if not cuda and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            binding = cpu_thread_binding(ranks, sorted(os.sched_getaffinity(0)))
+            if binding:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
+                result["cpu_thread_binding"] = binding
     requested = {"requested": "eager" if kwargs.get("enforce_eager") else "vllm-default"}
     progress(
         f"engine stage: importing vLLM and starting a {'multiprocess' if options.multiprocess else 'single-process'} "

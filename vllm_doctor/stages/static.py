@@ -43,6 +43,7 @@ class CheckOptions:
     caller_registry: dict[str, str] | None = None
     import_timeout: float = 180.0
     tensor_parallel_size: int = 1  # VD305: can the model be split this many ways?
+    pipeline_parallel_size: int = 1  # VD305: can its layers be split over this many stages?
     max_memory: int | str | None = "default"  # per child process group; "default": stages.child.default_memory_limit
 
 

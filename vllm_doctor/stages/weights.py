@@ -42,6 +42,7 @@ def start_weights_pass(
     wants it (the job to hand to :func:`finish_weights_pass`)."""
     codes = set(codes)
     facts.tensor_parallel_size = int(getattr(options, "tensor_parallel_size", 1) or 1)
+    facts.pipeline_parallel_size = int(getattr(options, "pipeline_parallel_size", 1) or 1)
     if not codes & set(WEIGHT_CODES):
         return None
     facts.checkpoint = read_checkpoint(facts.model_dir)

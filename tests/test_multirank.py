@@ -1,0 +1,116 @@
+"""Multi-rank engines on the CPU build: tensor parallel 2 and pipeline parallel 2, two worker
+processes each (vLLM's multiprocessing executor; the doctor binds each rank's OpenMP threads to
+its own core, as vLLM's CPU executor asks on a host with one NUMA node).
+
+- ``check --engine -tp 2`` on the working example: findings per rank (``rank 1 / cpu``), the
+  cross-rank check VD406 passing against the shapes the weights pass built at TP=1;
+- the same on ``loader-ignores-rank`` (tests/fixtures/weights.py): a hand-written loader that
+  gives every rank rank 0's slice of one projection. vLLM raises nothing; VD406 names the rank
+  and the parameter;
+- ``profile -pp 2`` on vLLM's own Llama (the example does not implement SupportsPP, which VD305
+  says before launch): one profile per rank, each rank's layers its own, one Perfetto track per
+  rank, the imbalance between ranks, KV bytes per rank.
+
+The GPU side (two H200s, vLLM 0.26) is tests/gpu/test_multirank_gpu.py.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import run_doctor
+from tests.fixtures.engine_models import build_llama_dir
+from tests.fixtures.weights import built
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
+]
+
+
+def _run(args: list[str], site: Path | None = None) -> tuple[int, dict[str, Any] | None, str]:
+    env = {**os.environ, "PYTHONPATH": str(site) if site else ""}
+    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    proc = run_doctor(args, env=env, timeout=900)
+    data = json.loads(proc.stdout) if proc.stdout.lstrip().startswith("{") else None
+    return proc.returncode, data, proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    fixtures = built(str(tmp_path_factory.getbasetemp() / "weight-fixtures"))
+    ok, broken = fixtures["ok"], fixtures["loader-ignores-rank"]
+    llama = build_llama_dir(tmp_path_factory.mktemp("llama-pp"))
+    out = tmp_path_factory.mktemp("profile-pp2")
+    engine = ["--engine", "--eager", "--json", "-q"]
+    return {
+        "tp2": _run(["check", str(ok.model_dir), "-tp", "2", *engine], ok.site_dir),
+        "tp2-broken": _run(["check", str(broken.model_dir), "-tp", "2", *engine], broken.site_dir),
+        "pp2-unsupported": _run(["check", str(ok.model_dir), "-pp", "2", *engine], ok.site_dir),
+        "pp2-profile": (*_run(["profile", str(llama), "-pp", "2", "--eager", "--out", str(out)]), out),
+    }
+
+
+def _findings(report: dict[str, Any], code: str) -> list[dict[str, Any]]:
+    return [f for f in report["findings"] if f["code"] == code]
+
+
+def test_tensor_parallel_findings_are_per_rank_and_the_ranks_agree(runs: dict[str, Any]) -> None:
+    rc, report, out = runs["tp2"]
+    assert rc == 0 and report is not None, out[-3000:]
+    assert sorted(f["subject"] for f in _findings(report, "VD401")) == ["rank 0 / cpu", "rank 1 / cpu"]
+    assert all(f["outcome"] == "pass" for f in _findings(report, "VD401"))
+    (vd406,) = _findings(report, "VD406")
+    assert vd406["outcome"] == "pass" and vd406["subject"] == "all ranks"
+    assert "2 rank(s) over 1 pipeline stage(s)" in vd406["message"]
+    assert "shapes against tensor-parallel size 1" in vd406["message"]
+    workers = report["facts"]["engine"]["workers"]
+    assert [(w["rank"], w["device"]) for w in workers] == [(0, "cpu"), (1, "cpu")]
+    per_rank = report["profiles"]["engine"]["per_rank"]
+    assert [(r["rank"], r["tp_rank"], r["pp_rank"]) for r in per_rank] == [(0, 0, 0), (1, 1, 0)]
+
+
+def test_a_loader_that_ignores_the_rank_is_named_by_rank_and_parameter(runs: dict[str, Any]) -> None:
+    rc, report, out = runs["tp2-broken"]
+    assert rc == 1 and report is not None, out[-3000:]
+    fails = [f for f in _findings(report, "VD406") if f["outcome"] == "fail"]
+    assert [f["subject"] for f in fails] == ["rank 1 / cpu / model.layers.1.mlp.down_proj.weight"], fails
+    (f,) = fails
+    assert "the same values as on rank 0" in f["message"] and "(dim 1)" in f["message"]
+    assert f["evidence"]["same_as_rank"] == 0 and f["evidence"]["tp_size"] == 2
+    # nothing else is wrong with it: vLLM started and served it
+    assert _findings(report, "VD500")[0]["outcome"] == "pass"
+    assert not [g for g in report["findings"] if g["outcome"] == "fail" and g["code"] != "VD406"]
+
+
+def test_pipeline_parallel_needs_supports_pp_before_launch(runs: dict[str, Any]) -> None:
+    rc, report, out = runs["pp2-unsupported"]
+    assert rc == 1 and report is not None, out[-3000:]
+    (f,) = [f for f in _findings(report, "VD305") if f["outcome"] == "fail"]
+    assert f["message"].startswith("TinyDoctorForCausalLM does not implement vLLM's SupportsPP interface")
+    assert "the engine stage was not started" in report["facts"]["engine_failure"]
+    assert not _findings(report, "VD500")  # no engine was started for a split vLLM refuses
+
+
+def test_pipeline_parallel_profile_has_one_track_and_one_layer_set_per_rank(runs: dict[str, Any]) -> None:
+    rc, _, out, out_dir = runs["pp2-profile"]
+    assert rc == 0, out[-3000:]
+    report = json.loads((out_dir / "report.json").read_text())
+    profile = report["profiles"]["engine"]
+    ranks = profile["per_rank"]
+    assert [(r["rank"], r["tp_rank"], r["pp_rank"]) for r in ranks] == [(0, 0, 0), (1, 0, 1)]
+    # each stage times its own decoder layer: layer 0 on rank 0, layer 1 on rank 1
+    assert [[x["layer"] for x in r["by_layer"]] for r in ranks] == [[0], [1]]
+    assert all(r["kv_storage_bytes"] == 64 * 2**20 for r in ranks)
+    assert set(profile["rank_imbalance"]) >= {"prefill", "decode"}
+    trace = json.loads((out_dir / "trace.json").read_text())
+    tracks = sorted((e["pid"], e["args"]["name"]) for e in trace["traceEvents"] if e["name"] == "process_name")
+    assert tracks == [(1, "rank 0 (cpu)"), (2, "rank 1 (cpu)")]
+    assert {e["pid"] for e in trace["traceEvents"] if e.get("cat") == "decode"} == {1, 2}
+    assert "per rank      rank  tp  pp" in out and "imbalance     decode: rank" in out
