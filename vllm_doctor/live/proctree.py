@@ -218,8 +218,9 @@ def _port_of(url: str) -> int:
     return port if port is not None else (443 if parts.scheme == "https" else 80)
 
 
-def _listening_inodes(port: int, proc: Path = PROC) -> set[str]:
-    inodes = set()
+def _listening_inodes(port: int, proc: Path = PROC) -> dict[str, int]:
+    """inode -> the owner's uid of each socket listening on ``port``."""
+    inodes = {}
     for name in ("tcp", "tcp6"):
         try:
             lines = (proc / "net" / name).read_text(encoding="ascii", errors="replace").splitlines()[1:]
@@ -229,15 +230,16 @@ def _listening_inodes(port: int, proc: Path = PROC) -> set[str]:
             fields = line.split()
             # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
             if len(fields) > 9 and fields[3] == TCP_LISTEN and int(fields[1].rpartition(":")[2], 16) == port:
-                inodes.add(fields[9])
+                inodes[fields[9]] = int(fields[7])
     return inodes
 
 
-def listening_pids(port: int, proc: Path = PROC) -> tuple[list[int], int]:
-    """Pids holding a socket that listens on ``port``, and how many processes' fds were unreadable."""
-    targets = {f"socket:[{inode}]" for inode in _listening_inodes(port, proc)}
+def listening_pids(port: int, proc: Path = PROC) -> tuple[list[int], set[int]]:
+    """Pids holding a socket that listens on ``port``, and the uids of listeners whose fds were unreadable."""
+    inodes = _listening_inodes(port, proc)
+    targets = {f"socket:[{inode}]" for inode in inodes}
     if not targets:
-        return [], 0
+        return [], set()
     pids, unreadable = [], 0
     for entry in proc.iterdir():
         if not entry.name.isdigit():
@@ -256,7 +258,8 @@ def listening_pids(port: int, proc: Path = PROC) -> tuple[list[int], int]:
                     break
             except OSError:
                 continue
-    return sorted(pids), unreadable
+    hidden = set(inodes.values()) - {os.geteuid()} if unreadable and not pids else set()
+    return sorted(pids), hidden
 
 
 def discover(url: str | None = None, pid: int | None = None) -> list[ProcInfo]:
@@ -272,13 +275,20 @@ def discover(url: str | None = None, pid: int | None = None) -> list[ProcInfo]:
     procs = _all_procs()
     if url is not None:
         port = _port_of(url)
-        holders, unreadable = listening_pids(port)
+        holders, hidden = listening_pids(port)
         holders = [p for p in holders if p in procs]
+        if not holders and hidden:
+            uid = min(hidden)
+            raise DoctorInputError(
+                f"port {port} is held by a process of uid {uid}, whose files vllm-doctor (uid {os.geteuid()}) "
+                "may not read",
+                f"run vllm-doctor as that user (`sudo -u '#{uid}' vllm-doctor ...`) or give --pid",
+            )
         if not holders:
-            hint = "is the server running on this machine? check the port"
-            if unreadable:
-                hint += f" ({unreadable} process(es) of other users could not be read: run as their user)"
-            raise DoctorInputError(f"no process of this machine listens on port {port} ({url})", hint)
+            raise DoctorInputError(
+                f"no process of this machine listens on port {port} ({url})",
+                "is the server running on this machine? check the port",
+            )
         # several processes share a listening socket (API server children): take the topmost
         tops = [p for p in holders if procs[p].ppid not in holders]
         root = tops[0]
