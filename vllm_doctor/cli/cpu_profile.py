@@ -56,6 +56,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vllm_doctor.live.cpu_profile import record_engine
+    from vllm_doctor.live.stacks import pyspy_or_input_error
     from vllm_doctor.report.html import link_cpu_profile
 
     progress = progress_printer(args.quiet)
@@ -64,6 +65,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise DoctorInputError(f"--out {out} exists and is not a directory")
+    spy = pyspy_or_input_error()  # before anything is said or written: exit 2 if py-spy is unusable
     progress(f"recording for {args.duration:g} s ...")
     index = record_engine(
         out,
@@ -74,6 +76,7 @@ def run(args: argparse.Namespace) -> int:
         native=args.native,
         idle=args.idle,
         include_api_server=args.api_server,
+        spy=spy,
     )
     write_json_atomic(out / CPU_PROFILE_INDEX, index)
     report_html = out / "report.html"
