@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -81,3 +82,75 @@ def serve(model: Path, log_path: Path, env: dict[str, str], args: Sequence[str] 
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
+
+
+# --- an engine whose forward hangs on demand (tests/fixtures/variants/forward-blocks) ------------
+
+VARIANTS = REPO_ROOT / "tests" / "fixtures" / "variants"
+
+
+@dataclass
+class BlockingEngine:
+    base: str
+    api_pid: int
+    model: str
+    block: Path  # while this file exists, the model's forward waits
+    hang_line: str  # "tiny_doctor_forward_blocks/model.py:N": where it waits
+
+
+@contextmanager
+def blocking_engine(tmp: Path, args: Sequence[str] = SMALL_ENGINE) -> Iterator[BlockingEngine]:
+    """The forward-blocks example served WITHOUT the doctor's plugin (a hang is read as it is)."""
+    example = build_example(tmp, "forward-blocks", VARIANTS)
+    source = example / "site" / "tiny_doctor_forward_blocks" / "model.py"
+    line = next(i for i, text in enumerate(source.read_text().splitlines(), 1) if "time.sleep(0.05)" in text)
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DOCTOR")}
+    env.update(PYTHONPATH=os.pathsep.join([str(example / "site"), str(REPO_ROOT)]),
+               TINY_DOCTOR_BLOCK_FILE=str(tmp / "block"))
+    with serve(example / "model", tmp / "server.log", env, args) as served:
+        yield BlockingEngine(served.base, served.proc.pid, str(example / "model"), tmp / "block",
+                             f"tiny_doctor_forward_blocks/model.py:{line}")
+
+
+def stacks_json(*args: str) -> tuple[int, dict[str, Any]]:
+    """`vllm-doctor stacks ARGS --json`: its exit code and report."""
+    from tests.conftest import run_doctor
+
+    proc = run_doctor(["stacks", *args, "--json"], timeout=180)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def by_role(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    roles: dict[str, list[dict[str, Any]]] = {}
+    for p in report["processes"]:
+        roles.setdefault(p["role"], []).append(p)
+    return roles
+
+
+def complete(engine: BlockingEngine, max_tokens: int = 4) -> dict[str, Any]:
+    return post_json(f"{engine.base}/v1/completions",
+                     {"model": engine.model, "prompt": "the doctor is in", "max_tokens": max_tokens}, timeout=300)
+
+
+@contextmanager
+def hung(engine: BlockingEngine) -> Iterator[list[Any]]:
+    """Hold the next forward, send a request, wait until a process is in the model; release at the end.
+
+    Yields the list the request's response lands in once released.
+    """
+    engine.block.touch()
+    done: list[Any] = []
+    request = threading.Thread(target=lambda: done.append(complete(engine)), daemon=True)
+    request.start()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the request reached the forward
+            _, report = stacks_json("--url", engine.base, "--samples", "1")
+            if any(p["state"] == "model" for p in report["processes"]):
+                break
+            time.sleep(0.5)
+        yield done
+    finally:
+        engine.block.unlink(missing_ok=True)
+        request.join(timeout=120)

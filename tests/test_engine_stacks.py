@@ -15,67 +15,28 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.conftest import run_doctor
-from tests.served import REPO_ROOT, build_example, post_json, serve
+from tests.served import REPO_ROOT, BlockingEngine, blocking_engine, by_role, complete, hung, stacks_json
 
 pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
-VARIANTS = REPO_ROOT / "tests" / "fixtures" / "variants"
-
-
-@dataclass
-class Engine:
-    base: str
-    api_pid: int
-    model: str
-    block: Path  # while this file exists, the model's forward waits
-    hang_line: str  # "tiny_doctor_forward_blocks/model.py:N": where it waits
 
 
 @pytest.fixture(scope="module")
-def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engine]:
-    tmp = tmp_path_factory.mktemp("stacks")
-    example = build_example(tmp, "forward-blocks", VARIANTS)
-    source = example / "site" / "tiny_doctor_forward_blocks" / "model.py"
-    line = next(i for i, text in enumerate(source.read_text().splitlines(), 1) if "time.sleep(0.05)" in text)
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DOCTOR")}
-    env.update(PYTHONPATH=os.pathsep.join([str(example / "site"), str(REPO_ROOT)]),
-               TINY_DOCTOR_BLOCK_FILE=str(tmp / "block"))
-    with serve(example / "model", tmp / "server.log", env) as served:
-        yield Engine(served.base, served.proc.pid, str(example / "model"), tmp / "block",
-                     f"tiny_doctor_forward_blocks/model.py:{line}")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BlockingEngine]:
+    with blocking_engine(tmp_path_factory.mktemp("stacks")) as served:
+        yield served
 
 
-def stacks(*args: str) -> tuple[int, dict[str, Any], str]:
-    proc = run_doctor(["stacks", *args, "--json"], timeout=180)
-    assert proc.returncode in (0, 1), proc.stderr
-    return proc.returncode, json.loads(proc.stdout), proc.stderr
-
-
-def by_role(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    roles: dict[str, list[dict[str, Any]]] = {}
-    for p in report["processes"]:
-        roles.setdefault(p["role"], []).append(p)
-    return roles
-
-
-def complete(engine: Engine, max_tokens: int = 4) -> dict[str, Any]:
-    return post_json(f"{engine.base}/v1/completions",
-                     {"model": engine.model, "prompt": "the doctor is in", "max_tokens": max_tokens}, timeout=300)
-
-
-def test_an_idle_server_is_idle_and_every_process_is_labelled(engine: Engine) -> None:
-    code, report, _ = stacks("--url", engine.base)
+def test_an_idle_server_is_idle_and_every_process_is_labelled(engine: BlockingEngine) -> None:
+    code, report = stacks_json("--url", engine.base)
     assert code == 0 and report["verdict"]["kind"] == "idle", report["verdict"]
     roles = by_role(report)
     # the multiprocess engine as it really is on CPU: API server -> EngineCore -> one worker
@@ -90,23 +51,13 @@ def test_an_idle_server_is_idle_and_every_process_is_labelled(engine: Engine) ->
     assert all(p["state"] == "idle" and p["threads"] for p in (api, core, worker))
 
     # any pid of the tree finds the same tree (a worker's pid walks up to the API server)
-    code, from_worker, _ = stacks("--pid", str(worker["pid"]), "--samples", "1")
+    code, from_worker = stacks_json("--pid", str(worker["pid"]), "--samples", "1")
     assert {p["pid"] for p in from_worker["processes"]} == {api["pid"], core["pid"], worker["pid"]}
 
 
-def test_a_forward_that_hangs_is_found_at_its_line(engine: Engine) -> None:
-    engine.block.touch()
-    done: list[Any] = []
-    request = threading.Thread(target=lambda: done.append(complete(engine)), daemon=True)
-    request.start()
-    try:
-        deadline = time.monotonic() + 120
-        while True:  # until the request reached the forward
-            _, report, _ = stacks("--url", engine.base, "--samples", "1")
-            if by_role(report)["worker"][0]["state"] == "model" or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        code, report, _ = stacks("--url", engine.base, "--samples", "2", "--interval", "1")
+def test_a_forward_that_hangs_is_found_at_its_line(engine: BlockingEngine) -> None:
+    with hung(engine) as done:
+        code, report = stacks_json("--url", engine.base, "--samples", "2", "--interval", "1")
         assert code == 1, report["verdict"]
         worker = by_role(report)["worker"][0]
         core = by_role(report)["engine-core"][0]
@@ -125,13 +76,10 @@ def test_a_forward_that_hangs_is_found_at_its_line(engine: Engine) -> None:
         assert watched.returncode == 1, watched.stderr
         second = watched.stdout.split("\n\n")[1]
         assert "did not move since the last round: EngineCore (1 round(s)), worker 0 (1 round(s))" in second
-    finally:
-        engine.block.unlink(missing_ok=True)
-        request.join(timeout=120)
     assert done and done[0]["choices"][0]["text"], "the request completes once the forward is released"
 
 
-def test_cpu_profile_records_the_engine_core_and_the_worker(engine: Engine, tmp_path: Path) -> None:
+def test_cpu_profile_records_the_engine_core_and_the_worker(engine: BlockingEngine, tmp_path: Path) -> None:
     from vllm_doctor.report.html import render_html
 
     out = tmp_path / "prof"
@@ -182,7 +130,7 @@ def _python_for_nobody() -> tuple[list[str], str] | None:
     return None
 
 
-def test_py_spy_refused_says_why_and_how_to_fix_it(engine: Engine) -> None:
+def test_py_spy_refused_says_why_and_how_to_fix_it(engine: BlockingEngine) -> None:
     """uid nobody may not ptrace root's engine: the real refusal, mapped to its fix, exit 2."""
     from vllm_doctor.compat.pyspy import find_pyspy
 
