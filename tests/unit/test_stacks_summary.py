@@ -43,7 +43,7 @@ def with_frames(dump: ProcessDump, frames: list[Frame]) -> ProcessDump:
             "stuck-engine-core",
             "engine-core",
             "waiting",
-            "waiting for the workers to finish vllm/v1/engine/core.py:674 (EngineCore.step)",
+            "waiting for the workers in EngineCore.step (vllm/v1/engine/core.py:674)",
         ),
         (
             "startup-worker-load-model",

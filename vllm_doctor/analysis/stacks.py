@@ -249,7 +249,7 @@ def classify(dump: ProcessDump, role: str) -> ProcessState:
         return state("collective", text, deepest)
     if any(_bare(f) in EXECUTOR_WAITS for f in in_step) and role == "engine-core":
         step = [f for f in in_step if _bare(f) in STEPS and _bare(f) not in EXECUTOR_WAITS][-1:] or [outer[step_at]]
-        return state("waiting", f"waiting for the workers to finish {_frame_text(step[0])}", step[0])
+        return state("waiting", f"waiting for the workers in {step[0].name} ({step[0].where})", step[0])
     shown = innermost_vllm or inner[0]
     return state("busy", f"busy in vLLM: {_frame_text(shown)}", shown)
 
