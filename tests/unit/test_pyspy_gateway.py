@@ -149,3 +149,36 @@ def test_cpu_profile_section_is_put_into_a_report_once() -> None:
     again = link_cpu_profile(html, {**index, "processes": index["processes"][:1]})
     assert again.count(CPU_BEGIN) == 1 and "idle: no samples" not in again
     assert '<a href="cpu-worker0-7.svg">' in render_html({"target": "t"}, index)
+
+
+@pytest.mark.parametrize(
+    ("owner", "caps", "scope", "container", "message", "hint"),
+    [
+        (0, 0, "1", False, "it belongs to uid 0 and vllm-doctor runs as uid 1000",
+         "run vllm-doctor as the engine's user (uid 0): `sudo -u '#0' vllm-doctor ...`, or as root"),
+        (1000, 0, "1", False, "kernel.yama.ptrace_scope is 1 (",
+         "allow it until the next reboot: `sudo sysctl -w kernel.yama.ptrace_scope=0` (or run vllm-doctor as root)"),
+        (1000, 0, "3", False, "kernel.yama.ptrace_scope is 3 (",
+         "ptrace_scope 3 cannot be lowered until a reboot: run vllm-doctor as root"),
+        (1000, 0, "0", True, "this container lacks the SYS_PTRACE capability",
+         "start the container with `docker run --cap-add SYS_PTRACE ...` "
+         "(Kubernetes: securityContext.capabilities.add: [SYS_PTRACE])"),
+        (1000, 1 << 19, "1", True, "permission denied", "run vllm-doctor as the engine's user or as root"),
+    ],
+)
+def test_each_ptrace_refusal_gets_its_own_fix(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, owner: int, caps: int, scope: str, container: bool,
+    message: str, hint: str,
+) -> None:
+    """Which rule refused ptrace, from the facts the gateway reads (uid, CapEff, Yama, container)."""
+    from vllm_doctor.compat import pyspy
+
+    (tmp_path / "ptrace_scope").write_text(scope + "\n")
+    monkeypatch.setattr(pyspy, "PTRACE_SCOPE", tmp_path / "ptrace_scope")
+    monkeypatch.setattr(pyspy, "_capabilities", lambda: caps)
+    monkeypatch.setattr(pyspy, "_uid_of", lambda pid: owner)
+    monkeypatch.setattr(pyspy, "_in_container", lambda: container)
+    monkeypatch.setattr(pyspy.os, "geteuid", lambda: 1000)
+    got_message, got_hint = pyspy.diagnose_permission(42)
+    assert got_message.startswith("py-spy may not read process 42: ") and message in got_message
+    assert got_hint == hint

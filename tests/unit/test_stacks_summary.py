@@ -192,3 +192,23 @@ def test_errors_and_malformed_dumps() -> None:
         threads_from_pyspy({"frames": []})
     with pytest.raises(ValueError, match="without frames"):
         threads_from_pyspy([{"thread_id": 1}])
+
+
+def test_native_frames_do_not_hide_what_the_python_stack_says() -> None:
+    """`stacks --native` dumps (recorded): C frames on top of the Python ones change no state."""
+    got = classify(load("stuck-worker-native"), "worker")
+    assert (got.state, got.where) == ("model", MODEL_LINE)
+    main = load("stuck-worker-native").main_thread()
+    assert main is not None and main.frames[0].native and main.frames[0].name == "clock_nanosleep"
+    assert did_not_move([load("stuck-worker"), load("stuck-worker-native")]) is True  # Python frames compared
+    assert classify(load("idle-api-server-native"), "api-server").state == "idle"
+
+
+def test_a_native_nccl_frame_under_the_model_is_a_collective() -> None:
+    dump = load("stuck-worker-native")
+    main = dump.main_thread()
+    assert main is not None
+    nccl = Frame("ncclGroupEnd", "/usr/lib/libnccl.so.2", "libnccl.so.2", 0)
+    got = classify(with_frames(dump, [nccl, *main.frames[2:]]), "worker")
+    assert got.state == "collective" and got.where == "libnccl.so.2:0"
+    assert got.summary.endswith(f"called from the model at {MODEL_LINE} (TinyDoctorMLP.forward)")

@@ -145,7 +145,7 @@ def _is_collective(frame: Frame) -> bool:
     if frame.short.startswith(COLLECTIVE_DIRS):
         return True
     low = f"{frame.name} {frame.filename}".lower()
-    return "libnccl" in low or "nccl" in frame.name.lower() or "gloo" in low
+    return "nccl" in low or "gloo" in low
 
 
 @dataclass(frozen=True)
@@ -196,7 +196,10 @@ def classify(dump: ProcessDump, role: str) -> ProcessState:
     thread = dump.main_thread()
     if thread is None or not thread.frames:
         return ProcessState("other", "no Python frames on the main thread", active=thread.active if thread else None)
-    inner = list(thread.frames)  # innermost first
+    inner = list(thread.python_frames())  # innermost first; native frames (--native) only name a collective
+    if not inner:
+        return ProcessState("other", "no Python frames on the main thread", active=thread.active)
+    native_collective = next((f for f in thread.frames if f.native and _is_collective(f)), None)
     outer = inner[::-1]
     active = thread.active
 
@@ -211,6 +214,8 @@ def classify(dump: ProcessDump, role: str) -> ProcessState:
     in_step = outer[step_at:] if step_at is not None else []
     model = next((f for f in reversed(in_step) if is_model_code(f)), None)  # the innermost model frame
     collective = next((f for f in in_step if _is_collective(f)), None)  # the outermost collective frame
+    if collective is None and in_step and native_collective is not None:
+        collective = native_collective  # e.g. ncclGroupEnd under a Python frame of the model
     innermost_vllm = next((f for f in inner if _is_vllm(f)), None)
 
     if role == "api-server":
@@ -237,11 +242,13 @@ def classify(dump: ProcessDump, role: str) -> ProcessState:
         shown = innermost_vllm or inner[0]
         return state("busy", f"busy in vLLM at {_frame_text(shown)}", shown)
 
-    if model is not None and (collective is None or inner.index(collective) > inner.index(model)):
+    if model is not None and (
+        collective is None or (collective in inner and inner.index(collective) > inner.index(model))
+    ):
         # the model's code is innermost: it computes (or hangs) in its own forward
         return state("model", f"inside the model's forward at {_frame_text(model)}", model)
     if collective is not None and not (role == "engine-core" and any(_bare(f) in EXECUTOR_WAITS for f in in_step)):
-        deepest = next(f for f in reversed(in_step) if _is_collective(f))
+        deepest = native_collective or next(f for f in reversed(in_step) if _is_collective(f))
         text = f"in a collective: {collective.name}"
         text += f" at {deepest.where}" if deepest is collective else f", waiting at {_frame_text(deepest)}"
         if model is not None:

@@ -23,6 +23,11 @@ class Frame:
     def where(self) -> str:
         return f"{self.short}:{self.line}"
 
+    @property
+    def native(self) -> bool:
+        """A C/C++ frame (py-spy --native): a shared object or binary, not a Python source file."""
+        return not self.filename.endswith((".py", ".pyw")) and not self.filename.startswith("<")
+
 
 @dataclass(frozen=True)
 class ThreadStack:
@@ -33,9 +38,13 @@ class ThreadStack:
     owns_gil: bool
     frames: tuple[Frame, ...]  # innermost first
 
+    def python_frames(self) -> tuple[Frame, ...]:
+        return tuple(f for f in self.frames if not f.native)
+
     def signature(self) -> tuple[tuple[str, str, int], ...]:
-        """What must be equal for two samples of this thread to count as "did not move"."""
-        return tuple((f.name, f.short, f.line) for f in self.frames)
+        """What must be equal for two samples to count as "did not move" (Python frames: native
+        frames of a waiting thread jitter between poll and futex calls)."""
+        return tuple((f.name, f.short, f.line) for f in self.python_frames())
 
 
 @dataclass
