@@ -212,3 +212,19 @@ def test_a_native_nccl_frame_under_the_model_is_a_collective() -> None:
     got = classify(with_frames(dump, [nccl, *main.frames[2:]]), "worker")
     assert got.state == "collective" and got.where == "libnccl.so.2:0"
     assert got.summary.endswith(f"called from the model at {MODEL_LINE} (TinyDoctorMLP.forward)")
+
+
+def test_a_single_process_engine_is_judged_and_a_stranger_is_unknown() -> None:
+    """LLM(...) with VLLM_ENABLE_V1_MULTIPROCESSING=0: the model runs in the user's own process."""
+    dump = load("stuck-worker")
+    main = dump.main_thread()
+    assert main is not None
+    script = Frame("main", "/home/me/run.py", "run.py", 12)
+    steps = [f for f in main.frames if "worker_busy_loop" not in f.name and "spawn" not in f.short]
+    inline = with_frames(dump, [*steps[:-6], script])
+    state = classify(inline, "other")
+    assert (state.state, state.where) == ("model", MODEL_LINE)
+    assert verdict([Judged(1, "run.py", "other", state, True)], 1.0).kind == "stuck in the model"
+    stranger = with_frames(dump, [script])
+    got = verdict([Judged(1, "run.py", "other", classify(stranger, "other"), True)], 1.0)
+    assert got.kind == "unknown" and "no vLLM engine loop" in got.text

@@ -298,12 +298,13 @@ class Judged:
 
 def verdict(processes: Sequence[Judged], seconds: float) -> Verdict:
     """One verdict for the engine from its processes' states (engine core and workers count)."""
-    engine = [p for p in processes if p.role in ("engine-core", "worker")] or [
-        p for p in processes if p.role == "api-server"
-    ]
+    # the engine core and workers; without them (LLM(...) in one process) whatever was found
+    engine = [p for p in processes if p.role in ("engine-core", "worker")] or list(processes)
     seen = [p for p in engine if p.state.state != "error"]
     if not seen:
         return Verdict("unknown", "no stack of the engine could be read")
+    if all(p.state.state == "other" for p in seen):
+        return Verdict("unknown", "no vLLM engine loop, step or start-up found in these stacks")
 
     def names(group: list[Judged]) -> str:
         return ", ".join(p.label for p in group)
