@@ -1,4 +1,4 @@
-"""``vllm-doctor``: the command line, one module per verb (check, rules, profile, attach).
+"""``vllm-doctor``: the command line, one module per verb (check, rules, profile, attach, stacks, cpu-profile).
 
 Exit codes: 0 no finding at or above --fail-on; 1 findings at or above it; 2 usage or input
 error (bad path, unreadable config.json); 3 the doctor itself failed.
