@@ -182,3 +182,18 @@ def test_each_ptrace_refusal_gets_its_own_fix(
     got_message, got_hint = pyspy.diagnose_permission(42)
     assert got_message.startswith("py-spy may not read process 42: ") and message in got_message
     assert got_hint == hint
+
+
+def test_a_profile_report_written_after_cpu_profile_keeps_the_links(tmp_path: Path) -> None:
+    from vllm_doctor.cli.common import cpu_profile_index, write_reports
+    from vllm_doctor.files import write_json_atomic
+    from vllm_doctor.model import Report
+
+    assert cpu_profile_index(tmp_path) is None
+    write_json_atomic(tmp_path / "index.json", {"kind": "vllm-doctor cpu-profile", "duration_s": 2, "rate_hz": 100,
+                                                "processes": [{"label": "worker 0", "pid": 7, "title": "VLLM::Worker",
+                                                               "flamegraph": "cpu-worker0-7.svg", "speedscope": None}]})
+    write_reports(tmp_path, Report(target="m"))
+    assert '<a href="cpu-worker0-7.svg">flamegraph</a>' in (tmp_path / "report.html").read_text()
+    (tmp_path / "index.json").write_text('{"kind": "something else"}')
+    assert cpu_profile_index(tmp_path) is None
