@@ -302,9 +302,9 @@ def verdict(processes: Sequence[Judged], seconds: float) -> Verdict:
     engine = [p for p in processes if p.role in ("engine-core", "worker")] or list(processes)
     seen = [p for p in engine if p.state.state != "error"]
     if not seen:
-        return Verdict("unknown", "no stack of the engine could be read")
+        return Verdict("unknown", "unknown: no stack of the engine could be read")
     if all(p.state.state == "other" for p in seen):
-        return Verdict("unknown", "no vLLM engine loop, step or start-up found in these stacks")
+        return Verdict("unknown", "unknown: no vLLM engine loop, step or start-up found in these stacks")
 
     def names(group: list[Judged]) -> str:
         return ", ".join(p.label for p in group)
