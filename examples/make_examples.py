@@ -28,7 +28,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,10 +58,14 @@ SPECIAL_TOKENS = {"unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 WORDS = ["the", "a", "of", "and", "to", "in", "is", "hello", "world", "my", "name", "doctor"]
 
 
-def variant_names() -> list[str]:
-    """All variants: "ok" first, then every directory under examples/broken."""
-    broken = sorted(p.name for p in BROKEN_DIR.iterdir() if (p / "variant.py").is_file())
-    return ["ok", *broken]
+def variant_names(spec_dirs: Sequence[Path] = (BROKEN_DIR,)) -> list[str]:
+    """All variants: "ok" first, then every directory under examples/broken (or ``spec_dirs``)."""
+    return ["ok", *sorted(variant_sources(spec_dirs))]
+
+
+def variant_sources(spec_dirs: Sequence[Path] = (BROKEN_DIR,)) -> dict[str, Path]:
+    """Variant name -> its source dir (holding variant.py), from examples/broken and any extra dirs."""
+    return {p.name: p for d in spec_dirs for p in sorted(d.iterdir()) if (p / "variant.py").is_file()}
 
 
 def package_name(variant: str) -> str:
@@ -219,8 +223,8 @@ def write_dist_info(site: Path, dist_name: str, entry_points: dict[str, str]) ->
         (dist_info / "entry_points.txt").write_text("\n".join(lines) + "\n")
 
 
-def load_variant_spec(name: str) -> Any:
-    path = BROKEN_DIR / name / "variant.py"
+def load_variant_spec(name: str, source_dir: Path | None = None) -> Any:
+    path = (source_dir or BROKEN_DIR / name) / "variant.py"
     spec = importlib.util.spec_from_file_location(f"_variant_{name.replace('-', '_')}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -233,7 +237,10 @@ def load_variant_spec(name: str) -> Any:
     return module
 
 
-def build_variant(name: str, out: Path, tokenizer: Any, weights: dict[str, Any]) -> Path:
+def build_variant(
+    name: str, out: Path, tokenizer: Any, weights: dict[str, Any], source_dir: Path | None = None
+) -> Path:
+    """Build one variant; ``source_dir`` holds its variant.py (default: examples/broken/NAME)."""
     from safetensors.torch import save_file
 
     out_dir = out / name
@@ -242,7 +249,7 @@ def build_variant(name: str, out: Path, tokenizer: Any, weights: dict[str, Any])
     package = package_name(name)
     ctx = VariantContext(
         name=name,
-        source_dir=BROKEN_DIR / name,
+        source_dir=source_dir or BROKEN_DIR / name,
         out_dir=out_dir,
         package=package,
         dist_name=package.replace("_", "-"),
@@ -264,7 +271,7 @@ def build_variant(name: str, out: Path, tokenizer: Any, weights: dict[str, Any])
             "script": None,
         }
     else:
-        spec = load_variant_spec(name)
+        spec = load_variant_spec(name, ctx.source_dir)
         apply = spec.apply
         meta = {
             "expect_code": spec.EXPECT_CODE,
@@ -288,9 +295,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="output directory")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="build only these variants")
+    parser.add_argument(
+        "--variants-dir",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="also build the variants under DIR (DIR/NAME/variant.py), e.g. the tests' own",
+    )
     args = parser.parse_args(argv)
 
-    names = variant_names()
+    sources = variant_sources([BROKEN_DIR, *args.variants_dir])
+    names = variant_names([BROKEN_DIR, *args.variants_dir])
     if args.only:
         unknown = sorted(set(args.only) - set(names))
         if unknown:
@@ -302,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name in names:
         start = time.perf_counter()
-        build_variant(name, args.out, tokenizer, weights)
+        build_variant(name, args.out, tokenizer, weights, sources.get(name))
         print(f"{name}: {args.out / name} ({time.perf_counter() - start:.2f} s)")
     return 0
 

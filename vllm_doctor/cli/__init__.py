@@ -1,4 +1,4 @@
-"""``vllm-doctor``: the command line, one module per verb (check, rules, profile, attach).
+"""``vllm-doctor``: the command line, one module per verb (check, rules, profile, attach, stacks, cpu-profile).
 
 Exit codes: 0 no finding at or above --fail-on; 1 findings at or above it; 2 usage or input
 error (bad path, unreadable config.json); 3 the doctor itself failed.
@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Sequence
 
 from vllm_doctor import __version__
-from vllm_doctor.cli import attach, check, profile, rules
+from vllm_doctor.cli import attach, check, cpu_profile, profile, rules, stacks
 from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, Parser
 from vllm_doctor.errors import DoctorInputError
 
@@ -28,6 +28,11 @@ commands:
                     forward profile on a real engine: report.json, report.html, trace.json
   attach URL        attach to a served engine (vllm serve with VLLM_DOCTOR=1), profile its
                     traffic, run the engine checks, detach
+  stacks --url URL | --pid PID
+                    what each process of a running engine does (py-spy), one verdict:
+                    idle / busy / stuck in the model / in a collective / in start-up
+  cpu-profile --url URL | --pid PID --out DIR
+                    py-spy record of EngineCore and workers: speedscope JSON + flamegraph SVG
   rules             the check catalogue
   rule CODE         one check explained: what, why, example, fix, references
 """
@@ -41,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_parser(sub)
     profile.add_parser(sub)
     attach.add_parser(sub)
+    stacks.add_parser(sub)
+    cpu_profile.add_parser(sub)
     rules.add_parsers(sub)
     return parser
 

