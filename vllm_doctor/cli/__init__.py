@@ -1,4 +1,4 @@
-"""``vllm-doctor``: the command line, one module per verb (check, rules, profile, attach).
+"""``vllm-doctor``: the command line, one module per verb (check, rules, profile, attach, view).
 
 Exit codes: 0 no finding at or above --fail-on; 1 findings at or above it; 2 usage or input
 error (bad path, unreadable config.json); 3 the doctor itself failed.
@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Sequence
 
 from vllm_doctor import __version__
-from vllm_doctor.cli import attach, check, profile, rules
+from vllm_doctor.cli import attach, check, profile, rules, view
 from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, Parser
 from vllm_doctor.errors import DoctorInputError
 
@@ -30,6 +30,7 @@ commands:
                     traffic, run the engine checks, detach
   rules             the check catalogue
   rule CODE         one check explained: what, why, example, fix, references
+  view REPORT       browse a report (check --json, profile, attach) in the terminal UI
 """
 
 
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     profile.add_parser(sub)
     attach.add_parser(sub)
     rules.add_parsers(sub)
+    view.add_parser(sub)
     return parser
 
 
