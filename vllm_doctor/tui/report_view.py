@@ -145,6 +145,7 @@ class ReportScreen(Screen[None]):
             yield Static(sec.kv_text(self.report), id="kv-text", markup=False)
             series = sec.kv_usage_series(self.report)
             if len(series) > 1:
+                yield Static("usage per step (scaled from its lowest to its highest value):", classes="section-note")
                 yield Sparkline(series, id="kv-usage")
             yield Static(sec.kv_findings_text(self.report), id="kv-findings", markup=False)
 
@@ -160,6 +161,7 @@ class ReportScreen(Screen[None]):
             for column in sec.LAYER_COLUMNS:
                 table.add_column(column, key=column)
             self._fill_layers()
+        self._focus_pane("findings")
 
     def _fill_layers(self) -> None:
         self.query_one("#layers-summary", Static).update(sec.layers_summary(self.profile, self.layer_sort))
@@ -169,6 +171,21 @@ class ReportScreen(Screen[None]):
 
     def action_show_pane(self, pane: str) -> None:
         self.query_one(TabbedContent).active = pane
+        self._focus_pane(pane)
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id:
+            self._focus_pane(event.pane.id)
+
+    def _focus_pane(self, pane: str) -> None:
+        """Arrow keys move in the pane's main table (or scroll its text), not along the tabs."""
+        if self.query_one(TabbedContent).active != pane:  # a late event of another pane: focusing would switch
+            return
+        main = self.query(f"#{pane} DataTable, #{pane} VerticalScroll")
+        if pane == "steps":
+            main = self.query("#steps-table") or main
+        if main:
+            main.last().focus() if pane == "steps" else main.first().focus()
 
     def action_sort_layers(self) -> None:
         if not self.query("#layers-table"):
@@ -211,18 +228,26 @@ class ViewApp(App[None]):
         self.push_screen(ReportScreen(self.report))
 
 
+async def capture(pilot: Pilot[Any], pane: str = "findings", title: str | None = None) -> str:
+    """Show ``pane`` of the app's ReportScreen, let it settle, and return the screen as SVG."""
+    await pilot.pause()  # the app pushes its ReportScreen on mount
+    screen = pilot.app.screen
+    if isinstance(screen, ReportScreen):
+        screen.action_show_pane(pane)
+    await pilot.pause()
+    await pilot.wait_for_scheduled_animations()
+    await pilot.pause()
+    return pilot.app.export_screenshot(title=title)
+
+
 def screenshot(app: ViewApp, path: str | Path, size: tuple[int, int], pane: str = "findings") -> None:
     """Run ``app`` headless at ``size``, show ``pane``, write the screen as SVG (atomically) and exit."""
     shot: list[str] = []
 
     async def take(pilot: Pilot[Any]) -> None:
-        await pilot.pause()
-        screen = pilot.app.screen
-        if isinstance(screen, ReportScreen):
-            screen.action_show_pane(pane)
-        await pilot.pause()
-        shot.append(pilot.app.export_screenshot(title=f"vllm-doctor view {app.path.name}"))
+        shot.append(await capture(pilot, pane, title=f"vllm-doctor view {app.path.name}"))
         pilot.app.exit()
 
+    app.animation_level = "none"
     app.run(headless=True, size=size, auto_pilot=take)
     write_text_atomic(Path(path), shot[0])
