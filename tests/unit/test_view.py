@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from textual.app import App, ComposeResult
 from textual.containers import VerticalScroll
-from textual.widgets import DataTable, TabbedContent
+from textual.widgets import DataTable, Static, TabbedContent
 
 from tests.conftest import run_doctor
 from tests.fixtures.tui import assert_matches_snapshot, drive, text_of
@@ -175,6 +176,25 @@ def test_help_opens_and_closes_and_q_quits() -> None:
     is_help, help_text, back, running = drive(app, (80, 24), script)
     assert is_help and back and not running
     assert "profiles.engine.layers.modules" in help_text and "`vllm-doctor rule CODE`" in help_text
+
+
+def test_another_app_pushes_the_report_screen_and_q_returns_to_it() -> None:
+    report = json.loads(PROFILE.read_text())
+
+    class Host(App[None]):
+        def compose(self) -> ComposeResult:
+            yield Static("the live view", id="host")
+
+    async def script(pilot: Any) -> list[Any]:
+        pilot.app.push_screen(ReportScreen(report))
+        await pilot.pause()
+        opened = isinstance(pilot.app.screen, ReportScreen), text_of(pilot.app, "#finding-detail")[:5]
+        await pilot.press("q")
+        await pilot.pause()
+        return [*opened, pilot.app.is_running, str(pilot.app.screen.query_one("#host", Static).content)]
+
+    is_report, detail, running, host = drive(Host(), (80, 24), script)
+    assert is_report and detail == "ok   " and running and host == "the live view"
 
 
 def test_findings_pane_refreshes_and_keeps_the_highlighted_code() -> None:

@@ -94,11 +94,14 @@ class ReportScreen(Screen[None]):
         Binding("o", "sort_layers", "layer order"),
         Binding("question_mark", "help", "help"),
         Binding("q", "close", "quit"),
+        Binding("escape", "back", "back", show=False),
     ]
 
-    def __init__(self, report: dict[str, Any]) -> None:
+    def __init__(self, report: dict[str, Any], *, quit_app: bool = False) -> None:
+        """``quit_app``: q quits the app (``vllm-doctor view``); otherwise q / escape return to the opener."""
         super().__init__()
         self.report = report
+        self.quit_app = quit_app
         self.profile = sec.engine_profile(report)
         self.layer_sort = sec.LAYER_SORTS[0]
 
@@ -205,11 +208,14 @@ class ReportScreen(Screen[None]):
         self.app.push_screen(HelpScreen())
 
     def action_close(self) -> None:
-        """Quit when this report is the app's screen; return to the opener when another view pushed it."""
-        if len(self.app.screen_stack) > 2:
-            self.app.pop_screen()
-        else:
+        if self.quit_app:
             self.app.exit()
+        else:
+            self.dismiss()
+
+    def action_back(self) -> None:
+        if not self.quit_app:
+            self.dismiss()
 
 
 class ViewApp(App[None]):
@@ -225,7 +231,7 @@ class ViewApp(App[None]):
         self.report = load_report(self.path)
 
     def on_mount(self) -> None:
-        self.push_screen(ReportScreen(self.report))
+        self.push_screen(ReportScreen(self.report, quit_app=True))
 
 
 async def capture(pilot: Pilot[Any], pane: str = "findings", title: str | None = None) -> str:
