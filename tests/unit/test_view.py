@@ -3,7 +3,8 @@
 tests/fixtures/reports/: ``profile_tiny.json`` (``vllm-doctor profile`` of the example model,
 paths replaced, the per-step trace dropped), ``check_broken.json`` (``check --json`` of the
 registered-under-model-type example), ``older_minimal.json`` (a report with most sections
-missing and a code this doctor does not know). The same panes on freshly made reports:
+missing and a code this doctor does not know), ``attach_served.json`` (``attach`` of a served
+engine with traffic), ``check_engine.json`` (``check --engine --json``). The same panes on freshly made reports:
 tests/test_view_engine.py.
 """
 
@@ -29,6 +30,7 @@ from vllm_doctor.tui.report_view import HelpScreen, ReportScreen, ViewApp, captu
 
 REPORTS = Path(__file__).resolve().parents[1] / "fixtures" / "reports"
 PROFILE, BROKEN, OLDER = REPORTS / "profile_tiny.json", REPORTS / "check_broken.json", REPORTS / "older_minimal.json"
+# also attach_served.json (`attach` of a served engine) and check_engine.json (`check --engine --json`)
 
 
 PANES = ("anatomy", "steps", "layers", "memory", "kv", "findings")
@@ -121,6 +123,24 @@ def test_a_static_check_report_says_what_is_not_in_it() -> None:
     for text in (steps, layers, memory, kv):
         assert "not in this report (no engine ran for it; `vllm-doctor check DIR --engine`" in text
     assert "resolves to" not in anatomy and "plugin        tiny_doctor (tiny-doctor-registered-under-model-type)" in anatomy
+
+
+@pytest.mark.parametrize(
+    ("name", "anatomy_line"),
+    [("attach_served.json", "front end     API server at http://127.0.0.1:18734 (vLLM 0.32.0), serving"),
+     ("check_engine.json", "engine core   pid 3956 (in the front end's process)")],
+)  # fmt: skip
+def test_attach_and_check_engine_reports_fill_every_pane(name: str, anatomy_line: str) -> None:
+    report = json.loads((REPORTS / name).read_text())
+
+    async def script(pilot: Any) -> list[Any]:
+        texts = [text_of(pilot.app, s) for s in ("#anatomy-text", "#memory-text", "#kv-text")]
+        return [*texts, table_column(pilot.app, "#steps-table", 0), table_column(pilot.app, "#layers-table", 0)]
+
+    anatomy, memory, kv, steps, layers = drive(ViewApp(REPORTS / name), (100, 30), script)
+    engine = report["profiles"]["engine"]
+    assert anatomy_line in anatomy and "not in this report" not in memory + kv
+    assert steps == [str(s["index"]) for s in engine["steps"]] and len(layers) == len(engine["layers"]["modules"])
 
 
 def test_an_older_report_with_missing_sections_and_an_unknown_code_opens() -> None:
@@ -266,5 +286,5 @@ def test_view_screenshot_of_a_report_directory(tmp_path: Path) -> None:
 
 
 def test_why_not_a_report_accepts_every_committed_report() -> None:
-    for path in (PROFILE, BROKEN, OLDER):
+    for path in sorted(REPORTS.glob("*.json")):
         assert why_not_a_report(json.loads(path.read_text())) == ""

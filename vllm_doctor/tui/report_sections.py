@@ -71,9 +71,8 @@ def anatomy_text(report: dict[str, Any]) -> str:
         lines += ["", "environment"] + [f"  {k:<13} {v}" for k, v in env.items()]
     timings = _dict(report.get("timings"))
     if timings:
-        lines += ["", "timings"] + [
-            f"  {k:<18} {fmt_s(v) if isinstance(v, int | float) else v}" for k, v in timings.items()
-        ]
+        seconds = {k: fmt_s(v) if k.endswith("_s") and isinstance(v, int | float) else v for k, v in timings.items()}
+        lines += ["", "timings", *(f"  {k:<18} {v}" for k, v in seconds.items())]
     return "\n".join(lines)
 
 
