@@ -116,14 +116,17 @@ class ReportScreen(Screen[None]):
     def _compose_findings(self) -> ComposeResult:
         yield FindingsPane(list(self.report.get("findings") or []), id="findings-pane")
 
-    def _compose_anatomy(self) -> ComposeResult:
+    @staticmethod
+    def _text(text: str, widget_id: str) -> ComposeResult:
         with VerticalScroll():
-            yield Static(sec.anatomy_text(self.report), id="anatomy-text", markup=False)
+            yield Static(text, id=widget_id, markup=False)
+
+    def _compose_anatomy(self) -> ComposeResult:
+        yield from self._text(sec.anatomy_text(self.report), "anatomy-text")
 
     def _compose_steps(self) -> ComposeResult:
         if not sec.phase_rows(self.profile):
-            with VerticalScroll():
-                yield Static(sec.missing(self.report, "steps"), id="steps-text", markup=False)
+            yield from self._text(sec.missing(self.report, "steps"), "steps-text")
             return
         with Vertical():
             yield Static(sec.steps_summary(self.report, self.profile), classes="section-note", markup=False)
@@ -132,16 +135,14 @@ class ReportScreen(Screen[None]):
 
     def _compose_layers(self) -> ComposeResult:
         if not sec.layer_rows(self.profile):
-            with VerticalScroll():
-                yield Static(sec.missing(self.report, "per-layer time"), id="layers-text", markup=False)
+            yield from self._text(sec.missing(self.report, "per-layer time"), "layers-text")
             return
         with Vertical():
             yield Static(id="layers-summary", classes="section-note", markup=False)
             yield DataTable(id="layers-table", cursor_type="row", zebra_stripes=True)
 
     def _compose_memory(self) -> ComposeResult:
-        with VerticalScroll():
-            yield Static(sec.memory_text(self.report), id="memory-text", markup=False)
+        yield from self._text(sec.memory_text(self.report), "memory-text")
 
     def _compose_kv(self) -> ComposeResult:
         with VerticalScroll():
