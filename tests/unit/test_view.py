@@ -285,6 +285,24 @@ def test_view_screenshot_of_a_report_directory(tmp_path: Path) -> None:
     assert svg.startswith("<svg") and "KV&#160;findings" in svg and "1024&#160;x&#160;128&#160;tokens" in svg
 
 
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [(["--size", "80by24"], "--size '80by24': expected COLSxROWS, e.g. 160x48"),
+     (["--size", "8x2"], "--size 8x2: columns 40-1000, rows 10-1000"),
+     (["--screenshot", "{tmp}/a-file/s.svg"], "--screenshot {tmp}/a-file/s.svg: cannot write it")],
+)  # fmt: skip
+def test_bad_screenshot_options_are_input_errors(
+    args: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "a-file").write_text("a file, not a directory")
+    argv = ["view", str(PROFILE), *(a.format(tmp=tmp_path) for a in args)]
+    if "--screenshot" not in args:
+        argv += ["--screenshot", str(tmp_path / "unused.svg")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.startswith(f"vllm-doctor: error: {message.format(tmp=tmp_path)}")
+    assert not (tmp_path / "unused.svg").exists()
+
+
 def test_why_not_a_report_accepts_every_committed_report() -> None:
     for path in sorted(REPORTS.glob("*.json")):
         assert why_not_a_report(json.loads(path.read_text())) == ""

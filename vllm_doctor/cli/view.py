@@ -53,7 +53,12 @@ def run(args: argparse.Namespace) -> int:
             cols, rows = (int(n) for n in args.size.lower().split("x"))
         except ValueError:
             raise DoctorInputError(f"--size {args.size!r}: expected COLSxROWS, e.g. 160x48") from None
-        screenshot(app, args.screenshot, (cols, rows), args.pane)
+        if not (40 <= cols <= 1000 and 10 <= rows <= 1000):
+            raise DoctorInputError(f"--size {args.size}: columns 40-1000, rows 10-1000")
+        try:
+            screenshot(app, args.screenshot, (cols, rows), args.pane)
+        except OSError as exc:
+            raise DoctorInputError(f"--screenshot {args.screenshot}: cannot write it ({exc.strerror or exc})") from None
         print(f"wrote {args.screenshot}", file=sys.stderr)
         return EXIT_OK
     if not sys.stdout.isatty() or not sys.stdin.isatty():
