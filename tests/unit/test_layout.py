@@ -58,7 +58,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "report": {"model", "checks", "analysis", "units", "files"},
     # front ends: never compat/ or vLLM
     "api": {"errors", "model", "stages"},
-    "cli": {"constants", "errors", "model", "files", "units", "probes", "checks", "stages", "live", "report"},
+    "cli": {"constants", "errors", "model", "files", "units", "probes", "checks", "stages", "live", "report", "tui"},
     "pytest_plugin": {"errors", "model", "api"},
     "tui": {"constants", "errors", "model", "units", "files", "checks", "analysis", "live", "report"},
     "__main__": {"cli"},

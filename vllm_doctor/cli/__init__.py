@@ -1,4 +1,4 @@
-"""``vllm-doctor``: the command line, one module per verb (check, rules, profile, attach, stacks, cpu-profile).
+"""``vllm-doctor``: the command line, one module per verb (check, rules, profile, attach, stacks, cpu-profile, view).
 
 Exit codes: 0 no finding at or above --fail-on; 1 findings at or above it; 2 usage or input
 error (bad path, unreadable config.json); 3 the doctor itself failed.
@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Sequence
 
 from vllm_doctor import __version__
-from vllm_doctor.cli import attach, check, cpu_profile, profile, rules, stacks
+from vllm_doctor.cli import attach, check, cpu_profile, profile, rules, stacks, view
 from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, Parser
 from vllm_doctor.errors import DoctorInputError
 
@@ -35,6 +35,7 @@ commands:
                     py-spy record of EngineCore and workers: speedscope JSON + flamegraph SVG
   rules             the check catalogue
   rule CODE         one check explained: what, why, example, fix, references
+  view REPORT       browse a report (check --json, profile, attach) in the terminal UI
 """
 
 
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     stacks.add_parser(sub)
     cpu_profile.add_parser(sub)
     rules.add_parsers(sub)
+    view.add_parser(sub)
     return parser
 
 

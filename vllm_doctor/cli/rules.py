@@ -9,6 +9,7 @@ from typing import Any
 from vllm_doctor.cli.common import EXIT_OK
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.model import CheckMeta
+from vllm_doctor.report.rule import render_rule
 
 
 def add_parsers(sub: Any) -> None:
@@ -52,13 +53,5 @@ def run_rule(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(meta.to_dict(), indent=2))
         return EXIT_OK
-    e = meta.explanation
-    print(f"{meta.code} {meta.name} ({meta.severity.value}, {meta.stage.value} stage)\n\n{meta.summary}\n")
-    print(
-        f"What\n  {e.what}\n\nWhy it hurts\n  {e.why}\n\nExample\n"
-        + "\n".join("  " + line for line in e.example.splitlines())
-    )
-    print("\nFix\n" + "\n".join("  " + line for line in e.fix.splitlines()))
-    if e.references:
-        print("\nReferences\n" + "\n".join(f"  {r}" for r in e.references))
+    print(render_rule(meta))
     return EXIT_OK

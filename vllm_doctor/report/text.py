@@ -15,7 +15,8 @@ MARK = {
 }
 
 
-def _finding_lines(f: Finding, verbose: bool) -> list[str]:
+def finding_lines(f: Finding, verbose: bool) -> list[str]:
+    """One finding as the CLI prints it: mark, code, name, severity; message; at; fix; traceback; vLLM's words."""
     name = CATALOGUE[f.code].meta.name if f.code in CATALOGUE else ""
     head = f"{MARK[f.outcome]:<5} {f.code} {name} [{f.severity.value}]"
     lines = [head, f"      {f.message}"]
@@ -48,11 +49,11 @@ def render(report: Report, verbose: bool = False) -> str:
     problems = [f for f in report.findings if f.is_problem]
     others = [f for f in report.findings if not f.is_problem]
     for f in problems:
-        out.extend(_finding_lines(f, verbose))
+        out.extend(finding_lines(f, verbose))
         out.append("")
     if verbose:
         for f in others:
-            out.extend(_finding_lines(f, verbose))
+            out.extend(finding_lines(f, verbose))
     else:
         counts: dict[str, int] = {}
         for f in others:
