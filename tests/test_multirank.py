@@ -53,7 +53,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "tp2": _run(["check", str(ok.model_dir), "-tp", "2", *engine], ok.site_dir),
         "tp2-broken": _run(["check", str(broken.model_dir), "-tp", "2", *engine], broken.site_dir),
         "pp2-unsupported": _run(["check", str(ok.model_dir), "-pp", "2", *engine], ok.site_dir),
-        "pp2-profile": (*_run(["profile", str(llama), "-pp", "2", "--eager", "--out", str(out)]), out),
+        # vLLM's default mode: an eager PP=2 engine on the CPU build fails in its first step inside vLLM
+        # (AssertionError in sync_and_gather_intermediate_tensors, with or without the doctor)
+        "pp2-profile": (*_run(["profile", str(llama), "-pp", "2", "--out", str(out)]), out),
     }
 
 

@@ -76,7 +76,12 @@ def _short(path: str) -> str:
 _PREFIX = re.compile(r"^\((?P<proc>[^()]*?) pid=\d+\) (?:[A-Z]+ \d\d-\d\d [\d:.]+ \[[^\]]*\] ?)?")
 _FRAME = re.compile(r'^  File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>\S+)')
 # messages of vLLM's wrappers around a failure that happened elsewhere (another process)
-_WRAPPERS = ("See root cause above", "initialization failed", "Engine core initialization failed", "died unexpectedly")
+_WRAPPERS = (
+    "See root cause above",
+    "for the root cause",  # "EngineCore encountered an issue. See stack trace (above) for the root cause."
+    "initialization failed",
+    "died unexpectedly",
+)
 _LIBRARY_PARTS = ("/vllm/", "/torch/", "/transformers/", "/vllm_doctor/", "/multiprocessing/", "/concurrent/")
 
 
@@ -128,9 +133,13 @@ def root_cause_from_log(text: str) -> dict[str, Any] | None:
             break
     own = [f for f in frames if not any(part in f[0] for part in _LIBRARY_PARTS)]
     where = own[-1] if own else None
+    error = tb["error"]
+    if ":" not in error:  # a bare `assert` in vLLM: say where it stands
+        file, line, func = frames[-1]
+        error += f" in {func} ({_short(file)}:{line})"
     return {
         "process": tb["proc"] or None,
-        "error": tb["error"],
+        "error": error,
         "phase": phase,
         "function": function,
         "where": f"{where[0]}:{where[1]} in {where[2]}" if where else None,

@@ -105,7 +105,9 @@ def _root_cause_from_log(facts: EngineFacts, log_path: Path) -> None:
     take the cause from that process's traceback in the engine log."""
     from vllm_doctor.compat.startup import is_wrapper_error, root_cause_from_log
 
-    if not facts.startup_error or not is_wrapper_error(facts.startup_error):
+    field_name = "startup_error" if facts.startup_error else "runtime_error"
+    reported = getattr(facts, field_name)
+    if not reported or not is_wrapper_error(reported):
         return
     try:
         with open(log_path, "rb") as fh:
@@ -117,8 +119,8 @@ def _root_cause_from_log(facts: EngineFacts, log_path: Path) -> None:
         return
     where = f" at {root['where']}" if root.get("where") else ""
     process = f" (in vLLM's {root['process']} process{where})" if root.get("process") else where
-    facts.startup_error = f"{root['error']}{process}\n<- reported as: {facts.startup_error.splitlines()[0]}"
-    if root.get("phase"):
+    setattr(facts, field_name, f"{root['error']}{process}\n<- reported as: {reported.splitlines()[0]}")
+    if field_name == "startup_error" and root.get("phase"):
         facts.startup_phase, facts.startup_function = root["phase"], root["function"]
 
 
