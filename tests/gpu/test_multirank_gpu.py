@@ -120,3 +120,18 @@ def test_pipeline_parallel_2_profile_per_rank(models: dict[str, Path], tmp_path:
     tracks = sorted(e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name")
     assert tracks == ["rank 0 (cuda:0)", "rank 1 (cuda:1)"]
     print(out)  # the per-rank table, for the closing note
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray not installed")
+def test_ray_executor_reaches_every_rank(models: dict[str, Path], tmp_path: Path) -> None:
+    """vLLM's Ray executor (vLLM starts a local Ray cluster): the doctor's probes reach both ranks
+    through collective_rpc, as with the multiprocessing executor."""
+    code, out, err = doctor(tmp_path, "check", str(models["faults"]), "-tp", "2", "--engine", "--json",
+                            "--engine-arg", "distributed_executor_backend=ray")
+    assert code == 1, err[-6000:]
+    report = json.loads(out)
+    assert report["facts"]["engine"]["executor"]["backend"] == "ray", report["facts"]["engine"]["executor"]
+    assert sorted(f["subject"] for f in findings(report, "VD402")) == ["rank 0 / cuda:0", "rank 1 / cuda:1"]
+    assert [f["subject"] for f in findings(report, "VD401") if f["outcome"] == "fail"] == ["rank 1 / cuda:1 / rank_scale"]
+    assert [f["subject"] for f in findings(report, "VD406") if f["outcome"] == "fail"] == [
+        "rank 1 / cuda:1 / model.layers.1.mlp.down_proj.weight"]
