@@ -37,6 +37,8 @@ EXAMPLES_DIR = Path(__file__).resolve().parent
 PLUGIN_SRC = EXAMPLES_DIR / "tiny_model_plugin"
 BASE_PACKAGE = "tiny_doctor_model"
 BROKEN_DIR = EXAMPLES_DIR / "broken"
+# broken ports: load and run in vLLM, compute something else (the pytest plugin's parity example)
+PORTS_DIR = EXAMPLES_DIR / "pytest_for_model_authors" / "ports"
 ENGINE_MODES = ("inprocess", "multiprocess", "script")
 SEED = 0
 
@@ -62,6 +64,15 @@ def variant_names() -> list[str]:
     """All variants: "ok" first, then every directory under examples/broken."""
     broken = sorted(p.name for p in BROKEN_DIR.iterdir() if (p / "variant.py").is_file())
     return ["ok", *broken]
+
+
+def port_names() -> list[str]:
+    """The broken ports (built only with --ports or --only NAME)."""
+    return sorted(p.name for p in PORTS_DIR.iterdir() if (p / "variant.py").is_file())
+
+
+def source_dir_of(name: str) -> Path:
+    return PORTS_DIR / name if name in port_names() else BROKEN_DIR / name
 
 
 def package_name(variant: str) -> str:
@@ -220,7 +231,7 @@ def write_dist_info(site: Path, dist_name: str, entry_points: dict[str, str]) ->
 
 
 def load_variant_spec(name: str) -> Any:
-    path = BROKEN_DIR / name / "variant.py"
+    path = source_dir_of(name) / "variant.py"
     spec = importlib.util.spec_from_file_location(f"_variant_{name.replace('-', '_')}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -242,7 +253,7 @@ def build_variant(name: str, out: Path, tokenizer: Any, weights: dict[str, Any])
     package = package_name(name)
     ctx = VariantContext(
         name=name,
-        source_dir=BROKEN_DIR / name,
+        source_dir=source_dir_of(name),
         out_dir=out_dir,
         package=package,
         dist_name=package.replace("_", "-"),
@@ -272,6 +283,8 @@ def build_variant(name: str, out: Path, tokenizer: Any, weights: dict[str, Any])
             "engine_mode": spec.ENGINE_MODE,
             "script": getattr(spec, "SCRIPT", None),
         }
+        if hasattr(spec, "EXPECT_FIRST_DIVERGENT_LAYER"):
+            meta["expect_first_divergent_layer"] = spec.EXPECT_FIRST_DIVERGENT_LAYER
     apply(ctx)
 
     (ctx.model_dir / "config.json").write_text(json.dumps(ctx.config, indent=2, sort_keys=True))
@@ -287,11 +300,13 @@ def build_variant(name: str, out: Path, tokenizer: Any, weights: dict[str, Any])
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="output directory")
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="build only these variants")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="build only these variants (or ports)")
+    parser.add_argument("--ports", action="store_true", help="also build the broken ports of " + str(PORTS_DIR.name))
     args = parser.parse_args(argv)
 
-    names = variant_names()
+    names = variant_names() + (port_names() if args.ports else [])
     if args.only:
+        names = variant_names() + port_names()
         unknown = sorted(set(args.only) - set(names))
         if unknown:
             parser.error(f"unknown variant(s) {unknown}; known: {names}")

@@ -1,0 +1,204 @@
+"""Parity with a reference implementation: the two runs, each in its own child process.
+
+1. ``parity_vllm`` (child): a real vLLM engine (eager, no prefix caching, the requested dtype,
+   the doctor's worker extension) decodes the prompts greedily with top-k logprobs, then runs
+   ONE more request (prompt + generated tokens of the first prompt) with the worker-side hooks
+   of :mod:`vllm_doctor.engine.hidden` armed: each decoder layer's output on those token ids.
+2. ``parity_hf`` (child): the transformers model (the author's class or AutoModelForCausalLM)
+   does the same on the same token ids (:mod:`vllm_doctor.compat.hf`).
+3. The parent compares (:mod:`vllm_doctor.analysis.parity`). Separate children keep torch state
+   apart (threads, dtype defaults, vLLM's patches) and time-box each side.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_doctor.analysis.parity import ParityResult, compare_hidden, compare_outputs, hint_for, tolerances
+from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.stages.child import run_child
+from vllm_doctor.stages.engine import SCRUBBED_ENV
+
+Progress = Callable[[str], None]
+DEFAULT_PROMPTS: tuple[str, ...] = ("hello world my name is", "the doctor is in and the world is")
+
+__all__ = ["DEFAULT_PROMPTS", "ParityOptions", "ParityResult", "ParityUnavailable", "run_parity"]
+
+
+class ParityUnavailable(RuntimeError):
+    """A side of the comparison could not run (no vLLM, no reference, engine refused, time-out)."""
+
+
+@dataclass
+class ParityOptions:
+    reference: str = "hf"
+    hf_class: str | None = None  # "pkg.mod:Class" / "file.py:Class"; None: AutoModelForCausalLM
+    prompts: list[Any] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
+    max_tokens: int = 8
+    top_k: int = 5
+    dtype: str = "float32"
+    device: str = "auto"  # "cpu", "cuda" or "auto" (cuda when there is one)
+    atol: float | None = None  # logprob tolerance (nats); None: per dtype
+    hidden_rtol: float | None = None
+    layers: bool = True  # compare decoder-layer outputs when the logprobs differ
+    trust_remote_code: bool = False
+    max_model_len: int = 512
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    timeout: float = 600.0
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+
+
+def run_parity(model: str, options: ParityOptions, progress: Progress | None = None) -> ParityResult:
+    """Run both sides and compare. Raises :class:`ParityUnavailable` when a side cannot run."""
+    if options.reference != "hf":
+        raise DoctorInputError(f"reference must be 'hf' (Hugging Face transformers), not {options.reference!r}")
+    if options.dtype not in ("float32", "float16", "bfloat16"):
+        raise DoctorInputError(f"dtype must be float32, float16 or bfloat16, not {options.dtype!r}")
+    atol, rtol = tolerances(options.dtype)
+    atol = options.atol if options.atol is not None else atol
+    rtol = options.hidden_rtol if options.hidden_rtol is not None else rtol
+    request = {
+        "model": model,
+        "prompts": options.prompts,
+        "max_tokens": options.max_tokens,
+        "top_k": options.top_k,
+        "dtype": options.dtype,
+        "device": options.device,
+        "trust_remote_code": options.trust_remote_code,
+        "max_model_len": options.max_model_len,
+        "engine_args": options.engine_args,
+        "capture": options.layers,
+    }
+    ours = run_child("parity_vllm", request, timeout=options.timeout, what="the vLLM side of the parity check",
+                     progress=progress, env=_env())
+    if not ours.ok:
+        raise ParityUnavailable(f"{ours.error}\n{ours.log_tail[-1500:]}")
+    side = ours.data
+    if side.get("error"):
+        raise ParityUnavailable(f"vLLM could not run {model}: {side['error']}")
+    ref_request = {
+        "model": model,
+        "hf_class": options.hf_class,
+        "dtype": options.dtype,
+        "device": side.get("device", "cpu"),
+        "trust_remote_code": options.trust_remote_code,
+        "prompt_token_ids": side["prompt_token_ids"],
+        "max_tokens": options.max_tokens,
+        "top_k": options.top_k,
+        "capture_ids": side.get("capture_ids") if options.layers else None,
+    }
+    theirs = run_child("parity_hf", ref_request, timeout=options.timeout, what="the Hugging Face reference run",
+                       progress=progress, env=_env())
+    if not theirs.ok:
+        raise ParityUnavailable(f"{theirs.error}\n{theirs.log_tail[-1500:]}")
+    ref = theirs.data
+    if ref.get("error"):
+        raise ParityUnavailable(f"the Hugging Face reference could not run {model}: {ref['error']}")
+    mismatches, largest = compare_outputs(side["outputs"], ref["outputs"], atol, options.top_k)
+    result = ParityResult(
+        model=model,
+        reference=f"Hugging Face ({ref.get('model_class')})",
+        dtype=options.dtype,
+        atol=atol,
+        hidden_rtol=rtol,
+        prompts=len(side["outputs"]),
+        max_tokens=options.max_tokens,
+        top_k=options.top_k,
+        mismatches=mismatches,
+        max_logprob_diff=largest,
+        engine={"model_class": side.get("model_class"), "device": side.get("device")},
+    )
+    hidden = side.get("hidden") or {}
+    if options.layers and hidden.get("layers") and ref.get("hidden"):
+        rows, first = compare_hidden(hidden["layers"], ref["hidden"], hidden.get("names") or {}, rtol)
+        result.layers, result.first_divergent_layer = rows, first
+        result.hint = hint_for(rows, first, rtol)
+    elif options.layers:
+        result.capture_note = side.get("capture_error") or "no layer outputs were captured"
+    return result
+
+
+# ---- child side ---------------------------------------------------------------------------
+
+
+def vllm_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    from vllm_doctor.compat.common import describe_exception
+    from vllm_doctor.compat.llm import (
+        EngineHandle,
+        cuda_available,
+        greedy_logprobs,
+        prompt_token_ids,
+        shutdown,
+        start_engine,
+    )
+
+    device = request.get("device") or "auto"
+    cuda = cuda_available() if device in ("auto", "cuda") else False
+    kwargs: dict[str, Any] = {
+        "dtype": request["dtype"],
+        "enforce_eager": True,  # the layer hooks need Python forwards
+        "enable_prefix_caching": False,  # the capture request must run every token again
+        "max_model_len": int(request["max_model_len"]),
+        "seed": 0,
+    }
+    if not cuda:
+        kwargs["kv_cache_memory_bytes"] = 64 * 2**20
+    if request.get("trust_remote_code"):
+        kwargs["trust_remote_code"] = True
+    kwargs.update(request.get("engine_args") or {})
+    progress(f"parity: starting vLLM on {request['model']} ({request['dtype']}, {'CUDA' if cuda else 'CPU'}, eager)")
+    try:
+        llm = start_engine(request["model"], single_process=True, **kwargs)
+    except Exception as exc:
+        return {"error": describe_exception(exc)}
+    handle = EngineHandle(llm)
+    out: dict[str, Any] = {"device": "cuda" if cuda else "cpu"}
+    try:
+        ids = prompt_token_ids(llm, list(request["prompts"]))
+        out["prompt_token_ids"] = ids
+        out["outputs"] = greedy_logprobs(llm, ids, int(request["max_tokens"]), int(request["top_k"]))
+        if request.get("capture") and ids:
+            capture = ids[0] + out["outputs"][0]["token_ids"][:-1]
+            out["capture_ids"] = capture
+            out.update(_capture(handle, llm, capture))
+    except Exception as exc:
+        out["error"] = describe_exception(exc)
+    finally:
+        shutdown(llm)
+    return out
+
+
+def _capture(handle: Any, llm: Any, ids: list[int]) -> dict[str, Any]:
+    from vllm_doctor.compat.llm import greedy_logprobs
+
+    armed = handle.ensure_extension("doctor_ping") and handle.rpc("doctor_arm_hidden", {"tokens": len(ids)})
+    if not armed or not armed[0].get("ok"):
+        return {"capture_error": str((armed or [{}])[0].get("error"))}
+    greedy_logprobs(llm, [ids], 1, 1)
+    reply = handle.rpc("doctor_collect_hidden")[0]
+    anatomy = handle.rpc("doctor_anatomy")[0]
+    model_class = (anatomy.get("data") or {}).get("model_class")
+    if not reply.get("ok"):
+        return {"capture_error": str(reply.get("error")), "model_class": model_class}
+    data = reply["data"]
+    if not data.get("complete"):
+        return {"capture_error": "the hooks did not see the whole request", "hidden": data, "model_class": model_class}
+    return {"hidden": data, "model_class": model_class}
+
+
+def hf_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    from vllm_doctor.compat.common import describe_exception
+
+    progress(f"parity: running the Hugging Face reference ({request.get('hf_class') or 'AutoModelForCausalLM'})")
+    try:
+        from vllm_doctor.compat.hf import reference_run
+
+        return reference_run(request)
+    except Exception as exc:
+        return {"error": describe_exception(exc)}
