@@ -88,7 +88,8 @@ class ParityResult:
             lines.append(f"  prompt {m.prompt} step {m.step}: {m.detail}")
         if len(self.mismatches) > 5:
             lines.append(f"  ... and {len(self.mismatches) - 5} more")
-        lines.append(f"  largest logprob difference: {self.max_logprob_diff:.3g} nats")
+        if self.max_logprob_diff or all(m.kind != "token" for m in self.mismatches):
+            lines.append(f"  largest logprob difference (tokens in both top-k): {self.max_logprob_diff:.3g} nats")
         if self.first_divergent_layer is not None:
             shown = [e for e in self.layers if e.layer <= self.first_divergent_layer]
             lines.append(
@@ -125,38 +126,41 @@ def compare_outputs(
     """check_logprobs_close semantics plus logprob values; returns (mismatches, largest diff)."""
     mismatches: list[PromptMismatch] = []
     largest = 0.0
-    for p, (ours, ref) in enumerate(zip(vllm_outputs, ref_outputs)):
-        for step, (tok_v, tok_r) in enumerate(zip(ours["token_ids"], ref["token_ids"])):
+    for p, (ours, ref) in enumerate(zip(vllm_outputs, ref_outputs, strict=False)):
+        for step, (tok_v, tok_r) in enumerate(zip(ours["token_ids"], ref["token_ids"], strict=False)):
             lps_v, lps_r = ours["logprobs"][step], ref["logprobs"][step]
-            if tok_v != tok_r:
-                # vLLM's rule: each pick must be in the other's top-k; then the sequences part
-                if str(tok_v) not in lps_r or str(tok_r) not in lps_v:
-                    mismatches.append(
-                        PromptMismatch(
-                            p, step, "token", f"vLLM picked {tok_v}, the reference {tok_r}; not in each other's top-{top_k}"
-                        )
-                    )
-                break
-            diffs = {}
-            for token in set(lps_v) & set(lps_r):
-                diffs[token] = abs(float(lps_v[token]) - float(lps_r[token]))
+            # the values first, also at the step where the picks part (a near-tie keeps its values)
+            diffs = {token: abs(float(lps_v[token]) - float(lps_r[token])) for token in set(lps_v) & set(lps_r)}
             worst_token = max(diffs, key=lambda t: diffs[t]) if diffs else None
             worst = diffs[worst_token] if worst_token is not None else 0.0
             largest = max(largest, worst)
             if worst > atol and worst_token is not None:
-                chosen = diffs.get(str(tok_v), 0.0)
+                chosen = diffs.get(str(tok_v), diffs.get(str(tok_r), 0.0))
+                picks = f"same token {tok_v}" if tok_v == tok_r else f"vLLM picked {tok_v}, the reference {tok_r}"
                 mismatches.append(
                     PromptMismatch(
                         p,
                         step,
                         "logprob",
-                        f"same token {tok_v}, but logprob of token {worst_token} is {float(lps_v[worst_token]):.6f} "
-                        f"in vLLM vs {float(lps_r[worst_token]):.6f} (|diff| {worst:.3g} > {atol:g}; chosen token's "
+                        f"{picks}, but logprob of token {worst_token} is {float(lps_v[worst_token]):.6f} in vLLM "
+                        f"vs {float(lps_r[worst_token]):.6f} (|diff| {worst:.3g} > {atol:g}; chosen token's "
                         f"|diff| {chosen:.3g})",
                         worst,
                     )
                 )
                 break  # one line per prompt is enough to act on
+            if tok_v != tok_r:
+                # vLLM's rule: each pick must be in the other's top-k; then the sequences part
+                if str(tok_v) not in lps_r or str(tok_r) not in lps_v:
+                    mismatches.append(
+                        PromptMismatch(
+                            p,
+                            step,
+                            "token",
+                            f"vLLM picked {tok_v}, the reference {tok_r}: not in each other's top-{top_k}",
+                        )
+                    )
+                break
     return mismatches, largest
 
 
@@ -175,7 +179,9 @@ def compare_hidden(
         if not positions:
             continue
         scale = max(max(abs(x) for x in row) for row in ref[:positions]) or 1.0
-        per_pos = [max(abs(a - b) for a, b in zip(ours[i], ref[i])) for i in range(positions)]
+        if len(ours[0]) != len(ref[0]):
+            raise ValueError(f"layer {key}: vLLM's hidden size is {len(ours[0])}, the reference's {len(ref[0])}")
+        per_pos = [max(abs(a - b) for a, b in zip(ours[i], ref[i], strict=True)) for i in range(positions)]
         worst = max(range(positions), key=lambda i: per_pos[i])
         row = LayerError(
             layer=int(key),

@@ -85,7 +85,7 @@ def greedy_logprobs(model: nn.Module, prompt: list[int], max_tokens: int, top_k:
         lp = torch.log_softmax(_logits(model, ids, device), dim=-1)
         top = torch.topk(lp, top_k)
         chosen = int(torch.argmax(lp))
-        step = {str(int(t)): float(v) for t, v in zip(top.indices, top.values)}
+        step = {str(int(t)): float(v) for t, v in zip(top.indices, top.values, strict=True)}
         step.setdefault(str(chosen), float(lp[chosen]))
         tokens.append(chosen)
         logprobs.append(step)

@@ -75,8 +75,14 @@ def run_parity(model: str, options: ParityOptions, progress: Progress | None = N
         "engine_args": options.engine_args,
         "capture": options.layers,
     }
-    ours = run_child("parity_vllm", request, timeout=options.timeout, what="the vLLM side of the parity check",
-                     progress=progress, env=_env())
+    ours = run_child(
+        "parity_vllm",
+        request,
+        timeout=options.timeout,
+        what="the vLLM side of the parity check",
+        progress=progress,
+        env=_env(),
+    )
     if not ours.ok:
         raise ParityUnavailable(f"{ours.error}\n{ours.log_tail[-1500:]}")
     side = ours.data
@@ -93,8 +99,14 @@ def run_parity(model: str, options: ParityOptions, progress: Progress | None = N
         "top_k": options.top_k,
         "capture_ids": side.get("capture_ids") if options.layers else None,
     }
-    theirs = run_child("parity_hf", ref_request, timeout=options.timeout, what="the Hugging Face reference run",
-                       progress=progress, env=_env())
+    theirs = run_child(
+        "parity_hf",
+        ref_request,
+        timeout=options.timeout,
+        what="the Hugging Face reference run",
+        progress=progress,
+        env=_env(),
+    )
     if not theirs.ok:
         raise ParityUnavailable(f"{theirs.error}\n{theirs.log_tail[-1500:]}")
     ref = theirs.data

@@ -116,7 +116,6 @@ class TinyDoctorHFForCausalLM(PreTrainedModel):
 
     config_class = PretrainedConfig
     base_model_prefix = "model"
-    _no_split_modules = ["DecoderLayer"]
 
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__(config)
