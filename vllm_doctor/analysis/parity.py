@@ -79,8 +79,9 @@ class ParityResult:
 
     def message(self) -> str:
         """The failure text: what differed, where, by how much, the fix if known."""
+        verdict = "agree" if self.ok else "disagree"
         head = (
-            f"vLLM and the {self.reference} reference disagree on {self.model} ({self.dtype}, "
+            f"vLLM and the {self.reference} reference {verdict} on {self.model} ({self.dtype}, "
             f"{self.prompts} prompt(s) x {self.max_tokens} tokens, top-{self.top_k}, atol {self.atol:g} nats)"
         )
         lines = [head]

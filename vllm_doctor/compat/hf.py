@@ -114,18 +114,39 @@ def layer_outputs(model: nn.Module, ids: list[int], device: str) -> dict[str, li
 
 
 def reference_run(request: dict[str, Any]) -> dict[str, Any]:
-    """The HF side of a parity check: greedy outputs per prompt + layer outputs on ``capture_ids``."""
-    device = request.get("device") or "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        device = "cpu"
+    """The HF side of a parity check: greedy outputs per prompt + layer outputs on the first prompt."""
+    device = request.get("device") or "auto"
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device cuda was asked for, but torch sees no CUDA device")
     torch.manual_seed(0)
     model = load_model(
         request["model"], request.get("hf_class"), request["dtype"], device, bool(request.get("trust_remote_code"))
     )
-    outputs = [
-        greedy_logprobs(model, ids, int(request["max_tokens"]), int(request["top_k"]), device)
-        for ids in request["prompt_token_ids"]
-    ]
-    capture = request.get("capture_ids")
-    hidden = layer_outputs(model, capture, device) if capture else {}
-    return {"outputs": outputs, "hidden": hidden, "model_class": f"{type(model).__module__}.{type(model).__qualname__}"}
+    prompts = prompt_token_ids(request["model"], list(request["prompts"]), bool(request.get("trust_remote_code")))
+    max_tokens, top_k = int(request["max_tokens"]), int(request["top_k"])
+    outputs = [greedy_logprobs(model, ids, max_tokens, top_k, device) for ids in prompts]
+    hidden = layer_outputs(model, prompts[0], device) if request.get("capture") and prompts else {}
+    return {
+        "prompt_token_ids": prompts,
+        "outputs": outputs,
+        "hidden": hidden,
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+    }
+
+
+def prompt_token_ids(model_dir: str, prompts: list[Any], trust_remote_code: bool) -> list[list[int]]:
+    """Strings through the checkpoint's tokenizer (as vLLM does: special tokens added); ids as given."""
+    tokenizer = None
+    out = []
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            if tokenizer is None:
+                from transformers import AutoTokenizer
+
+                tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+            out.append([int(t) for t in tokenizer.encode(prompt)])
+        else:
+            out.append([int(t) for t in prompt])
+    return out

@@ -63,10 +63,15 @@ class DoctorSession:
     report_path: str | None = None
     cache: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     outcomes: list[Outcome] = field(default_factory=list)
-    engine_runs: int = 0
+    runs: dict[str, int] = field(default_factory=dict)  # kind -> fresh runs (cache misses)
+
+    @property
+    def engine_runs(self) -> int:
+        return self.runs.get("engine", 0) + self.runs.get("parity", 0)
 
     def cached(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
         if key not in self.cache:
+            self.runs[key[0]] = self.runs.get(key[0], 0) + 1
             self.cache[key] = compute()
         return self.cache[key]
 
@@ -89,7 +94,11 @@ SESSION_KEY = pytest.StashKey[DoctorSession]()
 
 
 def _skip_without(module: str, why: str) -> None:
-    if importlib.util.find_spec(module) is None:
+    try:
+        missing = importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):  # a blocked import (sys.modules[name] = None) or a broken package
+        missing = True
+    if missing:
         pytest.skip(f"vllm-doctor: {module} is not installed ({why})")
 
 
@@ -149,10 +158,12 @@ class VllmDoctor:
         from vllm_doctor.api import check_engine
 
         self._needs_engine()
-        key = ("engine", model, max_model_len, self._session.device, tuple(sorted(kwargs.items())))
+        options = tuple(sorted(kwargs.items()))
+        key = ("engine", model, max_model_len, self._session.device, options)
+        if max_model_len is None:  # any engine run on this model answers placement questions
+            key = next((k for k in self._session.cache if k[:2] == key[:2] and k[3:] == key[3:]), key)
 
         def run() -> Report:
-            self._session.engine_runs += 1
             return check_engine(model, max_model_len=max_model_len, **kwargs)
 
         try:
@@ -239,7 +250,6 @@ class VllmDoctor:
         )  # fmt: skip
 
         def run() -> Any:
-            self._session.engine_runs += 1
             return compare_with_reference(
                 path,
                 reference=reference,
@@ -374,6 +384,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         {
             "vllm_doctor": __version__,
             "engine_runs": state.engine_runs,
+            "runs": state.runs,
             "options": {"model": state.model, "device": state.device, "fail_on": state.fail_on.value},
             "outcomes": [asdict(o) for o in state.outcomes],
         },

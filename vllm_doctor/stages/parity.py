@@ -2,10 +2,10 @@
 
 1. ``parity_vllm`` (child): a real vLLM engine (eager, no prefix caching, the requested dtype,
    the doctor's worker extension) decodes the prompts greedily with top-k logprobs, then runs
-   ONE more request (prompt + generated tokens of the first prompt) with the worker-side hooks
-   of :mod:`vllm_doctor.engine.hidden` armed: each decoder layer's output on those token ids.
-2. ``parity_hf`` (child): the transformers model (the author's class or AutoModelForCausalLM)
-   does the same on the same token ids (:mod:`vllm_doctor.compat.hf`).
+   ONE more request (the first prompt) with the worker-side hooks of
+   :mod:`vllm_doctor.engine.hidden` armed: each decoder layer's output on those token ids.
+2. ``parity_hf`` (child, at the same time): the transformers model (the author's class or
+   AutoModelForCausalLM) does the same on the same token ids (:mod:`vllm_doctor.compat.hf`).
 3. The parent compares (:mod:`vllm_doctor.analysis.parity`). Separate children keep torch state
    apart (threads, dtype defaults, vLLM's patches) and time-box each side.
 """
@@ -19,7 +19,7 @@ from typing import Any
 
 from vllm_doctor.analysis.parity import ParityResult, compare_hidden, compare_outputs, hint_for, tolerances
 from vllm_doctor.errors import DoctorInputError
-from vllm_doctor.stages.child import run_child
+from vllm_doctor.stages.child import ChildJob
 from vllm_doctor.stages.engine import SCRUBBED_ENV
 
 Progress = Callable[[str], None]
@@ -50,6 +50,12 @@ class ParityOptions:
     timeout: float = 600.0
 
 
+def _gpu_visible() -> bool:
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+
+
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
 
@@ -75,43 +81,45 @@ def run_parity(model: str, options: ParityOptions, progress: Progress | None = N
         "engine_args": options.engine_args,
         "capture": options.layers,
     }
-    ours = run_child(
-        "parity_vllm",
-        request,
-        timeout=options.timeout,
-        what="the vLLM side of the parity check",
-        progress=progress,
-        env=_env(),
-    )
+    ref_request = {
+        "model": model,
+        "hf_class": options.hf_class,
+        "dtype": options.dtype,
+        "device": options.device,
+        "trust_remote_code": options.trust_remote_code,
+        "prompts": options.prompts,
+        "max_tokens": options.max_tokens,
+        "top_k": options.top_k,
+        "capture": options.layers,
+    }
+    # each side tokenizes the prompts itself and captures on the first prompt; on CPU both run at
+    # once, on a GPU one after the other (vLLM sizes its KV cache from the memory it finds free)
+    ours_job = ChildJob(
+        "parity_vllm", request, timeout=options.timeout, what="the vLLM side of the parity check",
+        progress=progress, env=_env(),
+    )  # fmt: skip
+    if _gpu_visible() and options.device != "cpu":
+        ours_job.result()
+    theirs_job = ChildJob(
+        "parity_hf", ref_request, timeout=options.timeout, what="the Hugging Face reference run",
+        progress=progress, env=_env(),
+    )  # fmt: skip
+    ours, theirs = ours_job.result(), theirs_job.result()
     if not ours.ok:
         raise ParityUnavailable(f"{ours.error}\n{ours.log_tail[-1500:]}")
     side = ours.data
     if side.get("error"):
         raise ParityUnavailable(f"vLLM could not run {model}: {side['error']}")
-    ref_request = {
-        "model": model,
-        "hf_class": options.hf_class,
-        "dtype": options.dtype,
-        "device": side.get("device", "cpu"),
-        "trust_remote_code": options.trust_remote_code,
-        "prompt_token_ids": side["prompt_token_ids"],
-        "max_tokens": options.max_tokens,
-        "top_k": options.top_k,
-        "capture_ids": side.get("capture_ids") if options.layers else None,
-    }
-    theirs = run_child(
-        "parity_hf",
-        ref_request,
-        timeout=options.timeout,
-        what="the Hugging Face reference run",
-        progress=progress,
-        env=_env(),
-    )
     if not theirs.ok:
         raise ParityUnavailable(f"{theirs.error}\n{theirs.log_tail[-1500:]}")
     ref = theirs.data
     if ref.get("error"):
         raise ParityUnavailable(f"the Hugging Face reference could not run {model}: {ref['error']}")
+    if ref.get("prompt_token_ids") != side.get("prompt_token_ids"):
+        raise ParityUnavailable(
+            "vLLM and transformers tokenize the prompts differently; pass token ids as prompts to compare the "
+            f"models alone (vLLM: {side.get('prompt_token_ids')}, transformers: {ref.get('prompt_token_ids')})"
+        )
     mismatches, largest = compare_outputs(side["outputs"], ref["outputs"], atol, options.top_k)
     result = ParityResult(
         model=model,
@@ -176,9 +184,7 @@ def vllm_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
         out["prompt_token_ids"] = ids
         out["outputs"] = greedy_logprobs(llm, ids, int(request["max_tokens"]), int(request["top_k"]))
         if request.get("capture") and ids:
-            capture = ids[0] + out["outputs"][0]["token_ids"][:-1]
-            out["capture_ids"] = capture
-            out.update(_capture(handle, llm, capture))
+            out.update(_capture(handle, llm, ids[0]))
     except Exception as exc:
         out["error"] = describe_exception(exc)
     finally:
