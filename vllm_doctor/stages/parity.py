@@ -56,6 +56,11 @@ def _gpu_visible() -> bool:
     return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
 
 
+def _short(spec: str) -> str:
+    """``/long/path/modeling_x.py:Class`` -> ``modeling_x.py:Class`` (for messages)."""
+    return spec.rsplit("/", 1)[-1]
+
+
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
 
@@ -123,7 +128,7 @@ def run_parity(model: str, options: ParityOptions, progress: Progress | None = N
     mismatches, largest = compare_outputs(side["outputs"], ref["outputs"], atol, options.top_k)
     result = ParityResult(
         model=model,
-        reference=f"Hugging Face ({ref.get('model_class')})",
+        reference=f"Hugging Face ({_short(options.hf_class) if options.hf_class else ref.get('model_class')})",
         dtype=options.dtype,
         atol=atol,
         hidden_rtol=rtol,
