@@ -1,6 +1,8 @@
 """Build the example model directories and plugin sites: the working one and each broken variant.
 
-    python examples/make_examples.py OUT [--only NAME ...]
+    python examples/make_examples.py OUT [--only NAME ...] [--ports]
+
+(--ports adds the broken ports of pytest_for_model_authors/ports; --only may name them too.)
 
 For each variant NAME this writes
 

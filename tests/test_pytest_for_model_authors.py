@@ -4,7 +4,8 @@ a real vLLM engine and the example's Hugging Face reference (float32, CPU).
 The working example passes every assertion, with one engine-stage run and one parity run for
 the whole session (the session cache). Each broken port (examples/pytest_for_model_authors/ports:
 loads and runs in vLLM without error, computes something else) fails assert_logprobs_close and
-names the first divergent decoder layer its variant.json expects.
+names the first divergent decoder layer its variant.json expects. An in-tree architecture is
+compared with transformers' own class (AutoModelForCausalLM).
 """
 
 from __future__ import annotations
@@ -80,3 +81,16 @@ def test_a_broken_port_fails_and_names_its_first_divergent_layer(built: Path, tm
     assert all(rows[i]["max_rel"] <= parity["hidden_rtol"] for i in range(expected))  # the layers before agree
     assert rows[expected]["max_rel"] > parity["hidden_rtol"]
     assert parity["hint"]
+
+
+def test_an_in_tree_architecture_is_compared_with_auto_model_for_causal_lm(tmp_path: Path) -> None:
+    """No author class: vLLM's own Llama against transformers' LlamaForCausalLM (the API underneath)."""
+    from tests.fixtures.engine_models import build_llama_dir
+    from vllm_doctor.api import compare_with_reference
+
+    model = build_llama_dir(tmp_path / "llama", ["LlamaForCausalLM"], dtype="float32")
+    result = compare_with_reference(str(model), prompts=[[5, 9, 13, 40, 77, 101, 3, 8]], max_tokens=8, device="cpu")
+    assert result.ok, result.message()
+    assert result.reference == "Hugging Face (transformers.models.llama.modeling_llama.LlamaForCausalLM)"
+    assert result.max_logprob_diff < 1e-4 and [row.layer for row in result.layers] == [0, 1]
+    assert all(row.max_rel < 1e-4 for row in result.layers)  # vLLM's (hidden, residual) pairs summed right

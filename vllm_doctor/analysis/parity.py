@@ -104,6 +104,9 @@ class ParityResult:
                     f"  {e.layer:>5}  {e.max_abs:>11.3e}  {e.max_rel:>11.3e}  {e.position0_rel:>9.2e}  "
                     f"{e.worst_position:>9}{mark}"
                 )
+        elif self.layers and self.ok:
+            worst = max(e.max_rel for e in self.layers)
+            lines.append(f"every decoder layer's output matches within rtol {self.hidden_rtol:g} (worst {worst:.2g})")
         elif self.layers:
             lines.append(
                 f"every decoder layer's output matches within rtol {self.hidden_rtol:g}: the difference is after "
