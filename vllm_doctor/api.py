@@ -11,10 +11,28 @@ from typing import Any
 
 from vllm_doctor.model import Report
 from vllm_doctor.stages.engine import EngineOptions, Workload, engine_report
-from vllm_doctor.stages.parity import DEFAULT_PROMPTS, ParityOptions, ParityResult, ParityUnavailable, run_parity
+from vllm_doctor.stages.parity import (
+    DEFAULT_PROMPTS,
+    ParityEngine,
+    ParityOptions,
+    ParityResult,
+    ParityUnavailable,
+    engine_options,
+    run_parity,
+)
 from vllm_doctor.stages.static import CheckOptions, caller_registry, diagnose
 
-__all__ = ["DEFAULT_PROMPTS", "ParityResult", "ParityUnavailable", "check", "check_engine", "compare_with_reference"]
+__all__ = [
+    "DEFAULT_PROMPTS",
+    "ParityEngine",
+    "ParityResult",
+    "ParityUnavailable",
+    "check",
+    "check_engine",
+    "compare_with_reference",
+    "parity_engine_key",
+    "start_parity_engine",
+]
 
 
 def check(
@@ -86,6 +104,7 @@ def compare_with_reference(
     max_model_len: int = 512,
     engine_args: dict[str, Any] | None = None,
     timeout: float = 600.0,
+    engine: ParityEngine | None = None,
 ) -> ParityResult:
     """Greedy tokens and top-k logprobs of vLLM vs Hugging Face transformers on ``model``.
 
@@ -94,22 +113,39 @@ def compare_with_reference(
     When they differ, each decoder layer's output is compared on the same token ids: the result
     names the first divergent layer. ``atol``/``hidden_rtol`` default per dtype
     (:data:`vllm_doctor.analysis.parity.TOLERANCES`). Raises :class:`ParityUnavailable` when a
-    side cannot run at all (the message says why).
+    side cannot run at all (the message says why). ``engine``: one from
+    :func:`start_parity_engine` with the same model and engine options, kept across calls
+    (otherwise each call starts and stops its own).
     """
-    options = ParityOptions(
-        reference=reference,
-        hf_class=hf_class,
+    options = _parity_options(
+        reference=reference, hf_class=hf_class, prompts=prompts, max_tokens=max_tokens, top_k=top_k, dtype=dtype,
+        device=device, atol=atol, hidden_rtol=hidden_rtol, layers=layers, trust_remote_code=trust_remote_code,
+        max_model_len=max_model_len, engine_args=engine_args, timeout=timeout,
+    )  # fmt: skip
+    return run_parity(model, options, engine=engine)
+
+
+def parity_engine_key(model: str, **options: Any) -> str:
+    """The identity of the engine a parity check with these keyword options needs (a JSON string)."""
+    import json
+
+    return json.dumps([model, engine_options(_parity_options(**options))], sort_keys=True, default=str)
+
+
+def start_parity_engine(model: str, **options: Any) -> ParityEngine:
+    """Start the vLLM engine for :func:`compare_with_reference` calls with the same keyword options
+    (dtype, device, trust_remote_code, max_model_len, engine_args, timeout); ``.close()`` it."""
+    return ParityEngine(model, engine_options(_parity_options(**options)))
+
+
+def _parity_options(
+    *,
+    prompts: Sequence[str | Sequence[int]] = DEFAULT_PROMPTS,
+    engine_args: dict[str, Any] | None = None,
+    **options: Any,
+) -> ParityOptions:
+    return ParityOptions(
         prompts=[p if isinstance(p, str) else [int(t) for t in p] for p in prompts],
-        max_tokens=max_tokens,
-        top_k=top_k,
-        dtype=dtype,
-        device=device,
-        atol=atol,
-        hidden_rtol=hidden_rtol,
-        layers=layers,
-        trust_remote_code=trust_remote_code,
-        max_model_len=max_model_len,
         engine_args=dict(engine_args or {}),
-        timeout=timeout,
+        **options,
     )
-    return run_parity(model, options)

@@ -63,17 +63,36 @@ class DoctorSession:
     report_path: str | None = None
     cache: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     outcomes: list[Outcome] = field(default_factory=list)
-    runs: dict[str, int] = field(default_factory=dict)  # kind -> fresh runs (cache misses)
+    runs: dict[str, int] = field(default_factory=dict)  # kind -> fresh runs (cache misses), engines started
+    engines: dict[str, Any] = field(default_factory=dict)  # parity engines by (model, engine options)
 
     @property
     def engine_runs(self) -> int:
-        return self.runs.get("engine", 0) + self.runs.get("parity", 0)
+        """vLLM engines started: one per engine-stage run, one per parity engine."""
+        return self.runs.get("engine", 0) + self.runs.get("parity_engine", 0)
 
     def cached(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
         if key not in self.cache:
             self.runs[key[0]] = self.runs.get(key[0], 0) + 1
             self.cache[key] = compute()
         return self.cache[key]
+
+    def parity_engine(self, model: str, **options: Any) -> Any:
+        """The session's vLLM engine for parity checks with these engine options (started once)."""
+        from vllm_doctor.api import parity_engine_key, start_parity_engine
+
+        key = parity_engine_key(model, **options)
+        engine = self.engines.get(key)
+        if engine is None or engine.closed:
+            self.runs["parity_engine"] = self.runs.get("parity_engine", 0) + 1
+            engine = self.engines[key] = start_parity_engine(model, **options)
+        return engine
+
+    def close(self) -> None:
+        """Shut down every engine the session started."""
+        for engine in self.engines.values():
+            engine.close()
+        self.engines.clear()
 
     def check(
         self, model: str, *, trust_remote_code: bool = False, select: Iterable[str] = (), ignore: Iterable[str] = ()
@@ -250,8 +269,10 @@ class VllmDoctor:
         )  # fmt: skip
 
         def run() -> Any:
+            engine = self._session.parity_engine(path, dtype=dtype, device=self._session.device, **kwargs)
             return compare_with_reference(
                 path,
+                engine=engine,
                 reference=reference,
                 hf_class=hf_class,
                 prompts=list(chosen),
@@ -366,14 +387,17 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     tr.section("vllm-doctor")
     for o in session.outcomes:
         tr.write_line(f"{'PASS' if o.ok else 'FAIL'} {o.assertion:<15} {o.model}  {o.summary}  ({o.test})")
-    tr.write_line(f"engine runs this session: {session.engine_runs}")
+    tr.write_line(f"vLLM engines started this session: {session.engine_runs}")
     if session.report_path:
         tr.write_line(f"report: {session.report_path}")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     state = session.config.stash.get(SESSION_KEY, None)
-    if state is None or not state.report_path:
+    if state is None:
+        return
+    state.close()  # the session's engines end with it
+    if not state.report_path:
         return
     from dataclasses import asdict
 

@@ -12,20 +12,29 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from vllm_doctor.analysis.parity import ParityResult, compare_hidden, compare_outputs, hint_for, tolerances
 from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.files import write_json_atomic
 from vllm_doctor.stages.child import ChildJob
 from vllm_doctor.stages.engine import SCRUBBED_ENV
 
 Progress = Callable[[str], None]
+SERVER_LIFETIME_S = 24 * 3600.0  # a parity engine lives as long as its pytest session (each request is time-boxed)
 DEFAULT_PROMPTS: tuple[str, ...] = ("hello world my name is", "the doctor is in and the world is")
 
-__all__ = ["DEFAULT_PROMPTS", "ParityOptions", "ParityResult", "ParityUnavailable", "run_parity"]
+__all__ = [
+    "DEFAULT_PROMPTS", "ParityEngine", "ParityOptions", "ParityResult", "ParityUnavailable", "engine_options",
+    "run_parity",
+]  # fmt: skip
 
 
 class ParityUnavailable(RuntimeError):
@@ -65,8 +74,87 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
 
 
-def run_parity(model: str, options: ParityOptions, progress: Progress | None = None) -> ParityResult:
-    """Run both sides and compare. Raises :class:`ParityUnavailable` when a side cannot run."""
+def engine_options(options: ParityOptions) -> dict[str, Any]:
+    """What the vLLM engine of a parity check is started with (one engine per distinct dict)."""
+    return {
+        "dtype": options.dtype,
+        "device": options.device,
+        "trust_remote_code": options.trust_remote_code,
+        "max_model_len": options.max_model_len,
+        "engine_args": dict(options.engine_args),
+        "start_timeout": options.timeout,
+    }
+
+
+class ParityEngine:
+    """One real vLLM engine for parity requests, in a child process, until :meth:`close`.
+
+    Requests and answers are JSON files in a private directory (``req-N.json`` -> ``resp-N.json``,
+    written atomically); each :meth:`ask` is time-boxed, and a child that dies or stops answering
+    is killed with its process group. A pytest session keeps one per (model, options).
+    """
+
+    def __init__(self, model: str, options: dict[str, Any], progress: Progress | None = None) -> None:
+        import tempfile
+
+        self.model = model
+        self.options = options
+        self.dir = Path(tempfile.mkdtemp(prefix="vllm-doctor-parity-engine-"))
+        self.asked = 0
+        self.closed = False
+        self._job = ChildJob(
+            "parity_vllm", {"model": model, "dir": str(self.dir), **options}, timeout=SERVER_LIFETIME_S,
+            what="the vLLM side of the parity check", progress=progress, env=_env(),
+        )  # fmt: skip
+
+    def ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One request (prompts, max_tokens, top_k, capture) -> the engine's answer."""
+        if self.closed:
+            raise ParityUnavailable("this parity engine was closed")
+        self.asked += 1
+        answer = self.dir / f"resp-{self.asked}.json"
+        write_json_atomic(self.dir / f"req-{self.asked}.json", request)
+        # the first answer waits for the engine to start as well
+        deadline = (
+            time.monotonic() + timeout + (float(self.options.get("start_timeout", 600)) if self.asked == 1 else 0)
+        )
+        while time.monotonic() < deadline:
+            if answer.is_file():
+                data: dict[str, Any] = json.loads(answer.read_text(encoding="utf-8"))
+                return data
+            if self._job.done():
+                res = self._job.result()
+                self.closed = True
+                if res.ok and res.data.get("error"):
+                    raise ParityUnavailable(f"vLLM could not run {self.model}: {res.data['error']}")
+                raise ParityUnavailable(
+                    f"{res.error or 'the vLLM side of the parity check stopped'}\n{res.log_tail[-1500:]}"
+                )
+            time.sleep(0.1)
+        self.close()
+        raise ParityUnavailable(f"the vLLM side of the parity check did not answer within {timeout:.0f} s")
+
+    def close(self) -> None:
+        """Ask the engine to shut down (a few seconds), then take its process group down."""
+        if self.closed:
+            return
+        self.closed = True
+        (self.dir / "stop").touch()
+        deadline = time.monotonic() + 15
+        while not self._job.done() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._job.kill()
+        self._job.result()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_parity(
+    model: str, options: ParityOptions, progress: Progress | None = None, engine: ParityEngine | None = None
+) -> ParityResult:
+    """Run both sides and compare. Raises :class:`ParityUnavailable` when a side cannot run.
+
+    ``engine``: a :class:`ParityEngine` started with :func:`engine_options` of these options, to
+    reuse; without one, an engine is started for this call and closed after it."""
     if options.reference != "hf":
         raise DoctorInputError(f"reference must be 'hf' (Hugging Face transformers), not {options.reference!r}")
     if options.dtype not in ("float32", "float16", "bfloat16"):
@@ -74,18 +162,8 @@ def run_parity(model: str, options: ParityOptions, progress: Progress | None = N
     atol, rtol = tolerances(options.dtype)
     atol = options.atol if options.atol is not None else atol
     rtol = options.hidden_rtol if options.hidden_rtol is not None else rtol
-    request = {
-        "model": model,
-        "prompts": options.prompts,
-        "max_tokens": options.max_tokens,
-        "top_k": options.top_k,
-        "dtype": options.dtype,
-        "device": options.device,
-        "trust_remote_code": options.trust_remote_code,
-        "max_model_len": options.max_model_len,
-        "engine_args": options.engine_args,
-        "capture": options.layers,
-    }
+    request = {"prompts": options.prompts, "max_tokens": options.max_tokens, "top_k": options.top_k,
+               "capture": options.layers}  # fmt: skip
     ref_request = {
         "model": model,
         "hf_class": options.hf_class,
@@ -99,20 +177,22 @@ def run_parity(model: str, options: ParityOptions, progress: Progress | None = N
     }
     # each side tokenizes the prompts itself and captures on the first prompt; on CPU both run at
     # once, on a GPU one after the other (vLLM sizes its KV cache from the memory it finds free)
-    ours_job = ChildJob(
-        "parity_vllm", request, timeout=options.timeout, what="the vLLM side of the parity check",
-        progress=progress, env=_env(),
-    )  # fmt: skip
-    if _gpu_visible() and options.device != "cpu":
-        ours_job.result()
-    theirs_job = ChildJob(
-        "parity_hf", ref_request, timeout=options.timeout, what="the Hugging Face reference run",
-        progress=progress, env=_env(),
-    )  # fmt: skip
-    ours, theirs = ours_job.result(), theirs_job.result()
-    if not ours.ok:
-        raise ParityUnavailable(f"{ours.error}\n{ours.log_tail[-1500:]}")
-    side = ours.data
+    own_engine = engine is None
+    if engine is None:
+        engine = ParityEngine(model, engine_options(options), progress)
+    try:
+        sequential = _gpu_visible() and options.device != "cpu"
+        side = engine.ask(request, options.timeout) if sequential else None
+        theirs_job = ChildJob(
+            "parity_hf", ref_request, timeout=options.timeout, what="the Hugging Face reference run",
+            progress=progress, env=_env(),
+        )  # fmt: skip
+        if side is None:
+            side = engine.ask(request, options.timeout)
+        theirs = theirs_job.result()
+    finally:
+        if own_engine:
+            engine.close()
     if side.get("error"):
         raise ParityUnavailable(f"vLLM could not run {model}: {side['error']}")
     if not theirs.ok:
@@ -153,15 +233,9 @@ def run_parity(model: str, options: ParityOptions, progress: Progress | None = N
 
 
 def vllm_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Start the engine, then answer ``req-N.json`` files in ``dir`` until ``stop`` appears."""
     from vllm_doctor.compat.common import describe_exception
-    from vllm_doctor.compat.llm import (
-        EngineHandle,
-        cuda_available,
-        greedy_logprobs,
-        prompt_token_ids,
-        shutdown,
-        start_engine,
-    )
+    from vllm_doctor.compat.llm import EngineHandle, cuda_available, shutdown, start_engine
 
     device = request.get("device") or "auto"
     cuda = cuda_available() if device in ("auto", "cuda") else False
@@ -183,7 +257,27 @@ def vllm_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     except Exception as exc:
         return {"error": describe_exception(exc)}
     handle = EngineHandle(llm)
-    out: dict[str, Any] = {"device": "cuda" if cuda else "cpu"}
+    folder = Path(request["dir"])
+    served = 0
+    try:
+        while not (folder / "stop").exists():
+            asked = folder / f"req-{served + 1}.json"
+            if not asked.is_file():
+                time.sleep(0.05)
+                continue
+            served += 1
+            answer = _answer(handle, llm, json.loads(asked.read_text(encoding="utf-8")))
+            write_json_atomic(folder / f"resp-{served}.json", {**answer, "device": "cuda" if cuda else "cpu"})
+    finally:
+        shutdown(llm)
+    return {"served": served}
+
+
+def _answer(handle: Any, llm: Any, request: dict[str, Any]) -> dict[str, Any]:
+    from vllm_doctor.compat.common import describe_exception
+    from vllm_doctor.compat.llm import greedy_logprobs, prompt_token_ids
+
+    out: dict[str, Any] = {}
     try:
         ids = prompt_token_ids(llm, list(request["prompts"]))
         out["prompt_token_ids"] = ids
@@ -192,8 +286,6 @@ def vllm_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
             out.update(_capture(handle, llm, ids[0]))
     except Exception as exc:
         out["error"] = describe_exception(exc)
-    finally:
-        shutdown(llm)
     return out
 
 

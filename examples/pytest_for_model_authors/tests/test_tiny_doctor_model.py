@@ -37,3 +37,8 @@ def test_matches_the_hf_reference(vllm_doctor):
     vllm_doctor.assert_logprobs_close(
         reference="hf", hf_class=HF_REFERENCE, prompts=PROMPTS, max_tokens=8, top_k=5, dtype="float32"
     )
+
+
+def test_matches_on_raw_token_ids(vllm_doctor):
+    # other prompts, same engine options: the session's running engine answers (no new start)
+    vllm_doctor.assert_logprobs_close(hf_class=HF_REFERENCE, prompts=[[7, 8, 9, 10, 11, 12, 13, 14]], max_tokens=4)
