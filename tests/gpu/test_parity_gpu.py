@@ -17,17 +17,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
+from tests.gpu.test_engine_gpu import _cuda
 from tests.test_pytest_for_model_authors import run_author_tests
-
-
-def _cuda() -> bool:
-    try:
-        import torch
-
-        return bool(torch.cuda.is_available())
-    except Exception:
-        return False
-
 
 pytestmark = [
     pytest.mark.gpu,
