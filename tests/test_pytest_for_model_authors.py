@@ -33,7 +33,7 @@ pytestmark = [
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ports")
     subprocess.run(
-        [sys.executable, str(REPO / "examples" / "make_examples.py"), str(out), "--only", "ok", *PORTS],
+        [sys.executable, str(REPO / "examples" / "make_examples.py"), str(out), "--only", "ok", "arch-typo", *PORTS],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
     return out
@@ -97,3 +97,15 @@ def test_an_in_tree_architecture_is_compared_with_auto_model_for_causal_lm(tmp_p
     assert result.reference == "Hugging Face (transformers.models.llama.modeling_llama.LlamaForCausalLM)"
     assert result.max_logprob_diff < 1e-4 and [row.layer for row in result.layers] == [0, 1]
     assert all(row.max_rel < 1e-4 for row in result.layers)  # vLLM's (hidden, residual) pairs summed right
+
+
+def test_an_engine_that_refuses_the_model_is_a_clear_failure_not_a_traceback(built: Path, tmp_path: Path) -> None:
+    """vLLM cannot build the model (arch-typo): the test fails with vLLM's own reason, no stack."""
+    proc, report = run_author_tests(built, "arch-typo", tmp_path, "-k", "hf_reference")
+    assert proc.returncode == 1, proc.stdout[-6000:]
+    assert "vllm-doctor: the parity check could not run: vLLM could not run" in proc.stdout
+    assert "TinyDoctorForCausalLm" in proc.stdout and "are not supported for now" in proc.stdout
+    assert "Traceback" not in proc.stdout and "During handling" not in proc.stdout
+    assert f"`vllm-doctor check {built / 'arch-typo' / 'model'}` diagnoses" in proc.stdout
+    (outcome,) = report["outcomes"]
+    assert outcome["ok"] is False and outcome["summary"] == "could not run"

@@ -128,6 +128,10 @@ def _cuda_visible() -> bool:
     return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
 
 
+def _clip(text: str, limit: int = 800) -> str:
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
 def _finding_lines(found: Sequence[Finding]) -> str:
     return "\n".join(
         f"  {f.code} [{f.severity.value}] {f.subject}: {f.message}" + (f"\n      fix: {f.hint}" if f.hint else "")
@@ -285,13 +289,19 @@ class VllmDoctor:
                 **kwargs,
             )
 
+        problem = None  # failed outside the except blocks: pytest would print the chained exception too
         try:
             result = self._session.cached(key, run)
         except ParityUnavailable as exc:
-            self._record("logprobs_close", path, False, "could not run", start, error=str(exc)[:2000])
-            pytest.fail(f"vllm-doctor: the parity check could not run: {exc}", pytrace=False)
+            self._record("logprobs_close", path, False, "could not run", start, error=str(exc)[:4000])
+            problem = (
+                f"vllm-doctor: the parity check could not run: {_clip(str(exc))}\n"
+                f"(`vllm-doctor check {path}` diagnoses a model vLLM cannot start; the JSON report has the full text)"
+            )
         except DoctorInputError as exc:
-            pytest.fail(f"vllm-doctor: {exc}", pytrace=False)
+            problem = f"vllm-doctor: {exc}"
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)
         summary = f"max |logprob diff| {result.max_logprob_diff:.2g}"
         if not result.ok:
             summary = f"first divergent layer {result.first_divergent_layer}, {summary}"
