@@ -296,7 +296,8 @@ class VllmDoctor:
             self._record("logprobs_close", path, False, "could not run", start, error=str(exc)[:4000])
             problem = (
                 f"vllm-doctor: the parity check could not run: {_clip(str(exc))}\n"
-                f"(`vllm-doctor check {path}` diagnoses a model vLLM cannot start; the JSON report has the full text)"
+                f"(`vllm-doctor check {path}` diagnoses a model vLLM cannot start; "
+                "--vllm-doctor-report FILE keeps the full text)"
             )
         except DoctorInputError as exc:
             problem = f"vllm-doctor: {exc}"
