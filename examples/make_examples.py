@@ -1,6 +1,8 @@
 """Build the example model directories and plugin sites: the working one and each broken variant.
 
-    python examples/make_examples.py OUT [--only NAME ...]
+    python examples/make_examples.py OUT [--only NAME ...] [--ports]
+
+(--ports adds the broken ports of pytest_for_model_authors/ports; --only may name them too.)
 
 For each variant NAME this writes
 
@@ -37,6 +39,8 @@ EXAMPLES_DIR = Path(__file__).resolve().parent
 PLUGIN_SRC = EXAMPLES_DIR / "tiny_model_plugin"
 BASE_PACKAGE = "tiny_doctor_model"
 BROKEN_DIR = EXAMPLES_DIR / "broken"
+# broken ports: load and run in vLLM, compute something else (the pytest plugin's parity example)
+PORTS_DIR = EXAMPLES_DIR / "pytest_for_model_authors" / "ports"
 ENGINE_MODES = ("inprocess", "multiprocess", "script")
 SEED = 0
 
@@ -66,6 +70,15 @@ def variant_names(spec_dirs: Sequence[Path] = (BROKEN_DIR,)) -> list[str]:
 def variant_sources(spec_dirs: Sequence[Path] = (BROKEN_DIR,)) -> dict[str, Path]:
     """Variant name -> its source dir (holding variant.py), from examples/broken and any extra dirs."""
     return {p.name: p for d in spec_dirs for p in sorted(d.iterdir()) if (p / "variant.py").is_file()}
+
+
+def port_names() -> list[str]:
+    """The broken ports (built only with --ports or --only NAME)."""
+    return sorted(p.name for p in PORTS_DIR.iterdir() if (p / "variant.py").is_file())
+
+
+def source_dir_of(name: str) -> Path:
+    return PORTS_DIR / name if name in port_names() else BROKEN_DIR / name
 
 
 def package_name(variant: str) -> str:
@@ -224,7 +237,7 @@ def write_dist_info(site: Path, dist_name: str, entry_points: dict[str, str]) ->
 
 
 def load_variant_spec(name: str, source_dir: Path | None = None) -> Any:
-    path = (source_dir or BROKEN_DIR / name) / "variant.py"
+    path = (source_dir or source_dir_of(name)) / "variant.py"
     spec = importlib.util.spec_from_file_location(f"_variant_{name.replace('-', '_')}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -249,7 +262,7 @@ def build_variant(
     package = package_name(name)
     ctx = VariantContext(
         name=name,
-        source_dir=source_dir or BROKEN_DIR / name,
+        source_dir=source_dir or source_dir_of(name),
         out_dir=out_dir,
         package=package,
         dist_name=package.replace("_", "-"),
@@ -279,6 +292,8 @@ def build_variant(
             "engine_mode": spec.ENGINE_MODE,
             "script": getattr(spec, "SCRIPT", None),
         }
+        if hasattr(spec, "EXPECT_FIRST_DIVERGENT_LAYER"):
+            meta["expect_first_divergent_layer"] = spec.EXPECT_FIRST_DIVERGENT_LAYER
     apply(ctx)
 
     (ctx.model_dir / "config.json").write_text(json.dumps(ctx.config, indent=2, sort_keys=True))
@@ -294,7 +309,8 @@ def build_variant(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path, help="output directory")
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="build only these variants")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="build only these variants (or ports)")
+    parser.add_argument("--ports", action="store_true", help="also build the broken ports of " + str(PORTS_DIR.name))
     parser.add_argument(
         "--variants-dir",
         type=Path,
@@ -305,9 +321,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    sources = variant_sources([BROKEN_DIR, *args.variants_dir])
-    names = variant_names([BROKEN_DIR, *args.variants_dir])
+    dirs = [BROKEN_DIR, *args.variants_dir]
+    sources = variant_sources(dirs)
+    names = variant_names(dirs) + (port_names() if args.ports else [])
     if args.only:
+        names = variant_names(dirs) + port_names()
         unknown = sorted(set(args.only) - set(names))
         if unknown:
             parser.error(f"unknown variant(s) {unknown}; known: {names}")

@@ -14,6 +14,10 @@ __version__ = "0.1.0"
 # public name -> the module that defines it
 _EXPORTS = {
     "check": "vllm_doctor.api",
+    "check_engine": "vllm_doctor.api",
+    "compare_with_reference": "vllm_doctor.api",
+    "ParityResult": "vllm_doctor.api",
+    "ParityUnavailable": "vllm_doctor.api",
     "attach": "vllm_doctor.live.attach",
     "EngineDoctor": "vllm_doctor.live.attach",
     "ExtensionMissing": "vllm_doctor.live.attach",
@@ -34,17 +38,21 @@ __all__ = [
     "ExtensionMissing",
     "Finding",
     "Outcome",
+    "ParityResult",
+    "ParityUnavailable",
     "Report",
     "Severity",
     "Stage",
     "__version__",
     "attach",
     "check",
+    "check_engine",
+    "compare_with_reference",
     "engine_kwargs",
 ]
 
 if TYPE_CHECKING:
-    from vllm_doctor.api import check
+    from vllm_doctor.api import ParityResult, ParityUnavailable, check, check_engine, compare_with_reference
     from vllm_doctor.errors import DoctorInputError
     from vllm_doctor.live.attach import EngineDoctor, ExtensionMissing, attach, engine_kwargs
     from vllm_doctor.model import CheckMeta, Finding, Outcome, Report, Severity, Stage

@@ -1,11 +1,38 @@
-"""The Python API: ``vllm_doctor.check(path)`` from a user's own script or test."""
+"""The Python API: ``vllm_doctor.check(path)`` and friends, from a user's own script or test.
+
+Every function here runs vLLM (and transformers) in child processes of its own, time-boxed:
+the caller's process never imports vLLM.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from vllm_doctor.model import Report
+from vllm_doctor.stages.engine import EngineOptions, Workload, engine_report
+from vllm_doctor.stages.parity import (
+    DEFAULT_PROMPTS,
+    ParityEngine,
+    ParityOptions,
+    ParityResult,
+    ParityUnavailable,
+    engine_options,
+    run_parity,
+)
 from vllm_doctor.stages.static import CheckOptions, caller_registry, diagnose
+
+__all__ = [
+    "DEFAULT_PROMPTS",
+    "ParityEngine",
+    "ParityResult",
+    "ParityUnavailable",
+    "check",
+    "check_engine",
+    "compare_with_reference",
+    "parity_engine_key",
+    "start_parity_engine",
+]
 
 
 def check(
@@ -32,3 +59,93 @@ def check(
         import_timeout=import_timeout,
     )
     return diagnose(model, options)
+
+
+def check_engine(
+    model: str,
+    *,
+    max_model_len: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    trust_remote_code: bool = False,
+    engine_args: dict[str, Any] | None = None,
+    select: Sequence[str] = (),
+    ignore: Sequence[str] = (),
+    timeout: float = 600.0,
+) -> Report:
+    """Start a real engine on ``model`` (eager, in a child process), run a small greedy workload
+    with the doctor attached and return the engine-stage findings: placement (VD401/VD402),
+    KV-cache size (VD501, VD504), start-up failure (VD500), memory breakdown (VD503), ..."""
+    options = EngineOptions(
+        workload=Workload(),
+        max_model_len=max_model_len,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        trust_remote_code=trust_remote_code,
+        eager=True,
+        extra=dict(engine_args or {}),
+        timeout=timeout,
+    )
+    return engine_report(model, options, tuple(select), tuple(ignore))
+
+
+def compare_with_reference(
+    model: str,
+    *,
+    reference: str = "hf",
+    hf_class: str | None = None,
+    prompts: Sequence[str | Sequence[int]] = DEFAULT_PROMPTS,
+    max_tokens: int = 8,
+    top_k: int = 5,
+    dtype: str = "float32",
+    device: str = "auto",
+    atol: float | None = None,
+    hidden_rtol: float | None = None,
+    layers: bool = True,
+    trust_remote_code: bool = False,
+    max_model_len: int = 512,
+    engine_args: dict[str, Any] | None = None,
+    timeout: float = 600.0,
+    engine: ParityEngine | None = None,
+) -> ParityResult:
+    """Greedy tokens and top-k logprobs of vLLM vs Hugging Face transformers on ``model``.
+
+    ``hf_class``: your HF modelling class (``"pkg.module:Class"`` or ``"path/file.py:Class"``);
+    default ``AutoModelForCausalLM`` (with ``trust_remote_code`` for ``auto_map`` checkpoints).
+    When they differ, each decoder layer's output is compared on the same token ids: the result
+    names the first divergent layer. ``atol``/``hidden_rtol`` default per dtype
+    (:data:`vllm_doctor.analysis.parity.TOLERANCES`). Raises :class:`ParityUnavailable` when a
+    side cannot run at all (the message says why). ``engine``: one from
+    :func:`start_parity_engine` with the same model and engine options, kept across calls
+    (otherwise each call starts and stops its own).
+    """
+    options = _parity_options(
+        reference=reference, hf_class=hf_class, prompts=prompts, max_tokens=max_tokens, top_k=top_k, dtype=dtype,
+        device=device, atol=atol, hidden_rtol=hidden_rtol, layers=layers, trust_remote_code=trust_remote_code,
+        max_model_len=max_model_len, engine_args=engine_args, timeout=timeout,
+    )  # fmt: skip
+    return run_parity(model, options, engine=engine)
+
+
+def parity_engine_key(model: str, **options: Any) -> str:
+    """The identity of the engine a parity check with these keyword options needs (a JSON string)."""
+    import json
+
+    return json.dumps([model, engine_options(_parity_options(**options))], sort_keys=True, default=str)
+
+
+def start_parity_engine(model: str, **options: Any) -> ParityEngine:
+    """Start the vLLM engine for :func:`compare_with_reference` calls with the same keyword options
+    (dtype, device, trust_remote_code, max_model_len, engine_args, timeout); ``.close()`` it."""
+    return ParityEngine(model, engine_options(_parity_options(**options)))
+
+
+def _parity_options(
+    *,
+    prompts: Sequence[str | Sequence[int]] = DEFAULT_PROMPTS,
+    engine_args: dict[str, Any] | None = None,
+    **options: Any,
+) -> ParityOptions:
+    return ParityOptions(
+        prompts=[p if isinstance(p, str) else [int(t) for t in p] for p in prompts],
+        engine_args=dict(engine_args or {}),
+        **options,
+    )

@@ -96,7 +96,7 @@ def test_an_exception_in_the_task_is_an_error_with_its_traceback() -> None:
 
 
 def test_only_named_tasks_run() -> None:
-    assert set(TASKS) == {"import", "weights", "engine", "selftest"}
+    assert set(TASKS) == {"import", "weights", "engine", "parity_vllm", "parity_hf", "selftest"}
     with pytest.raises(ValueError, match="unknown child task"):
         ChildJob("os:system", {}, timeout=1, what="x")
 

@@ -59,7 +59,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     # front ends: never compat/ or vLLM
     "api": {"errors", "model", "stages"},
     "cli": {"constants", "errors", "model", "files", "units", "probes", "checks", "stages", "live", "report", "tui"},
-    "pytest_plugin": {"errors", "model", "api"},
+    "pytest_plugin": {"errors", "model", "api", "files"},  # files: the session report, written atomically
     "tui": {"constants", "errors", "model", "units", "files", "checks", "analysis", "live", "report"},
     "__main__": {"cli"},
 }

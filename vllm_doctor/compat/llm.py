@@ -249,3 +249,33 @@ def _str(value: Any) -> str | None:
     if value is None:
         return None
     return value if isinstance(value, str) else getattr(value, "__name__", str(value))
+
+
+def prompt_token_ids(llm: Any, prompts: list[Any]) -> list[list[int]]:
+    """Token ids of each prompt (a string through the engine's tokenizer, or ids as given)."""
+    out: list[list[int]] = []
+    tokenizer = None
+    for prompt in prompts:
+        if isinstance(prompt, str):
+            tokenizer = tokenizer or llm.get_tokenizer()
+            out.append([int(t) for t in tokenizer.encode(prompt)])
+        else:
+            out.append([int(t) for t in prompt])
+    return out
+
+
+def greedy_logprobs(llm: Any, prompts: list[list[int]], max_tokens: int, top_k: int) -> list[dict[str, Any]]:
+    """Greedy tokens and each step's top-k logprobs (``{"token_ids", "logprobs": [{id: lp}]}``)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=top_k, ignore_eos=True)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
+    results = []
+    for output in outputs:
+        sample = output.outputs[0]
+        steps = [
+            {str(int(tok)): float(getattr(info, "logprob", info)) for tok, info in (step or {}).items()}
+            for step in (sample.logprobs or [])
+        ]
+        results.append({"token_ids": [int(t) for t in sample.token_ids], "logprobs": steps})
+    return results

@@ -138,6 +138,24 @@ class DoctorWorkerExtension:
 
         return _envelope(self, "doctor_detach", lambda: session_for(self).detach())
 
+    def doctor_arm_hidden(self, options: Any = None) -> dict[str, Any]:
+        """Record each decoder layer's output on the next forward of >= ``tokens`` tokens (one
+        request), then unhook. ``max_values``: bound on the floats kept (default 4M)."""
+
+        def run() -> dict[str, Any]:
+            from vllm_doctor.engine import hidden
+
+            opts = _options(options)
+            return hidden.arm(self, int(opts["tokens"]), int(opts.get("max_values", hidden.DEFAULT_MAX_VALUES)))
+
+        return _envelope(self, "doctor_arm_hidden", run)
+
+    def doctor_collect_hidden(self) -> dict[str, Any]:
+        """The hidden states :meth:`doctor_arm_hidden` recorded (``{"layers": {"0": [[...]]}}``)."""
+        from vllm_doctor.engine import hidden
+
+        return _envelope(self, "doctor_collect_hidden", lambda: hidden.collect(self))
+
     def doctor_inject_fault(self, options: Any = None) -> dict[str, Any]:
         """For tests: make a doctor component raise
         (``{"where": "steps"|"layers"|"probe"|"rpc:doctor_kv", "on": true}``)."""

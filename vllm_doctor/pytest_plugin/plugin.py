@@ -1,48 +1,319 @@
-"""Fixtures and options for checking a model in the author's own test suite.
+"""The pytest plugin (entry point ``pytest11``): a model author's test suite asserts on vLLM.
 
-    def test_my_model_is_servable(vllm_doctor_check):
-        report = vllm_doctor_check("path/to/model")
-        vllm_doctor_check.assert_clean(report)            # no error-severity finding
+    def test_servable(vllm_doctor):                   # one session object for the whole run
+        vllm_doctor.assert_checks_pass(MODEL, fail_on="warn")
+        vllm_doctor.assert_weights_cover(MODEL)
+        vllm_doctor.assert_on_device(MODEL)
+        vllm_doctor.assert_kv_cache_fits(MODEL, max_model_len=4096)
 
-Options: ``--vllm-doctor-fail-on {error,warn,info}``, ``--vllm-doctor-fast``. Reports are cached
-per (path, options) for the session, so many tests on one model pay for one check.
+    def test_matches_reference(vllm_doctor):
+        vllm_doctor.assert_logprobs_close(MODEL, reference="hf", hf_class="my_pkg.hf:MyForCausalLM")
+
+``MODEL`` may be left out: ``--vllm-doctor-model DIR`` gives it. Each distinct (model, options)
+runs vLLM once per session (in a child process, shut down when its answer is in) and every test
+that asks again reads the cached answer. vLLM or the model missing: the test is skipped with the
+reason. Options: ``--vllm-doctor-model``, ``--vllm-doctor-fail-on``, ``--vllm-doctor-device``,
+``--vllm-doctor-report FILE`` (the session's JSON report), ``--vllm-doctor-fast``.
+Tests that use the fixture carry the ``vllm_doctor`` marker (``-m vllm_doctor`` selects them).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import importlib.util
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from vllm_doctor.model import Report, Severity
+from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.files import write_json_atomic
+from vllm_doctor.model import Finding, Report, Severity
+
+MARKER = "vllm_doctor"
+WEIGHT_CODES = ("VD301", "VD302", "VD303", "VD306", "VD307", "VD308")
+PLACEMENT_CODES = ("VD401", "VD402")
+KV_CODES = ("VD500", "VD501", "VD504")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+@dataclass
+class Outcome:
+    """One assertion's result, for the terminal summary and the JSON report."""
+
+    test: str
+    assertion: str
+    model: str
+    ok: bool
+    summary: str
+    seconds: float
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class DoctorSession:
+    """The session's state (``config.stash``): options, cached answers, outcomes."""
+
     fail_on: Severity = Severity.ERROR
     fast: bool = False
-    cache: dict[tuple[Any, ...], Report] = field(default_factory=dict)
+    model: str | None = None
+    device: str = "auto"
+    report_path: str | None = None
+    cache: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    outcomes: list[Outcome] = field(default_factory=list)
+    runs: dict[str, int] = field(default_factory=dict)  # kind -> fresh runs (cache misses), engines started
+    engines: dict[str, Any] = field(default_factory=dict)  # parity engines by (model, engine options)
+
+    @property
+    def engine_runs(self) -> int:
+        """vLLM engines started: one per engine-stage run, one per parity engine."""
+        return self.runs.get("engine", 0) + self.runs.get("parity_engine", 0)
+
+    def cached(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
+        if key not in self.cache:
+            self.runs[key[0]] = self.runs.get(key[0], 0) + 1
+            self.cache[key] = compute()
+        return self.cache[key]
+
+    def parity_engine(self, model: str, **options: Any) -> Any:
+        """The session's vLLM engine for parity checks with these engine options (started once)."""
+        from vllm_doctor.api import parity_engine_key, start_parity_engine
+
+        key = parity_engine_key(model, **options)
+        engine = self.engines.get(key)
+        if engine is None or engine.closed:
+            self.runs["parity_engine"] = self.runs.get("parity_engine", 0) + 1
+            engine = self.engines[key] = start_parity_engine(model, **options)
+        return engine
+
+    def close(self) -> None:
+        """Shut down every engine the session started."""
+        for engine in self.engines.values():
+            engine.close()
+        self.engines.clear()
 
     def check(
         self, model: str, *, trust_remote_code: bool = False, select: Iterable[str] = (), ignore: Iterable[str] = ()
     ) -> Report:
         from vllm_doctor.api import check
 
-        key = (str(model), trust_remote_code, tuple(sorted(select)), tuple(sorted(ignore)), self.fast)
-        if key not in self.cache:
-            self.cache[key] = check(
+        select, ignore = tuple(sorted(select)), tuple(sorted(ignore))
+        key = ("check", str(model), trust_remote_code, select, ignore, self.fast)
+        return self.cached(
+            key,
+            lambda: check(
                 str(model), trust_remote_code=trust_remote_code, fast=self.fast, select=select, ignore=ignore
-            )
-        return self.cache[key]
+            ),
+        )
 
 
 SESSION_KEY = pytest.StashKey[DoctorSession]()
 
 
+def _skip_without(module: str, why: str) -> None:
+    try:
+        missing = importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):  # a blocked import (sys.modules[name] = None) or a broken package
+        missing = True
+    if missing:
+        pytest.skip(f"vllm-doctor: {module} is not installed ({why})")
+
+
+def _cuda_visible() -> bool:
+    # without importing torch here: NVIDIA's device nodes, unless hidden by CUDA_VISIBLE_DEVICES
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
+
+
+def _clip(text: str, limit: int = 800) -> str:
+    return text if len(text) <= limit else text[:limit] + " [...]"
+
+
+def _finding_lines(found: Sequence[Finding]) -> str:
+    return "\n".join(
+        f"  {f.code} [{f.severity.value}] {f.subject}: {f.message}" + (f"\n      fix: {f.hint}" if f.hint else "")
+        for f in found
+    )
+
+
+class VllmDoctor:
+    """The ``vllm_doctor`` fixture: runtime assertions about a model on a real vLLM engine."""
+
+    def __init__(self, session: DoctorSession, test: str) -> None:
+        self._session = session
+        self._test = test
+
+    # -- helpers --------------------------------------------------------------------------------
+    @property
+    def session(self) -> DoctorSession:
+        return self._session
+
+    def model_dir(self, model: str | os.PathLike[str] | None = None) -> str:
+        """The model directory: ``model`` or ``--vllm-doctor-model``; skips when there is none."""
+        chosen = str(model) if model is not None else self._session.model
+        if not chosen:
+            pytest.skip("vllm-doctor: no model given (pass a directory or --vllm-doctor-model DIR)")
+        if not os.path.isdir(chosen):
+            pytest.skip(f"vllm-doctor: model directory {chosen} does not exist")
+        return chosen
+
+    def _needs_engine(self) -> None:
+        _skip_without("vllm", "the runtime assertions start a real vLLM engine")
+        if self._session.device == "cuda" and not _cuda_visible():
+            pytest.skip("vllm-doctor: --vllm-doctor-device cuda, but this machine shows no NVIDIA GPU")
+
+    def _record(self, assertion: str, model: str, ok: bool, summary: str, start: float, **details: Any) -> None:
+        self._session.outcomes.append(
+            Outcome(self._test, assertion, model, ok, summary, round(time.perf_counter() - start, 3), details)
+        )
+
+    def _fail_on_findings(self, assertion: str, model: str, found: list[Finding], what: str, start: float) -> None:
+        if found:
+            self._record(assertion, model, False, f"{len(found)} finding(s): {', '.join(f.code for f in found)}", start)
+            pytest.fail(f"vllm-doctor: {what} ({model}):\n{_finding_lines(found)}", pytrace=False)
+        self._record(assertion, model, True, "no finding", start)
+
+    def engine_report(self, model: str, max_model_len: int | None = None, **kwargs: Any) -> Report:
+        """The engine-stage report for (model, options), run once per session."""
+        from vllm_doctor.api import check_engine
+
+        self._needs_engine()
+        options = tuple(sorted(kwargs.items()))
+        key = ("engine", model, max_model_len, self._session.device, options)
+        if max_model_len is None:  # any engine run on this model answers placement questions
+            key = next((k for k in self._session.cache if k[:2] == key[:2] and k[3:] == key[3:]), key)
+
+        def run() -> Report:
+            return check_engine(model, max_model_len=max_model_len, **kwargs)
+
+        try:
+            report: Report = self._session.cached(key, run)
+        except RuntimeError as exc:  # the engine stage printed no answer: the doctor's own failure
+            pytest.fail(f"vllm-doctor: the engine stage did not answer for {model}: {exc}", pytrace=False)
+        return report
+
+    # -- static ---------------------------------------------------------------------------------
+    def assert_checks_pass(
+        self, model: str | None = None, fail_on: Severity | str | None = None, **kwargs: Any
+    ) -> None:
+        """Every static check (VD1xx-VD3xx) passes at ``fail_on`` (default ``--vllm-doctor-fail-on``)."""
+        start = time.perf_counter()
+        path = self.model_dir(model)
+        threshold = Severity(fail_on) if fail_on is not None else self._session.fail_on
+        try:
+            report = self._session.check(path, **kwargs)
+        except DoctorInputError as exc:
+            pytest.fail(f"vllm-doctor: {exc}", pytrace=False)
+        self._fail_on_findings(
+            "checks_pass", path, report.problems(threshold), f"{threshold.value}-level findings", start
+        )
+
+    def assert_weights_cover(self, model: str | None = None, **kwargs: Any) -> None:
+        """Every parameter is filled from the checkpoint and every tensor is used (VD301-VD308)."""
+        start = time.perf_counter()
+        path = self.model_dir(model)
+        report = self._session.check(path, **kwargs)
+        found = [f for f in report.problems(Severity.INFO) if f.code in WEIGHT_CODES]
+        self._fail_on_findings(
+            "weights_cover", path, found, "the checkpoint and the model's parameters disagree", start
+        )
+
+    # -- engine ---------------------------------------------------------------------------------
+    def assert_on_device(self, model: str | None = None, **kwargs: Any) -> None:
+        """Every parameter and buffer is on its worker's device; workers sit on their own devices."""
+        start = time.perf_counter()
+        path = self.model_dir(model)
+        report = self.engine_report(path, **kwargs)
+        found = [f for f in report.problems(Severity.INFO) if f.code in PLACEMENT_CODES or f.code == "VD500"]
+        self._fail_on_findings("on_device", path, found, "tensors off their worker's device", start)
+
+    def assert_kv_cache_fits(self, model: str | None = None, max_model_len: int | None = None, **kwargs: Any) -> None:
+        """The engine starts with ``max_model_len`` and its KV cache holds one full-length request."""
+        start = time.perf_counter()
+        path = self.model_dir(model)
+        report = self.engine_report(path, max_model_len=max_model_len, **kwargs)
+        found = [f for f in report.problems(Severity.INFO) if f.code in KV_CODES]
+        self._fail_on_findings(
+            "kv_cache_fits", path, found, f"the KV cache does not fit max_model_len={max_model_len}", start
+        )
+
+    def assert_logprobs_close(
+        self,
+        model: str | None = None,
+        *,
+        reference: str = "hf",
+        hf_class: str | None = None,
+        prompts: Sequence[str | Sequence[int]] | None = None,
+        max_tokens: int = 8,
+        top_k: int = 5,
+        dtype: str = "float32",
+        atol: float | None = None,
+        hidden_rtol: float | None = None,
+        **kwargs: Any,
+    ) -> Any:
+        """vLLM's greedy tokens AND logprob values match the reference (Hugging Face transformers).
+
+        On failure the message names the first decoder layer whose output differs, with a table
+        of max abs/rel error per layer and a fix when the error's shape is recognisable.
+        Returns the :class:`vllm_doctor.ParityResult`.
+        """
+        from vllm_doctor.api import DEFAULT_PROMPTS, ParityUnavailable, compare_with_reference
+
+        start = time.perf_counter()
+        path = self.model_dir(model)
+        self._needs_engine()
+        _skip_without("transformers", "the Hugging Face reference runs on transformers")
+        chosen = tuple(p if isinstance(p, str) else tuple(p) for p in (prompts or DEFAULT_PROMPTS))
+        key = (
+            "parity", path, reference, hf_class, chosen, max_tokens, top_k, dtype, atol, hidden_rtol,
+            self._session.device, tuple(sorted(kwargs.items())),
+        )  # fmt: skip
+
+        def run() -> Any:
+            engine = self._session.parity_engine(path, dtype=dtype, device=self._session.device, **kwargs)
+            return compare_with_reference(
+                path,
+                engine=engine,
+                reference=reference,
+                hf_class=hf_class,
+                prompts=list(chosen),
+                max_tokens=max_tokens,
+                top_k=top_k,
+                dtype=dtype,
+                device=self._session.device,
+                atol=atol,
+                hidden_rtol=hidden_rtol,
+                **kwargs,
+            )
+
+        problem = None  # failed outside the except blocks: pytest would print the chained exception too
+        try:
+            result = self._session.cached(key, run)
+        except ParityUnavailable as exc:
+            self._record("logprobs_close", path, False, "could not run", start, error=str(exc)[:4000])
+            problem = (
+                f"vllm-doctor: the parity check could not run: {_clip(str(exc))}\n"
+                f"(`vllm-doctor check {path}` diagnoses a model vLLM cannot start; "
+                "--vllm-doctor-report FILE keeps the full text)"
+            )
+        except DoctorInputError as exc:
+            problem = f"vllm-doctor: {exc}"
+        if problem is not None:
+            pytest.fail(problem, pytrace=False)
+        summary = f"max |logprob diff| {result.max_logprob_diff:.2g}"
+        if not result.ok:
+            summary = f"first divergent layer {result.first_divergent_layer}, {summary}"
+        self._record("logprobs_close", path, result.ok, summary, start, parity=result.to_dict())
+        if not result.ok:
+            pytest.fail(result.message(), pytrace=False)
+        return result
+
+
 class DoctorCheck:
-    """The ``vllm_doctor_check`` fixture: call it with a model path; assert with assert_clean."""
+    """The ``vllm_doctor_check`` fixture (static checks only): call it, then ``assert_clean``."""
 
     def __init__(self, session: DoctorSession) -> None:
         self._session = session
@@ -54,34 +325,102 @@ class DoctorCheck:
         threshold = Severity(fail_on) if fail_on is not None else self._session.fail_on
         found = report.problems(threshold)
         if found:
-            lines = [
-                f"{f.code} [{f.severity.value}] {f.subject}: {f.message}" + (f"\n    fix: {f.hint}" if f.hint else "")
-                for f in found
-            ]
             pytest.fail(
-                f"vllm-doctor found {len(found)} problem(s) in {report.target}:\n" + "\n".join(lines), pytrace=False
+                f"vllm-doctor found {len(found)} problem(s) in {report.target}:\n{_finding_lines(found)}", pytrace=False
             )
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("vllm-doctor")
+    group = parser.getgroup("vllm-doctor", "vllm-doctor: runtime assertions about a vLLM model")
+    group.addoption(
+        "--vllm-doctor-model",
+        metavar="DIR",
+        default=None,
+        help="model directory the vllm_doctor fixture's assertions use when a test names none",
+    )
     group.addoption(
         "--vllm-doctor-fail-on",
         choices=[s.value for s in Severity],
         default="error",
-        help="lowest severity that fails vllm_doctor_check.assert_clean (default: error)",
+        help="lowest severity that fails assert_checks_pass / assert_clean (default: error)",
     )
-    group.addoption("--vllm-doctor-fast", action="store_true", help="fast pass only (no vLLM import)")
+    group.addoption(
+        "--vllm-doctor-device",
+        choices=DEVICES,
+        default="auto",
+        help="where vLLM and the reference run: cuda, cpu, or auto (cuda when there is a GPU; default)",
+    )
+    group.addoption(
+        "--vllm-doctor-report",
+        metavar="FILE",
+        default=None,
+        help="write the session's vllm-doctor results (every assertion, parity tables) to FILE as JSON",
+    )
+    group.addoption("--vllm-doctor-fast", action="store_true", help="static checks: fast pass only (no vLLM import)")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", f"{MARKER}: a test that runs vllm-doctor on a model (uses the vllm_doctor fixture)"
+    )
     config.stash[SESSION_KEY] = DoctorSession(
         fail_on=Severity(config.getoption("--vllm-doctor-fail-on")),
         fast=bool(config.getoption("--vllm-doctor-fast")),
+        model=config.getoption("--vllm-doctor-model"),
+        device=str(config.getoption("--vllm-doctor-device")),
+        report_path=config.getoption("--vllm-doctor-report"),
     )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "vllm_doctor" in getattr(item, "fixturenames", ()):
+            item.add_marker(MARKER)
+
+
+@pytest.fixture
+def vllm_doctor(request: pytest.FixtureRequest) -> VllmDoctor:
+    """Runtime assertions on a real vLLM engine; answers are cached for the whole session."""
+    return VllmDoctor(request.config.stash[SESSION_KEY], request.node.nodeid)
 
 
 @pytest.fixture
 def vllm_doctor_check(request: pytest.FixtureRequest) -> DoctorCheck:
-    """Run vllm-doctor on a model directory; ``.assert_clean(report)`` fails with every finding."""
+    """Run vllm-doctor's static checks on a model directory; ``.assert_clean(report)`` fails with every finding."""
     return DoctorCheck(request.config.stash[SESSION_KEY])
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None or not session.outcomes:
+        return
+    tr = terminalreporter
+    tr.section("vllm-doctor")
+    for o in session.outcomes:
+        tr.write_line(f"{'PASS' if o.ok else 'FAIL'} {o.assertion:<15} {o.model}  {o.summary}  ({o.test})")
+    tr.write_line(f"vLLM engines started this session: {session.engine_runs}")
+    if session.report_path:
+        tr.write_line(f"report: {session.report_path}")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    state = session.config.stash.get(SESSION_KEY, None)
+    if state is None:
+        return
+    state.close()  # the session's engines end with it
+    if not state.report_path:
+        return
+    from dataclasses import asdict
+
+    from vllm_doctor import __version__
+
+    write_json_atomic(
+        state.report_path,
+        {
+            "vllm_doctor": __version__,
+            "engine_runs": state.engine_runs,
+            "runs": state.runs,
+            "options": {"model": state.model, "device": state.device, "fail_on": state.fail_on.value},
+            "outcomes": [asdict(o) for o in state.outcomes],
+        },
+    )

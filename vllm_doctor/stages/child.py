@@ -56,6 +56,8 @@ TASKS = {
     "import": "vllm_doctor.probes.import_probe:child_task",
     "weights": "vllm_doctor.probes.weight_probe:child_task",
     "engine": "vllm_doctor.stages.engine:child_task",
+    "parity_vllm": "vllm_doctor.stages.parity:vllm_task",
+    "parity_hf": "vllm_doctor.stages.parity:hf_task",
     "selftest": "vllm_doctor.stages.child:selftest_task",  # the helper's own tests
 }
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
 from vllm_doctor.facts.engine import EngineFacts, facts_from_dict, facts_to_dict
+from vllm_doctor.model import Report
 from vllm_doctor.stages.child import run_child
 
 Progress = Callable[[str], None]
@@ -302,3 +303,19 @@ def _facts_after_failure(doc: Any, model: str, error: str) -> EngineFacts:
     facts.runtime_error = error
     facts.model_dir = model
     return facts
+
+
+def engine_report(
+    model: str,
+    options: EngineOptions,
+    select: list[str] | tuple[str, ...] = (),
+    ignore: list[str] | tuple[str, ...] = (),
+    progress: Progress | None = None,
+) -> Report:
+    """The engine stage as a :class:`Report` (VD4xx/VD5xx/VD208 findings), for the Python API."""
+    from vllm_doctor.live.attach import build_engine_report
+
+    result = run_engine_stage(model, options, progress)
+    report = build_engine_report(result.facts, model, select, ignore, result.timings)
+    report.facts["engine_log"] = result.log_path
+    return report

@@ -1,0 +1,319 @@
+"""Parity with a reference implementation: the two runs, each in its own child process.
+
+1. ``parity_vllm`` (child): a real vLLM engine (eager, no prefix caching, the requested dtype,
+   the doctor's worker extension) decodes the prompts greedily with top-k logprobs, then runs
+   ONE more request (the first prompt) with the worker-side hooks of
+   :mod:`vllm_doctor.engine.hidden` armed: each decoder layer's output on those token ids.
+2. ``parity_hf`` (child, at the same time): the transformers model (the author's class or
+   AutoModelForCausalLM) does the same on the same token ids (:mod:`vllm_doctor.compat.hf`).
+3. The parent compares (:mod:`vllm_doctor.analysis.parity`). Separate children keep torch state
+   apart (threads, dtype defaults, vLLM's patches) and time-box each side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_doctor.analysis.parity import ParityResult, compare_hidden, compare_outputs, hint_for, tolerances
+from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.files import write_json_atomic
+from vllm_doctor.stages.child import ChildJob
+from vllm_doctor.stages.engine import SCRUBBED_ENV
+
+Progress = Callable[[str], None]
+SERVER_LIFETIME_S = 24 * 3600.0  # a parity engine lives as long as its pytest session (each request is time-boxed)
+DEFAULT_PROMPTS: tuple[str, ...] = ("hello world my name is", "the doctor is in and the world is")
+
+__all__ = [
+    "DEFAULT_PROMPTS", "ParityEngine", "ParityOptions", "ParityResult", "ParityUnavailable", "engine_options",
+    "run_parity",
+]  # fmt: skip
+
+
+class ParityUnavailable(RuntimeError):
+    """A side of the comparison could not run (no vLLM, no reference, engine refused, time-out)."""
+
+
+@dataclass
+class ParityOptions:
+    reference: str = "hf"
+    hf_class: str | None = None  # "pkg.mod:Class" / "file.py:Class"; None: AutoModelForCausalLM
+    prompts: list[Any] = field(default_factory=lambda: list(DEFAULT_PROMPTS))
+    max_tokens: int = 8
+    top_k: int = 5
+    dtype: str = "float32"
+    device: str = "auto"  # "cpu", "cuda" or "auto" (cuda when there is one)
+    atol: float | None = None  # logprob tolerance (nats); None: per dtype
+    hidden_rtol: float | None = None
+    layers: bool = True  # compare decoder-layer outputs when the logprobs differ
+    trust_remote_code: bool = False
+    max_model_len: int = 512
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    timeout: float = 600.0
+
+
+def _gpu_visible() -> bool:
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+
+
+def _short(spec: str) -> str:
+    """``/long/path/modeling_x.py:Class`` -> ``modeling_x.py:Class`` (for messages)."""
+    return spec.rsplit("/", 1)[-1]
+
+
+def _env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
+
+
+def engine_options(options: ParityOptions) -> dict[str, Any]:
+    """What the vLLM engine of a parity check is started with (one engine per distinct dict)."""
+    return {
+        "dtype": options.dtype,
+        "device": options.device,
+        "trust_remote_code": options.trust_remote_code,
+        "max_model_len": options.max_model_len,
+        "engine_args": dict(options.engine_args),
+        "start_timeout": options.timeout,
+    }
+
+
+class ParityEngine:
+    """One real vLLM engine for parity requests, in a child process, until :meth:`close`.
+
+    Requests and answers are JSON files in a private directory (``req-N.json`` -> ``resp-N.json``,
+    written atomically); each :meth:`ask` is time-boxed, and a child that dies or stops answering
+    is killed with its process group. A pytest session keeps one per (model, options).
+    """
+
+    def __init__(self, model: str, options: dict[str, Any], progress: Progress | None = None) -> None:
+        import tempfile
+
+        self.model = model
+        self.options = options
+        self.dir = Path(tempfile.mkdtemp(prefix="vllm-doctor-parity-engine-"))
+        self.asked = 0
+        self.closed = False
+        self._job = ChildJob(
+            "parity_vllm", {"model": model, "dir": str(self.dir), **options}, timeout=SERVER_LIFETIME_S,
+            what="the vLLM side of the parity check", progress=progress, env=_env(),
+        )  # fmt: skip
+
+    def ask(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """One request (prompts, max_tokens, top_k, capture) -> the engine's answer."""
+        if self.closed:
+            raise ParityUnavailable("this parity engine was closed")
+        self.asked += 1
+        answer = self.dir / f"resp-{self.asked}.json"
+        write_json_atomic(self.dir / f"req-{self.asked}.json", request)
+        # the first answer waits for the engine to start as well
+        deadline = (
+            time.monotonic() + timeout + (float(self.options.get("start_timeout", 600)) if self.asked == 1 else 0)
+        )
+        while time.monotonic() < deadline:
+            if answer.is_file():
+                data: dict[str, Any] = json.loads(answer.read_text(encoding="utf-8"))
+                return data
+            if self._job.done():
+                res = self._job.result()
+                self.closed = True
+                if res.ok and res.data.get("error"):
+                    raise ParityUnavailable(f"vLLM could not run {self.model}: {res.data['error']}")
+                raise ParityUnavailable(
+                    f"{res.error or 'the vLLM side of the parity check stopped'}\n{res.log_tail[-1500:]}"
+                )
+            time.sleep(0.1)
+        self.close()
+        raise ParityUnavailable(f"the vLLM side of the parity check did not answer within {timeout:.0f} s")
+
+    def close(self) -> None:
+        """Ask the engine to shut down (a few seconds), then take its process group down."""
+        if self.closed:
+            return
+        self.closed = True
+        (self.dir / "stop").touch()
+        deadline = time.monotonic() + 15
+        while not self._job.done() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._job.kill()
+        self._job.result()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def run_parity(
+    model: str, options: ParityOptions, progress: Progress | None = None, engine: ParityEngine | None = None
+) -> ParityResult:
+    """Run both sides and compare. Raises :class:`ParityUnavailable` when a side cannot run.
+
+    ``engine``: a :class:`ParityEngine` started with :func:`engine_options` of these options, to
+    reuse; without one, an engine is started for this call and closed after it."""
+    if options.reference != "hf":
+        raise DoctorInputError(f"reference must be 'hf' (Hugging Face transformers), not {options.reference!r}")
+    if options.dtype not in ("float32", "float16", "bfloat16"):
+        raise DoctorInputError(f"dtype must be float32, float16 or bfloat16, not {options.dtype!r}")
+    atol, rtol = tolerances(options.dtype)
+    atol = options.atol if options.atol is not None else atol
+    rtol = options.hidden_rtol if options.hidden_rtol is not None else rtol
+    request = {"prompts": options.prompts, "max_tokens": options.max_tokens, "top_k": options.top_k,
+               "capture": options.layers}  # fmt: skip
+    ref_request = {
+        "model": model,
+        "hf_class": options.hf_class,
+        "dtype": options.dtype,
+        "device": options.device,
+        "trust_remote_code": options.trust_remote_code,
+        "prompts": options.prompts,
+        "max_tokens": options.max_tokens,
+        "top_k": options.top_k,
+        "capture": options.layers,
+    }
+    # each side tokenizes the prompts itself and captures on the first prompt; on CPU both run at
+    # once, on a GPU one after the other (vLLM sizes its KV cache from the memory it finds free)
+    own_engine = engine is None
+    if engine is None:
+        engine = ParityEngine(model, engine_options(options), progress)
+    try:
+        sequential = _gpu_visible() and options.device != "cpu"
+        side = engine.ask(request, options.timeout) if sequential else None
+        theirs_job = ChildJob(
+            "parity_hf", ref_request, timeout=options.timeout, what="the Hugging Face reference run",
+            progress=progress, env=_env(),
+        )  # fmt: skip
+        if side is None:
+            side = engine.ask(request, options.timeout)
+        theirs = theirs_job.result()
+    finally:
+        if own_engine:
+            engine.close()
+    if side.get("error"):
+        raise ParityUnavailable(f"vLLM could not run {model}: {side['error']}")
+    if not theirs.ok:
+        raise ParityUnavailable(f"{theirs.error}\n{theirs.log_tail[-1500:]}")
+    ref = theirs.data
+    if ref.get("error"):
+        raise ParityUnavailable(f"the Hugging Face reference could not run {model}: {ref['error']}")
+    if ref.get("prompt_token_ids") != side.get("prompt_token_ids"):
+        raise ParityUnavailable(
+            "vLLM and transformers tokenize the prompts differently; pass token ids as prompts to compare the "
+            f"models alone (vLLM: {side.get('prompt_token_ids')}, transformers: {ref.get('prompt_token_ids')})"
+        )
+    mismatches, largest = compare_outputs(side["outputs"], ref["outputs"], atol, options.top_k)
+    result = ParityResult(
+        model=model,
+        reference=f"Hugging Face ({_short(options.hf_class) if options.hf_class else ref.get('model_class')})",
+        dtype=options.dtype,
+        atol=atol,
+        hidden_rtol=rtol,
+        prompts=len(side["outputs"]),
+        max_tokens=options.max_tokens,
+        top_k=options.top_k,
+        mismatches=mismatches,
+        max_logprob_diff=largest,
+        engine={"model_class": side.get("model_class"), "device": side.get("device")},
+    )
+    hidden = side.get("hidden") or {}
+    if options.layers and hidden.get("layers") and ref.get("hidden"):
+        rows, first = compare_hidden(hidden["layers"], ref["hidden"], hidden.get("names") or {}, rtol)
+        result.layers, result.first_divergent_layer = rows, first
+        result.hint = hint_for(rows, first, rtol)
+    elif options.layers:
+        result.capture_note = side.get("capture_error") or "no layer outputs were captured"
+    return result
+
+
+# ---- child side ---------------------------------------------------------------------------
+
+
+def vllm_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Start the engine, then answer ``req-N.json`` files in ``dir`` until ``stop`` appears."""
+    from vllm_doctor.compat.common import describe_exception
+    from vllm_doctor.compat.llm import EngineHandle, cuda_available, shutdown, start_engine
+
+    device = request.get("device") or "auto"
+    cuda = cuda_available() if device in ("auto", "cuda") else False
+    kwargs: dict[str, Any] = {
+        "dtype": request["dtype"],
+        "enforce_eager": True,  # the layer hooks need Python forwards
+        "enable_prefix_caching": False,  # the capture request must run every token again
+        "max_model_len": int(request["max_model_len"]),
+        "seed": 0,
+    }
+    if not cuda:
+        kwargs["kv_cache_memory_bytes"] = 64 * 2**20
+    if request.get("trust_remote_code"):
+        kwargs["trust_remote_code"] = True
+    kwargs.update(request.get("engine_args") or {})
+    progress(f"parity: starting vLLM on {request['model']} ({request['dtype']}, {'CUDA' if cuda else 'CPU'}, eager)")
+    try:
+        llm = start_engine(request["model"], single_process=True, **kwargs)
+    except Exception as exc:
+        return {"error": describe_exception(exc)}
+    handle = EngineHandle(llm)
+    folder = Path(request["dir"])
+    served = 0
+    try:
+        while not (folder / "stop").exists():
+            asked = folder / f"req-{served + 1}.json"
+            if not asked.is_file():
+                time.sleep(0.05)
+                continue
+            served += 1
+            answer = _answer(handle, llm, json.loads(asked.read_text(encoding="utf-8")))
+            write_json_atomic(folder / f"resp-{served}.json", {**answer, "device": "cuda" if cuda else "cpu"})
+    finally:
+        shutdown(llm)
+    return {"served": served}
+
+
+def _answer(handle: Any, llm: Any, request: dict[str, Any]) -> dict[str, Any]:
+    from vllm_doctor.compat.common import describe_exception
+    from vllm_doctor.compat.llm import greedy_logprobs, prompt_token_ids
+
+    out: dict[str, Any] = {}
+    try:
+        ids = prompt_token_ids(llm, list(request["prompts"]))
+        out["prompt_token_ids"] = ids
+        out["outputs"] = greedy_logprobs(llm, ids, int(request["max_tokens"]), int(request["top_k"]))
+        if request.get("capture") and ids:
+            out.update(_capture(handle, llm, ids[0]))
+    except Exception as exc:
+        out["error"] = describe_exception(exc)
+    return out
+
+
+def _capture(handle: Any, llm: Any, ids: list[int]) -> dict[str, Any]:
+    from vllm_doctor.compat.llm import greedy_logprobs
+
+    armed = handle.ensure_extension("doctor_ping") and handle.rpc("doctor_arm_hidden", {"tokens": len(ids)})
+    if not armed or not armed[0].get("ok"):
+        return {"capture_error": str((armed or [{}])[0].get("error"))}
+    greedy_logprobs(llm, [ids], 1, 1)
+    reply = handle.rpc("doctor_collect_hidden")[0]
+    anatomy = handle.rpc("doctor_anatomy")[0]
+    model_class = (anatomy.get("data") or {}).get("model_class")
+    if not reply.get("ok"):
+        return {"capture_error": str(reply.get("error")), "model_class": model_class}
+    data = reply["data"]
+    if not data.get("complete"):
+        return {"capture_error": "the hooks did not see the whole request", "hidden": data, "model_class": model_class}
+    return {"hidden": data, "model_class": model_class}
+
+
+def hf_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    from vllm_doctor.compat.common import describe_exception
+
+    progress(f"parity: running the Hugging Face reference ({request.get('hf_class') or 'AutoModelForCausalLM'})")
+    try:
+        from vllm_doctor.compat.hf import reference_run
+
+        return reference_run(request)
+    except Exception as exc:
+        return {"error": describe_exception(exc)}
