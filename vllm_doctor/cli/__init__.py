@@ -1,4 +1,4 @@
-"""``vllm-doctor``: the command line, one module per verb (check, rules, profile, attach).
+"""``vllm-doctor``: the command line, one module per verb (check, rules, profile, attach, top, replay).
 
 Exit codes: 0 no finding at or above --fail-on; 1 findings at or above it; 2 usage or input
 error (bad path, unreadable config.json); 3 the doctor itself failed.
@@ -12,7 +12,7 @@ import traceback
 from collections.abc import Sequence
 
 from vllm_doctor import __version__
-from vllm_doctor.cli import attach, check, profile, rules
+from vllm_doctor.cli import attach, check, profile, replay, rules, top
 from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, Parser
 from vllm_doctor.errors import DoctorInputError
 
@@ -28,6 +28,9 @@ commands:
                     forward profile on a real engine: report.json, report.html, trace.json
   attach URL        attach to a served engine (vllm serve with VLLM_DOCTOR=1), profile its
                     traffic, run the engine checks, detach
+  top URL           live view of a serving engine: state, throughput, latency, KV cache,
+                    GPUs, the model from inside; --record FILE, --once --json
+  replay FILE       replay a recording of top in the same app (seek, speed)
   rules             the check catalogue
   rule CODE         one check explained: what, why, example, fix, references
 """
@@ -41,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_parser(sub)
     profile.add_parser(sub)
     attach.add_parser(sub)
+    top.add_parser(sub)
+    replay.add_parser(sub)
     rules.add_parsers(sub)
     return parser
 

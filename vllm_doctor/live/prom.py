@@ -1,0 +1,276 @@
+"""A Prometheus text-format (0.0.4) parser: families, types, escaped labels, histograms.
+
+Never raises on bad input: a line it cannot read is counted in :attr:`Exposition.errors`
+and skipped, so a truncated or garbled ``/metrics`` answer yields what did parse.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+# sample-name suffixes that belong to a family of the given type
+_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_sum", "_count", "_created"),
+    "gaugehistogram": ("_bucket", "_gsum", "_gcount"),
+    "summary": ("_sum", "_count", "_created"),
+    "info": ("_info",),
+}
+_ESCAPES = {"\\": "\\", '"': '"', "n": "\n"}
+
+
+@dataclass(frozen=True)
+class Sample:
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
+
+    def label(self, key: str) -> str | None:
+        for k, v in self.labels:
+            if k == key:
+                return v
+        return None
+
+
+@dataclass
+class Family:
+    name: str
+    type: str = "untyped"
+    help: str = ""
+    samples: list[Sample] = field(default_factory=list)
+
+
+@dataclass
+class Exposition:
+    families: dict[str, Family] = field(default_factory=dict)
+    errors: int = 0
+    first_error: str = ""
+
+    def _error(self, lineno: int, message: str) -> None:
+        self.errors += 1
+        if not self.first_error:
+            self.first_error = f"line {lineno}: {message}"
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative buckets ``(upper bound, count)`` ending with ``+Inf``, summed over label sets."""
+
+    buckets: tuple[tuple[float, float], ...]
+    sum: float
+    count: float
+
+    def minus(self, base: Histogram) -> Histogram | None:
+        """The observations made since ``base`` (None if the bounds differ or counts went back)."""
+        if [b for b, _ in self.buckets] != [b for b, _ in base.buckets]:
+            return None
+        buckets = tuple((b, c - cb) for (b, c), (_, cb) in zip(self.buckets, base.buckets, strict=True))
+        if any(c < 0 for _, c in buckets) or self.count < base.count:
+            return None
+        return Histogram(buckets, self.sum - base.sum, self.count - base.count)
+
+    def to_json(self) -> dict[str, object]:
+        return {"buckets": [[_num(b), c] for b, c in self.buckets], "sum": self.sum, "count": self.count}
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> Histogram:
+        raw = data.get("buckets") or []
+        assert isinstance(raw, list)
+        return cls(
+            tuple((float(b), float(c)) for b, c in raw),
+            float(data.get("sum") or 0.0),  # type: ignore[arg-type]
+            float(data.get("count") or 0.0),  # type: ignore[arg-type]
+        )
+
+
+def _num(x: float) -> float | str:
+    return "+Inf" if math.isinf(x) else x
+
+
+def parse_value(text: str) -> float:
+    t = text.strip()
+    low = t.lower()
+    if low in ("+inf", "inf"):
+        return math.inf
+    if low == "-inf":
+        return -math.inf
+    if low == "nan":
+        return math.nan
+    return float(t)
+
+
+def _unescape_help(text: str) -> str:
+    return text.replace("\\n", "\n").replace("\\\\", "\\")
+
+
+def _parse_labels(text: str, pos: int) -> tuple[tuple[tuple[str, str], ...], int]:
+    """Parse ``{a="x",b="y"}`` starting at ``text[pos] == '{'``; return labels and the index after '}'."""
+    labels: list[tuple[str, str]] = []
+    i = pos + 1
+    n = len(text)
+    while True:
+        while i < n and text[i] in " \t":
+            i += 1
+        if i < n and text[i] == "}":
+            return tuple(labels), i + 1
+        start = i
+        while i < n and (text[i].isalnum() or text[i] == "_"):
+            i += 1
+        key = text[start:i]
+        while i < n and text[i] in " \t":
+            i += 1
+        if not key or i >= n or text[i] != "=":
+            raise ValueError("bad label name")
+        i += 1
+        while i < n and text[i] in " \t":
+            i += 1
+        if i >= n or text[i] != '"':
+            raise ValueError("label value not quoted")
+        i += 1
+        value: list[str] = []
+        while True:
+            if i >= n:
+                raise ValueError("unterminated label value")
+            ch = text[i]
+            if ch == "\\":
+                if i + 1 >= n:
+                    raise ValueError("dangling escape")
+                value.append(_ESCAPES.get(text[i + 1], "\\" + text[i + 1]))
+                i += 2
+                continue
+            if ch == '"':
+                i += 1
+                break
+            value.append(ch)
+            i += 1
+        labels.append((key, "".join(value)))
+        while i < n and text[i] in " \t":
+            i += 1
+        if i < n and text[i] == ",":
+            i += 1
+        elif i < n and text[i] == "}":
+            return tuple(labels), i + 1
+        else:
+            raise ValueError("expected ',' or '}' after a label")
+
+
+def parse_sample(line: str) -> Sample:
+    i = 0
+    n = len(line)
+    while i < n and (line[i].isalnum() or line[i] in "_:"):
+        i += 1
+    name = line[:i]
+    if not name or name[0].isdigit():
+        raise ValueError("bad metric name")
+    labels: tuple[tuple[str, str], ...] = ()
+    if i < n and line[i] == "{":
+        labels, i = _parse_labels(line, i)
+    rest = line[i:].split()
+    if not rest or len(rest) > 2:
+        raise ValueError("expected a value (and an optional timestamp)")
+    value = parse_value(rest[0])
+    if len(rest) == 2:
+        int(rest[1])  # a timestamp in ms; only checked
+    return Sample(name, labels, value)
+
+
+def _family_of(name: str, types: dict[str, str]) -> str:
+    if name in types:
+        return name
+    for suffix_owner_type, suffixes in _SUFFIXES.items():
+        for suffix in suffixes:
+            if name.endswith(suffix):
+                base = name[: -len(suffix)]
+                if types.get(base) == suffix_owner_type:
+                    return base
+    return name
+
+
+def parse(text: str) -> Exposition:
+    """Parse an exposition; never raises (bad lines are counted)."""
+    out = Exposition()
+    types: dict[str, str] = {}
+    lines = text.splitlines()
+    if lines and text and not text.endswith("\n"):
+        lines.pop()  # a cut answer: its last line may be cut inside a value (12 of 1234)
+        out._error(len(lines) + 1, "the last line has no newline (a truncated answer)")
+    for lineno, raw in enumerate(lines, 1):
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            if line.startswith("#"):
+                parts = line[1:].strip().split(None, 2)
+                if len(parts) >= 2 and parts[0] in ("HELP", "TYPE"):
+                    name = parts[1]
+                    fam = out.families.setdefault(name, Family(name))
+                    if parts[0] == "TYPE":
+                        kind = parts[2].strip().lower() if len(parts) > 2 else ""
+                        if kind not in (
+                            "counter",
+                            "gauge",
+                            "histogram",
+                            "summary",
+                            "untyped",
+                            "info",
+                            "gaugehistogram",
+                            "stateset",
+                            "unknown",
+                        ):
+                            raise ValueError(f"unknown type {kind!r}")
+                        fam.type = kind
+                        types[name] = kind
+                    else:
+                        fam.help = _unescape_help(parts[2]) if len(parts) > 2 else ""
+                continue  # other comments are allowed
+            sample = parse_sample(line)
+            fname = _family_of(sample.name, types)
+            out.families.setdefault(fname, Family(fname)).samples.append(sample)
+        except (ValueError, IndexError) as exc:
+            out._error(lineno, str(exc))
+    return out
+
+
+def family_value(fam: Family | None, sample_name: str | None = None) -> float | None:
+    """Sum of a family's samples (over label sets); ``sample_name`` picks e.g. ``x_total``. NaN is skipped."""
+    if fam is None:
+        return None
+    values = [
+        s.value
+        for s in fam.samples
+        if (sample_name is None or s.name == sample_name)
+        and not s.name.endswith("_created")
+        and not math.isnan(s.value)
+    ]
+    return sum(values) if values else None
+
+
+def histogram_of(fam: Family | None) -> Histogram | None:
+    """The family's buckets summed over every label set but ``le`` (None if it has no buckets)."""
+    if fam is None:
+        return None
+    buckets: dict[float, float] = {}
+    total = count = 0.0
+    for s in fam.samples:
+        if s.name.endswith("_bucket"):
+            le = s.label("le")
+            if le is None or math.isnan(s.value):
+                continue
+            try:
+                bound = parse_value(le)
+            except ValueError:
+                continue
+            buckets[bound] = buckets.get(bound, 0.0) + s.value
+        elif s.name.endswith("_sum") and not math.isnan(s.value):
+            total += s.value
+        elif s.name.endswith("_count") and not math.isnan(s.value):
+            count += s.value
+    if not buckets or math.inf not in buckets:
+        return None  # a histogram without its +Inf bucket is truncated: not usable
+    ordered = tuple(sorted(buckets.items()))
+    # cumulative counts never decrease; a scrape that says otherwise is not a histogram we trust
+    if any(b[1] < a[1] for a, b in itertools.pairwise(ordered)):
+        return None
+    return Histogram(ordered, total, count or ordered[-1][1])
