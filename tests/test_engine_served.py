@@ -12,19 +12,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.served import ServedEngine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 USER_EXTENSION = "tests.engine_harness.HarnessWorkerExtension"
@@ -32,88 +29,25 @@ pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
-
-
-@dataclass
-class Server:
-    base: str
-    model: str
-    log: Path
-    procs_dir: Path
-    env: dict[str, str]
-
-
-def _doctor_plugin_installed() -> bool:
-    from importlib.metadata import entry_points
-
-    return any(ep.value == "vllm_doctor.engine.plugin:register" for ep in entry_points(group="vllm.general_plugins"))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _post(url: str, body: dict[str, Any], timeout: float = 120) -> Any:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def _rpc(server: Server, method: str, *args: str) -> list[dict[str, Any]]:
-    return _post(f"{server.base}/collective_rpc", {"method": method, "args": list(args)})["results"]
+Server = ServedEngine
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("served")
-    subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "make_examples.py"), str(tmp), "--only", "ok"],
-                   check=True, capture_output=True, timeout=300)
-    example = tmp / "ok"
-    port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
-    paths = [str(example / "site"), str(REPO_ROOT)]
-    if not _doctor_plugin_installed():  # a source checkout (the GPU machine): declare the entry point
-        from tests.fixtures.entry_points import doctor_entry_point_site
-
-        paths.insert(0, str(doctor_entry_point_site(tmp / "ep")))
-    env.update(PYTHONPATH=os.pathsep.join(paths), VLLM_DOCTOR="1",
-               VLLM_DOCTOR_DIR=str(tmp / "procs"), VLLM_SERVER_DEV_MODE="1")
-    log_path = tmp / "server.log"
-    log = open(log_path, "w")  # closed below
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(example / "model"),
-         "--host", "127.0.0.1", "--port", str(port), "--enforce-eager", "--max-model-len", "256",
-         "--kv-cache-memory-bytes", str(64 * 2**20), "--worker-extension-cls", USER_EXTENSION],
-        env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    base = f"http://127.0.0.1:{port}"
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedEngine]:
+    served = ServedEngine(tmp_path_factory.mktemp("served"), ["--worker-extension-cls", USER_EXTENSION])
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-4000:]
-            time.sleep(1)
-        yield Server(base, str(example / "model"), log_path, tmp / "procs", env)
+        served.start()
+        yield served
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+        served.stop()
+
+
+def _rpc(server: Server, method: str, *args: str) -> list[dict[str, Any]]:
+    return server.rpc(method, *args)
 
 
 def _complete(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
-    return _post(f"{server.base}/v1/completions", {
-        "model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "ignore_eos": True, "logprobs": 1,
-    })
+    return server.complete(prompt, max_tokens, logprobs=1)
 
 
 def test_plugin_keeps_the_users_extension_and_adds_the_doctors(server: Server) -> None:

@@ -230,7 +230,28 @@ def parse(text: str) -> Exposition:
             out.families.setdefault(fname, Family(fname)).samples.append(sample)
         except (ValueError, IndexError) as exc:
             out._error(lineno, str(exc))
+    _merge_counter_totals(out)
     return out
+
+
+def _merge_counter_totals(out: Exposition) -> None:
+    """One family per counter, named without ``_total``.
+
+    prometheus_client writes ``# TYPE x_total counter`` (text format 0.0.4), OpenMetrics
+    ``# TYPE x counter``; both become family ``x`` with samples ``x_total``.
+    """
+    for name in [n for n in out.families if n.endswith("_total")]:
+        fam = out.families[name]
+        base = name[: -len("_total")]
+        owner = out.families.get(base)
+        if fam.type != "counter" and not (owner is not None and owner.type == "counter"):
+            continue
+        if owner is None:
+            owner = out.families[base] = Family(base, "counter")
+        owner.type = "counter"
+        owner.help = owner.help or fam.help
+        owner.samples.extend(fam.samples)
+        del out.families[name]
 
 
 def family_value(fam: Family | None, sample_name: str | None = None) -> float | None:
