@@ -15,7 +15,6 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +32,9 @@ Server = ServedEngine
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedEngine]:
-    served = ServedEngine(tmp_path_factory.mktemp("served"), ["--worker-extension-cls", USER_EXTENSION])
-    try:
-        served.start()
-        yield served
-    finally:
-        served.stop()
+def server(served_engine: ServedEngine) -> ServedEngine:
+    """The session's served engine (tests/conftest.py), with the user's own worker extension."""
+    return served_engine
 
 
 def _rpc(server: Server, method: str, *args: str) -> list[dict[str, Any]]:

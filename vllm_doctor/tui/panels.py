@@ -58,7 +58,7 @@ def bar(fraction: float | None, width: int) -> Text:
 
 
 def _line(text: Text, label: str, value: str, style: str = "bold") -> None:
-    text.append(f"{label:<13}", style="cyan")
+    text.append(f"{label:<14}", style="cyan")
     text.append(value + "\n", style=style)
 
 
