@@ -1,0 +1,203 @@
+"""The devices side of the live view: every GPU through NVML, and the engine's processes from /proc.
+
+``DeviceSampler.sample()`` returns a frozen ``DevicesFrame`` (JSON round-trippable, so a
+recording replays it). NVML is read in the doctor's own process only, initialised once per
+sampler (``compat.nvml.NvmlSession``) and shut down in ``close()``. On a host without NVML the
+frame says why (``nvml_reason``) and the processes' CPU%, RSS and threads still come.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from vllm_doctor.compat.nvml import NvmlSession
+
+PidsProvider = Callable[[], list[tuple[int, str]]]  # -> [(pid, role)], e.g. (1234, "engine core")
+
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """A compute process NVML sees on a GPU (``used_memory`` None where the driver hides it)."""
+
+    pid: int
+    used_memory: int | None
+    name: str
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU at one moment; a reading the driver cannot give is None."""
+
+    index: int
+    name: str
+    uuid: str
+    util_gpu_pct: float | None
+    util_mem_pct: float | None
+    mem_used: int | None
+    mem_total: int | None
+    power_w: float | None
+    power_limit_w: float | None
+    temp_c: float | None
+    sm_clock_mhz: int | None
+    mem_clock_mhz: int | None
+    processes: tuple[GpuProcess, ...]
+
+
+@dataclass(frozen=True)
+class ProcSample:
+    """One engine process from /proc: CPU% since the previous sample (None on the first), RSS bytes, threads."""
+
+    pid: int
+    role: str
+    cpu_pct: float | None
+    rss: int | None
+    threads: int | None
+
+
+@dataclass(frozen=True)
+class DevicesFrame:
+    """Everything the devices panel draws at time ``t`` (seconds since the epoch)."""
+
+    t: float
+    nvml_available: bool
+    nvml_reason: str
+    gpus: tuple[GpuSample, ...]
+    processes: tuple[ProcSample, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> DevicesFrame:
+        gpus = tuple(
+            GpuSample(**{**g, "processes": tuple(GpuProcess(**p) for p in g.get("processes", ()))})
+            for g in d.get("gpus", ())
+        )
+        return cls(
+            t=float(d["t"]),
+            nvml_available=bool(d["nvml_available"]),
+            nvml_reason=str(d.get("nvml_reason", "")),
+            gpus=gpus,
+            processes=tuple(ProcSample(**p) for p in d.get("processes", ())),
+        )
+
+
+@dataclass(frozen=True)
+class _ProcStat:
+    start_ticks: int  # tells a reused pid from the process seen before
+    cpu_ticks: int  # utime + stime
+    rss: int
+    threads: int
+
+
+def read_proc_stat(pid: int, proc: Path = Path("/proc")) -> _ProcStat | None:
+    """``/proc/PID/stat`` parsed, or None when the process is gone (or /proc is unreadable)."""
+    try:
+        raw = (proc / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: the fields start after the last ')'
+    fields = raw[raw.rfind(")") + 2 :].split()
+    try:  # fields[0] is field 3 (state): utime 14, stime 15, num_threads 20, starttime 22, rss 24
+        return _ProcStat(
+            start_ticks=int(fields[19]),
+            cpu_ticks=int(fields[11]) + int(fields[12]),
+            rss=int(fields[21]) * _PAGE,
+            threads=int(fields[17]),
+        )
+    except (IndexError, ValueError):
+        return None
+
+
+def _process_name(pid: int, session: NvmlSession) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:  # another pid namespace (containers) or gone: ask NVML
+        name = session.process_name(pid)
+        return os.path.basename(name) if name else ""
+
+
+class DeviceSampler:
+    """Samples every GPU (NVML) and the processes ``pids_provider`` names (/proc), one frame per call.
+
+    NVML is initialised once here and shut down by ``close()``; CPU% is the change of a process's
+    utime+stime between two samples over the wall time between them. A pid that vanished is
+    dropped from the frame.
+    """
+
+    def __init__(self, pids_provider: PidsProvider | None = None) -> None:
+        self._pids_provider = pids_provider
+        self._nvml = NvmlSession()
+        self._previous: dict[int, tuple[float, _ProcStat]] = {}
+        self._names: dict[int, str] = {}
+
+    def sample(self) -> DevicesFrame:
+        names, self._names = self._names, {}  # keep names of the pids still on a GPU only (bounded)
+        return DevicesFrame(
+            t=time.time(),
+            nvml_available=self._nvml.available,
+            nvml_reason=self._nvml.reason,
+            gpus=tuple(self._gpu(i, names) for i in range(self._nvml.device_count)),
+            processes=self._processes(),
+        )
+
+    def close(self) -> None:
+        self._nvml.close()
+
+    def __enter__(self) -> DeviceSampler:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _gpu(self, index: int, names: dict[int, str]) -> GpuSample:
+        dev = self._nvml.read_device(index)
+        procs = []
+        for p in dev.get("processes") or ():
+            if p["pid"] not in self._names:
+                self._names[p["pid"]] = names.get(p["pid"]) or _process_name(p["pid"], self._nvml)
+            procs.append(GpuProcess(pid=p["pid"], used_memory=p["used_memory"], name=self._names[p["pid"]]))
+        return GpuSample(
+            index=index,
+            name=dev.get("name") or "",
+            uuid=dev.get("uuid") or "",
+            util_gpu_pct=dev.get("util_gpu_pct"),
+            util_mem_pct=dev.get("util_mem_pct"),
+            mem_used=dev.get("memory_used"),
+            mem_total=dev.get("memory_total"),
+            power_w=dev.get("power_w"),
+            power_limit_w=dev.get("power_limit_w"),
+            temp_c=dev.get("temp_c"),
+            sm_clock_mhz=dev.get("sm_clock_mhz"),
+            mem_clock_mhz=dev.get("mem_clock_mhz"),
+            processes=tuple(procs),
+        )
+
+    def _processes(self) -> tuple[ProcSample, ...]:
+        try:
+            wanted = list(self._pids_provider()) if self._pids_provider else []
+        except Exception:  # the provider's source (a server) may be down: no processes this time
+            wanted = []
+        now = time.monotonic()
+        seen: dict[int, tuple[float, _ProcStat]] = {}
+        out = []
+        for pid, role in wanted:
+            stat = read_proc_stat(pid)
+            if stat is None:
+                continue
+            cpu_pct = None
+            before = self._previous.get(pid)
+            if before is not None and before[1].start_ticks == stat.start_ticks and now > before[0]:
+                cpu_pct = 100.0 * (stat.cpu_ticks - before[1].cpu_ticks) / _CLOCK_TICKS / (now - before[0])
+            seen[pid] = (now, stat)
+            out.append(ProcSample(pid=pid, role=role, cpu_pct=cpu_pct, rss=stat.rss, threads=stat.threads))
+        self._previous = seen
+        return tuple(out)
