@@ -66,27 +66,20 @@ def _check(args: argparse.Namespace) -> str:
 
 
 def device_sampler(pids: Any) -> Any:
-    """The devices sampler of live/devices.py, or None where it is not there."""
-    try:
-        from vllm_doctor.live.devices import DeviceSampler  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return None
+    """GPUs through NVML (once, in this process) and the engine processes named by ``pids``."""
+    from vllm_doctor.live.devices import DeviceSampler
+
     return DeviceSampler(pids)
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_doctor.live.sources import LiveSource, ModelChannel
+    from vllm_doctor.live.sources import EnginePids, LiveSource, ModelChannel
 
     url = _check(args)
     if args.once:
         return run_once(url, args)
     model = None if args.no_model else ModelChannel(url)
-
-    def pids() -> list[tuple[int, str]]:
-        procs = (model.latest.get("processes") if model is not None else None) or []
-        return [(int(p["pid"]), str(p.get("role") or "")) for p in procs if p.get("pid")]
-
-    devices = None if args.no_devices else device_sampler(pids)
+    devices = None if args.no_devices else device_sampler(EnginePids(url, model))
     source = LiveSource(url, interval_s=args.interval, window_s=args.window, devices=devices, model=model)
     from vllm_doctor.tui.top_app import TopApp
 
@@ -95,10 +88,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_once(url: str, args: argparse.Namespace) -> int:
-    from vllm_doctor.live.sources import LiveSource
+    from vllm_doctor.live.sources import EnginePids, LiveSource
 
     source = LiveSource(
-        url, interval_s=args.interval, window_s=args.window, devices=None if args.no_devices else device_sampler(None)
+        url,
+        interval_s=args.interval,
+        window_s=args.window,
+        devices=None if args.no_devices else device_sampler(EnginePids(url, None)),
     )
     first = source.poll()
     if not first.metrics.ok:

@@ -8,6 +8,7 @@ draws frames. Every external call is time-boxed; nothing here raises for a serve
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import urllib.error
@@ -19,7 +20,7 @@ from typing import Any, Protocol
 from vllm_doctor.compat.http import normalize_url
 from vllm_doctor.live.derive import Deriver, MetricsFrame
 
-__all__ = ["Frame", "LiveSource", "ModelChannel", "Source", "model_summary", "normalize_url", "scrape"]
+__all__ = ["EnginePids", "Frame", "LiveSource", "ModelChannel", "Source", "model_summary", "normalize_url", "scrape"]
 
 MAX_SCRAPE_BYTES = 16 * 2**20
 MODEL_EVERY_S = 5.0
@@ -145,6 +146,40 @@ def model_summary(report: dict[str, Any], top_layers: int = 5) -> dict[str, Any]
             {"pid": p.get("pid"), "role": p.get("role")} for p in anatomy.get("processes") or [] if p.get("pid")
         ],
     }
+
+
+class EnginePids:
+    """The engine's processes as ``(pid, label)`` for the devices sampler.
+
+    From /proc (live/proctree: the process listening on the URL's port and its children),
+    looked up again every ``every_s`` seconds (a restarted server has new pids); for a server
+    on another machine, from the model channel's anatomy when it has one; else none.
+    """
+
+    def __init__(self, url: str, model: ModelChannel | None, every_s: float = 10.0) -> None:
+        self.url = url
+        self.model = model
+        self.every_s = every_s
+        self._pids: list[tuple[int, str]] = []
+        self._at = -math.inf
+
+    def __call__(self) -> list[tuple[int, str]]:
+        now = time.monotonic()
+        if now - self._at >= (self.every_s if self._pids else 2.0):
+            self._at = now
+            self._pids = self._lookup()
+        return self._pids
+
+    def _lookup(self) -> list[tuple[int, str]]:
+        from vllm_doctor.errors import DoctorInputError
+        from vllm_doctor.live.proctree import discover
+
+        try:
+            return [(p.pid, p.label()) for p in discover(url=self.url) if p.role != "other"]
+        except (DoctorInputError, OSError):
+            pass
+        procs = (self.model.latest.get("processes") if self.model is not None else None) or []
+        return [(int(p["pid"]), str(p.get("role") or "")) for p in procs if p.get("pid")]
 
 
 class LiveSource:
