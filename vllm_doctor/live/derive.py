@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_doctor.compat.metrics import BY_KEY, resolve
+from vllm_doctor.compat.metrics import BY_KEY, METRICS, resolve
 from vllm_doctor.live.prom import Histogram, family_value, histogram_of, parse
 
 COUNTERS = ("prompt_tokens", "generation_tokens", "requests", "preemptions", "prefix_queries", "prefix_hits")
@@ -33,6 +33,7 @@ RATES = {
 }
 HISTORY_KEYS = ("gen_tps", "prompt_tps", "req_ps", "running", "waiting", "kv_usage")
 QUANTILES = (0.5, 0.9, 0.99)
+ALL_NAMES = frozenset(name for m in METRICS for name in m.names)
 HISTORY_LEN = 240
 WINDOW_RING = 1200  # scrapes kept for latency windows (20 min at 1 Hz)
 
@@ -51,7 +52,7 @@ class Snapshot:
 
 
 def snapshot(t: float, text: str) -> Snapshot:
-    expo = parse(text)
+    expo = parse(text, ALL_NAMES)
     names = resolve(expo.families)
     values: dict[str, float] = {}
     for key in COUNTERS + GAUGES:
@@ -220,11 +221,8 @@ class Deriver:
         """One refresh at wall time ``t``: ``text`` is the scrape, or None with ``error`` when it failed."""
         cur = snapshot(t, text) if text is not None else None
         if cur is not None and not cur.names:
-            error = error or (
-                f"no vLLM metrics in the answer ({cur.parse_errors} unreadable lines"
-                + (f"; {cur.first_error}" if cur.first_error else "")
-                + ")"
-            )
+            first = (text or "").strip().split("\n", 1)[0][:60]
+            error = error or f"no vLLM metrics in the answer (it starts {first!r})"
             cur = None
         restart = False
         if cur is not None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
+from collections.abc import Collection, Container
 from dataclasses import dataclass, field
 
 # sample-name suffixes that belong to a family of the given type
@@ -105,68 +107,48 @@ def _unescape_help(text: str) -> str:
     return text.replace("\\n", "\n").replace("\\\\", "\\")
 
 
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*([,}])')
+_LABELS_END = re.compile(r"[ \t]*}")
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_ESCAPE = re.compile(r"\\(.)")
+
+
+def _unescape_label(value: str) -> str:
+    if "\\" not in value:
+        return value
+    return _ESCAPE.sub(lambda m: _ESCAPES.get(m.group(1), "\\" + m.group(1)), value)
+
+
 def _parse_labels(text: str, pos: int) -> tuple[tuple[tuple[str, str], ...], int]:
     """Parse ``{a="x",b="y"}`` starting at ``text[pos] == '{'``; return labels and the index after '}'."""
     labels: list[tuple[str, str]] = []
     i = pos + 1
-    n = len(text)
+    end = _LABELS_END.match(text, i)
+    if end:
+        return (), end.end()
     while True:
-        while i < n and text[i] in " \t":
-            i += 1
-        if i < n and text[i] == "}":
-            return tuple(labels), i + 1
-        start = i
-        while i < n and (text[i].isalnum() or text[i] == "_"):
-            i += 1
-        key = text[start:i]
-        while i < n and text[i] in " \t":
-            i += 1
-        if not key or i >= n or text[i] != "=":
-            raise ValueError("bad label name")
-        i += 1
-        while i < n and text[i] in " \t":
-            i += 1
-        if i >= n or text[i] != '"':
-            raise ValueError("label value not quoted")
-        i += 1
-        value: list[str] = []
-        while True:
-            if i >= n:
-                raise ValueError("unterminated label value")
-            ch = text[i]
-            if ch == "\\":
-                if i + 1 >= n:
-                    raise ValueError("dangling escape")
-                value.append(_ESCAPES.get(text[i + 1], "\\" + text[i + 1]))
-                i += 2
-                continue
-            if ch == '"':
-                i += 1
-                break
-            value.append(ch)
-            i += 1
-        labels.append((key, "".join(value)))
-        while i < n and text[i] in " \t":
-            i += 1
-        if i < n and text[i] == ",":
-            i += 1
-        elif i < n and text[i] == "}":
-            return tuple(labels), i + 1
-        else:
-            raise ValueError("expected ',' or '}' after a label")
+        m = _LABEL.match(text, i)
+        if m is None:
+            raise ValueError("bad label set")
+        labels.append((m.group(1), _unescape_label(m.group(2))))
+        i = m.end()
+        if m.group(3) == "}":
+            return tuple(labels), i
+        end = _LABELS_END.match(text, i)  # a trailing comma: {a="x",}
+        if end:
+            return tuple(labels), end.end()
 
 
 def parse_sample(line: str) -> Sample:
-    i = 0
-    n = len(line)
-    while i < n and (line[i].isalnum() or line[i] in "_:"):
-        i += 1
-    name = line[:i]
-    if not name or name[0].isdigit():
+    m = _NAME.match(line)
+    if m is None:
         raise ValueError("bad metric name")
+    name, i = m.group(0), m.end()
     labels: tuple[tuple[str, str], ...] = ()
-    if i < n and line[i] == "{":
+    if i < len(line) and line[i] == "{":
         labels, i = _parse_labels(line, i)
+    elif i < len(line) and line[i] not in " \t":
+        raise ValueError("bad metric name")
     rest = line[i:].split()
     if not rest or len(rest) > 2:
         raise ValueError("expected a value (and an optional timestamp)")
@@ -188,9 +170,23 @@ def _family_of(name: str, types: dict[str, str]) -> str:
     return name
 
 
-def parse(text: str) -> Exposition:
-    """Parse an exposition; never raises (bad lines are counted)."""
+def _wanted(name: str, only: Container[str]) -> bool:
+    if name in only:
+        return True
+    for suffix in ("_total", "_bucket", "_sum", "_count", "_created", "_info"):
+        if name.endswith(suffix) and name[: -len(suffix)] in only:
+            return True
+    return False
+
+
+def parse(text: str, only: Collection[str] | None = None) -> Exposition:
+    """Parse an exposition; never raises (bad lines are counted).
+
+    ``only``: the family names wanted; samples of other families are skipped unparsed (a vLLM
+    answer has ~600 lines, top needs ~60 of them).
+    """
     out = Exposition()
+    prefixes = tuple(only) if only is not None else ()
     types: dict[str, str] = {}
     lines = text.splitlines()
     if lines and text and not text.endswith("\n"):
@@ -225,6 +221,8 @@ def parse(text: str) -> Exposition:
                     else:
                         fam.help = _unescape_help(parts[2]) if len(parts) > 2 else ""
                 continue  # other comments are allowed
+            if only is not None and not (line.startswith(prefixes) and _wanted(_NAME.match(line)[0], only)):  # type: ignore[index]
+                continue
             sample = parse_sample(line)
             fname = _family_of(sample.name, types)
             out.families.setdefault(fname, Family(fname)).samples.append(sample)

@@ -39,6 +39,7 @@ class Panel(Static):
         super().__init__(id=key, classes="panel")
         self.border_title = title
         self.key = key
+        self._last: Text | None = None
 
     def draw(self, frame: Frame, zoomed: bool = False) -> None:
         width = max(20, self.content_size.width or 36)
@@ -46,8 +47,10 @@ class Panel(Static):
             text = latency_panel(frame, width, detail=zoomed)
         else:
             text = self.render_fn(frame, width)
-        self.update(text)
         self.set_class(frame.metrics.stale, "stale")
+        if text != self._last:  # an unchanged panel is not drawn again (most of top's CPU is drawing)
+            self._last = text
+            self.update(text, layout=False)  # a panel's size is the grid's, never its text's
 
 
 class HelpScreen(ModalScreen[None]):
@@ -224,7 +227,7 @@ class TopApp(App[None]):
         if self.screen.has_class("-small") and not self.zoomed:
             status.append("  z: more panels", style="dim")
         try:
-            self.query_one("#status", Static).update(status)
+            self.query_one("#status", Static).update(status, layout=False)
         except Exception:  # a modal screen is on top; the next frame redraws
             pass
 
@@ -313,7 +316,7 @@ class TopApp(App[None]):
         with self._lock:
             index = int(getattr(self.source, "index", 0)) - 1 + direction * SEEK_STEP
             self.source.seek(index)  # type: ignore[attr-defined]
-        self._wake.set()
+        self._after_seek()
 
     def action_seek_to(self, index: int) -> None:
         if not self.replay:
@@ -321,4 +324,11 @@ class TopApp(App[None]):
         with self._lock:
             count = len(getattr(self.source, "records", []))
             self.source.seek(count - 1 if index < 0 else index)  # type: ignore[attr-defined]
+        self._after_seek()
+
+    def _after_seek(self) -> None:
+        if self.paused:  # show where the seek landed; playing resumes from there
+            with self._lock:
+                frame = self.source.poll()
+            self.show_frame(frame, count=False)
         self._wake.set()
