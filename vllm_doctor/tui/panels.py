@@ -20,6 +20,7 @@ from vllm_doctor.units import fmt_bytes, fmt_s
 BARS = "▁▂▃▄▅▆▇█"
 DASH = "–"
 LAT_LABELS = {"ttft": "TTFT", "itl": "inter-tok", "e2e": "end-to-end", "queue": "queue"}
+SHORT_LABELS = {"ttft": "TTFT", "itl": "ITL", "e2e": "E2E", "queue": "queue"}
 
 
 def num(value: float | None, fmt: str = "{:.1f}", unit: str = "") -> str:
@@ -71,7 +72,11 @@ def engine_panel(frame: Frame, width: int) -> Text:
     v, st = m.values, _value_style(m)
     out = Text()
     _line(out, "running", num(v.get("running"), "{:.0f}"), st)
+    out.append_text(spark(m.history.get("running", ()), m.history_restarts, max(8, width - 2)))
+    out.append("\n")
     _line(out, "waiting", num(v.get("waiting"), "{:.0f}"), st)
+    out.append_text(spark(m.history.get("waiting", ()), m.history_restarts, max(8, width - 2)))
+    out.append("\n")
     preempt = num(v.get("preemptions"), "{:.0f}") + "  (" + num(m.rates.get("preempt_ps"), "{:.2f}", "/s") + ")"
     _line(out, "preempted", preempt, st)
     _line(out, "restarts seen", str(m.restarts), "bold red" if m.restarts else st)
@@ -102,9 +107,8 @@ def throughput_panel(frame: Frame, width: int) -> Text:
         ("req_ps", "requests", " req/s"),
     ):
         _line(out, label, num(m.rates.get(key), "{:.1f}", unit), st)
-        if key != "req_ps" or width > 60:
-            out.append_text(spark(m.history.get(key, ()), m.history_restarts, spark_w))
-            out.append("\n")
+        out.append_text(spark(m.history.get(key, ()), m.history_restarts, spark_w))
+        out.append("\n")
     return out
 
 
@@ -125,11 +129,15 @@ def latency_panel(frame: Frame, width: int, detail: bool = False) -> Text:
     span = max((s.span_s for s in m.latency.values() if s is not None), default=0.0)
     head = f"last {fmt_duration(span)}" if span else "collecting"
     out.append(f"window {fmt_duration(m.window_s)} ({head})\n", style="dim")
-    out.append(f"{'':<11}{'n':>5} {'p50':>9} {'p90':>9} {'p99':>9}\n", style="cyan")
+    wide = width >= 46  # 80 columns: a 36-column table with short labels
+    lw, nw, pw = (11, 6, 10) if wide else (6, 6, 8)
+    out.append(f"{'':<{lw}}{'n':>{nw}}{'p50':>{pw}}{'p90':>{pw}}{'p99':>{pw}}\n", style="cyan")
     for key in HISTOGRAMS:
         n, p50, p90, p99 = latency_text(m.latency.get(key))
-        out.append(f"{LAT_LABELS[key]:<11}", style="cyan")
-        out.append(f"{n:>5} {p50:>9} {p90:>9} {p99:>9}\n", style=st)
+        if not wide:
+            p50, p90, p99 = (c.replace("< ", "<").replace(" ms", "ms").replace(" s", "s") for c in (p50, p90, p99))
+        out.append(f"{(LAT_LABELS if wide else SHORT_LABELS)[key]:<{lw}}", style="cyan")
+        out.append(f"{n:>{nw}}{p50:>{pw}}{p90:>{pw}}{p99:>{pw}}\n", style=st)
     firsts = sorted({s.first_bound for s in m.latency.values() if s is not None and s.n})
     if firsts:
         out.append("'<' = inside the first bucket\n", style="dim")
@@ -221,7 +229,7 @@ def model_panel(frame: Frame, width: int) -> Text:
     slow = model.get("slowest_layers") or []
     if slow:
         out.append("slowest layers: ", style="cyan")
-        out.append(", ".join(f"{x['layer']} {fmt_s(x['total_s'])}" for x in slow[:3]) + "\n")
+        out.append(" · ".join(f"#{x['layer']} {fmt_s(x['total_s'])}" for x in slow[:3]) + "\n")
     kv = model.get("kv") or {}
     if kv.get("storage_bytes"):
         out.append("KV ", style="cyan")

@@ -219,12 +219,15 @@ class TopApp(App[None]):
             status.append(f" REC {self.recorder.frames} ", style="bold white on red")
         if frame is not None and frame.metrics.restart_now:
             status.append(" RESTART ", style="bold white on magenta")
-        status.append(f" {self.source.url} ")
+        small = self.screen.has_class("-small")
+        status.append(f" {self.source.url.split('://', 1)[-1] if small else self.source.url} ")
         interval = getattr(self.source, "recorded_interval_s", self.source.interval_s)
-        status.append(f"every {interval:g} s, window {getattr(self.source, 'window_s', 0):g} s", style="dim")
+        window = getattr(self.source, "window_s", 0)
+        pace = f"{interval:g}s/{window:g}s" if small else f"every {interval:g} s, window {window:g} s"
+        status.append(pace, style="dim")
         if self.clock_in_status and frame is not None:
             status.append(f"  {datetime.fromtimestamp(frame.t).strftime('%H:%M:%S')}", style="dim")
-        if self.screen.has_class("-small") and not self.zoomed:
+        if small and not self.zoomed:
             status.append("  z: more panels", style="dim")
         try:
             self.query_one("#status", Static).update(status, layout=False)

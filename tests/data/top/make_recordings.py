@@ -2,10 +2,11 @@
 
     python tests/data/top/make_recordings.py DIR/top.jsonl.gz
 
-loaded.jsonl.gz: the last 24 refreshes of the real recording, as recorded.
+loaded.jsonl.gz: the last 24 refreshes of the real recording, each raw scrape trimmed to the
+lines of the families top reads (compat/metrics.py; the rest is ~90 % of the bytes).
 restart.jsonl.gz: the same real scrapes with a failed scrape (connection refused) after the
 16th and then the first 8 again, one interval later each, with a new
-process_start_time_seconds: what a server killed and restarted looks like to top.
+process_start_time_seconds (35 s before the failed scrape): what a server killed and restarted looks like to top.
 """
 
 from __future__ import annotations
@@ -20,6 +21,21 @@ HERE = Path(__file__).resolve().parent
 KEEP = 24
 
 
+def trim(raw: str | None) -> str | None:
+    from vllm_doctor.live.derive import ALL_NAMES
+    from vllm_doctor.live.prom import _wanted
+
+    if raw is None:
+        return None
+    keep = []
+    for line in raw.splitlines():
+        words = line.split()
+        name = words[2] if line.startswith("#") and len(words) > 2 else line.split("{", 1)[0].split(" ", 1)[0]
+        if _wanted(name, ALL_NAMES):
+            keep.append(line)
+    return "\n".join(keep) + "\n"
+
+
 def write(path: Path, header: dict, records: list[dict]) -> None:
     with gzip.open(path, "wt", compresslevel=9) as fh:
         for rec in [header, *records]:
@@ -28,7 +44,7 @@ def write(path: Path, header: dict, records: list[dict]) -> None:
 
 def main() -> None:
     lines = [json.loads(x) for x in gzip.open(sys.argv[1], "rt")]
-    header, records = lines[0], lines[1:][-KEEP:]
+    header, records = lines[0], [{**r, "raw": trim(r["raw"])} for r in lines[1:][-KEEP:]]
     header["started"] = records[0]["t"]
     write(HERE / "loaded.jsonl.gz", header, records)
     step = records[1]["t"] - records[0]["t"]
@@ -39,7 +55,7 @@ def main() -> None:
                     "derived": None, "model": None})
     for i, rec in enumerate(records[:8]):
         raw = re.sub(r"^process_start_time_seconds (\S+)$",
-                     lambda m: f"process_start_time_seconds {float(m.group(1)) + 3600.0}",
+                     lambda m: f"process_start_time_seconds {t - 35.0}",
                      rec["raw"], flags=re.M)
         spliced.append({**rec, "seq": spliced[-1]["seq"] + 1, "t": t + step * (i + 1), "raw": raw})
     write(HERE / "restart.jsonl.gz", header, spliced)
