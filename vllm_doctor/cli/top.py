@@ -83,7 +83,12 @@ def run(args: argparse.Namespace) -> int:
     source = LiveSource(url, interval_s=args.interval, window_s=args.window, devices=devices, model=model)
     from vllm_doctor.tui.top_app import TopApp
 
-    TopApp(source, record_path=args.record, record=bool(args.record)).run()
+    try:
+        app = TopApp(source, record_path=args.record, record=bool(args.record))
+    except BaseException:
+        source.close()  # the model channel may have attached already: detach it
+        raise
+    app.run()
     return 0
 
 

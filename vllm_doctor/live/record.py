@@ -29,7 +29,10 @@ class Recorder:
 
     def __init__(self, path: str | os.PathLike[str], header: dict[str, Any]) -> None:
         self.path = Path(path)
-        self._raw: IO[bytes] = open(self.path, "wb")
+        try:
+            self._raw: IO[bytes] = open(self.path, "wb")  # closed in close()
+        except OSError as exc:
+            raise DoctorInputError(f"cannot write the recording {self.path}: {exc.strerror or exc}") from None
         self._gz = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=6)
         self.frames = 0
         self._write({"format": FORMAT, "version": VERSION, **header})

@@ -20,6 +20,7 @@ from textual.containers import Grid, VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Static
 
+from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.live.glossary import glossary
 from vllm_doctor.live.record import Recorder
 from vllm_doctor.live.sources import Frame, Source
@@ -293,7 +294,11 @@ class TopApp(App[None]):
             self.notify(f"recording stopped: {path}")
         else:
             path_s = self.record_path or datetime.now().strftime("vllm-doctor-top-%Y%m%d-%H%M%S.jsonl.gz")
-            self._start_recording(path_s)
+            try:
+                self._start_recording(path_s)
+            except DoctorInputError as exc:
+                self.notify(exc.message, severity="error")
+                return
             self.notify(f"recording to {path_s}")
         self._draw_status()
 
