@@ -38,14 +38,17 @@ def spark(values: Sequence[float | None], restarts: Sequence[bool], width: int) 
     finite = [v for v in vals if v is not None]
     top = max(finite) if finite else 0.0
     out = Text(" " * (width - len(vals)))
+    run: list[str] = []  # consecutive bars go in as one span (drawing cost grows with spans)
     for v, restart in zip(vals, marks, strict=True):
-        if restart:
-            out.append("│", style="bold red")
-        elif v is None:
-            out.append(" ")
-        else:
-            level = 0 if top <= 0 else min(len(BARS) - 1, int(v / top * (len(BARS) - 1) + 0.5))
-            out.append(BARS[level], style="green")
+        if v is not None and not restart:
+            run.append(BARS[0 if top <= 0 else min(len(BARS) - 1, int(v / top * (len(BARS) - 1) + 0.5))])
+            continue
+        if run:
+            out.append("".join(run), style="green")
+            run = []
+        out.append("│" if restart else " ", style="bold red" if restart else "")
+    if run:
+        out.append("".join(run), style="green")
     return out
 
 

@@ -50,8 +50,10 @@ class Panel(Static):
             text = self.render_fn(frame, width)
         self.set_class(frame.metrics.stale, "stale")
         if text != self._last:  # an unchanged panel is not drawn again (most of top's CPU is drawing)
+            lines = text.plain.count("\n")
+            relayout = self._last is None or lines != self._last.plain.count("\n")
             self._last = text
-            self.update(text, layout=False)  # a panel's size is the grid's, never its text's
+            self.update(text, layout=relayout)  # a panel is as tall as its text: re-laid out when that changes
 
 
 class HelpScreen(ModalScreen[None]):
@@ -81,7 +83,7 @@ class TopApp(App[None]):
     Screen { layout: vertical; }
     #status { height: 1; background: $boost; }
     #grid { grid-size: 3 2; grid-gutter: 0; height: 1fr; }
-    .panel { border: round $primary; padding: 0 1; height: 100%; overflow: hidden; }
+    .panel { border: round $primary; padding: 0 1; height: auto; max-height: 100%; overflow: hidden; }
     .panel.stale { color: $text-muted; border: round $warning; }
     Screen.-small #grid { grid-size: 2 2; }
     Screen.-small #devices, Screen.-small #model { display: none; }
