@@ -82,7 +82,7 @@ class TopApp(App[None]):
     CSS = """
     Screen { layout: vertical; }
     #status { height: 1; background: $boost; }
-    #grid { grid-size: 3 2; grid-gutter: 0; height: 1fr; }
+    #grid { grid-size: 3 2; grid-gutter: 0; grid-rows: auto; height: 1fr; }
     .panel { border: round $primary; padding: 0 1; height: auto; max-height: 100%; overflow: hidden; }
     .panel.stale { color: $text-muted; border: round $warning; }
     Screen.-small #grid { grid-size: 2 2; }
