@@ -11,6 +11,7 @@ import asyncio
 import http.server
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +120,21 @@ def test_a_gpu_is_drawn_with_every_number() -> None:
     for part in ("GPU0", "NVIDIA H200", "util 87%", "100.00 GiB/141.00 GiB", "512/700 W", "61°C", "sm 1980 MHz",
                  "pid 77", "90.00 GiB"):
         assert part in text, (part, text)
+
+
+def test_screenshot_runs_the_app_without_a_terminal(metrics_server: MetricsServer, tmp_path: Path) -> None:
+    from tests.conftest import run_doctor
+
+    shot = tmp_path / "top.svg"
+    proc = run_doctor(["top", metrics_server.url, "--screenshot", str(shot), "--seconds", "2", "--no-model",
+                       "--no-devices"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    svg = shot.read_text()
+    assert svg.startswith("<svg") and "LIVE" in svg and "generation" in svg
+
+
+def test_an_unwritable_recording_is_an_input_error(metrics_server: MetricsServer, tmp_path: Path) -> None:
+    from tests.conftest import run_doctor
+
+    proc = run_doctor(["top", metrics_server.url, "--record", str(tmp_path / "no" / "such" / "dir.gz"), "--no-model"])
+    assert proc.returncode == 2 and "cannot write the recording" in proc.stderr and "Traceback" not in proc.stderr

@@ -6,9 +6,11 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.files import write_text_atomic
 
 EPILOG = """\
 panels: engine state, throughput, latency (percentiles over --window with n), KV cache, GPUs
@@ -29,6 +31,7 @@ examples:
   vllm-doctor top http://127.0.0.1:8000
   vllm-doctor top 127.0.0.1:8000 --interval 2 --window 300 --record run.jsonl.gz
   vllm-doctor top 127.0.0.1:8000 --once --json          # two scrapes --interval apart
+  vllm-doctor top 127.0.0.1:8000 --screenshot top.svg --seconds 60   # no terminal needed
 """
 
 
@@ -50,6 +53,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--record", metavar="FILE", help="record every refresh to FILE (gzip JSONL; replay FILE)")
     p.add_argument("--once", action="store_true", help="print one refresh (two scrapes --interval apart) and exit")
     p.add_argument("--json", action="store_true", help="with --once: print JSON")
+    p.add_argument(
+        "--screenshot",
+        metavar="SVG",
+        help="run without a terminal for --seconds, then write the app's picture to SVG (160x48) and exit",
+    )
+    p.add_argument("--seconds", type=float, default=30.0, metavar="S", help="with --screenshot: how long (default 30)")
     p.add_argument("--no-model", action="store_true", help="do not attach to the worker extension (model panel off)")
     p.add_argument("--no-devices", action="store_true", help="do not sample GPUs / engine processes")
     p.set_defaults(handler=run)
@@ -60,6 +69,8 @@ def _check(args: argparse.Namespace) -> str:
 
     if args.interval <= 0 or args.window <= 0:
         raise DoctorInputError("--interval and --window must be positive")
+    if args.screenshot and args.once:
+        raise DoctorInputError("--screenshot runs the app; --once prints text: choose one")
     if args.json and not args.once:
         raise DoctorInputError("--json needs --once (the live view is interactive)")
     return normalize_url(args.url)
@@ -88,6 +99,17 @@ def run(args: argparse.Namespace) -> int:
     except BaseException:
         source.close()  # the model channel may have attached already: detach it
         raise
+    if args.screenshot:
+        shot = Path(args.screenshot)
+
+        def finish() -> None:
+            write_text_atomic(shot, app.export_screenshot(title=f"vllm-doctor top {url}"))
+            app.exit()
+
+        app.call_later(lambda: app.set_timer(args.seconds, finish))
+        app.run(headless=True, size=(160, 48))
+        print(f"wrote {shot}")
+        return 0
     app.run()
     return 0
 
