@@ -181,7 +181,8 @@ def main() -> None:
                      f" | {rows[-1]['rss_first_mb']:.1f} → {rows[-1]['rss_last_mb']:.1f} MB"
                      f" | {max(r['first_data_s'] for r in rows):.2f} s |")
         print(line)
-    print(f"\nrecording and screenshot in {out}")
+    print(f"\nload average at the end (1/5/15 min): {os.getloadavg()}; CPUs: {os.cpu_count()}")
+    print(f"recording and screenshot in {out}")
 
 
 if __name__ == "__main__":
