@@ -93,7 +93,9 @@ class ModelChannel:
 
         doc = None
         try:
-            doc = EngineDoctor(served_engine(self.url, timeout=self.timeout), probe=True)
+            # no op-by-op probe (attach's VD403/VD404): it slows the probed steps, and top watches
+            # a server that serves; the sampled profiler and the checks on its facts stay
+            doc = EngineDoctor(served_engine(self.url, timeout=self.timeout), probe=False)
             doc.attach()
             while not self._stop.is_set():
                 facts = doc.gather()
@@ -214,7 +216,8 @@ class LiveSource:
         self.deriver.window_s = value
 
     def poll(self) -> Frame:
-        text, error = scrape(self.url, min(self.timeout_s, max(0.2, self.interval_s)))
+        # a busy API server answers /metrics late: wait up to timeout_s (the next poll waits for this one)
+        text, error = scrape(self.url, self.timeout_s)
         t = self.clock()
         metrics = self.deriver.update(t, text, error)
         devices = None
