@@ -166,8 +166,18 @@ class TopApp(App[None]):
                 self._wake.clear()
                 continue
             t0 = time.monotonic()
-            with self._lock:
-                frame = self.source.poll()
+            try:
+                with self._lock:
+                    frame = self.source.poll()
+            except Exception as exc:  # a bug of the doctor's: say it, keep polling (the UI stays alive)
+                try:
+                    self.call_from_thread(
+                        self.notify, f"top failed to refresh: {type(exc).__name__}: {exc}", severity="error"
+                    )
+                except RuntimeError:
+                    break
+                self._wake.wait(max(1.0, self.source.interval_s))
+                continue
             if self._stop.is_set():
                 break
             try:
