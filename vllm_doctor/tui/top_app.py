@@ -153,7 +153,7 @@ class TopApp(App[None]):
     def on_resize(self, event: Any) -> None:
         self._fit(event.size.width, event.size.height)
         if self.frame is not None:
-            self.show_frame(self.frame, count=False)
+            self.call_after_refresh(self.show_frame, self.frame, False)
 
     def _fit(self, width: int, height: int) -> None:
         self.screen.set_class(width < 120 or height < 36, "-small")
@@ -292,8 +292,8 @@ class TopApp(App[None]):
         for panel in self.query(Panel):
             panel.set_class(panel.key == self.zoomed, "zoomed")
         self.screen.set_class(self.zoomed is not None, "-zoom")
-        if self.frame is not None:
-            self.show_frame(self.frame, count=False)
+        if self.frame is not None:  # after the new layout: panels draw for their new width
+            self.call_after_refresh(self.show_frame, self.frame, False)
         self._draw_status()
 
     def action_record(self) -> None:
