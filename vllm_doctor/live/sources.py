@@ -1,0 +1,250 @@
+"""The sources behind ``vllm-doctor top``: one interface, typed frames.
+
+A :class:`Source` answers :meth:`Source.poll` with a :class:`Frame` (metrics derived from a
+``/metrics`` scrape, the devices, the model seen from inside); ``top`` polls a
+:class:`LiveSource`, ``replay`` a :class:`vllm_doctor.live.record.ReplaySource`. The app only
+draws frames. Every external call is time-boxed; nothing here raises for a server that is down.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vllm_doctor.compat.http import normalize_url
+from vllm_doctor.live.derive import Deriver, MetricsFrame
+
+__all__ = ["EnginePids", "Frame", "LiveSource", "ModelChannel", "Source", "model_summary", "normalize_url", "scrape"]
+
+MAX_SCRAPE_BYTES = 16 * 2**20
+MODEL_EVERY_S = 5.0
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One refresh: what every panel draws."""
+
+    seq: int
+    t: float
+    url: str
+    interval_s: float
+    metrics: MetricsFrame
+    devices: dict[str, Any] | None = None  # DevicesFrame.to_json() (live/devices.py), or None
+    model: dict[str, Any] | None = None  # ModelChannel.latest (None: the channel is off)
+    raw: str | None = field(default=None, repr=False)  # the scrape as received (recording only)
+    replay: dict[str, Any] | None = None  # position in a recording: {"index", "count", "speed"}
+
+
+class Source(Protocol):
+    url: str
+
+    @property
+    def interval_s(self) -> float:
+        """Wall seconds between two polls."""
+        ...
+
+    def poll(self) -> Frame: ...
+
+    def close(self) -> None: ...
+
+
+def scrape(url: str, timeout: float) -> tuple[str | None, str]:
+    """GET ``url``/metrics within ``timeout`` seconds: (text, "") or (None, why not)."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=timeout) as resp:
+            raw = resp.read(MAX_SCRAPE_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        return None, f"/metrics answered HTTP {exc.code}"
+    except (OSError, ValueError) as exc:  # refused, reset, timed out, bad URL
+        reason = getattr(exc, "reason", None) or exc
+        return None, f"cannot reach {url}: {reason}"
+    if len(raw) > MAX_SCRAPE_BYTES:
+        return None, f"/metrics answered more than {MAX_SCRAPE_BYTES // 2**20} MiB"
+    return raw.decode("utf-8", errors="replace"), ""
+
+
+class ModelChannel:
+    """The model from inside: the doctor's worker extension, through ``/collective_rpc``.
+
+    Works when the server runs with ``VLLM_DOCTOR=1`` and ``VLLM_SERVER_DEV_MODE=1``. A
+    background thread attaches once (the sampled forward profiler, as ``vllm-doctor attach``),
+    gathers every few seconds (bounded JSON replies; the workers only copy what they
+    recorded, never block a step on the doctor) and detaches on :meth:`close`.
+    """
+
+    def __init__(self, url: str, every_s: float = MODEL_EVERY_S, timeout: float = 10.0) -> None:
+        self.url = url
+        self.every_s = every_s
+        self.timeout = timeout
+        self.latest: dict[str, Any] = {"available": False, "reason": "connecting to the worker extension"}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vllm-doctor-model", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from vllm_doctor.errors import DoctorInputError
+        from vllm_doctor.live.attach import EngineDoctor, ExtensionMissing, build_engine_report, served_engine
+
+        doc = None
+        try:
+            # no op-by-op probe (attach's VD403/VD404): it slows the probed steps, and top watches
+            # a server that serves; the sampled profiler and the checks on its facts stay
+            doc = EngineDoctor(served_engine(self.url, timeout=self.timeout), probe=False)
+            doc.attach()
+            while not self._stop.is_set():
+                facts = doc.gather()
+                report = build_engine_report(facts, doc.handle.model_name())
+                self.latest = model_summary(report.to_dict())
+                self._stop.wait(self.every_s)
+        except (ExtensionMissing, DoctorInputError) as exc:
+            self.latest = {"available": False, "reason": str(getattr(exc, "message", exc))[:300]}
+        except Exception as exc:  # the channel is optional: say why it stopped, keep the rest running
+            self.latest = {"available": False, "reason": f"model channel failed: {type(exc).__name__}: {exc}"[:300]}
+        finally:
+            if doc is not None and doc.attached:
+                try:
+                    doc.detach()
+                except Exception:  # the server may be gone; nothing is left to undo then
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.timeout + 5)
+
+
+def model_summary(report: dict[str, Any], top_layers: int = 5) -> dict[str, Any]:
+    """What the model panel draws, from an engine report (plain JSON, bounded)."""
+    profile = report.get("profiles", {}).get("engine") or {}
+    anatomy = report.get("facts", {}).get("engine") or {}
+    phases = profile.get("phases") or {}
+    layers = (profile.get("layers") or {}).get("by_layer") or []
+    slow = sorted(layers, key=lambda x: -float(x.get("total_s") or 0.0))[:top_layers]
+    kv = anatomy.get("kv_cache") or {}
+    findings = [
+        {k: f.get(k) for k in ("code", "outcome", "severity", "message", "hint", "subject")}
+        for f in report.get("findings") or []
+        if str(f.get("code", "")).startswith(("VD4", "VD5")) and f.get("outcome") in ("fail", "warn", "crash")
+    ]
+    return {
+        "available": bool(profile.get("available")),
+        "reason": profile.get("reason") or profile.get("layers_reason") or "",
+        "model_class": (anatomy.get("model") or {}).get("class"),
+        "steps": len(profile.get("steps") or []),
+        "phases": {
+            p: {k: v.get(k) for k in ("steps", "tokens", "forward_s_mean", "step_s_p50", "tokens_per_s")}
+            for p, v in phases.items()
+        },
+        "slowest_layers": [{"layer": x.get("layer"), "total_s": x.get("total_s")} for x in slow],
+        "timed_fraction": (profile.get("layers") or {}).get("timed_fraction"),
+        "kv": {k: kv.get(k) for k in ("num_blocks", "block_size", "storage_bytes", "dtype", "num_layers")},
+        "findings": findings[:20],
+        "processes": [
+            {"pid": p.get("pid"), "role": p.get("role")} for p in anatomy.get("processes") or [] if p.get("pid")
+        ],
+    }
+
+
+class EnginePids:
+    """The engine's processes as ``(pid, label)`` for the devices sampler.
+
+    From /proc (live/proctree: the process listening on the URL's port and its children),
+    looked up again every ``every_s`` seconds (a restarted server has new pids); for a server
+    on another machine, from the model channel's anatomy when it has one; else none.
+    """
+
+    def __init__(self, url: str, model: ModelChannel | None, every_s: float = 10.0) -> None:
+        self.url = url
+        self.model = model
+        self.every_s = every_s
+        self._pids: list[tuple[int, str]] = []
+        self._at = -math.inf
+
+    def __call__(self) -> list[tuple[int, str]]:
+        now = time.monotonic()
+        if now - self._at >= (self.every_s if self._pids else 2.0):
+            self._at = now
+            self._pids = self._lookup()
+        return self._pids
+
+    def _lookup(self) -> list[tuple[int, str]]:
+        from vllm_doctor.errors import DoctorInputError
+        from vllm_doctor.live.proctree import discover
+
+        try:
+            return [(p.pid, p.label()) for p in discover(url=self.url) if p.role != "other"]
+        except (DoctorInputError, OSError):
+            pass
+        procs = (self.model.latest.get("processes") if self.model is not None else None) or []
+        return [(int(p["pid"]), str(p.get("role") or "")) for p in procs if p.get("pid")]
+
+
+class LiveSource:
+    """A running server at ``url``: scrapes ``/metrics``, samples devices, reads the model channel."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        interval_s: float = 1.0,
+        window_s: float = 60.0,
+        timeout_s: float = 2.0,
+        devices: Any = None,
+        model: ModelChannel | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = url
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.deriver = Deriver(window_s=window_s)
+        self.devices = devices  # a DeviceSampler (sample() -> DevicesFrame), or None
+        self.model = model
+        self.clock = clock
+        self.seq = 0
+
+    @property
+    def window_s(self) -> float:
+        return self.deriver.window_s
+
+    @window_s.setter
+    def window_s(self, value: float) -> None:
+        self.deriver.window_s = value
+
+    def poll(self) -> Frame:
+        # a busy API server answers /metrics late: wait up to timeout_s (the next poll waits for this one)
+        text, error = scrape(self.url, self.timeout_s)
+        t = self.clock()
+        metrics = self.deriver.update(t, text, error)
+        devices = None
+        if self.devices is not None:
+            try:
+                devices = self.devices.sample().to_json()
+            except Exception as exc:  # the sampler is a gateway; it should not raise, but never take top down
+                devices = {
+                    "nvml_available": False,
+                    "nvml_reason": f"device sampler failed: {exc}",
+                    "gpus": [],
+                    "processes": [],
+                }
+        self.seq += 1
+        return Frame(
+            seq=self.seq,
+            t=t,
+            url=self.url,
+            interval_s=self.interval_s,
+            metrics=metrics,
+            devices=devices,
+            model=dict(self.model.latest) if self.model is not None else None,
+            raw=text,
+        )
+
+    def close(self) -> None:
+        if self.model is not None:
+            self.model.close()
+        if self.devices is not None and hasattr(self.devices, "close"):
+            self.devices.close()

@@ -1,0 +1,261 @@
+"""What each panel of ``top`` draws, as pure functions of a frame (no I/O, no clock).
+
+Every function takes a :class:`~vllm_doctor.live.sources.Frame` and the panel's width and
+returns a ``rich.text.Text``; stale frames are drawn dim (the numbers are frozen at the last
+good scrape), unknown numbers as ``–``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from rich.text import Text
+
+from vllm_doctor.live.derive import HISTOGRAMS, LatencyStat, MetricsFrame, fmt_latency
+from vllm_doctor.live.sources import Frame
+from vllm_doctor.units import fmt_bytes, fmt_s
+
+BARS = "▁▂▃▄▅▆▇█"
+DASH = "–"
+LAT_LABELS = {"ttft": "TTFT", "itl": "inter-tok", "e2e": "end-to-end", "queue": "queue"}
+SHORT_LABELS = {"ttft": "TTFT", "itl": "ITL", "e2e": "E2E", "queue": "queue"}
+
+
+def num(value: float | None, fmt: str = "{:.1f}", unit: str = "") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return DASH
+    return fmt.format(value) + unit
+
+
+def spark(values: Sequence[float | None], restarts: Sequence[bool], width: int) -> Text:
+    """A sparkline of the last ``width`` values: gaps stay blank, restarts are a red ``│``."""
+    width = max(1, width)
+    vals = list(values)[-width:]
+    marks = list(restarts)[-len(vals) :] if restarts else [False] * len(vals)
+    marks = [False] * (len(vals) - len(marks)) + marks
+    finite = [v for v in vals if v is not None]
+    top = max(finite) if finite else 0.0
+    out = Text(" " * (width - len(vals)))
+    run: list[str] = []  # consecutive bars go in as one span (drawing cost grows with spans)
+    for v, restart in zip(vals, marks, strict=True):
+        if v is not None and not restart:
+            run.append(BARS[0 if top <= 0 else min(len(BARS) - 1, int(v / top * (len(BARS) - 1) + 0.5))])
+            continue
+        if run:
+            out.append("".join(run), style="green")
+            run = []
+        out.append("│" if restart else " ", style="bold red" if restart else "")
+    if run:
+        out.append("".join(run), style="green")
+    return out
+
+
+def bar(fraction: float | None, width: int) -> Text:
+    width = max(4, width)
+    if fraction is None:
+        return Text("·" * width, style="dim")
+    filled = round(max(0.0, min(1.0, fraction)) * width)
+    style = "red" if fraction >= 0.9 else "yellow" if fraction >= 0.7 else "green"
+    return Text("█" * filled, style=style) + Text("·" * (width - filled), style="dim")
+
+
+def _line(text: Text, label: str, value: str, style: str = "bold") -> None:
+    text.append(f"{label:<14}", style="cyan")
+    text.append(value + "\n", style=style)
+
+
+def _value_style(m: MetricsFrame) -> str:
+    return "dim" if m.stale else "bold"
+
+
+def engine_panel(frame: Frame, width: int) -> Text:
+    m = frame.metrics
+    v, st = m.values, _value_style(m)
+    out = Text()
+    _line(out, "running", num(v.get("running"), "{:.0f}"), st)
+    out.append_text(spark(m.history.get("running", ()), m.history_restarts, max(8, width - 2)))
+    out.append("\n")
+    _line(out, "waiting", num(v.get("waiting"), "{:.0f}"), st)
+    out.append_text(spark(m.history.get("waiting", ()), m.history_restarts, max(8, width - 2)))
+    out.append("\n")
+    preempt = num(v.get("preemptions"), "{:.0f}") + "  (" + num(m.rates.get("preempt_ps"), "{:.2f}", "/s") + ")"
+    _line(out, "preempted", preempt, st)
+    _line(out, "restarts seen", str(m.restarts), "bold red" if m.restarts else st)
+    start = v.get("start_time")
+    _line(out, "server up", fmt_duration(frame.t - start) if start else DASH, st)
+    if m.parse_errors:
+        out.append(f"{m.parse_errors} unreadable /metrics line(s)\n", style="yellow")
+    return out
+
+
+def fmt_duration(s: float) -> str:
+    s = max(0.0, s)
+    if s < 120:
+        return f"{s:.0f} s"
+    if s < 7200:
+        return f"{s / 60:.0f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def throughput_panel(frame: Frame, width: int) -> Text:
+    m = frame.metrics
+    st = _value_style(m)
+    out = Text()
+    spark_w = max(8, width - 2)
+    for key, label, unit in (
+        ("gen_tps", "generation", " tok/s"),
+        ("prompt_tps", "prompt", " tok/s"),
+        ("req_ps", "requests", " req/s"),
+    ):
+        _line(out, label, num(m.rates.get(key), "{:.1f}", unit), st)
+        out.append_text(spark(m.history.get(key, ()), m.history_restarts, spark_w))
+        out.append("\n")
+    return out
+
+
+def latency_text(stat: LatencyStat | None) -> tuple[str, str, str, str]:
+    """(n, p50, p90, p99) cells for one histogram."""
+    if stat is None:
+        return ("n/a", DASH, DASH, DASH)
+    if stat.n == 0:
+        return ("0", DASH, DASH, DASH)
+    qs = {round(q.q * 100): q.text() for q in stat.quantiles}
+    return (str(stat.n), qs.get(50, DASH), qs.get(90, DASH), qs.get(99, DASH))
+
+
+def latency_panel(frame: Frame, width: int, detail: bool = False) -> Text:
+    m = frame.metrics
+    st = _value_style(m)
+    out = Text()
+    span = max((s.span_s for s in m.latency.values() if s is not None), default=0.0)
+    head = f"last {fmt_duration(span)}" if span else "collecting"
+    out.append(f"window {fmt_duration(m.window_s)} ({head})\n", style="dim")
+    wide = width >= 46  # 80 columns: a 36-column table with short labels
+    lw, nw, pw = (11, 6, 10) if wide else (6, 6, 8)
+    out.append(f"{'':<{lw}}{'n':>{nw}}{'p50':>{pw}}{'p90':>{pw}}{'p99':>{pw}}\n", style="cyan")
+    for key in HISTOGRAMS:
+        n, p50, p90, p99 = latency_text(m.latency.get(key))
+        if not wide:
+            p50, p90, p99 = (c.replace("< ", "<").replace(" ms", "ms").replace(" s", "s") for c in (p50, p90, p99))
+        out.append(f"{(LAT_LABELS if wide else SHORT_LABELS)[key]:<{lw}}", style="cyan")
+        out.append(f"{n:>{nw}}{p50:>{pw}}{p90:>{pw}}{p99:>{pw}}\n", style=st)
+    firsts = sorted({s.first_bound for s in m.latency.values() if s is not None and s.n})
+    if firsts:
+        out.append("'<' = inside the first bucket\n", style="dim")
+    if detail:
+        for key in HISTOGRAMS:
+            stat = m.latency.get(key)
+            if stat is None:
+                continue
+            mean = fmt_latency(stat.mean_s) if stat.mean_s is not None else DASH
+            out.append(f"{LAT_LABELS[key]}: mean {mean}, first bucket {fmt_latency(stat.first_bound)}; ", style="dim")
+            for q in stat.quantiles:
+                hi = "+Inf" if math.isinf(q.hi) else fmt_latency(q.hi)
+                out.append(f"p{round(q.q * 100)} in [{fmt_latency(q.lo)}, {hi}] ", style="dim")
+            out.append("\n")
+    return out
+
+
+def kv_panel(frame: Frame, width: int) -> Text:
+    m = frame.metrics
+    st = _value_style(m)
+    usage = m.values.get("kv_usage")
+    out = Text()
+    _line(out, "usage", num(usage * 100 if usage is not None else None, "{:.1f}", " %"), st)
+    out.append_text(bar(usage, max(8, width - 2)))
+    out.append("\n")
+    blocks = m.kv_blocks
+    used = f"{usage * blocks:.0f} / {blocks}" if usage is not None and blocks else num(blocks, "{:.0f}")
+    _line(out, "blocks", used + (f" × {m.block_size} tok" if m.block_size else ""), st)
+    hit = m.prefix_hit_rate
+    _line(out, "prefix hits", num(hit * 100 if hit is not None else None, "{:.1f}", " %") + " (window)", st)
+    out.append_text(spark(m.history.get("kv_usage", ()), m.history_restarts, max(8, width - 2)))
+    out.append("\n")
+    return out
+
+
+def devices_panel(frame: Frame, width: int) -> Text:
+    d: dict[str, Any] | None = frame.devices
+    out = Text()
+    if d is None:
+        out.append("device sampling is off\n", style="dim")
+        return out
+    gpus = d.get("gpus") or []
+    if not d.get("nvml_available") or not gpus:
+        out.append("no NVML: ", style="yellow")
+        out.append(str(d.get("nvml_reason") or "no NVIDIA GPU") + "\n", style="dim")
+    for g in gpus:
+        util = num(g.get("util_gpu_pct"), "{:.0f}", "%")
+        mem = f"{fmt_bytes(g.get('mem_used'))}/{fmt_bytes(g.get('mem_total'))}"
+        out.append(f"GPU{g.get('index')} ", style="cyan")
+        out.append(f"{str(g.get('name') or '')[:20]}\n", style="dim")
+        out.append(f" util {util} mem {mem}\n", style="bold")
+        power = f"{num(g.get('power_w'), '{:.0f}')}/{num(g.get('power_limit_w'), '{:.0f}')} W"
+        clocks = f"sm {num(g.get('sm_clock_mhz'), '{:.0f}')} MHz"
+        out.append(f" {power} {num(g.get('temp_c'), '{:.0f}', '°C')} {clocks}\n")
+        for p in (g.get("processes") or [])[:4]:
+            out.append(
+                f"  pid {p.get('pid')} {str(p.get('name') or '')[:16]} {fmt_bytes(p.get('used_memory'))}\n", style="dim"
+            )
+    procs = d.get("processes") or []
+    if procs:
+        out.append(f"{'pid':>7} {'role':<12} {'cpu%':>6} {'rss':>11} {'thr':>4}\n", style="cyan")
+        for p in procs[:8]:
+            out.append(
+                f"{p.get('pid'):>7} {str(p.get('role') or '')[:12]:<12} {num(p.get('cpu_pct'), '{:.0f}'):>6} "
+                f"{fmt_bytes(p.get('rss')):>11} {num(p.get('threads'), '{:.0f}'):>4}\n"
+            )
+    elif not gpus:
+        out.append("no engine processes known yet\n", style="dim")
+    return out
+
+
+def model_panel(frame: Frame, width: int) -> Text:
+    model = frame.model
+    out = Text()
+    if model is None:
+        out.append("model channel off (start the server with VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1)\n", style="dim")
+        return out
+    if not model.get("available") and not model.get("steps"):
+        out.append(str(model.get("reason") or "not available") + "\n", style="dim")
+        return out
+    if model.get("model_class"):
+        out.append(str(model["model_class"]).rsplit(".", 1)[-1] + "\n", style="bold")
+    for phase, p in (model.get("phases") or {}).items():
+        out.append(f"{phase:<8}", style="cyan")
+        out.append(
+            f"{p.get('steps') or 0:>5} steps  fwd {fmt_s(p.get('forward_s_mean'))}  "
+            f"p50 step {fmt_s(p.get('step_s_p50'))}\n"
+        )
+    slow = model.get("slowest_layers") or []
+    if slow:
+        out.append("slowest layers: ", style="cyan")
+        out.append(" · ".join(f"#{x['layer']} {fmt_s(x['total_s'])}" for x in slow[:3]) + "\n")
+    kv = model.get("kv") or {}
+    if kv.get("storage_bytes"):
+        out.append("KV ", style="cyan")
+        out.append(f"{fmt_bytes(kv['storage_bytes'])} in {kv.get('num_blocks')} blocks ({kv.get('dtype')})\n")
+    findings = model.get("findings") or []
+    if not findings:
+        out.append("no VD4xx/VD5xx findings\n", style="green")
+    for f in findings[:4]:
+        style = "red" if f.get("severity") == "error" else "yellow"
+        out.append(f"{f.get('code')} ", style=style)
+        out.append(f"{str(f.get('message'))[: max(20, width - 8)]}\n")
+        if f.get("hint"):
+            out.append(f"  fix: {str(f['hint'])[: max(20, width - 9)]}\n", style="dim")
+    return out
+
+
+PANELS = {
+    "engine": ("engine", engine_panel),
+    "throughput": ("throughput", throughput_panel),
+    "latency": ("latency", latency_panel),
+    "kv": ("KV cache", kv_panel),
+    "devices": ("GPUs / processes", devices_panel),
+    "model": ("model (from inside)", model_panel),
+}
+# drawn first when the terminal is small (80x24): the four engine panels
+PRIORITY = ("engine", "throughput", "latency", "kv", "devices", "model")

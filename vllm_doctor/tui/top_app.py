@@ -1,0 +1,354 @@
+"""The ``top`` / ``replay`` app: a status bar and six panels that draw :class:`Frame` s.
+
+The source (live server or recording) is injected; a background thread polls it at the
+interval and hands each frame to the UI thread; the widgets only draw. Small terminals
+(80x24) show the four engine panels; 160x48 shows all six.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, ClassVar
+
+from rich.text import Text
+from textual.app import App, ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Grid, VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Footer, Static
+
+from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.live.glossary import glossary
+from vllm_doctor.live.record import Recorder
+from vllm_doctor.live.sources import Frame, Source
+from vllm_doctor.tui.panels import PANELS, latency_panel
+
+INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
+SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
+WINDOWS = (10.0, 30.0, 60.0, 300.0, 900.0)
+SEEK_STEP = 10
+
+
+class Panel(Static):
+    """One panel: a titled box that draws one part of a frame."""
+
+    def __init__(self, key: str) -> None:
+        title, self.render_fn = PANELS[key]
+        super().__init__(id=key, classes="panel")
+        self.border_title = title
+        self.key = key
+        self._last: Text | None = None
+
+    def draw(self, frame: Frame, zoomed: bool = False) -> None:
+        width = max(20, self.content_size.width or 36)
+        if self.key == "latency":
+            text = latency_panel(frame, width, detail=zoomed)
+        else:
+            text = self.render_fn(frame, width)
+        self.set_class(frame.metrics.stale, "stale")
+        if text != self._last:  # an unchanged panel is not drawn again (most of top's CPU is drawing)
+            lines = text.plain.count("\n")
+            relayout = self._last is None or lines != self._last.plain.count("\n")
+            self._last = text
+            self.update(text, layout=relayout)  # a panel is as tall as its text: re-laid out when that changes
+
+
+class HelpScreen(ModalScreen[None]):
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,question_mark,q", "app.pop_screen", "close")]
+
+    def compose(self) -> ComposeResult:
+        text = Text()
+        text.append("Every number, its source and its formula\n\n", style="bold")
+        panel = ""
+        for p, number, source, formula in glossary():
+            if p != panel:
+                text.append(f"{p}\n", style="bold cyan")
+                panel = p
+            text.append(f"  {number}: ", style="bold")
+            text.append(f"{source}\n", style="green")
+            text.append(f"      {formula}\n", style="dim")
+        text.append("\nkeys: p pause  +/- interval (replay: speed)  w latency window  z zoom  r record  q quit\n")
+        text.append("replay: ←/→ seek 10 refreshes, home/end first/last\n")
+        with VerticalScroll(id="help"):
+            yield Static(text)
+
+
+class TopApp(App[None]):
+    """``vllm-doctor top`` and ``vllm-doctor replay``."""
+
+    CSS = """
+    Screen { layout: vertical; }
+    #status { height: 1; background: $boost; }
+    #grid { grid-size: 3 2; grid-gutter: 0; grid-rows: auto; height: 1fr; }
+    .panel { border: round $primary; padding: 0 1; height: auto; max-height: 100%; overflow: hidden; }
+    .panel.stale { color: $text-muted; border: round $warning; }
+    Screen.-small #grid { grid-size: 2 2; }
+    Screen.-small #devices, Screen.-small #model { display: none; }
+    Screen.-zoom #grid { grid-size: 1 1; }
+    Screen.-zoom .panel { display: none; }
+    Screen.-zoom .panel.zoomed { display: block; }
+    HelpScreen { align: center middle; }
+    #help { width: 90%; height: 90%; border: round $accent; background: $surface; padding: 0 1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("question_mark", "help", "help"),
+        Binding("p", "pause", "pause"),
+        Binding("plus,equals_sign", "faster", "+"),
+        Binding("minus", "slower", "-"),
+        Binding("w", "window", "window"),
+        Binding("z", "zoom", "zoom"),
+        Binding("r", "record", "record"),
+        Binding("left", "seek(-1)", "seek", show=False),
+        Binding("right", "seek(1)", "seek", show=False),
+        Binding("home", "seek_to(0)", "first", show=False),
+        Binding("end", "seek_to(-1)", "last", show=False),
+        Binding("q", "quit", "quit"),
+    ]
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        record_path: str | None = None,
+        record: bool = False,
+        replay: bool = False,
+        clock_in_status: bool = True,
+    ) -> None:
+        super().__init__()
+        self.source = source
+        self.replay = replay
+        self.record_path = record_path
+        self.recorder: Recorder | None = None
+        self.clock_in_status = clock_in_status
+        self.paused = False
+        self.zoomed: str | None = None
+        self.frame: Frame | None = None
+        self.frames_shown = 0
+        self.first_data_at: float | None = None
+        self.started_at = time.monotonic()
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if record and record_path:
+            self._start_recording(record_path)
+
+    # -- layout -------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Static(id="status")
+        with Grid(id="grid"):
+            for key in PANELS:
+                yield Panel(key)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self._fit(self.size.width, self.size.height)
+        self._draw_status()
+        self._thread = threading.Thread(target=self._poll_loop, name="vllm-doctor-top", daemon=True)
+        self._thread.start()
+
+    def on_resize(self, event: Any) -> None:
+        self._fit(event.size.width, event.size.height)
+        if self.frame is not None:
+            self.call_after_refresh(self.show_frame, self.frame, False)
+
+    def _fit(self, width: int, height: int) -> None:
+        self.screen.set_class(width < 120 or height < 36, "-small")
+
+    # -- the poll thread ----------------------------------------------------------------------
+    def _poll_loop(self) -> None:
+        while not self._stop.is_set():
+            if self.paused:
+                self._wake.wait(0.25)
+                self._wake.clear()
+                continue
+            t0 = time.monotonic()
+            try:
+                with self._lock:
+                    frame = self.source.poll()
+            except Exception as exc:  # a bug of the doctor's: say it, keep polling (the UI stays alive)
+                try:
+                    self.call_from_thread(
+                        self.notify, f"top failed to refresh: {type(exc).__name__}: {exc}", severity="error"
+                    )
+                except RuntimeError:
+                    break
+                self._wake.wait(max(1.0, self.source.interval_s))
+                continue
+            if self._stop.is_set():
+                break
+            try:
+                self.call_from_thread(self.show_frame, frame)
+            except RuntimeError:  # the app is closing
+                break
+            self._wake.wait(max(0.02, self.source.interval_s - (time.monotonic() - t0)))
+            self._wake.clear()
+
+    def on_unmount(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._stop_recording()
+        self.source.close()
+
+    # -- drawing ------------------------------------------------------------------------------
+    def show_frame(self, frame: Frame, count: bool = True) -> None:
+        self.frame = frame
+        if count:
+            self.frames_shown += 1
+            if self.first_data_at is None and frame.metrics.ok:
+                self.first_data_at = time.monotonic() - self.started_at
+            if self.recorder is not None:
+                self.recorder.write(frame)
+        for panel in self.query(Panel):
+            panel.draw(frame, zoomed=panel.key == self.zoomed)
+        self._draw_status()
+
+    def _draw_status(self) -> None:
+        status = Text()
+        frame = self.frame
+        if self.replay:
+            info = (frame.replay if frame else None) or {}
+            status.append(" REPLAY ", style="bold black on cyan")
+            status.append(
+                f" {info.get('index', -1) + 1}/{info.get('count', '?')} ×{getattr(self.source, 'speed', 1):g} "
+            )
+        if frame is None:
+            status.append(" connecting ", style="bold black on yellow")
+        elif frame.metrics.stale:
+            age = frame.metrics.age_s
+            badge = f" STALE {age:.0f} s " if age is not None else " NO DATA "
+            status.append(badge, style="bold white on red")
+            status.append(f" {frame.metrics.error[:60]} ", style="red")
+        elif not self.replay:
+            status.append(" LIVE ", style="bold black on green")
+        if self.paused:
+            status.append(" PAUSED ", style="bold black on yellow")
+        if self.recorder is not None:
+            status.append(f" REC {self.recorder.frames} ", style="bold white on red")
+        if frame is not None and frame.metrics.restart_now:
+            status.append(" RESTART ", style="bold white on magenta")
+        small = self.screen.has_class("-small")
+        status.append(f" {self.source.url.split('://', 1)[-1] if small else self.source.url} ")
+        interval = getattr(self.source, "recorded_interval_s", self.source.interval_s)
+        window = getattr(self.source, "window_s", 0)
+        pace = f"{interval:g}s/{window:g}s" if small else f"every {interval:g} s, window {window:g} s"
+        status.append(pace, style="dim")
+        if self.clock_in_status and frame is not None:
+            status.append(f"  {datetime.fromtimestamp(frame.t).strftime('%H:%M:%S')}", style="dim")
+        if small and not self.zoomed:
+            status.append("  z: more panels", style="dim")
+        try:
+            self.query_one("#status", Static).update(status, layout=False)
+        except Exception:  # a modal screen is on top; the next frame redraws
+            pass
+
+    # -- keys ---------------------------------------------------------------------------------
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    def action_pause(self) -> None:
+        self.paused = not self.paused
+        self._wake.set()
+        self._draw_status()
+
+    def _step(self, faster: bool) -> None:
+        with self._lock:
+            if self.replay:
+                speed = float(getattr(self.source, "speed", 1.0))
+                seq = [s for s in SPEEDS if (s > speed if faster else s < speed)]
+                self.source.speed = (min(seq) if faster else max(seq)) if seq else speed  # type: ignore[attr-defined]
+            else:
+                now = self.source.interval_s
+                seq_i = [s for s in INTERVALS if (s < now if faster else s > now)]
+                setattr(self.source, "interval_s", (max(seq_i) if faster else min(seq_i)) if seq_i else now)  # noqa: B010
+        self._wake.set()
+        self._draw_status()
+
+    def action_faster(self) -> None:
+        self._step(True)
+
+    def action_slower(self) -> None:
+        self._step(False)
+
+    def action_window(self) -> None:
+        with self._lock:
+            now = float(getattr(self.source, "window_s", 60.0))
+            bigger = [w for w in WINDOWS if w > now]
+            self.source.window_s = bigger[0] if bigger else WINDOWS[0]  # type: ignore[attr-defined]
+        self._draw_status()
+
+    def action_zoom(self) -> None:
+        order = list(PANELS)
+        self.zoomed = (
+            order[0]
+            if self.zoomed is None
+            else (None if order.index(self.zoomed) == len(order) - 1 else order[order.index(self.zoomed) + 1])
+        )
+        for panel in self.query(Panel):
+            panel.set_class(panel.key == self.zoomed, "zoomed")
+        self.screen.set_class(self.zoomed is not None, "-zoom")
+        if self.frame is not None:  # after the new layout: panels draw for their new width
+            self.call_after_refresh(self.show_frame, self.frame, False)
+        self._draw_status()
+
+    def action_record(self) -> None:
+        if self.replay:
+            self.notify("a replay is not recorded again", severity="warning")
+            return
+        if self.recorder is not None:
+            path = self.recorder.path
+            self._stop_recording()
+            self.notify(f"recording stopped: {path}")
+        else:
+            path_s = self.record_path or datetime.now().strftime("vllm-doctor-top-%Y%m%d-%H%M%S.jsonl.gz")
+            try:
+                self._start_recording(path_s)
+            except DoctorInputError as exc:
+                self.notify(exc.message, severity="error")
+                return
+            self.notify(f"recording to {path_s}")
+        self._draw_status()
+
+    def _start_recording(self, path: str) -> None:
+        self.recorder = Recorder(
+            Path(path),
+            {
+                "url": self.source.url,
+                "interval_s": self.source.interval_s,
+                "window_s": getattr(self.source, "window_s", 60.0),
+                "started": time.time(),
+            },
+        )
+
+    def _stop_recording(self) -> None:
+        if self.recorder is not None:
+            self.recorder.close()
+            self.recorder = None
+
+    def action_seek(self, direction: int) -> None:
+        if not self.replay:
+            return
+        with self._lock:
+            index = int(getattr(self.source, "index", 0)) - 1 + direction * SEEK_STEP
+            self.source.seek(index)  # type: ignore[attr-defined]
+        self._after_seek()
+
+    def action_seek_to(self, index: int) -> None:
+        if not self.replay:
+            return
+        with self._lock:
+            count = len(getattr(self.source, "records", []))
+            self.source.seek(count - 1 if index < 0 else index)  # type: ignore[attr-defined]
+        self._after_seek()
+
+    def _after_seek(self) -> None:
+        if self.paused:  # show where the seek landed; playing resumes from there
+            with self._lock:
+                frame = self.source.poll()
+            self.show_frame(frame, count=False)
+        self._wake.set()
