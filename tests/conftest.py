@@ -23,7 +23,8 @@ def examples_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def variant_env(examples_dir: Path, name: str, **extra: str) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(examples_dir / name / "site"), str(REPO)])
+    # what PYTHONPATH already holds stays after them (the GPU machine carries vLLM in that way)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(examples_dir / name / "site"), str(REPO), env.get("PYTHONPATH", "")] if p)
     env["HF_HUB_OFFLINE"] = "1"
     env.pop("VLLM_PLUGINS", None)
     env.update(extra)

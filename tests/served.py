@@ -111,7 +111,7 @@ def blocking_engine(tmp: Path, args: Sequence[str] = SMALL_ENGINE) -> Iterator[B
     source = example / "site" / "tiny_doctor_forward_blocks" / "model.py"
     line = next(i for i, text in enumerate(source.read_text().splitlines(), 1) if "time.sleep(0.05)" in text)
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DOCTOR")}
-    env.update(PYTHONPATH=os.pathsep.join([str(example / "site"), str(REPO_ROOT)]),
+    env.update(PYTHONPATH=os.pathsep.join(p for p in [str(example / "site"), str(REPO_ROOT), env.get("PYTHONPATH", "")] if p),
                TINY_DOCTOR_BLOCK_FILE=str(tmp / "block"))
     with serve(example / "model", tmp / "server.log", env, args) as served:
         yield BlockingEngine(served.base, served.proc.pid, str(example / "model"), tmp / "block",
@@ -194,7 +194,8 @@ class ServedEngine:
             from tests.fixtures.entry_points import doctor_entry_point_site
 
             paths.insert(0, str(doctor_entry_point_site(self.tmp / "ep")))
-        env.update(PYTHONPATH=os.pathsep.join(paths), VLLM_DOCTOR="1",
+        paths.append(env.get("PYTHONPATH", ""))
+        env.update(PYTHONPATH=os.pathsep.join(p for p in paths if p), VLLM_DOCTOR="1",
                    VLLM_DOCTOR_DIR=str(self.procs_dir), VLLM_SERVER_DEV_MODE="1")
         self.env = env
 
