@@ -39,10 +39,19 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def _plugin_arg() -> list[str]:
+    """``-p`` for the doctor's pytest plugin where its entry point is not installed (a source
+    checkout on PYTHONPATH, as on the GPU machine)."""
+    from importlib.metadata import entry_points
+
+    installed = any(ep.value == "vllm_doctor.pytest_plugin.plugin" for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "vllm_doctor.pytest_plugin.plugin"]
+
+
 def run_author_tests(built: Path, name: str, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
     report = tmp_path / f"{name}.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", str(EXAMPLE_TESTS), "-p", "no:cacheprovider", "-rA",
+        [sys.executable, "-m", "pytest", str(EXAMPLE_TESTS), "-p", "no:cacheprovider", "-rA", *_plugin_arg(),
          "--vllm-doctor-model", str(built / name / "model"), "--vllm-doctor-report", str(report), *args],
         env=variant_env(built, name), capture_output=True, text=True, timeout=900, cwd=tmp_path,
         stdin=subprocess.DEVNULL,
