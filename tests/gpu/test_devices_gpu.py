@@ -54,6 +54,8 @@ def test_a_real_gpu_sample_shows_readings_and_our_cuda_process(cuda_child: subpr
                 break
             time.sleep(0.2)
             frame = sampler.sample()
+        time.sleep(0.2)
+        frame = sampler.sample()  # CPU% needs two samples of the same process
     assert frame.nvml_available, frame.nvml_reason
     assert frame.gpus and frame.gpus[0].name and frame.gpus[0].uuid.startswith("GPU-")
     gpu = frame.gpus[0]
