@@ -1156,7 +1156,8 @@ _BUILD_STAGES = {
         "and build layers with the arguments vLLM's layer classes take."
     ),
     requires=("weights-pass",),
-    defers_to=("VD101", "VD103", "VD105", "VD106", "VD108", "VD109", "VD111", "VD201", "VD205", "VD309"),
+    # VD2: the class's interface (vLLM's config refuses a class whose forward or compute_logits it rejects)
+    defers_to=("VD101", "VD103", "VD104", "VD105", "VD106", "VD108", "VD109", "VD111", "VD2", "VD309"),
 )
 def model_build_failed(facts: Facts, emit: Emit) -> Iterable[Finding]:
     data = facts.weight_load

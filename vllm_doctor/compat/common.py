@@ -41,13 +41,15 @@ _LIBRARY_PARTS = ("/vllm/", "/torch/", "/transformers/", "/vllm_doctor/", "/site
 
 def user_frame(exc: BaseException) -> str | None:
     """``file:line in function`` of the deepest frame of the root cause that is not vLLM's, torch's,
-    transformers' or the doctor's own code (the model's line), else of the deepest frame."""
+    transformers' or the doctor's own code (the model's line); None when there is none."""
     root = exception_chain(exc)[-1]
     frames = traceback.extract_tb(root.__traceback__)
     if not frames:
         return None
     own = [f for f in frames if not any(part in f.filename.replace("\\", "/") for part in _LIBRARY_PARTS)]
-    frame = (own or frames)[-1]
+    if not own:  # vLLM's own code refused the model: its message says why, a vLLM line would not
+        return None
+    frame = own[-1]
     return f"{frame.filename}:{frame.lineno} in {frame.name}"
 
 
