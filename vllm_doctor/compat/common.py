@@ -36,7 +36,23 @@ def exception_chain(exc: BaseException) -> list[BaseException]:
     return chain
 
 
-_LIBRARY_PARTS = ("/vllm/", "/torch/", "/transformers/", "/vllm_doctor/", "/site-packages/pydantic", "<frozen ")
+# never the model's own line: vLLM, torch, transformers, the doctor, pydantic, the stdlib's process plumbing
+_LIBRARY_PARTS = (
+    "/vllm/",
+    "/torch/",
+    "/transformers/",
+    "/vllm_doctor/",
+    "/site-packages/pydantic",
+    "<frozen ",
+    "/multiprocessing/",
+    "/concurrent/",
+)
+
+
+def is_library_file(filename: str) -> bool:
+    """True for a frame's file that is not the model author's code (see :data:`_LIBRARY_PARTS`)."""
+    name = filename.replace("\\", "/")
+    return any(part in name for part in _LIBRARY_PARTS)
 
 
 def user_frame(exc: BaseException) -> str | None:
@@ -46,7 +62,7 @@ def user_frame(exc: BaseException) -> str | None:
     frames = traceback.extract_tb(root.__traceback__)
     if not frames:
         return None
-    own = [f for f in frames if not any(part in f.filename.replace("\\", "/") for part in _LIBRARY_PARTS)]
+    own = [f for f in frames if not is_library_file(f.filename)]
     if not own:  # vLLM's own code refused the model: its message says why, a vLLM line would not
         return None
     frame = own[-1]

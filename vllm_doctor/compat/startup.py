@@ -12,7 +12,7 @@ import re
 import traceback
 from typing import Any
 
-from vllm_doctor.compat.common import exception_chain
+from vllm_doctor.compat.common import exception_chain, is_library_file
 
 # vLLM function name -> phase (V1 and V2 model runners, vLLM 0.26-0.32); generic orchestrators
 # (``_initialize_kv_caches``, ``__init__``) are deliberately absent
@@ -82,7 +82,6 @@ _WRAPPERS = (
     "initialization failed",
     "died unexpectedly",
 )
-_LIBRARY_PARTS = ("/vllm/", "/torch/", "/transformers/", "/vllm_doctor/", "/multiprocessing/", "/concurrent/")
 
 
 def is_wrapper_error(text: str) -> bool:
@@ -131,7 +130,7 @@ def root_cause_from_log(text: str) -> dict[str, Any] | None:
         if "/vllm/" in file and func in PHASE_OF_FUNCTION:
             phase, function = PHASE_OF_FUNCTION[func], f"{func} ({_short(file)}:{line})"
             break
-    own = [f for f in frames if not any(part in f[0] for part in _LIBRARY_PARTS)]
+    own = [f for f in frames if not is_library_file(f[0])]
     where = own[-1] if own else None
     error = tb["error"]
     if ":" not in error:  # a bare `assert` in vLLM: say where it stands
