@@ -28,6 +28,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "model": set(),
     "units": set(),
     "files": set(),
+    "procfs": set(),
     "facts": {"model", "errors"},
     # gateways to foreign APIs (vLLM, torch, transformers, NVML); worker-side readers of vLLM
     "compat": {"constants", "errors", "model", "facts"},
@@ -39,7 +40,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "analysis": {"model", "facts", "units"},
     "checks": {"model", "facts", "analysis", "units"},
     # the doctor's side of a running engine
-    "live": {"constants", "errors", "model", "facts", "compat", "probes", "checks", "analysis"},
+    "live": {"constants", "errors", "model", "facts", "compat", "probes", "checks", "analysis", "procfs"},
     # the passes and the one child-process helper
     "stages": {
         "constants",
@@ -53,6 +54,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "live",
         "files",
         "units",
+        "procfs",
     },
     # renderers
     "report": {"model", "checks", "analysis", "units", "files"},

@@ -16,11 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from vllm_doctor.compat.nvml import NvmlSession
+from vllm_doctor.procfs import PAGE_SIZE, stat_fields
 
 PidsProvider = Callable[[], list[tuple[int, str]]]  # -> [(pid, role)], e.g. (1234, "engine core")
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 @dataclass(frozen=True)
@@ -100,17 +100,14 @@ class _ProcStat:
 
 def read_proc_stat(pid: int, proc: Path = Path("/proc")) -> _ProcStat | None:
     """``/proc/PID/stat`` parsed, or None when the process is gone (or /proc is unreadable)."""
-    try:
-        raw = (proc / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
-    except OSError:
+    fields = stat_fields(pid, proc)
+    if fields is None:
         return None
-    # the command name (field 2) may hold spaces and parentheses: the fields start after the last ')'
-    fields = raw[raw.rfind(")") + 2 :].split()
     try:  # fields[0] is field 3 (state): utime 14, stime 15, num_threads 20, starttime 22, rss 24
         return _ProcStat(
             start_ticks=int(fields[19]),
             cpu_ticks=int(fields[11]) + int(fields[12]),
-            rss=int(fields[21]) * _PAGE,
+            rss=int(fields[21]) * PAGE_SIZE,
             threads=int(fields[17]),
         )
     except (IndexError, ValueError):

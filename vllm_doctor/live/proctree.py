@@ -30,13 +30,13 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.procfs import PROC, stat_fields
 
 __all__ = ["ROLES", "ProcInfo", "Role", "discover", "label", "listening_pids", "read_proc", "title_of"]
 
 Role = Literal["api-server", "engine-core", "worker", "other"]
 ROLES: tuple[Role, ...] = ("api-server", "engine-core", "worker", "other")
 
-PROC = Path("/proc")
 # "<prefix>::<name>" as vLLM's set_process_title writes it (the prefix is configurable)
 TITLE_RE = re.compile(r"^(?P<prefix>[A-Za-z0-9_.-]+)::(?P<name>[A-Za-z]+)(?P<suffix>(?:_[A-Za-z]*\d+)*)")
 AXIS_RE = re.compile(r"_([A-Za-z]*)(\d+)")
@@ -88,15 +88,13 @@ class RawProc:
 
 def read_proc(pid: int, proc: Path = PROC) -> RawProc | None:
     """``/proc/PID/stat``, ``comm`` and ``cmdline``; None if the process is gone (or a kernel thread)."""
+    fields = stat_fields(pid, proc)
     try:
-        stat = (proc / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
         comm = (proc / str(pid) / "comm").read_text(encoding="utf-8", errors="replace").rstrip("\n")
         raw = (proc / str(pid) / "cmdline").read_bytes()
     except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
         return None
-    # "pid (comm) state ppid ...": comm may hold spaces and parentheses, so split at the last ')'
-    fields = stat.rpartition(")")[2].split()
-    if len(fields) < 2:
+    if fields is None or len(fields) < 2:
         return None
     cmdline = " ".join(part for part in raw.decode("utf-8", errors="replace").split("\0") if part).strip()
     return RawProc(pid=pid, ppid=int(fields[1]), comm=comm, cmdline=cmdline)

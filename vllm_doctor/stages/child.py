@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from vllm_doctor.files import write_json_atomic
+from vllm_doctor.procfs import PAGE_SIZE, PROC, stat_fields
 from vllm_doctor.units import fmt_bytes, parse_bytes
 
 PROGRESS_PREFIX = "@@vllm-doctor@@ "
@@ -131,25 +132,16 @@ def default_memory_limit() -> int | None:
 
 def group_rss(pgid: int) -> int:
     """Resident bytes of every process whose process group or session is ``pgid`` (Linux /proc)."""
-    page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
     total = 0
     try:
-        entries = os.listdir("/proc")
+        entries = os.listdir(PROC)
     except OSError:
         return 0
     for name in entries:
-        if not name.isdigit():
-            continue
+        fields = stat_fields(name) if name.isdigit() else None
         try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        # fields[0] is state: pgrp is fields[2], session fields[3], rss (pages) fields[21]
-        try:
-            if int(fields[2]) == pgid or int(fields[3]) == pgid:
-                total += int(fields[21]) * page
+            if fields and (int(fields[2]) == pgid or int(fields[3]) == pgid):
+                total += int(fields[21]) * PAGE_SIZE
         except (IndexError, ValueError):
             continue
     return total
