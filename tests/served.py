@@ -166,9 +166,9 @@ def hung(engine: BlockingEngine) -> Iterator[list[Any]]:
 
 
 def doctor_plugin_installed() -> bool:
-    from importlib.metadata import entry_points
+    from tests.fixtures.entry_points import entry_point_installed
 
-    return any(ep.value == "vllm_doctor.engine.plugin:register" for ep in entry_points(group="vllm.general_plugins"))
+    return entry_point_installed("vllm.general_plugins")
 
 
 @dataclass

@@ -42,10 +42,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _plugin_arg() -> list[str]:
     """``-p`` for the doctor's pytest plugin where its entry point is not installed (a source
     checkout on PYTHONPATH, as on the GPU machine)."""
-    from importlib.metadata import entry_points
+    from tests.fixtures.entry_points import doctor_entry_point, entry_point_installed
 
-    installed = any(ep.value == "vllm_doctor.pytest_plugin.plugin" for ep in entry_points(group="pytest11"))
-    return [] if installed else ["-p", "vllm_doctor.pytest_plugin.plugin"]
+    return [] if entry_point_installed("pytest11") else ["-p", doctor_entry_point("pytest11")]
 
 
 def run_author_tests(built: Path, name: str, tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict]:
