@@ -13,12 +13,20 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+def make_examples(out: Path, *names: str, variants_dir: Path | None = None, timeout: float = 300) -> Path:
+    """examples/make_examples.py into ``out``: the variants (or ports) ``names``, every variant when none
+    is named; ``variants_dir``: variants kept outside examples/ (the tests' own). Returns ``out``."""
+    only = ["--only", *names] if names else []
+    extra = ["--variants-dir", str(variants_dir)] if variants_dir else []
+    subprocess.run([sys.executable, str(REPO / "examples" / "make_examples.py"), str(out), *only, *extra],
+                   check=True, capture_output=True, timeout=timeout)
+    return out
+
+
 @pytest.fixture(scope="session")
 def examples_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every example variant (ok + broken), built by examples/make_examples.py."""
-    out = tmp_path_factory.mktemp("examples")
-    subprocess.run([sys.executable, str(REPO / "examples" / "make_examples.py"), str(out)], check=True, capture_output=True)
-    return out
+    return make_examples(tmp_path_factory.mktemp("examples"), timeout=1800)
 
 
 def variant_env(examples_dir: Path, name: str, **extra: str) -> dict[str, str]:

@@ -46,10 +46,9 @@ def post_json(url: str, body: dict[str, Any], timeout: float = 120) -> Any:
 
 def build_example(out: Path, name: str, variants_dir: Path | None = None) -> Path:
     """examples/make_examples.py for one variant (``variants_dir``: variants kept outside examples/)."""
-    extra = ["--variants-dir", str(variants_dir)] if variants_dir else []
-    subprocess.run([sys.executable, str(REPO_ROOT / "examples" / "make_examples.py"), str(out), "--only", name, *extra],
-                   check=True, capture_output=True, timeout=300)
-    return out / name
+    from tests.conftest import make_examples
+
+    return make_examples(out, name, variants_dir=variants_dir) / name
 
 
 def wait_for_health(base: str, proc: subprocess.Popen[bytes], log_path: Path, timeout: float) -> None:

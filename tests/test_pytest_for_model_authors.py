@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, variant_env
+from tests.conftest import REPO, make_examples, variant_env
 
 EXAMPLE_TESTS = REPO / "examples" / "pytest_for_model_authors" / "tests"
 PORTS = sorted(p.name for p in (REPO / "examples" / "pytest_for_model_authors" / "ports").iterdir() if p.is_dir())
@@ -31,12 +31,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("ports")
-    subprocess.run(
-        [sys.executable, str(REPO / "examples" / "make_examples.py"), str(out), "--only", "ok", "arch-typo", *PORTS],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    return out
+    return make_examples(tmp_path_factory.mktemp("ports"), "ok", "arch-typo", *PORTS)
 
 
 def _plugin_arg() -> list[str]:

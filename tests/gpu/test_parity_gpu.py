@@ -10,13 +10,11 @@ throughout; vLLM and the reference run one after the other on the GPU.
 from __future__ import annotations
 
 import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import make_examples
 from tests.gpu.test_engine_gpu import _cuda
 from tests.test_pytest_for_model_authors import run_author_tests
 
@@ -30,12 +28,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("gpu-ports")
-    subprocess.run(
-        [sys.executable, str(REPO / "examples" / "make_examples.py"), str(out), "--only", "ok", "rotary-gptj-layout"],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    return out
+    return make_examples(tmp_path_factory.mktemp("gpu-ports"), "ok", "rotary-gptj-layout")
 
 
 def test_the_working_example_matches_its_reference_on_cuda(built: Path, tmp_path: Path) -> None:

@@ -7,25 +7,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, make_examples
 
 pytest_plugins = ["pytester"]
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("plugin-examples")
-    subprocess.run(
-        [sys.executable, str(REPO / "examples" / "make_examples.py"), str(out), "--only", "ok", "architectures-missing"],
-        check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
-    return out
+    return make_examples(tmp_path_factory.mktemp("plugin-examples"), "ok", "architectures-missing")
 
 
 def run_with_site(
