@@ -146,7 +146,7 @@ def run_once(url: str, args: argparse.Namespace) -> int:
     from vllm_doctor.tui.panels import PANELS
 
     for key, (title, draw) in PANELS.items():
-        if key == "model":
+        if key in ("model", "history"):
             continue
         print(f"== {title}")
         print(draw(frame, 78).plain.rstrip())

@@ -51,8 +51,9 @@ class Snapshot:
     first_error: str = ""
 
 
-def snapshot(t: float, text: str) -> Snapshot:
-    expo = parse(text, ALL_NAMES)
+def snapshot(t: float, text: str, heads: dict[str, Any] | None = None) -> Snapshot:
+    """What one scrape says (``heads``: the parser's cache of label sets, kept by a :class:`Deriver`)."""
+    expo = parse(text, ALL_NAMES, heads)
     names = resolve(expo.families)
     values: dict[str, float] = {}
     for key in COUNTERS + GAUGES:
@@ -205,6 +206,7 @@ class Deriver:
         self.ring: deque[Snapshot] = deque(maxlen=WINDOW_RING)
         self.history: dict[str, deque[float | None]] = {k: deque(maxlen=history_len) for k in HISTORY_KEYS}
         self.history_restarts: deque[bool] = deque(maxlen=history_len)
+        self._heads: dict[str, Any] = {}  # prom.parse's label-set cache for this server
 
     def _restarted(self, prev: Snapshot, cur: Snapshot) -> bool:
         a, b = prev.values.get("start_time"), cur.values.get("start_time")
@@ -219,7 +221,7 @@ class Deriver:
 
     def update(self, t: float, text: str | None, error: str = "") -> MetricsFrame:
         """One refresh at wall time ``t``: ``text`` is the scrape, or None with ``error`` when it failed."""
-        cur = snapshot(t, text) if text is not None else None
+        cur = snapshot(t, text, self._heads) if text is not None else None
         if cur is not None and not cur.names:
             first = (text or "").strip().split("\n", 1)[0][:60]
             error = error or f"no vLLM metrics in the answer (it starts {first!r})"

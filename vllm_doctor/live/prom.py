@@ -139,25 +139,6 @@ def _parse_labels(text: str, pos: int) -> tuple[tuple[tuple[str, str], ...], int
             return tuple(labels), end.end()
 
 
-def parse_sample(line: str) -> Sample:
-    m = _NAME.match(line)
-    if m is None:
-        raise ValueError("bad metric name")
-    name, i = m.group(0), m.end()
-    labels: tuple[tuple[str, str], ...] = ()
-    if i < len(line) and line[i] == "{":
-        labels, i = _parse_labels(line, i)
-    elif i < len(line) and line[i] not in " \t":
-        raise ValueError("bad metric name")
-    rest = line[i:].split()
-    if not rest or len(rest) > 2:
-        raise ValueError("expected a value (and an optional timestamp)")
-    value = parse_value(rest[0])
-    if len(rest) == 2:
-        int(rest[1])  # a timestamp in ms; only checked
-    return Sample(name, labels, value)
-
-
 def _family_of(name: str, types: dict[str, str]) -> str:
     if name in types:
         return name
@@ -171,23 +152,57 @@ def _family_of(name: str, types: dict[str, str]) -> str:
 
 
 def _wanted(name: str, only: Container[str]) -> bool:
+    """Whether a sample of ``name`` belongs to a wanted family (``_created`` samples never do)."""
     if name in only:
         return True
-    for suffix in ("_total", "_bucket", "_sum", "_count", "_created", "_info"):
+    for suffix in ("_total", "_bucket", "_sum", "_count", "_info"):
         if name.endswith(suffix) and name[: -len(suffix)] in only:
             return True
     return False
 
 
-def parse(text: str, only: Collection[str] | None = None) -> Exposition:
+def _sample_head(head: str, only: Container[str] | None) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """A sample line's name and labels, from the line without its value (None: not wanted)."""
+    m = _NAME.match(head)
+    if m is None:
+        raise ValueError("bad metric name")
+    name, i = m.group(0), m.end()
+    if only is not None and not _wanted(name, only):
+        return None
+    labels: tuple[tuple[str, str], ...] = ()
+    if i < len(head) and head[i] == "{":
+        labels, i = _parse_labels(head, i)
+    if head[i:].strip():
+        raise ValueError("bad metric name")
+    return name, labels
+
+
+HEAD_CACHE_MAX = 8192
+
+
+def parse(
+    text: str,
+    only: Collection[str] | None = None,
+    heads: dict[str, tuple[str, tuple[tuple[str, str], ...]] | None] | None = None,
+) -> Exposition:
     """Parse an exposition; never raises (bad lines are counted).
 
-    ``only``: the family names wanted; samples of other families are skipped unparsed (a vLLM
-    answer has ~600 lines, top needs ~60 of them).
+    ``only``: the family names wanted; samples of other families (and ``_created`` samples,
+    which only say when a series began) are skipped unparsed: a vLLM answer has ~600 lines,
+    ``top`` needs ~100 of them, once a second.
+
+    ``heads``: a cache kept across scrapes of one server, from a sample line without its value
+    to its name and labels. A series repeats its line with a new value each scrape, so the
+    label sets are read once (bounded: cleared past ``HEAD_CACHE_MAX`` entries).
     """
     out = Exposition()
     prefixes = tuple(only) if only is not None else ()
     types: dict[str, str] = {}
+    family_of: dict[str, str] = {}  # sample name -> family name (a histogram repeats its names ~25 times)
+    if heads is None:
+        heads = {}
+    elif len(heads) > HEAD_CACHE_MAX:
+        heads.clear()
     lines = text.splitlines()
     if lines and text and not text.endswith("\n"):
         lines.pop()  # a cut answer: its last line may be cut inside a value (12 of 1234)
@@ -198,7 +213,10 @@ def parse(text: str, only: Collection[str] | None = None) -> Exposition:
             continue
         try:
             if line.startswith("#"):
-                parts = line[1:].strip().split(None, 2)
+                body = line[1:].lstrip()
+                if only is not None and body[:5] in ("HELP ", "TYPE ") and not body[5:].lstrip().startswith(prefixes):
+                    continue  # the HELP or TYPE of a family not wanted
+                parts = body.split(None, 2)
                 if len(parts) >= 2 and parts[0] in ("HELP", "TYPE"):
                     name = parts[1]
                     fam = out.families.setdefault(name, Family(name))
@@ -221,10 +239,27 @@ def parse(text: str, only: Collection[str] | None = None) -> Exposition:
                     else:
                         fam.help = _unescape_help(parts[2]) if len(parts) > 2 else ""
                 continue  # other comments are allowed
-            if only is not None and not (line.startswith(prefixes) and _wanted(_NAME.match(line)[0], only)):  # type: ignore[index]
+            if only is not None and not line.startswith(prefixes):
                 continue
-            sample = parse_sample(line)
-            fname = _family_of(sample.name, types)
+            brace = line.rfind("}")  # the value follows the labels; without labels, the name
+            cut = brace + 1 if brace >= 0 else len(line.split(None, 1)[0])
+            head_text = line[:cut]
+            if head_text in heads:
+                head = heads[head_text]
+            else:
+                head = heads[head_text] = _sample_head(head_text, only)
+            if head is None:
+                continue
+            rest = line[cut:].split()
+            if not rest or len(rest) > 2 or (cut < len(line) and line[cut] not in " \t"):
+                raise ValueError("expected a value (and an optional timestamp)")
+            value = parse_value(rest[0])
+            if len(rest) == 2:
+                int(rest[1])  # a timestamp in ms; only checked
+            sample = Sample(head[0], head[1], value)
+            fname = family_of.get(sample.name)
+            if fname is None:
+                fname = family_of[sample.name] = _family_of(sample.name, types)
             out.families.setdefault(fname, Family(fname)).samples.append(sample)
         except (ValueError, IndexError) as exc:
             out._error(lineno, str(exc))

@@ -8,10 +8,12 @@ draws frames. Every external call is time-boxed; nothing here raises for a serve
 
 from __future__ import annotations
 
+import http.client
 import math
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -67,6 +69,53 @@ def scrape(url: str, timeout: float) -> tuple[str | None, str]:
     if len(raw) > MAX_SCRAPE_BYTES:
         return None, f"/metrics answered more than {MAX_SCRAPE_BYTES // 2**20} MiB"
     return raw.decode("utf-8", errors="replace"), ""
+
+
+class Scraper:
+    """``scrape`` over one kept-alive connection (top asks once a second; a new connection each
+    time costs as much CPU as parsing the answer). Reconnects after any error."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        parts = urllib.parse.urlsplit(url)
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname or ""
+        self._port = parts.port
+        self._path = parts.path.rstrip("/") + "/metrics"
+        self._conn: http.client.HTTPConnection | None = None
+
+    def __call__(self, timeout: float) -> tuple[str | None, str]:
+        for attempt in (0, 1):  # a kept-alive connection the server closed: one fresh try
+            fresh = self._conn is None
+            try:
+                if self._conn is None:
+                    cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+                    self._conn = cls(self._host, self._port, timeout=timeout)
+                self._conn.timeout = timeout
+                if self._conn.sock is not None:
+                    self._conn.sock.settimeout(timeout)
+                self._conn.request("GET", self._path, headers={"Accept-Encoding": "identity"})
+                resp = self._conn.getresponse()
+                raw = resp.read(MAX_SCRAPE_BYTES + 1)
+                if len(raw) > MAX_SCRAPE_BYTES:
+                    self.close()
+                    return None, f"/metrics answered more than {MAX_SCRAPE_BYTES // 2**20} MiB"
+                if resp.will_close:
+                    self.close()
+                if resp.status != 200:
+                    return None, f"/metrics answered HTTP {resp.status}"
+                return raw.decode("utf-8", errors="replace"), ""
+            except (OSError, http.client.HTTPException, ValueError) as exc:
+                self.close()
+                if fresh or attempt:
+                    reason = getattr(exc, "reason", None) or exc or type(exc).__name__
+                    return None, f"cannot reach {self.url}: {reason}"
+        return None, f"cannot reach {self.url}"
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
 
 
 class ModelChannel:
@@ -153,24 +202,41 @@ def model_summary(report: dict[str, Any], top_layers: int = 5) -> dict[str, Any]
 class EnginePids:
     """The engine's processes as ``(pid, label)`` for the devices sampler.
 
-    From /proc (live/proctree: the process listening on the URL's port and its children),
-    looked up again every ``every_s`` seconds (a restarted server has new pids); for a server
-    on another machine, from the model channel's anatomy when it has one; else none.
+    From /proc (live/proctree: the process listening on the URL's port and its children); for
+    a server on another machine, from the model channel's anatomy when it has one; else none.
+    Finding the listener reads every process's open files (tens of ms), so it runs again only
+    when the processes found are gone (a restarted server has new pids: checked each call from
+    their /proc start times), every ``every_s`` seconds for late children, and, while nothing is
+    found, after 2, 4, 8 ... up to 30 seconds.
     """
 
-    def __init__(self, url: str, model: ModelChannel | None, every_s: float = 10.0) -> None:
+    def __init__(self, url: str, model: ModelChannel | None, every_s: float = 60.0) -> None:
         self.url = url
         self.model = model
         self.every_s = every_s
         self._pids: list[tuple[int, str]] = []
+        self._starts: dict[int, str | None] = {}
         self._at = -math.inf
+        self._backoff = 2.0
 
     def __call__(self) -> list[tuple[int, str]]:
         now = time.monotonic()
-        if now - self._at >= (self.every_s if self._pids else 2.0):
+        if self._pids:
+            due = now - self._at >= self.every_s or not self._alive()
+        else:
+            due = now - self._at >= self._backoff
+            if due and self._at > -math.inf:
+                self._backoff = min(30.0, self._backoff * 2)
+        if due:
             self._at = now
             self._pids = self._lookup()
+            self._starts = {pid: _start_time(pid) for pid, _ in self._pids}
+            if self._pids:
+                self._backoff = 2.0
         return self._pids
+
+    def _alive(self) -> bool:
+        return all(_start_time(pid) == start for pid, start in self._starts.items())
 
     def _lookup(self) -> list[tuple[int, str]]:
         from vllm_doctor.errors import DoctorInputError
@@ -182,6 +248,13 @@ class EnginePids:
             pass
         procs = (self.model.latest.get("processes") if self.model is not None else None) or []
         return [(int(p["pid"]), str(p.get("role") or "")) for p in procs if p.get("pid")]
+
+
+def _start_time(pid: int) -> str | None:
+    from vllm_doctor.procfs import stat_fields
+
+    fields = stat_fields(pid)
+    return fields[19] if fields is not None and len(fields) > 19 else None
 
 
 class LiveSource:
@@ -206,6 +279,7 @@ class LiveSource:
         self.model = model
         self.clock = clock
         self.seq = 0
+        self._scrape = Scraper(url)
 
     @property
     def window_s(self) -> float:
@@ -217,7 +291,7 @@ class LiveSource:
 
     def poll(self) -> Frame:
         # a busy API server answers /metrics late: wait up to timeout_s (the next poll waits for this one)
-        text, error = scrape(self.url, self.timeout_s)
+        text, error = self._scrape(self.timeout_s)
         t = self.clock()
         metrics = self.deriver.update(t, text, error)
         devices = None
@@ -244,6 +318,7 @@ class LiveSource:
         )
 
     def close(self) -> None:
+        self._scrape.close()
         if self.model is not None:
             self.model.close()
         if self.devices is not None and hasattr(self.devices, "close"):

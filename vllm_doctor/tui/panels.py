@@ -29,14 +29,18 @@ def num(value: float | None, fmt: str = "{:.1f}", unit: str = "") -> str:
     return fmt.format(value) + unit
 
 
-def spark(values: Sequence[float | None], restarts: Sequence[bool], width: int) -> Text:
-    """A sparkline of the last ``width`` values: gaps stay blank, restarts are a red ``│``."""
+def spark(values: Sequence[float | None], restarts: Sequence[bool], width: int, scale: float | None = None) -> Text:
+    """A sparkline of the last ``width`` values: gaps stay blank, restarts are a red ``│``.
+
+    Bars are relative to the largest value shown, or to ``scale`` (a fraction's 1.0: a KV cache
+    at 0.2 % stays a flat line, not full bars).
+    """
     width = max(1, width)
     vals = list(values)[-width:]
     marks = list(restarts)[-len(vals) :] if restarts else [False] * len(vals)
     marks = [False] * (len(vals) - len(marks)) + marks
     finite = [v for v in vals if v is not None]
-    top = max(finite) if finite else 0.0
+    top = scale if scale is not None else (max(finite) if finite else 0.0)
     out = Text(" " * (width - len(vals)))
     run: list[str] = []  # consecutive bars go in as one span (drawing cost grows with spans)
     for v, restart in zip(vals, marks, strict=True):
@@ -171,7 +175,7 @@ def kv_panel(frame: Frame, width: int) -> Text:
     _line(out, "blocks", used + (f" × {m.block_size} tok" if m.block_size else ""), st)
     hit = m.prefix_hit_rate
     _line(out, "prefix hits", num(hit * 100 if hit is not None else None, "{:.1f}", " %") + " (window)", st)
-    out.append_text(spark(m.history.get("kv_usage", ()), m.history_restarts, max(8, width - 2)))
+    out.append_text(spark(m.history.get("kv_usage", ()), m.history_restarts, max(8, width - 2), scale=1.0))
     out.append("\n")
     return out
 
@@ -249,6 +253,99 @@ def model_panel(frame: Frame, width: int) -> Text:
     return out
 
 
+LEVELS = " ▁▂▃▄▅▆▇█"
+HISTORY_BUCKET = 5  # refreshes per column of the tall charts
+CHART_ROWS = 12
+CHARTS = (
+    ("gen_tps", "generation tok/s", None),
+    ("running", "running requests", None),
+    ("kv_usage", "KV cache usage", 1.0),
+)
+
+
+def buckets(
+    values: Sequence[float | None], restarts: Sequence[bool], seq: int, bucket: int, columns: int
+) -> list[tuple[float | None, bool]]:
+    """The newest ``columns`` whole buckets of ``bucket`` refreshes: (mean, a restart inside).
+
+    Buckets are aligned on the refresh count ``seq``, so a column changes only when its bucket
+    is complete (the charts move once every ``bucket`` refreshes, not every refresh); a bucket
+    with no value is a gap.
+    """
+    vals = list(values)
+    marks = list(restarts)[-len(vals) :] if restarts else []
+    marks = [False] * (len(vals) - len(marks)) + marks
+    cut = len(vals) - (seq % bucket)  # drop the bucket still filling
+    out: list[tuple[float | None, bool]] = []
+    end = cut
+    while end - bucket >= 0 and len(out) < columns:
+        chunk = [v for v in vals[end - bucket : end] if v is not None]
+        out.append((sum(chunk) / len(chunk) if chunk else None, any(marks[end - bucket : end])))
+        end -= bucket
+    return out[::-1]
+
+
+def tall_chart(cols: Sequence[tuple[float | None, bool]], width: int, rows: int, scale: float | None) -> list[Text]:
+    """``rows`` lines of block bars (8 levels a row), newest on the right; gaps blank, restarts red."""
+    finite = [v for v, _ in cols if v is not None]
+    top = scale if scale is not None else (max(finite) if finite else 0.0)
+    pad = max(0, width - len(cols))
+    lines = []
+    for r in range(rows):
+        floor = (rows - 1 - r) * 8
+        cells = []
+        for v, restart in cols:
+            if restart:
+                cells.append("│")
+            elif v is None or top <= 0:
+                cells.append(" ")
+            else:
+                eighths = round(max(0.0, min(1.0, v / top)) * rows * 8)
+                cells.append(LEVELS[max(0, min(8, eighths - floor))])
+        line = Text(" " * pad)
+        line.append("".join(cells), style="green")
+        for i, (_, restart) in enumerate(cols):
+            if restart:
+                line.stylize("bold red", pad + i, pad + i + 1)
+        lines.append(line)
+    return lines
+
+
+def history_panel(frame: Frame, width: int) -> Text:
+    """Tall charts of the last minutes (a 160x48 terminal's lower half), one column per
+    ``HISTORY_BUCKET`` refreshes: generation throughput, running requests, KV cache usage."""
+    m = frame.metrics
+    gap = 3
+    chart_w = max(10, (width - gap * (len(CHARTS) - 1)) // len(CHARTS))
+    blocks = []
+    for key, label, scale in CHARTS:
+        cols = buckets(m.history.get(key, ()), m.history_restarts, frame.seq, HISTORY_BUCKET, chart_w)
+        finite = [v for v, _ in cols if v is not None]
+        top = scale if scale is not None else (max(finite) if finite else None)
+        if key == "kv_usage":
+            top_s = "100 %"
+        else:
+            top_s = num(top, "{:.1f}" if (top or 0) < 100 else "{:.0f}")
+        head = Text(f"{label}", style="cyan")
+        head.append(f"  max {top_s}"[: max(0, chart_w - len(label))], style="dim")
+        span_s = len(cols) * HISTORY_BUCKET * frame.interval_s
+        axis = f"-{fmt_duration(span_s)}" if cols else "collecting"
+        foot = Text(f"{axis:<{max(1, chart_w - 3)}}now"[:chart_w], style="dim")
+        blocks.append([head, *tall_chart(cols, chart_w, CHART_ROWS, scale), foot])
+    out = Text()
+    for row in zip(*blocks, strict=True):
+        for i, cell in enumerate(row):
+            piece = cell.copy()
+            piece.truncate(chart_w, pad=True)
+            out.append_text(piece)
+            if i < len(row) - 1:
+                out.append(" " * gap)
+        out.append("\n")
+    bucket_s = HISTORY_BUCKET * frame.interval_s
+    out.append(f"one column = {bucket_s:g} s (mean of {HISTORY_BUCKET} refreshes); │ = a restart\n", style="dim")
+    return out
+
+
 PANELS = {
     "engine": ("engine", engine_panel),
     "throughput": ("throughput", throughput_panel),
@@ -256,6 +353,7 @@ PANELS = {
     "kv": ("KV cache", kv_panel),
     "devices": ("GPUs / processes", devices_panel),
     "model": ("model (from inside)", model_panel),
+    "history": ("history", history_panel),
 }
 # drawn first when the terminal is small (80x24): the four engine panels
-PRIORITY = ("engine", "throughput", "latency", "kv", "devices", "model")
+PRIORITY = ("engine", "throughput", "latency", "kv", "devices", "model", "history")

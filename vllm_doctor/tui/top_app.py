@@ -1,8 +1,9 @@
-"""The ``top`` / ``replay`` app: a status bar and six panels that draw :class:`Frame` s.
+"""The ``top`` / ``replay`` app: a status bar and seven panels that draw :class:`Frame` s.
 
 The source (live server or recording) is injected; a background thread polls it at the
-interval and hands each frame to the UI thread; the widgets only draw. Small terminals
-(80x24) show the four engine panels; 160x48 shows all six.
+interval and hands each frame to the UI thread; the widgets only draw, and only the lines
+that changed. Small terminals (80x24) show the four engine panels; 160x48 adds the devices,
+the model and tall history charts.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, VerticalScroll
+from textual.geometry import Region, Size
 from textual.screen import ModalScreen
+from textual.strip import Strip
+from textual.widget import Widget
 from textual.widgets import Footer, Static
 
 from vllm_doctor.errors import DoctorInputError
@@ -32,28 +38,106 @@ WINDOWS = (10.0, 30.0, 60.0, 300.0, 900.0)
 SEEK_STEP = 10
 
 
-class Panel(Static):
-    """One panel: a titled box that draws one part of a frame."""
+class Panel(Widget):
+    """One panel: a titled box that draws one part of a frame.
+
+    Drawn through Textual's line API: each refresh compares the panel's new lines with the
+    ones on screen and repaints only those that changed (a number that moved, a sparkline that
+    shifted). Re-rendering whole panels was most of ``top``'s CPU.
+    """
 
     def __init__(self, key: str) -> None:
         title, self.render_fn = PANELS[key]
         super().__init__(id=key, classes="panel")
         self.border_title = title
         self.key = key
-        self._last: Text | None = None
+        self._lines: list[Text] = []
+        self._strips: list[Strip | None] = []  # the lines as drawn (cropped, styled); None: draw again
+        self._height = 0  # grows with the text, shrinks only on a new layout (no re-layout per frame)
+        self._width = -1
+        self._style: Style | None = None
+        self._resolved: dict[str | Style, Style] = {}  # a span's style over the panel's style
 
     def draw(self, frame: Frame, zoomed: bool = False) -> None:
-        width = max(20, self.content_size.width or 36)
+        content_width = self.content_size.width
+        width = max(20, content_width or 36)
         if self.key == "latency":
             text = latency_panel(frame, width, detail=zoomed)
         else:
             text = self.render_fn(frame, width)
-        self.set_class(frame.metrics.stale, "stale")
-        if text != self._last:  # an unchanged panel is not drawn again (most of top's CPU is drawing)
-            lines = text.plain.count("\n")
-            relayout = self._last is None or lines != self._last.plain.count("\n")
-            self._last = text
-            self.update(text, layout=relayout)  # a panel is as tall as its text: re-laid out when that changes
+        if self.has_class("stale") != frame.metrics.stale:
+            self.set_class(frame.metrics.stale, "stale")
+        lines = list(text.split("\n", allow_blank=True))
+        if lines and not lines[-1].plain:
+            lines.pop()  # the panel's text ends with a newline
+        old = self._lines
+        self._lines = lines
+        if len(lines) > self._height or self._width != content_width:
+            self._height = len(lines)
+            self._width = content_width
+            self._strips = [None] * self._height
+            self.refresh(layout=True)
+            return
+        changed = [y for y in range(self._height) if _at(lines, y) != _at(old, y)]
+        for y in changed:
+            self._strips[y] = None
+        if changed:
+            self.refresh(*(Region(0, y, content_width, 1) for y in changed))
+
+    def _segments(self, line: Text) -> list[Segment]:
+        """The line's segments over the panel's style (its colour, greyed when stale).
+
+        The panels' texts are built by appending, so their spans are in order and never
+        overlap: one segment per span, with the styles resolved once per panel. Anything
+        else goes through rich's general renderer.
+        """
+        base = self._style or Style()
+        plain, out, pos = line.plain, [], 0
+        for span in line.spans:
+            if span.start < pos:
+                line.style = base
+                return list(line.render(self.app.console))
+            if span.start > pos:
+                out.append(Segment(plain[pos : span.start], base))
+            style = self._resolved.get(span.style)
+            if style is None:
+                style = self._resolved[span.style] = base + self.app.console.get_style(span.style)
+            out.append(Segment(plain[span.start : span.end], style))
+            pos = span.end
+        if pos < len(plain):
+            out.append(Segment(plain[pos:], base))
+        return out
+
+    def notify_style_update(self) -> None:
+        super().notify_style_update()
+        self._style = None  # the theme or the stale class changed: every line is drawn again
+        self._resolved.clear()
+        self._strips = [None] * self._height
+
+    def on_resize(self) -> None:
+        self._width = -1
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        return max(1, self._height)
+
+    def render_line(self, y: int) -> Strip:
+        if self._width < 0:
+            self._width = self.content_size.width
+        if self._style is None:
+            self._style = self.rich_style
+        if y >= len(self._lines):
+            return Strip.blank(self._width, self._style)
+        strip = self._strips[y]
+        if strip is None:
+            strip = Strip(self._segments(self._lines[y]))
+            if strip.cell_length > self._width:
+                strip = strip.crop(0, self._width)
+            self._strips[y] = strip
+        return strip
+
+
+def _at(lines: list[Text], y: int) -> Text | None:
+    return lines[y] if y < len(lines) else None
 
 
 class HelpScreen(ModalScreen[None]):
@@ -82,11 +166,12 @@ class TopApp(App[None]):
     CSS = """
     Screen { layout: vertical; }
     #status { height: 1; background: $boost; }
-    #grid { grid-size: 3 2; grid-gutter: 0; grid-rows: auto; height: 1fr; }
+    #grid { grid-size: 3 3; grid-gutter: 0; grid-rows: auto auto 1fr; height: 1fr; }
+    #history { column-span: 3; }
     .panel { border: round $primary; padding: 0 1; height: auto; max-height: 100%; overflow: hidden; }
     .panel.stale { color: $text-muted; border: round $warning; }
     Screen.-small #grid { grid-size: 2 2; }
-    Screen.-small #devices, Screen.-small #model { display: none; }
+    Screen.-small #devices, Screen.-small #model, Screen.-small #history { display: none; }
     Screen.-zoom #grid { grid-size: 1 1; }
     Screen.-zoom .panel { display: none; }
     Screen.-zoom .panel.zoomed { display: block; }
@@ -133,6 +218,7 @@ class TopApp(App[None]):
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._status: Text | None = None  # the status line on screen (drawn again only when it changes)
         if record and record_path:
             self._start_recording(record_path)
 
@@ -242,10 +328,13 @@ class TopApp(App[None]):
             status.append(f"  {datetime.fromtimestamp(frame.t).strftime('%H:%M:%S')}", style="dim")
         if small and not self.zoomed:
             status.append("  z: more panels", style="dim")
+        if status == self._status:
+            return
         try:
             self.query_one("#status", Static).update(status, layout=False)
         except Exception:  # a modal screen is on top; the next frame redraws
-            pass
+            return
+        self._status = status
 
     # -- keys ---------------------------------------------------------------------------------
     def action_help(self) -> None:
