@@ -15,6 +15,8 @@ from vllm_doctor.live.prom import histogram_of, parse
 from vllm_doctor.live.record import Recorder, ReplaySource, read_recording
 from vllm_doctor.live.sources import Frame
 
+DATA = Path(__file__).resolve().parent.parent / "data" / "top"
+
 E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0)
 
 
@@ -166,6 +168,37 @@ def test_the_table_knows_every_name_the_installed_vllm_publishes() -> None:
     for metric in BY_KEY.values():
         if metric.names[0].startswith("vllm:"):
             assert f'"{metric.names[0]}"' in source, metric.names[0]
+
+
+def test_a_real_vllm_0_26_scrape_resolves_every_key_and_gives_its_numbers() -> None:
+    """/metrics of a vLLM 0.26.0 server on an H200 under load (saved by the GPU run of top)."""
+    text = gzip.open(DATA / "metrics-vllm-0.26.0-h200.txt.gz", "rt").read()
+    snap = snapshot(0.0, text)
+    assert set(snap.names) == set(BY_KEY)  # every key the doctor reads, under its 0.26 name
+    assert snap.parse_errors == 0
+    assert snap.names["itl"] == "vllm:inter_token_latency_seconds"
+    assert snap.names["kv_usage"] == "vllm:kv_cache_usage_perc"
+    assert snap.values["generation_tokens"] > 0 and snap.values["running"] > 0
+    assert set(snap.histograms) == {"ttft", "itl", "e2e", "queue"}
+    assert snap.info["block_size"] == "16" and int(snap.info["num_gpu_blocks"]) > 0
+
+
+def test_the_parser_cache_gives_the_same_families_as_a_fresh_parse() -> None:
+    text = gzip.open(DATA / "metrics-vllm-0.26.0-h200.txt.gz", "rt").read()
+    from vllm_doctor.live.derive import ALL_NAMES
+
+    heads: dict = {}
+    fresh = parse(text, ALL_NAMES)
+    for _ in range(2):  # the second time from the cache
+        cached = parse(text, ALL_NAMES, heads)
+        assert {k: (f.type, f.samples) for k, f in cached.families.items()} == {
+            k: (f.type, f.samples) for k, f in fresh.families.items()
+        }
+    assert heads and all(v is None or v[0].startswith(("vllm:", "process_")) for v in heads.values())
+    everything = parse(text)  # unfiltered: every family, _created samples included
+    assert "python_gc_objects_collected" in everything.families
+    assert everything.families["vllm:num_requests_running"].samples == fresh.families[
+        "vllm:num_requests_running"].samples
 
 
 # -- derived numbers -----------------------------------------------------------------------------

@@ -1,0 +1,122 @@
+"""The parts of ``top`` that keep it cheap: bucketed history charts, the kept-alive scrape,
+and the engine-process lookup that runs again only when the processes are gone."""
+
+from __future__ import annotations
+
+import http.server
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import ClassVar
+
+import pytest
+
+from vllm_doctor.live.sources import EnginePids, Scraper
+from vllm_doctor.tui.panels import buckets, tall_chart
+
+
+def test_history_columns_change_only_when_a_bucket_is_complete() -> None:
+    values = [float(i) for i in range(1, 13)]  # refreshes 1..12
+    restarts = [False] * 12
+    cols = buckets(values, restarts, seq=12, bucket=5, columns=10)
+    assert cols == [(3.0, False), (8.0, False)]  # 1-5 and 6-10; 11-12 still filling
+    later = buckets([*values, 13.0, 14.0], [*restarts, False, False], seq=14, bucket=5, columns=10)
+    assert later == cols  # two more refreshes: the same picture, nothing to redraw
+    full = buckets([*values, 13.0, 14.0, 15.0], [False] * 15, seq=15, bucket=5, columns=10)
+    assert full[-1] == (13.0, False)
+    assert buckets(values, restarts, seq=12, bucket=5, columns=1) == [(8.0, False)]  # the newest first
+
+
+def test_a_bucket_with_a_gap_or_a_restart_says_so() -> None:
+    cols = buckets([None] * 5 + [1.0, None, 3.0, None, None], [False] * 7 + [True, False, False], 10, 5, 4)
+    assert cols == [(None, False), (2.0, True)]
+    lines = tall_chart(cols, 4, 2, scale=None)
+    assert [line.plain for line in lines] == ["   │", "   │"]
+    assert any("red" in str(span.style) for span in lines[0].spans)
+
+
+def test_tall_chart_bars_are_eighths_of_rows_on_the_scale_given() -> None:
+    cols = [(1.0, False), (0.5, False), (0.0, False), (0.25, False)]
+    assert [line.plain for line in tall_chart(cols, 4, 2, scale=1.0)] == ["█   ", "██ ▄"]
+    assert [line.plain for line in tall_chart([(0.002, False)], 3, 2, scale=1.0)] == ["   ", "   "]
+
+
+class _Metrics(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive
+    connections: ClassVar[set[int]] = set()
+
+    def do_GET(self) -> None:
+        type(self).connections.add(id(self.connection))
+        body = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1.0\n"
+        self.send_response(200 if self.path == "/metrics" else 404)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def metrics_server() -> Iterator[http.server.ThreadingHTTPServer]:
+    _Metrics.connections = set()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_the_scrape_keeps_one_connection_and_reconnects_after_a_close(metrics_server) -> None:
+    url = f"http://127.0.0.1:{metrics_server.server_address[1]}"
+    scrape = Scraper(url)
+    for _ in range(5):
+        text, error = scrape(2.0)
+        assert error == "" and "vllm:num_requests_running 1.0" in (text or "")
+    assert len(_Metrics.connections) == 1
+    scrape._conn.sock.close()  # type: ignore[union-attr]  # the server side went away
+    text, error = scrape(2.0)
+    assert error == "" and text
+    assert Scraper(url + "/prefix")(2.0) == (None, "/metrics answered HTTP 404")
+    scrape.close()
+
+
+def test_an_unreachable_server_is_one_error_line() -> None:
+    text, error = Scraper("http://127.0.0.1:9")(1.0)
+    assert text is None and error.startswith("cannot reach http://127.0.0.1:9")
+
+
+def test_engine_processes_are_looked_up_again_only_when_gone() -> None:
+    """The policy, on a real process: its /proc start time says it is alive; once it is gone the
+    lookup runs at once; while nothing is found it backs off 2, 4, 8 ... s."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        pids = EnginePids("http://127.0.0.1:1", None, every_s=3600)
+        answers = [[(child.pid, "API server")]]
+        calls: list[int] = []
+
+        def lookup() -> list[tuple[int, str]]:
+            calls.append(1)
+            return answers[-1]
+
+        pids._lookup = lookup  # type: ignore[method-assign]  # discover() needs a vLLM server's tree
+        assert pids() == [(child.pid, "API server")] and len(calls) == 1
+        for _ in range(3):
+            assert pids() == [(child.pid, "API server")]
+        assert len(calls) == 1  # alive: no lookup
+        child.kill()
+        child.wait()
+        answers.append([])
+        assert pids() == [] and len(calls) == 2  # gone: looked up at once
+        assert pids() == [] and len(calls) == 2  # nothing found: waits
+        pids._at -= 2.5
+        assert pids() == [] and len(calls) == 3
+        pids._at -= 2.5
+        assert pids() == [] and len(calls) == 3  # the wait doubled to 4 s
+        pids._at -= 2.0
+        assert pids() == [] and len(calls) == 4
+    finally:
+        child.kill()
+        child.wait()
