@@ -40,7 +40,7 @@ async def wait_for(pilot: object, app: TopApp, predicate: Callable[[Frame], bool
 
 
 def panel_text(app: TopApp, key: str) -> str:
-    return str(app.query_one(f"#{key}", Panel).render())
+    return app.query_one(f"#{key}", Panel).plain
 
 
 async def _complete_async(server: ServedEngine, n: int, max_tokens: int) -> list[dict]:
@@ -90,6 +90,8 @@ def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: 
             await pilot.press("z")
             assert app.zoomed == "engine" and app.query_one("#throughput").display is False
             await pilot.press("z", "z", "z", "z", "z", "z")
+            assert app.zoomed == "history" and app.query_one("#history").display is True
+            await pilot.press("z")
             assert app.zoomed is None
             await pilot.resize_terminal(80, 24)
             await pilot.pause(0.3)

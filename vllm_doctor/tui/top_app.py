@@ -84,6 +84,11 @@ class Panel(Widget):
         if changed:
             self.refresh(*(Region(0, y, content_width, 1) for y in changed))
 
+    @property
+    def plain(self) -> str:
+        """What the panel shows, as plain text (tests, and anything that reads the screen)."""
+        return "\n".join(line.plain for line in self._lines)
+
     def _segments(self, line: Text) -> list[Segment]:
         """The line's segments over the panel's style (its colour, greyed when stale).
 
