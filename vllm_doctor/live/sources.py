@@ -12,9 +12,7 @@ import http.client
 import math
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -54,21 +52,6 @@ class Source(Protocol):
     def poll(self) -> Frame: ...
 
     def close(self) -> None: ...
-
-
-def scrape(url: str, timeout: float) -> tuple[str | None, str]:
-    """GET ``url``/metrics within ``timeout`` seconds: (text, "") or (None, why not)."""
-    try:
-        with urllib.request.urlopen(url + "/metrics", timeout=timeout) as resp:
-            raw = resp.read(MAX_SCRAPE_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        return None, f"/metrics answered HTTP {exc.code}"
-    except (OSError, ValueError) as exc:  # refused, reset, timed out, bad URL
-        reason = getattr(exc, "reason", None) or exc
-        return None, f"cannot reach {url}: {reason}"
-    if len(raw) > MAX_SCRAPE_BYTES:
-        return None, f"/metrics answered more than {MAX_SCRAPE_BYTES // 2**20} MiB"
-    return raw.decode("utf-8", errors="replace"), ""
 
 
 class Scraper:
@@ -116,6 +99,15 @@ class Scraper:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def scrape(url: str, timeout: float) -> tuple[str | None, str]:
+    """GET ``url``/metrics once within ``timeout`` seconds: (text, "") or (None, why not)."""
+    once = Scraper(url)
+    try:
+        return once(timeout)
+    finally:
+        once.close()
 
 
 class ModelChannel:
