@@ -18,7 +18,7 @@ import pytest
 from tests.unit.test_live_metrics import exposition
 from vllm_doctor.live.sources import Frame, LiveSource
 from vllm_doctor.tui.panels import devices_panel
-from vllm_doctor.tui.top_app import Panel, TopApp
+from vllm_doctor.tui.top_app import Panel, StatusBar, TopApp
 
 
 class MetricsServer:
@@ -80,12 +80,12 @@ def test_the_app_shows_stale_with_the_age_and_greys_the_numbers(metrics_server: 
         async with app.run_test(size=(80, 24)) as pilot:
             while app.frame is None or not app.frame.metrics.ok:
                 await pilot.pause(0.1)
-            assert "LIVE" in str(app.query_one("#status").render())
+            assert "LIVE" in app.query_one(StatusBar).plain
             metrics_server.body = "garbage\n"
             while not app.frame.metrics.stale:
                 await pilot.pause(0.1)
             await pilot.pause(0.1)
-            status = str(app.query_one("#status").render())
+            status = app.query_one(StatusBar).plain
             assert "STALE" in status and "no vLLM metrics" in status
             assert app.query_one("#engine", Panel).has_class("stale")
             # 80x24: the four engine panels, by priority; the other two behind z

@@ -22,7 +22,7 @@ from tests.served import ServedEngine
 from vllm_doctor.live.derive import Deriver
 from vllm_doctor.live.record import ReplaySource
 from vllm_doctor.live.sources import Frame, LiveSource, ModelChannel
-from vllm_doctor.tui.top_app import HelpScreen, Panel, TopApp
+from vllm_doctor.tui.top_app import HelpScreen, Panel, StatusBar, TopApp
 
 pytestmark = [
     pytest.mark.engine,
@@ -73,7 +73,7 @@ def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: 
             assert all(v is None or v >= 0 for v in m.history["gen_tps"])
             assert max(v for v in m.history["gen_tps"] if v is not None) > 0
             assert m.kv_blocks and m.kv_blocks > 0 and m.block_size
-            assert "running" in panel_text(app, "engine") and "LIVE" in str(app.query_one("#status").render())
+            assert "running" in panel_text(app, "engine") and "LIVE" in app.query_one(StatusBar).plain
             latency = panel_text(app, "latency")
             assert "end-to-end" in latency and "    4 " in latency
             model_text = panel_text(app, "model")
@@ -81,7 +81,7 @@ def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: 
             assert frame.model is not None and frame.model["phases"]["decode"]["steps"] > 0
             # keys: pause is visible, help names the metric, zoom shows one panel, 80x24 hides two
             await pilot.press("p")
-            assert "PAUSED" in str(app.query_one("#status").render())
+            assert "PAUSED" in app.query_one(StatusBar).plain
             await pilot.press("p")
             await pilot.press("question_mark")
             assert isinstance(app.screen, HelpScreen)
@@ -96,7 +96,7 @@ def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: 
             await pilot.resize_terminal(80, 24)
             await pilot.pause(0.3)
             assert app.query_one("#model").display is False and app.query_one("#latency").display is True
-            assert "z: more panels" in str(app.query_one("#status").render())
+            assert "z: more panels" in app.query_one(StatusBar).plain
             await pilot.press("r")  # recording off
             assert app.recorder is None
             await pilot.press("q")

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from vllm_doctor.live.record import ReplaySource
-from vllm_doctor.tui.top_app import TopApp
+from vllm_doctor.tui.top_app import StatusBar, TopApp
 
 DATA = Path(__file__).resolve().parent / "data" / "top"
 
@@ -92,7 +92,7 @@ def test_replay_keys_seek_and_change_speed() -> None:
             assert app.frame.replay is not None and app.frame.replay["index"] == 0
             await pilot.press("plus")
             assert source.speed == 2.0 and source.interval_s == source.recorded_interval_s / 2
-            assert "×2" in str(app.query_one("#status").render())
+            assert "×2" in app.query_one(StatusBar).plain
             await pilot.press("r")  # a replay is never recorded again
             assert app.recorder is None
             await pilot.press("q")

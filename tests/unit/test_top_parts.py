@@ -7,13 +7,20 @@ import http.server
 import subprocess
 import sys
 import threading
+from pathlib import Path
 from collections.abc import Iterator
 from typing import ClassVar
 
 import pytest
 
+from rich.text import Text
+
+from vllm_doctor.live.record import ReplaySource
 from vllm_doctor.live.sources import EnginePids, Scraper
-from vllm_doctor.tui.panels import buckets, tall_chart
+from vllm_doctor.tui.panels import PANELS, buckets, history_key, history_panel, latency_panel, tall_chart
+from vllm_doctor.tui.top_app import split_lines
+
+DATA = Path(__file__).resolve().parent.parent / "data" / "top"
 
 
 def test_history_columns_change_only_when_a_bucket_is_complete() -> None:
@@ -26,6 +33,47 @@ def test_history_columns_change_only_when_a_bucket_is_complete() -> None:
     full = buckets([*values, 13.0, 14.0, 15.0], [False] * 15, seq=15, bucket=5, columns=10)
     assert full[-1] == (13.0, False)
     assert buckets(values, restarts, seq=12, bucket=5, columns=1) == [(8.0, False)]  # the newest first
+
+
+def _rich_lines(text: Text) -> list[Text]:
+    lines = list(text.split("\n", allow_blank=True))
+    return lines[:-1] if lines and not lines[-1].plain else lines
+
+
+@pytest.mark.parametrize("recording", ["loaded.jsonl.gz", "h200.jsonl.gz", "restart.jsonl.gz"])
+def test_panels_split_into_the_same_lines_as_rich_splits_them(recording: str) -> None:
+    source = ReplaySource(DATA / recording)
+    checked = 0
+    for _ in range(len(source.records)):
+        frame = source.poll()
+        for key, (_, draw) in PANELS.items():
+            for width in (36, 49, 154):
+                texts = [draw(frame, width)]
+                if key == "latency":
+                    texts.append(latency_panel(frame, width, detail=True))
+                for text in texts:
+                    assert split_lines(text) == _rich_lines(text)
+                    checked += 1
+    assert checked > 100
+    # spans that overlap or cross lines go through rich and give the same lines
+    odd = Text("ab\ncd\n")
+    odd.stylize("red", 1, 4)
+    odd.stylize("bold", 0, 5)
+    assert split_lines(odd) == _rich_lines(odd) and len(split_lines(odd)) == 2
+    crossing = Text("ab\ncd\n\nef", spans=[])
+    crossing.stylize("red", 1, 4)
+    crossing.stylize("bold", 7, 9)
+    assert split_lines(crossing) == _rich_lines(crossing)
+
+
+def test_the_history_panel_is_drawn_again_only_when_its_key_changes() -> None:
+    source = ReplaySource(DATA / "loaded.jsonl.gz")
+    frames = [source.poll() for _ in range(len(source.records))]
+    keys = [history_key(f, 154) for f in frames]
+    assert len(set(map(repr, keys))) < len(frames) / 3  # a new picture once a bucket is complete
+    for a, b, key_a, key_b in zip(frames, frames[1:], keys, keys[1:], strict=False):
+        if key_a == key_b:
+            assert history_panel(a, 154) == history_panel(b, 154)
 
 
 def test_a_bucket_with_a_gap_or_a_restart_says_so() -> None:

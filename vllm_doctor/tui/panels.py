@@ -62,7 +62,10 @@ def bar(fraction: float | None, width: int) -> Text:
         return Text("·" * width, style="dim")
     filled = round(max(0.0, min(1.0, fraction)) * width)
     style = "red" if fraction >= 0.9 else "yellow" if fraction >= 0.7 else "green"
-    return Text("█" * filled, style=style) + Text("·" * (width - filled), style="dim")
+    out = Text()
+    out.append("█" * filled, style=style)
+    out.append("·" * (width - filled), style=f"{style} dim")  # spans in order, none overlapping
+    return out
 
 
 def _line(text: Text, label: str, value: str, style: str = "bold") -> None:
@@ -256,6 +259,7 @@ def model_panel(frame: Frame, width: int) -> Text:
 LEVELS = " ▁▂▃▄▅▆▇█"
 HISTORY_BUCKET = 5  # refreshes per column of the tall charts
 CHART_ROWS = 12
+HISTORY_GAP = 3  # columns between the charts
 CHARTS = (
     ("gen_tps", "generation tok/s", None),
     ("running", "running requests", None),
@@ -311,15 +315,29 @@ def tall_chart(cols: Sequence[tuple[float | None, bool]], width: int, rows: int,
     return lines
 
 
+def _chart_width(width: int) -> int:
+    return max(10, (width - HISTORY_GAP * (len(CHARTS) - 1)) // len(CHARTS))
+
+
+def history_key(frame: Frame, width: int) -> tuple[Any, ...]:
+    """Everything :func:`history_panel` draws from: equal keys, equal panels (it is redrawn only
+    when a bucket completes, the width or the interval changes)."""
+    chart_w = _chart_width(width)
+    m = frame.metrics
+    cols = tuple(
+        tuple(buckets(m.history.get(key, ()), m.history_restarts, frame.seq, HISTORY_BUCKET, chart_w))
+        for key, _, _ in CHARTS
+    )
+    return (width, frame.interval_s, cols)
+
+
 def history_panel(frame: Frame, width: int) -> Text:
     """Tall charts of the last minutes (a 160x48 terminal's lower half), one column per
     ``HISTORY_BUCKET`` refreshes: generation throughput, running requests, KV cache usage."""
-    m = frame.metrics
-    gap = 3
-    chart_w = max(10, (width - gap * (len(CHARTS) - 1)) // len(CHARTS))
+    gap = HISTORY_GAP
+    chart_w = _chart_width(width)
     blocks = []
-    for key, label, scale in CHARTS:
-        cols = buckets(m.history.get(key, ()), m.history_restarts, frame.seq, HISTORY_BUCKET, chart_w)
+    for (key, label, scale), cols in zip(CHARTS, history_key(frame, width)[2], strict=True):
         finite = [v for v, _ in cols if v is not None]
         top = scale if scale is not None else (max(finite) if finite else None)
         if key == "kv_usage":
