@@ -7,12 +7,11 @@ import http.server
 import subprocess
 import sys
 import threading
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import ClassVar
 
 import pytest
-
 from rich.text import Text
 
 from vllm_doctor.live.record import ReplaySource
