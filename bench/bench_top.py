@@ -1,19 +1,24 @@
 """What ``vllm-doctor top`` costs while a real server is under load, side by side in one run.
 
     python bench/bench_top.py [--seconds 60] [--clients 2] [--max-tokens 32] [--out DIR]
+    python bench/bench_top.py --url http://127.0.0.1:8011 --clients 64 --max-tokens 128   # a server you run
 
-Starts one real vLLM server (the example model, ``VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1``,
-tests/served.py), keeps ``--clients`` client threads sending completions, and runs three
-phases of ``--seconds`` each, in this order, twice (A B C A B C, so drift hits all alike):
+Without --url it starts one real vLLM server (the example model, ``VLLM_DOCTOR=1
+VLLM_SERVER_DEV_MODE=1``, tests/served.py); with --url it uses that server (start it with the
+same two variables to measure the model panel). ``--clients`` client threads keep sending
+completions (``ignore_eos``, ``--max-tokens`` each), and three phases of ``--seconds`` each run
+in this order, ``--rounds`` times (A B C A B C, so drift hits all alike):
 
   A  no top                              serving throughput only
   B  top at 1 Hz, model panel off        + the top process's CPU, RSS, first paint with data
   C  top at 1 Hz, model panel on         (the doctor's worker extension attached: profiling)
 
-top runs headless (Textual's headless driver, the same app and panels) in its own process;
-its CPU is read from /proc/PID/stat (utime + stime) once a second, its RSS from
-/proc/PID/status. "first paint" is the time from the app's start to the first frame with
-data drawn. Throughput is generated tokens / s counted by the clients (usage.completion_tokens).
+top runs headless (Textual's headless driver, the same app and panels, built as
+``vllm-doctor top URL`` builds them) in its own process; its CPU is read from /proc/PID/stat
+(utime + stime) once a second after its first 2 s, its RSS from /proc/PID/status. "first
+paint" is the wall time from starting top's process (interpreter start and imports included)
+to the first frame with data drawn; it is also measured before the load starts ("idle").
+Throughput is generated tokens / s counted by the clients (usage.completion_tokens).
 Prints a markdown table; --out DIR also writes a recording of the last C phase
 (top.jsonl.gz) and an SVG screenshot of the app at 160x48 (top.svg) taken at its end.
 """
@@ -21,6 +26,7 @@ Prints a markdown table; --out DIR also writes a recording of the last C phase
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -30,24 +36,20 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.served import ServedEngine  # noqa: E402 - the repo root is put on the path above
 
 CHILD = """
-import time
-T0 = time.monotonic()
-import json, sys
-from vllm_doctor.live.sources import LiveSource, ModelChannel
-from vllm_doctor.tui.top_app import TopApp
+import json, sys, time
 url, seconds, model_on, record, svg, out = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1", sys.argv[4], sys.argv[5], sys.argv[6]
-from vllm_doctor.live.devices import DeviceSampler
-from vllm_doctor.live.sources import EnginePids
-model = ModelChannel(url) if model_on else None
-source = LiveSource(url, interval_s=1.0, window_s=60.0, model=model, devices=DeviceSampler(EnginePids(url, model)))
+from vllm_doctor.cli.top import live_source  # as `vllm-doctor top URL` builds it
+source = live_source(url, 1.0, 60.0, model=model_on, devices=True)
+from vllm_doctor.tui.top_app import TopApp
 app = TopApp(source, record_path=record or None, record=bool(record))
 def finish():
     if svg:
@@ -55,8 +57,8 @@ def finish():
     app.exit()
 app.call_later(lambda: app.set_timer(seconds, finish))
 app.run(headless=True, size=(160, 48))
-first = None if app.first_data_at is None else app.first_data_at + (app.started_at - T0)
-json.dump({"first_data_s": first, "frames": app.frames_shown}, open(out, "w"))
+first = None if app.first_data_at is None else time.time() - (time.monotonic() - app.started_at - app.first_data_at)
+json.dump({"first_data_wall": first, "frames": app.frames_shown}, open(out, "w"))
 """
 
 
@@ -72,12 +74,42 @@ def proc_rss(pid: int) -> int:
     return 0
 
 
+class Server:
+    """An OpenAI-compatible server at ``base``: one keep-alive connection per client thread."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base.rstrip("/")
+        with urllib.request.urlopen(f"{self.base}/v1/models", timeout=30) as resp:
+            self.model = json.load(resp)["data"][0]["id"]
+        self.local = threading.local()
+
+    def complete(self, prompt: str, max_tokens: int) -> dict:
+        conn = getattr(self.local, "conn", None)
+        if conn is None:
+            parsed = urllib.parse.urlsplit(self.base)
+            conn = self.local.conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=300)
+        body = json.dumps({"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+                           "ignore_eos": True})
+        try:
+            conn.request("POST", "/v1/completions", body, {"content-type": "application/json"})
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException):
+            conn.close()
+            self.local.conn = None
+            raise
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {data[:300]!r}")
+        return json.loads(data)
+
+
 class Load:
     """Client threads sending completions without pause; counts generated tokens."""
 
-    def __init__(self, server: ServedEngine, clients: int, max_tokens: int) -> None:
+    def __init__(self, server: Server, clients: int, max_tokens: int) -> None:
         self.server, self.max_tokens = server, max_tokens
         self.tokens = 0
+        self.errors = 0
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
@@ -87,7 +119,13 @@ class Load:
     def _run(self, i: int) -> None:
         n = 0
         while not self.stop.is_set():
-            reply = self.server.complete(f"client {i} request {n} says hello", self.max_tokens)
+            try:
+                reply = self.server.complete(f"client {i} request {n} says hello", self.max_tokens)
+            except Exception:
+                with self.lock:
+                    self.errors += 1
+                time.sleep(0.5)
+                continue
             with self.lock:
                 self.tokens += int(reply["usage"]["completion_tokens"])
             n += 1
@@ -102,17 +140,32 @@ class Load:
             t.join(timeout=120)
 
 
-def phase(server: ServedEngine, load: Load, seconds: float, top: str | None, out: Path, tag: str) -> dict:
+def start_top(base: str, seconds: float, model_on: bool, out: Path, tag: str, keep: bool) -> tuple[subprocess.Popen, float]:
+    record = str(out / "top.jsonl.gz") if keep else ""
+    svg = str(out / "top.svg") if keep else ""
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    spawned = time.time()
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, base, str(seconds), "1" if model_on else "0", record, svg, str(out / f"{tag}.json")],
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return child, spawned
+
+
+def finish_top(child: subprocess.Popen, spawned: float, out: Path, tag: str) -> dict:
+    _, err = child.communicate(timeout=120)
+    if child.returncode != 0:
+        raise RuntimeError(f"top child failed: {err.decode()[-3000:]}")
+    info = json.loads((out / f"{tag}.json").read_text())
+    first = info.pop("first_data_wall")
+    info["first_data_s"] = None if first is None else first - spawned
+    return info
+
+
+def phase(server: Server, load: Load, seconds: float, top: str | None, out: Path, tag: str) -> dict:
     result: dict = {"phase": top or "none"}
     child = None
-    info = out / f"{tag}.json"
     if top is not None:
-        record = str(out / "top.jsonl.gz") if top == "model" else ""
-        svg = str(out / "top.svg") if top == "model" else ""
-        env = dict(os.environ, PYTHONPATH=str(REPO))
-        child = subprocess.Popen(
-            [sys.executable, "-c", CHILD, server.base, str(seconds), "1" if top == "model" else "0", record, svg,
-             str(info)], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        child, spawned = start_top(server.base, seconds, top == "model", out, tag, keep=top == "model")
         time.sleep(2.0)  # imports and attach: not part of the steady state measured below
     tokens0, t0 = load.count(), time.monotonic()
     cpu: list[float] = []
@@ -128,10 +181,7 @@ def phase(server: ServedEngine, load: Load, seconds: float, top: str | None, out
             last_cpu, last_t = now_cpu, now_t
     result["tok_s"] = (load.count() - tokens0) / (time.monotonic() - t0)
     if child is not None:
-        _, err = child.communicate(timeout=60)
-        if child.returncode != 0:
-            raise RuntimeError(f"top child failed: {err.decode()[-3000:]}")
-        result.update(json.loads(info.read_text()))
+        result.update(finish_top(child, spawned, out, tag))
         result["cpu_pct_mean"] = statistics.fmean(cpu)
         result["cpu_pct_max"] = max(cpu)
         result["rss_first_mb"] = rss[0] / 2**20
@@ -140,22 +190,43 @@ def phase(server: ServedEngine, load: Load, seconds: float, top: str | None, out
     return result
 
 
+def idle_first_paint(server: Server, out: Path, runs: int) -> list[float]:
+    """First paint with no load on the server (top's own start, nothing competing)."""
+    times = []
+    for i in range(runs):
+        child, spawned = start_top(server.base, 2.5, False, out, f"idle{i}", keep=False)
+        first = finish_top(child, spawned, out, f"idle{i}")["first_data_s"]
+        if first is not None:
+            times.append(first)
+    return times
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--url", help="an OpenAI-compatible vLLM server to use instead of starting one")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--idle-runs", type=int, default=3, help="first-paint runs before the load starts")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-top-"))
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="bench-top-server-"))
-    server = ServedEngine(tmp)
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the server on kill, too
-    server.start()
+    engine = None
+    if args.url:
+        server = Server(args.url)
+    else:
+        from tests.served import ServedEngine
+
+        engine = ServedEngine(Path(tempfile.mkdtemp(prefix="bench-top-server-")))
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the server on kill, too
+        engine.start()
+        server = Server(engine.base)
     results = []
     try:
+        idle = idle_first_paint(server, out, args.idle_runs)
+        print(json.dumps({"idle_first_paint_s": idle}), flush=True)
         load = Load(server, args.clients, args.max_tokens)
         time.sleep(5)  # warm up
         for r in range(args.rounds):
@@ -165,9 +236,11 @@ def main() -> None:
                 results.append(res)
         load.close()
     finally:
-        server.stop()
+        if engine is not None:
+            engine.stop()
     base = statistics.fmean(r["tok_s"] for r in results if r["phase"] == "none")
-    print(f"\n{args.clients} clients, max_tokens {args.max_tokens}, {args.seconds:g} s per phase, {args.rounds} rounds\n")
+    print(f"\n{server.base}: {args.clients} clients, max_tokens {args.max_tokens}, {args.seconds:g} s per phase, "
+          f"{args.rounds} rounds, {load.errors} failed requests\n")
     print("| top | serving tok/s | vs no top | top CPU % of a core (mean / max) | RSS first → last | first paint |")
     print("|---|---|---|---|---|---|")
     for name, label in (("none", "none"), ("plain", "1 Hz, model panel off"), ("model", "1 Hz, model panel on")):
@@ -175,13 +248,16 @@ def main() -> None:
         tok = statistics.fmean(r["tok_s"] for r in rows)
         line = f"| {label} | {tok:.1f} | {(tok / base - 1) * 100:+.1f} % |"
         if name == "none":
-            line += " – | – | – |"
+            line += " – | – | " + (f"idle: {statistics.median(idle):.2f} s (median of {len(idle)})" if idle else "–") + " |"
         else:
+            firsts = [r["first_data_s"] for r in rows if r["first_data_s"] is not None]
             line += (f" {statistics.fmean(r['cpu_pct_mean'] for r in rows):.2f} / {max(r['cpu_pct_max'] for r in rows):.1f}"
                      f" | {rows[-1]['rss_first_mb']:.1f} → {rows[-1]['rss_last_mb']:.1f} MB"
-                     f" | {max(r['first_data_s'] for r in rows):.2f} s |")
+                     f" | {'–' if not firsts else f'{min(firsts):.2f}–{max(firsts):.2f} s'} |")
         print(line)
-    print(f"\nload average at the end (1/5/15 min): {os.getloadavg()}; CPUs: {os.cpu_count()}")
+    print("\nper round (tok/s): " + "; ".join(
+        " ".join(f"{r['phase']} {r['tok_s']:.0f}" for r in results[i:i + 3]) for i in range(0, len(results), 3)))
+    print(f"load average at the end (1/5/15 min): {os.getloadavg()}; CPUs: {os.cpu_count()}")
     print(f"recording and screenshot in {out}")
 
 

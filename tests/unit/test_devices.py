@@ -161,10 +161,13 @@ def old_driver_pynvml(calls: dict[str, int]) -> types.ModuleType:
     return mod
 
 
-def test_a_missing_function_degrades_one_field_and_nvml_is_initialised_once(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("background", [False, True], ids=["nvml-started-inline", "nvml-started-in-a-thread"])
+def test_a_missing_function_degrades_one_field_and_nvml_is_initialised_once(
+    monkeypatch: pytest.MonkeyPatch, background: bool
+) -> None:
     calls: dict[str, int] = {}
     monkeypatch.setitem(sys.modules, "pynvml", old_driver_pynvml(calls))
-    sampler = DeviceSampler()
+    sampler = DeviceSampler(background=background)  # in a thread: the first sample() waits for it
     frames = [sampler.sample() for _ in range(3)]
     sampler.close()
     sampler.close()

@@ -7,6 +7,7 @@ import http.server
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
@@ -15,7 +16,7 @@ import pytest
 from rich.text import Text
 
 from vllm_doctor.live.record import ReplaySource
-from vllm_doctor.live.sources import EnginePids, Scraper
+from vllm_doctor.live.sources import EnginePids, LiveSource, Scraper
 from vllm_doctor.tui.panels import PANELS, buckets, history_key, history_panel, latency_panel, tall_chart
 from vllm_doctor.tui.top_app import split_lines
 
@@ -90,11 +91,13 @@ def test_tall_chart_bars_are_eighths_of_rows_on_the_scale_given() -> None:
 
 
 class _Metrics(http.server.BaseHTTPRequestHandler):
+    gets: ClassVar[list[float]] = []
     protocol_version = "HTTP/1.1"  # keep-alive
     connections: ClassVar[set[int]] = set()
 
     def do_GET(self) -> None:
         type(self).connections.add(id(self.connection))
+        type(self).gets.append(time.time())
         body = b"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1.0\n"
         self.send_response(200 if self.path == "/metrics" else 404)
         self.send_header("content-length", str(len(body)))
@@ -108,6 +111,7 @@ class _Metrics(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def metrics_server() -> Iterator[http.server.ThreadingHTTPServer]:
     _Metrics.connections = set()
+    _Metrics.gets = []
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -128,6 +132,25 @@ def test_the_scrape_keeps_one_connection_and_reconnects_after_a_close(metrics_se
     assert error == "" and text
     assert Scraper(url + "/prefix")(2.0) == (None, "/metrics answered HTTP 404")
     scrape.close()
+
+
+def test_the_first_scrape_starts_with_the_source_and_the_first_poll_uses_it(metrics_server) -> None:
+    url = f"http://127.0.0.1:{metrics_server.server_address[1]}"
+    source = LiveSource(url, prefetch=True)
+    deadline = time.monotonic() + 10
+    while not _Metrics.gets and time.monotonic() < deadline:  # nobody polled yet
+        time.sleep(0.01)
+    assert len(_Metrics.gets) == 1
+    first = source.poll()
+    assert len(_Metrics.gets) == 1 and first.metrics.ok and first.metrics.values["running"] == 1.0
+    assert first.t >= _Metrics.gets[0]  # the frame carries the time of that scrape
+    second = source.poll()
+    assert len(_Metrics.gets) == 2 and second.seq == 2 and second.t >= first.t
+    source.close()
+    unreachable = LiveSource("http://127.0.0.1:9", prefetch=True)
+    frame = unreachable.poll()
+    assert not frame.metrics.ok and frame.metrics.error.startswith("cannot reach")
+    unreachable.close()
 
 
 def test_an_unreachable_server_is_one_error_line() -> None:

@@ -76,22 +76,28 @@ def _check(args: argparse.Namespace) -> str:
     return normalize_url(args.url)
 
 
-def device_sampler(pids: Any) -> Any:
+def device_sampler(pids: Any, background: bool = False) -> Any:
     """GPUs through NVML (once, in this process) and the engine processes named by ``pids``."""
     from vllm_doctor.live.devices import DeviceSampler
 
-    return DeviceSampler(pids)
+    return DeviceSampler(pids, background=background)
+
+
+def live_source(url: str, interval_s: float, window_s: float, *, model: bool = True, devices: bool = True) -> Any:
+    """The source ``top`` draws from. Its first scrape, NVML's start and the model channel's
+    attach begin here, while the app is still being imported."""
+    from vllm_doctor.live.sources import EnginePids, LiveSource, ModelChannel
+
+    channel = ModelChannel(url) if model else None
+    sampler = device_sampler(EnginePids(url, channel), background=True) if devices else None
+    return LiveSource(url, interval_s=interval_s, window_s=window_s, devices=sampler, model=channel, prefetch=True)
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_doctor.live.sources import EnginePids, LiveSource, ModelChannel
-
     url = _check(args)
     if args.once:
         return run_once(url, args)
-    model = None if args.no_model else ModelChannel(url)
-    devices = None if args.no_devices else device_sampler(EnginePids(url, model))
-    source = LiveSource(url, interval_s=args.interval, window_s=args.window, devices=devices, model=model)
+    source = live_source(url, args.interval, args.window, model=not args.no_model, devices=not args.no_devices)
     from vllm_doctor.tui.top_app import TopApp
 
     try:

@@ -9,6 +9,7 @@ frame says why (``nvml_reason``) and the processes' CPU%, RSS and threads still 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -130,11 +131,28 @@ class DeviceSampler:
     dropped from the frame.
     """
 
-    def __init__(self, pids_provider: PidsProvider | None = None) -> None:
+    def __init__(self, pids_provider: PidsProvider | None = None, *, background: bool = False) -> None:
         self._pids_provider = pids_provider
-        self._nvml = NvmlSession()
+        self._nvml_session: NvmlSession | None = None
+        self._starting: threading.Thread | None = None
+        if background:  # NVML starts in a thread (the first sample() waits for it)
+            self._starting = threading.Thread(target=self._start, name="vllm-doctor-nvml-init", daemon=True)
+            self._starting.start()
+        else:
+            self._start()
         self._previous: dict[int, tuple[float, _ProcStat]] = {}
         self._names: dict[int, str] = {}
+
+    def _start(self) -> None:
+        self._nvml_session = NvmlSession()
+
+    @property
+    def _nvml(self) -> NvmlSession:
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+        assert self._nvml_session is not None
+        return self._nvml_session
 
     def sample(self) -> DevicesFrame:
         names, self._names = self._names, {}  # keep names of the pids still on a GPU only (bounded)

@@ -262,6 +262,7 @@ class LiveSource:
         devices: Any = None,
         model: ModelChannel | None = None,
         clock: Callable[[], float] = time.time,
+        prefetch: bool = False,
     ) -> None:
         self.url = url
         self.interval_s = interval_s
@@ -272,6 +273,17 @@ class LiveSource:
         self.clock = clock
         self.seq = 0
         self._scrape = Scraper(url)
+        # prefetch: the first scrape starts now, in a thread, and the first poll() uses it (top's
+        # first picture does not wait for the app's imports and the server's answer one after the other)
+        self._first: tuple[tuple[str | None, str], float] | None = None
+        self._prefetch: threading.Thread | None = None
+        if prefetch:
+            self._prefetch = threading.Thread(target=self._fetch_first, name="vllm-doctor-first-scrape", daemon=True)
+            self._prefetch.start()
+
+    def _fetch_first(self) -> None:
+        result = self._scrape(self.timeout_s)
+        self._first = (result, self.clock())
 
     @property
     def window_s(self) -> float:
@@ -283,8 +295,15 @@ class LiveSource:
 
     def poll(self) -> Frame:
         # a busy API server answers /metrics late: wait up to timeout_s (the next poll waits for this one)
-        text, error = self._scrape(self.timeout_s)
-        t = self.clock()
+        first = None
+        if self._prefetch is not None:
+            self._prefetch.join()
+            self._prefetch, first, self._first = None, self._first, None
+        if first is not None:
+            (text, error), t = first
+        else:
+            text, error = self._scrape(self.timeout_s)
+            t = self.clock()
         metrics = self.deriver.update(t, text, error)
         devices = None
         if self.devices is not None:
@@ -310,6 +329,8 @@ class LiveSource:
         )
 
     def close(self) -> None:
+        if self._prefetch is not None:
+            self._prefetch.join()
         self._scrape.close()
         if self.model is not None:
             self.model.close()
