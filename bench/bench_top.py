@@ -46,9 +46,18 @@ sys.path.insert(0, str(REPO))
 
 CHILD = """
 import json, sys, time
-url, seconds, model_on, record, svg, out = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "1", sys.argv[4], sys.argv[5], sys.argv[6]
+url, seconds, mode, record, svg, out = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
+if mode == "scrape":  # only what top asks of the server: /metrics once a second
+    from vllm_doctor.live.sources import Scraper
+    scrape, n, end = Scraper(url), 0, time.monotonic() + seconds
+    while time.monotonic() < end:
+        scrape(2.0)
+        n += 1
+        time.sleep(1.0)
+    json.dump({"first_data_wall": None, "frames": n}, open(out, "w"))
+    sys.exit(0)
 from vllm_doctor.cli.top import live_source  # as `vllm-doctor top URL` builds it
-source = live_source(url, 1.0, 60.0, model=model_on, devices=True)
+source = live_source(url, 1.0, 60.0, model=mode == "model", devices=mode != "nodevices")
 from vllm_doctor.tui.top_app import TopApp
 app = TopApp(source, record_path=record or None, record=bool(record))
 def finish():
@@ -82,6 +91,9 @@ class Server:
         with urllib.request.urlopen(f"{self.base}/v1/models", timeout=30) as resp:
             self.model = json.load(resp)["data"][0]["id"]
         self.local = threading.local()
+        from vllm_doctor.live.sources import EnginePids
+
+        self.pids = EnginePids(self.base, None)()  # the API server and engine processes on this host
 
     def complete(self, prompt: str, max_tokens: int) -> dict:
         conn = getattr(self.local, "conn", None)
@@ -140,13 +152,13 @@ class Load:
             t.join(timeout=120)
 
 
-def start_top(base: str, seconds: float, model_on: bool, out: Path, tag: str, keep: bool) -> tuple[subprocess.Popen, float]:
+def start_top(base: str, seconds: float, mode: str, out: Path, tag: str, keep: bool) -> tuple[subprocess.Popen, float]:
     record = str(out / "top.jsonl.gz") if keep else ""
     svg = str(out / "top.svg") if keep else ""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     spawned = time.time()
     child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, base, str(seconds), "1" if model_on else "0", record, svg, str(out / f"{tag}.json")],
+        [sys.executable, "-c", CHILD, base, str(seconds), mode, record, svg, str(out / f"{tag}.json")],
         env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     return child, spawned
 
@@ -161,11 +173,23 @@ def finish_top(child: subprocess.Popen, spawned: float, out: Path, tag: str) -> 
     return info
 
 
+def engine_cpu(pids: list[tuple[int, str]]) -> dict[str, float]:
+    """CPU seconds of each engine process so far, by role (the server's side of the cost)."""
+    total: dict[str, float] = {}
+    for pid, role in pids:
+        try:
+            total[role] = total.get(role, 0.0) + proc_cpu_s(pid)
+        except OSError:
+            pass
+    return total
+
+
 def phase(server: Server, load: Load, seconds: float, top: str | None, out: Path, tag: str) -> dict:
     result: dict = {"phase": top or "none"}
     child = None
+    engine0, e0 = engine_cpu(server.pids), time.monotonic()
     if top is not None:
-        child, spawned = start_top(server.base, seconds, top == "model", out, tag, keep=top == "model")
+        child, spawned = start_top(server.base, seconds, top, out, tag, keep=top == "model")
         time.sleep(2.0)  # imports and attach: not part of the steady state measured below
     tokens0, t0 = load.count(), time.monotonic()
     cpu: list[float] = []
@@ -180,6 +204,8 @@ def phase(server: Server, load: Load, seconds: float, top: str | None, out: Path
             rss.append(proc_rss(child.pid))
             last_cpu, last_t = now_cpu, now_t
     result["tok_s"] = (load.count() - tokens0) / (time.monotonic() - t0)
+    engine1, e1 = engine_cpu(server.pids), time.monotonic()
+    result["engine_cpu_pct"] = {k: round((engine1[k] - engine0.get(k, 0.0)) / (e1 - e0) * 100, 1) for k in engine1}
     if child is not None:
         result.update(finish_top(child, spawned, out, tag))
         result["cpu_pct_mean"] = statistics.fmean(cpu)
@@ -194,7 +220,7 @@ def idle_first_paint(server: Server, out: Path, runs: int) -> list[float]:
     """First paint with no load on the server (top's own start, nothing competing)."""
     times = []
     for i in range(runs):
-        child, spawned = start_top(server.base, 2.5, False, out, f"idle{i}", keep=False)
+        child, spawned = start_top(server.base, 2.5, "plain", out, f"idle{i}", keep=False)
         first = finish_top(child, spawned, out, f"idle{i}")["first_data_s"]
         if first is not None:
             times.append(first)
@@ -210,7 +236,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--idle-runs", type=int, default=3, help="first-paint runs before the load starts")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--phases", default="none,plain,model",
+                    help="phases per round, from: none, scrape (only /metrics at 1 Hz), nodevices (top without "
+                         "NVML and /proc sampling), plain (top, model panel off), model (top, model panel on)")
+    ap.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the first phase")
     args = ap.parse_args()
+    phases = [None if p == "none" else p for p in args.phases.split(",")]
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-top-"))
     out.mkdir(parents=True, exist_ok=True)
     engine = None
@@ -228,9 +259,9 @@ def main() -> None:
         idle = idle_first_paint(server, out, args.idle_runs)
         print(json.dumps({"idle_first_paint_s": idle}), flush=True)
         load = Load(server, args.clients, args.max_tokens)
-        time.sleep(5)  # warm up
+        time.sleep(args.warmup)
         for r in range(args.rounds):
-            for top in (None, "plain", "model"):
+            for top in phases:
                 res = phase(server, load, args.seconds, top, out, f"r{r}-{top}")
                 print(json.dumps(res), flush=True)
                 results.append(res)
@@ -241,22 +272,29 @@ def main() -> None:
     base = statistics.fmean(r["tok_s"] for r in results if r["phase"] == "none")
     print(f"\n{server.base}: {args.clients} clients, max_tokens {args.max_tokens}, {args.seconds:g} s per phase, "
           f"{args.rounds} rounds, {load.errors} failed requests\n")
-    print("| top | serving tok/s | vs no top | top CPU % of a core (mean / max) | RSS first → last | first paint |")
-    print("|---|---|---|---|---|---|")
-    for name, label in (("none", "none"), ("plain", "1 Hz, model panel off"), ("model", "1 Hz, model panel on")):
+    print("| top | serving tok/s | vs no top | top CPU % of a core (mean / max) | RSS first → last | first paint "
+          "| engine processes' CPU % |")
+    print("|---|---|---|---|---|---|---|")
+    labels = {"none": "none", "scrape": "/metrics only, 1 Hz (no app)", "nodevices": "1 Hz, no devices, no model",
+              "plain": "1 Hz, model panel off", "model": "1 Hz, model panel on"}
+    for name in dict.fromkeys(r["phase"] for r in results):
         rows = [r for r in results if r["phase"] == name]
         tok = statistics.fmean(r["tok_s"] for r in rows)
-        line = f"| {label} | {tok:.1f} | {(tok / base - 1) * 100:+.1f} % |"
-        if name == "none":
-            line += " – | – | " + (f"idle: {statistics.median(idle):.2f} s (median of {len(idle)})" if idle else "–") + " |"
+        line = f"| {labels[name]} | {tok:.1f} | {(tok / base - 1) * 100:+.1f} % |"
+        cpu_rows = [r for r in rows if "cpu_pct_mean" in r]
+        if not cpu_rows:
+            line += " – | – | " + (f"idle: {statistics.median(idle):.2f} s (median of {len(idle)})" if idle and name == "none" else "–") + " |"
         else:
-            firsts = [r["first_data_s"] for r in rows if r["first_data_s"] is not None]
-            line += (f" {statistics.fmean(r['cpu_pct_mean'] for r in rows):.2f} / {max(r['cpu_pct_max'] for r in rows):.1f}"
-                     f" | {rows[-1]['rss_first_mb']:.1f} → {rows[-1]['rss_last_mb']:.1f} MB"
+            firsts = [r["first_data_s"] for r in rows if r.get("first_data_s") is not None]
+            line += (f" {statistics.fmean(r['cpu_pct_mean'] for r in cpu_rows):.2f} / {max(r['cpu_pct_max'] for r in cpu_rows):.1f}"
+                     f" | {cpu_rows[-1]['rss_first_mb']:.1f} → {cpu_rows[-1]['rss_last_mb']:.1f} MB"
                      f" | {'–' if not firsts else f'{min(firsts):.2f}–{max(firsts):.2f} s'} |")
+        engine = {k: statistics.fmean(r["engine_cpu_pct"].get(k, 0.0) for r in rows) for k in rows[0]["engine_cpu_pct"]}
+        line += " " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(engine.items())) + " |"
         print(line)
+    n = len(phases)
     print("\nper round (tok/s): " + "; ".join(
-        " ".join(f"{r['phase']} {r['tok_s']:.0f}" for r in results[i:i + 3]) for i in range(0, len(results), 3)))
+        " ".join(f"{r['phase']} {r['tok_s']:.0f}" for r in results[i:i + n]) for i in range(0, len(results), n)))
     print(f"load average at the end (1/5/15 min): {os.getloadavg()}; CPUs: {os.cpu_count()}")
     print(f"recording and screenshot in {out}")
 
