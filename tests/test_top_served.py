@@ -19,6 +19,8 @@ import pytest
 
 from tests.conftest import run_doctor
 from tests.served import ServedEngine
+from vllm_doctor.live.attach import EngineDoctor
+from vllm_doctor.live.attach import served_engine as engine_at
 from vllm_doctor.live.derive import Deriver
 from vllm_doctor.live.record import ReplaySource
 from vllm_doctor.live.sources import Frame, LiveSource, ModelChannel
@@ -109,6 +111,31 @@ def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: 
     frames = [replay.poll() for _ in range(len(replay.records))]
     assert frames[-1].metrics.latency["e2e"] is not None and frames[-1].metrics.latency["e2e"].n == 4
     assert frames[-1].model is not None and frames[-1].model["available"]
+
+
+def test_the_model_channel_gathers_windows_not_everything_since_the_attach(served_engine: ServedEngine) -> None:
+    """top's model panel asks the workers for the steps since its last gather (their records reset):
+    each reply is bounded by one window, and the windows are disjoint and in order."""
+
+    def steps(doc: EngineDoctor) -> list[dict]:
+        facts = doc.gather(reset=True)
+        return facts.workers[0].parts["profile"]["steps"]
+
+    doc = EngineDoctor(engine_at(served_engine.base, timeout=60), probe=False)
+    doc.attach()
+    try:
+        served_engine.complete("a first window", 6)
+        first = steps(doc)
+        assert first and {s["phase"] for s in first} >= {"prefill", "decode"}
+        assert steps(doc) == []  # nothing ran since: an empty window, not the first one again
+        served_engine.complete("a second window", 6)
+        second = steps(doc)
+        assert second and min(s["index"] for s in second) > max(s["index"] for s in first)
+        assert len(second) <= len(first) + 2  # one request's steps, not everything since the attach
+    finally:
+        doc.detach()
+    (status,) = served_engine.rpc("doctor_status")
+    assert status["data"]["profiling"] is False
 
 
 def test_once_json_gives_true_rates_from_two_scrapes(served_engine: ServedEngine) -> None:

@@ -371,10 +371,9 @@ class ForwardProfiler:
                 {"name": m.name, "kind": m.kind, "layer": m.layer, "class": m.cls} for m in self.timed.values()
             ],
         }
-        if reset:
+        if reset:  # the records start again; the sampling cadence goes on (no second warm-up)
             self.steps.clear()
             self.layer_stats.clear()
             self.layer_trace.clear()
             self.dropped_steps = 0
-            self._phase_steps = [0, 0, 0]
         return out

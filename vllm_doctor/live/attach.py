@@ -137,14 +137,20 @@ class EngineDoctor:
         return self.handle.rpc("doctor_status")
 
     # -- facts and report -----------------------------------------------------------------------
-    def gather(self) -> EngineFacts:
-        """Ask every worker for every part (a live snapshot, or the final one once detached)."""
+    def gather(self, reset: bool = False) -> EngineFacts:
+        """Ask every worker for every part (a live snapshot, or the final one once detached).
+
+        ``reset``: the workers' step and layer records start again after this snapshot, so the
+        next one holds only what ran in between (``top`` gathers windows this way: each reply
+        is bounded by one window's steps, not by everything since the attach).
+        """
         if not self.attached and self._final is not None:
             return self._final
         t = time.perf_counter()
         facts = EngineFacts(front_end=self.handle.front_end())
         for part, method in PART_METHODS.items():
-            merge_replies(facts, part, self.handle.rpc(method))
+            options = {"reset": True} if reset and part == "profile" else None
+            merge_replies(facts, part, self.handle.rpc(method, options))
         for i, reply in enumerate(self.install_replies):
             if not reply.get("ok") and i < len(facts.workers):
                 facts.workers[i].errors.setdefault("profile", reply.get("error") or {})

@@ -115,8 +115,10 @@ class ModelChannel:
 
     Works when the server runs with ``VLLM_DOCTOR=1`` and ``VLLM_SERVER_DEV_MODE=1``. A
     background thread attaches once (the sampled forward profiler, as ``vllm-doctor attach``),
-    gathers every few seconds (bounded JSON replies; the workers only copy what they
-    recorded, never block a step on the doctor) and detaches on :meth:`close`.
+    gathers every ``every_s`` seconds one window: the steps since the last gather (the workers'
+    records reset each time, so a reply is bounded by one window, never by the hours since the
+    attach; the workers only copy what they recorded, never block a step on the doctor), and
+    detaches on :meth:`close`. A window without steps keeps the last one that had some.
     """
 
     def __init__(self, url: str, every_s: float = MODEL_EVERY_S, timeout: float = 10.0) -> None:
@@ -138,10 +140,19 @@ class ModelChannel:
             # a server that serves; the sampled profiler and the checks on its facts stay
             doc = EngineDoctor(served_engine(self.url, timeout=self.timeout), probe=False)
             doc.attach()
+            since = time.time()
             while not self._stop.is_set():
-                facts = doc.gather()
+                # one window: what ran since the last gather (the workers' records reset each time)
+                facts = doc.gather(reset=True)
                 report = build_engine_report(facts, doc.handle.model_name())
-                self.latest = model_summary(report.to_dict())
+                now = time.time()
+                summary = model_summary(report.to_dict())
+                summary.update(window_s=round(now - since, 1), as_of=now)
+                since = now
+                if summary["steps"] or not self.latest.get("steps"):
+                    self.latest = summary
+                else:  # an idle window: keep the last window that ran steps, say how old it is
+                    self.latest = {**self.latest, "quiet_s": round(now - float(self.latest["as_of"]), 1)}
                 self._stop.wait(self.every_s)
         except (ExtensionMissing, DoctorInputError) as exc:
             self.latest = {"available": False, "reason": str(getattr(exc, "message", exc))[:300]}

@@ -229,7 +229,12 @@ def model_panel(frame: Frame, width: int) -> Text:
         out.append(str(model.get("reason") or "not available") + "\n", style="dim")
         return out
     if model.get("model_class"):
-        out.append(str(model["model_class"]).rsplit(".", 1)[-1] + "\n", style="bold")
+        out.append(str(model["model_class"]).rsplit(".", 1)[-1], style="bold")
+        if model.get("window_s") is not None:
+            quiet = model.get("quiet_s")
+            when = f"  steps of the last {model['window_s']:.0f} s"
+            out.append(when + (f", {quiet:.0f} s ago (idle since)" if quiet else ""), style="dim")
+        out.append("\n")
     for phase, p in (model.get("phases") or {}).items():
         out.append(f"{phase:<8}", style="cyan")
         out.append(
