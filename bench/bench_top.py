@@ -293,6 +293,23 @@ def main() -> None:
         line += " " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(engine.items())) + " |"
         print(line)
     n = len(phases)
+    if "none" in [r["phase"] for r in results[:n]] and args.rounds > 1:
+        # paired by round: each phase against the no-top phase of the same round (drift cancels)
+        print("\n| phase | throughput vs no top, same round: mean | 95 % interval | rounds |")
+        print("|---|---|---|---|")
+        t95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}
+        for name in dict.fromkeys(r["phase"] for r in results):
+            if name == "none":
+                continue
+            ratios = []
+            for i in range(0, len(results), n):
+                rnd = results[i:i + n]
+                none = [r["tok_s"] for r in rnd if r["phase"] == "none"]
+                ratios += [(r["tok_s"] / none[0] - 1) * 100 for r in rnd if r["phase"] == name and none]
+            if len(ratios) > 1:
+                half = t95.get(len(ratios), 2.0) * statistics.stdev(ratios) / len(ratios) ** 0.5
+                mean = statistics.fmean(ratios)
+                print(f"| {labels[name]} | {mean:+.1f} % | {mean - half:+.1f} % … {mean + half:+.1f} % | {len(ratios)} |")
     print("\nper round (tok/s): " + "; ".join(
         " ".join(f"{r['phase']} {r['tok_s']:.0f}" for r in results[i:i + n]) for i in range(0, len(results), n)))
     print(f"load average at the end (1/5/15 min): {os.getloadavg()}; CPUs: {os.cpu_count()}")
