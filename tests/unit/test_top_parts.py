@@ -3,6 +3,7 @@ and the engine-process lookup that runs again only when the processes are gone."
 
 from __future__ import annotations
 
+import dataclasses
 import http.server
 import subprocess
 import sys
@@ -17,7 +18,15 @@ from rich.text import Text
 
 from vllm_doctor.live.record import ReplaySource
 from vllm_doctor.live.sources import EnginePids, LiveSource, Scraper
-from vllm_doctor.tui.panels import PANELS, buckets, history_key, history_panel, latency_panel, tall_chart
+from vllm_doctor.tui.panels import (
+    PANELS,
+    buckets,
+    history_key,
+    history_panel,
+    latency_panel,
+    model_panel,
+    tall_chart,
+)
 from vllm_doctor.tui.top_app import split_lines
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "top"
@@ -190,3 +199,14 @@ def test_engine_processes_are_looked_up_again_only_when_gone() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+def test_the_model_panel_says_which_window_its_numbers_are_from() -> None:
+    frame = ReplaySource(DATA / "loaded.jsonl.gz").poll()
+    model = {"available": True, "model_class": "pkg.TinyForCausalLM", "steps": 40, "window_s": 5.0, "as_of": 1.0,
+             "phases": {"decode": {"steps": 40, "forward_s_mean": 0.002, "step_s_p50": 0.003}}, "findings": []}
+    live = model_panel(dataclasses.replace(frame, model=model), 60).plain
+    assert live.splitlines()[0] == "TinyForCausalLM  last 5 s" and "decode" in live
+    quiet = model_panel(dataclasses.replace(frame, model={**model, "quiet_s": 12.0}), 60).plain
+    assert quiet.splitlines()[0] == "TinyForCausalLM  idle; last steps 12 s ago (5 s)"
+    assert "   40 steps" in quiet  # the last window that ran steps stays on screen

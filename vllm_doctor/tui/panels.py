@@ -232,8 +232,8 @@ def model_panel(frame: Frame, width: int) -> Text:
         out.append(str(model["model_class"]).rsplit(".", 1)[-1], style="bold")
         if model.get("window_s") is not None:
             quiet = model.get("quiet_s")
-            when = f"  steps of the last {model['window_s']:.0f} s"
-            out.append(when + (f", {quiet:.0f} s ago (idle since)" if quiet else ""), style="dim")
+            window = f"{model['window_s']:.0f} s"
+            out.append(f"  idle; last steps {quiet:.0f} s ago ({window})" if quiet else f"  last {window}", style="dim")
         out.append("\n")
     for phase, p in (model.get("phases") or {}).items():
         out.append(f"{phase:<8}", style="cyan")
