@@ -12,6 +12,8 @@ prints a markdown table of output tokens/s and the slowdown against the plain en
   per-layer         attach(llm, probe=False): + per-layer timing, sampled (the default: first
                     8 steps of each phase, then every 8th)
   per-layer, all    attach(llm, probe=False, sample_every=1): every step timed per layer
+  top               attach(llm, probe=False, sample_every=64): what ``vllm-doctor top``'s model
+                    panel attaches (per-layer timing on every 64th step of a phase)
   torch-prof        vLLM's own torch profiler (llm.start_profile / stop_profile), no doctor
 
 "vs none" is the median over rounds of (mode / none of the same round) - 1, with its range: a
@@ -115,6 +117,11 @@ def main() -> None:
     def per_layer_all() -> float:
         return doctored("per-layer, all", sample_every=1)
 
+    def top() -> float:
+        from vllm_doctor.live.sources import MODEL_SAMPLE_EVERY
+
+        return doctored("top", sample_every=MODEL_SAMPLE_EVERY)
+
     def torch_prof() -> float:
         handle.start_torch_profile()
         try:
@@ -123,7 +130,7 @@ def main() -> None:
             handle.stop_torch_profile()
 
     modes = {"none": none, "per-step": per_step, "per-layer": per_layer, "per-layer, all": per_layer_all,
-             "torch-prof": torch_prof}
+             "top": top, "torch-prof": torch_prof}
     if args.modes:
         wanted = {m.strip() for m in args.modes.split(",")}
         unknown = wanted - set(modes)
