@@ -65,9 +65,11 @@ def test_attach_profiles_the_served_traffic_and_changes_no_output(server: Server
 
     out = tmp_path / "attached"
     env = {k: v for k, v in server.env.items() if k not in ("VLLM_DOCTOR", "VLLM_SERVER_DEV_MODE")}
+    # started with SIGINT ignored, as a background job of a script starts it: kill -INT still ends the window
     proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "attach", server.base, "--seconds", "600",
                              "--out", str(out), "--json"],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:  # wait until the doctor is attached
@@ -80,7 +82,7 @@ def test_attach_profiles_the_served_traffic_and_changes_no_output(server: Server
     proc.send_signal(signal.SIGINT)  # Ctrl-C ends the window; the report must still come
     stdout, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 0, "".join(seen) + stderr[-3000:]
-    assert "interrupted: detaching and reporting" in stderr
+    assert "interrupted (SIGINT): detaching and reporting" in stderr
 
     # the doctor changed no token and no logprob
     for a, b in zip(before, during, strict=True):
@@ -124,3 +126,23 @@ def test_attach_to_a_server_without_the_method_says_how_to_fix_it(server: Server
 
     with pytest.raises(ExtensionMissing, match="VLLM_DOCTOR=1"):
         HttpEngineHandle(server.base).ensure_extension("doctor_no_such_method")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["kill", "terminal-closed"])
+def test_attach_killed_still_detaches_and_reports(server: Server, tmp_path: Path, sig: signal.Signals) -> None:
+    env = {k: v for k, v in server.env.items() if k not in ("VLLM_DOCTOR", "VLLM_SERVER_DEV_MODE")}
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "attach", server.base, "--seconds", "600",
+                             "--no-probe", "--json"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        if "profiling the server's traffic" in line:
+            break
+    (status,) = _rpc(server, "doctor_status")
+    assert status["data"]["profiling"] is True
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and f"interrupted ({sig.name}): detaching and reporting" in stderr
+    assert json.loads(stdout)["profiles"]["engine"]  # the report still comes
+    (status,) = _rpc(server, "doctor_status")
+    assert status["data"]["profiling"] is False and status["data"]["wrapped_methods"] == []

@@ -11,6 +11,9 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -136,6 +139,33 @@ def test_the_model_channel_gathers_windows_not_everything_since_the_attach(serve
         doc.detach()
     (status,) = served_engine.rpc("doctor_status")
     assert status["data"]["profiling"] is False
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["kill", "terminal-closed"])
+def test_top_killed_detaches_its_model_channel(served_engine: ServedEngine, tmp_path: Path, sig: signal.Signals) -> None:
+    """A killed top (or its terminal closed) exits the normal way: no hook stays in the workers."""
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "top", served_engine.base, "--screenshot",
+                             str(tmp_path / "top.svg"), "--seconds", "600"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # until the model channel has attached
+            (status,) = served_engine.rpc("doctor_status")
+            if status["data"]["profiling"]:
+                break
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.5)
+        else:
+            pytest.fail("top's model channel never attached")
+        proc.send_signal(sig)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and f"stopped by {sig.name}" in stderr
+    assert not (tmp_path / "top.svg").exists()  # stopped before its --seconds: no picture
+    (status,) = served_engine.rpc("doctor_status")
+    assert status["data"]["profiling"] is False and status["data"]["wrapped_methods"] == []
 
 
 def test_once_json_gives_true_rates_from_two_scrapes(served_engine: ServedEngine) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -12,8 +13,10 @@ from vllm_doctor.cli.common import (
     add_fail_on,
     add_quiet,
     add_sample_every,
+    on_stop_signals,
     print_problems,
     progress_printer,
+    raise_interrupt,
     write_reports,
 )
 from vllm_doctor.errors import DoctorInputError
@@ -80,33 +83,50 @@ def run(args: argparse.Namespace) -> int:
         raise DoctorInputError("--seconds must not be negative")
     handle = served_engine(args.url, timeout=args.timeout)
     doc = EngineDoctor(handle, layers=not args.no_layers, sample_every=args.sample_every, probe=not args.no_probe)
-    try:
-        doc.attach()
-    except ExtensionMissing as exc:
-        raise DoctorInputError(str(exc)) from None
-    workers = len(doc.install_replies)
-    layers = [r.get("data", {}).get("layers_reason") for r in doc.install_replies if r.get("ok")]
-    progress(
-        f"attached to {workers} worker(s) of {handle.model_name()} at {handle.url}"
-        + (f"; {layers[0]}" if layers and layers[0] else "")
-    )
-    progress(f"profiling the server's traffic for {args.seconds:g} s (Ctrl-C to stop early)")
-    start = time.monotonic()
-    last_note = start
-    try:
-        while (left := args.seconds - (time.monotonic() - start)) > 0:
-            time.sleep(min(1.0, left))
-            if time.monotonic() - last_note >= 10 and not args.quiet:
-                last_note = time.monotonic()
-                steps = [r.get("data", {}).get("steps") for r in doc.status() if r.get("ok")]
-                progress(f"{time.monotonic() - start:.0f} s: {steps[0] if steps else '?'} step(s) so far")
-    except KeyboardInterrupt:
-        progress("interrupted: detaching and reporting")
-    try:
-        doc.detach()
-    finally:
-        if doc.attached:
-            progress("could not detach cleanly; the hooks stay until the server restarts")
+    # Ctrl-C, kill, a closed terminal: from the attach until the detach, a stop signal ends the
+    # window (or skips it) and the doctor still detaches and reports; it never leaves its hooks
+    stops: list[int] = []
+    in_window = [False]
+
+    def stop(signum: int) -> None:
+        stops.append(signum)
+        if in_window[0]:
+            raise_interrupt(signum)
+
+    with on_stop_signals(stop):
+        try:
+            doc.attach()
+        except ExtensionMissing as exc:
+            raise DoctorInputError(str(exc)) from None
+        workers = len(doc.install_replies)
+        layers = [r.get("data", {}).get("layers_reason") for r in doc.install_replies if r.get("ok")]
+        progress(
+            f"attached to {workers} worker(s) of {handle.model_name()} at {handle.url}"
+            + (f"; {layers[0]}" if layers and layers[0] else "")
+        )
+        progress(f"profiling the server's traffic for {args.seconds:g} s (Ctrl-C to stop early)")
+        start = time.monotonic()
+        last_note = start
+        try:
+            in_window[0] = not stops
+            if stops:
+                raise KeyboardInterrupt(signal.Signals(stops[0]).name)
+            while (left := args.seconds - (time.monotonic() - start)) > 0:
+                time.sleep(min(1.0, left))
+                if time.monotonic() - last_note >= 10 and not args.quiet:
+                    last_note = time.monotonic()
+                    steps = [r.get("data", {}).get("steps") for r in doc.status() if r.get("ok")]
+                    progress(f"{time.monotonic() - start:.0f} s: {steps[0] if steps else '?'} step(s) so far")
+        except KeyboardInterrupt as exc:
+            in_window[0] = False
+            progress(f"interrupted{f' ({exc})' if str(exc) else ''}: detaching and reporting")
+        finally:
+            in_window[0] = False
+        try:
+            doc.detach()
+        finally:
+            if doc.attached:
+                progress("could not detach cleanly; the hooks stay until the server restarts")
     report = doc.report(handle.model_name())
     report.environment = environment.collect()
     report.timings["attached_s"] = round(time.monotonic() - start, 3)

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -291,3 +293,30 @@ def print_problems(report: Report, fail_on: str) -> bool:
     for f in problems:
         print(f"{f.outcome.value.upper():<5} {f.code} {f.message}" + (f"\n      at: {f.subject}" if f.subject else ""))
     return bool(problems)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def on_stop_signals(handler: Callable[[int], None], signals: tuple[int, ...] = STOP_SIGNALS) -> Iterator[None]:
+    """Call ``handler(signum)`` on SIGINT, SIGTERM or SIGHUP while the block runs; restore after.
+
+    For the verbs that attach to a server: ``kill``, a closed terminal or Ctrl-C must end them
+    through their cleanup (the doctor's hooks leave the workers), never leave the hooks behind.
+    SIGINT is caught even when it was inherited as ignored (a background job of a script), so
+    ``kill -INT`` ends the window as Ctrl-C does.
+    """
+    previous = {}
+    for sig in signals:
+        previous[sig] = signal.signal(sig, lambda signum, _frame: handler(signum))
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def raise_interrupt(signum: int) -> None:
+    """A stop signal as Ctrl-C: ``KeyboardInterrupt`` in the main thread."""
+    raise KeyboardInterrupt(signal.Signals(signum).name)

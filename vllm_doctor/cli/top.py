@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from vllm_doctor.cli.common import on_stop_signals
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.files import write_text_atomic
 
@@ -97,27 +100,56 @@ def run(args: argparse.Namespace) -> int:
     url = _check(args)
     if args.once:
         return run_once(url, args)
-    source = live_source(url, args.interval, args.window, model=not args.no_model, devices=not args.no_devices)
-    from vllm_doctor.tui.top_app import TopApp
+    shot = Path(args.screenshot) if args.screenshot else None
+    stopped: list[int] = []
+    apps: list[Any] = []
+    done = threading.Event()
 
-    try:
-        app = TopApp(source, record_path=args.record, record=bool(args.record))
-    except BaseException:
-        source.close()  # the model channel may have attached already: detach it
-        raise
-    if args.screenshot:
-        shot = Path(args.screenshot)
+    def stop(signum: int) -> None:
+        # kill, a closed terminal, Ctrl-C from outside: the app exits the normal way, so the
+        # model channel detaches from the workers (hooks left behind would cost every step)
+        stopped.append(signum)
+        if apps:
+            threading.Thread(target=_exit_app, args=(apps[0], done), daemon=True).start()
 
-        def finish() -> None:
-            write_text_atomic(shot, app.export_screenshot(title=f"vllm-doctor top {url}"))
-            app.exit()
+    with on_stop_signals(stop):  # from before the model channel attaches until it has detached
+        source = live_source(url, args.interval, args.window, model=not args.no_model, devices=not args.no_devices)
+        try:
+            from vllm_doctor.tui.top_app import TopApp
 
-        app.call_later(lambda: app.set_timer(args.seconds, finish))
-        app.run(headless=True, size=(160, 48))
+            app = TopApp(source, record_path=args.record, record=bool(args.record))
+            apps.append(app)
+            if shot is not None:
+
+                def finish() -> None:
+                    write_text_atomic(shot, app.export_screenshot(title=f"vllm-doctor top {url}"))
+                    app.exit()
+
+                app.call_later(lambda: app.set_timer(args.seconds, finish))
+            if not stopped:
+                if shot is not None:
+                    app.run(headless=True, size=(160, 48))
+                else:
+                    app.run()
+        finally:
+            done.set()
+            source.close()  # the model channel detaches (the app's unmount did it already, if it ran)
+    if stopped:
+        print(f"vllm-doctor: stopped by {signal.Signals(stopped[0]).name}", file=sys.stderr)
+    elif shot is not None:
         print(f"wrote {shot}")
-        return 0
-    app.run()
     return 0
+
+
+def _exit_app(app: Any, done: threading.Event) -> None:
+    """Ask the app to exit from another thread; until it runs, try again (the signal may come
+    while it starts)."""
+    while not done.is_set():
+        try:
+            app.call_from_thread(app.exit)
+            return
+        except RuntimeError:  # not running yet, or closing
+            done.wait(0.1)
 
 
 def run_once(url: str, args: argparse.Namespace) -> int:
