@@ -30,8 +30,8 @@ your own); VLLM_SERVER_DEV_MODE=1 enables /collective_rpc, through which the doc
 workers. Per-layer timing needs --enforce-eager; with CUDA graphs it is per step only.
 
 While attached, the engine's own traffic is profiled; the first prefill and decode steps are
-probed op by op (VD403/VD404; --no-probe to skip). On exit (after --seconds, or Ctrl-C) every
-hook is removed from the workers and the report is printed; --out DIR also writes
+probed op by op (VD403/VD404; --no-probe to skip). On exit (after --seconds, Ctrl-C, kill or a
+closed terminal) every hook is removed from the workers and the report is printed; --out DIR also writes
 report.json, report.html and trace.json (as `profile`).
 
 exit codes: 0 nothing at or above --fail-on, 1 findings, 2 server unreachable / no extension /

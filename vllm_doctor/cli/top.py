@@ -27,6 +27,8 @@ keys: ? what every number is (metric, formula)  p pause  +/- interval  w latency
 A server that stops answering is shown STALE with the age of the last good scrape; numbers
 stay frozen (greyed), history gets a gap. A restart (counters going back, a new
 process_start_time_seconds) is counted and marked; no rate is computed across it.
+q, kill (SIGTERM), a closed terminal (SIGHUP) or Ctrl-C from outside: top exits the normal
+way and the model channel detaches from the workers.
 
 exit codes (--once): 0 ok, 2 server unreachable or not a vLLM /metrics, 3 vllm-doctor failed
 
