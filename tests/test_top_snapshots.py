@@ -18,9 +18,12 @@ import re
 from pathlib import Path
 
 import pytest
+from textual.color import Color
+from textual.geometry import Region
+from textual.widget import Widget
 
 from vllm_doctor.live.record import ReplaySource
-from vllm_doctor.tui.top_app import StatusBar, TopApp
+from vllm_doctor.tui.top_app import Panel, StatusBar, TopApp
 
 DATA = Path(__file__).resolve().parent / "data" / "top"
 
@@ -104,3 +107,77 @@ def test_the_h200_recording_shows_nvml_and_the_model_from_inside() -> None:
     text = re.sub(r"<[^>]+>", "", snapshot("h200.jsonl.gz", (160, 48))).replace("&#160;", " ")
     for expected in ("GPU0", "NVIDIA H200", "LlamaForCausalLM", "679526", "VLLM::EngineCor", "decode", "history"):
         assert expected in text, expected
+
+
+def _rows(strips: list) -> list[list]:  # type: ignore[type-arg]
+    return [list(strip) for strip in strips]
+
+
+@pytest.mark.parametrize(
+    ("recording", "size"),
+    [
+        ("loaded.jsonl.gz", (160, 48)),
+        ("loaded.jsonl.gz", (80, 24)),
+        ("restart.jsonl.gz", (160, 48)),
+        ("h200.jsonl.gz", (160, 48)),
+    ],
+)
+def test_panels_draw_every_row_exactly_as_textual_draws_it(recording: str, size: tuple[int, int]) -> None:
+    """The panels' own row drawing (top_app.Panel.render_lines) against Textual's general path.
+
+    After every refresh of the recording, each visible panel's rows, as the compositor gets them
+    from the panel's row cache, are compared segment by segment (text and style) with what
+    ``Widget.render_lines`` draws for the same panel from scratch; the shortcut must have been
+    used (its border cells learned), and stale frames (grey text, warning border) are included.
+    """
+
+    async def scenario() -> tuple[int, int]:
+        source = ReplaySource(DATA / recording)
+        app = TopApp(source, replay=True, clock_in_status=False)
+        app.paused = True
+        checked = stale = 0
+        async with app.run_test(size=size) as pilot:
+            for _ in range(len(source.records)):
+                frame = source.poll()
+                app.show_frame(frame)
+                await pilot.pause()
+                stale += frame.metrics.stale
+                for panel in app.query(Panel):
+                    if not panel.display or not panel.region.area:
+                        continue
+                    whole = Region(0, 0, *panel.region.size)
+                    ours = panel.render_lines(whole)
+                    assert panel._edges is not None, panel.key  # the shortcut drew the content rows
+                    panel._styles_cache.clear()
+                    assert _rows(ours) == _rows(Widget.render_lines(panel, whole)), (panel.key, frame.seq)
+                    checked += 1
+        return checked, stale
+
+    checked, stale = asyncio.run(scenario())
+    assert checked >= 4 * 20
+    if recording == "restart.jsonl.gz":
+        assert stale > 0
+
+
+def test_a_panel_with_an_effect_is_drawn_by_textual_row_by_row() -> None:
+    """A tint (or opacity, hatch, text opacity) is Textual's to draw: the shortcut stays off."""
+
+    async def scenario() -> None:
+        source = ReplaySource(DATA / "loaded.jsonl.gz")
+        app = TopApp(source, replay=True, clock_in_status=False)
+        app.paused = True
+        async with app.run_test(size=(160, 48)) as pilot:
+            app.show_frame(source.poll())
+            await pilot.pause()
+            panel = app.query_one("#throughput", Panel)
+            assert panel._edges is not None
+            panel.styles.tint = Color(255, 0, 0, 0.3)
+            app.show_frame(source.poll())
+            await pilot.pause()
+            whole = Region(0, 0, *panel.region.size)
+            ours = panel.render_lines(whole)
+            assert panel._edges is None and not panel._own_rows
+            panel._styles_cache.clear()
+            assert _rows(ours) == _rows(Widget.render_lines(panel, whole))
+
+    asyncio.run(scenario())

@@ -13,7 +13,7 @@ import time
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from rich.segment import Segment
 from rich.style import Style
@@ -59,6 +59,16 @@ class Panel(Widget):
         self._style: Style | None = None
         self._resolved: dict[str | Style, Style] = {}  # a span's style over the panel's style
         self._memo: object = None  # what the history panel was last drawn from
+        # The panel's rows as the screen shows them (border, padding, content; Textual's line
+        # filters applied). Content rows are built from the content line and the border cells
+        # Textual drew for this panel, once that shortcut was checked equal to Textual's own row.
+        self._rows: list[Strip | None] = []
+        self._rows_size = Size(0, 0)
+        # left and right cells, the padding's style, Textual's line filters, the panel's background
+        self._edges: tuple[Strip, Strip, Style, list[Any], Any] | None = None
+        self._content = Size(0, 0)
+        self._own_rows = True  # False once a check found the shortcut unequal (then Textual draws every row)
+        self._top = 0  # the rows above the content (border, padding)
 
     def draw(self, frame: Frame, zoomed: bool = False) -> None:
         content_width = self.content_size.width
@@ -93,7 +103,7 @@ class Panel(Widget):
             while y < self._height and _at(lines, y) != _at(old, y):
                 self._strips[y] = None
                 y += 1
-            regions.append(Region(0, start, content_width, y - start))
+            regions.append(Region(0, start, content_width, y - start))  # refresh() forgets those rows
         if regions:
             self.refresh(*regions)
 
@@ -131,10 +141,98 @@ class Panel(Widget):
         self._style = None  # the theme or the stale class changed: every line is drawn again
         self._resolved.clear()
         self._strips = [None] * self._height
+        self._forget_rows()
 
     def on_resize(self) -> None:
         self._width = -1
         self._memo = None
+        self._forget_rows()
+
+    def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False, recompose: bool = False) -> Self:
+        if repaint:
+            if regions and self._rows:  # content regions: those rows are drawn again
+                for region in regions:
+                    for y in region.line_range:
+                        if 0 <= y + self._top < len(self._rows):
+                            self._rows[y + self._top] = None
+            else:
+                self._forget_rows()
+        return super().refresh(*regions, repaint=repaint, layout=layout, recompose=recompose)
+
+    def _forget_rows(self) -> None:
+        self._rows = []
+        self._edges = None
+
+    def render_lines(self, crop: Region) -> list[Strip]:
+        """The rows in ``crop``, from the panel's own row cache.
+
+        Textual's general path (``Widget.render_lines``) styles every changed row again (border,
+        padding, tint, opacity, filters) and looks up the panel's styles for each call; that was
+        half of top's drawing. Here a changed content row is the left border cells, the content
+        line padded to the content width with the filters applied, and the right border cells.
+        The border cells come from a row Textual drew, and the shortcut is used only after it
+        gave exactly Textual's row for that row; borders, padding rows, and panels with effects
+        (tint, opacity, hatch, text opacity) are always drawn by Textual.
+        """
+        size = self.region.size
+        if size != self._rows_size or not self._rows:
+            self._rows_size = size
+            self._rows = [None] * size.height
+            self._edges = None
+            self._top = self.styles.gutter.top
+            self._content = self.content_size
+        rows = self._rows
+        for y in crop.line_range:
+            if 0 <= y < len(rows) and rows[y] is None:
+                rows[y] = self._row(y, size.width)
+        strips = [row or Strip.blank(size.width) for row in rows[crop.y : crop.bottom]]
+        x1, x2 = crop.column_span
+        if (x1, x2) != (0, size.width):
+            strips = [strip.crop(x1, x2) for strip in strips]
+        return strips
+
+    def _row(self, y: int, width: int) -> Strip:
+        cy = y - self._top
+        content = 0 <= cy < min(self._content.height, len(self._lines))
+        if content and self._edges is not None:
+            return self._own_row(cy)
+        self._styles_cache.set_dirty(Region(0, y, width, 1))
+        strip = Widget.render_lines(self, Region(0, y, width, 1))[0]
+        if content and self._own_rows:
+            try:
+                self._learn_edges(strip, cy, width)
+            except Exception:  # a Textual that draws rows differently: it draws every row
+                self._edges = None
+                self._own_rows = False
+        return strip
+
+    def _own_row(self, cy: int) -> Strip:
+        left, right, pad, filters, background = self._edges  # type: ignore[misc]
+        middle = self.render_line(cy).adjust_cell_length(self._content.width, pad)
+        for line_filter in filters:
+            middle = middle.apply_filter(line_filter, background)
+        return Strip.join([left, middle, right])
+
+    def _learn_edges(self, strip: Strip, cy: int, width: int) -> None:
+        styles = self.styles
+        gutter = styles.gutter
+        plain = (
+            styles.tint.a == 0
+            and self.opacity == 1.0
+            and styles.text_opacity == 1.0
+            and (not styles.has_rule("hatch") or styles.hatch == "none")
+            and styles.padding.left >= 1
+            and gutter.left + self._content.width + gutter.right == width
+        )
+        if not plain:
+            self._own_rows = False
+            return
+        left, _, right = strip.divide([gutter.left, width - gutter.right, width])
+        pad = next(iter(left.crop(gutter.left - 1, gutter.left))).style or Style()
+        self._edges = (left, right, pad, list(self.get_line_filters()), self.background_colors[1])
+        if self._own_row(cy) != strip:  # not what Textual draws: Textual draws every row from now on
+            self._edges = None
+            self._own_rows = False
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
         return max(1, self._height)
