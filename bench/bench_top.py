@@ -7,7 +7,8 @@ Without --url it starts one real vLLM server (the example model, ``VLLM_DOCTOR=1
 VLLM_SERVER_DEV_MODE=1``, tests/served.py); with --url it uses that server (start it with the
 same two variables to measure the model panel). ``--clients`` client threads keep sending
 completions (``ignore_eos``, ``--max-tokens`` each), and three phases of ``--seconds`` each run
-in this order, ``--rounds`` times (A B C A B C, so drift hits all alike):
+``--rounds`` times, the order rotated each round (A B C, B C A, C A B, ...: drift and a phase's
+place in the round hit all alike):
 
   A  no top                              serving throughput only
   B  top at 1 Hz, model panel off        + the top process's CPU, RSS, first paint with data
@@ -18,7 +19,10 @@ top runs headless (Textual's headless driver, the same app and panels, built as
 (utime + stime) once a second after its first 2 s, its RSS from /proc/PID/status. "first
 paint" is the wall time from starting top's process (interpreter start and imports included)
 to the first frame with data drawn; it is also measured before the load starts ("idle").
-Throughput is generated tokens / s counted by the clients (usage.completion_tokens).
+Throughput is generated tokens / s as the server counts them (``vllm:generation_tokens``, read
+from /metrics at the start and the end of each measured span, so requests in flight at the
+edges count by the tokens they made inside it); the clients' own count
+(usage.completion_tokens of finished requests) is printed beside it.
 Prints a markdown table; --out DIR also writes a recording of the last C phase
 (top.jsonl.gz) and an SVG screenshot of the app at 160x48 (top.svg) taken at its end.
 """
@@ -114,6 +118,19 @@ class Server:
             raise RuntimeError(f"HTTP {resp.status}: {data[:300]!r}")
         return json.loads(data)
 
+    def generated(self) -> float:
+        """Tokens the server has generated so far (its ``vllm:generation_tokens`` counter)."""
+        from vllm_doctor.compat.metrics import resolve
+        from vllm_doctor.live.prom import family_value, parse
+
+        with urllib.request.urlopen(f"{self.base}/metrics", timeout=30) as resp:
+            exposition = parse(resp.read().decode())
+        name = resolve(exposition.families).get("generation_tokens")
+        value = family_value(exposition.families.get(name)) if name else None
+        if value is None:
+            raise RuntimeError(f"{self.base}/metrics has no generation-token counter")
+        return value
+
 
 class Load:
     """Client threads sending completions without pause; counts generated tokens."""
@@ -191,7 +208,7 @@ def phase(server: Server, load: Load, seconds: float, top: str | None, out: Path
     if top is not None:
         child, spawned = start_top(server.base, seconds, top, out, tag, keep=top == "model")
         time.sleep(2.0)  # imports and attach: not part of the steady state measured below
-    tokens0, t0 = load.count(), time.monotonic()
+    served0, tokens0, t0 = server.generated(), load.count(), time.monotonic()
     cpu: list[float] = []
     rss: list[int] = []
     if child is not None:
@@ -203,7 +220,9 @@ def phase(server: Server, load: Load, seconds: float, top: str | None, out: Path
             cpu.append((now_cpu - last_cpu) / (now_t - last_t) * 100)
             rss.append(proc_rss(child.pid))
             last_cpu, last_t = now_cpu, now_t
-    result["tok_s"] = (load.count() - tokens0) / (time.monotonic() - t0)
+    served1, tokens1, t1 = server.generated(), load.count(), time.monotonic()
+    result["tok_s"] = (served1 - served0) / (t1 - t0)
+    result["client_tok_s"] = (tokens1 - tokens0) / (t1 - t0)
     engine1, e1 = engine_cpu(server.pids), time.monotonic()
     result["engine_cpu_pct"] = {k: round((engine1[k] - engine0.get(k, 0.0)) / (e1 - e0) * 100, 1) for k in engine1}
     if child is not None:
@@ -261,7 +280,7 @@ def main() -> None:
         load = Load(server, args.clients, args.max_tokens)
         time.sleep(args.warmup)
         for r in range(args.rounds):
-            for top in phases:
+            for top in phases[r % len(phases):] + phases[:r % len(phases)]:
                 res = phase(server, load, args.seconds, top, out, f"r{r}-{top}")
                 print(json.dumps(res), flush=True)
                 results.append(res)
@@ -297,7 +316,8 @@ def main() -> None:
         # paired by round: each phase against the no-top phase of the same round (drift cancels)
         print("\n| phase | throughput vs no top, same round: mean | 95 % interval | rounds |")
         print("|---|---|---|---|")
-        t95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}
+        t95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26, 11: 2.23, 12: 2.20,
+               13: 2.18, 14: 2.16, 15: 2.14, 16: 2.13, 17: 2.12, 18: 2.11, 19: 2.10, 20: 2.09}  # t, n - 1 df
         for name in dict.fromkeys(r["phase"] for r in results):
             if name == "none":
                 continue

@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import run_doctor
 from tests.served import ServedEngine
+from vllm_doctor.compat.http import HttpEngineHandle
 from vllm_doctor.live.attach import EngineDoctor
 from vllm_doctor.live.attach import served_engine as engine_at
 from vllm_doctor.live.derive import Deriver
@@ -139,6 +140,35 @@ def test_the_model_channel_gathers_windows_not_everything_since_the_attach(serve
         doc.detach()
     (status,) = served_engine.rpc("doctor_status")
     assert status["data"]["profiling"] is False
+
+
+def test_the_model_channel_asks_for_the_profile_each_window_and_the_rest_once_a_minute(
+    served_engine: ServedEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each window is one collective_rpc (the profile); the anatomy, placement, KV cache and
+    memory come from the first gather until a minute has passed, and the panel still has them."""
+    calls: list[str] = []
+    rpc = HttpEngineHandle.rpc
+
+    def counted(self: HttpEngineHandle, method: str, *args: object, **kwargs: object) -> list[dict]:
+        calls.append(method)
+        return rpc(self, method, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(HttpEngineHandle, "rpc", counted)
+    channel = ModelChannel(served_engine.base, every_s=0.3)
+    try:
+        deadline = time.monotonic() + 120
+        while calls.count("doctor_collect") < 6 and time.monotonic() < deadline:
+            served_engine.complete("a window", 4)
+        seen = list(calls)
+        latest = channel.latest
+    finally:
+        channel.close()
+    assert seen.count("doctor_collect") >= 6, seen
+    for part in ("doctor_anatomy", "doctor_placement", "doctor_kv", "doctor_memory"):
+        assert seen.count(part) == 1, (part, seen)
+    assert latest["available"] and latest["steps"], latest
+    assert latest["model_class"] and latest["kv"]["num_blocks"], latest  # the reused parts are there
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["kill", "terminal-closed"])

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import gzip
 import math
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
 from vllm_doctor.compat.metrics import BY_KEY, resolve
 from vllm_doctor.errors import DoctorInputError
-from vllm_doctor.live.derive import Deriver, snapshot
+from vllm_doctor.live.derive import WINDOW_RING, Deriver, snapshot
 from vllm_doctor.live.prom import histogram_of, parse
 from vllm_doctor.live.record import Recorder, ReplaySource, read_recording
 from vllm_doctor.live.sources import Frame
@@ -279,6 +280,29 @@ def test_memory_is_bounded() -> None:
     for i in range(3000):
         d.update(float(i), exposition(gen=i * 10.0))
     assert len(d.ring) <= 1200 and all(len(h) == 50 for h in d.history.values())
+
+
+
+def test_a_kept_scrape_is_small_so_the_window_ring_fills_without_looking_like_a_leak() -> None:
+    """top keeps WINDOW_RING scrapes for its latency windows (20 minutes at 1 Hz). Kept as tuples
+    of (bound, count) pairs with every value, a real vLLM scrape took 12.8 KB: 15 MB once full,
+    growing through every 10-minute run. The ring keeps the histograms compactly and only the
+    values a window reads."""
+    text = gzip.open(DATA / "metrics-vllm-0.26.0-h200.txt.gz", "rt").read()
+    d = Deriver(window_s=60)
+    for i in range(200):
+        d.update(float(i), text)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(200, WINDOW_RING):
+            frame = d.update(float(i), text)
+        per_scrape = (tracemalloc.get_traced_memory()[0] - before) / (WINDOW_RING - 200)
+    finally:
+        tracemalloc.stop()
+    assert len(d.ring) == WINDOW_RING and frame.latency["e2e"] is not None
+    assert per_scrape < 4000, per_scrape
+    assert WINDOW_RING * per_scrape < 5 * 2**20
 
 
 # -- recordings ----------------------------------------------------------------------------------

@@ -137,24 +137,40 @@ class EngineDoctor:
         return self.handle.rpc("doctor_status")
 
     # -- facts and report -----------------------------------------------------------------------
-    def gather(self, reset: bool = False) -> EngineFacts:
+    def gather(
+        self, reset: bool = False, parts: Iterable[str] | None = None, previous: EngineFacts | None = None
+    ) -> EngineFacts:
         """Ask every worker for every part (a live snapshot, or the final one once detached).
 
         ``reset``: the workers' step and layer records start again after this snapshot, so the
         next one holds only what ran in between (``top`` gathers windows this way: each reply
         is bounded by one window's steps, not by everything since the attach).
+
+        ``parts`` with ``previous``: ask only for those parts and take everything else (the
+        front end, the other parts, NVML) from ``previous``. Each part is one ``collective_rpc``
+        that the engine serves between two steps; ``top`` asks for the profile every window
+        and for the anatomy, placement, KV cache and memory once a minute.
         """
         if not self.attached and self._final is not None:
             return self._final
         t = time.perf_counter()
-        facts = EngineFacts(front_end=self.handle.front_end())
-        for part, method in PART_METHODS.items():
+        wanted = PART_METHODS if parts is None or previous is None else {p: PART_METHODS[p] for p in parts}
+        facts = EngineFacts(front_end=self.handle.front_end() if previous is None else previous.front_end)
+        for part, method in wanted.items():
             options = {"reset": True} if reset and part == "profile" else None
             merge_replies(facts, part, self.handle.rpc(method, options))
+        if previous is not None:
+            for worker, before in zip(facts.workers, previous.workers, strict=False):
+                for part, data in before.parts.items():
+                    if part not in wanted:
+                        worker.parts[part] = data
+                for part, error in before.errors.items():
+                    if part not in wanted:
+                        worker.errors[part] = error
         for i, reply in enumerate(self.install_replies):
             if not reply.get("ok") and i < len(facts.workers):
                 facts.workers[i].errors.setdefault("profile", reply.get("error") or {})
-        facts.nvml = nvml_for(facts)
+        facts.nvml = nvml_for(facts) if previous is None else previous.nvml
         self.timings["gather_s"] = round(time.perf_counter() - t, 3)
         return facts
 

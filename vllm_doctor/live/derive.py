@@ -35,10 +35,11 @@ HISTORY_KEYS = ("gen_tps", "prompt_tps", "req_ps", "running", "waiting", "kv_usa
 QUANTILES = (0.5, 0.9, 0.99)
 ALL_NAMES = frozenset(name for m in METRICS for name in m.names)
 HISTORY_LEN = 240
-WINDOW_RING = 1200  # scrapes kept for latency windows (20 min at 1 Hz)
+WINDOW_RING = 1200  # scrapes kept for latency windows (20 min at 1 Hz; about 1.3 KB each)
+WINDOW_VALUES = ("prefix_queries", "prefix_hits")  # the values a window reads besides the histograms
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Snapshot:
     """What one good scrape says, by the doctor's keys (see compat.metrics)."""
 
@@ -121,12 +122,12 @@ def fmt_latency(s: float) -> str:
 
 def quantile(h: Histogram, q: float) -> Quantile | None:
     """Prometheus' histogram_quantile over cumulative buckets (linear inside the bucket)."""
-    n = h.buckets[-1][1] if h.buckets else 0.0
+    n = h.counts[-1] if h.counts else 0.0
     if n <= 0:
         return None
     rank = q * n
     prev_bound, prev_count = 0.0, 0.0
-    for bound, count in h.buckets:
+    for bound, count in zip(h.bounds, h.counts, strict=True):
         if count >= rank and count > prev_count:
             if math.isinf(bound):
                 return Quantile(q, prev_bound, bound, prev_bound)
@@ -137,9 +138,9 @@ def quantile(h: Histogram, q: float) -> Quantile | None:
 
 
 def latency_stat(key: str, delta: Histogram, span_s: float) -> LatencyStat:
-    n = round(delta.buckets[-1][1]) if delta.buckets else 0
+    n = round(delta.counts[-1]) if delta.counts else 0
     qs = tuple(x for q in QUANTILES if (x := quantile(delta, q)) is not None) if n else ()
-    return LatencyStat(key, n, span_s, delta.sum / n if n else None, qs, delta.buckets[0][0] if delta.buckets else 0.0)
+    return LatencyStat(key, n, span_s, delta.sum / n if n else None, qs, delta.bounds[0] if delta.bounds else 0.0)
 
 
 @dataclass(frozen=True)
@@ -242,7 +243,9 @@ class Deriver:
                     else:
                         self.rates[rate] = None
             self.last = cur
-            self.ring.append(cur)
+            # the windows read only the histograms and the prefix-cache counters of a kept scrape
+            kept = {k: cur.values[k] for k in WINDOW_VALUES if k in cur.values}
+            self.ring.append(Snapshot(cur.t, kept, cur.histograms, {}, {}, 0))
         stale = cur is None
         self._append_history(cur, restart)
         return self._frame(t, cur is not None, error, stale, restart)
@@ -283,8 +286,7 @@ class Deriver:
                     continue
                 delta = cur_h.minus(base.histograms[key]) if base is not None and key in base.histograms else None
                 span = last.t - base.t if base is not None else 0.0
-                empty = Histogram(tuple((b, 0.0) for b, _ in cur_h.buckets), 0.0, 0.0)
-                latency[key] = latency_stat(key, delta if delta is not None else empty, span)
+                latency[key] = latency_stat(key, delta if delta is not None else cur_h.empty(), span)
             if base is not None:
                 dq = last.values.get("prefix_queries", 0.0) - base.values.get("prefix_queries", 0.0)
                 dh = last.values.get("prefix_hits", 0.0) - base.values.get("prefix_hits", 0.0)

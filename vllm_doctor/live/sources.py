@@ -29,6 +29,10 @@ MODEL_EVERY_S = 5.0
 # time on the H200 at every 8th step, against 0.9 % for the per-step wrappers alone); a live
 # overview needs a few sampled steps per window, not one in eight.
 MODEL_SAMPLE_EVERY = 64
+# Each window asks the workers for the profile only; the anatomy, placement, KV cache and memory
+# (each one more collective_rpc that the engine serves between two steps, plus /version,
+# /v1/models and an NVML snapshot in top) are asked for again once a minute.
+MODEL_FULL_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -148,9 +152,15 @@ class ModelChannel:
             )
             doc.attach()
             since = time.time()
+            full, full_at = None, 0.0
             while not self._stop.is_set():
-                # one window: what ran since the last gather (the workers' records reset each time)
-                facts = doc.gather(reset=True)
+                # one window: what ran since the last gather (the workers' records reset each time);
+                # the parts that do not change while serving are asked for once a minute
+                if full is None or time.monotonic() - full_at >= MODEL_FULL_EVERY_S:
+                    facts = full = doc.gather(reset=True)
+                    full_at = time.monotonic()
+                else:
+                    facts = doc.gather(reset=True, parts=("profile",), previous=full)
                 report = build_engine_report(facts, doc.handle.model_name())
                 now = time.time()
                 summary = model_summary(report.to_dict())
