@@ -35,7 +35,7 @@ HISTORY_KEYS = ("gen_tps", "prompt_tps", "req_ps", "running", "waiting", "kv_usa
 QUANTILES = (0.5, 0.9, 0.99)
 ALL_NAMES = frozenset(name for m in METRICS for name in m.names)
 HISTORY_LEN = 240
-WINDOW_RING = 1200  # scrapes kept for latency windows (20 min at 1 Hz; about 1.3 KB each)
+WINDOW_RING = 1200  # scrapes kept for latency windows (20 min at 1 Hz; about 2.7 KB each for a vLLM scrape)
 WINDOW_VALUES = ("prefix_queries", "prefix_hits")  # the values a window reads besides the histograms
 
 
