@@ -65,6 +65,7 @@ def test_profile_writes_report_trace_and_html(profiled: tuple[Path, Any]) -> Non
     assert [s["phase"] for s in engine["steps"]] == ["prefill"] + ["decode"] * 5
     assert engine["steps"][0]["prefill_tokens"] == 3 * 24
     assert report.profiles["workload"]["generated_tokens"] == 18
+    assert report.environment["vllm"] and report.environment["torch"]  # the versions the report was made with
     assert {"attention", "mlp", "norm", "embedding", "logits"} <= set(engine["layers"]["by_kind"])
     assert report.by_code("VD401")[0].outcome.value == "pass"
     trace = json.loads((out / "trace.json").read_text())["traceEvents"]

@@ -91,6 +91,7 @@ def test_attach_profiles_the_served_traffic_and_changes_no_output(server: Server
 
     report = json.loads(stdout)
     assert json.loads((out / "report.json").read_text())["findings"] == report["findings"]
+    assert report["environment"]["vllm"] and report["environment"]["torch"]
     import jsonschema  # a test extra
 
     jsonschema.validate(report, json.loads((REPO_ROOT / "docs" / "report-schema.json").read_text()))

@@ -75,7 +75,6 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vllm_doctor.live.attach import EngineDoctor, ExtensionMissing, served_engine
-    from vllm_doctor.probes import environment
     from vllm_doctor.report.profile import render_anatomy, render_profile
 
     progress = progress_printer(args.quiet)
@@ -128,7 +127,6 @@ def run(args: argparse.Namespace) -> int:
             if doc.attached:
                 progress("could not detach cleanly; the hooks stay until the server restarts")
     report = doc.report(handle.model_name())
-    report.environment = environment.collect()
     report.timings["attached_s"] = round(time.monotonic() - start, 3)
     if args.out:
         paths = write_reports(Path(args.out), report)

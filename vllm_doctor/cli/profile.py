@@ -64,7 +64,6 @@ def add_parser(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from vllm_doctor.checks.weights import config_size_problems
     from vllm_doctor.live.attach import build_engine_report
-    from vllm_doctor.probes import environment
     from vllm_doctor.probes.model_dir import resolve_model_dir
     from vllm_doctor.report.profile import render_anatomy, render_profile
     from vllm_doctor.stages.engine import Workload, run_engine_stage
@@ -93,7 +92,6 @@ def run(args: argparse.Namespace) -> int:
         model_dir, engine_options(args, workload, deep_dir, layers=not args.no_layers), progress, log_dir=str(out)
     )
     report = build_engine_report(result.facts, model_dir)
-    report.environment = environment.collect()
     report.profiles["workload"] = result.workload
     report.profiles["engine_kwargs"] = result.engine_kwargs
     if result.deep:
