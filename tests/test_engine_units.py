@@ -827,3 +827,22 @@ def test_cpu_thread_binding_splits_the_cores() -> None:
     assert cpu_thread_binding(2, [0, 1]) == "0|1"
     assert cpu_thread_binding(2, [0, 1, 2, 3, 4]) == "0,1|2,3"
     assert cpu_thread_binding(3, [0, 1]) is None and cpu_thread_binding(1, [0, 1]) is None
+
+
+def test_a_weight_the_cpu_backend_repacked_is_not_a_cross_rank_problem() -> None:
+    """vLLM's CPU backend (AVX512-BF16 hosts) empties a linear weight after packing it into its GEMM
+    kernel: an empty parameter on every rank is no shard mismatch, a visible one still is."""
+    from vllm_doctor.checks.engine import rank_shard_problems
+
+    reference = {"down.weight": [128, 256], "up.weight": [256, 128]}
+    packed = {"shape": [0], "dim": 1, "repacked": True}
+    shards = {r: {"down.weight": dict(packed), "up.weight": {"shape": [128, 128], "dim": 0, "fingerprint": [float(r), 1.0]}}
+              for r in (0, 1)}
+    assert rank_shard_problems(shards, reference, 2) == []
+    shards[1]["up.weight"] = {"shape": [256, 128], "dim": 0, "fingerprint": [5.0, 1.0]}  # the whole tensor on rank 1
+    problems = rank_shard_problems(shards, reference, 2)  # differs from rank 0, and from TP=1's half
+    assert {(p["rank"], p["name"]) for p in problems} == {(1, "up.weight")}
+    assert [p["expected"] for p in problems if "expected" in p] == [[128, 128]]
+    unmarked = {r: {"down.weight": {"shape": [0], "dim": 1}} for r in (0, 1)}  # empty but not packed: a real problem
+    assert {p["rank"] for p in rank_shard_problems(unmarked, reference, 2)} == {0, 1}
+

@@ -80,7 +80,14 @@ def test_tensor_parallel_findings_are_per_rank_and_the_ranks_agree(runs: dict[st
 
 def test_a_loader_that_ignores_the_rank_is_named_by_rank_and_parameter(runs: dict[str, Any]) -> None:
     rc, report, out = runs["tp2-broken"]
-    assert rc == 1 and report is not None, out[-3000:]
+    assert report is not None, out[-3000:]
+    (passed,) = [f for f in _findings(report, "VD406") if f["outcome"] == "pass"] or [None]
+    if passed is not None and "model.layers.1.mlp.down_proj.weight" in passed["evidence"]["repacked"]:
+        # a CPU whose vLLM build packs linear weights into its GEMM kernels (AVX512-BF16: oneDNN, sgl,
+        # zentorch) leaves the parameter empty: the broken shard is out of sight, and VD406 says so
+        assert rc == 0 and "not compared: vLLM's CPU backend packed them" in passed["message"]
+        pytest.skip("this CPU's vLLM build repacked the linear weights: their values are not visible to VD406")
+    assert rc == 1, out[-3000:]
     fails = [f for f in _findings(report, "VD406") if f["outcome"] == "fail"]
     assert [f["subject"] for f in fails] == ["rank 1 / cpu / model.layers.1.mlp.down_proj.weight"], fails
     (f,) = fails

@@ -504,9 +504,12 @@ def rank_shard_problems(
     for name in names:
         entries = {r: shards_by_rank[r].get(name) for r in ranks}
         missing = [r for r, e in entries.items() if e is None]
-        present = {r: e for r, e in entries.items() if e is not None}
+        # a weight vLLM's CPU backend packed into its GEMM kernel is empty here: nothing to compare
+        present = {r: e for r, e in entries.items() if e is not None and not e.get("repacked")}
         for r in missing:
             problems.append({"rank": r, "name": name, "problem": "missing on this rank (other ranks have it)"})
+        if not present:
+            continue
         shapes = {r: tuple(e["shape"]) for r, e in present.items()}
         first = ranks[0] if ranks[0] in shapes else next(iter(shapes))
         for r, shape in shapes.items():
@@ -637,10 +640,18 @@ def ranks_hold_different_models(facts: Any, emit: Emit) -> Iterable[Finding]:
             yield from _capped(findings, emit, by_tp[min(by_tp)][0], "cross-rank problems", len(findings))
     if not any_problem:
         checked = "shapes" + (", shapes against tensor-parallel size 1" if facts.reference_shapes else "")
+        hidden = sorted({n for _w, p in pairs for n, e in (p.get("shards") or {}).items() if e.get("repacked")})
+        note = (
+            f"; {len(hidden)} linear weight(s) not compared: vLLM's CPU backend packed them into its GEMM "
+            "kernels after loading (their parameters are empty)"
+            if hidden
+            else ""
+        )
         yield emit.ok(
             f"{len(pairs)} rank(s) over {len(stages)} pipeline stage(s) hold the same model ({checked}, and split "
-            "parameters hold different shards)",
+            f"parameters hold different shards){note}",
             "all ranks",
+            {"repacked": hidden[:50], "repacked_count": len(hidden)} if hidden else None,
         )
 
 

@@ -69,10 +69,24 @@ def shards(model: nn.Module, tp_size: int | None) -> dict[str, dict[str, Any]]:
             break
         dim = _shard_dim(model, name, p)
         entry: dict[str, Any] = {"shape": list(p.shape), "dim": dim}
-        if dim is not None and (tp_size or 1) > 1:
+        if p.numel() == 0 and _repacked(model, name):
+            # vLLM's CPU backend moved the weight into a packed kernel (oneDNN, sgl, zentorch) after
+            # loading and left an empty parameter: its shape and values are not visible here
+            entry["repacked"] = True
+        elif dim is not None and (tp_size or 1) > 1:
             entry["fingerprint"] = fingerprint(p)
         out[name] = entry
     return out
+
+
+def _repacked(model: nn.Module, name: str) -> bool:
+    """``name`` is the emptied weight of a linear layer whose GEMM vLLM's CPU backend packed."""
+    owner, _, attr = name.rpartition(".")
+    try:
+        module = model.get_submodule(owner)
+    except AttributeError:
+        return False
+    return attr == "weight" and callable(getattr(module, "cpu_linear", None))
 
 
 def _norm_device(dev: torch.device) -> torch.device:
