@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import array
 import json
 from types import SimpleNamespace
 from typing import Any
@@ -30,6 +31,7 @@ from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
 from vllm_doctor.engine.profiler import ForwardProfiler, OpenStep
 from vllm_doctor.engine.steps import COUNT_FIELDS, StepTracker, counts_dict, phase_of
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.facts.steps import StepTable
 from vllm_doctor.model import Outcome, Severity, Stage
 from vllm_doctor.stages.static import CheckOptions, selected_codes
 
@@ -176,9 +178,9 @@ def test_forward_profiler_aggregates_steps_and_layers_with_wall_clock() -> None:
         prof.after_execute(0.001, output_is_final=False)
         prof.after_sample(0.0005)
     snap = prof.snapshot()
-    assert [s["phase"] for s in snap["steps"]] == ["prefill", "decode"]
-    assert [(s["prefill_tokens"], s["decode_tokens"], s["kv_blocks_used"]) for s in snap["steps"]] == [(6, 0, 2), (0, 2, 2)]
-    assert all(s["forward_s"] is not None and s["step_s"] >= s["forward_s"] for s in snap["steps"])
+    assert [s["phase"] for s in StepTable.of(snap).rows()] == ["prefill", "decode"]
+    assert [(s["prefill_tokens"], s["decode_tokens"], s["kv_blocks_used"]) for s in StepTable.of(snap).rows()] == [(6, 0, 2), (0, 2, 2)]
+    assert all(s["forward_s"] is not None and s["step_s"] >= s["forward_s"] for s in StepTable.of(snap).rows())
     layer0 = next(m for m in snap["layers"] if m["name"] == "model.layers.0")
     assert (layer0["prefill_calls"], layer0["decode_calls"]) == (1, 1)
     assert len(snap["trace"]) == 2 and snap["trace"][0]["layers"]
@@ -198,8 +200,8 @@ def test_per_layer_timing_samples_the_first_steps_of_each_phase_then_every_nth()
     expected_decode = {decode_steps[n] for n in range(len(decode_steps)) if n < 8 or (n - 8) % 4 == 0}
     assert {i for i, t in timed.items() if t} == {0, 10} | expected_decode
     snap = prof.snapshot()
-    assert [s["layers_timed"] for s in snap["steps"]] == [timed[i] for i in range(20)]
-    assert [s["phase"] for s in snap["steps"]] == ["decode" if i in decode_steps else "prefill" for i in range(20)]
+    assert [s["layers_timed"] for s in StepTable.of(snap).rows()] == [timed[i] for i in range(20)]
+    assert [s["phase"] for s in StepTable.of(snap).rows()] == ["decode" if i in decode_steps else "prefill" for i in range(20)]
     assert snap["sample_every"] == 4
 
 
@@ -216,10 +218,10 @@ def test_unsampled_steps_are_plain_records_and_empty_steps_still_free_blocks() -
         prof.after_execute(0.001, output_is_final=False)
         prof.after_sample(0.0005)
     snap = prof.snapshot()
-    assert [s["index"] for s in snap["steps"]] == list(range(16))
-    assert [s["kv_blocks_used"] for s in snap["steps"]] == [2] * 16
-    assert [s["phase"] for s in snap["steps"]].count("prefill") == 2
-    plain = [s for s in snap["steps"] if not s["sampled"]]
+    assert [s["index"] for s in StepTable.of(snap).rows()] == list(range(16))
+    assert [s["kv_blocks_used"] for s in StepTable.of(snap).rows()] == [2] * 16
+    assert [s["phase"] for s in StepTable.of(snap).rows()].count("prefill") == 2
+    plain = [s for s in StepTable.of(snap).rows() if not s["sampled"]]
     assert len(plain) == 4 and all(s["forward_s"] is None and s["host_execute_s"] == 0.001 for s in plain)
     assert all(s["step_clock"] == "wall_clock" and s["step_s"] > 0 for s in plain)
 
@@ -282,7 +284,7 @@ def test_a_sample_on_gpu_costs_three_events_and_two_readings() -> None:
     # one stream: when the newest of 32 pending samples has completed, so have the others
     assert clock.calls["ready"] == samples // 32
     snap = prof.snapshot()
-    timed = [s for s in snap["steps"] if s["sampled"]]
+    timed = [s for s in StepTable.of(snap).rows() if s["sampled"]]
     assert len(timed) == samples and all(s["step_clock"] == "cuda_events" for s in timed)
     assert all((s["forward_s"], s["logits_s"], s["step_s"]) == (1.0, 1.0, 2.0) for s in timed)
     assert clock.calls["seconds"] == 2 * samples  # each mark read once, relative to the step's first
@@ -298,7 +300,7 @@ def test_layer_tables_compare_layer_times_with_the_sampled_steps_only() -> None:
     steps = [{"forward_s": 1.0, "layers_timed": True}, {"forward_s": 5.0, "layers_timed": False}]
     profile = {"layers": [{"name": "model.layers.0", "kind": "layer", "layer": 0, "decode_s": 0.9, "decode_calls": 1}],
                "sample_every": 4}
-    tables = layer_tables(profile, steps)
+    tables = layer_tables(profile, StepTable.of({"steps": steps}))
     assert tables["forward_total_s"] == 1.0 and tables["timed_fraction"] == pytest.approx(0.9)
     assert tables["timed_steps"] == 1 and tables["sample_every"] == 4
 
@@ -578,7 +580,7 @@ def test_summaries_and_anatomy_from_synthetic_facts() -> None:
     assert s["kv_usage"][0]["usage"] == pytest.approx(0.2)
     assert s["layers"]["by_kind"]["attention"] == pytest.approx(0.04)
     assert s["layers"]["by_kind"]["other"] == pytest.approx(0.15 - 0.04)
-    assert layer_tables(profile, steps)["by_layer"][0]["kinds"]["attention"] == pytest.approx(0.04)
+    assert layer_tables(profile, StepTable.of({"steps": steps}))["by_layer"][0]["kinds"]["attention"] == pytest.approx(0.04)
     a = anatomy(facts)
     assert a["model"]["origin"] == "plugin" and a["processes"][1]["in_process_with"] == "engine core"
     assert model_origin("vllm.model_executor.models.llama.LlamaForCausalLM") == "built-in"
@@ -846,3 +848,52 @@ def test_a_weight_the_cpu_backend_repacked_is_not_a_cross_rank_problem() -> None
     unmarked = {r: {"down.weight": {"shape": [0], "dim": 1}} for r in (0, 1)}  # empty but not packed: a real problem
     assert {p["rank"] for p in rank_shard_problems(unmarked, reference, 2)} == {0, 1}
 
+
+def test_step_records_travel_as_packed_arrays_and_read_back_exactly() -> None:
+    """doctor_collect's step_arrays: every field one base64 array, read back to the same records
+    (None for times a step has not, True/False flags); top's windows send the summary fields only."""
+    import base64
+
+    from vllm_doctor.constants import STEP_SUMMARY_COLUMNS
+
+    prof = ForwardProfiler(WallClock(), [], sample_every=4)
+    for so in _two_requests(40, restart_at=20):
+        prof.begin_step(so)
+        prof.after_execute(0.001, output_is_final=False)
+        prof.after_sample(0.0005)
+    snap = prof.snapshot(reset=True)
+    json.dumps(snap)  # plain JSON
+    rows = StepTable.of(json.loads(json.dumps(snap))).rows()
+    assert [r["index"] for r in rows] == list(range(40)) and {type(r["sampled"]) for r in rows} == {bool}
+    plain = [r for r in rows if not r["sampled"]]
+    assert plain and all(r["forward_s"] is None and r["logits_s"] is None for r in plain)
+    assert all(r["host_execute_s"] == 0.001 and r["host_sample_s"] == 0.0005 for r in rows)
+    assert [r["phase"] for r in rows].count("prefill") == 2 and all(r["kv_blocks_used"] == 2 for r in rows)
+    # the same records once more, packed on a host of the other byte order
+    other = {"big": "little", "little": "big"}[snap["step_arrays"]["byteorder"]]
+    swapped = {"n": 40, "byteorder": other, "columns": {}}
+    for name, (code, data) in snap["step_arrays"]["columns"].items():
+        arr = array.array(code, base64.b64decode(data))
+        arr.byteswap()
+        swapped["columns"][name] = [code, base64.b64encode(arr.tobytes()).decode()]
+    assert StepTable.of({**snap, "step_arrays": swapped}).rows() == rows
+    # top's window: the summary fields only, and the same phase table
+    for so in _two_requests(40, restart_at=20):
+        prof.begin_step(so)
+        prof.after_execute(0.001, output_is_final=True)
+    window = prof.snapshot(reset=True, timeline=False)
+    assert set(window["step_arrays"]["columns"]) == set(STEP_SUMMARY_COLUMNS) and window["trace"] == []
+    table = StepTable.of(window)
+    assert len(table) == 40 and table.phases.count("prefill") == 2 and table["index"] == [None] * 40
+    assert StepTable.of(prof.snapshot())["step_s"] == []  # reset: the next window starts empty
+
+
+@pytest.mark.parametrize("columns", [
+    {"step_s": ["d", "not base64!"]},
+    {"step_s": ["x", "AAAA"]},
+    {"step_s": ["d", "AAAAAAAAAAA="]},  # one float64 for two steps
+    {"step_s": "d"},
+], ids=["bad-base64", "bad-type", "short", "not-a-pair"])
+def test_step_arrays_that_do_not_decode_give_an_empty_table_that_says_why(columns: dict[str, Any]) -> None:
+    table = StepTable.of({"step_arrays": {"n": 2, "byteorder": "little", "columns": columns}})
+    assert len(table) == 0 and table.error and "step_arrays.step_s" in table.error

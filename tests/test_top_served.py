@@ -23,6 +23,7 @@ import pytest
 from tests.conftest import run_doctor
 from tests.served import ServedEngine
 from vllm_doctor.compat.http import HttpEngineHandle
+from vllm_doctor.facts.steps import StepTable
 from vllm_doctor.live.attach import EngineDoctor
 from vllm_doctor.live.attach import served_engine as engine_at
 from vllm_doctor.live.derive import Deriver
@@ -123,7 +124,7 @@ def test_the_model_channel_gathers_windows_not_everything_since_the_attach(serve
 
     def steps(doc: EngineDoctor) -> list[dict]:
         facts = doc.gather(reset=True)
-        return facts.workers[0].parts["profile"]["steps"]
+        return StepTable.of(facts.workers[0].parts["profile"]).rows()
 
     doc = EngineDoctor(engine_at(served_engine.base, timeout=60), probe=False)
     doc.attach()

@@ -13,3 +13,53 @@ EXTENSION_QUALNAME = "vllm_doctor.engine.extension.DoctorWorkerExtension"
 # GPU, per-layer timing) on the first SAMPLE_WARMUP_STEPS steps of each phase, then on every N-th
 DEFAULT_SAMPLE_EVERY = 8
 SAMPLE_WARMUP_STEPS = 8
+
+# a step's counts from the SchedulerOutput (vllm_doctor.engine.steps.StepTracker.observe)
+STEP_COUNT_FIELDS = (
+    "prefill_tokens",
+    "decode_tokens",
+    "prefill_reqs",
+    "decode_reqs",
+    "total_tokens",
+    "kv_blocks_used",
+    # VD502: requests evicted from the KV cache in this step, and ones brought back (their
+    # prefill is recomputed); older vLLM reports only the latter
+    "preempted_reqs",
+    "resumed_reqs",
+)
+# the workers' step records on the wire: ``doctor_collect`` sends each field as one packed array
+# ("step_arrays": Python ``array`` bytes, base64 in the JSON reply), not one dict per step: a
+# served engine runs thousands of steps between two of top's windows, and a number per JSON
+# value cost the engine its encoding and every reader its parsing. vllm_doctor.facts.steps reads them
+STEP_COLUMNS = (
+    "index",
+    "host_start",  # perf_counter in the worker; "t0" in the same reply is its origin
+    *STEP_COUNT_FIELDS,
+    "step_s",
+    "device_timed",  # step_s is the device clock's (else the host's)
+    "forward_s",
+    "logits_s",
+    "host_execute_s",
+    "host_sample_s",
+    "sampled",
+    "layers_timed",
+)
+# what the summaries read (phases, layer shares, the doctor's overhead, VD502): top's model panel
+# asks for these only (``doctor_collect`` with ``timeline: false``)
+STEP_SUMMARY_COLUMNS = tuple(
+    c for c in STEP_COLUMNS if c not in ("index", "host_start", "device_timed", "logits_s", "sampled")
+)
+# each field's array type code: "d" float64 (NaN: no value), "q" int64, "i" int32, "b" a flag
+STEP_COLUMN_TYPES = {
+    "index": "q",
+    "host_start": "d",
+    **dict.fromkeys(STEP_COUNT_FIELDS, "i"),
+    "step_s": "d",
+    "device_timed": "b",
+    "forward_s": "d",
+    "logits_s": "d",
+    "host_execute_s": "d",
+    "host_sample_s": "d",
+    "sampled": "b",
+    "layers_timed": "b",
+}

@@ -29,7 +29,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "units": set(),
     "files": set(),
     "procfs": set(),
-    "facts": {"model", "errors"},
+    "facts": {"model", "errors", "constants"},  # constants: the wire names both sides share
     # gateways to foreign APIs (vLLM, torch, transformers, NVML); worker-side readers of vLLM
     "compat": {"constants", "errors", "model", "facts"},
     # runs INSIDE vLLM's processes: reads vLLM objects only through the worker-side gateways

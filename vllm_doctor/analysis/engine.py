@@ -4,11 +4,12 @@ and the engine anatomy (``facts["engine"]``). Pure functions over :class:`Engine
 
 from __future__ import annotations
 
-import statistics
+from itertools import compress
 from typing import Any
 
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.facts.static import is_transformers_backend
+from vllm_doctor.facts.steps import StepTable
 
 KIND_ORDER = ("embedding", "attention", "mlp", "norm", "logits", "other")
 
@@ -119,36 +120,41 @@ def anatomy(facts: EngineFacts) -> dict[str, Any]:
     }
 
 
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
+def _pct(ordered: list[float], q: float) -> float | None:
+    """The ``q`` quantile (nearest rank) of sorted values."""
+    if not ordered:
         return None
-    ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def phase_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
+def phase_summary(steps: StepTable) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    step_s, forward_s, tokens_col = steps["step_s"], steps["forward_s"], steps["total_tokens"]
+    prefill_reqs, decode_reqs = steps["prefill_reqs"], steps["decode_reqs"]
+    phases = steps.phases
     for phase in ("prefill", "decode", "mixed"):
-        chosen = [s for s in steps if s.get("phase") == phase]
-        if not chosen:
+        chosen = [p == phase for p in phases]  # one pass per phase; the columns are picked in C
+        n = sum(chosen)
+        if not n:
             continue
-        times = [float(s["step_s"]) for s in chosen]
-        fwd = [float(s["forward_s"]) for s in chosen if s.get("forward_s") is not None]
-        tokens = sum(int(s.get("total_tokens", 0)) for s in chosen)
+        times = sorted(compress(step_s, chosen))
+        fwd = [v for v in compress(forward_s, chosen) if v is not None]
+        tokens = sum(compress(tokens_col, chosen))
+        total = sum(times)
         out[phase] = {
-            "steps": len(chosen),
+            "steps": n,
             "tokens": tokens,
-            "mean_batch": round(statistics.fmean(s.get("num_reqs", 0) for s in chosen), 2),
-            "step_s_mean": statistics.fmean(times),
+            "mean_batch": round((sum(compress(prefill_reqs, chosen)) + sum(compress(decode_reqs, chosen))) / n, 2),
+            "step_s_mean": total / n,
             "step_s_p50": _pct(times, 0.5),
             "step_s_p90": _pct(times, 0.9),
-            "forward_s_mean": statistics.fmean(fwd) if fwd else None,
-            "tokens_per_s": tokens / sum(times) if sum(times) > 0 else None,
+            "forward_s_mean": sum(fwd) / len(fwd) if fwd else None,
+            "tokens_per_s": tokens / total if total > 0 else None,
         }
     return out
 
 
-def layer_tables(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+def layer_tables(profile: dict[str, Any], steps: StepTable) -> dict[str, Any]:
     """Per module, per decoder layer and per kind (with "other" = forward not in any kind)."""
     modules = list(profile.get("layers") or [])
     for m in modules:
@@ -167,8 +173,8 @@ def layer_tables(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
                 entry = by_layer.setdefault(layer, {"layer": layer, "total_s": 0.0, "kinds": {}})
                 entry["kinds"][kind] = entry["kinds"].get(kind, 0.0) + m["total_s"]
     # layer times exist only for the per-layer samples: compare them with those steps' forwards
-    timed_steps = [s for s in steps if s.get("layers_timed", True)]
-    forward_total = sum(float(s["forward_s"]) for s in timed_steps if s.get("forward_s") is not None)
+    timed = [f for f, on in zip(steps["forward_s"], steps["layers_timed"], strict=True) if on]
+    forward_total = sum(float(f) for f in timed if f is not None)
     if modules and forward_total:
         inside = sum(v for k, v in by_kind.items() if k != "logits")
         by_kind["other"] = max(0.0, forward_total - inside)
@@ -185,23 +191,18 @@ def layer_tables(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dict[s
         "by_layer": [by_layer[k] for k in sorted(by_layer)],
         "by_kind": {k: by_kind[k] for k in KIND_ORDER if k in by_kind},
         "forward_total_s": forward_total,
-        "timed_steps": len(timed_steps) if modules else 0,
+        "timed_steps": len(timed) if modules else 0,
         "sample_every": profile.get("sample_every"),
     }
 
 
-def kv_usage_series(steps: list[dict[str, Any]], num_blocks: int | None) -> list[dict[str, Any]]:
+def kv_usage_series(steps: StepTable, num_blocks: int | None) -> list[dict[str, Any]]:
     if not num_blocks:
         return []
     usable = max(1, num_blocks - 1)  # block 0 is vLLM's null block
     return [
-        {
-            "t": s["t"],
-            "index": s["index"],
-            "blocks": s.get("kv_blocks_used", 0),
-            "usage": s.get("kv_blocks_used", 0) / usable,
-        }
-        for s in steps
+        {"t": s["t"], "index": s["index"], "blocks": s["kv_blocks_used"], "usage": s["kv_blocks_used"] / usable}
+        for s in steps.rows()
     ]
 
 
@@ -284,7 +285,7 @@ def memory_breakdown(memory: dict[str, Any], nvml: dict[str, Any] | None = None)
     return out
 
 
-def doctor_overhead(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any] | None:
+def doctor_overhead(profile: dict[str, Any], steps: StepTable) -> dict[str, Any] | None:
     """The doctor's own host time per step, against the worker's host time of the step.
 
     Measured inside the doctor's wrappers and hooks (``perf_counter`` around its own code), so
@@ -292,13 +293,12 @@ def doctor_overhead(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dic
     included: PyTorch's cost of calling a hook (about a microsecond per hooked module call).
     """
     own = profile.get("doctor_host_s")
-    if not own or not steps:
+    if not own or not len(steps):
         return None
     n = len(steps) + int(profile.get("dropped_steps") or 0)
     own_step = sum(float(v) for v in own.values()) / n
-    host_step = sum(float(s.get("host_execute_s") or 0) + float(s.get("host_sample_s") or 0) for s in steps) / len(
-        steps
-    )
+    host_total = float(sum(filter(None, steps["host_execute_s"])) + sum(filter(None, steps["host_sample_s"])))
+    host_step = host_total / len(steps)
     host_step += float(own.get("wrappers", 0.0)) / n  # the wrappers run outside the measured host time
     return {
         "host_s": {k: float(v) for k, v in own.items()},
@@ -309,13 +309,17 @@ def doctor_overhead(profile: dict[str, Any], steps: list[dict[str, Any]]) -> dic
     }
 
 
-def summarize(facts: EngineFacts) -> dict[str, Any]:
-    """``report.profiles["engine"]``: steps, phases, layers, KV usage, memory (rank 0 first)."""
+def summarize(facts: EngineFacts, timeline: bool = True) -> dict[str, Any]:
+    """``report.profiles["engine"]``: steps, phases, layers, KV usage, memory (rank 0 first).
+
+    ``timeline=False`` (top's model panel, every few seconds): the summaries only, without the
+    per-step records and the KV usage series built from them (``step_count`` says how many).
+    """
     if not facts.workers:
         return {"available": False, "reason": facts.startup_error or "no worker replied"}
     primary: WorkerFacts = facts.workers[0]
     profile = primary.get("profile") or {}
-    steps = list(profile.get("steps") or [])
+    steps = primary.steps()
     kv = primary.get("kv") or {}
     num_blocks = profile.get("num_blocks") or kv.get("num_blocks")
     out: dict[str, Any] = {
@@ -325,11 +329,13 @@ def summarize(facts: EngineFacts) -> dict[str, Any]:
         "clock": profile.get("clock"),
         "layers_on": profile.get("layers_on"),
         "layers_reason": profile.get("layers_reason"),
-        "steps": steps,
+        "steps": steps.rows() if timeline else [],
+        "step_count": len(steps),
+        "steps_error": steps.error,
         "dropped_steps": profile.get("dropped_steps", 0),
         "phases": phase_summary(steps),
         "layers": layer_tables(profile, steps),
-        "kv_usage": kv_usage_series(steps, num_blocks),
+        "kv_usage": kv_usage_series(steps, num_blocks) if timeline else [],
         "kv_num_blocks": num_blocks,
         "kv_block_size": _block_size(kv),
         "trace": profile.get("trace") or [],
@@ -343,7 +349,7 @@ def summarize(facts: EngineFacts) -> dict[str, Any]:
     }
     out["doctor_overhead"] = doctor_overhead(profile, steps)
     if len(facts.workers) > 1:
-        out["per_rank"] = [rank_summary(w, with_timeline=w is not primary) for w in facts.workers]
+        out["per_rank"] = [rank_summary(w, with_timeline=timeline and w is not primary) for w in facts.workers]
         out["rank_imbalance"] = rank_imbalance(out["per_rank"])
     return out
 
@@ -353,7 +359,7 @@ def rank_summary(w: WorkerFacts, with_timeline: bool = True) -> dict[str, Any]:
     steps and per-layer trace for the Perfetto track, except for the primary rank, whose are
     the profile's own)."""
     profile = w.get("profile") or {}
-    steps = list(profile.get("steps") or [])
+    steps = w.steps()
     ident = (w.get("placement") or {}).get("worker") or (w.get("anatomy") or {})
     kv = w.get("kv") or {}
     layers = layer_tables(dict(profile, layers=[dict(m) for m in profile.get("layers") or []]), steps)
@@ -370,7 +376,7 @@ def rank_summary(w: WorkerFacts, with_timeline: bool = True) -> dict[str, Any]:
         "kv_num_blocks": profile.get("num_blocks") or kv.get("num_blocks"),
     }
     if with_timeline:
-        out["steps"] = steps
+        out["steps"] = steps.rows()
         out["trace"] = profile.get("trace") or []
     return out
 

@@ -9,6 +9,7 @@ serving. VD501 and VD208 also read vLLM's own error when the engine could not st
 from __future__ import annotations
 
 import math
+import operator
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -814,15 +815,15 @@ def kv_cache_preemptions(facts: Any, emit: Emit) -> Iterable[Finding]:
     pairs, crashes = _workers(facts, emit, "profile")
     yield from crashes
     for w, profile in pairs:
-        steps = list(profile.get("steps") or [])
-        if not steps:
-            yield emit.skip("no step was profiled (run a workload while attached)", _subject(w))
+        steps = w.steps()
+        if not len(steps):
+            yield emit.skip(steps.error or "no step was profiled (run a workload while attached)", _subject(w))
             continue
-        preempted = sum(int(s.get("preempted_reqs", 0)) for s in steps)
-        resumed = sum(int(s.get("resumed_reqs", 0)) for s in steps)
+        preempted_col, resumed_col = steps["preempted_reqs"], steps["resumed_reqs"]
+        preempted, resumed = int(sum(preempted_col)), int(sum(resumed_col))
         num_blocks = profile.get("num_blocks") or ((w.get("kv") or {}).get("num_blocks"))
         usable = max(1, int(num_blocks) - 1) if num_blocks else None  # block 0 is vLLM's null block
-        peak_blocks = max(int(s.get("kv_blocks_used", 0)) for s in steps)
+        peak_blocks = int(max(steps["kv_blocks_used"]))
         peak = peak_blocks / usable if usable else None
         evidence = {
             "preempted": preempted,
@@ -831,7 +832,7 @@ def kv_cache_preemptions(facts: Any, emit: Emit) -> Iterable[Finding]:
             "usable_blocks": usable,
             "peak_usage": peak,
             "steps": len(steps),
-            "steps_with_preemption": sum(1 for s in steps if s.get("preempted_reqs") or s.get("resumed_reqs")),
+            "steps_with_preemption": sum(map(bool, map(operator.or_, preempted_col, resumed_col))),
         }
         usage = (
             f"KV cache peaked at {peak:.0%} of {usable} usable blocks"

@@ -120,10 +120,16 @@ class DoctorWorkerExtension:
         return _envelope(self, "doctor_arm_probe", run)
 
     def doctor_collect(self, options: Any = None) -> dict[str, Any]:
+        """The profile so far: step records as columns, layer totals, the probe, crashes.
+        ``reset``: records start again after this reply; ``timeline: false``: no per-layer trace."""
+
         def run() -> dict[str, Any]:
             from vllm_doctor.engine.session import session_for
 
-            return session_for(self).collect(reset=bool(_options(options).get("reset", False)))
+            opts = _options(options)
+            return session_for(self).collect(
+                reset=bool(opts.get("reset", False)), timeline=bool(opts.get("timeline", True))
+            )
 
         return _envelope(self, "doctor_collect", run)
 

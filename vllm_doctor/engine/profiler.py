@@ -18,22 +18,27 @@ path costs throughput (bench/bench_engine.py), so an unsampled step pays for cou
 
 from __future__ import annotations
 
+import base64
+import sys
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
+from vllm_doctor.constants import STEP_COLUMN_TYPES, STEP_COLUMNS, STEP_SUMMARY_COLUMNS
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
 from vllm_doctor.engine.clock import CudaEventClock, WallClock
 from vllm_doctor.engine.layers import TimedModule
-from vllm_doctor.engine.steps import Counts, StepTracker, counts_dict, phase_of
+from vllm_doctor.engine.steps import Counts, StepTracker, phase_of
 
 MAX_STEP_RECORDS = 20_000  # aggregates keep counting beyond this
 DEFAULT_TRACE_STEPS = 64  # steps whose per-layer events are kept for trace.json
 # finished steps are turned into records in batches (one warm loop instead of a cold call per
 # step); on GPU a batch holds at most this many sampled steps' events
 RESOLVE_BATCH = 32
+NAN = float("nan")  # a time a step has not (not sampled), in a packed column
 
 
 @dataclass(slots=True)
@@ -80,7 +85,7 @@ class ForwardProfiler:
         self.step_index = 0
         self.current: OpenStep | list[Any] | None = None
         self.pending: deque[OpenStep] = deque()  # finished samples whose marks are not resolved yet
-        self.steps: list[tuple[Any, ...]] = []  # see _record
+        self.steps: list[tuple[Any, ...]] = []  # a tuple per step: STEP_COLUMNS, the counts as one tuple
         self.dropped_steps = 0
         self.layer_stats: dict[str, dict[str, Any]] = {}
         self.layer_trace: list[dict[str, Any]] = []
@@ -327,46 +332,45 @@ class ForwardProfiler:
                 }
             )
 
-    def _record(self, row: tuple[Any, ...]) -> dict[str, Any]:
-        (
-            index,
-            host_start,
-            counts,
-            step_s,
-            device_timed,
-            forward_s,
-            logits_s,
-            host_execute_s,
-            host_sample_s,
-            sampled,
-            layers_timed,
-        ) = row
-        return {
-            "index": index,
-            "t": round(host_start - self.t0, 6),
-            "phase": phase_of(counts),
-            **counts_dict(counts),
-            "step_s": step_s,
-            "step_clock": self.clock.kind if device_timed else "host",
-            "forward_s": forward_s,
-            "logits_s": logits_s,
-            "host_execute_s": host_execute_s,
-            "host_sample_s": host_sample_s,
-            "sampled": sampled,
-            "layers_timed": layers_timed,
-        }
+    def step_arrays(self, names: tuple[str, ...] = STEP_COLUMNS) -> dict[str, Any]:
+        """The step records in step order, each field (``names`` of :data:`STEP_COLUMNS`) one
+        packed array: ``{"n", "byteorder", "columns": {name: [type code, base64 bytes]}}``.
 
-    def snapshot(self, reset: bool = False) -> dict[str, Any]:
+        Runs in the engine between two steps when the doctor collects: transposing the records'
+        tuples and packing them are C-level passes, where a dict per step cost milliseconds per
+        thousand steps (and the API server as long again to write them as JSON numbers).
+        :class:`vllm_doctor.facts.steps.StepTable` reads them.
+        """
+        rows = sorted(self.steps, key=itemgetter(0))
+        columns: Any = ((name, ()) for name in STEP_COLUMNS)
+        if rows:
+            index, host_start, counts, *rest = zip(*rows, strict=True)
+            columns = zip(STEP_COLUMNS, (index, host_start, *zip(*counts, strict=True), *rest), strict=True)
+        packed = {}
+        for name, values in columns:
+            if name not in names:
+                continue
+            code = STEP_COLUMN_TYPES[name]
+            if code == "d" and None in values:  # the forward and logits times of steps not sampled
+                values = [NAN if v is None else v for v in values]
+            packed[name] = [code, base64.b64encode(array(code, values)).decode("ascii")]
+        return {"n": len(rows), "byteorder": sys.byteorder, "columns": packed}
+
+    def snapshot(self, reset: bool = False, timeline: bool = True) -> dict[str, Any]:
+        """Everything recorded (since the last reset). ``timeline=False`` leaves out the
+        per-layer trace and the step columns only a timeline needs (top's windows draw none):
+        :data:`STEP_SUMMARY_COLUMNS`; the trace is still reset."""
         self.resolve(block=True)
         out = {
             "clock": self.clock.kind,
             "sample_every": self.sample_every,
             "sample_warmup_steps": SAMPLE_WARMUP_STEPS,
             # unsampled steps are records when they finish, samples once resolved
-            "steps": [self._record(row) for row in sorted(self.steps, key=itemgetter(0))],
+            "t0": self.t0,
+            "step_arrays": self.step_arrays(STEP_COLUMNS if timeline else STEP_SUMMARY_COLUMNS),
             "dropped_steps": self.dropped_steps,
             "layers": list(self.layer_stats.values()),
-            "trace": list(self.layer_trace),
+            "trace": list(self.layer_trace) if timeline else [],
             "timed_modules": [
                 {"name": m.name, "kind": m.kind, "layer": m.layer, "class": m.cls} for m in self.timed.values()
             ],

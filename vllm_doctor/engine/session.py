@@ -448,14 +448,14 @@ class WorkerSession:
         return {**self.probe_result, "complete": True}
 
     # -- collection -----------------------------------------------------------------------------
-    def collect(self, reset: bool = False) -> dict[str, Any]:
+    def collect(self, reset: bool = False, timeline: bool = True) -> dict[str, Any]:
         data: dict[str, Any] = {
             "profiling": self.profiler is not None,
             "layers_on": self.layers_on,
             "layers_reason": self.layers_reason,
         }
         if self.profiler is not None:
-            data.update(self._safely("collect", self.profiler.snapshot, reset) or {})
+            data.update(self._safely("collect", self.profiler.snapshot, reset, timeline) or {})
             data["num_blocks"] = _num_blocks(self.worker)
             data["doctor_host_s"] = dict(self.own_s)
             if reset:

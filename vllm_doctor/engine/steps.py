@@ -10,21 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_doctor.constants import STEP_COUNT_FIELDS
+
 NULL_BLOCK = 0  # vLLM's block pool reserves block 0 as a placeholder; it holds no tokens
 
 # a step's counts, as StepTracker.observe returns them (a flat tuple: it is made on every step)
-COUNT_FIELDS = (
-    "prefill_tokens",
-    "decode_tokens",
-    "prefill_reqs",
-    "decode_reqs",
-    "total_tokens",
-    "kv_blocks_used",
-    # VD502: requests evicted from the KV cache in this step, and ones brought back (their
-    # prefill is recomputed); older vLLM reports only the latter
-    "preempted_reqs",
-    "resumed_reqs",
-)
+COUNT_FIELDS = STEP_COUNT_FIELDS
 Counts = tuple[int, int, int, int, int, int, int, int]
 
 

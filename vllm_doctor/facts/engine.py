@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_doctor.facts.steps import StepTable
+
 PARTS = ("anatomy", "placement", "kv", "memory", "profile")
 
 
@@ -18,8 +20,18 @@ class WorkerFacts:
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)  # part -> data
     errors: dict[str, dict[str, Any]] = field(default_factory=dict)  # part -> {type, message, traceback}
 
+    # (the profile reply it was read from, its step table): read once per reply
+    _steps: tuple[dict[str, Any], StepTable] | None = field(default=None, repr=False, compare=False)
+
     def get(self, part: str) -> dict[str, Any] | None:
         return self.parts.get(part)
+
+    def steps(self) -> StepTable:
+        """The profile's step records (:class:`StepTable`), read once per profile reply."""
+        profile = self.parts.get("profile") or {}
+        if self._steps is None or self._steps[0] is not profile:
+            self._steps = (profile, StepTable.of(profile))
+        return self._steps[1]
 
     def to_dict(self) -> dict[str, Any]:
         return {"rank": self.rank, "parts": self.parts, "errors": self.errors}

@@ -138,7 +138,11 @@ class EngineDoctor:
 
     # -- facts and report -----------------------------------------------------------------------
     def gather(
-        self, reset: bool = False, parts: Iterable[str] | None = None, previous: EngineFacts | None = None
+        self,
+        reset: bool = False,
+        parts: Iterable[str] | None = None,
+        previous: EngineFacts | None = None,
+        timeline: bool = True,
     ) -> EngineFacts:
         """Ask every worker for every part (a live snapshot, or the final one once detached).
 
@@ -150,6 +154,9 @@ class EngineDoctor:
         front end, the other parts, NVML) from ``previous``. Each part is one ``collective_rpc``
         that the engine serves between two steps; ``top`` asks for the profile every window
         and for the anatomy, placement, KV cache and memory once a minute.
+
+        ``timeline=False``: the workers leave out the per-layer trace (a report built with
+        ``timeline=False`` shows none).
         """
         if not self.attached and self._final is not None:
             return self._final
@@ -157,7 +164,9 @@ class EngineDoctor:
         wanted = PART_METHODS if parts is None or previous is None else {p: PART_METHODS[p] for p in parts}
         facts = EngineFacts(front_end=self.handle.front_end() if previous is None else previous.front_end)
         for part, method in wanted.items():
-            options = {"reset": True} if reset and part == "profile" else None
+            options = None
+            if part == "profile" and (reset or not timeline):
+                options = {"reset": reset, "timeline": timeline}
             merge_replies(facts, part, self.handle.rpc(method, options))
         if previous is not None:
             for worker, before in zip(facts.workers, previous.workers, strict=False):
@@ -215,8 +224,10 @@ def build_engine_report(
     select: Iterable[str] = (),
     ignore: Iterable[str] = (),
     timings: dict[str, float] | None = None,
+    timeline: bool = True,
 ) -> Report:
-    """Run the engine-stage checks on ``facts``; add anatomy and profiles."""
+    """Run the engine-stage checks on ``facts``; add anatomy and profiles (without the per-step
+    records and the KV usage series when ``timeline`` is False: top's model panel)."""
     report = Report(target=target)
     codes = select_codes((Stage.ENGINE,), select, ignore)
     # an engine that failed outside eager mode was re-run eagerly: the model's own checks read that
@@ -230,6 +241,6 @@ def build_engine_report(
     report.facts["engine_mode"] = facts.mode or None
     if checked is not facts:
         report.facts["engine_diagnosis"] = anatomy(checked)
-    report.profiles["engine"] = summarize(facts)
+    report.profiles["engine"] = summarize(facts, timeline=timeline)
     report.timings.update(timings or {})
     return report

@@ -157,11 +157,12 @@ class ModelChannel:
                 # one window: what ran since the last gather (the workers' records reset each time);
                 # the parts that do not change while serving are asked for once a minute
                 if full is None or time.monotonic() - full_at >= MODEL_FULL_EVERY_S:
-                    facts = full = doc.gather(reset=True)
+                    facts = full = doc.gather(reset=True, timeline=False)
                     full_at = time.monotonic()
                 else:
-                    facts = doc.gather(reset=True, parts=("profile",), previous=full)
-                report = build_engine_report(facts, doc.handle.model_name())
+                    facts = doc.gather(reset=True, parts=("profile",), previous=full, timeline=False)
+                # the panel draws summaries: no per-step records, no per-layer trace
+                report = build_engine_report(facts, doc.handle.model_name(), timeline=False)
                 now = time.time()
                 summary = model_summary(report.to_dict())
                 summary.update(window_s=round(now - since, 1), as_of=now)
@@ -207,7 +208,7 @@ def model_summary(report: dict[str, Any], top_layers: int = 5) -> dict[str, Any]
         "available": bool(profile.get("available")),
         "reason": profile.get("reason") or profile.get("layers_reason") or "",
         "model_class": (anatomy.get("model") or {}).get("class"),
-        "steps": len(profile.get("steps") or []),
+        "steps": profile.get("step_count", len(profile.get("steps") or [])),
         "phases": {
             p: {k: v.get(k) for k in ("steps", "tokens", "forward_s_mean", "step_s_p50", "tokens_per_s")}
             for p, v in phases.items()
