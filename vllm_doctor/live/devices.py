@@ -135,7 +135,8 @@ class DeviceSampler:
         self._pids_provider = pids_provider
         self._nvml_session: NvmlSession | None = None
         self._starting: threading.Thread | None = None
-        if background:  # NVML starts in a thread (the first sample() waits for it)
+        if background:  # NVML starts in a thread, which also finds the engine's processes once
+            # (the first sample() waits for it; top's app is still importing meanwhile)
             self._starting = threading.Thread(target=self._start, name="vllm-doctor-nvml-init", daemon=True)
             self._starting.start()
         else:
@@ -145,6 +146,11 @@ class DeviceSampler:
 
     def _start(self) -> None:
         self._nvml_session = NvmlSession()
+        if self._starting is not None and self._pids_provider is not None:
+            try:
+                self._pids_provider()  # a provider that caches (EnginePids) answers the first sample at once
+            except Exception:  # the first sample() asks again and reports what fails
+                pass
 
     @property
     def _nvml(self) -> NvmlSession:

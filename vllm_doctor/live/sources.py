@@ -307,15 +307,16 @@ class LiveSource:
         self._scrape = Scraper(url)
         # prefetch: the first scrape starts now, in a thread, and the first poll() uses it (top's
         # first picture does not wait for the app's imports and the server's answer one after the other)
-        self._first: tuple[tuple[str | None, str], float] | None = None
+        self._first: tuple[str | None, float, Any] | None = None  # (text, t, derived metrics)
         self._prefetch: threading.Thread | None = None
         if prefetch:
             self._prefetch = threading.Thread(target=self._fetch_first, name="vllm-doctor-first-scrape", daemon=True)
             self._prefetch.start()
 
     def _fetch_first(self) -> None:
-        result = self._scrape(self.timeout_s)
-        self._first = (result, self.clock())
+        (text, error), t = self._scrape(self.timeout_s), self.clock()
+        # derived here too: the first poll() joins this thread before it touches the deriver
+        self._first = (text, t, self.deriver.update(t, text, error))
 
     @property
     def window_s(self) -> float:
@@ -332,11 +333,11 @@ class LiveSource:
             self._prefetch.join()
             self._prefetch, first, self._first = None, self._first, None
         if first is not None:
-            (text, error), t = first
+            text, t, metrics = first
         else:
             text, error = self._scrape(self.timeout_s)
             t = self.clock()
-        metrics = self.deriver.update(t, text, error)
+            metrics = self.deriver.update(t, text, error)
         devices = None
         if self.devices is not None:
             try:
