@@ -30,9 +30,11 @@ Prints a markdown table; --out DIR also writes a recording of the last C phase
 from __future__ import annotations
 
 import argparse
+import contextlib
 import http.client
 import json
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -43,6 +45,7 @@ import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -235,6 +238,22 @@ def phase(server: Server, load: Load, seconds: float, top: str | None, out: Path
     return result
 
 
+def serve_model(model: Path, extra: list[str], out: Path, timeout: float) -> Any:
+    """``--serve``: the model served on 127.0.0.1 with the doctor's plugin, as tests/served.py serves."""
+    from tests.served import doctor_plugin_installed, serve
+
+    paths = [str(REPO)]
+    if not doctor_plugin_installed():  # a source checkout (the GPU machine): declare the entry point
+        from tests.fixtures.entry_points import doctor_entry_point_site
+
+        paths.insert(0, str(doctor_entry_point_site(out / "ep")))
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    env.update(PYTHONPATH=os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+               VLLM_DOCTOR="1", VLLM_SERVER_DEV_MODE="1")
+    print(f"serving {model} {' '.join(extra)} (log: {out / 'server.log'})", flush=True)
+    return serve(model, out / "server.log", env, extra, timeout=timeout)
+
+
 def idle_first_paint(server: Server, out: Path, runs: int) -> list[float]:
     """First paint with no load on the server (top's own start, nothing competing)."""
     times = []
@@ -259,18 +278,28 @@ def main() -> None:
                     help="phases per round, from: none, scrape (only /metrics at 1 Hz), nodevices (top without "
                          "NVML and /proc sampling), plain (top, model panel off), model (top, model panel on)")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the first phase")
+    ap.add_argument("--serve", type=Path, default=None,
+                    help="start `python -m vllm.entrypoints.openai.api_server --model SERVE` with the doctor's "
+                         "plugin (VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1) and use it (bench/make_bench_model.py "
+                         "writes one); stopped with its children at the end")
+    ap.add_argument("--serve-args", default="", help="more arguments for --serve's server, one string")
+    ap.add_argument("--serve-timeout", type=float, default=600.0, help="seconds --serve's server may take to start")
     args = ap.parse_args()
     phases = [None if p == "none" else p for p in args.phases.split(",")]
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-top-"))
     out.mkdir(parents=True, exist_ok=True)
     engine = None
+    stack = contextlib.ExitStack()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop a server we started on kill, too
     if args.url:
         server = Server(args.url)
+    elif args.serve:
+        server = Server(stack.enter_context(serve_model(args.serve, shlex.split(args.serve_args), out,
+                                                        args.serve_timeout)).base)
     else:
         from tests.served import ServedEngine
 
         engine = ServedEngine(Path(tempfile.mkdtemp(prefix="bench-top-server-")))
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop the server on kill, too
         engine.start()
         server = Server(engine.base)
     results = []
@@ -288,7 +317,9 @@ def main() -> None:
     finally:
         if engine is not None:
             engine.stop()
-    base = statistics.fmean(r["tok_s"] for r in results if r["phase"] == "none")
+        stack.close()
+    alone = [r["tok_s"] for r in results if r["phase"] == "none"]
+    base = statistics.fmean(alone) if alone else None
     print(f"\n{server.base}: {args.clients} clients, max_tokens {args.max_tokens}, {args.seconds:g} s per phase, "
           f"{args.rounds} rounds, {load.errors} failed requests\n")
     print("| top | serving tok/s | vs no top | top CPU % of a core (mean / max) | RSS first → last | first paint "
@@ -299,7 +330,7 @@ def main() -> None:
     for name in dict.fromkeys(r["phase"] for r in results):
         rows = [r for r in results if r["phase"] == name]
         tok = statistics.fmean(r["tok_s"] for r in rows)
-        line = f"| {labels[name]} | {tok:.1f} | {(tok / base - 1) * 100:+.1f} % |"
+        line = f"| {labels[name]} | {tok:.1f} | {'–' if base is None else f'{(tok / base - 1) * 100:+.1f} %'} |"
         cpu_rows = [r for r in rows if "cpu_pct_mean" in r]
         if not cpu_rows:
             line += " – | – | " + (f"idle: {statistics.median(idle):.2f} s (median of {len(idle)})" if idle and name == "none" else "–") + " |"
