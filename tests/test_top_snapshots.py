@@ -107,6 +107,8 @@ def test_the_h200_recording_shows_nvml_and_the_model_from_inside() -> None:
     text = re.sub(r"<[^>]+>", "", snapshot("h200.jsonl.gz", (160, 48))).replace("&#160;", " ")
     for expected in ("GPU0", "NVIDIA H200", "LlamaForCausalLM", "679526", "VLLM::EngineCor", "decode", "history"):
         assert expected in text, expected
+    # the KV chart's label is the recording's peak (its bars are of the whole cache), not the scale
+    assert "KV cache usage  max 0.03 % (scale 100 %)" in text
 
 
 def _rows(strips: list) -> list[list]:  # type: ignore[type-arg]

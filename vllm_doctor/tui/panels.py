@@ -345,8 +345,9 @@ def history_panel(frame: Frame, width: int) -> Text:
     for (key, label, scale), cols in zip(CHARTS, history_key(frame, width)[2], strict=True):
         finite = [v for v, _ in cols if v is not None]
         top = scale if scale is not None else (max(finite) if finite else None)
-        if key == "kv_usage":
-            top_s = "100 %"
+        if key == "kv_usage":  # bars of the whole cache; the label says the peak, not the scale
+            peak = max(finite) * 100 if finite else None
+            top_s = "–" if peak is None else f"{peak:.{2 if peak < 1 else 1}f} % (scale 100 %)"
         else:
             top_s = num(top, "{:.1f}" if (top or 0) < 100 else "{:.0f}")
         head = Text(f"{label}", style="cyan")
