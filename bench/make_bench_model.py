@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 VOCAB = 32000
 SIZES = {
@@ -32,8 +35,7 @@ SIZES = {
 
 
 def write(out: Path, size: str) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from tests.fixtures.engine_models import write_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
     config = {
@@ -50,18 +52,8 @@ def write(out: Path, size: str) -> Path:
         "torch_dtype": "bfloat16",
     }
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
-    for word in ("client", "request", "says", "hello", "the", "a", "of", "and", "to", "in", "is"):
-        vocab[word] = len(vocab)
-    i = 0
-    while len(vocab) < VOCAB:
-        vocab[f"w{i}"] = len(vocab)
-        i += 1
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>", pad_token="</s>"
-    ).save_pretrained(str(out))
+    # the words bench_top.py's clients send, then w0, w1, ...
+    write_tokenizer(out, VOCAB, ["client", "request", "says", "hello", "the", "a", "of", "and", "to", "in", "is"])
     return out
 
 

@@ -22,23 +22,6 @@ from vllm_doctor.constants import STEP_COLUMN_TYPES, STEP_COLUMNS, STEP_COUNT_FI
 
 ARRAY_CODES = frozenset("dqib")
 
-# a step as the reports show it (profiles.engine.steps)
-ROW_FIELDS = (
-    "index",
-    "t",
-    "phase",
-    *STEP_COUNT_FIELDS,
-    "num_reqs",
-    "step_s",
-    "step_clock",
-    "forward_s",
-    "logits_s",
-    "host_execute_s",
-    "host_sample_s",
-    "sampled",
-    "layers_timed",
-)
-
 
 # a field a reply may lack: counts are 0; without ``sampled`` / ``layers_timed`` (the oldest
 # records) every step was timed
