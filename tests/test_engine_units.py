@@ -13,6 +13,7 @@ from torch import nn
 
 from vllm_doctor.analysis.engine import (
     anatomy,
+    doctor_overhead,
     layer_tables,
     memory_breakdown,
     model_origin,
@@ -897,3 +898,21 @@ def test_step_records_travel_as_packed_arrays_and_read_back_exactly() -> None:
 def test_step_arrays_that_do_not_decode_give_an_empty_table_that_says_why(columns: dict[str, Any]) -> None:
     table = StepTable.of({"step_arrays": {"n": 2, "byteorder": "little", "columns": columns}})
     assert len(table) == 0 and table.error and "step_arrays.step_s" in table.error
+
+
+def test_doctor_overhead_counts_the_calls_served_between_steps_against_the_window() -> None:
+    """Per step: the doctor's time in its wrappers and timers against the steps' host time; over
+    the window: that plus the doctor_* calls the worker served, against the window's wall time."""
+    steps = StepTable.of({"steps": [
+        {"index": i, "host_execute_s": 0.004, "host_sample_s": sample} for i, sample in enumerate([0.001, 0.001, None, 0.001])
+    ]})  # fmt: skip
+    profile = {"doctor_host_s": {"wrappers": 0.0002, "timers": 0.0002, "layer_forwards": 0.0}, "dropped_steps": 0,
+               "doctor_rpc_s": 0.003, "window_s": 0.5}
+    over = doctor_overhead(profile, steps)
+    assert over is not None
+    assert over["per_step_s"] == pytest.approx(0.0001)
+    assert over["step_host_s"] == pytest.approx(0.019 / 4 + 0.00005)  # the wrappers run outside the step's timer
+    assert over["rpc_s"] == 0.003 and over["window_s"] == 0.5
+    assert over["worker_share"] == pytest.approx((0.0004 + 0.003) / 0.5)
+    older = {k: v for k, v in profile.items() if k not in ("doctor_rpc_s", "window_s")}  # a worker before this field
+    assert "worker_share" not in (doctor_overhead(older, steps) or {})

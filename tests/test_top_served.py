@@ -170,6 +170,9 @@ def test_the_model_channel_asks_for_the_profile_each_window_and_the_rest_once_a_
         assert seen.count(part) == 1, (part, seen)
     assert latest["available"] and latest["steps"], latest
     assert latest["model_class"] and latest["kv"]["num_blocks"], latest  # the reused parts are there
+    doctor = latest["doctor"]  # the worker's own clock: this window's steps and the calls served in it
+    assert doctor["rpc_s"] > 0 and doctor["window_s"] > 0, doctor  # the previous gather's own time, at least
+    assert 0 < doctor["worker_share"] < 1 and doctor["per_step_s"] > 0, doctor
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["kill", "terminal-closed"])

@@ -210,3 +210,14 @@ def test_the_model_panel_says_which_window_its_numbers_are_from() -> None:
     quiet = model_panel(dataclasses.replace(frame, model={**model, "quiet_s": 12.0}), 60).plain
     assert quiet.splitlines()[0] == "TinyForCausalLM  idle; last steps 12 s ago (5 s)"
     assert "   40 steps" in quiet  # the last window that ran steps stays on screen
+
+
+def test_the_model_panel_says_what_the_doctor_took_of_the_worker() -> None:
+    frame = ReplaySource(DATA / "loaded.jsonl.gz").poll()
+    model = {"available": True, "model_class": "pkg.TinyForCausalLM", "steps": 40, "window_s": 5.0, "as_of": 1.0,
+             "phases": {}, "findings": [],
+             "doctor": {"per_step_s": 1.4e-05, "share": 0.004, "rpc_s": 0.0021, "window_s": 5.0, "worker_share": 0.0052}}
+    lines = model_panel(dataclasses.replace(frame, model=model), 70).plain.splitlines()
+    assert "doctor 0.52 % of the worker's time (14.0 µs/step, calls 2.10 ms)" in lines
+    older = {k: v for k, v in model.items() if k != "doctor"}  # a recording from before: no line, no error
+    assert not any(line.startswith("doctor ") for line in model_panel(dataclasses.replace(frame, model=older), 70).plain.splitlines())

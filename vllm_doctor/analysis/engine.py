@@ -300,13 +300,22 @@ def doctor_overhead(profile: dict[str, Any], steps: StepTable) -> dict[str, Any]
     host_total = float(sum(filter(None, steps["host_execute_s"])) + sum(filter(None, steps["host_sample_s"])))
     host_step = host_total / len(steps)
     host_step += float(own.get("wrappers", 0.0)) / n  # the wrappers run outside the measured host time
-    return {
+    out: dict[str, Any] = {
         "host_s": {k: float(v) for k, v in own.items()},
         "steps": n,
         "per_step_s": own_step,
         "step_host_s": host_step,
         "share": own_step / host_step if host_step else None,
     }
+    rpc, window = profile.get("doctor_rpc_s"), profile.get("window_s")
+    if rpc is not None and window:
+        # everything the doctor did in the worker over the window (per step, plus the watcher's
+        # calls served between steps) against the window's wall time: what it can take from a
+        # worker whose loop is the bottleneck (with the GPU the bottleneck, less)
+        out["rpc_s"] = float(rpc)
+        out["window_s"] = float(window)
+        out["worker_share"] = (sum(float(v) for v in own.values()) + float(rpc)) / float(window)
+    return out
 
 
 def summarize(facts: EngineFacts, timeline: bool = True) -> dict[str, Any]:

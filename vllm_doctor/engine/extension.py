@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -37,13 +38,34 @@ def _options(options: Any) -> dict[str, Any]:
     raise TypeError(f"options must be a dict or a JSON string, not {type(options).__name__}")
 
 
+# the calls a watcher repeats while the engine serves (top's model panel, attach): their time in
+# the worker is the doctor's, between two steps, and is counted in the next collect's reply
+TIMED_RPCS = frozenset(
+    {
+        "doctor_ping",
+        "doctor_anatomy",
+        "doctor_placement",
+        "doctor_kv",
+        "doctor_memory",
+        "doctor_collect",
+        "doctor_status",
+    }
+)
+
+
 def _envelope(worker: Any, method: str, fn: Callable[[], Any]) -> dict[str, Any]:
     head = {"method": method, "rank": getattr(worker, "rank", None), "pid": os.getpid()}
     try:
         from vllm_doctor.engine.session import session_for
 
-        session_for(worker).fault(f"rpc:{method}")
-        return {"ok": True, **head, "data": fn()}
+        session = session_for(worker)
+        session.fault(f"rpc:{method}")
+        if method not in TIMED_RPCS:
+            return {"ok": True, **head, "data": fn()}
+        t0 = time.perf_counter()
+        data = fn()
+        session.rpc_s += time.perf_counter() - t0  # after a reset too: this call's own time
+        return {"ok": True, **head, "data": data}
     except Exception as exc:
         return {
             "ok": False,

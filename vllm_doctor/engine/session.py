@@ -55,6 +55,10 @@ class WorkerSession:
         self.profiler: ForwardProfiler | None = None
         # the doctor's own host time while attached (measured inside its wrappers and hooks)
         self.own_s: dict[str, float] = {"wrappers": 0.0, "timers": 0.0, "layer_forwards": 0.0}
+        # ... and in the watcher's calls between steps (extension.TIMED_RPCS), over the window
+        # since the last reset (the first window starts at install)
+        self.rpc_s = 0.0
+        self.window_t0 = time.perf_counter()
         self.layers_on = False
         self.layers_reason = ""
         self._saved_methods: dict[str, Any] = {}  # name -> previous instance attribute or None
@@ -131,6 +135,7 @@ class WorkerSession:
         if self.profiler is None:
             timed = select_modules(model)
             self.profiler = ForwardProfiler(clock_for(wv.device(self.worker)), timed, trace_steps, sample_every)
+            self.rpc_s, self.window_t0 = 0.0, time.perf_counter()
             self._wrap_runner()
             # the root model's forward only in eager mode: with torch.compile vLLM's __call__
             # hands ``self.forward`` to the compiler (and CUDA graphs replay without Python);
@@ -458,9 +463,13 @@ class WorkerSession:
             data.update(self._safely("collect", self.profiler.snapshot, reset, timeline) or {})
             data["num_blocks"] = _num_blocks(self.worker)
             data["doctor_host_s"] = dict(self.own_s)
+            now = time.perf_counter()
+            data["doctor_rpc_s"] = self.rpc_s
+            data["window_s"] = now - self.window_t0
             if reset:
                 for key in self.own_s:
                     self.own_s[key] = 0.0
+                self.rpc_s, self.window_t0 = 0.0, now
         data["crashes"] = list(self.crashes)
         data["probe"] = self.probe_snapshot()
         return data

@@ -70,6 +70,12 @@ def glossary() -> list[tuple[str, str, str, str]]:
             "sum of the layer's module times",
         ),
         ("model", "KV bytes", "doctor_kv", "bytes of the KV-cache storages"),
+        (
+            "model",
+            "doctor % of the worker's time",
+            "doctor_collect: the doctor's perf_counter around its step wrappers, timers and the calls it serves",
+            "(own time in steps + in doctor_* calls) / the window's wall time, rank 0",
+        ),
         ("model", "findings", "the engine checks (VD4xx/VD5xx) on the gathered facts", "as vllm-doctor attach"),
         ("status", "STALE n s", "the last good scrape", "now − time of the last good scrape; numbers frozen"),
     ]

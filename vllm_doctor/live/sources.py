@@ -199,6 +199,7 @@ def model_summary(report: dict[str, Any], top_layers: int = 5) -> dict[str, Any]
     layers = (profile.get("layers") or {}).get("by_layer") or []
     slow = sorted(layers, key=lambda x: -float(x.get("total_s") or 0.0))[:top_layers]
     kv = anatomy.get("kv_cache") or {}
+    over = profile.get("doctor_overhead") or {}
     findings = [
         {k: f.get(k) for k in ("code", "outcome", "severity", "message", "hint", "subject")}
         for f in report.get("findings") or []
@@ -217,6 +218,7 @@ def model_summary(report: dict[str, Any], top_layers: int = 5) -> dict[str, Any]
         "timed_fraction": (profile.get("layers") or {}).get("timed_fraction"),
         "kv": {k: kv.get(k) for k in ("num_blocks", "block_size", "storage_bytes", "dtype", "num_layers")},
         "findings": findings[:20],
+        "doctor": {k: over.get(k) for k in ("per_step_s", "share", "rpc_s", "window_s", "worker_share")},
         "processes": [
             {"pid": p.get("pid"), "role": p.get("role")} for p in anatomy.get("processes") or [] if p.get("pid")
         ],

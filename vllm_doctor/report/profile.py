@@ -97,16 +97,9 @@ def render_profile(profile: dict[str, Any], workload: dict[str, Any] | None = No
         layers = profile.get("layers") or {}
         sampled = f" (per-layer timings of {layers.get('timed_steps')} of {len(profile.get('steps') or [])} steps)"
         lines.append("  by kind       " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in kinds.items()) + sampled)
-    over = profile.get("doctor_overhead") or {}
-    if over.get("share") is not None:
-        parts = ", ".join(
-            f"{k.replace('_', ' ')} {fmt_s(v / over['steps'])}" for k, v in (over.get("host_s") or {}).items()
-        )
-        lines.append(
-            f"  doctor cost   {fmt_s(over['per_step_s'])} host time per step = {100 * over['share']:.2g}% of the "
-            f"worker's "
-            f"step ({parts})"
-        )
+    cost = doctor_cost_text(profile.get("doctor_overhead") or {})
+    if cost:
+        lines.append(f"  doctor cost   {cost}")
     usage = profile.get("kv_usage") or []
     if usage:
         peak = max(usage, key=lambda u: u["usage"])
@@ -147,3 +140,19 @@ def render_ranks(profile: dict[str, Any]) -> list[str]:
             "the step"
         )
     return lines
+
+
+def doctor_cost_text(over: dict[str, Any]) -> str:
+    """``analysis.engine.doctor_overhead`` in words: per step, and of the worker's wall time."""
+    if over.get("share") is None:
+        return ""
+    parts = ", ".join(
+        f"{k.replace('_', ' ')} {fmt_s(v / over['steps'])}" for k, v in (over.get("host_s") or {}).items()
+    )
+    text = f"{fmt_s(over['per_step_s'])} host time per step = {100 * over['share']:.2g}% of the worker's step ({parts})"
+    if over.get("worker_share") is not None:
+        text += (
+            f"; with the calls it served between steps ({fmt_s(over.get('rpc_s'))}), "
+            f"{100 * over['worker_share']:.2g}% of the worker's {fmt_s(over.get('window_s'))}"
+        )
+    return text

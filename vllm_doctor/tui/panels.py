@@ -249,6 +249,15 @@ def model_panel(frame: Frame, width: int) -> Text:
     if kv.get("storage_bytes"):
         out.append("KV ", style="cyan")
         out.append(f"{fmt_bytes(kv['storage_bytes'])} in {kv.get('num_blocks')} blocks ({kv.get('dtype')})\n")
+    doctor = model.get("doctor") or {}
+    if doctor.get("worker_share") is not None:
+        # what the doctor's own code took in the worker this window: its share bounds its cost
+        out.append("doctor ", style="cyan")
+        out.append(
+            f"{100 * doctor['worker_share']:.2g} % of the worker's time ({fmt_s(doctor.get('per_step_s'))}/step, "
+            f"calls {fmt_s(doctor.get('rpc_s'))})\n",
+            style="dim",
+        )
     findings = model.get("findings") or []
     if not findings:
         out.append("no VD4xx/VD5xx findings\n", style="green")
