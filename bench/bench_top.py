@@ -34,6 +34,7 @@ import contextlib
 import http.client
 import json
 import os
+import random
 import shlex
 import signal
 import statistics
@@ -74,7 +75,8 @@ def finish():
 app.call_later(lambda: app.set_timer(seconds, finish))
 app.run(headless=True, size=(160, 48))
 first = None if app.first_data_at is None else time.time() - (time.monotonic() - app.started_at - app.first_data_at)
-json.dump({"first_data_wall": first, "frames": app.frames_shown}, open(out, "w"))
+model = (app.frame.model or {}) if app.frame is not None else {}
+json.dump({"first_data_wall": first, "frames": app.frames_shown, "doctor": model.get("doctor")}, open(out, "w"))
 """
 
 
@@ -138,8 +140,8 @@ class Server:
 class Load:
     """Client threads sending completions without pause; counts generated tokens."""
 
-    def __init__(self, server: Server, clients: int, max_tokens: int) -> None:
-        self.server, self.max_tokens = server, max_tokens
+    def __init__(self, server: Server, clients: int, max_tokens: int, jitter: float = 0.0) -> None:
+        self.server, self.max_tokens, self.jitter = server, max_tokens, jitter
         self.tokens = 0
         self.errors = 0
         self.lock = threading.Lock()
@@ -150,9 +152,13 @@ class Load:
 
     def _run(self, i: int) -> None:
         n = 0
+        rng = random.Random(i)  # the same lengths in every run
         while not self.stop.is_set():
+            # jitter: lengths drawn from max_tokens × [1 − j, 1 + j], so requests do not start and
+            # finish in waves (a batch that empties and refills together makes throughput swing)
+            length = max(1, round(self.max_tokens * (1 + self.jitter * (2 * rng.random() - 1))))
             try:
-                reply = self.server.complete(f"client {i} request {n} says hello", self.max_tokens)
+                reply = self.server.complete(f"client {i} request {n} says hello", length)
             except Exception:
                 with self.lock:
                     self.errors += 1
@@ -235,6 +241,8 @@ def phase(server: Server, load: Load, seconds: float, top: str | None, out: Path
         result["rss_first_mb"] = rss[0] / 2**20
         result["rss_last_mb"] = rss[-1] / 2**20
         result["samples"] = len(cpu)
+        if result.get("doctor") is None:
+            result.pop("doctor", None)
     return result
 
 
@@ -265,12 +273,98 @@ def idle_first_paint(server: Server, out: Path, runs: int) -> list[float]:
     return times
 
 
+LABELS = {"none": "none", "scrape": "/metrics only, 1 Hz (no app)", "nodevices": "1 Hz, no devices, no model",
+          "plain": "1 Hz, model panel off", "model": "1 Hz, model panel on"}
+T95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26, 11: 2.23, 12: 2.20,
+       13: 2.18, 14: 2.16, 15: 2.14, 16: 2.13, 17: 2.12, 18: 2.11, 19: 2.10, 20: 2.09, 25: 2.06, 30: 2.05,
+       40: 2.02}  # Student's t for a 95 % interval, by n (n − 1 degrees of freedom)
+
+
+def paired(results: list[dict], labels: dict[str, str] = LABELS) -> None:
+    """Each phase against the no-top spans of the same run: by round (the same round's no-top
+    span; a drift between rounds cancels), and against the no-top spans on either side (a drift
+    linear over the three cancels). ``run`` keeps the spans of pooled runs apart; then the
+    doctor's own clock in the worker, from the model phases."""
+    runs = list(dict.fromkeys(r.get("run", 0) for r in results))
+    names = [n for n in dict.fromkeys(r["phase"] for r in results) if n != "none"]
+    if "none" in {r["phase"] for r in results} and names:
+        print("\n| phase | throughput vs no top, same round: mean | 95 % interval | rounds "
+              "| vs the no-top spans on either side (a linear drift cancels): mean | 95 % interval |")
+        print("|---|---|---|---|---|---|")
+        for name in names:
+            ratios: list[float] = []
+            sandwich: list[float] = []
+            for run in runs:
+                spans = [r for r in results if r.get("run", 0) == run]
+                for k in dict.fromkeys(r.get("round") for r in spans):
+                    rnd = [r for r in spans if r.get("round") == k]
+                    none = [r["tok_s"] for r in rnd if r["phase"] == "none"]
+                    ratios += [(r["tok_s"] / none[0] - 1) * 100 for r in rnd if r["phase"] == name and none]
+                sandwich += neighbours(spans, name)
+            if len(ratios) < 2:
+                continue
+            mean, half = interval(ratios)
+            line = f"| {labels.get(name, name)} | {mean:+.2f} % | {mean - half:+.2f} % … {mean + half:+.2f} % | {len(ratios)} |"
+            if len(sandwich) > 1:
+                mean, half = interval(sandwich)
+                line += f" {mean:+.2f} % | {mean - half:+.2f} % … {mean + half:+.2f} % |"
+            else:
+                line += " – | – |"
+            print(line)
+    doctor = [r["doctor"] for r in results if r.get("doctor") and r["doctor"].get("worker_share") is not None]
+    if doctor:
+        shares = [100 * d["worker_share"] for d in doctor]
+        print(f"\nthe doctor's own clock in the worker (the model panel's last window, each model phase): "
+              f"{statistics.fmean(shares):.2f} % of the worker's time (min {min(shares):.2f}, max {max(shares):.2f}; "
+              f"{statistics.fmean(d['per_step_s'] for d in doctor) * 1e6:.1f} µs/step, "
+              f"calls {statistics.fmean(d['rpc_s'] for d in doctor) * 1e3:.2f} ms per "
+              f"{statistics.fmean(d['window_s'] for d in doctor):.1f} s window)")
+
+
+def pool(logs: list[Path]) -> None:
+    """The paired tables over the phase lines (the JSON lines printed while it ran) of several runs."""
+    results = []
+    for run, log in enumerate(logs):
+        for line in log.read_text().splitlines():
+            if line.startswith("{") and '"phase"' in line:
+                results.append({**json.loads(line), "run": run})
+    if not results:
+        sys.exit(f"no phase lines in {', '.join(map(str, logs))}")
+    print(f"{len(logs)} run(s), {len(results)} spans")
+    paired(results)
+
+
+def interval(values: list[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95 % interval (Student's t, n − 1 degrees of freedom)."""
+    n = len(values)
+    t = T95.get(n) or T95[max(k for k in T95 if k < n)]  # between rows: the row below (wider, never narrower)
+    return statistics.fmean(values), t * statistics.stdev(values) / n ** 0.5
+
+
+def neighbours(results: list[dict], name: str) -> list[float]:
+    """Each span of ``name`` against the mean of the nearest no-top spans before and after it
+    (one side at the ends), in %: the spans run in this order, so a drift that is linear over
+    the three cancels, which pairing within a round does not do."""
+    out = []
+    for i, r in enumerate(results):
+        if r["phase"] != name:
+            continue
+        before = next((x["tok_s"] for x in reversed(results[:i]) if x["phase"] == "none"), None)
+        after = next((x["tok_s"] for x in results[i + 1:] if x["phase"] == "none"), None)
+        around = [x for x in (before, after) if x is not None]
+        if around:
+            out.append((r["tok_s"] / statistics.fmean(around) - 1) * 100)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--url", help="an OpenAI-compatible vLLM server to use instead of starting one")
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--clients", type=int, default=2)
     ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--max-tokens-jitter", type=float, default=0.0, metavar="J",
+                    help="each request's length drawn from max-tokens × [1 − J, 1 + J] (0.5: no waves)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--idle-runs", type=int, default=3, help="first-paint runs before the load starts")
     ap.add_argument("--out", type=Path, default=None)
@@ -284,7 +378,12 @@ def main() -> None:
                          "writes one); stopped with its children at the end")
     ap.add_argument("--serve-args", default="", help="more arguments for --serve's server, one string")
     ap.add_argument("--serve-timeout", type=float, default=600.0, help="seconds --serve's server may take to start")
+    ap.add_argument("--pool", type=Path, nargs="+", metavar="LOG",
+                    help="no run: the paired tables over the saved output of earlier runs (their rounds pooled)")
     args = ap.parse_args()
+    if args.pool:
+        pool(args.pool)
+        return
     phases = [None if p == "none" else p for p in args.phases.split(",")]
     out = args.out or Path(tempfile.mkdtemp(prefix="bench-top-"))
     out.mkdir(parents=True, exist_ok=True)
@@ -306,11 +405,12 @@ def main() -> None:
     try:
         idle = idle_first_paint(server, out, args.idle_runs)
         print(json.dumps({"idle_first_paint_s": idle}), flush=True)
-        load = Load(server, args.clients, args.max_tokens)
+        load = Load(server, args.clients, args.max_tokens, args.max_tokens_jitter)
         time.sleep(args.warmup)
         for r in range(args.rounds):
             for top in phases[r % len(phases):] + phases[:r % len(phases)]:
                 res = phase(server, load, args.seconds, top, out, f"r{r}-{top}")
+                res["round"] = r
                 print(json.dumps(res), flush=True)
                 results.append(res)
         load.close()
@@ -325,8 +425,7 @@ def main() -> None:
     print("| top | serving tok/s | vs no top | top CPU % of a core (mean / max) | RSS first → last | first paint "
           "| engine processes' CPU % |")
     print("|---|---|---|---|---|---|---|")
-    labels = {"none": "none", "scrape": "/metrics only, 1 Hz (no app)", "nodevices": "1 Hz, no devices, no model",
-              "plain": "1 Hz, model panel off", "model": "1 Hz, model panel on"}
+    labels = LABELS
     for name in dict.fromkeys(r["phase"] for r in results):
         rows = [r for r in results if r["phase"] == name]
         tok = statistics.fmean(r["tok_s"] for r in rows)
@@ -342,27 +441,10 @@ def main() -> None:
         engine = {k: statistics.fmean(r["engine_cpu_pct"].get(k, 0.0) for r in rows) for k in rows[0]["engine_cpu_pct"]}
         line += " " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(engine.items())) + " |"
         print(line)
-    n = len(phases)
-    if "none" in [r["phase"] for r in results[:n]] and args.rounds > 1:
-        # paired by round: each phase against the no-top phase of the same round (drift cancels)
-        print("\n| phase | throughput vs no top, same round: mean | 95 % interval | rounds |")
-        print("|---|---|---|---|")
-        t95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26, 11: 2.23, 12: 2.20,
-               13: 2.18, 14: 2.16, 15: 2.14, 16: 2.13, 17: 2.12, 18: 2.11, 19: 2.10, 20: 2.09}  # t, n - 1 df
-        for name in dict.fromkeys(r["phase"] for r in results):
-            if name == "none":
-                continue
-            ratios = []
-            for i in range(0, len(results), n):
-                rnd = results[i:i + n]
-                none = [r["tok_s"] for r in rnd if r["phase"] == "none"]
-                ratios += [(r["tok_s"] / none[0] - 1) * 100 for r in rnd if r["phase"] == name and none]
-            if len(ratios) > 1:
-                half = t95.get(len(ratios), 2.0) * statistics.stdev(ratios) / len(ratios) ** 0.5
-                mean = statistics.fmean(ratios)
-                print(f"| {labels[name]} | {mean:+.1f} % | {mean - half:+.1f} % … {mean + half:+.1f} % | {len(ratios)} |")
+    paired(results, labels)
     print("\nper round (tok/s): " + "; ".join(
-        " ".join(f"{r['phase']} {r['tok_s']:.0f}" for r in results[i:i + n]) for i in range(0, len(results), n)))
+        " ".join(f"{r['phase']} {r['tok_s']:.0f}" for r in results if r.get("round") == k)
+        for k in dict.fromkeys(r.get("round") for r in results)))
     print(f"load average at the end (1/5/15 min): {os.getloadavg()}; CPUs: {os.cpu_count()}")
     print(f"recording and screenshot in {out}")
 
