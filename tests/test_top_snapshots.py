@@ -5,7 +5,9 @@ two clients' load, the model panel on, the devices panel on a CPU host); restart
 made from the same real scrapes with one failed scrape and a restart spliced in
 (tests/data/top/make_restart.py); h200.jsonl.gz is the first 31 refreshes of `top --record` against
 a real vLLM 0.26.0 server on an NVIDIA H200 (torch.compile + CUDA graphs, model panel on, NVML
-on). The app is paused, fed every refresh of the recording, and
+on); h200-8b.jsonl.gz is the model phase of `bench/bench_top.py --url` against vLLM 0.26.0 on the
+H200 serving Llama-3-8B's shape (random weights, 128 clients, the GPU the bottleneck). The app is
+paused, fed every refresh of the recording, and
 exported at a fixed size; the SVG is compared after normalising Textual's per-export ids.
 Set VLLM_DOCTOR_UPDATE_SNAPSHOTS=1 to rewrite the committed SVGs (then look at them).
 """
@@ -57,6 +59,7 @@ def snapshot(recording: str, size: tuple[int, int], keys: tuple[str, ...] = ()) 
         ("loaded-zoom-latency", "loaded.jsonl.gz", (100, 30), ("z", "z", "z")),
         ("restart-160x48", "restart.jsonl.gz", (160, 48), ()),
         ("h200-160x48", "h200.jsonl.gz", (160, 48), ()),
+        ("h200-8b-160x48", "h200-8b.jsonl.gz", (160, 48), ()),
     ],
 )
 def test_snapshot(name: str, recording: str, size: tuple[int, int], keys: tuple[str, ...], tmp_path: Path) -> None:
@@ -111,6 +114,14 @@ def test_the_h200_recording_shows_nvml_and_the_model_from_inside() -> None:
     assert "KV cache usage  max 0.03 % (scale 100 %)" in text
 
 
+def test_the_8b_recording_shows_a_busy_gpu_and_what_the_doctor_took_of_the_worker() -> None:
+    text = re.sub(r"<[^>]+>", "", snapshot("h200-8b.jsonl.gz", (160, 48))).replace("&#160;", " ")
+    for expected in ("util 76%", "582/700 W", "53341 blocks", "mixed", "generation    14879.4 tok/s"):
+        assert expected in text, expected
+    # the doctor's own line fits the panel whole (51 columns at 160x48): no number cut in half
+    assert "│doctor 0.83 % of the worker, 62.9 µs/step│" in text.replace("\xa0", " ")
+
+
 def _rows(strips: list) -> list[list]:  # type: ignore[type-arg]
     return [list(strip) for strip in strips]
 
@@ -122,6 +133,7 @@ def _rows(strips: list) -> list[list]:  # type: ignore[type-arg]
         ("loaded.jsonl.gz", (80, 24)),
         ("restart.jsonl.gz", (160, 48)),
         ("h200.jsonl.gz", (160, 48)),
+        ("h200-8b.jsonl.gz", (160, 48)),
     ],
 )
 def test_panels_draw_every_row_exactly_as_textual_draws_it(recording: str, size: tuple[int, int]) -> None:

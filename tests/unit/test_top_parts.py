@@ -218,6 +218,9 @@ def test_the_model_panel_says_what_the_doctor_took_of_the_worker() -> None:
              "phases": {}, "findings": [],
              "doctor": {"per_step_s": 1.4e-05, "share": 0.004, "rpc_s": 0.0021, "window_s": 5.0, "worker_share": 0.0052}}
     lines = model_panel(dataclasses.replace(frame, model=model), 70).plain.splitlines()
-    assert "doctor 0.52 % of the worker's time (14.0 µs/step, calls 2.10 ms)" in lines
+    assert "doctor 0.52 % of the worker, 14.0 µs/step, calls 2.10 ms" in lines
+    # the model panel at 160x48 has 51 columns: the calls' time is left out, nothing is cut
+    narrow = model_panel(dataclasses.replace(frame, model=model), 51).plain.splitlines()
+    assert "doctor 0.52 % of the worker, 14.0 µs/step" in narrow
     older = {k: v for k, v in model.items() if k != "doctor"}  # a recording from before: no line, no error
     assert not any(line.startswith("doctor ") for line in model_panel(dataclasses.replace(frame, model=older), 70).plain.splitlines())

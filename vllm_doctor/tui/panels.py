@@ -252,12 +252,11 @@ def model_panel(frame: Frame, width: int) -> Text:
     doctor = model.get("doctor") or {}
     if doctor.get("worker_share") is not None:
         # what the doctor's own code took in the worker this window: its share bounds its cost
+        # (the calls' own time only where the line has room: a cropped line reads as a cut number)
+        line = f"{100 * doctor['worker_share']:.2g} % of the worker, {fmt_s(doctor.get('per_step_s'))}/step"
+        calls = f", calls {fmt_s(doctor.get('rpc_s'))}"
         out.append("doctor ", style="cyan")
-        out.append(
-            f"{100 * doctor['worker_share']:.2g} % of the worker's time ({fmt_s(doctor.get('per_step_s'))}/step, "
-            f"calls {fmt_s(doctor.get('rpc_s'))})\n",
-            style="dim",
-        )
+        out.append(line + (calls if len("doctor ") + len(line) + len(calls) <= width else "") + "\n", style="dim")
     findings = model.get("findings") or []
     if not findings:
         out.append("no VD4xx/VD5xx findings\n", style="green")
