@@ -90,6 +90,17 @@ def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: 
             await pilot.press("p")
             assert "PAUSED" in app.query_one(StatusBar).plain
             await pilot.press("p")
+            # interval and latency window: the keys set the source, the status bar says so
+            await pilot.press("minus")
+            assert source.interval_s == 1.0 and "every 1 s" in app.query_one(StatusBar).plain
+            await pilot.press("plus")
+            assert source.interval_s == 0.5 and "every 0.5 s" in app.query_one(StatusBar).plain
+            await pilot.press("w")  # 600 s is no step of the key's: the next larger one
+            assert source.window_s == 900.0 and "window 900 s" in app.query_one(StatusBar).plain
+            await pilot.press("w")  # past the largest: round to the smallest
+            assert source.window_s == 10.0
+            await wait_for(pilot, app, lambda f: f.metrics.window_s == 10.0)
+            assert "window 10 s" in panel_text(app, "latency")
             await pilot.press("question_mark")
             assert isinstance(app.screen, HelpScreen)
             assert "vllm:e2e_request_latency_seconds" in str(app.screen.query_one("#help Static").render())
