@@ -280,7 +280,7 @@ T95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 
        40: 2.02}  # Student's t for a 95 % interval, by n (n − 1 degrees of freedom)
 
 
-def paired(results: list[dict], labels: dict[str, str] = LABELS) -> None:
+def paired(results: list[dict]) -> None:
     """Each phase against the no-top spans of the same run: by round (the same round's no-top
     span; a drift between rounds cancels), and against the no-top spans on either side (a drift
     linear over the three cancels). ``run`` keeps the spans of pooled runs apart; then the
@@ -304,7 +304,7 @@ def paired(results: list[dict], labels: dict[str, str] = LABELS) -> None:
             if len(ratios) < 2:
                 continue
             mean, half = interval(ratios)
-            line = f"| {labels.get(name, name)} | {mean:+.2f} % | {mean - half:+.2f} % … {mean + half:+.2f} % | {len(ratios)} |"
+            line = f"| {LABELS.get(name, name)} | {mean:+.2f} % | {mean - half:+.2f} % … {mean + half:+.2f} % | {len(ratios)} |"
             if len(sandwich) > 1:
                 mean, half = interval(sandwich)
                 line += f" {mean:+.2f} % | {mean - half:+.2f} % … {mean + half:+.2f} % |"
@@ -425,11 +425,10 @@ def main() -> None:
     print("| top | serving tok/s | vs no top | top CPU % of a core (mean / max) | RSS first → last | first paint "
           "| engine processes' CPU % |")
     print("|---|---|---|---|---|---|---|")
-    labels = LABELS
     for name in dict.fromkeys(r["phase"] for r in results):
         rows = [r for r in results if r["phase"] == name]
         tok = statistics.fmean(r["tok_s"] for r in rows)
-        line = f"| {labels[name]} | {tok:.1f} | {'–' if base is None else f'{(tok / base - 1) * 100:+.1f} %'} |"
+        line = f"| {LABELS[name]} | {tok:.1f} | {'–' if base is None else f'{(tok / base - 1) * 100:+.1f} %'} |"
         cpu_rows = [r for r in rows if "cpu_pct_mean" in r]
         if not cpu_rows:
             line += " – | – | " + (f"idle: {statistics.median(idle):.2f} s (median of {len(idle)})" if idle and name == "none" else "–") + " |"
@@ -441,7 +440,7 @@ def main() -> None:
         engine = {k: statistics.fmean(r["engine_cpu_pct"].get(k, 0.0) for r in rows) for k in rows[0]["engine_cpu_pct"]}
         line += " " + ", ".join(f"{k} {v:.0f}" for k, v in sorted(engine.items())) + " |"
         print(line)
-    paired(results, labels)
+    paired(results)
     print("\nper round (tok/s): " + "; ".join(
         " ".join(f"{r['phase']} {r['tok_s']:.0f}" for r in results if r.get("round") == k)
         for k in dict.fromkeys(r.get("round") for r in results)))
