@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "check": "vllm_doctor.api",
     "check_engine": "vllm_doctor.api",
+    "profile": "vllm_doctor.api",
     "compare_with_reference": "vllm_doctor.api",
     "ParityResult": "vllm_doctor.api",
     "ParityUnavailable": "vllm_doctor.api",
@@ -49,10 +50,11 @@ __all__ = [
     "check_engine",
     "compare_with_reference",
     "engine_kwargs",
+    "profile",
 ]
 
 if TYPE_CHECKING:
-    from vllm_doctor.api import ParityResult, ParityUnavailable, check, check_engine, compare_with_reference
+    from vllm_doctor.api import ParityResult, ParityUnavailable, check, check_engine, compare_with_reference, profile
     from vllm_doctor.errors import DoctorInputError
     from vllm_doctor.live.attach import EngineDoctor, ExtensionMissing, attach, engine_kwargs
     from vllm_doctor.model import CheckMeta, Finding, Outcome, Report, Severity, Stage

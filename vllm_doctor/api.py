@@ -6,11 +6,16 @@ the caller's process never imports vLLM.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import os
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
+from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
+from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.model import Report
-from vllm_doctor.stages.engine import EngineOptions, Workload, engine_report
+from vllm_doctor.report.write import write_reports
+from vllm_doctor.stages.engine import BLOCKING, EngineOptions, Workload, diagnose_engine
 from vllm_doctor.stages.parity import (
     DEFAULT_PROMPTS,
     ParityEngine,
@@ -22,8 +27,12 @@ from vllm_doctor.stages.parity import (
 )
 from vllm_doctor.stages.static import CheckOptions, caller_registry, diagnose
 
+# static findings that keep the engine stage from starting: an engine assertion fails on them too
+ENGINE_BLOCKING_CODES = tuple(sorted(BLOCKING))
+
 __all__ = [
     "DEFAULT_PROMPTS",
+    "ENGINE_BLOCKING_CODES",
     "ParityEngine",
     "ParityResult",
     "ParityUnavailable",
@@ -31,6 +40,7 @@ __all__ = [
     "check_engine",
     "compare_with_reference",
     "parity_engine_key",
+    "profile",
     "start_parity_engine",
 ]
 
@@ -61,30 +71,103 @@ def check(
     return diagnose(model, options)
 
 
+def _engine_options(
+    workload: Workload,
+    *,
+    eager: bool,
+    max_model_len: int | None,
+    kv_cache_memory_bytes: int | None,
+    trust_remote_code: bool,
+    engine_args: dict[str, Any] | None,
+    tensor_parallel_size: int,
+    pipeline_parallel_size: int,
+    timeout: float,
+    **more: Any,
+) -> EngineOptions:
+    return EngineOptions(
+        workload=workload,
+        eager=eager,
+        max_model_len=max_model_len,
+        kv_cache_memory_bytes=kv_cache_memory_bytes,
+        trust_remote_code=trust_remote_code,
+        extra=dict(engine_args or {}),
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        timeout=timeout,
+        **more,
+    )
+
+
 def check_engine(
     model: str,
     *,
+    eager: bool = False,
     max_model_len: int | None = None,
     kv_cache_memory_bytes: int | None = None,
     trust_remote_code: bool = False,
     engine_args: dict[str, Any] | None = None,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
     select: Sequence[str] = (),
     ignore: Sequence[str] = (),
     timeout: float = 600.0,
+    progress: Callable[[str], None] | None = None,
 ) -> Report:
-    """Start a real engine on ``model`` (eager, in a child process), run a small greedy workload
-    with the doctor attached and return the engine-stage findings: placement (VD401/VD402),
-    KV-cache size (VD501, VD504), start-up failure (VD500), memory breakdown (VD503), ..."""
-    options = EngineOptions(
-        workload=Workload(),
-        max_model_len=max_model_len,
-        kv_cache_memory_bytes=kv_cache_memory_bytes,
-        trust_remote_code=trust_remote_code,
-        eager=True,
-        extra=dict(engine_args or {}),
-        timeout=timeout,
-    )
-    return engine_report(model, options, tuple(select), tuple(ignore))
+    """Start a real engine on ``model`` (in a child process), run a small greedy workload with the
+    doctor attached and return the engine-stage findings: start-up failure (VD500), placement
+    (VD401-VD405), KV-cache size (VD501, VD504), memory breakdown (VD503), ...
+
+    The engine runs in vLLM's own default mode (torch.compile and CUDA graphs where vLLM would use
+    them), as ``vllm-doctor check --engine`` does; ``eager=True`` is vLLM's ``enforce_eager``. The
+    report's ``facts["engine_mode_text"]`` says what ran, ``facts["engine_failure"]`` what vLLM
+    said when it could not start or run the model. Same stage, same findings as the CLI.
+    """
+    options = _engine_options(
+        Workload(), eager=eager, max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_memory_bytes,
+        trust_remote_code=trust_remote_code, engine_args=engine_args, tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size, timeout=timeout,
+    )  # fmt: skip
+    return diagnose_engine(model, options, select=select, ignore=ignore, progress=progress)
+
+
+def profile(
+    model: str,
+    *,
+    out: str | os.PathLike[str] | None = None,
+    prompts: int = 8,
+    input_len: int = 64,
+    output_len: int = 32,
+    eager: bool = False,
+    layers: bool = True,
+    sample_every: int = DEFAULT_SAMPLE_EVERY,
+    max_model_len: int | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    trust_remote_code: bool = False,
+    engine_args: dict[str, Any] | None = None,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    timeout: float = 600.0,
+    progress: Callable[[str], None] | None = None,
+) -> Report:
+    """``vllm-doctor profile`` from Python: a greedy workload of ``prompts`` x ``input_len`` tokens in,
+    ``output_len`` out, on a real engine in vLLM's default mode (``eager=True`` to opt out).
+
+    The report holds the findings, ``profiles["engine"]`` (steps, per-layer time, KV usage,
+    memory) and ``profiles["workload"]``; with ``out`` it is also written there as report.json,
+    report.html and trace.json (atomically), with vLLM's log as engine.log.
+    """
+    if min(prompts, input_len, output_len) < 1:
+        raise DoctorInputError("prompts, input_len and output_len must be at least 1")
+    options = _engine_options(
+        Workload(prompts=prompts, input_len=input_len, output_len=output_len), eager=eager,
+        max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_memory_bytes, trust_remote_code=trust_remote_code,
+        engine_args=engine_args, tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size, timeout=timeout, layers=layers, sample_every=sample_every,
+    )  # fmt: skip
+    report = diagnose_engine(model, options, progress=progress, log_dir=str(out) if out is not None else None)
+    if out is not None:
+        write_reports(Path(out), report)
+    return report
 
 
 def compare_with_reference(

@@ -137,6 +137,20 @@ class Report:
     def by_code(self, code: str) -> list[Finding]:
         return [f for f in self.findings if f.code == code]
 
+    def merge(self, other: Report) -> Report:
+        """Add ``other``'s findings, facts, profiles and timings to this report (in place; returns it).
+
+        The engine stage's report merges into the static stage's this way (``check --engine``): its
+        findings join these in code order, its facts and profiles are added by key (``other``'s
+        win), and an environment this report lacks is taken from ``other``."""
+        self.findings = sorted(self.findings + other.findings, key=lambda f: (f.code, f.subject))
+        self.facts.update(other.facts)
+        self.profiles.update(other.profiles)
+        self.timings.update(other.timings)
+        for key, value in other.environment.items():
+            self.environment.setdefault(key, value)
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         counts: dict[str, int] = {}
         for f in self.findings:

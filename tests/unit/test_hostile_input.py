@@ -449,19 +449,23 @@ def test_absurd_sizes_stop_the_weights_pass_before_its_child(tmp_path: Path, mon
 
 def test_absurd_sizes_stop_the_engine_stage_and_profile(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                         capsys: pytest.CaptureFixture[str]) -> None:
-    from vllm_doctor.cli import check as check_cli
+    """The engine stage's guard (stages/engine.py, the one owner) stops both verbs the same way: the
+    VD309 finding, the reason in facts.engine_failure, exit 1; no engine is started."""
     from vllm_doctor.cli import main
     from vllm_doctor.stages import engine as engine_stage
 
     d = model(tmp_path, {**LLAMA, "vocab_size": 0})
-    monkeypatch.setattr(check_cli, "add_engine_stage", lambda *a, **k: pytest.fail("the engine stage was started"))
     monkeypatch.setattr(engine_stage, "run_engine_stage", lambda *a, **k: pytest.fail("the engine was started"))
     assert main(["check", str(d), "--fast", "--engine", "--json", "-q"]) == 1
     data = json.loads(capsys.readouterr().out)
-    assert "the engine stage was not started" in data["facts"]["engine_failure"]
-    assert main(["profile", str(d), "--out", str(tmp_path / "out"), "-q"]) == 2
-    err = capsys.readouterr().err
-    assert "vocab_size = 0: must be at least 1" in err and "no engine was started" in err
+    why = "the engine stage was not started: config.json has model sizes no model can be built from (VD309)"
+    assert data["facts"]["engine_failure"] == why
+    assert main(["profile", str(d), "--out", str(tmp_path / "out"), "-q"]) == 1
+    out = capsys.readouterr().out
+    assert why in out and "FAIL  VD309 vocab_size = 0: must be at least 1" in out
+    profiled = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert profiled["facts"]["engine_failure"] == why
+    assert [(f["code"], f["outcome"]) for f in profiled["findings"]] == [("VD309", "fail")]
 
 
 def test_nan_in_config_keeps_the_json_report_strict(tmp_path: Path) -> None:

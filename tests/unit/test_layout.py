@@ -59,7 +59,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     # renderers
     "report": {"model", "checks", "analysis", "units", "files"},
     # front ends: never compat/ or vLLM
-    "api": {"errors", "model", "stages"},
+    "api": {"constants", "errors", "model", "report", "stages"},
     # cli starts the TUI (top, replay, view); the TUI never imports cli
     "cli": {"constants", "errors", "model", "files", "units", "probes", "checks", "stages", "live", "report", "tui"},
     "pytest_plugin": {"errors", "model", "api", "files"},  # files: the session report, written atomically

@@ -185,9 +185,9 @@ def test_each_ptrace_refusal_gets_its_own_fix(
 
 
 def test_a_profile_report_written_after_cpu_profile_keeps_the_links(tmp_path: Path) -> None:
-    from vllm_doctor.cli.common import cpu_profile_index, write_reports
     from vllm_doctor.files import write_json_atomic
     from vllm_doctor.model import Report
+    from vllm_doctor.report.write import cpu_profile_index, write_reports
 
     assert cpu_profile_index(tmp_path) is None
     write_json_atomic(tmp_path / "index.json", {"kind": "vllm-doctor cpu-profile", "duration_s": 2, "rate_hz": 100,

@@ -121,7 +121,7 @@ def test_answers_are_cached_for_the_session_and_reported(
     assert data["runs"] == {"check": 1}  # six assertions, one static check
     assert [o["assertion"] for o in data["outcomes"]] == ["checks_pass", "weights_cover"] * 3
     assert all(o["ok"] and o["model"] == str(model) for o in data["outcomes"])
-    assert data["options"] == {"model": str(model), "device": "auto", "fail_on": "error"}
+    assert data["options"] == {"model": str(model), "device": "auto", "fail_on": "error", "eager": False}
     result.stdout.fnmatch_lines(["*= vllm-doctor =*", f"PASS checks_pass *{model}  no finding*", f"report: {report}"])
 
 

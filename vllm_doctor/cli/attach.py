@@ -17,10 +17,10 @@ from vllm_doctor.cli.common import (
     print_problems,
     progress_printer,
     raise_interrupt,
-    write_reports,
 )
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.model import Severity
+from vllm_doctor.report.write import write_reports
 
 EPILOG = """\
 the server must run with the doctor's plugin and vLLM's dev endpoints (loopback only!):

@@ -12,12 +12,11 @@ from vllm_doctor.cli.common import (
     add_fail_on,
     add_quiet,
     codes,
-    engine_failure,
     engine_options,
-    mode_line,
+    print_engine_outcome,
     progress_printer,
 )
-from vllm_doctor.model import Report, Severity
+from vllm_doctor.model import Severity
 
 EPILOG = """\
 passes:
@@ -75,16 +74,11 @@ def add_parser(sub: Any) -> None:
     p.set_defaults(handler=run)
 
 
-# findings that vLLM would fail on before serving a token: the engine stage is not started
-BLOCKING = {
-    "VD305": "the model cannot be split over the tensor- / pipeline-parallel sizes asked for (VD305)",
-    "VD309": "config.json has model sizes no model can be built from (VD309)",
-}
-
-
 def run(args: argparse.Namespace) -> int:
     from vllm_doctor.files import json_text, write_json_atomic
+    from vllm_doctor.report.profile import render_anatomy
     from vllm_doctor.report.text import render
+    from vllm_doctor.stages.engine import Workload, diagnose_engine
     from vllm_doctor.stages.static import CheckOptions, diagnose
 
     progress = progress_printer(args.quiet)
@@ -100,15 +94,11 @@ def run(args: argparse.Namespace) -> int:
         max_memory=args.max_memory,
     )
     report = diagnose(args.model, options, progress)
-    anatomy = None
     if args.engine:
-        blocked = sorted({f.code for f in report.findings if f.code in BLOCKING and f.outcome.value == "fail"})
-        if blocked:
-            anatomy = report.facts["engine_failure"] = "the engine stage was not started: " + "; ".join(
-                BLOCKING[code] for code in blocked
-            )
-        else:
-            anatomy = add_engine_stage(args, report, progress)
+        engine = engine_options(args, Workload())
+        report = diagnose_engine(
+            report.target, engine, report, select=args.select, ignore=args.ignore, progress=progress
+        )
     data = report.to_dict()
     if args.output:
         write_json_atomic(args.output, data)
@@ -116,34 +106,12 @@ def run(args: argparse.Namespace) -> int:
         print(json_text(data))
     else:
         print(render(report, verbose=args.verbose))
-        if anatomy:
-            print("\n" + anatomy)
+        if args.engine:
+            print()
+            anatomy = report.facts.get("engine") or {}
+            if anatomy.get("workers"):
+                print(render_anatomy(anatomy))
+            print_engine_outcome(report)
     if any(f.outcome.value == "crash" for f in report.findings):
         progress("a check crashed (see CRASH above); other findings are still valid")
     return EXIT_FINDINGS if report.problems(Severity(args.fail_on)) else EXIT_OK
-
-
-def add_engine_stage(args: argparse.Namespace, report: Report, progress: Any) -> str:
-    """``check --engine``: run the engine stage, merge its findings into ``report``; return the anatomy text."""
-    from vllm_doctor.live.attach import build_engine_report
-    from vllm_doctor.report.profile import render_anatomy
-    from vllm_doctor.stages.engine import Workload, run_engine_stage
-
-    result = run_engine_stage(report.target, engine_options(args, Workload()), progress)
-    # the parameters as the weights pass built them at tensor-parallel size 1: VD406 checks each rank's shard
-    params = (report.facts.get("weights") or {}).get("params") or {}
-    if params:
-        result.facts.reference_shapes = {name: p["shape"] for name, p in params.items() if p.get("shape")}
-    engine_report = build_engine_report(result.facts, report.target, args.select, args.ignore)
-    report.findings = sorted(report.findings + engine_report.findings, key=lambda f: (f.code, f.subject))
-    for key in ("engine", "engine_mode", "engine_diagnosis"):
-        if key in engine_report.facts:
-            report.facts[key] = engine_report.facts[key]
-    report.facts["engine_log"] = result.log_path
-    report.profiles["engine"] = engine_report.profiles["engine"]
-    report.timings.update({f"engine_{k}" if not k.startswith("engine") else k: v for k, v in result.timings.items()})
-    failure = engine_failure(result.facts)
-    if failure:
-        report.facts["engine_failure"] = failure
-    anatomy = render_anatomy(report.facts["engine"]) if result.facts.workers else ""
-    return "\n".join(part for part in (anatomy, mode_line(result.facts), failure) if part)

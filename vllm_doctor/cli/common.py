@@ -10,7 +10,6 @@ import signal
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
@@ -233,59 +232,11 @@ def engine_options(args: argparse.Namespace, workload: Any, deep_dir: str | None
     )
 
 
-def mode_line(facts: Any) -> str:
-    """``execution mode: ...`` of an engine stage (what ran, and the eager re-run if there was one)."""
-    mode = facts.mode or {}
-    text = f"execution mode: {mode.get('summary') or mode.get('requested') or 'unknown'}"
-    if mode.get("requested") == "vllm-default":
-        text += " (vLLM's default; --eager forces eager)"
-    if facts.diagnosis is not None:
-        d = facts.diagnosis
-        text += "; re-run eagerly to find the cause: " + (
-            "it ran" if d.started and not d.runtime_error else "it failed too"
-        )
-    return text
-
-
-def engine_failure(facts: Any) -> str:
-    mode = (facts.mode or {}).get("summary") or (facts.mode or {}).get("requested") or "?"
-    if facts.startup_error:
-        return (
-            f"the engine did not start (failed in {facts.startup_phase or 'start-up'}; mode: {mode}):\n  "
-            + facts.startup_error.splitlines()[0][:400]
-        )
-    if facts.runtime_error:
-        first = facts.runtime_error.splitlines()[0][:400]
-        return f"the engine started, then the workload failed (mode: {mode}):\n  {first}"
-    return ""
-
-
-CPU_PROFILE_INDEX = "index.json"
-CPU_PROFILE_KIND = "vllm-doctor cpu-profile"
-
-
-def cpu_profile_index(out: Path) -> dict[str, Any] | None:
-    """The index.json a ``cpu-profile --out`` left in ``out``, if any (its flamegraphs get linked)."""
-    try:
-        data = json.loads((out / CPU_PROFILE_INDEX).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and data.get("kind") == CPU_PROFILE_KIND else None
-
-
-def write_reports(out: Path, report: Report) -> list[Path]:
-    """report.json, report.html and trace.json into ``out``, each written atomically."""
-    from vllm_doctor.files import write_json_atomic, write_text_atomic
-    from vllm_doctor.report.html import render_html
-    from vllm_doctor.report.trace import chrome_trace
-
-    out.mkdir(parents=True, exist_ok=True)
-    data = report.to_dict()
-    paths = [out / "report.json", out / "report.html", out / "trace.json"]
-    write_json_atomic(paths[0], data)
-    write_text_atomic(paths[1], render_html(data, cpu_profile_index(out)))
-    write_json_atomic(paths[2], chrome_trace(report.profiles.get("engine") or {}, report.facts.get("engine")))
-    return paths
+def print_engine_outcome(report: Report) -> None:
+    """What the engine stage says after its anatomy: the execution mode, and vLLM's failure if any."""
+    for key in ("engine_mode_text", "engine_failure"):
+        if report.facts.get(key):
+            print(report.facts[key])
 
 
 def print_problems(report: Report, fail_on: str) -> bool:

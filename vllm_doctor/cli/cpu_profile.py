@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.cli.common import CPU_PROFILE_INDEX, EXIT_FINDINGS, EXIT_OK, add_target, progress_printer
+from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_OK, add_target, progress_printer
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.files import write_json_atomic, write_text_atomic
+from vllm_doctor.report.write import CPU_PROFILE_INDEX
 
 EPILOG = """\
 Records each EngineCore and worker process (--api-server adds the API server) with py-spy for

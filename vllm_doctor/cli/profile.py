@@ -11,14 +11,13 @@ from vllm_doctor.cli.common import (
     add_fail_on,
     add_quiet,
     add_sample_every,
-    engine_failure,
     engine_options,
-    mode_line,
+    print_engine_outcome,
     print_problems,
     progress_printer,
-    write_reports,
 )
 from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.report.write import write_reports
 
 EPILOG = """\
 writes (atomically) into --out DIR:
@@ -62,52 +61,27 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_doctor.checks.weights import config_size_problems
-    from vllm_doctor.live.attach import build_engine_report
-    from vllm_doctor.probes.model_dir import resolve_model_dir
     from vllm_doctor.report.profile import render_anatomy, render_profile
-    from vllm_doctor.stages.engine import Workload, run_engine_stage
+    from vllm_doctor.stages.engine import Workload, diagnose_engine
 
     progress = progress_printer(args.quiet)
     for name in ("prompts", "input_len", "output_len"):
         if getattr(args, name) < 1:
             raise DoctorInputError(f"--{name.replace('_', '-')} must be at least 1")
-    resolved = resolve_model_dir(args.model)
-    model_dir = str(resolved.path)
-    sizes = config_size_problems(resolved.config)
-    if sizes:
-        first = sizes[0]
-        raise DoctorInputError(
-            f"{resolved.config_path}: {first['key']} = {first['value']}: {first['why']}"
-            + (f" (and {len(sizes) - 1} more size problem(s))" if len(sizes) > 1 else ""),
-            f"no model can be built from these sizes, so no engine was started; `vllm-doctor check {args.model} "
-            "--fast` lists them (VD309)",
-        )
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     workload = Workload(prompts=args.prompts, input_len=args.input_len, output_len=args.output_len)
     deep_dir = str((out / "torch").resolve()) if args.deep else None
-    progress(f"profile: {model_dir} -> {out}")
-    result = run_engine_stage(
-        model_dir, engine_options(args, workload, deep_dir, layers=not args.no_layers), progress, log_dir=str(out)
-    )
-    report = build_engine_report(result.facts, model_dir)
-    report.profiles["workload"] = result.workload
-    report.profiles["engine_kwargs"] = result.engine_kwargs
-    if result.deep:
-        report.profiles["torch_profiler"] = result.deep
-    report.timings.update(result.timings)
-    failure = engine_failure(result.facts)
-    if failure:
-        report.facts["engine_failure"] = failure
+    progress(f"profile: {args.model} -> {out}")
+    options = engine_options(args, workload, deep_dir, layers=not args.no_layers)
+    report = diagnose_engine(args.model, options, progress=progress, log_dir=str(out))
     paths = write_reports(out, report)
     progress("wrote " + ", ".join(str(p) for p in paths))
-    if result.facts.workers:
-        print(render_anatomy(report.facts["engine"]))
-    print(mode_line(result.facts))
-    if failure:
-        print(failure)
-    else:
-        print(render_profile(report.profiles["engine"], result.workload))
+    anatomy = report.facts.get("engine") or {}
+    if anatomy.get("workers"):
+        print(render_anatomy(anatomy))
+    print_engine_outcome(report)
+    failure = report.facts.get("engine_failure")
+    if not failure:
+        print(render_profile(report.profiles["engine"], report.profiles.get("workload")))
     problems = print_problems(report, args.fail_on)
     return 1 if problems or failure else 0

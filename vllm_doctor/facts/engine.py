@@ -62,6 +62,35 @@ class EngineFacts:
     def started(self) -> bool:
         return self.startup_error is None and bool(self.workers)
 
+    @property
+    def mode_summary(self) -> str:
+        """What ran: vLLM's own summary of the mode, else what was asked for."""
+        return str(self.mode.get("summary") or self.mode.get("requested") or "unknown")
+
+    def mode_text(self) -> str:
+        """``execution mode: ...``: what ran, and the eager re-run after a failure if there was one."""
+        text = f"execution mode: {self.mode_summary}"
+        if self.mode.get("requested") == "vllm-default":
+            text += " (vLLM's default; --eager forces eager)"
+        if self.diagnosis is not None:
+            d = self.diagnosis
+            text += "; re-run eagerly to find the cause: " + (
+                "it ran" if d.started and not d.runtime_error else "it failed too"
+            )
+        return text
+
+    def failure_text(self) -> str:
+        """What vLLM said when it could not start the model or run the workload; "" when it ran."""
+        if self.startup_error:
+            return (
+                f"the engine did not start (failed in {self.startup_phase or 'start-up'}; mode: {self.mode_summary}):"
+                f"\n  {self.startup_error.splitlines()[0][:400]}"
+            )
+        if self.runtime_error:
+            first = self.runtime_error.splitlines()[0][:400]
+            return f"the engine started, then the workload failed (mode: {self.mode_summary}):\n  {first}"
+        return ""
+
 
 def facts_to_dict(facts: EngineFacts) -> dict[str, Any]:
     return {

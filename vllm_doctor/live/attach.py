@@ -239,6 +239,11 @@ def build_engine_report(
     report.environment = environment.collect()
     report.facts["engine"] = anatomy(facts)
     report.facts["engine_mode"] = facts.mode or None
+    if facts.mode:  # a served engine that was attached to does not say how it runs
+        report.facts["engine_mode_text"] = facts.mode_text()
+    failure = facts.failure_text()
+    if failure:
+        report.facts["engine_failure"] = failure
     if checked is not facts:
         report.facts["engine_diagnosis"] = anatomy(checked)
     report.profiles["engine"] = summarize(facts, timeline=timeline)

@@ -12,7 +12,10 @@
 ``MODEL`` may be left out: ``--vllm-doctor-model DIR`` gives it. Each distinct (model, options)
 runs vLLM once per session (in a child process, shut down when its answer is in) and every test
 that asks again reads the cached answer. vLLM or the model missing: the test is skipped with the
-reason. Options: ``--vllm-doctor-model``, ``--vllm-doctor-fail-on``, ``--vllm-doctor-device``,
+reason. The engine assertions run vLLM's default execution mode (torch.compile and CUDA graphs
+where vLLM would use them), as ``vllm-doctor check --engine`` does, through the same engine stage;
+``--vllm-doctor-eager`` runs them eagerly. Options: ``--vllm-doctor-model``,
+``--vllm-doctor-fail-on``, ``--vllm-doctor-device``, ``--vllm-doctor-eager``,
 ``--vllm-doctor-report FILE`` (the session's JSON report), ``--vllm-doctor-fast``.
 Tests that use the fixture carry the ``vllm_doctor`` marker (``-m vllm_doctor`` selects them).
 """
@@ -58,6 +61,7 @@ class DoctorSession:
 
     fail_on: Severity = Severity.ERROR
     fast: bool = False
+    eager: bool = False  # engine assertions: vLLM's enforce_eager instead of its default mode
     model: str | None = None
     device: str = "auto"
     report_path: str | None = None
@@ -132,6 +136,15 @@ def _clip(text: str, limit: int = 800) -> str:
     return text if len(text) <= limit else text[:limit] + " [...]"
 
 
+def _engine_problems(report: Report, codes: Iterable[str]) -> list[Finding]:
+    """An engine assertion's problems: its own codes, and the static findings that kept the engine
+    stage from starting (VD305, VD309): a model vLLM cannot start never passes an engine assertion."""
+    from vllm_doctor.api import ENGINE_BLOCKING_CODES
+
+    wanted = set(codes) | set(ENGINE_BLOCKING_CODES)
+    return [f for f in report.problems(Severity.INFO) if f.code in wanted]
+
+
 def _finding_lines(found: Sequence[Finding]) -> str:
     return "\n".join(
         f"  {f.code} [{f.severity.value}] {f.subject}: {f.message}" + (f"\n      fix: {f.hint}" if f.hint else "")
@@ -170,24 +183,32 @@ class VllmDoctor:
             Outcome(self._test, assertion, model, ok, summary, round(time.perf_counter() - start, 3), details)
         )
 
-    def _fail_on_findings(self, assertion: str, model: str, found: list[Finding], what: str, start: float) -> None:
+    def _fail_on_findings(
+        self, assertion: str, model: str, found: list[Finding], what: str, start: float, report: Report | None = None
+    ) -> None:
+        """Fail with every finding; an engine report adds its execution mode and vLLM's failure."""
+        engine = {k: report.facts[k] for k in ("engine_mode_text", "engine_failure") if report and report.facts.get(k)}
         if found:
-            self._record(assertion, model, False, f"{len(found)} finding(s): {', '.join(f.code for f in found)}", start)
-            pytest.fail(f"vllm-doctor: {what} ({model}):\n{_finding_lines(found)}", pytrace=False)
-        self._record(assertion, model, True, "no finding", start)
+            self._record(
+                assertion, model, False, f"{len(found)} finding(s): {', '.join(f.code for f in found)}", start, **engine
+            )
+            context = "".join(f"\n{text}" for text in engine.values())
+            pytest.fail(f"vllm-doctor: {what} ({model}):\n{_finding_lines(found)}{context}", pytrace=False)
+        self._record(assertion, model, True, "no finding", start, **engine)
 
     def engine_report(self, model: str, max_model_len: int | None = None, **kwargs: Any) -> Report:
         """The engine-stage report for (model, options), run once per session."""
         from vllm_doctor.api import check_engine
 
         self._needs_engine()
+        eager = bool(kwargs.pop("eager", self._session.eager))
         options = tuple(sorted(kwargs.items()))
-        key = ("engine", model, max_model_len, self._session.device, options)
+        key = ("engine", model, max_model_len, self._session.device, eager, options)
         if max_model_len is None:  # any engine run on this model answers placement questions
             key = next((k for k in self._session.cache if k[:2] == key[:2] and k[3:] == key[3:]), key)
 
         def run() -> Report:
-            return check_engine(model, max_model_len=max_model_len, **kwargs)
+            return check_engine(model, eager=eager, max_model_len=max_model_len, **kwargs)
 
         try:
             report: Report = self._session.cached(key, run)
@@ -227,17 +248,17 @@ class VllmDoctor:
         start = time.perf_counter()
         path = self.model_dir(model)
         report = self.engine_report(path, **kwargs)
-        found = [f for f in report.problems(Severity.INFO) if f.code in PLACEMENT_CODES or f.code == "VD500"]
-        self._fail_on_findings("on_device", path, found, "tensors off their worker's device", start)
+        found = _engine_problems(report, (*PLACEMENT_CODES, "VD500"))
+        self._fail_on_findings("on_device", path, found, "tensors off their worker's device", start, report)
 
     def assert_kv_cache_fits(self, model: str | None = None, max_model_len: int | None = None, **kwargs: Any) -> None:
         """The engine starts with ``max_model_len`` and its KV cache holds one full-length request."""
         start = time.perf_counter()
         path = self.model_dir(model)
         report = self.engine_report(path, max_model_len=max_model_len, **kwargs)
-        found = [f for f in report.problems(Severity.INFO) if f.code in KV_CODES]
+        found = _engine_problems(report, KV_CODES)
         self._fail_on_findings(
-            "kv_cache_fits", path, found, f"the KV cache does not fit max_model_len={max_model_len}", start
+            "kv_cache_fits", path, found, f"the KV cache does not fit max_model_len={max_model_len}", start, report
         )
 
     def assert_logprobs_close(
@@ -357,6 +378,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="write the session's vllm-doctor results (every assertion, parity tables) to FILE as JSON",
     )
     group.addoption("--vllm-doctor-fast", action="store_true", help="static checks: fast pass only (no vLLM import)")
+    group.addoption(
+        "--vllm-doctor-eager",
+        action="store_true",
+        help="engine assertions: run vLLM eagerly (enforce_eager: no torch.compile, no CUDA graphs); default: the "
+        "mode vLLM itself serves with, as `vllm-doctor check --engine`",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -366,6 +393,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = DoctorSession(
         fail_on=Severity(config.getoption("--vllm-doctor-fail-on")),
         fast=bool(config.getoption("--vllm-doctor-fast")),
+        eager=bool(config.getoption("--vllm-doctor-eager")),
         model=config.getoption("--vllm-doctor-model"),
         device=str(config.getoption("--vllm-doctor-device")),
         report_path=config.getoption("--vllm-doctor-report"),
@@ -398,6 +426,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
     tr.section("vllm-doctor")
     for o in session.outcomes:
         tr.write_line(f"{'PASS' if o.ok else 'FAIL'} {o.assertion:<15} {o.model}  {o.summary}  ({o.test})")
+        if o.details.get("engine_mode_text"):
+            tr.write_line(f"     {o.details['engine_mode_text']}")
     tr.write_line(f"vLLM engines started this session: {session.engine_runs}")
     if session.report_path:
         tr.write_line(f"report: {session.report_path}")
@@ -420,7 +450,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "vllm_doctor": __version__,
             "engine_runs": state.engine_runs,
             "runs": state.runs,
-            "options": {"model": state.model, "device": state.device, "fail_on": state.fail_on.value},
+            "options": {
+                "model": state.model,
+                "device": state.device,
+                "fail_on": state.fail_on.value,
+                "eager": state.eager,
+            },
             "outcomes": [asdict(o) for o in state.outcomes],
         },
     )

@@ -1,11 +1,18 @@
-"""The engine stage of ``vllm-doctor check --engine`` and ``vllm-doctor profile``.
+"""The engine stage: one owner for ``check --engine``, ``profile``, ``vllm_doctor.check_engine``,
+``vllm_doctor.profile`` and every engine assertion of the pytest plugin.
 
-The parent (:func:`run_engine_stage`) starts a fresh child through
-:mod:`vllm_doctor.stages.child` (task ``engine``): that child starts a real engine with the
-doctor's worker extension (single-process mode by default: 2-4 s on CPU), attaches, runs a
-small greedy workload, detaches and writes one JSON file (:class:`EngineFacts` + workload
-numbers). An engine that refuses to start is a result too (its error feeds VD501/VD208). The
-parent never imports vLLM; a hung or crashed engine costs a timeout, not the doctor.
+:func:`diagnose_engine` is that owner: the guard (static findings vLLM cannot start from, VD305 /
+VD309), the run, the eager diagnosis after a failure, the tensor-parallel-1 shapes VD406 needs, the
+report, and its merge into a static report. Every front end calls it with the same defaults
+(vLLM's own execution mode; ``eager=True`` opts out), so the same model gets the same findings
+whichever way in.
+
+The run (:func:`run_engine_stage`) starts a fresh child through :mod:`vllm_doctor.stages.child`
+(task ``engine``): that child starts a real engine with the doctor's worker extension
+(single-process mode by default: 2-4 s on CPU eager), attaches, runs a small greedy workload,
+detaches and writes one JSON file (:class:`EngineFacts` + workload numbers). An engine that refuses
+to start is a result too (its error feeds VD500/VD501/VD208). The parent never imports vLLM; a hung
+or crashed engine costs a timeout, not the doctor.
 """
 
 from __future__ import annotations
@@ -13,14 +20,14 @@ from __future__ import annotations
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
 from vllm_doctor.facts.engine import EngineFacts, facts_from_dict, facts_to_dict
-from vllm_doctor.model import Report
+from vllm_doctor.model import Finding, Outcome, Report
 from vllm_doctor.stages.child import run_child
 
 Progress = Callable[[str], None]
@@ -137,6 +144,7 @@ def run_engine_stage(
 
     t0 = time.perf_counter()
     log_dir = log_dir or tempfile.mkdtemp(prefix="vllm-doctor-engine-")
+    Path(log_dir).mkdir(parents=True, exist_ok=True)
     log_path = Path(log_dir) / "engine.log"
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # engine.log keeps what vLLM says at start-up
@@ -307,17 +315,87 @@ def _facts_after_failure(doc: Any, model: str, error: str) -> EngineFacts:
     return facts
 
 
-def engine_report(
+# static findings that vLLM would fail on before serving a token, without saying why in terms of
+# the model (a split it cannot make, sizes it cannot build from): the engine is not started
+BLOCKING = {
+    "VD305": "the model cannot be split over the tensor- / pipeline-parallel sizes asked for (VD305)",
+    "VD309": "config.json has model sizes no model can be built from (VD309)",
+}
+
+
+def blocking_findings(report: Report) -> list[Finding]:
+    """The failed findings of ``report`` that keep the engine stage from starting."""
+    return [f for f in report.findings if f.code in BLOCKING and f.outcome is Outcome.FAIL]
+
+
+def _guard_report(model: str, options: EngineOptions, progress: Progress | None) -> Report:
+    """The static checks the engine stage needs when no static report was given: the blocking codes
+    (fast pass, no vLLM import), and at tensor-parallel size > 1 the weights pass for VD406's shapes."""
+    from vllm_doctor.stages.static import CheckOptions, diagnose
+
+    shapes = options.tensor_parallel_size > 1
+    codes = set(BLOCKING) | ({"VD301"} if shapes else set())
+    check = CheckOptions(
+        trust_remote_code=options.trust_remote_code,
+        fast=not shapes,
+        select=codes,
+        tensor_parallel_size=options.tensor_parallel_size,
+        pipeline_parallel_size=options.pipeline_parallel_size,
+        max_memory=options.max_memory,
+    )
+    return diagnose(model, check, progress)
+
+
+def _reference_shapes(report: Report) -> dict[str, list[int]]:
+    """Each parameter's shape as the weights pass built it at tensor-parallel size 1 (VD406 checks
+    each rank's shard against it); empty without a weights pass."""
+    params = (report.facts.get("weights") or {}).get("params") or {}
+    return {name: p["shape"] for name, p in params.items() if p.get("shape")}
+
+
+def diagnose_engine(
     model: str,
-    options: EngineOptions,
-    select: list[str] | tuple[str, ...] = (),
-    ignore: list[str] | tuple[str, ...] = (),
+    options: EngineOptions | None = None,
+    static: Report | None = None,
+    *,
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
     progress: Progress | None = None,
+    log_dir: str | None = None,
 ) -> Report:
-    """The engine stage as a :class:`Report` (VD4xx/VD5xx/VD208 findings), for the Python API."""
+    """The engine stage as a :class:`Report`: VD4xx/VD5xx/VD208 findings, anatomy, profiles.
+
+    ``static``: the static stage's report of the same model (``check --engine``): its blocking
+    findings decide whether the engine starts, its weights pass gives VD406 the shapes, and the
+    engine's report is merged into it (returned). Without it, the blocking checks run here (fast
+    pass). A model the guard stops gets no engine: the report says why (``facts.engine_failure``)
+    and carries the blocking findings. An engine that fails is a finding (VD500), never a skip.
+    Raises :class:`vllm_doctor.DoctorInputError` for a bad model path, RuntimeError when the engine
+    child gave no answer at all (a doctor failure).
+    """
     from vllm_doctor.live.attach import build_engine_report
 
-    result = run_engine_stage(model, options, progress)
-    report = build_engine_report(result.facts, model, select, ignore, result.timings)
-    report.facts["engine_log"] = result.log_path
-    return report
+    options = options or EngineOptions()
+    guard = static if static is not None else _guard_report(model, options, progress)
+    target = guard.target
+    blocked = blocking_findings(guard)
+    if blocked:
+        report = Report(target=target, environment=dict(guard.environment))
+        report.facts["engine_failure"] = "the engine stage was not started: " + "; ".join(
+            BLOCKING[code] for code in sorted({f.code for f in blocked})
+        )
+        if static is None:
+            report.findings = blocked
+        if progress is not None:
+            progress(report.facts["engine_failure"])
+    else:
+        result = run_engine_stage(target, options, progress, log_dir)
+        result.facts.reference_shapes = _reference_shapes(guard) or None
+        report = build_engine_report(result.facts, target, select, ignore)
+        report.facts["engine_log"] = result.log_path
+        report.profiles["workload"] = result.workload
+        report.profiles["engine_kwargs"] = result.engine_kwargs
+        if result.deep:
+            report.profiles["torch_profiler"] = result.deep
+        report.timings.update({k if k.startswith("engine") else f"engine_{k}": v for k, v in result.timings.items()})
+    return static.merge(report) if static is not None else report
