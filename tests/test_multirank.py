@@ -19,12 +19,14 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import run_doctor
+from tests.conftest import REPO, run_doctor
 from tests.fixtures.engine_models import build_llama_dir
 from tests.fixtures.weights import built
 
@@ -56,7 +58,24 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         # vLLM's default mode: an eager PP=2 engine on the CPU build fails in its first step inside vLLM
         # (AssertionError in sync_and_gather_intermediate_tensors, with or without the doctor)
         "pp2-profile": (*_run(["profile", str(llama), "-pp", "2", "--out", str(out)]), out),
+        "tp2-api": _api_tp2(ok.model_dir, ok.site_dir),
     }
+
+
+def _api_tp2(model: Path, site: Path) -> tuple[int, dict[str, Any] | None, str]:
+    """``vllm_doctor.check_engine(model, tensor_parallel_size=2)`` in a fresh process (its own output
+    is the report as JSON): the API runs the same stage as ``check --engine``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    env.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+    code = (
+        "import json, sys, vllm_doctor\n"
+        f"report = vllm_doctor.check_engine({str(model)!r}, tensor_parallel_size=2, eager=True)\n"
+        "print(json.dumps(report.to_dict(), default=str))"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900,
+                          stdin=subprocess.DEVNULL)  # fmt: skip
+    data = json.loads(proc.stdout) if proc.stdout.lstrip().startswith("{") else None
+    return proc.returncode, data, proc.stdout + proc.stderr
 
 
 def _findings(report: dict[str, Any], code: str) -> list[dict[str, Any]]:
@@ -76,6 +95,22 @@ def test_tensor_parallel_findings_are_per_rank_and_the_ranks_agree(runs: dict[st
     assert [(w["rank"], w["device"]) for w in workers] == [(0, "cpu"), (1, "cpu")]
     per_rank = report["profiles"]["engine"]["per_rank"]
     assert [(r["rank"], r["tp_rank"], r["pp_rank"]) for r in per_rank] == [(0, 0, 0), (1, 1, 0)]
+
+
+def test_the_api_checks_each_rank_against_the_same_tensor_parallel_1_shapes_as_the_cli(runs: dict[str, Any]) -> None:
+    """vllm_doctor.check_engine runs the weights pass itself at TP > 1 (before, only check --engine
+    gave VD406 the shapes), so it gives the CLI's engine findings."""
+    rc, report, out = runs["tp2-api"]
+    assert rc == 0 and report is not None, out[-3000:]
+    (vd406,) = _findings(report, "VD406")
+    assert vd406["outcome"] == "pass" and "shapes against tensor-parallel size 1" in vd406["message"]
+    cli = runs["tp2"][1]
+    assert cli is not None
+
+    def engine(r: dict[str, Any]) -> list[tuple[str, str, str]]:
+        return sorted((f["code"], f["subject"], f["outcome"]) for f in r["findings"] if f["code"][:3] in ("VD4", "VD5"))
+
+    assert engine(report) == engine(cli)
 
 
 def test_a_loader_that_ignores_the_rank_is_named_by_rank_and_parameter(runs: dict[str, Any]) -> None:

@@ -61,3 +61,39 @@ def test_engine_reports_are_built_in_one_function() -> None:
         for path in (ROOT / front_end).rglob("*.py"):
             text = path.read_text()
             assert "facts[\"engine_failure\"] =" not in text and "facts['engine_failure'] =" not in text, path
+
+
+def test_report_merge_adds_findings_in_code_order_and_keeps_the_static_environment() -> None:
+    from vllm_doctor.model import Finding, Outcome, Report, Severity
+
+    static = Report(target="/m", environment={"vllm": "0.32.0"}, facts={"model_dir": "/m"}, timings={"total_s": 1.0})
+    static.findings = [Finding("VD301", Outcome.PASS, Severity.ERROR, "ok", "a"), Finding("VD101", Outcome.PASS, Severity.ERROR, "ok")]
+    engine = Report(target="/m", environment={"vllm": "other", "torch": "2.13"}, facts={"engine_failure": "x"},
+                    timings={"engine_start_s": 2.0}, profiles={"engine": {"steps": []}})
+    engine.findings = [Finding("VD500", Outcome.FAIL, Severity.ERROR, "failed"), Finding("VD401", Outcome.PASS, Severity.ERROR, "ok", "rank 0")]
+    merged = static.merge(engine)
+    assert merged is static
+    assert [f.code for f in merged.findings] == ["VD101", "VD301", "VD401", "VD500"]
+    assert merged.facts == {"model_dir": "/m", "engine_failure": "x"}
+    assert merged.timings == {"total_s": 1.0, "engine_start_s": 2.0}
+    assert merged.profiles == {"engine": {"steps": []}}
+    assert merged.environment == {"vllm": "0.32.0", "torch": "2.13"}
+
+
+def test_engine_facts_say_what_ran_and_what_vllm_said() -> None:
+    from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+
+    default = {"requested": "vllm-default", "enforce_eager": False, "summary": "compilation VLLM_COMPILE, CUDA graphs FULL"}
+    ran = EngineFacts(workers=[WorkerFacts(rank=0)], mode=default)
+    assert ran.failure_text() == ""
+    assert ran.mode_text() == "execution mode: compilation VLLM_COMPILE, CUDA graphs FULL (vLLM's default; --eager forces eager)"
+    failed = EngineFacts(startup_error="RuntimeError: capture failed\n  more", startup_phase="graph capture", mode=default,
+                         diagnosis=EngineFacts(workers=[WorkerFacts(rank=0)], mode={"requested": "eager"}))
+    assert failed.failure_text() == (
+        "the engine did not start (failed in graph capture; mode: compilation VLLM_COMPILE, CUDA graphs FULL):\n"
+        "  RuntimeError: capture failed"
+    )
+    assert failed.mode_text().endswith("; re-run eagerly to find the cause: it ran")
+    workload = EngineFacts(workers=[WorkerFacts(rank=0)], runtime_error="ValueError: bad\nx", mode={"requested": "eager"})
+    assert workload.failure_text() == "the engine started, then the workload failed (mode: eager):\n  ValueError: bad"
+    assert workload.mode_text() == "execution mode: eager"
