@@ -40,7 +40,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "analysis": {"model", "facts", "units"},
     "checks": {"model", "facts", "analysis", "units"},
     # the doctor's side of a running engine
-    "live": {"constants", "errors", "model", "facts", "compat", "probes", "checks", "analysis", "procfs"},
+    "live": {"constants", "errors", "model", "facts", "compat", "probes", "checks", "analysis", "procfs", "units"},
     # the passes and the one child-process helper
     "stages": {
         "constants",
