@@ -8,7 +8,7 @@ For each example variant (built fresh by examples/make_examples.py) and in one r
   * vLLM          : a fresh `python -c "LLM(model=...)"` (enforce_eager, 64 MiB KV, default
                     multiprocessing) until it raises, or until it is ready if it does not
 All are whole processes, as a user runs them; caches (vLLM's model-info cache) start empty.
-Prints a markdown table; the README quotes it with this command.
+Prints a markdown table; bench/README.md quotes it with this command.
 """
 
 from __future__ import annotations

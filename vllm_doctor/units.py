@@ -1,4 +1,4 @@
-"""Human-readable numbers for messages and reports (standard library only)."""
+"""Human-readable numbers and clipped text for messages and reports (standard library only)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,26 @@ def parse_bytes(text: str) -> int:
     if m is None:
         raise ValueError(f"expected bytes like 67108864, 64M or 2G, got {text!r}")
     return int(float(m.group(1)) * _BYTE_UNITS[m.group(2)])
+
+
+ELLIPSIS = "…"
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` in at most ``limit`` characters for display: unchanged when it fits, else cut at
+    the last whitespace before the limit and ended with ``…``.
+
+    A word that would cost more than a quarter of the width (a path, an identifier, a repr) is
+    cut inside itself instead. For display text only: evidence a program reads keeps its own
+    fixed-length cut.
+    """
+    if len(text) <= limit:
+        return text
+    if limit <= 1:
+        return ELLIPSIS[:limit]
+    head = text[: limit - 1]  # room for the ellipsis
+    if not text[limit - 1].isspace():  # the cut falls inside a word: back up to its start
+        space = max(head.rfind(" "), head.rfind("\n"), head.rfind("\t"))
+        if space >= limit - limit // 4:
+            head = head[:space]
+    return head.rstrip(" \t\n,;:") + ELLIPSIS

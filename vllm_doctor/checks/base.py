@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from vllm_doctor.model import CheckMeta, Explanation, Finding, Outcome, Severity, Stage
+from vllm_doctor.units import clip
 
 F = TypeVar("F")
 
@@ -85,8 +86,8 @@ def informative_line(summary: str, limit: int = 600) -> str:
     lines = [line.strip() for line in summary.splitlines() if line.strip()]
     for line in lines:
         if line.startswith("Value error, "):
-            return f"{lines[0]}: {line[len('Value error, ') :].split(' [type=')[0]}"[:limit]
-    return " ".join(lines)[:limit]
+            return clip(f"{lines[0]}: {line[len('Value error, ') :].split(' [type=')[0]}", limit)
+    return clip(" ".join(lines), limit)
 
 
 def known(value: T | None) -> T:
@@ -216,7 +217,9 @@ def _deferred(meta: CheckMeta, produced: list[Finding], earlier: list[Finding], 
     if not causes:
         return produced
     first = next(f for f in produced if f.outcome is Outcome.FAIL)
-    return [emit.skip(f"{', '.join(causes)} names the cause of this failure: {first.message}"[:800], first.subject)]
+    return [
+        emit.skip(clip(f"{', '.join(causes)} names the cause of this failure: {first.message}", 800), first.subject)
+    ]
 
 
 def run_checks(facts: Any, codes: Iterable[str]) -> list[Finding]:

@@ -9,6 +9,7 @@ from typing import Any
 from vllm_doctor.checks.base import LIST_LIMIT, Emit, capped, check, gate, informative_line, known, shown
 from vllm_doctor.facts.static import Facts, is_transformers_backend
 from vllm_doctor.model import Finding, Severity, Stage
+from vllm_doctor.units import clip
 
 UNSUPPORTED = "Model architectures [...] are not supported for now. Supported architectures: ..."
 REGISTER_HINT = (
@@ -568,7 +569,7 @@ def _what_vllm_does(facts: Facts) -> tuple[str, dict[str, Any]]:
             {"vllm_verdict": verdict},
         )
     if verdict and not verdict.get("ok"):
-        return f"; vLLM {version} refuses it: {str(verdict.get('error')).splitlines()[0][:300]}", {
+        return f"; vLLM {version} refuses it: {clip(str(verdict.get('error')).splitlines()[0], 300)}", {
             "vllm_verdict": verdict
         }
     return "", {}
@@ -828,7 +829,7 @@ def doctor_pass_failed(facts: Facts, emit: Emit) -> Iterable[Finding]:
             else "fix what the error names, or raise --timeout if the machine is slow"
         )
         yield emit.fail(
-            f"{failure['pass']} did not complete: {error.splitlines()[0][:500]}",
+            f"{failure['pass']} did not complete: {clip(error.splitlines()[0], 500)}",
             failure["pass"],
             {"error": error[:3000]},
             fix,

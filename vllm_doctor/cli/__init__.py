@@ -1,6 +1,8 @@
 """``vllm-doctor``: the command line, one module per verb.
 
-Verbs: check, rules, profile, attach, stacks, cpu-profile, top, replay, view.
+Verbs: check, rules, rule, profile, attach, stacks, cpu-profile, top, replay, view. The overview
+(``vllm-doctor --help``) lists each verb once: the hand-written list in ``DESCRIPTION``; argparse's
+own list of the subcommands is suppressed (tests/unit/test_cli_help.py keeps the two in step).
 
 Exit codes: 0 no finding at or above --fail-on; 1 findings at or above it; 2 usage or input
 error (bad path, unreadable config.json); 3 the doctor itself failed.
@@ -41,14 +43,28 @@ commands:
   rules             the check catalogue
   rule CODE         one check explained: what, why, example, fix, references
   view REPORT       browse a report (check --json, profile, attach) in the terminal UI
+
+`vllm-doctor COMMAND --help` gives a command's options, what it prints and examples.
+"""
+
+EPILOG = """\
+exit codes: 0 no finding at or above --fail-on; 1 findings at or above it; 2 usage or input
+error (bad path, unreadable config.json, server unreachable); 3 vllm-doctor itself failed
 """
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="vllm-doctor", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(
+        prog="vllm-doctor",
+        usage="%(prog)s [-h] [--version] [--debug] COMMAND ...",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--version", action="version", version=f"vllm-doctor {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # DESCRIPTION lists the verbs: argparse's second list of them is suppressed
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS)
     check.add_parser(sub)
     profile.add_parser(sub)
     attach.add_parser(sub)

@@ -21,6 +21,7 @@ from typing import Any
 
 from vllm_doctor.compat.metrics import BY_KEY, METRICS, resolve
 from vllm_doctor.live.prom import Histogram, family_value, histogram_of, parse
+from vllm_doctor.units import clip
 
 COUNTERS = ("prompt_tokens", "generation_tokens", "requests", "preemptions", "prefix_queries", "prefix_hits")
 GAUGES = ("running", "waiting", "kv_usage", "start_time")
@@ -224,7 +225,7 @@ class Deriver:
         """One refresh at wall time ``t``: ``text`` is the scrape, or None with ``error`` when it failed."""
         cur = snapshot(t, text, self._heads) if text is not None else None
         if cur is not None and not cur.names:
-            first = (text or "").strip().split("\n", 1)[0][:60]
+            first = clip((text or "").strip().split("\n", 1)[0], 60)
             error = error or f"no vLLM metrics in the answer (it starts {first!r})"
             cur = None
         restart = False

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from vllm_doctor.compat.http import normalize_url
 from vllm_doctor.live.derive import Deriver, MetricsFrame
+from vllm_doctor.units import clip
 
 __all__ = ["EnginePids", "Frame", "LiveSource", "ModelChannel", "Source", "model_summary", "normalize_url", "scrape"]
 
@@ -176,9 +177,12 @@ class ModelChannel:
                     self.latest = {**self.latest, "quiet_s": round(now - float(self.latest["as_of"]), 1)}
                 self._stop.wait(self.every_s)
         except (ExtensionMissing, DoctorInputError) as exc:
-            self.latest = {"available": False, "reason": str(getattr(exc, "message", exc))[:300]}
+            self.latest = {"available": False, "reason": clip(str(getattr(exc, "message", exc)), 300)}
         except Exception as exc:  # the channel is optional: say why it stopped, keep the rest running
-            self.latest = {"available": False, "reason": f"model channel failed: {type(exc).__name__}: {exc}"[:300]}
+            self.latest = {
+                "available": False,
+                "reason": clip(f"model channel failed: {type(exc).__name__}: {exc}", 300),
+            }
         finally:
             if doc is not None and doc.attached:
                 try:

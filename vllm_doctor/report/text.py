@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vllm_doctor.checks import CATALOGUE
 from vllm_doctor.model import Finding, Outcome, Report
+from vllm_doctor.units import clip
 
 MARK = {
     Outcome.FAIL: "FAIL",
@@ -31,7 +32,7 @@ def finding_lines(f: Finding, verbose: bool) -> list[str]:
         lines.append("      traceback" + ("" if verbose else " (last lines; --verbose for all)") + ":")
         lines.extend("        " + line for line in shown)
     if f.evidence.get("vllm_error") and f.is_problem:
-        lines.append(f"      vLLM would say: {f.evidence['vllm_error'][:200]}")
+        lines.append(f"      vLLM would say: {clip(f.evidence['vllm_error'], 200)}")
     return lines
 
 
@@ -62,7 +63,7 @@ def render(report: Report, verbose: bool = False) -> str:
             out.append("  " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())) + " (--verbose lists them)")
         skips = [f for f in others if f.outcome is Outcome.SKIP]
         for f in skips[:3]:
-            out.append(f"  skip {f.code}: {f.message.splitlines()[0][:160]}")
+            out.append(f"  skip {f.code}: {clip(f.message.splitlines()[0], 160)}")
     t = report.timings
     out.append(
         f"  {len(problems)} problem(s); fast pass {t.get('static_pass_s', 0):.2f} s"

@@ -20,6 +20,7 @@ from vllm_doctor.checks import CATALOGUE
 from vllm_doctor.model import Finding
 from vllm_doctor.report.rule import render_rule
 from vllm_doctor.report.text import finding_lines
+from vllm_doctor.units import clip
 
 PROBLEMS = ("crash", "fail", "warn")
 MARKS = {"fail": "FAIL", "warn": "WARN", "crash": "CRASH", "pass": "ok", "skip": "skip", "not_applicable": "n/a"}
@@ -46,10 +47,6 @@ def ordered(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
             f["code"],
         ),
     )
-
-
-def _clip(text: str, width: int) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def rule_text(code: str) -> str:
@@ -121,8 +118,8 @@ class FindingsPane(Widget):
                 str(f.get("severity", "?")),
                 f["code"],
                 meta.meta.name if meta else "",
-                _clip(str(f.get("message") or "").splitlines()[0] if f.get("message") else "", 120),
-                _clip(str(f.get("subject") or ""), 48),
+                clip(str(f.get("message") or "").splitlines()[0] if f.get("message") else "", 120),
+                clip(str(f.get("subject") or ""), 48),
                 key=str(i),
             )
         codes = [f["code"] for f in self.findings]

@@ -32,6 +32,7 @@ from vllm_doctor.live.glossary import glossary
 from vllm_doctor.live.record import Recorder
 from vllm_doctor.live.sources import Frame, Source
 from vllm_doctor.tui.panels import PANELS, history_key, latency_panel
+from vllm_doctor.units import clip
 
 INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
@@ -498,7 +499,7 @@ class TopApp(App[None]):
             age = frame.metrics.age_s
             badge = f" STALE {age:.0f} s " if age is not None else " NO DATA "
             status.append(badge, style="bold white on red")
-            status.append(f" {frame.metrics.error[:60]} ", style="red")
+            status.append(f" {clip(frame.metrics.error, 60)} ", style="red")
         elif not self.replay:
             status.append(" LIVE ", style="bold black on green")
         if self.paused:
