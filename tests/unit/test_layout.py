@@ -177,6 +177,17 @@ def test_engine_plugin_imports_nothing_beyond_the_standard_library() -> None:
     assert others == []
 
 
+def test_the_weights_pass_bookkeeping_is_pure() -> None:
+    """stages/weights_trace.py (the weights pass's accounting, moved out of compat/weights.py)
+    loads no vLLM or torch and no other module of the doctor's: compat's hooks hand it plain data."""
+    code = (
+        "import sys; import vllm_doctor.stages.weights_trace\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'torch', 'vllm_doctor')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['vllm_doctor', 'vllm_doctor.stages', 'vllm_doctor.stages.weights_trace']"
+
+
 def test_package_root_is_lazy() -> None:
     code = (
         "import sys; import vllm_doctor\n"

@@ -1,8 +1,8 @@
 """Weight-loading coverage without weights: build the model on the meta device and drive its
 REAL ``load_weights`` with meta tensors shaped like the checkpoint's.
 
-Runs only in a fresh child process (see probes/weight_probe.py). What it does, the way vLLM's
-``DefaultModelLoader`` would, minus every byte of tensor data:
+Runs only in a fresh child process (task ``weights``: stages/weights_trace.py). What it does,
+the way vLLM's ``DefaultModelLoader`` would, minus every byte of tensor data:
 
 1. load the ``vllm.general_plugins`` entry points; re-register the lazily registered class of
    each config.json architecture as a class object so vLLM inspects it in this process (no
@@ -20,25 +20,25 @@ Runs only in a fresh child process (see probes/weight_probe.py). What it does, t
    and ``load_weights`` is called again with the tensors after it, so one run finds every
    problem. vLLM's own missing-weight check is simulated on the names it returns.
 
-Everything returned is JSON-able; no vLLM or torch object leaves this module.
+The hooks only observe and translate: every event goes to a :class:`LoadRecorder` as plain data
+(names, storage element ranges, shard ids, exception text). The accounting behind it (coverage,
+consumption, statuses, the result) is the pass's own logic and lives beside its stage, in
+stages/weights_trace.py, whose ledger the caller hands to :func:`meta_load`. Everything
+returned is JSON-able; no vLLM or torch object leaves this module.
 """
 
 from __future__ import annotations
 
-import difflib
-import re
 import shutil
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from vllm_doctor.compat.common import format_exc, hf_text_config, user_frame
 
 MAX_RESTARTS = 10_000
-MAX_RUNS_FOR_EXACT_COVERAGE = 200_000
-META_LIMITATION = ("meta tensors", "meta device", "Cannot copy out of meta tensor", "NotImplementedError")
 
 
 def _exc_summary(exc: BaseException) -> str:
@@ -107,39 +107,6 @@ def _storage_key(t: Any) -> int | None:
         return None
 
 
-def _intervals(t: Any) -> list[tuple[int, int]] | None:
-    """Storage element ranges a (possibly strided) view covers; None if too many to list."""
-    n = t.numel()
-    if n == 0:
-        return []
-    off = t.storage_offset()
-    if t.is_contiguous():
-        return [(off, off + n)]
-    dims = [(s, st) for s, st in zip(t.shape, t.stride(), strict=True) if s != 1]
-    dims.sort(key=lambda d: -d[1])
-    run = 1
-    while dims and dims[-1][1] == run:
-        size, _ = dims.pop()
-        run *= size
-    runs = n // run
-    if runs > MAX_RUNS_FOR_EXACT_COVERAGE:
-        return None
-    starts = [off]
-    for size, stride in dims:
-        starts = [s + i * stride for s in starts for i in range(size)]
-    return [(s, s + run) for s in starts]
-
-
-def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
-    for s, e in sorted(intervals):
-        if out and s <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], e))
-        else:
-            out.append((s, e))
-    return out
-
-
 def expected_shards(module: Any) -> list[Any] | None:
     """Shard ids a fused/stacked linear layer is loaded with, from vLLM's layer classes."""
     names = {c.__name__ for c in type(module).__mro__}
@@ -176,20 +143,65 @@ def expected_shape(param: Any, module: Any, shard: Any) -> list[int] | None:
         return None
 
 
-def _quoted(text: str) -> list[str]:
-    return re.findall(r"'([^']+)'", text)
+class LoadRecorder(Protocol):
+    """What the hooks report, as plain data (kept by :class:`vllm_doctor.stages.weights_trace.LoadLedger`)."""
+
+    current: str | None  # the checkpoint tensor being fed to load_weights
+    restarts: int
+    loaders: dict[str, str]  # parameter -> its weight loader's name
+    tracer_errors: list[str]
+
+    def begin_call(self, param: str, shard: Any, origins: list[str], kind: str) -> dict[str, Any]: ...
+    def end_call(self) -> None: ...
+    def loader_failed(
+        self,
+        call: dict[str, Any],
+        error: str,
+        traceback: str,
+        want: list[int] | None,
+        got: list[int] | None,
+        shape_like: bool,
+    ) -> None: ...
+    def record_write(
+        self,
+        op: str,
+        owners: list[tuple[str, int, int]],
+        view: tuple[int, int, list[int], list[int], bool],
+        src_origins: set[str],
+        src_numel: int,
+    ) -> None: ...
+    def begin_load_weights(self) -> None: ...
+    def returned_none(self) -> None: ...
+    def returned_not_iterable(self, type_name: str) -> None: ...
+    def returned_names(self, names: set[str]) -> None: ...
+    def load_weights_failed(
+        self, text: str, error: str, traceback: str, yielded: list[int], key: str | None, value_error: bool
+    ) -> int | None: ...
+    def results(
+        self,
+        params: dict[str, dict[str, Any]],
+        exempt: set[str],
+        expected_shape: Callable[[str, Any], list[int] | None],
+        moved_to_meta: list[str],
+    ) -> dict[str, Any]: ...
+    def nearest(self, tensors: dict[str, Any], params: list[str]) -> dict[str, list[str]]: ...
+
+
+NewLedger = Callable[[list[dict[str, Any]], list[str]], LoadRecorder]  # (checkpoint headers, parameter names)
 
 
 class LoadTracer:
-    """Records the journey of every checkpoint tensor through ``model.load_weights``."""
+    """Hooks ``model.load_weights``: follows every checkpoint tensor through vLLM's weight loaders
+    and torch's in-place writes, and reports what it sees to a :class:`LoadRecorder`."""
 
-    def __init__(self, model: Any, headers: list[dict[str, Any]]) -> None:
+    def __init__(self, model: Any, headers: list[dict[str, Any]], new_ledger: NewLedger) -> None:
         import torch
 
         self.torch = torch
         self.model = model
         self.moved_to_meta = self._params_to_meta(model)
         self.params: dict[str, Any] = dict(model.named_parameters())
+        self.ledger = new_ledger(headers, list(self.params))
         self.name_of: dict[int, str] = {id(p): n for n, p in self.params.items()}
         self.owner: dict[str, Any] = {}
         for mname, module in model.named_modules():
@@ -205,10 +217,9 @@ class LoadTracer:
             if key is not None:
                 start = p.storage_offset()
                 self.storage_params.setdefault(key, []).append((name, start, start + p.numel()))
-        self.headers = headers
         self.order = [h["name"] for h in headers]
         self.ckpt: dict[str, Any] = {}
-        self.origin: dict[int, set[str]] = {}
+        self.origin: dict[int, set[str]] = {}  # storage -> the checkpoint tensors its data came from
         self._keep: list[Any] = []  # keeps tagged tensors alive so storage ids stay unique
         for h in headers:
             t = torch.empty(h["shape"], dtype=torch_dtype(h["dtype"]), device="meta")
@@ -216,34 +227,6 @@ class LoadTracer:
             key = _storage_key(t)
             if key is not None:
                 self.origin[key] = {h["name"]}
-        self.tensors: dict[str, dict[str, Any]] = {
-            h["name"]: {
-                "shape": h["shape"],
-                "dtype": h["dtype"],
-                "numel": self.ckpt[h["name"]].numel(),
-                "handed_to": [],
-                "written": [],
-                "consumed": 0,
-                "errors": [],
-                "broadcast": False,
-            }
-            for h in headers
-        }
-        self.coverage: dict[str, list[tuple[int, int]]] = {n: [] for n in self.params}
-        self.unplaced: dict[str, int] = dict.fromkeys(self.params, 0)
-        self.fill_only: dict[str, bool] = {}
-        self.sources: dict[str, set[str]] = {n: set() for n in self.params}
-        self.shards: dict[str, list[Any]] = {n: [] for n in self.params}
-        self.loaders: dict[str, str] = {}
-        self.calls: list[dict[str, Any]] = []  # stack of active weight-loader calls
-        self.tracer_errors: list[str] = []
-        self.global_errors: list[dict[str, Any]] = []
-        self.returned: set[str] | None = set()
-        self.returned_approximate = False  # a call raised: its names are assumed, not returned
-        self.written_this_call: set[str] = set()
-        self.returned_kind = "set"
-        self.restarts = 0
-        self.current: str | None = None
 
     @staticmethod
     def _params_to_meta(model: Any) -> list[str]:
@@ -305,43 +288,13 @@ class LoadTracer:
         elif name not in ("fill_", "zero_"):
             for a in inputs[1:]:
                 src_origins |= self.origins_of(a)
-        call = self.calls[-1] if self.calls else None
-        if not src_origins and call is not None and call["tensor"] is not None and name == "copy_":
-            src_origins = {call["tensor"]}  # the loader built the data from the tensor it was handed
-        regions = _intervals(dst)
-        for pname, start, end in owners:
-            if regions is None:
-                self.unplaced[pname] += dst.numel()
-                covered = dst.numel()
-            else:
-                clipped = [(max(s, start) - start, min(e, end) - start) for s, e in regions if s < end and e > start]
-                if not clipped:
-                    continue
-                self.coverage[pname].extend(clipped)
-                covered = sum(e - s for s, e in clipped)
-            if src_origins:
-                self.sources[pname] |= src_origins
-                self.fill_only[pname] = False
-            else:
-                self.fill_only.setdefault(pname, True)
-            for o in src_origins:
-                rec = self.tensors.get(o)
-                if rec is None:
-                    continue
-                if pname not in rec["written"]:
-                    rec["written"].append(pname)
-                if name == "copy_":
-                    share = src_numel if len(src_origins) == 1 else min(rec["numel"], src_numel)
-                    rec["consumed"] += share
-                    if src_numel and src_numel < covered:
-                        rec["broadcast"] = True
-            self.written_this_call.add(pname)
-            if call is not None:
-                call["writes"] += 1
+        view = (dst.numel(), dst.storage_offset(), list(dst.shape), list(dst.stride()), dst.is_contiguous())
+        self.ledger.record_write(name, owners, view, src_origins, src_numel)
 
     # ---- weight-loader wrappers ----
     def wrap(self, name: str, loader: Callable[..., Any], kind: str) -> Callable[..., Any]:
         tracer = self
+        ledger = self.ledger
 
         def doctor_weight_loader(param: Any, loaded_weight: Any, *args: Any, **kwargs: Any) -> Any:
             pname = tracer.name_of.get(id(param), name)
@@ -353,51 +306,28 @@ class LoadTracer:
             if isinstance(shard, bool):
                 shard = None
             origins = sorted(tracer.origins_of(loaded_weight)) if hasattr(loaded_weight, "untyped_storage") else []
-            tensor = origins[0] if len(origins) == 1 else (tracer.current if not origins else None)
-            call = {"param": pname, "tensor": tensor, "shard": shard, "writes": 0}
-            for o in origins or ([tensor] if tensor else []):
-                rec = tracer.tensors.get(o)
-                if rec is not None:
-                    rec["handed_to"].append({"param": pname, "shard": shard, "loader": kind})
-            if pname in tracer.shards:
-                tracer.shards[pname].append(shard)
-            tracer.calls.append(call)
+            call = ledger.begin_call(pname, shard, origins, kind)
             try:
                 return loader(param, loaded_weight, *args, **kwargs)
             except Exception as exc:  # recorded; the load goes on so every problem is found
                 tracer.loader_error(call, param, loaded_weight, exc)
                 return None
             finally:
-                tracer.calls.pop()
+                ledger.end_call()
 
         doctor_weight_loader.__doctor_wrapped__ = loader  # type: ignore[attr-defined]
         return doctor_weight_loader
 
     def loader_error(self, call: dict[str, Any], param: Any, loaded_weight: Any, exc: Exception) -> None:
-        pname = call["param"]
-        module = self.owner.get(pname)
-        want = expected_shape(param, module, call["shard"]) if module is not None else None
-        got = list(loaded_weight.shape) if hasattr(loaded_weight, "shape") else None
-        text = _exc_summary(exc)
-        shape_words = ("size", "shape", "exceeds dimension", "Attempted to load weight")
-        mismatch = want is not None and got is not None and want != got
-        is_shape = mismatch or (isinstance(exc, AssertionError | RuntimeError) and any(w in text for w in shape_words))
-        limited = any(w in text for w in META_LIMITATION) and not is_shape
-        err = {
-            "where": "weight_loader",
-            "param": pname,
-            "shard": call["shard"],
-            "error": text,
-            "kind": "shape" if is_shape else ("meta-limitation" if limited else "raised"),
-            "expected_shape": want,
-            "actual_shape": got,
-            "traceback": _format_exc(exc),
-        }
-        target = call["tensor"]
-        if target in self.tensors:
-            self.tensors[target]["errors"].append(err)
-        else:
-            self.global_errors.append(err)
+        module = self.owner.get(call["param"])
+        self.ledger.loader_failed(
+            call,
+            error=_exc_summary(exc),
+            traceback=_format_exc(exc),
+            want=expected_shape(param, module, call["shard"]) if module is not None else None,
+            got=list(loaded_weight.shape) if hasattr(loaded_weight, "shape") else None,
+            shape_like=isinstance(exc, AssertionError | RuntimeError),
+        )
 
     def install_wrappers(self) -> int:
         """Wrap every parameter's weight_loader and every module's default_weight_loader name."""
@@ -406,14 +336,14 @@ class LoadTracer:
             loader = getattr(p, "weight_loader", None)
             if callable(loader):
                 qual = getattr(loader, "__qualname__", type(loader).__name__)
-                self.loaders[name] = qual
+                self.ledger.loaders[name] = qual
                 try:
                     p.weight_loader = self.wrap(name, loader, qual)
                     count += 1
                 except Exception as exc:
-                    self.tracer_errors.append(f"cannot wrap {name}.weight_loader: {exc!r}")
+                    self.ledger.tracer_errors.append(f"cannot wrap {name}.weight_loader: {exc!r}")
             else:
-                self.loaders[name] = "default_weight_loader"
+                self.ledger.loaders[name] = "default_weight_loader"
         try:
             from vllm.model_executor.model_loader import weight_utils
 
@@ -426,31 +356,15 @@ class LoadTracer:
                 except Exception:
                     continue
         except Exception as exc:
-            self.tracer_errors.append(f"cannot wrap default_weight_loader: {exc!r}")
+            self.ledger.tracer_errors.append(f"cannot wrap default_weight_loader: {exc!r}")
         return count
 
     # ---- driving load_weights ----
-    def _culprit(self, exc: BaseException, yielded: list[int]) -> int | None:
-        if not yielded:
-            return None
-        text = str(exc)
-        quoted = _quoted(text) + (
-            [exc.args[0]] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else []
-        )
-        for i in reversed(yielded):
-            if self.order[i] in text:
-                return i
-        for q in quoted:
-            for i in reversed(yielded):
-                n = self.order[i]
-                if n.startswith(q + ".") or q.startswith(n):
-                    return i
-        return yielded[-1]
-
     def drive(self) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
 
         tracer = self
+        ledger = self.ledger
 
         class Watch(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -459,69 +373,53 @@ class LoadTracer:
                 try:
                     tracer.observe(func, args, kwargs, out)
                 except Exception as exc:  # the tracer must never change the load
-                    if len(tracer.tracer_errors) < 20:
-                        tracer.tracer_errors.append(f"{func}: {exc!r}")
+                    if len(ledger.tracer_errors) < 20:
+                        ledger.tracer_errors.append(f"{func}: {exc!r}")
                 return out
 
         pos = 0
         total = len(self.order)
-        while pos < total and self.restarts <= MAX_RESTARTS:
+        while pos < total and ledger.restarts <= MAX_RESTARTS:
             yielded: list[int] = []
 
             def feed(start: int, yielded: list[int] = yielded) -> Iterator[tuple[str, Any]]:
                 for i in range(start, total):
                     yielded.append(i)
-                    tracer.current = tracer.order[i]
+                    ledger.current = tracer.order[i]
                     yield tracer.order[i], tracer.ckpt[tracer.order[i]]
-                tracer.current = None
+                ledger.current = None
 
-            self.written_this_call = set()
+            ledger.begin_load_weights()
             try:
                 with Watch():
                     ret = self.model.load_weights(feed(pos))
-                    ret = self._collect(ret)
+                    self._collect(ret)
                 pos = total
             except Exception as exc:
-                # A call that raised returns no names; vLLM would have stopped there anyway.
-                # Count what it wrote as reported, so the simulation of vLLM's own missing-weight
-                # check stays meaningful for the other parameters.
-                if self.returned is not None:
-                    self.returned |= self.written_this_call
-                    self.returned_approximate = True
-                culprit = self._culprit(exc, yielded)
-                looked_up = (
-                    exc.args[0] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else None
+                key = exc.args[0] if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str) else None
+                restart = ledger.load_weights_failed(
+                    text=str(exc),
+                    error=_exc_summary(exc),
+                    traceback=_format_exc(exc),
+                    yielded=yielded,
+                    key=key,
+                    value_error=isinstance(exc, ValueError),
                 )
-                if looked_up is None and isinstance(exc, ValueError):
-                    m = re.search(r"no module or parameter named '([^']+)'", str(exc))
-                    looked_up = m.group(1) if m else None
-                err = {
-                    "where": "load_weights",
-                    "error": _exc_summary(exc),
-                    "kind": "meta-limitation" if any(w in str(exc) for w in META_LIMITATION) else "raised",
-                    "looked_up": looked_up,
-                    "traceback": _format_exc(exc),
-                }
-                if culprit is None:
-                    self.global_errors.append(err)
+                if restart is None:
                     break
-                self.tensors[self.order[culprit]]["errors"].append(err)
-                self.restarts += 1
-                pos = culprit + 1
+                pos = restart
 
-    def _collect(self, ret: Any) -> Any:
+    def _collect(self, ret: Any) -> None:
+        """What one load_weights call returned (the names of the parameters it loaded)."""
         if ret is None:
-            self.returned_kind = "none"
-            self.returned = None
-            return ret
+            self.ledger.returned_none()
+            return
         try:
             names = set(ret)
         except TypeError:
-            self.returned_kind = type(ret).__name__
-            return ret
-        if self.returned is not None:
-            self.returned |= {n for n in names if isinstance(n, str)}
-        return ret
+            self.ledger.returned_not_iterable(type(ret).__name__)
+            return
+        self.ledger.returned_names({n for n in names if isinstance(n, str)})
 
     # ---- results ----
     def vllm_exempt(self) -> set[str]:
@@ -534,109 +432,29 @@ class LoadTracer:
                     exempt.add(f"{mname}.{pname}" if mname else pname)
         return exempt
 
-    def results(self) -> dict[str, Any]:
-        exempt = self.vllm_exempt()
-        failed_from: dict[str, list[str]] = {}
-        for tname, rec in self.tensors.items():
-            for e in rec["errors"]:
-                if e.get("param"):
-                    failed_from.setdefault(e["param"], []).append(tname)
-        params: dict[str, Any] = {}
+    def param_facts(self) -> dict[str, dict[str, Any]]:
+        """Each parameter as the ledger's results want it (plain data)."""
+        out: dict[str, dict[str, Any]] = {}
         for name, p in self.params.items():
-            numel = p.numel()
             replaced = _storage_key(p) != self.initial_storage.get(name)
-            if replaced:
-                covered = numel
-                srcs = self.origins_of(p)
-                self.sources[name] |= srcs
-            else:
-                covered = min(numel, sum(e - s for s, e in _merge(self.coverage[name])) + self.unplaced[name])
             module = self.owner.get(name)
-            want = expected_shards(module) if module is not None else None
-            got = self.shards[name]
-            loaded_shards = (
-                want if (want is not None and None in got) else sorted({s for s in got if s is not None}, key=str)
-            )
-            params[name] = {
+            out[name] = {
                 "shape": list(p.shape),
                 "dtype": str(p.dtype).replace("torch.", ""),
-                "numel": numel,
-                "covered": covered,
-                "written": covered >= numel and bool(self.sources[name]),
-                "fill_only": bool(self.fill_only.get(name)) and not self.sources[name],
-                "sources": sorted(self.sources[name]),
-                "shards_expected": want,
-                "shards_loaded": loaded_shards if want is not None else None,
-                "shards_missing": [s for s in want if s not in loaded_shards] if want is not None else None,
-                "loader": self.loaders.get(name),
+                "numel": p.numel(),
+                "replaced": replaced,
+                "replaced_sources": sorted(self.origins_of(p)) if replaced else [],
+                "shards_expected": expected_shards(module) if module is not None else None,
                 "module": type(module).__name__ if module is not None else None,
-                "replaced_by_assignment": replaced,
-                "failed_from": failed_from.get(name, []),
-                "in_returned": None if self.returned is None else name in self.returned,
-                "vllm_exempt": name in exempt,
             }
-        tensors: dict[str, Any] = {}
-        for name in self.order:
-            rec = self.tensors[name]
-            errors = rec["errors"]
-            kinds = {e["kind"] for e in errors}
-            if "shape" in kinds:
-                status = "shape_mismatch"
-            elif "raised" in kinds:
-                status = "raised"
-            elif "meta-limitation" in kinds:
-                status = "unverifiable"
-            elif rec["consumed"] == 0 and not rec["written"]:
-                status = "handed_not_written" if rec["handed_to"] else "skipped"
-            elif rec["consumed"] and rec["consumed"] < rec["numel"]:
-                status = "partial"
-            elif rec["broadcast"]:
-                status = "broadcast"
-            else:
-                status = "loaded"
-            tensors[name] = {
-                "status": status,
-                "shape": rec["shape"],
-                "dtype": rec["dtype"],
-                "params": rec["written"],
-                "handed_to": rec["handed_to"][:8],
-                "consumed": rec["consumed"],
-                "numel": rec["numel"],
-                "errors": [{k: v for k, v in e.items()} for e in errors[:3]],
-            }
-            if status in ("shape_mismatch", "partial", "broadcast"):
-                first = rec["handed_to"][0] if rec["handed_to"] else None
-                want = None
-                for e in errors:
-                    if e.get("expected_shape"):
-                        want = e["expected_shape"]
-                        break
-                if want is None and first is not None:
-                    p = self.params.get(first["param"])
-                    module = self.owner.get(first["param"])
-                    if p is not None:
-                        want = expected_shape(p, module, first["shard"])
-                tensors[name]["expected_shape"] = want
-        return {
-            "params": params,
-            "tensors": tensors,
-            "load_weights": {
-                "returned": self.returned_kind,
-                "returned_count": None if self.returned is None else len(self.returned),
-                "returned_approximate": self.returned_approximate,
-                "restarts": self.restarts,
-                "global_errors": self.global_errors[:5],
-            },
-            "tracer_errors": self.tracer_errors[:20],
-            "moved_to_meta": self.moved_to_meta[:50],
-        }
+        return out
 
+    def expected_shape_of(self, pname: str, shard: Any) -> list[int] | None:
+        p = self.params.get(pname)
+        return expected_shape(p, self.owner.get(pname), shard) if p is not None else None
 
-def nearest_params(names: list[str], params: list[str], limit: int = 3) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for n in names[:64]:
-        out[n] = difflib.get_close_matches(n, params, n=limit, cutoff=0.6)
-    return out
+    def results(self) -> dict[str, Any]:
+        return self.ledger.results(self.param_facts(), self.vllm_exempt(), self.expected_shape_of, self.moved_to_meta)
 
 
 def _hf_facts(model_config: Any) -> dict[str, Any]:
@@ -721,16 +539,16 @@ def init_single_process_distributed(tmpdir: str) -> None:
     parallel_state.ensure_model_parallel_initialized(1, 1)
 
 
-def meta_load(request: dict[str, Any]) -> dict[str, Any]:
+def meta_load(request: dict[str, Any], new_ledger: NewLedger) -> dict[str, Any]:
     """The whole child job. Never raises: failures land in ``result["error"]``."""
     tmp = tempfile.mkdtemp(prefix="vllm-doctor-dist-")  # the gloo rendezvous file
     try:
-        return _meta_load(request, tmp)
+        return _meta_load(request, tmp, new_ledger)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _meta_load(request: dict[str, Any], tmp: str) -> dict[str, Any]:
+def _meta_load(request: dict[str, Any], tmp: str, new_ledger: NewLedger) -> dict[str, Any]:
     result: dict[str, Any] = {"timings": {}, "stage": "import"}
     t0 = time.monotonic()
 
@@ -804,7 +622,7 @@ def _meta_load(request: dict[str, Any], tmp: str) -> dict[str, Any]:
         }
         return result
     try:
-        tracer = LoadTracer(model, request["tensors"])
+        tracer = LoadTracer(model, request["tensors"], new_ledger)
         result["wrapped_loaders"] = tracer.install_wrappers()
         with set_current_vllm_config(vllm_config), set_default_torch_dtype(model_config.dtype), torch.device("meta"):
             tracer.drive()
@@ -812,9 +630,7 @@ def _meta_load(request: dict[str, Any], tmp: str) -> dict[str, Any]:
     except BaseException as exc:
         return fail("load", exc)
     lap("load_s", t)
-    failing = [n for n, r in result["tensors"].items() if r["status"] in ("raised", "skipped")]
-    looked = [e.get("looked_up") for n in failing for e in result["tensors"][n]["errors"] if e.get("looked_up")]
-    result["nearest"] = nearest_params(sorted(set(looked) | set(failing)), list(result["params"]))
+    result["nearest"] = tracer.ledger.nearest(result["tensors"], list(result["params"]))
     result["stage"] = "done"
     try:
         from vllm.distributed import parallel_state

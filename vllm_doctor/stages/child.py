@@ -55,7 +55,7 @@ Progress = Callable[[str], None]
 # TASK -> "module:function"; the function takes (request, progress) and returns the JSON result
 TASKS = {
     "import": "vllm_doctor.probes.import_probe:child_task",
-    "weights": "vllm_doctor.probes.weight_probe:child_task",
+    "weights": "vllm_doctor.stages.weights_trace:child_task",
     "engine": "vllm_doctor.stages.engine:child_task",
     "parity_vllm": "vllm_doctor.stages.parity:vllm_task",
     "parity_hf": "vllm_doctor.stages.parity:hf_task",

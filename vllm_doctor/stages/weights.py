@@ -2,7 +2,7 @@
 
 :func:`start_weights_pass` runs in the fast pass: it reads the safetensors headers
 (milliseconds, no tensor data) into ``facts.checkpoint`` and, unless ``--fast``, starts the
-meta-device load (probes/weight_probe.py) in a child that runs *while* the import pass runs.
+meta-device load (stages/weights_trace.py) in a child that runs *while* the import pass runs.
 :func:`finish_weights_pass` waits for that child and puts its result into the facts before any
 check runs; the VD3xx checks only read.
 """
