@@ -9,12 +9,27 @@ from vllm_doctor.checks import (  # noqa: F401  (registers checks)
 from vllm_doctor.checks.base import (
     CATALOGUE,
     GATES,
+    TOPICS,
     Check,
     Emit,
     check,
+    codes_for,
     needs_import,
+    reads_startup_error,
     run_checks,
     select_codes,
 )
 
-__all__ = ["CATALOGUE", "GATES", "Check", "Emit", "check", "needs_import", "run_checks", "select_codes"]
+__all__ = [
+    "CATALOGUE",
+    "GATES",
+    "TOPICS",
+    "Check",
+    "Emit",
+    "check",
+    "codes_for",
+    "needs_import",
+    "reads_startup_error",
+    "run_checks",
+    "select_codes",
+]

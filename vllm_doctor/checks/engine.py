@@ -90,6 +90,7 @@ def _capped(findings: list[Finding], emit: Emit, w: WorkerFacts, what: str, tota
     "A doctor hook inside a worker raised; it switched itself off and the engine kept serving.",
     severity=Severity.WARN,
     stage=Stage.ENGINE,
+    topic="doctor",
     what=(
         "The doctor's forward profiler and probe run as hooks inside vLLM's workers. Each one runs under a guard: if "
         "it raises, the guard records the error, switches that piece off and returns, so vLLM's own forward goes on "
@@ -135,6 +136,7 @@ def doctor_probe_crashed(facts: Any, emit: Emit) -> Iterable[Finding]:
     "A parameter or buffer is not on the worker's device.",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
+    topic="placement",
     what=(
         "Lists every parameter and buffer of the loaded model whose device differs from the worker's (`cuda:N` on a "
         "GPU worker, `cpu` on a CPU worker)."
@@ -200,6 +202,7 @@ def tensor_off_worker_device(facts: Any, emit: Emit) -> Iterable[Finding]:
     "A worker's device does not match its rank / CUDA_VISIBLE_DEVICES, or two ranks share one GPU.",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
+    topic="placement",
     what=(
         "Compares each GPU worker's device with its local rank, torch's current device and CUDA_VISIBLE_DEVICES, and "
         "looks for two ranks on one physical GPU (same UUID)."
@@ -307,6 +310,7 @@ def _probe_steps(w: WorkerFacts) -> list[Any]:
     "The forward pass creates tensors on another device than the worker's, or copies across devices every step.",
     severity=Severity.WARN,
     stage=Stage.ENGINE,
+    topic="probe",
     what=(
         "During one prefill and one decode step, a torch dispatch mode records every op whose output lands on another "
         "device than the worker's (a factory with an explicit device, `torch.tensor(...)` on a GPU worker) and every "
@@ -362,6 +366,7 @@ def forward_wrong_device(facts: Any, emit: Emit) -> Iterable[Finding]:
     ),
     severity=Severity.WARN,
     stage=Stage.ENGINE,
+    topic="probe",
     what=(
         "During one prefill and one decode step, a torch function mode records host reads (`.item()`, `.tolist()`, "
         "`.cpu()`, `.numpy()`, `bool(t)`, `int(t)`) and a dispatch mode records ops whose output shape depends on "
@@ -417,6 +422,7 @@ def host_sync_in_forward(facts: Any, emit: Emit) -> Iterable[Finding]:
     "A parameter's dtype differs from the model dtype (info: fine if deliberate); any float64 tensor (warn).",
     severity=Severity.INFO,
     stage=Stage.ENGINE,
+    topic="placement",
     what=(
         "Lists floating-point parameters whose dtype is not the engine's model dtype (fp8 and integer quantized "
         "weights are not listed), and warns on every float64 parameter or buffer, on any device."
@@ -587,6 +593,7 @@ def _fits(shape: list[int], expected: list[int], dim: int | None, tp_size: int) 
     "or the same values for a split parameter.",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
+    topic="ranks",
     what=(
         "With more than one tensor-parallel rank, compares each parameter across the ranks of a pipeline stage: its "
         "shape (equal on every rank), its shape against the parameter built at tensor-parallel size 1 by the weights "
@@ -698,6 +705,8 @@ def largest_length(groups: list[dict[str, Any]], num_blocks: int, cap: int) -> i
     "The KV cache cannot hold one request of max_model_len; says the largest length that fits.",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
+    topic="kv-cache",
+    reads_startup_error=True,
     what=(
         "From the running engine's KV cache (blocks x block size per KV group) computes the longest request that fits "
         "and how many requests of max_model_len fit at once; if the engine refused to start, reads vLLM's own numbers "
@@ -794,6 +803,7 @@ def kv_cache_too_small(facts: Any, emit: Emit) -> Iterable[Finding]:
     "Requests were preempted (evicted from the KV cache and recomputed) during the run.",
     severity=Severity.WARN,
     stage=Stage.ENGINE,
+    topic="kv-cache",
     what=(
         "When the KV cache runs out of free blocks, vLLM's scheduler preempts running requests: it frees their blocks "
         "and later recomputes their whole prefill. The doctor counts preempted and resumed requests per step (from "
@@ -856,6 +866,7 @@ def kv_cache_preemptions(facts: Any, emit: Emit) -> Iterable[Finding]:
     "Where the worker's memory goes: weights / peak activations / KV cache / CUDA graphs / other.",
     severity=Severity.INFO,
     stage=Stage.ENGINE,
+    topic="memory",
     what=(
         "Adds up what each worker holds: weights (vLLM's measured load size, or the parameters' storages), the KV "
         "cache (each storage once), peak activations (vLLM's start-up profile or torch's peak), CUDA-graph pools, and "
@@ -900,6 +911,7 @@ def memory_breakdown_check(facts: Any, emit: Emit) -> Iterable[Finding]:
     "The KV-cache spec does not match the model's attention layers (heads, head size, layers, bytes).",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
+    topic="kv-cache",
     what=(
         "Compares each attention layer (vLLM's forward context) with the KV-cache group that holds it (KV heads, head "
         "size), with config.json (num_key_value_heads / tensor_parallel_size, head_dim), and the KV storage torch "
@@ -1028,6 +1040,8 @@ def kv_spec_mismatch(facts: Any, emit: Emit) -> Iterable[Finding]:
     "Attention layers without a unique `prefix` equal to their module path.",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
+    topic="contract",
+    reads_startup_error=True,
     what=(
         "vLLM registers every Attention layer in its forward context under the `prefix` passed to it, and binds KV "
         "caches and quantization scales by that name. Checks the prefixes are unique (vLLM refuses duplicates at "
@@ -1163,6 +1177,8 @@ def start_failure_causes(error: str, diagnosis: EngineFacts | None) -> list[dict
     "vLLM could not build, load, capture or run the model: its error, the phase, and the cause.",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
+    topic="start-up",
+    reads_startup_error=True,
     what=(
         "The engine stage starts a real engine in the execution mode vLLM would serve with (on a GPU: torch.compile "
         "and CUDA graphs, unless you pass vLLM's own flags or --eager). When vLLM refuses, this finding carries its "
