@@ -32,6 +32,7 @@ from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
 from vllm_doctor.engine.profiler import ForwardProfiler, OpenStep
 from vllm_doctor.engine.steps import COUNT_FIELDS, StepTracker, counts_dict, phase_of
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.facts.memory import MemoryFacts
 from vllm_doctor.facts.steps import StepTable
 from vllm_doctor.model import Outcome, Severity, Stage
 from vllm_doctor.stages.static import CheckOptions, selected_codes
@@ -545,14 +546,14 @@ def test_memory_breakdown_adds_up_on_gpu_and_says_what_cpu_cannot_measure() -> N
            "cuda": {"allocated": 700, "reserved": 800, "max_allocated": 750, "device_total": 10_000, "device_free": 8_000},
            "compile": {"cudagraphs": False}}
     snap = {"available": True, "devices": [{"processes": [{"pid": 7, "used_memory": 1_000}]}]}
-    b = memory_breakdown(gpu, snap)
+    b = memory_breakdown(MemoryFacts.from_wire(gpu), snap)
     assert b["total"] == 1_000 and b["total_source"].startswith("NVML")
     assert sum(v for v in b["parts"].values() if v) == b["total"]
     assert b["parts"]["peak_activations"] == 50
-    without = memory_breakdown(gpu, {"available": False, "reason": "no driver"})
+    without = memory_breakdown(MemoryFacts.from_wire(gpu), {"available": False, "reason": "no driver"})
     assert without["total"] == 800 and any("NVML unavailable" in n for n in without["notes"])
-    cpu = memory_breakdown({"device": "cpu", "parameter_bytes": 10, "buffer_bytes": 2, "repacked_weight_bytes_estimate": 30,
-                            "repacked_layers": 2, "kv_bytes": 100, "host": {"VmRSS": 1_000, "VmHWM": 1_100}})
+    cpu = memory_breakdown(MemoryFacts.from_wire({"device": "cpu", "parameter_bytes": 10, "buffer_bytes": 2, "repacked_weight_bytes_estimate": 30,
+                                                  "repacked_layers": 2, "kv_bytes": 100, "host": {"VmRSS": 1_000, "VmHWM": 1_100}}))
     assert cpu["parts"]["weights"] == 42 and cpu["parts"]["peak_activations"] is None
     assert cpu["parts"]["other"] == 1_000 - 42 - 100 and not cpu["measurable"]
 

@@ -17,6 +17,7 @@ from typing import Any
 from vllm_doctor.analysis.engine import memory_breakdown
 from vllm_doctor.checks.base import Emit, check, gate
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.facts.memory import MemoryFacts
 from vllm_doctor.model import Finding, Outcome, Severity, Stage
 from vllm_doctor.units import fmt_bytes
 
@@ -886,8 +887,8 @@ def kv_cache_preemptions(facts: Any, emit: Emit) -> Iterable[Finding]:
 def memory_breakdown_check(facts: Any, emit: Emit) -> Iterable[Finding]:
     pairs, crashes = _workers(facts, emit, "memory")
     yield from crashes
-    for w, mem in pairs:
-        b = memory_breakdown(mem, facts.nvml)
+    for w, _mem in pairs:
+        b = memory_breakdown(w.memory or MemoryFacts(), facts.nvml)
         parts = b["parts"]
         text = ", ".join(
             f"{k.replace('_', ' ')} {fmt_bytes(v) if v is not None else 'not measurable'}" for k, v in parts.items()

@@ -59,7 +59,7 @@ def merge_replies(facts: EngineFacts, part: str, replies: list[dict[str, Any]]) 
         if worker.rank is None:
             worker.rank = rank
         if reply.get("ok"):
-            worker.parts[part] = reply.get("data") or {}
+            worker.put(part, reply.get("data") or {})  # read into its record once, here
         else:
             worker.errors[part] = reply.get("error") or {"type": "Unknown", "message": repr(reply)[:300]}
 
@@ -167,9 +167,9 @@ class EngineDoctor:
             merge_replies(facts, part, self.handle.rpc(method, options))
         if previous is not None:
             for worker, before in zip(facts.workers, previous.workers, strict=False):
-                for part, data in before.parts.items():
+                for part in before.parts:
                     if part not in wanted:
-                        worker.parts[part] = data
+                        worker.carry(part, before)
                 for part, error in before.errors.items():
                     if part not in wanted:
                         worker.errors[part] = error
