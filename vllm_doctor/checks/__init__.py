@@ -1,9 +1,21 @@
-"""The check catalogue. Families are imported explicitly so the order is stable."""
+"""The check catalogue. Families are imported explicitly so the order is stable.
+
+Static stage: ``registry``, ``contract``, ``weights``. Engine stage, one module per topic:
+``startup``, ``placement``, ``probe``, ``ranks``, ``kv_cache``, ``memory``, ``attention`` and
+``doctor`` (their shared gates and helpers: ``engine_base``).
+"""
 
 from vllm_doctor.checks import (  # noqa: F401  (registers checks)
+    attention,
     contract,
-    engine,
+    doctor,
+    kv_cache,
+    memory,
+    placement,
+    probe,
+    ranks,
     registry,
+    startup,
     weights,
 )
 from vllm_doctor.checks.base import (
