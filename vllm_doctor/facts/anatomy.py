@@ -1,7 +1,8 @@
 """Who a worker is (``doctor_anatomy``, and ``doctor_placement``'s ``worker``): stdlib only.
 
 Built inside the worker by :func:`vllm_doctor.compat.worker.identity` /
-:func:`~vllm_doctor.compat.worker.compile_state`; read back with :meth:`Anatomy.from_wire`
+:func:`~vllm_doctor.compat.worker.compile_record` (:func:`vllm_doctor.compat.worker_facts.anatomy`
+sends :meth:`Anatomy.to_wire`); read back with :meth:`Anatomy.from_wire`
 (see :mod:`vllm_doctor.facts.wire` for what a decoder tolerates).
 """
 
