@@ -21,7 +21,7 @@ from vllm_doctor.analysis.engine import (
     summarize,
 )
 from vllm_doctor.checks import CATALOGUE, run_checks
-from vllm_doctor.checks.engine import blocks_needed, largest_length
+from vllm_doctor.checks.kv_cache import blocks_needed, largest_length
 from vllm_doctor.compat import nvml
 from vllm_doctor.compat.llm import EngineHandle, ExtensionMissing, engine_kwargs
 from vllm_doctor.engine import EXTENSION_QUALNAME
@@ -32,6 +32,9 @@ from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
 from vllm_doctor.engine.profiler import ForwardProfiler, OpenStep
 from vllm_doctor.engine.steps import COUNT_FIELDS, StepTracker, counts_dict, phase_of
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.facts.kv import KvGroup
+from vllm_doctor.facts.memory import MemoryFacts
+from vllm_doctor.facts.placement import Shard
 from vllm_doctor.facts.steps import StepTable
 from vllm_doctor.model import Outcome, Severity, Stage
 from vllm_doctor.stages.static import CheckOptions, selected_codes
@@ -477,11 +480,12 @@ FULL = {"spec": {"type": "FullAttentionSpec", "block_size": 16, "num_kv_heads": 
 
 
 def test_kv_capacity_math() -> None:
-    assert blocks_needed([FULL, FULL], 33) == 6
-    sliding = {"spec": {"type": "SlidingWindowSpec", "block_size": 16, "sliding_window": 32}}
+    full = KvGroup.from_wire(FULL)
+    assert blocks_needed([full, full], 33) == 6
+    sliding = KvGroup.from_wire({"spec": {"type": "SlidingWindowSpec", "block_size": 16, "sliding_window": 32}})
     assert blocks_needed([sliding], 10_000) == 3
-    assert largest_length([FULL], 10, cap=10_000) == 160
-    assert largest_length([FULL, FULL], 10, cap=10_000) == 80
+    assert largest_length([full], 10, cap=10_000) == 160
+    assert largest_length([full, full], 10, cap=10_000) == 80
 
 
 def kv(**over: Any) -> dict[str, Any]:
@@ -545,14 +549,14 @@ def test_memory_breakdown_adds_up_on_gpu_and_says_what_cpu_cannot_measure() -> N
            "cuda": {"allocated": 700, "reserved": 800, "max_allocated": 750, "device_total": 10_000, "device_free": 8_000},
            "compile": {"cudagraphs": False}}
     snap = {"available": True, "devices": [{"processes": [{"pid": 7, "used_memory": 1_000}]}]}
-    b = memory_breakdown(gpu, snap)
+    b = memory_breakdown(MemoryFacts.from_wire(gpu), snap)
     assert b["total"] == 1_000 and b["total_source"].startswith("NVML")
     assert sum(v for v in b["parts"].values() if v) == b["total"]
     assert b["parts"]["peak_activations"] == 50
-    without = memory_breakdown(gpu, {"available": False, "reason": "no driver"})
+    without = memory_breakdown(MemoryFacts.from_wire(gpu), {"available": False, "reason": "no driver"})
     assert without["total"] == 800 and any("NVML unavailable" in n for n in without["notes"])
-    cpu = memory_breakdown({"device": "cpu", "parameter_bytes": 10, "buffer_bytes": 2, "repacked_weight_bytes_estimate": 30,
-                            "repacked_layers": 2, "kv_bytes": 100, "host": {"VmRSS": 1_000, "VmHWM": 1_100}})
+    cpu = memory_breakdown(MemoryFacts.from_wire({"device": "cpu", "parameter_bytes": 10, "buffer_bytes": 2, "repacked_weight_bytes_estimate": 30,
+                                                  "repacked_layers": 2, "kv_bytes": 100, "host": {"VmRSS": 1_000, "VmHWM": 1_100}}))
     assert cpu["parts"]["weights"] == 42 and cpu["parts"]["peak_activations"] is None
     assert cpu["parts"]["other"] == 1_000 - 42 - 100 and not cpu["measurable"]
 
@@ -643,7 +647,7 @@ def test_vd500_passes_with_the_mode_when_the_engine_ran() -> None:
 
 
 def test_vd500_names_vllms_error_the_phase_and_the_cause_from_the_eager_rerun() -> None:
-    from vllm_doctor.checks.engine import start_failure_causes
+    from vllm_doctor.checks.startup import start_failure_causes
 
     error = "RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned"
     events = [
@@ -835,18 +839,17 @@ def test_cpu_thread_binding_splits_the_cores() -> None:
 def test_a_weight_the_cpu_backend_repacked_is_not_a_cross_rank_problem() -> None:
     """vLLM's CPU backend (AVX512-BF16 hosts) empties a linear weight after packing it into its GEMM
     kernel: an empty parameter on every rank is no shard mismatch, a visible one still is."""
-    from vllm_doctor.checks.engine import rank_shard_problems
+    from vllm_doctor.checks.ranks import rank_shard_problems
 
     reference = {"down.weight": [128, 256], "up.weight": [256, 128]}
-    packed = {"shape": [0], "dim": 1, "repacked": True}
-    shards = {r: {"down.weight": dict(packed), "up.weight": {"shape": [128, 128], "dim": 0, "fingerprint": [float(r), 1.0]}}
-              for r in (0, 1)}
+    packed = Shard([0], 1, repacked=True)
+    shards = {r: {"down.weight": packed, "up.weight": Shard([128, 128], 0, fingerprint=[float(r), 1.0])} for r in (0, 1)}
     assert rank_shard_problems(shards, reference, 2) == []
-    shards[1]["up.weight"] = {"shape": [256, 128], "dim": 0, "fingerprint": [5.0, 1.0]}  # the whole tensor on rank 1
+    shards[1]["up.weight"] = Shard([256, 128], 0, fingerprint=[5.0, 1.0])  # the whole tensor on rank 1
     problems = rank_shard_problems(shards, reference, 2)  # differs from rank 0, and from TP=1's half
     assert {(p["rank"], p["name"]) for p in problems} == {(1, "up.weight")}
     assert [p["expected"] for p in problems if "expected" in p] == [[128, 128]]
-    unmarked = {r: {"down.weight": {"shape": [0], "dim": 1}} for r in (0, 1)}  # empty but not packed: a real problem
+    unmarked = {r: {"down.weight": Shard([0], 1)} for r in (0, 1)}  # empty but not packed: a real problem
     assert {p["rank"] for p in rank_shard_problems(unmarked, reference, 2)} == {0, 1}
 
 

@@ -64,6 +64,11 @@ class CheckMeta:
     # codes (or prefixes) that name the cause of this check's failure when they fail in the same
     # run: then this check says so in a skip instead of reporting the same cause twice
     defers_to: tuple[str, ...] = ()
+    # what the check is about ("registry", "weights", "placement", "kv-cache", ...: one of
+    # vllm_doctor.checks.base.TOPICS); front ends pick checks by topic (checks.base.codes_for)
+    topic: str = ""
+    # the check reads vLLM's own start-up error (an engine that did not start), not only the workers
+    reads_startup_error: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

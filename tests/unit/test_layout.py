@@ -60,7 +60,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "api": {"constants", "errors", "model", "report", "stages"},
     # cli starts the TUI (top, replay, view); the TUI never imports cli
     "cli": {"constants", "errors", "model", "files", "units", "probes", "checks", "stages", "live", "report", "tui"},
-    "pytest_plugin": {"errors", "model", "api", "files"},  # files: the session report, written atomically
+    # files: the session report, written atomically; checks: the catalogue's topics (codes_for)
+    "pytest_plugin": {"errors", "model", "api", "files", "checks"},
     "tui": {"constants", "errors", "model", "units", "files", "checks", "analysis", "live", "report"},
     "__main__": {"cli"},
 }
@@ -197,3 +198,61 @@ def test_package_root_is_lazy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "['vllm_doctor']"
+
+
+# the worker-side records of facts/: the worker imports them (compat.worker_facts builds them)
+WIRE_RECORDS = ("wire", "anatomy", "placement", "kv", "memory")
+# the engine stage's check modules, one per topic (attention: VD208, the model's contract seen in the engine)
+ENGINE_CHECK_MODULES = {
+    "startup": "start-up",
+    "placement": "placement",
+    "probe": "probe",
+    "ranks": "ranks",
+    "kv_cache": "kv-cache",
+    "memory": "memory",
+    "attention": "contract",
+    "doctor": "doctor",
+}
+
+
+def test_the_wire_records_pull_in_nothing_but_themselves_and_the_standard_library() -> None:
+    """Inside vLLM's workers they must not bring the doctor's checks, analysis or stages along."""
+    code = (
+        "import sys, json; before = set(sys.modules)\n"
+        + "".join(f"import vllm_doctor.facts.{name}\n" for name in WIRE_RECORDS)
+        + "print(json.dumps(sorted(set(sys.modules) - before)))"
+    )
+    new = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    ours = {m for m in new if m.split(".")[0] == "vllm_doctor"}
+    assert ours == {"vllm_doctor", "vllm_doctor.facts", *(f"vllm_doctor.facts.{name}" for name in WIRE_RECORDS)}
+    assert [m for m in new if m.split(".")[0] not in sys.stdlib_module_names and m not in ours] == []
+
+
+def _checks_in(path: Path) -> list[tuple[str, dict[str, str]]]:
+    """(code, its literal keyword arguments) of each @check(...) in a module's source."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.FunctionDef):
+            continue
+        for dec in node.decorator_list:
+            if isinstance(dec, ast.Call) and isinstance(dec.func, ast.Name) and dec.func.id == "check":
+                code = dec.args[0].value if isinstance(dec.args[0], ast.Constant) else "?"
+                kwargs = {k.arg: ast.unparse(k.value) for k in dec.keywords if k.arg}
+                found.append((str(code), kwargs))
+    return found
+
+
+def test_engine_checks_sit_in_one_module_per_topic_and_every_family_is_registered() -> None:
+    from vllm_doctor.checks import CATALOGUE
+
+    assert not (ROOT / "checks" / "engine.py").exists()
+    codes = set()
+    for path in sorted((ROOT / "checks").glob("*.py")):
+        checks = _checks_in(path)
+        codes |= {code for code, _ in checks}
+        if path.stem in ENGINE_CHECK_MODULES:
+            assert checks, f"{path.name} defines no check"
+            for code, kwargs in checks:
+                assert kwargs["topic"] == repr(ENGINE_CHECK_MODULES[path.stem]), (path.name, code)
+                assert kwargs["stage"] == "Stage.ENGINE", (path.name, code)
+    assert codes == set(CATALOGUE)  # checks/__init__ imports every module that defines checks

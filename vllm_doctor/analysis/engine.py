@@ -1,5 +1,6 @@
-"""Turn the workers' raw profile, KV and memory facts into the report's ``profiles["engine"]``
-and the engine anatomy (``facts["engine"]``). Pure functions over :class:`EngineFacts`.
+"""Turn the workers' profile, KV and memory facts into the report's ``profiles["engine"]``
+and the engine anatomy (``facts["engine"]``). Pure functions over :class:`EngineFacts` (its
+workers' records: :mod:`vllm_doctor.facts.anatomy`, ``placement``, ``kv``, ``memory``).
 """
 
 from __future__ import annotations
@@ -7,7 +8,10 @@ from __future__ import annotations
 from itertools import compress
 from typing import Any
 
+from vllm_doctor.facts.anatomy import Anatomy, WorkerIdentity
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.facts.kv import KvCache
+from vllm_doctor.facts.memory import MemoryFacts
 from vllm_doctor.facts.static import is_transformers_backend
 from vllm_doctor.facts.steps import StepTable
 
@@ -24,42 +28,31 @@ def model_origin(model_class: str | None) -> str:
     return "plugin"
 
 
-def _block_size(kv: dict[str, Any]) -> int | None:
-    for group in kv.get("groups") or []:
-        bs = (group.get("spec") or {}).get("block_size")
-        if bs:
-            return int(bs)
-    bs = (kv.get("cache_config") or {}).get("block_size")
-    return int(bs) if bs else None
-
-
 def anatomy(facts: EngineFacts) -> dict[str, Any]:
     """Which process holds the front end, engine core, executor and each worker."""
     fe = facts.front_end
     workers: list[dict[str, Any]] = []
     for wf in facts.workers:
-        a = wf.get("anatomy") or {}
+        a = wf.anatomy or Anatomy()
+        who = a.identity
         workers.append(
             {
-                k: a.get(k)
-                for k in (
-                    "rank",
-                    "local_rank",
-                    "pid",
-                    "ppid",
-                    "device",
-                    "worker_class",
-                    "model_runner_class",
-                    "model_runner_kind",
-                    "model_class",
-                    "model_module_file",
-                    "compile",
-                    "process_title",
-                )
+                "rank": who.rank,
+                "local_rank": who.local_rank,
+                "pid": who.pid,
+                "ppid": who.ppid,
+                "device": who.device,
+                "worker_class": who.worker_class,
+                "model_runner_class": who.model_runner_class,
+                "model_runner_kind": who.model_runner_kind,
+                "model_class": who.model_class,
+                "model_module_file": who.model_module_file,
+                "compile": a.compile.to_wire() if a.compile is not None else None,
+                "process_title": who.process_title,
             }
         )
     first: dict[str, Any] = workers[0] if workers else {}
-    kv = (facts.workers[0].get("kv") or {}) if facts.workers else {}
+    kv = (facts.workers[0].kv if facts.workers else None) or KvCache()
     core_pids = fe.get("engine_core_pids") or []
     if not core_pids and fe.get("url"):  # a served engine: seen only from its workers
         core_pids = sorted(
@@ -93,16 +86,17 @@ def anatomy(facts: EngineFacts) -> dict[str, Any]:
                 "holds": [w.get("worker_class"), w.get("model_runner_class"), w.get("model_class")],
             }
         )
+    first_tensor = kv.layers[0] if kv.layers else None
     kv_summary = {
-        "layout": kv.get("layout"),
-        "num_blocks": kv.get("num_blocks"),
-        "block_size": _block_size(kv),
-        "num_layers": kv.get("num_tensors"),
-        "num_storages": kv.get("num_storages"),
-        "storage_bytes": kv.get("storage_bytes"),
-        "tensor_shape": (kv.get("layers") or [{}])[0].get("shape"),
-        "dtype": (kv.get("layers") or [{}])[0].get("dtype"),
-        "groups": [{"layers": len(g.get("layer_names", [])), **(g.get("spec") or {})} for g in kv.get("groups") or []],
+        "layout": kv.layout,
+        "num_blocks": kv.num_blocks,
+        "block_size": kv.block_size,
+        "num_layers": kv.num_tensors,
+        "num_storages": kv.num_storages,
+        "storage_bytes": kv.storage_bytes,
+        "tensor_shape": list(first_tensor.shape) if first_tensor is not None else None,
+        "dtype": first_tensor.dtype if first_tensor is not None else None,
+        "groups": [{"layers": len(g.layer_names), **g.spec.to_wire()} for g in kv.groups],
     }
     return {
         "front_end": fe,
@@ -206,60 +200,59 @@ def kv_usage_series(steps: StepTable, num_blocks: int | None) -> list[dict[str, 
     ]
 
 
-def memory_breakdown(memory: dict[str, Any], nvml: dict[str, Any] | None = None) -> dict[str, Any]:
+def memory_breakdown(memory: MemoryFacts, nvml: dict[str, Any] | None = None) -> dict[str, Any]:
     """Weights / peak activations / KV / CUDA graphs / other, and what could not be measured."""
     notes: list[str] = []
     parts: dict[str, int | None] = {}
-    weights_params = int(memory.get("parameter_bytes", 0)) + int(memory.get("buffer_bytes", 0))
-    kv = int(memory.get("kv_bytes", 0))
-    cuda = memory.get("cuda")
-    if cuda:
-        weights = memory.get("vllm_model_memory_usage") or weights_params
-        parts["weights"] = int(weights)
+    weights_params = memory.parameter_bytes + memory.buffer_bytes
+    kv = memory.kv_bytes
+    cuda = memory.cuda
+    if cuda is not None:
+        weights = memory.measured("model_memory_usage") or weights_params
+        parts["weights"] = weights
         parts["kv_cache"] = kv
-        peak = memory.get("vllm_peak_activation_memory")
-        observed = max(0, int(cuda["max_allocated"]) - int(weights) - kv)
+        peak = memory.measured("peak_activation_memory")
+        observed = max(0, cuda.max_allocated - weights - kv)
         if peak is None:
             notes.append(
                 "vLLM skipped its start-up memory profiling (kv_cache_memory_bytes was given): "
                 "peak activations are the peak torch allocation seen minus weights and KV"
             )
-        parts["peak_activations"] = int(peak) if peak is not None else observed
-        graphs = memory.get("vllm_cudagraph_memory_estimate")
-        compile_state = memory.get("compile") or {}
-        if compile_state.get("cudagraphs"):
-            parts["cuda_graphs"] = int(graphs) if graphs is not None else None
+        parts["peak_activations"] = peak if peak is not None else observed
+        graphs = memory.measured("cudagraph_memory_estimate")
+        if memory.compile is not None and memory.compile.cudagraphs:
+            parts["cuda_graphs"] = graphs
             if graphs is None:
                 notes.append("CUDA-graph pool size not exposed by this vLLM: included in 'other'")
         else:
             parts["cuda_graphs"] = 0
-        pid = memory.get("pid")
-        nvml_bytes = process_memory(nvml or {}, int(pid)) if pid is not None else None
+        pid = memory.pid
+        nvml_bytes = process_memory(nvml or {}, pid) if pid is not None else None
         if nvml_bytes is not None:
             total, total_source = nvml_bytes, "NVML: memory used by the worker process"
         else:
-            total, total_source = int(cuda["reserved"]), "torch.cuda.memory_reserved (NVML unavailable)"
+            total, total_source = cuda.reserved, "torch.cuda.memory_reserved (NVML unavailable)"
             notes.append("NVML unavailable: total is torch's reserved memory (misses the CUDA context and NCCL)")
         known = sum(v for v in parts.values() if v)
         parts["other"] = total - known
-        device_used = int(cuda["device_total"]) - int(cuda["device_free"])
+        device_used = cuda.device_total - cuda.device_free
         out = {
-            "device": memory.get("device"),
+            "device": memory.device,
             "total": total,
             "total_source": total_source,
             "parts": parts,
-            "torch": cuda,
+            "torch": cuda.to_wire(),
             "device_used": device_used,
             "notes": notes,
             "measurable": True,
         }
     else:
-        repacked = int(memory.get("repacked_weight_bytes_estimate", 0))
+        repacked = memory.repacked_weight_bytes_estimate
         weights_cpu = weights_params + repacked
         parts["weights"] = weights_cpu
         if repacked:
             notes.append(
-                f"{memory.get('repacked_layers', 0)} linear layers hold their weights in CPU-repacked "
+                f"{memory.repacked_layers} linear layers hold their weights in CPU-repacked "
                 "kernels (oneDNN); their bytes are estimated from the layer shapes"
             )
         parts["kv_cache"] = kv
@@ -270,11 +263,11 @@ def memory_breakdown(memory: dict[str, Any], nvml: dict[str, Any] | None = None)
             "measurable; they are inside 'other' (with Python, torch and vLLM themselves)"
         )
         notes.append("CUDA graphs do not exist on CPU")
-        host = memory.get("host") or {}
-        total = int(host.get("VmRSS", 0))
+        host = memory.host
+        total = host.get("VmRSS", 0)
         parts["other"] = total - weights_cpu - kv if total else None
         out = {
-            "device": memory.get("device"),
+            "device": memory.device,
             "total": total,
             "total_source": "worker process resident memory (VmRSS)",
             "peak_total": host.get("VmHWM"),
@@ -329,12 +322,13 @@ def summarize(facts: EngineFacts, timeline: bool = True) -> dict[str, Any]:
     primary: WorkerFacts = facts.workers[0]
     profile = primary.get("profile") or {}
     steps = primary.steps()
-    kv = primary.get("kv") or {}
-    num_blocks = profile.get("num_blocks") or kv.get("num_blocks")
+    kv = primary.kv or KvCache()
+    num_blocks = profile.get("num_blocks") or kv.num_blocks
+    placement = primary.placement
     out: dict[str, Any] = {
         "available": bool(profile.get("profiling")),
         "rank": primary.rank,
-        "device": ((primary.get("placement") or {}).get("worker") or {}).get("device"),
+        "device": placement.worker.device if placement is not None and placement.worker is not None else None,
         "clock": profile.get("clock"),
         "layers_on": profile.get("layers_on"),
         "layers_reason": profile.get("layers_reason"),
@@ -346,12 +340,12 @@ def summarize(facts: EngineFacts, timeline: bool = True) -> dict[str, Any]:
         "layers": layer_tables(profile, steps),
         "kv_usage": kv_usage_series(steps, num_blocks) if timeline else [],
         "kv_num_blocks": num_blocks,
-        "kv_block_size": _block_size(kv),
+        "kv_block_size": kv.block_size,
         "trace": profile.get("trace") or [],
         "memory": [
-            memory_breakdown(w.get("memory") or {}, facts.nvml) | {"rank": w.rank}
+            memory_breakdown(mem, facts.nvml) | {"rank": w.rank}
             for w in facts.workers
-            if w.get("memory")
+            if w.get("memory") and (mem := w.memory) is not None  # an empty reply has nothing to break down
         ],
         "nvml": facts.nvml,
         "crashes": [c | {"rank": w.rank} for w in facts.workers for c in (w.get("profile") or {}).get("crashes", [])],
@@ -369,20 +363,24 @@ def rank_summary(w: WorkerFacts, with_timeline: bool = True) -> dict[str, Any]:
     the profile's own)."""
     profile = w.get("profile") or {}
     steps = w.steps()
-    ident = (w.get("placement") or {}).get("worker") or (w.get("anatomy") or {})
-    kv = w.get("kv") or {}
+    placement, anat = w.placement, w.anatomy
+    # who the rank is: its placement says (with its parallel ranks), else its anatomy
+    ident = (placement.worker if placement is not None else None) or (
+        anat.identity if anat is not None else WorkerIdentity()
+    )
+    kv = w.kv or KvCache()
     layers = layer_tables(dict(profile, layers=[dict(m) for m in profile.get("layers") or []]), steps)
     out: dict[str, Any] = {
         "rank": w.rank,
-        "tp_rank": ident.get("tp_rank"),
-        "pp_rank": ident.get("pp_rank"),
-        "device": ident.get("device"),
-        "pid": ident.get("pid"),
+        "tp_rank": ident.tp_rank,
+        "pp_rank": ident.pp_rank,
+        "device": ident.device,
+        "pid": ident.pid,
         "phases": phase_summary(steps),
         "by_layer": layers["by_layer"],
         "forward_total_s": layers["forward_total_s"],
-        "kv_storage_bytes": kv.get("storage_bytes"),
-        "kv_num_blocks": profile.get("num_blocks") or kv.get("num_blocks"),
+        "kv_storage_bytes": kv.storage_bytes,
+        "kv_num_blocks": profile.get("num_blocks") or kv.num_blocks,
     }
     if with_timeline:
         out["steps"] = steps.rows()

@@ -1,20 +1,47 @@
-"""The check catalogue. Families are imported explicitly so the order is stable."""
+"""The check catalogue. Families are imported explicitly so the order is stable.
+
+Static stage: ``registry``, ``contract``, ``weights``. Engine stage, one module per topic:
+``startup``, ``placement``, ``probe``, ``ranks``, ``kv_cache``, ``memory``, ``attention`` and
+``doctor`` (their shared gates and helpers: ``engine_base``).
+"""
 
 from vllm_doctor.checks import (  # noqa: F401  (registers checks)
+    attention,
     contract,
-    engine,
+    doctor,
+    kv_cache,
+    memory,
+    placement,
+    probe,
+    ranks,
     registry,
+    startup,
     weights,
 )
 from vllm_doctor.checks.base import (
     CATALOGUE,
     GATES,
+    TOPICS,
     Check,
     Emit,
     check,
+    codes_for,
     needs_import,
+    reads_startup_error,
     run_checks,
     select_codes,
 )
 
-__all__ = ["CATALOGUE", "GATES", "Check", "Emit", "check", "needs_import", "run_checks", "select_codes"]
+__all__ = [
+    "CATALOGUE",
+    "GATES",
+    "TOPICS",
+    "Check",
+    "Emit",
+    "check",
+    "codes_for",
+    "needs_import",
+    "reads_startup_error",
+    "run_checks",
+    "select_codes",
+]

@@ -9,6 +9,10 @@ source of the catalogue (``vllm-doctor rules``), the README table and the docs.
 runner (:func:`run_checks`) evaluates a check's gates in order, so a check's body starts where
 its inputs are known to be there. A gate registered with ``after_import=True`` needs the
 import pass (or the weights pass that runs beside it): such checks wait for it.
+
+Every check has one *topic* (:data:`TOPICS`): what it is about. Front ends ask for checks by
+topic (:func:`codes_for`) instead of keeping lists of codes: the pytest plugin's assertions,
+the weights pass, the report view's KV pane.
 """
 
 from __future__ import annotations
@@ -30,6 +34,21 @@ class Check(Generic[F]):
 
 
 CATALOGUE: dict[str, Check[Any]] = {}
+
+# topic -> what its checks are about (each check has exactly one; `vllm-doctor rules` shows it)
+TOPICS: dict[str, str] = {
+    "registry": "how vLLM finds the model class: registrations, plugins, the Transformers fallback",
+    "config": "config.json as vLLM and transformers read it",
+    "contract": "what vLLM expects of a model class: constructor, forward, attention prefixes, a model it can build",
+    "weights": "the checkpoint against the model's parameters",
+    "ranks": "the model split over tensor- and pipeline-parallel ranks",
+    "start-up": "the engine starting in vLLM's execution mode",
+    "placement": "the device and dtype of each worker's tensors",
+    "probe": "what the forward pass does op by op: devices, host syncs",
+    "kv-cache": "the KV cache's size, spec and pressure",
+    "memory": "where a worker's memory goes",
+    "doctor": "the doctor's own passes and hooks",
+}
 
 
 @dataclass(frozen=True)
@@ -163,16 +182,23 @@ def check(
     why: str,
     example: str,
     fix: str,
+    topic: str,
     references: tuple[str, ...] = (),
     requires: tuple[str, ...] = (),
     defers_to: tuple[str, ...] = (),
+    reads_startup_error: bool = False,
 ) -> Callable[[Callable[[F, Emit], Iterable[Finding]]], Callable[[F, Emit], Iterable[Finding]]]:
     """Register a check. The function receives the facts and an :class:`Emit` for its code.
 
-    Every name in ``requires`` must be a gate registered before the check (:func:`gate`)."""
+    ``topic`` is one of :data:`TOPICS`. Every name in ``requires`` must be a gate registered
+    before the check (:func:`gate`). ``reads_startup_error``: the check reads vLLM's error when
+    the engine did not start (the engine stage runs it on that engine's facts, never only on an
+    eager re-run's)."""
     unknown = [name for name in requires if name not in GATES]
     if unknown:
         raise ValueError(f"{code}: unknown gate(s) {unknown}")
+    if topic not in TOPICS:
+        raise ValueError(f"{code}: unknown topic {topic!r} (one of {', '.join(TOPICS)})")
     meta = CheckMeta(
         code=code,
         name=name,
@@ -182,6 +208,8 @@ def check(
         stage=stage,
         requires=requires,
         defers_to=defers_to,
+        topic=topic,
+        reads_startup_error=reads_startup_error,
     )
 
     def decorate(fn: Callable[[F, Emit], Iterable[Finding]]) -> Callable[[F, Emit], Iterable[Finding]]:
@@ -192,6 +220,27 @@ def check(
         return fn
 
     return decorate
+
+
+def codes_for(*topics: str, stage: Stage | None = None, at_least: Severity | None = None) -> tuple[str, ...]:
+    """The catalogue's codes of any of ``topics`` (sorted), of ``stage`` only if given, and only
+    those whose default severity is ``at_least`` if given (the pytest plugin's assertions take
+    the error-level checks of their topics)."""
+    unknown = [t for t in topics if t not in TOPICS]
+    if unknown:
+        raise ValueError(f"unknown topic(s) {unknown} (one of {', '.join(TOPICS)})")
+    return tuple(
+        code
+        for code in sorted(CATALOGUE)
+        if (meta := CATALOGUE[code].meta).topic in topics
+        and (stage is None or meta.stage is stage)
+        and (at_least is None or meta.severity.rank >= at_least.rank)
+    )
+
+
+def reads_startup_error(code: str) -> bool:
+    """Does the check read vLLM's own error when the engine did not start?"""
+    return CATALOGUE[code].meta.reads_startup_error
 
 
 def _matches(code: str, patterns: Iterable[str]) -> bool:

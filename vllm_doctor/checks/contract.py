@@ -41,6 +41,7 @@ def _verdict(contract: dict[str, Any]) -> str:
     "The model's `__init__` does not take keyword arguments `vllm_config` and `prefix`.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="contract",
     what=(
         "vLLM constructs every model as `Model(vllm_config=vllm_config, prefix=prefix)` and reads the HF config from "
         "`vllm_config.model_config.hf_config`."
@@ -78,6 +79,7 @@ def init_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "The vLLM model class subclasses transformers' `PreTrainedModel`.",
     severity=Severity.WARN,
     stage=Stage.STATIC,
+    topic="contract",
     what=(
         "A vLLM model is a plain `torch.nn.Module` built from vLLM layers (parallel linear layers, vLLM's Attention "
         "with a paged KV cache); the HF `PreTrainedModel` class is for training and `from_pretrained`."
@@ -117,6 +119,7 @@ def subclasses_pretrainedmodel(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "`forward` does not accept the keywords vLLM's model runner passes.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="contract",
     what="The model runner calls `model(input_ids=..., positions=..., intermediate_tensors=..., inputs_embeds=...)`.",
     why=(
         f"Without `positions` vLLM's interface check fails (`{GENERIC}`); without the other two the first forward "
@@ -164,6 +167,7 @@ def forward_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "The class has no callable `compute_logits`, so vLLM does not treat it as a text-generation model.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="contract",
     what=(
         "vLLM calls `forward` for hidden states and then `compute_logits(hidden_states)` (usually "
         "`self.logits_processor(self.lm_head, hidden_states)`)."
@@ -192,6 +196,7 @@ def compute_logits_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "`load_weights` is missing, or returns None, which silently turns off vLLM's missing-weight check.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="contract",
     what=(
         "vLLM's default loader calls `model.load_weights(weights)` and compares the returned set of loaded parameter "
         "names with the model's parameters."
@@ -232,6 +237,7 @@ def load_weights_contract(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "The class has no `embed_input_ids` method.",
     severity=Severity.WARN,
     stage=Stage.STATIC,
+    topic="contract",
     what="vLLM embeds token ids through `model.embed_input_ids(input_ids)` (older vLLM: `get_input_embeddings`).",
     why=(
         f"vLLM 0.32 requires it in `is_vllm_model` (`The model (...) is missing the embed_input_ids method`, then "
@@ -267,6 +273,7 @@ def embed_input_ids_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "Importing the model module initialises CUDA.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="contract",
     what=(
         "vLLM imports model modules in processes that later fork workers; CUDA cannot be re-initialised in a forked "
         "child."

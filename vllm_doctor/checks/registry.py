@@ -110,6 +110,7 @@ def _builtins_known(facts: Facts, emit: Emit) -> Finding | None:
     "No entry of config.json `architectures` is registered with vLLM (built-ins + plugins).",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="registry",
     what=(
         "vLLM resolves the model class from config.json's `architectures` list, looking each name up in its "
         "ModelRegistry: the built-in table plus whatever `vllm.general_plugins` entry points register in the engine's "
@@ -186,6 +187,7 @@ def architecture_not_registered(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "The architecture is registered in your script's process only; the engine's processes will not see it.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="registry",
     what=(
         "A `ModelRegistry.register_model` call made in your script (inside `main()`, a function, a test, or under `if "
         "__name__ == '__main__':`) runs in that process only. vLLM's engine core and workers are separate processes; "
@@ -245,6 +247,7 @@ def registered_only_in_caller(facts: Facts, emit: Emit) -> Iterable[Finding]:
     ),
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="registry",
     what=(
         "`model_type` only selects the Hugging Face config class; the model class is looked up by the `architectures` "
         "entries."
@@ -304,6 +307,7 @@ def registered_under_wrong_name(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "config.json's `model_type` is known neither to transformers nor to vLLM nor registered by a plugin.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="config",
     what=(
         "vLLM builds the config through transformers' AutoConfig, keyed by `model_type`. A custom model_type must be "
         "registered (`AutoConfig.register(model_type, ConfigClass)`) in every engine process, e.g. in the same plugin "
@@ -399,6 +403,7 @@ def model_type_unknown(facts: Facts, emit: Emit) -> Iterable[Finding]:
     ),
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="config",
     what=(
         "`auto_map` points AutoConfig/AutoModel at Python files in the model directory; transformers runs them only "
         "with trust_remote_code=True."
@@ -471,6 +476,7 @@ def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "The registered `module:Class` cannot be imported; here is the real traceback vLLM hides.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="registry",
     what=(
         "Lazy registrations (`'pkg.module:Class'`) are imported when vLLM first inspects the model, in a subprocess "
         "whose traceback ends up far from the final error."
@@ -508,6 +514,7 @@ def model_class_import_fails(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "vLLM will serve this model with its Transformers backend, not a native or custom vLLM class.",
     severity=Severity.WARN,
     stage=Stage.STATIC,
+    topic="registry",
     what=(
         "When config.json's architecture is one vLLM serves only through its generic Transformers backend (or none is "
         "registered but transformers knows the class), vLLM silently builds `TransformersForCausalLM` around the HF "
@@ -581,6 +588,7 @@ def _what_vllm_does(facts: Facts) -> tuple[str, dict[str, Any]]:
     "config.json's `architectures` is missing, empty, not a list, or holds non-strings.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="config",
     what="vLLM needs `architectures` to be a non-empty list of class names.",
     why=(
         "Measured on vLLM 0.32: missing or [] with a known model_type makes vLLM silently pick a base model class "
@@ -637,6 +645,7 @@ def architectures_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "A `vllm.general_plugins` entry point is excluded by VLLM_PLUGINS or fails to load/run.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="registry",
     what=(
         "vLLM loads every `vllm.general_plugins` entry point (only those named in VLLM_PLUGINS when it is set) in "
         "every process, and logs but ignores a plugin that raises."
@@ -698,6 +707,7 @@ def plugin_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "A plugin registers a name vLLM already has built in, replacing vLLM's implementation.",
     severity=Severity.INFO,
     stage=Stage.STATIC,
+    topic="registry",
     what="`register_model` with a built-in name overwrites vLLM's entry in every process that loads the plugin.",
     why="Usually deliberate (a patched Llama); when not, every model with that architecture now runs your class.",
     example="ModelRegistry.register_model('LlamaForCausalLM', 'my_pkg.model:MyLlama')",
@@ -745,6 +755,7 @@ _EXPLAINED_REFUSALS = (
     "vLLM itself refuses to load config.json (its config class or vLLM's validation raises).",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="config",
     what=(
         "In the import pass's fresh process, after the plugins are loaded, the doctor loads the model directory the "
         "way `vllm serve` does (`EngineArgs.create_model_config`) and reports vLLM's own exception. Its verdict "
@@ -798,6 +809,7 @@ def _passes_over(facts: Facts, emit: Emit) -> None:
     "The import pass or the weights pass did not complete (time-out, memory limit, crash, vLLM not importable).",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="doctor",
     what=(
         "The import pass imports vLLM and every plugin in a fresh process, as an engine process does; the weights "
         "pass builds the model on the meta device. When either ends without an answer (its time limit, its memory "

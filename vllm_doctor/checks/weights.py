@@ -86,6 +86,7 @@ def _shard_text(shards: list[Any]) -> str:
     "A model parameter that no checkpoint tensor fills (or a fused parameter with a shard no tensor fills).",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="weights",
     what=(
         "Every parameter of the model vLLM builds must be written by `load_weights` from a checkpoint tensor. "
         "vllm-doctor builds your class on the meta device and runs its real `load_weights` with meta tensors of the "
@@ -224,6 +225,7 @@ def _module_prefix(name: str) -> str:
     "A checkpoint tensor that `load_weights` never loads, or on which it raises (with the name it looked up).",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="weights",
     what=(
         "Each checkpoint tensor is handed to your `load_weights`, which maps its name to a parameter (stacked/fused "
         "params, prefixes, tied `lm_head`, quantization scales) and calls the parameter's `weight_loader`. "
@@ -360,6 +362,7 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
     "A checkpoint tensor's shape does not fit the parameter (or shard) it loads into.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="weights",
     what=(
         "vllm-doctor compares each checkpoint tensor with what the parameter's weight_loader wants at tensor-parallel "
         "size 1 (the fused shard's rows for qkv/gate_up) and watches the copies: a failed assert, a tensor only "
@@ -467,6 +470,7 @@ def _config_dtype(config: dict[str, Any]) -> str | None:
     ),
     severity=Severity.WARN,
     stage=Stage.STATIC,
+    topic="weights",
     what=(
         "vLLM casts every tensor to the parameter's dtype while loading (the model dtype: `--dtype`, else "
         "config.json's `dtype`/`torch_dtype`). vllm-doctor compares the header dtypes with the dtypes of the "
@@ -702,6 +706,7 @@ def working_tp_sizes(config: dict[str, Any], limit: int = 16) -> list[int]:
     "the layers over `--pipeline-parallel-size M`.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="ranks",
     what=(
         "With tensor parallelism vLLM splits attention heads, KV heads (or replicates them when there are fewer than "
         "ranks), the MLP's intermediate features and the (64-padded) vocabulary evenly over the ranks; with pipeline "
@@ -784,6 +789,7 @@ def not_divisible_by_tp(facts: Facts, emit: Emit) -> Iterable[Finding]:
     ),
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="weights",
     what=(
         "For a sharded checkpoint vLLM globs the top-level *.safetensors files and keeps those the index's "
         "`weight_map` names. vllm-doctor checks every entry: the file must exist, be a top-level file of the model "
@@ -846,6 +852,7 @@ def broken_shard_index(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "`tie_word_embeddings` disagrees with the presence of `lm_head.weight` in the checkpoint.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="weights",
     what=(
         "With `tie_word_embeddings: true` the LM head reuses the input embedding and models skip `lm_head.weight`; "
         "with `false` the checkpoint must carry `lm_head.weight`."
@@ -956,6 +963,7 @@ def tie_word_embeddings_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
     ),
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="weights",
     what=(
         "A safetensors file starts with an 8-byte little-endian header length, then a JSON header of tensor names, "
         "dtypes, shapes and data offsets that must tile the rest of the file exactly. vllm-doctor validates the "
@@ -1081,6 +1089,7 @@ def config_sizes_present(config: dict[str, Any]) -> bool:
     ),
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="config",
     what=(
         "num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, vocab_size and intermediate_size "
         "(in config.json and in its text_config / llm_config / language_config) must be positive whole numbers. "
@@ -1133,6 +1142,7 @@ _BUILD_STAGES = {
     "vLLM cannot build the model class under this config.json, or load_weights raises, in the weights pass.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
+    topic="contract",
     what=(
         "The weights pass builds the model the way vLLM's loader does (EngineArgs -> VllmConfig -> "
         "get_model_architecture -> initialize_model, on the meta device, so no memory is spent) and drives its "

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from vllm_doctor.compat.common import qualname
+from vllm_doctor.facts.anatomy import CompileState, WorkerIdentity
 
 
 def runner(worker: Any) -> Any:
@@ -102,7 +103,7 @@ def runner_kind(worker: Any) -> str:
     return "v1"
 
 
-def compile_state(worker: Any) -> dict[str, Any]:
+def compile_record(worker: Any) -> CompileState:
     """Is the model run eagerly (Python hooks fire) or through torch.compile / CUDA graphs?"""
     model_config = sub_config(worker, "model_config")
     cc = sub_config(worker, "compilation_config")
@@ -124,44 +125,49 @@ def compile_state(worker: Any) -> dict[str, Any]:
         else []
     )
     eager = enforce_eager or (not compiled_modules and not cudagraphs)
-    return {
-        "enforce_eager": enforce_eager,
-        "compilation_mode": getattr(mode, "name", str(mode)),
-        "cudagraph_mode": cg_name,
-        "compiled": compiled,
-        "compiled_modules": compiled_modules[:20],
-        "cudagraphs": cudagraphs,
-        "eager": eager,
-    }
+    return CompileState(
+        enforce_eager=enforce_eager,
+        compilation_mode=getattr(mode, "name", str(mode)),
+        cudagraph_mode=cg_name,
+        compiled=compiled,
+        compiled_modules=compiled_modules[:20],
+        cudagraphs=cudagraphs,
+        eager=eager,
+    )
 
 
-def identity(worker: Any) -> dict[str, Any]:
+def compile_state(worker: Any) -> dict[str, Any]:
+    """:func:`compile_record` as its wire dict (what the profiler and the hidden-state capture read)."""
+    return compile_record(worker).to_wire()
+
+
+def identity(worker: Any) -> WorkerIdentity:
     """Who this worker is: pid, ranks, device, runner and model classes."""
     dev = device(worker)
     pc = sub_config(worker, "parallel_config")
     m = model(worker)
-    info: dict[str, Any] = {
-        "pid": os.getpid(),
-        "ppid": os.getppid(),
-        "rank": getattr(worker, "rank", None),
-        "local_rank": getattr(worker, "local_rank", None),
-        "is_driver_worker": getattr(worker, "is_driver_worker", None),
-        "device": str(dev),
-        "worker_class": qualname(worker),
-        "model_runner_class": qualname(runner(worker)),
-        "model_runner_kind": runner_kind(worker),
-        "model_class": qualname(m) if m is not None else None,
-        "tensor_parallel_size": getattr(pc, "tensor_parallel_size", None),
-        "pipeline_parallel_size": getattr(pc, "pipeline_parallel_size", None),
-        "data_parallel_size": getattr(pc, "data_parallel_size", None),
-        "world_size": getattr(pc, "world_size", None),
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-        "process_title": _process_title(),
-    }
-    info.update(parallel_ranks())
-    if m is not None:
-        info["model_module_file"] = _module_file(type(m))
-    return info
+    ranks = parallel_ranks()
+    return WorkerIdentity(
+        pid=os.getpid(),
+        ppid=os.getppid(),
+        rank=getattr(worker, "rank", None),
+        local_rank=getattr(worker, "local_rank", None),
+        is_driver_worker=getattr(worker, "is_driver_worker", None),
+        device=str(dev),
+        worker_class=qualname(worker),
+        model_runner_class=qualname(runner(worker)),
+        model_runner_kind=runner_kind(worker),
+        model_class=qualname(m) if m is not None else None,
+        model_module_file=_module_file(type(m)) if m is not None else None,
+        tensor_parallel_size=getattr(pc, "tensor_parallel_size", None),
+        pipeline_parallel_size=getattr(pc, "pipeline_parallel_size", None),
+        data_parallel_size=getattr(pc, "data_parallel_size", None),
+        world_size=getattr(pc, "world_size", None),
+        cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        process_title=_process_title(),
+        tp_rank=ranks["tp_rank"],
+        pp_rank=ranks["pp_rank"],
+    )
 
 
 def parallel_ranks() -> dict[str, int | None]:

@@ -1,7 +1,10 @@
-"""Worker-side fact collectors: placement, KV cache, memory. Each returns a JSON-able dict.
+"""Worker-side fact collectors: anatomy, placement, KV cache, memory.
 
 These run inside a vLLM worker (through the extension's ``doctor_*`` methods) and read the
-worker only through :mod:`vllm_doctor.compat.worker`.
+worker only through :mod:`vllm_doctor.compat.worker`. Each builds the record the doctor's side
+reads (:mod:`vllm_doctor.facts.anatomy`, :mod:`~vllm_doctor.facts.placement`,
+:mod:`~vllm_doctor.facts.kv`, :mod:`~vllm_doctor.facts.memory`) and returns its ``to_wire()``
+dict, so the two sides of the wire are one module.
 """
 
 from __future__ import annotations
@@ -14,6 +17,19 @@ from torch import nn
 
 from vllm_doctor.compat import worker as wv
 from vllm_doctor.compat.common import hf_text_config, qualname
+from vllm_doctor.facts.anatomy import Anatomy
+from vllm_doctor.facts.kv import (
+    AttentionLayer,
+    CacheConfig,
+    HfShape,
+    KvCache,
+    KvGroup,
+    KvSpec,
+    KvTensor,
+    PlannedTensor,
+)
+from vllm_doctor.facts.memory import VLLM_MEASURES, CudaMemory, MemoryFacts
+from vllm_doctor.facts.placement import DevicePlace, Placement, PlacementCounts, Shard, TensorPlace
 
 MAX_LISTED = 200  # tensors listed per category; the rest are counted
 MAX_SHARDS = 4096  # parameters whose per-rank shape (and fingerprint) the cross-rank check gets
@@ -60,22 +76,23 @@ def fingerprint(t: torch.Tensor) -> list[float] | None:
         return [float(torch.sum(flat, dtype=torch.float64)), float((sample * weights).sum())]
 
 
-def shards(model: nn.Module, tp_size: int | None) -> dict[str, dict[str, Any]]:
+def shards(model: nn.Module, tp_size: int | None) -> dict[str, Shard]:
     """Each parameter's shape on this rank, the dimension vLLM splits it on, and (when there is
     more than one tensor-parallel rank) a fingerprint of its values: the cross-rank check's input."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Shard] = {}
     for name, p in model.named_parameters(remove_duplicate=True):
         if len(out) >= MAX_SHARDS:
             break
         dim = _shard_dim(model, name, p)
-        entry: dict[str, Any] = {"shape": list(p.shape), "dim": dim}
+        shape = list(p.shape)
         if p.numel() == 0 and _repacked(model, name):
             # vLLM's CPU backend moved the weight into a packed kernel (oneDNN, sgl, zentorch) after
             # loading and left an empty parameter: its shape and values are not visible here
-            entry["repacked"] = True
+            out[name] = Shard(shape, dim, repacked=True)
         elif dim is not None and (tp_size or 1) > 1:
-            entry["fingerprint"] = fingerprint(p)
-        out[name] = entry
+            out[name] = Shard(shape, dim, fingerprint=fingerprint(p))
+        else:
+            out[name] = Shard(shape, dim)
     return out
 
 
@@ -111,19 +128,30 @@ def _owner_class(model: nn.Module, qualified: str) -> tuple[str, bool]:
     return cls.__qualname__, cls.__module__.startswith("vllm.")
 
 
+def anatomy(worker: Any) -> dict[str, Any]:
+    """``doctor_anatomy``: who the worker is and how it runs the model."""
+    return Anatomy(wv.identity(worker), wv.compile_record(worker)).to_wire()
+
+
 def placement(worker: Any) -> dict[str, Any]:
-    """VD401/VD402/VD405 facts: where each parameter and buffer lives, and what the worker is."""
+    """VD401/VD402/VD405/VD406 facts: where each parameter and buffer lives, and what the worker is."""
+    return placement_record(worker).to_wire()
+
+
+def placement_record(worker: Any) -> Placement:
     model = wv.model(worker)
     dev = wv.device(worker)
     model_config = wv.sub_config(worker, "model_config")
     model_dtype = getattr(model_config, "dtype", None)
-    out: dict[str, Any] = {"worker": wv.identity(worker), "device": device_facts(worker)}
-    out["model_dtype"] = str(model_dtype) if model_dtype is not None else None
+    head: dict[str, Any] = {
+        "worker": wv.identity(worker),
+        "device": device_facts(worker),
+        "model_dtype": str(model_dtype) if model_dtype is not None else None,
+    }
     if model is None:
-        out["model"] = None
-        return out
-    misplaced: list[dict[str, Any]] = []
-    dtype_mismatch: list[dict[str, Any]] = []
+        return Placement(**head, model=None)
+    misplaced: list[TensorPlace] = []
+    dtype_mismatch: list[TensorPlace] = []
     by_device: dict[str, int] = {}
     by_dtype: dict[str, int] = {}
     counts = {"parameters": 0, "buffers": 0, "misplaced": 0, "dtype_mismatch": 0}
@@ -139,16 +167,16 @@ def placement(worker: Any) -> dict[str, Any]:
             if len(misplaced) < MAX_LISTED:
                 owner, builtin = _owner_class(model, name)
                 misplaced.append(
-                    {
-                        "name": name,
-                        "kind": kind,
-                        "device": str(t.device),
-                        "dtype": str(t.dtype),
-                        "shape": list(t.shape),
-                        "bytes": t.numel() * t.element_size(),
-                        "module_class": owner,
-                        "vllm_builtin": builtin,
-                    }
+                    TensorPlace(
+                        name=name,
+                        kind=kind,
+                        device=str(t.device),
+                        dtype=str(t.dtype),
+                        shape=list(t.shape),
+                        bytes=t.numel() * t.element_size(),
+                        module_class=owner,
+                        vllm_builtin=builtin,
+                    )
                 )
         if (
             kind == "parameter"
@@ -161,41 +189,43 @@ def placement(worker: Any) -> dict[str, Any]:
             if len(dtype_mismatch) < MAX_LISTED:
                 owner, builtin = _owner_class(model, name)
                 dtype_mismatch.append(
-                    {
-                        "name": name,
-                        "dtype": str(t.dtype),
-                        "shape": list(t.shape),
-                        "module_class": owner,
-                        "vllm_builtin": builtin,
-                    }
+                    TensorPlace(
+                        name=name,
+                        kind=kind,
+                        dtype=str(t.dtype),
+                        shape=list(t.shape),
+                        module_class=owner,
+                        vllm_builtin=builtin,
+                    )
                 )
     # float64 anywhere (numpy's default dtype; never what a GPU kernel wants): VD405 warns on every device
     float64 = [
-        {
-            "name": name,
-            "kind": kind,
-            "device": str(t.device),
-            "shape": list(t.shape),
-            "module_class": _owner_class(model, name)[0],
-        }
+        TensorPlace(
+            name=name,
+            kind=kind,
+            device=str(t.device),
+            dtype=str(t.dtype),
+            shape=list(t.shape),
+            module_class=_owner_class(model, name)[0],
+        )
         for kind, name, t in tensors
         if t.dtype == torch.float64
     ][:MAX_LISTED]
     pc = wv.sub_config(worker, "parallel_config")
-    out.update(
-        shards=shards(model, getattr(pc, "tensor_parallel_size", None)),
-        float64=float64,
+    return Placement(
+        **head,
         model=qualname(model),
-        counts=counts,
-        by_device=by_device,
-        by_dtype=by_dtype,
+        counts=PlacementCounts(**counts),
         misplaced=misplaced,
         dtype_mismatch=dtype_mismatch,
+        float64=float64,
+        by_device=by_device,
+        by_dtype=by_dtype,
+        shards=shards(model, getattr(pc, "tensor_parallel_size", None)),
     )
-    return out
 
 
-def device_facts(worker: Any) -> dict[str, Any]:
+def device_facts(worker: Any) -> DevicePlace:
     """The worker's device as vLLM, torch and the environment see it (VD402)."""
     dev = _norm_device(wv.device(worker))
     pc = wv.sub_config(worker, "parallel_config")
@@ -220,7 +250,7 @@ def device_facts(worker: Any) -> dict[str, Any]:
             pci_bus_id=_pci_bus_id(props),
             total_memory=props.total_memory,
         )
-    return info
+    return DevicePlace(**info)
 
 
 def _pci_bus_id(props: Any) -> str | None:
@@ -242,88 +272,101 @@ def _jsonable(value: Any) -> Any:
 # ---- KV cache -----------------------------------------------------------------------------
 
 
-def _spec_dict(spec: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": type(spec).__name__}
+def _spec(spec: Any) -> KvSpec:
+    """vLLM's KVCacheSpec: what this vLLM exposes of it."""
+    sizes: dict[str, int | None] = {}
     for attr in ("block_size", "num_kv_heads", "head_size", "head_size_v", "sliding_window", "attention_chunk_size"):
         value = getattr(spec, attr, None)
-        if value is not None:
-            out[attr] = int(value)
+        sizes[attr] = int(value) if value is not None else None
     dtype = getattr(spec, "dtype", None)
-    if dtype is not None:
-        out["dtype"] = str(dtype)
     try:
-        out["page_size_bytes"] = int(spec.page_size_bytes)
+        page_size: int | None = int(spec.page_size_bytes)
     except Exception:
-        pass
-    return out
+        page_size = None
+    return KvSpec(
+        type=type(spec).__name__,
+        dtype=str(dtype) if dtype is not None else None,
+        page_size_bytes=page_size,
+        **sizes,
+    )
 
 
 def kv_cache(worker: Any) -> dict[str, Any]:
     """VD501/VD504/VD208 facts: KV tensors (shared storage counted once), the plan, attention layers."""
+    return kv_cache_record(worker).to_wire()
+
+
+def kv_cache_record(worker: Any) -> KvCache:
     tensors = wv.kv_caches(worker)
     storages: dict[int, int] = {}
-    layers: list[dict[str, Any]] = []
+    layers: list[KvTensor] = []
     for t in tensors:
         st = t.untyped_storage()
         ptr = st.data_ptr()
         storages.setdefault(ptr, st.nbytes())
         layers.append(
-            {
-                "shape": list(t.shape),
-                "dtype": str(t.dtype),
-                "device": str(t.device),
-                "view_bytes": t.numel() * t.element_size(),
-                "storage": list(storages).index(ptr),
-            }
+            KvTensor(
+                shape=list(t.shape),
+                dtype=str(t.dtype),
+                device=str(t.device),
+                view_bytes=t.numel() * t.element_size(),
+                storage=list(storages).index(ptr),
+            )
         )
-    out: dict[str, Any] = {
-        "num_tensors": len(tensors),
-        "layers": layers,
-        "num_storages": len(storages),
-        "storage_bytes": sum(storages.values()),
-        "view_bytes": sum(layer["view_bytes"] for layer in layers),
-    }
+    plan: dict[str, Any] = {}
     if torch.cuda.is_available() and wv.device(worker).type == "cuda":
-        out["torch_cuda_allocated_bytes"] = torch.cuda.memory_allocated()
+        plan["torch_cuda_allocated_bytes"] = torch.cuda.memory_allocated()
     kcc = wv.kv_cache_config(worker)
     if kcc is not None:
-        out["num_blocks"] = _int_or_none(getattr(kcc, "num_blocks", None))
-        out["planned_tensors"] = [
-            {
-                "size": int(getattr(kt, "size", 0)),
-                "layers": list(getattr(kt, "shared_by", None) or getattr(kt, "layers", []) or []),
-            }
+        planned = [
+            PlannedTensor(
+                size=int(getattr(kt, "size", 0)),
+                layers=list(getattr(kt, "shared_by", None) or getattr(kt, "layers", []) or []),
+            )
             for kt in getattr(kcc, "kv_cache_tensors", []) or []
         ]
-        out["planned_bytes"] = sum(p["size"] for p in out["planned_tensors"])
         layout = getattr(kcc, "kv_cache_layout", None)
-        out["layout"] = str(layout) if layout is not None else None
-        out["groups"] = [
-            {"layer_names": list(getattr(g, "layer_names", [])), "spec": _spec_dict(getattr(g, "kv_cache_spec", None))}
-            for g in getattr(kcc, "kv_cache_groups", []) or []
-        ]
-    cache_config = wv.sub_config(worker, "cache_config")
-    out["cache_config"] = {
-        a: _jsonable(getattr(cache_config, a, None))
-        for a in (
-            "block_size",
-            "num_gpu_blocks",
-            "cache_dtype",
-            "kv_cache_memory_bytes",
-            "gpu_memory_utilization",
-            "enable_prefix_caching",
+        plan.update(
+            num_blocks=_int_or_none(getattr(kcc, "num_blocks", None)),
+            planned_tensors=planned,
+            planned_bytes=sum(p.size for p in planned),
+            layout=str(layout) if layout is not None else None,
+            groups=[
+                KvGroup(list(getattr(g, "layer_names", [])), _spec(getattr(g, "kv_cache_spec", None)))
+                for g in getattr(kcc, "kv_cache_groups", []) or []
+            ],
         )
-    }
+    cache_config = wv.sub_config(worker, "cache_config")
     model_config = wv.sub_config(worker, "model_config")
     sched = wv.sub_config(worker, "scheduler_config")
     pc = wv.sub_config(worker, "parallel_config")
-    out["max_model_len"] = _int_or_none(getattr(model_config, "max_model_len", None))
-    out["max_num_seqs"] = _int_or_none(getattr(sched, "max_num_seqs", None))
-    out["max_num_batched_tokens"] = _int_or_none(getattr(sched, "max_num_batched_tokens", None))
-    out["tensor_parallel_size"] = _int_or_none(getattr(pc, "tensor_parallel_size", None)) or 1
-    out["hf_config"] = _hf_config(model_config)
-    out["attention_layers"] = attention_layers(worker)
-    return out
+    return KvCache(
+        num_tensors=len(tensors),
+        layers=layers,
+        num_storages=len(storages),
+        storage_bytes=sum(storages.values()),
+        view_bytes=sum(layer.view_bytes or 0 for layer in layers),
+        cache_config=CacheConfig(
+            **{
+                a: _jsonable(getattr(cache_config, a, None))
+                for a in (
+                    "block_size",
+                    "num_gpu_blocks",
+                    "cache_dtype",
+                    "kv_cache_memory_bytes",
+                    "gpu_memory_utilization",
+                    "enable_prefix_caching",
+                )
+            }
+        ),
+        max_model_len=_int_or_none(getattr(model_config, "max_model_len", None)),
+        max_num_seqs=_int_or_none(getattr(sched, "max_num_seqs", None)),
+        max_num_batched_tokens=_int_or_none(getattr(sched, "max_num_batched_tokens", None)),
+        tensor_parallel_size=_int_or_none(getattr(pc, "tensor_parallel_size", None)) or 1,
+        hf_config=_hf_config(model_config),
+        attention_layers=attention_layers(worker),
+        **plan,
+    )
 
 
 def _int_or_none(value: Any) -> int | None:
@@ -333,30 +376,24 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
-def _hf_config(model_config: Any) -> dict[str, Any]:
+def _hf_config(model_config: Any) -> HfShape:
     cfg = hf_text_config(model_config)
     out: dict[str, Any] = {}
-    for attr in (
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
-        "hidden_size",
-        "model_type",
-    ):
+    for attr in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size"):
         value = getattr(cfg, attr, None)
-        if isinstance(value, (int, str)):
+        if isinstance(value, int) and not isinstance(value, bool):
             out[attr] = value
+    model_type = getattr(cfg, "model_type", None)
     get_head_size = getattr(model_config, "get_head_size", None)
     if callable(get_head_size):
         try:
             out["vllm_head_size"] = int(get_head_size())
         except Exception:
             pass
-    return out
+    return HfShape(model_type=model_type if isinstance(model_type, str) else None, **out)
 
 
-def attention_layers(worker: Any) -> list[dict[str, Any]]:
+def attention_layers(worker: Any) -> list[AttentionLayer]:
     """Attention layers from vLLM's forward context, matched to their path in the model."""
     sfc = wv.forward_context(worker)
     model = wv.model(worker)
@@ -371,22 +408,23 @@ def attention_layers(worker: Any) -> list[dict[str, Any]]:
         kv = getattr(layer, "kv_cache", None)
         if isinstance(kv, (list, tuple)):
             kv = kv[0] if kv and isinstance(kv[0], torch.Tensor) else None
-        entry: dict[str, Any] = {
-            "prefix": prefix,
-            "layer_name": getattr(layer, "layer_name", None),
-            "class": qualname(layer),
-            "impl": type(impl).__name__ if impl is not None else None,
-            "backend": getattr(backend, "__name__", str(backend)) if backend is not None else None,
-            "num_kv_heads": _int_or_none(getattr(layer, "num_kv_heads", None) or getattr(impl, "num_kv_heads", None)),
-            "num_heads": _int_or_none(getattr(layer, "num_heads", None) or getattr(impl, "num_heads", None)),
-            "head_size": _int_or_none(getattr(layer, "head_size", None) or getattr(impl, "head_size", None)),
-            "kv_cache_dtype": str(getattr(layer, "kv_cache_dtype", "")) or None,
-            "module_paths": paths.get(id(layer), []),
-            "kv_cache_shape": list(kv.shape) if isinstance(kv, torch.Tensor) else None,
-            "kv_sharing_target": getattr(layer, "kv_sharing_target_layer_name", None)
-            or getattr(impl, "kv_sharing_target_layer_name", None),
-        }
-        out.append(entry)
+        out.append(
+            AttentionLayer(
+                prefix=prefix,
+                layer_name=getattr(layer, "layer_name", None),
+                layer_class=qualname(layer),
+                impl=type(impl).__name__ if impl is not None else None,
+                backend=getattr(backend, "__name__", str(backend)) if backend is not None else None,
+                num_kv_heads=_int_or_none(getattr(layer, "num_kv_heads", None) or getattr(impl, "num_kv_heads", None)),
+                num_heads=_int_or_none(getattr(layer, "num_heads", None) or getattr(impl, "num_heads", None)),
+                head_size=_int_or_none(getattr(layer, "head_size", None) or getattr(impl, "head_size", None)),
+                kv_cache_dtype=str(getattr(layer, "kv_cache_dtype", "")) or None,
+                module_paths=paths.get(id(layer), []),
+                kv_cache_shape=list(kv.shape) if isinstance(kv, torch.Tensor) else None,
+                kv_sharing_target=getattr(layer, "kv_sharing_target_layer_name", None)
+                or getattr(impl, "kv_sharing_target_layer_name", None),
+            )
+        )
     return out
 
 
@@ -439,38 +477,45 @@ def host_memory() -> dict[str, int]:
 
 def memory(worker: Any) -> dict[str, Any]:
     """VD503 facts: weights, KV, activations, CUDA graphs, as far as this device lets us measure."""
+    return memory_record(worker).to_wire()
+
+
+def memory_record(worker: Any) -> MemoryFacts:
     model = wv.model(worker)
     mr = wv.runner(worker)
     dev = wv.device(worker)
-    out: dict[str, Any] = {"pid": os.getpid(), "device": str(dev)}
+    weights: dict[str, int] = {}
     if model is not None:
-        out["parameter_bytes"] = _unique_bytes(list(model.parameters()))
-        out["buffer_bytes"] = _unique_bytes(list(model.buffers()))
         hidden, n_hidden = _hidden_weight_bytes(model)
-        out["repacked_weight_bytes_estimate"] = hidden
-        out["repacked_layers"] = n_hidden
-    out["kv_bytes"] = _unique_bytes(wv.kv_caches(worker))
-    for src, attr in (
-        (mr, "model_memory_usage"),
-        (worker, "peak_activation_memory"),
-        (worker, "cudagraph_memory_estimate"),
-        (worker, "total_consumed"),
-        (worker, "available_kv_cache_memory_bytes"),
-        (worker, "requested_memory"),
-    ):
-        value = getattr(src, attr, None)
+        weights = {
+            "parameter_bytes": _unique_bytes(list(model.parameters())),
+            "buffer_bytes": _unique_bytes(list(model.buffers())),
+            "repacked_weight_bytes_estimate": hidden,
+            "repacked_layers": n_hidden,
+        }
+    measured: dict[str, int] = {}
+    for name in VLLM_MEASURES:
+        value = getattr(mr if name == "model_memory_usage" else worker, name, None)
         if isinstance(value, (int, float)):
-            out[f"vllm_{attr}"] = int(value)
-    out["host"] = host_memory()
+            measured[name] = int(value)
+    cuda = None
     if dev.type == "cuda" and torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info(dev)
-        out["cuda"] = {
-            "allocated": torch.cuda.memory_allocated(dev),
-            "reserved": torch.cuda.memory_reserved(dev),
-            "max_allocated": torch.cuda.max_memory_allocated(dev),
-            "max_reserved": torch.cuda.max_memory_reserved(dev),
-            "device_free": free,
-            "device_total": total,
-        }
-    out["compile"] = wv.compile_state(worker)
-    return out
+        cuda = CudaMemory(
+            allocated=torch.cuda.memory_allocated(dev),
+            reserved=torch.cuda.memory_reserved(dev),
+            max_allocated=torch.cuda.max_memory_allocated(dev),
+            max_reserved=torch.cuda.max_memory_reserved(dev),
+            device_free=free,
+            device_total=total,
+        )
+    return MemoryFacts(
+        pid=os.getpid(),
+        device=str(dev),
+        kv_bytes=_unique_bytes(wv.kv_caches(worker)),
+        vllm=measured,
+        host=host_memory(),
+        cuda=cuda,
+        compile=wv.compile_record(worker),
+        **weights,
+    )

@@ -87,12 +87,9 @@ class DoctorWorkerExtension:
         return _envelope(self, "doctor_ping", lambda: {"protocol": PROTOCOL, "version": __version__})
 
     def doctor_anatomy(self) -> dict[str, Any]:
-        def run() -> dict[str, Any]:
-            from vllm_doctor.compat import worker as wv
+        from vllm_doctor.compat.worker_facts import anatomy
 
-            return {**wv.identity(self), "compile": wv.compile_state(self)}
-
-        return _envelope(self, "doctor_anatomy", run)
+        return _envelope(self, "doctor_anatomy", lambda: anatomy(self))
 
     def doctor_placement(self) -> dict[str, Any]:
         from vllm_doctor.compat.worker_facts import placement

@@ -1,30 +1,108 @@
-"""The snapshot every engine-stage check reads: plain dicts gathered from each worker.
+"""The snapshot every engine-stage check reads: what each worker replied, and its records.
 
 Built by :mod:`vllm_doctor.live.attach` from the extension's ``doctor_*`` replies (or from a failed
-engine start, for VD501/VD208). No vLLM or torch object in here.
+engine start, for VD501/VD208). Each worker's replies are kept as they came (``parts``: the JSON
+round trip of :func:`facts_to_dict` / :func:`facts_from_dict` is lossless) and read ONCE into the
+records of :mod:`vllm_doctor.facts.anatomy`, :mod:`~vllm_doctor.facts.placement`,
+:mod:`~vllm_doctor.facts.kv` and :mod:`~vllm_doctor.facts.memory` (the profile into its
+:class:`StepTable`), which the checks and the summaries read by attribute. No vLLM or torch
+object in here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from vllm_doctor.facts.anatomy import Anatomy
+from vllm_doctor.facts.kv import KvCache
+from vllm_doctor.facts.memory import MemoryFacts
+from vllm_doctor.facts.placement import Placement
 from vllm_doctor.facts.steps import StepTable
 
 PARTS = ("anatomy", "placement", "kv", "memory", "profile")
+R = TypeVar("R")
+
+# the parts read into a record (the profile is read into its StepTable by WorkerFacts.steps)
+DECODERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
+    "anatomy": Anatomy.from_wire,
+    "placement": Placement.from_wire,
+    "kv": KvCache.from_wire,
+    "memory": MemoryFacts.from_wire,
+}
 
 
 @dataclass
 class WorkerFacts:
     rank: int | None
-    parts: dict[str, dict[str, Any]] = field(default_factory=dict)  # part -> data
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)  # part -> the reply's data, as sent
     errors: dict[str, dict[str, Any]] = field(default_factory=dict)  # part -> {type, message, traceback}
 
+    # part -> (the reply it was read from, its record): read once per reply
+    _records: dict[str, tuple[dict[str, Any], Any]] = field(default_factory=dict, repr=False, compare=False)
     # (the profile reply it was read from, its step table): read once per reply
     _steps: tuple[dict[str, Any], StepTable] | None = field(default=None, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        for part, data in self.parts.items():
+            self._decode(part, data)
+
+    def put(self, part: str, data: dict[str, Any]) -> None:
+        """A worker's reply for ``part``: kept as it came, and read into its record now."""
+        self.parts[part] = data
+        self._decode(part, data)
+
+    def carry(self, part: str, other: WorkerFacts) -> None:
+        """``other``'s reply for ``part`` and its record (an earlier snapshot's, not asked again)."""
+        data = other.parts[part]
+        self.parts[part] = data
+        cached = other._records.get(part)
+        if cached is not None and cached[0] is data:
+            self._records[part] = cached
+        else:
+            self._decode(part, data)
+
     def get(self, part: str) -> dict[str, Any] | None:
+        """The reply for ``part`` as the worker sent it (the raw dict)."""
         return self.parts.get(part)
+
+    def _decode(self, part: str, data: dict[str, Any]) -> Any:
+        decode = DECODERS.get(part)
+        if decode is None:
+            return None
+        record = decode(data)
+        self._records[part] = (data, record)
+        return record
+
+    def _record(self, part: str, kind: type[R]) -> R | None:
+        data = self.parts.get(part)
+        if data is None:
+            return None
+        cached = self._records.get(part)
+        # a reply put into ``parts`` directly (not through put) is read here, once
+        record = cached[1] if cached is not None and cached[0] is data else self._decode(part, data)
+        return record if isinstance(record, kind) else None
+
+    @property
+    def anatomy(self) -> Anatomy | None:
+        """``doctor_anatomy``'s record; None when the worker did not answer it."""
+        return self._record("anatomy", Anatomy)
+
+    @property
+    def placement(self) -> Placement | None:
+        """``doctor_placement``'s record; None when the worker did not answer it."""
+        return self._record("placement", Placement)
+
+    @property
+    def kv(self) -> KvCache | None:
+        """``doctor_kv``'s record; None when the worker did not answer it."""
+        return self._record("kv", KvCache)
+
+    @property
+    def memory(self) -> MemoryFacts | None:
+        """``doctor_memory``'s record; None when the worker did not answer it."""
+        return self._record("memory", MemoryFacts)
 
     def steps(self) -> StepTable:
         """The profile's step records (:class:`StepTable`), read once per profile reply."""

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from vllm_doctor.analysis.engine import anatomy, summarize
-from vllm_doctor.checks import run_checks, select_codes
+from vllm_doctor.checks import reads_startup_error, run_checks, select_codes
 from vllm_doctor.compat import nvml
 from vllm_doctor.compat.http import HttpEngineHandle
 from vllm_doctor.compat.llm import EngineHandle, ExtensionMissing, engine_kwargs
@@ -31,9 +31,6 @@ from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.model import Report, Stage
 from vllm_doctor.probes import environment
-
-# the checks that read vLLM's start-up error itself (the others read the workers' facts)
-START_CODES = ("VD500", "VD501", "VD208")
 
 __all__ = ["EngineDoctor", "ExtensionMissing", "attach", "build_engine_report", "engine_kwargs", "served_engine"]
 
@@ -62,7 +59,7 @@ def merge_replies(facts: EngineFacts, part: str, replies: list[dict[str, Any]]) 
         if worker.rank is None:
             worker.rank = rank
         if reply.get("ok"):
-            worker.parts[part] = reply.get("data") or {}
+            worker.put(part, reply.get("data") or {})  # read into its record once, here
         else:
             worker.errors[part] = reply.get("error") or {"type": "Unknown", "message": repr(reply)[:300]}
 
@@ -170,9 +167,9 @@ class EngineDoctor:
             merge_replies(facts, part, self.handle.rpc(method, options))
         if previous is not None:
             for worker, before in zip(facts.workers, previous.workers, strict=False):
-                for part, data in before.parts.items():
+                for part in before.parts:
                     if part not in wanted:
-                        worker.parts[part] = data
+                        worker.carry(part, before)
                 for part, error in before.errors.items():
                     if part not in wanted:
                         worker.errors[part] = error
@@ -233,8 +230,9 @@ def build_engine_report(
     # an engine that failed outside eager mode was re-run eagerly: the model's own checks read that
     # run (a misplaced buffer is misplaced in every mode); VD500 reads both
     checked = facts.diagnosis if (not facts.started or facts.runtime_error) and facts.diagnosis else facts
-    findings = run_checks(facts, [c for c in codes if c in START_CODES])
-    findings += run_checks(checked, [c for c in codes if c not in START_CODES])
+    # the checks that read vLLM's start-up error itself read this engine's facts; the others its workers'
+    findings = run_checks(facts, [c for c in codes if reads_startup_error(c)])
+    findings += run_checks(checked, [c for c in codes if not reads_startup_error(c)])
     report.findings = sorted(findings, key=lambda f: (f.code, f.subject))
     report.environment = environment.collect()
     report.facts["engine"] = anatomy(facts)

@@ -36,10 +36,19 @@ from vllm_doctor.files import write_json_atomic
 from vllm_doctor.model import Finding, Report, Severity
 
 MARKER = "vllm_doctor"
-WEIGHT_CODES = ("VD301", "VD302", "VD303", "VD306", "VD307", "VD308")
-PLACEMENT_CODES = ("VD401", "VD402")
-KV_CODES = ("VD500", "VD501", "VD504")
+# each assertion fails on the error-level checks of its topics (vllm_doctor.checks.base.TOPICS):
+# the catalogue says which codes those are, so a new check of a topic joins its assertion
+WEIGHT_TOPICS = ("weights",)
+PLACEMENT_TOPICS = ("start-up", "placement")
+KV_TOPICS = ("start-up", "kv-cache")
 DEVICES = ("auto", "cpu", "cuda")
+
+
+def assertion_codes(topics: Sequence[str]) -> frozenset[str]:
+    """The codes an assertion fails on: the error-level checks of ``topics``."""
+    from vllm_doctor.checks import codes_for  # the catalogue, loaded by the run the assertion made
+
+    return frozenset(codes_for(*topics, at_least=Severity.ERROR))
 
 
 @dataclass
@@ -237,7 +246,7 @@ class VllmDoctor:
         start = time.perf_counter()
         path = self.model_dir(model)
         report = self._session.check(path, **kwargs)
-        found = [f for f in report.problems(Severity.INFO) if f.code in WEIGHT_CODES]
+        found = [f for f in report.problems(Severity.INFO) if f.code in assertion_codes(WEIGHT_TOPICS)]
         self._fail_on_findings(
             "weights_cover", path, found, "the checkpoint and the model's parameters disagree", start
         )
@@ -248,7 +257,7 @@ class VllmDoctor:
         start = time.perf_counter()
         path = self.model_dir(model)
         report = self.engine_report(path, **kwargs)
-        found = _engine_problems(report, (*PLACEMENT_CODES, "VD500"))
+        found = _engine_problems(report, assertion_codes(PLACEMENT_TOPICS))
         self._fail_on_findings("on_device", path, found, "tensors off their worker's device", start, report)
 
     def assert_kv_cache_fits(self, model: str | None = None, max_model_len: int | None = None, **kwargs: Any) -> None:
@@ -256,7 +265,7 @@ class VllmDoctor:
         start = time.perf_counter()
         path = self.model_dir(model)
         report = self.engine_report(path, max_model_len=max_model_len, **kwargs)
-        found = _engine_problems(report, KV_CODES)
+        found = _engine_problems(report, assertion_codes(KV_TOPICS))
         self._fail_on_findings(
             "kv_cache_fits", path, found, f"the KV cache does not fit max_model_len={max_model_len}", start, report
         )

@@ -15,11 +15,12 @@ START, END = "<!-- catalogue:start -->", "<!-- catalogue:end -->"
 
 
 def markdown() -> str:
-    lines = ["| code | name | severity | stage | what it finds |", "|---|---|---|---|---|"]
+    lines = ["| code | name | severity | stage | topic | what it finds |", "|---|---|---|---|---|---|"]
     for code in sorted(CATALOGUE):
         m = CATALOGUE[code].meta
         lines.append(
-            f"| {m.code} | `{m.name}` | {m.severity.value} | {m.stage.value} | {m.summary.replace('|', '/')} |"
+            f"| {m.code} | `{m.name}` | {m.severity.value} | {m.stage.value} | {m.topic} "
+            f"| {m.summary.replace('|', '/')} |"
         )
     return "\n".join(lines)
 

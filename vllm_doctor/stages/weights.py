@@ -13,15 +13,18 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from vllm_doctor.checks.base import informative_line
+from vllm_doctor.checks.base import codes_for, informative_line, needs_import
 from vllm_doctor.checks.weights import config_size_problems
 from vllm_doctor.facts.checkpoint import OUTSIDE_KINDS
 from vllm_doctor.facts.static import Facts
+from vllm_doctor.model import Stage
 from vllm_doctor.probes.safetensors_header import read_checkpoint
 from vllm_doctor.stages.child import ChildJob
 
-LOAD_CODES = ("VD301", "VD302", "VD303", "VD304")
-WEIGHT_CODES = (*LOAD_CODES, "VD305", "VD306", "VD307", "VD308")
+# the weights pass's checks: the weights topic and the static ranks check (VD305; report.facts["weights"]
+# carries the tensor-parallel size it checks); those that wait for the meta-device load need it
+WEIGHT_CODES = codes_for("weights", "ranks", stage=Stage.STATIC)
+LOAD_CODES = tuple(code for code in codes_for("weights") if needs_import(code))
 
 
 def size_block(config: dict[str, Any]) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_doctor.checks import codes_for
 from vllm_doctor.report.profile import render_anatomy
 from vllm_doctor.units import fmt_bytes, fmt_s
 
@@ -242,7 +243,7 @@ def memory_text(report: dict[str, Any]) -> str:
     return "\n".join(lines).rstrip()
 
 
-KV_CODES = ("VD501", "VD502", "VD504")
+KV_CODES = codes_for("kv-cache")
 
 
 def kv_text(report: dict[str, Any]) -> str:
