@@ -136,3 +136,17 @@ def test_fail_on_option_is_used_and_validated(
     bad = pytester.runpytest("--vllm-doctor-fail-on", "nope")
     assert bad.ret == pytest.ExitCode.USAGE_ERROR
     bad.stderr.fnmatch_lines(["*--vllm-doctor-fail-on: invalid choice: 'nope'*"])
+
+
+def test_assertion_options_holding_a_dict_are_one_cache_entry() -> None:
+    """``assert_on_device(engine_args={...})``: the options are a cache key (a dict is not hashable;
+    found on the H200, where the tests pass gpu_memory_utilization this way), and the same options
+    in another order are the same entry."""
+    from vllm_doctor.pytest_plugin.plugin import DoctorSession, _frozen
+
+    session = DoctorSession()
+    first = _frozen({"engine_args": {"gpu_memory_utilization": 0.15, "max_num_seqs": 4}, "trust_remote_code": False})
+    again = _frozen({"trust_remote_code": False, "engine_args": {"max_num_seqs": 4, "gpu_memory_utilization": 0.15}})
+    assert session.cached(("engine", "/m", first), lambda: "report") == "report"
+    assert session.cached(("engine", "/m", again), lambda: pytest.fail("computed twice")) == "report"
+    assert session.runs == {"engine": 1}

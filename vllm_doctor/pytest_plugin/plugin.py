@@ -145,6 +145,13 @@ def _clip(text: str, limit: int = 800) -> str:
     return text if len(text) <= limit else text[:limit] + " [...]"
 
 
+def _frozen(options: dict[str, Any]) -> str:
+    """An assertion's keyword options as a cache key: ``engine_args={...}`` holds a dict."""
+    import json
+
+    return json.dumps(options, sort_keys=True, default=str)
+
+
 def _engine_problems(report: Report, codes: Iterable[str]) -> list[Finding]:
     """An engine assertion's problems: its own codes, and the static findings that kept the engine
     stage from starting (VD305, VD309): a model vLLM cannot start never passes an engine assertion."""
@@ -211,7 +218,7 @@ class VllmDoctor:
 
         self._needs_engine()
         eager = bool(kwargs.pop("eager", self._session.eager))
-        options = tuple(sorted(kwargs.items()))
+        options = _frozen(kwargs)
         key = ("engine", model, max_model_len, self._session.device, eager, options)
         if max_model_len is None:  # any engine run on this model answers placement questions
             key = next((k for k in self._session.cache if k[:2] == key[:2] and k[3:] == key[3:]), key)
@@ -299,7 +306,7 @@ class VllmDoctor:
         chosen = tuple(p if isinstance(p, str) else tuple(p) for p in (prompts or DEFAULT_PROMPTS))
         key = (
             "parity", path, reference, hf_class, chosen, max_tokens, top_k, dtype, atol, hidden_rtol,
-            self._session.device, tuple(sorted(kwargs.items())),
+            self._session.device, _frozen(kwargs),
         )  # fmt: skip
 
         def run() -> Any:
