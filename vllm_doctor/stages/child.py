@@ -411,7 +411,7 @@ def child_main(argv: list[str]) -> int:
                 "traceback": traceback.format_exc()[-6000:],
             }
         }
-    write_json_atomic(out_path, result)
+    write_json_atomic(out_path, result, exact_strings=True)  # the parent reads the same strings back
     sys.stdout.flush()
     sys.stderr.flush()
     # vLLM's distributed teardown and atexit hooks can take seconds; the answer is written and

@@ -113,7 +113,7 @@ class ParityEngine:
             raise ParityUnavailable("this parity engine was closed")
         self.asked += 1
         answer = self.dir / f"resp-{self.asked}.json"
-        write_json_atomic(self.dir / f"req-{self.asked}.json", request)
+        write_json_atomic(self.dir / f"req-{self.asked}.json", request, exact_strings=True)
         # the first answer waits for the engine to start as well
         deadline = (
             time.monotonic() + timeout + (float(self.options.get("start_timeout", 600)) if self.asked == 1 else 0)
@@ -267,7 +267,9 @@ def vllm_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
                 continue
             served += 1
             answer = _answer(handle, llm, json.loads(asked.read_text(encoding="utf-8")))
-            write_json_atomic(folder / f"resp-{served}.json", {**answer, "device": "cuda" if cuda else "cpu"})
+            write_json_atomic(
+                folder / f"resp-{served}.json", {**answer, "device": "cuda" if cuda else "cpu"}, exact_strings=True
+            )
     finally:
         shutdown(llm)
     return {"served": served}
