@@ -14,13 +14,12 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from vllm_doctor.checks.base import Emit, check, gate, informative_line, known
+from vllm_doctor.checks.base import Emit, capped_findings, check, gate, informative_line, known
 from vllm_doctor.facts.checkpoint import FLOAT_DTYPES, INDEX_NAME, OUTSIDE_KINDS
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
 
 EXPECTED_SKIPS = {"inv_freq", "cos_cached", "sin_cached"}  # rotary caches vLLM recomputes
-MAX_FINDINGS = 50  # per check; the rest go into one summary finding (the JSON has them all)
 NOT_INITIALIZED = "Following weights were not initialized from checkpoint: {...}"
 REFS_LOADING = ("vllm/model_executor/model_loader/default_loader.py:track_weights_loading",)
 
@@ -60,20 +59,6 @@ def _weights_loaded(facts: Facts, emit: Emit) -> Finding | None:
         reason = facts.weight_load_error or "the weights pass did not run"
         return emit.skip(f"the model could not be built and loaded on the meta device: {reason}")
     return None
-
-
-def _capped(findings: list[Finding], emit: Emit, what: str) -> Iterable[Finding]:
-    yield from findings[:MAX_FINDINGS]
-    rest = findings[MAX_FINDINGS:]
-    if rest:
-        worst = rest[0]
-        yield emit.fail(
-            f"... and {len(rest)} more {what} (report.facts['weights'] in --json lists every one)",
-            f"({len(rest)} more)",
-            {"subjects": [f.subject for f in rest]},
-            worst.hint,
-            severity=worst.severity,
-        )
 
 
 def _shard_text(shards: list[Any]) -> str:
@@ -208,7 +193,7 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
     if not findings and not unverifiable and not meta_limited:
         yield emit.ok(f"all {len(params)} parameters are filled from {len(tensors)} checkpoint tensors", "model")
         return
-    yield from _capped(findings, emit, "parameters not loaded")
+    yield from capped_findings(findings, emit, "parameters not loaded")
 
 
 def _module_prefix(name: str) -> str:
@@ -351,7 +336,7 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
     elif not findings:
         yield emit.ok(f"load_weights loads all {len(tensors)} checkpoint tensors", "checkpoint")
         return
-    yield from _capped(findings, emit, "checkpoint tensors not consumed")
+    yield from capped_findings(findings, emit, "checkpoint tensors not consumed")
 
 
 @check(
@@ -434,7 +419,7 @@ def checkpoint_shape_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
     if not findings:
         yield emit.ok("every checkpoint tensor fits its parameter's shape", "checkpoint")
         return
-    yield from _capped(findings, emit, "shape mismatches")
+    yield from capped_findings(findings, emit, "shape mismatches")
 
 
 # (checkpoint dtype, parameter dtype) -> (severity, what is lost)
@@ -822,7 +807,7 @@ def broken_shard_index(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 else "add the missing shard file or regenerate the index"
             )
             findings.append(emit.fail(p.message, p.subject, evidence, hint))
-    yield from _capped(findings, emit, "shard index problems")
+    yield from capped_findings(findings, emit, "shard index problems")
     if not problems:
         index = checkpoint.index
         if index is None:
@@ -973,13 +958,19 @@ def tie_word_embeddings_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
 def safetensors_file_unreadable(facts: Facts, emit: Emit) -> Iterable[Finding]:
     checkpoint = known(facts.checkpoint)
     problems = [p for p in checkpoint.problems if p.scope == "file"]
-    for p in problems:
-        yield emit.fail(
-            p.message,
-            p.subject,
-            {"kind": p.kind, **p.evidence, "vllm_error": p.vllm_error},
-            "download or copy this file again; compare its size with the source",
-        )
+    yield from capped_findings(
+        (
+            emit.fail(
+                p.message,
+                p.subject,
+                {"kind": p.kind, **p.evidence, "vllm_error": p.vllm_error},
+                "download or copy this file again; compare its size with the source",
+            )
+            for p in problems
+        ),
+        emit,
+        "unreadable safetensors files",
+    )
     if not problems:
         files = checkpoint.files
         yield emit.ok(
