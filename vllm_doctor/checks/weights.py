@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -1058,6 +1059,40 @@ def config_size_problems(config: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+# a float setting in which Infinity is as wrong as NaN: a norm's epsilon, rope's base and scaling, dropout
+FLOAT_SETTING = re.compile(r"(eps|epsilon|theta|factor|dropout|pdrop|initializer_range|mscale|beta_fast|beta_slow)$")
+
+
+def config_non_finite(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every NaN / Infinity / -Infinity number anywhere in config.json (Python's json reads them;
+    JSON has no such values), in file order. Each: key (dotted, ``[i]`` for list items), value,
+    why, severity ("error": NaN anywhere, Infinity in a float setting; "warn": Infinity elsewhere).
+    The model sizes are :func:`config_size_problems`'s and ``architectures`` VD108's: not here."""
+    skipped = {"architectures", *SIZE_LIMITS, *(f"{sub}.{key}" for sub in SUB_CONFIGS for key in SIZE_LIMITS)}
+    out: list[dict[str, Any]] = []
+    stack: list[tuple[str, Any]] = [("", config)]
+    while stack:  # iterative: parse_json bounds the depth, this bounds nothing else
+        key, value = stack.pop()
+        if key in skipped:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            name = key.rsplit(".", 1)[-1].split("[", 1)[0]
+            nan = math.isnan(value)
+            error = nan or bool(FLOAT_SETTING.search(name))
+            if nan:
+                why = "is not a number: every computation it enters gives NaN"
+            elif error:
+                why = f"is not a finite number: {name} must be one (the model would compute inf/NaN)"
+            else:
+                why = "is not a finite number; check it is meant (strict JSON readers reject config.json)"
+            out.append({"key": key, "value": _shown(value), "why": why, "severity": "error" if error else "warn"})
+        elif isinstance(value, dict):
+            stack.extend((f"{key}.{k}" if key else str(k), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{key}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return out
+
+
 def config_sizes_present(config: dict[str, Any]) -> bool:
     scopes = [config] + [config[name] for name in SUB_CONFIGS if isinstance(config.get(name), dict)]
     return any(cfg.get(key) is not None for cfg in scopes for key in SIZE_LIMITS)
@@ -1068,7 +1103,8 @@ def config_sizes_present(config: dict[str, Any]) -> bool:
     "config-size-invalid",
     (
         "A model size in config.json (layers, hidden size, heads, KV heads, vocabulary, MLP size) is zero, negative, "
-        "not a whole number, NaN/Infinity or absurdly large."
+        "not a whole number, NaN/Infinity or absurdly large; or another number in it (rope_theta, rms_norm_eps, ...) "
+        "is NaN/Infinity."
     ),
     severity=Severity.ERROR,
     stage=Stage.STATIC,
@@ -1076,18 +1112,22 @@ def config_sizes_present(config: dict[str, Any]) -> bool:
         "num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, vocab_size and intermediate_size "
         "(in config.json and in its text_config / llm_config / language_config) must be positive whole numbers. "
         f"vllm-doctor also flags values over a plausibility limit (e.g. {SIZE_LIMITS['num_hidden_layers']:,} layers) "
-        f"and sizes that multiply to more than {MAX_PARAMETERS:.0e} parameters. Read in the fast pass; the model is "
-        "not built (the weights pass and the engine stage are not started) when this check fails."
+        f"and sizes that multiply to more than {MAX_PARAMETERS:.0e} parameters; the model is not built (the weights "
+        "pass and the engine stage are not started) when a size is wrong. Any other number of config.json that is "
+        "NaN is an error, and so is Infinity in a float setting (an epsilon, rope_theta, a factor, a dropout); "
+        "Infinity elsewhere is a warning. Read in the fast pass: no vLLM import."
     ),
     why=(
         "Nothing bounds these sizes up front: transformers 5.19's LlamaConfig accepts num_hidden_layers -1, "
         "vocab_size 0 and num_hidden_layers 10**18 (it rejects floats, strings and booleans, but only once vLLM "
         "builds the config; a custom config class accepts anything). The mistake surfaces while the model is built, "
-        "far from config.json, or the build runs out of memory or time."
+        "far from config.json, or the build runs out of memory or time. vLLM 0.32 and transformers 5.19 load "
+        '"rope_theta": Infinity or "rms_norm_eps": NaN without a word; the outputs are then wrong (a NaN epsilon '
+        "makes every norm NaN)."
     ),
     example=(
-        '"num_hidden_layers": 32.0, "vocab_size": 0, "hidden_size": NaN, or "num_hidden_layers": '
-        "1000000000000000000 (10**18)"
+        '"num_hidden_layers": 32.0, "vocab_size": 0, "hidden_size": NaN, "num_hidden_layers": '
+        '1000000000000000000 (10**18), or "rms_norm_eps": NaN'
     ),
     fix=(
         "Write the sizes the checkpoint was trained with as plain integers (config.save_pretrained does); a NaN, a "
@@ -1095,18 +1135,30 @@ def config_sizes_present(config: dict[str, Any]) -> bool:
     ),
 )
 def config_size_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    if not config_sizes_present(facts.config):
-        yield emit.not_applicable(f"config.json sets none of {', '.join(SIZE_LIMITS)}")
+    non_finite = config_non_finite(facts.config)
+    if not config_sizes_present(facts.config) and not non_finite:
+        yield emit.not_applicable(f"config.json sets none of {', '.join(SIZE_LIMITS)} and holds no NaN/Infinity")
         return
     problems = config_size_problems(facts.config)
-    for p in problems:
-        yield emit.fail(
+    findings = [
+        emit.fail(
             f"{p['key']} = {p['value']}: {p['why']}",
             f"config.json:{p['key']}",
             {"key": p["key"], "value": p["value"], "problem": p["why"]},
             "write the size the model was trained with as a positive integer",
         )
-    if not problems:
+        for p in problems
+    ]
+    for p in non_finite:
+        evidence = {"key": p["key"], "value": p["value"], "problem": p["why"]}
+        hint = "write the value the model was trained with (config.save_pretrained writes finite numbers)"
+        message, subject = f"{p['key']} = {p['value']}: {p['why']}", f"config.json:{p['key']}"
+        if p["severity"] == "error":
+            findings.append(emit.fail(message, subject, evidence, hint))
+        else:
+            findings.append(emit.warn(message, subject, evidence, hint, severity=Severity.WARN))
+    yield from capped_findings(findings, emit, "numbers of config.json that are wrong")
+    if not findings:
         yield emit.ok("the model sizes in config.json are positive whole numbers of plausible size", "config.json")
 
 
