@@ -866,14 +866,14 @@ def tie_word_embeddings_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 "weights pass)"
             )
             return
-    names = set(checkpoint.tensor_map())
+    names = {t.name for t in checkpoint.tensors}
     index = checkpoint.index
     complete = checkpoint.complete
     has_lm_head = "lm_head.weight" in names
     if not has_lm_head and not complete:
         yield emit.skip("part of the checkpoint could not be read (see VD306/VD308); lm_head.weight may be in it")
         return
-    has_embed = any(n.endswith("embed_tokens.weight") or n.endswith("wte.weight") for n in names)
+    has_embed = any(n.endswith(("embed_tokens.weight", "wte.weight")) for n in names)
     subject = "config.json:tie_word_embeddings"
     evidence = {
         "tie_word_embeddings": tie,
