@@ -26,6 +26,7 @@ Everything returned is JSON-able; no vLLM or torch object leaves this module.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 import shutil
 import sys
@@ -35,6 +36,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from vllm_doctor.compat.common import format_exc, hf_text_config, user_frame
+from vllm_doctor.constants import SCRATCH_DIR_ENV
 
 MAX_RESTARTS = 10_000
 MAX_RUNS_FOR_EXACT_COVERAGE = 200_000
@@ -723,7 +725,10 @@ def init_single_process_distributed(tmpdir: str) -> None:
 
 def meta_load(request: dict[str, Any]) -> dict[str, Any]:
     """The whole child job. Never raises: failures land in ``result["error"]``."""
-    tmp = tempfile.mkdtemp(prefix="vllm-doctor-dist-")  # the gloo rendezvous file
+    # the gloo rendezvous file, inside the job's directory: a pass killed at its deadline never
+    # reaches the finally below, and its parent removes that directory
+    scratch = os.environ.get(SCRATCH_DIR_ENV)
+    tmp = tempfile.mkdtemp(prefix="vllm-doctor-dist-", dir=scratch if scratch and os.path.isdir(scratch) else None)
     try:
         return _meta_load(request, tmp)
     finally:
