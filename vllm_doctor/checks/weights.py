@@ -1144,13 +1144,13 @@ def config_size_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
         emit.fail(
             f"{p['key']} = {p['value']}: {p['why']}",
             f"config.json:{p['key']}",
-            {"key": p["key"], "value": p["value"], "problem": p["why"]},
+            {"key": p["key"], "value": p["value"], "problem": p["why"], "kind": "size"},
             "write the size the model was trained with as a positive integer",
         )
         for p in problems
     ]
     for p in non_finite:
-        evidence = {"key": p["key"], "value": p["value"], "problem": p["why"]}
+        evidence = {"key": p["key"], "value": p["value"], "problem": p["why"], "kind": "not-finite"}
         hint = "write the value the model was trained with (config.save_pretrained writes finite numbers)"
         message, subject = f"{p['key']} = {p['value']}: {p['why']}", f"config.json:{p['key']}"
         if p["severity"] == "error":
