@@ -63,3 +63,7 @@ STEP_COLUMN_TYPES = {
     "sampled": "b",
     "layers_timed": "b",
 }
+
+# set by stages/child.py for each child: the job's own directory, removed with the job (also when
+# the child is killed at its deadline); what a child writes for itself goes in there
+SCRATCH_DIR_ENV = "VLLM_DOCTOR_SCRATCH_DIR"

@@ -100,6 +100,61 @@ def shown(value: Any, limit: int = LIST_LIMIT, chars: int = 2000) -> str:
     return text if len(text) <= chars else f"{text[:chars]}... ({len(text)} characters)"
 
 
+MAX_REPEATED = 20  # findings one check gives about one kind of problem; the rest become one summary
+MAX_LISTED = 10_000  # subjects a summary finding's evidence names (a million tensors: the first 10,000)
+_OUTCOME_ORDER = {Outcome.CRASH: 0, Outcome.FAIL: 1, Outcome.WARN: 2}
+
+
+def capped_findings(
+    findings: Iterable[Finding],
+    emit: Emit,
+    what: str,
+    *,
+    limit: int = MAX_REPEATED,
+    total: int | None = None,
+    subject: str | None = None,
+) -> list[Finding]:
+    """At most ``limit`` of ``findings`` plus ONE summary ``"... and N more <what> (see the JSON
+    report's evidence)"``, so that one problem repeated per tensor, per index entry or per plugin
+    costs the report a constant.
+
+    The findings shown are the worst first (fail before warn, error before info; otherwise in the
+    order given). The summary takes the worst outcome and severity of the findings it stands for,
+    and its evidence names them: ``subjects`` (the first :data:`MAX_LISTED`), ``not_shown`` and
+    ``severities`` (how many of each). ``total``: how many there are when the caller built only
+    the first ones (as VD101 does, where each finding costs a registry search); the summary then
+    takes the shown findings' worst outcome and lists no subjects. ``subject``: the summary's
+    subject (default ``"(N more)"``).
+    """
+    ordered = sorted(findings, key=lambda f: (_OUTCOME_ORDER.get(f.outcome, 3), -f.severity.rank))
+    shown, rest = ordered[:limit], ordered[limit:]
+    more = len(rest) if total is None else max(0, total - len(shown))
+    if not more:
+        return shown
+    like = rest or shown
+    worst = min(like, key=lambda f: (_OUTCOME_ORDER.get(f.outcome, 3), -f.severity.rank))
+    severities: dict[str, int] = {}
+    for f in rest:
+        severities[f.severity.value] = severities.get(f.severity.value, 0) + 1
+    evidence: dict[str, Any] = {"not_shown": more}
+    if rest:
+        evidence["subjects"] = [f.subject for f in rest[:MAX_LISTED]]
+        evidence["severities"] = severities
+        if len(rest) > MAX_LISTED:
+            evidence["subjects_not_listed"] = len(rest) - MAX_LISTED
+    message = f"... and {more} more {what} (see the JSON report's evidence)"
+    summary = Finding(
+        code=emit.meta.code,
+        outcome=worst.outcome,
+        severity=worst.severity,
+        message=message,
+        subject=subject or f"({more} more)",
+        evidence=evidence,
+        hint=worst.hint,
+    )
+    return [*shown, summary]
+
+
 def informative_line(summary: str, limit: int = 600) -> str:
     """The informative line of vLLM's error: pydantic wraps vLLM's own message in `Value error, ...`."""
     lines = [line.strip() for line in summary.splitlines() if line.strip()]

@@ -6,7 +6,17 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-from vllm_doctor.checks.base import LIST_LIMIT, Emit, capped, check, gate, informative_line, known, shown
+from vllm_doctor.checks.base import (
+    LIST_LIMIT,
+    Emit,
+    capped,
+    capped_findings,
+    check,
+    gate,
+    informative_line,
+    known,
+    shown,
+)
 from vllm_doctor.facts.static import Facts, is_transformers_backend
 from vllm_doctor.model import Finding, Severity, Stage
 from vllm_doctor.units import clip
@@ -209,7 +219,7 @@ def architecture_not_registered(facts: Facts, emit: Emit) -> Iterable[Finding]:
     requires=("caller-registry",),
 )
 def registered_only_in_caller(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    found = False
+    problems: list[Finding] = []
     if facts.caller_registry is not None:
         if facts.registry is None or facts.registry_source != "import":
             yield emit.skip(
@@ -218,23 +228,27 @@ def registered_only_in_caller(facts: Facts, emit: Emit) -> Iterable[Finding]:
             return
         for i, arch in enumerate(facts.architectures):
             if arch in facts.caller_registry and arch not in facts.registry:
-                found = True
-                yield emit.fail(
-                    f"{arch} is registered in this process but not in a fresh engine process",
-                    f"config.json:architectures[{i}]",
-                    {"caller_target": facts.caller_registry[arch], "fresh_process_registered": False},
-                    "register it from a `vllm.general_plugins` entry point so every engine process sees it",
+                problems.append(
+                    emit.fail(
+                        f"{arch} is registered in this process but not in a fresh engine process",
+                        f"config.json:architectures[{i}]",
+                        {"caller_target": facts.caller_registry[arch], "fresh_process_registered": False},
+                        "register it from a `vllm.general_plugins` entry point so every engine process sees it",
+                    )
                 )
     for reg in facts.script_registrations or []:
         if reg.get("scope") != "module":
-            found = True
-            yield emit.fail(
-                f"{reg['arch']!r} is registered inside {reg['scope']}; spawned engine processes never run that code",
-                reg["where"],
-                dict(reg),
-                "move the call into a `vllm.general_plugins` entry point (or at least to the module's top level)",
+            problems.append(
+                emit.fail(
+                    f"{reg['arch']!r} is registered inside {reg['scope']}; spawned engine processes never run that "
+                    "code",
+                    reg["where"],
+                    dict(reg),
+                    "move the call into a `vllm.general_plugins` entry point (or at least to the module's top level)",
+                )
             )
-    if not found:
+    yield from capped_findings(problems, emit, "registrations the engine processes will not see")
+    if not problems:
         yield emit.ok("every architecture the caller registers is visible to a fresh engine process")
 
 
@@ -274,7 +288,7 @@ def registered_under_wrong_name(facts: Facts, emit: Emit) -> Iterable[Finding]:
     if any(a in registry for a in archs):
         yield emit.ok("a plugin registration matches config.json's architectures")
         return
-    found = False
+    problems: list[Finding] = []
     for plugin, arch, target, where in regs:
         cls_name = target.replace(":", ".").rsplit(".", 1)[-1]
         reason = None
@@ -285,19 +299,23 @@ def registered_under_wrong_name(facts: Facts, emit: Emit) -> Iterable[Finding]:
         elif cls_name in archs:
             reason = f"registered under {arch!r}, but its class is named {cls_name!r} like config.json's architecture"
         if reason:
-            found = True
-            yield emit.fail(
-                f"plugin {plugin.name!r} {reason}",
-                where,
-                {
-                    "registered_as": arch,
-                    "target": target,
-                    "config_architectures": capped(archs),
-                    "model_type": facts.model_type,
-                },
-                f"register it as {archs[0]!r}: ModelRegistry.register_model({archs[0]!r}, {target!r})" if archs else "",
+            problems.append(
+                emit.fail(
+                    f"plugin {plugin.name!r} {reason}",
+                    where,
+                    {
+                        "registered_as": arch,
+                        "target": target,
+                        "config_architectures": capped(archs),
+                        "model_type": facts.model_type,
+                    },
+                    f"register it as {archs[0]!r}: ModelRegistry.register_model({archs[0]!r}, {target!r})"
+                    if archs
+                    else "",
+                )
             )
-    if not found:
+    yield from capped_findings(problems, emit, "registrations under another name")
+    if not problems:
         yield emit.ok("no plugin registration looks like a misnamed config architecture")
 
 
@@ -429,7 +447,7 @@ def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
         return
     from pathlib import Path
 
-    problems = 0
+    missing: list[Finding] = []
     for key, ref in auto_map.items():
         refs = ref if isinstance(ref, list) else [ref]
         for one in refs:
@@ -437,13 +455,16 @@ def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 continue
             module = one.rsplit(".", 1)[0]
             if not (Path(facts.model_dir) / (module.replace(".", "/") + ".py")).is_file():
-                problems += 1
-                yield emit.fail(
-                    f"auto_map[{key!r}] names {one!r} but {module}.py is not in the model directory",
-                    f"config.json:auto_map.{key}",
-                    {"reference": one},
-                    f"ship {module}.py next to config.json or fix the auto_map entry",
+                missing.append(
+                    emit.fail(
+                        f"auto_map[{key!r}] names {one!r} but {module}.py is not in the model directory",
+                        f"config.json:auto_map.{key}",
+                        {"reference": one},
+                        f"ship {module}.py next to config.json or fix the auto_map entry",
+                    )
                 )
+    yield from capped_findings(missing, emit, "auto_map entries whose module is missing")
+    problems = len(missing)
     mt = facts.model_type
     known = facts.transformers_model_types or set()
     if facts.import_pass and "transformers_model_types" in facts.import_pass:
@@ -665,6 +686,11 @@ def architectures_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
     requires=("plugins",),
 )
 def plugin_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    # one finding per entry point: an environment with thousands of them gets 20 and a summary
+    return capped_findings(_plugin_findings(facts, emit), emit, "plugin entry points")
+
+
+def _plugin_findings(facts: Facts, emit: Emit) -> Iterable[Finding]:
     live = {p["name"]: p for p in (facts.import_pass or {}).get("plugins", [])}
     for plugin in facts.plugins:
         subject = f"entry point {plugin.name} = {plugin.value}" + (
@@ -720,17 +746,19 @@ def registration_shadows_builtin(facts: Facts, emit: Emit) -> Iterable[Finding]:
     if not regs:
         yield emit.not_applicable("no plugin registers a model")
         return
-    shadowed = False
+    shadowed: list[Finding] = []
     for plugin, arch, target, where in regs:
         builtin = builtins.get(arch)
         if builtin is not None and builtin != target:
-            shadowed = True
-            yield emit.warn(
-                f"plugin {plugin.name!r} replaces vLLM's built-in {arch} ({builtin}) with {target}",
-                where,
-                {"architecture": arch, "builtin": builtin, "replacement": target},
-                "fine if deliberate; otherwise register under a new name",
+            shadowed.append(
+                emit.warn(
+                    f"plugin {plugin.name!r} replaces vLLM's built-in {arch} ({builtin}) with {target}",
+                    where,
+                    {"architecture": arch, "builtin": builtin, "replacement": target},
+                    "fine if deliberate; otherwise register under a new name",
+                )
             )
+    yield from capped_findings(shadowed, emit, "built-in architectures replaced by plugins")
     if not shadowed:
         yield emit.ok("no plugin registration shadows a built-in architecture")
 

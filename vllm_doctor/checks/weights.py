@@ -11,16 +11,16 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
-from vllm_doctor.checks.base import Emit, check, gate, informative_line, known
+from vllm_doctor.checks.base import Emit, capped_findings, check, gate, informative_line, known
 from vllm_doctor.facts.checkpoint import FLOAT_DTYPES, INDEX_NAME, OUTSIDE_KINDS
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
 
 EXPECTED_SKIPS = {"inv_freq", "cos_cached", "sin_cached"}  # rotary caches vLLM recomputes
-MAX_FINDINGS = 50  # per check; the rest go into one summary finding (the JSON has them all)
 NOT_INITIALIZED = "Following weights were not initialized from checkpoint: {...}"
 REFS_LOADING = ("vllm/model_executor/model_loader/default_loader.py:track_weights_loading",)
 
@@ -60,20 +60,6 @@ def _weights_loaded(facts: Facts, emit: Emit) -> Finding | None:
         reason = facts.weight_load_error or "the weights pass did not run"
         return emit.skip(f"the model could not be built and loaded on the meta device: {reason}")
     return None
-
-
-def _capped(findings: list[Finding], emit: Emit, what: str) -> Iterable[Finding]:
-    yield from findings[:MAX_FINDINGS]
-    rest = findings[MAX_FINDINGS:]
-    if rest:
-        worst = rest[0]
-        yield emit.fail(
-            f"... and {len(rest)} more {what} (report.facts['weights'] in --json lists every one)",
-            f"({len(rest)} more)",
-            {"subjects": [f.subject for f in rest]},
-            worst.hint,
-            severity=worst.severity,
-        )
 
 
 def _shard_text(shards: list[Any]) -> str:
@@ -209,7 +195,7 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
     if not findings and not unverifiable and not meta_limited:
         yield emit.ok(f"all {len(params)} parameters are filled from {len(tensors)} checkpoint tensors", "model")
         return
-    yield from _capped(findings, emit, "parameters not loaded")
+    yield from capped_findings(findings, emit, "parameters not loaded")
 
 
 def _module_prefix(name: str) -> str:
@@ -353,7 +339,7 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
     elif not findings:
         yield emit.ok(f"load_weights loads all {len(tensors)} checkpoint tensors", "checkpoint")
         return
-    yield from _capped(findings, emit, "checkpoint tensors not consumed")
+    yield from capped_findings(findings, emit, "checkpoint tensors not consumed")
 
 
 @check(
@@ -437,7 +423,7 @@ def checkpoint_shape_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
     if not findings:
         yield emit.ok("every checkpoint tensor fits its parameter's shape", "checkpoint")
         return
-    yield from _capped(findings, emit, "shape mismatches")
+    yield from capped_findings(findings, emit, "shape mismatches")
 
 
 # (checkpoint dtype, parameter dtype) -> (severity, what is lost)
@@ -828,7 +814,7 @@ def broken_shard_index(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 else "add the missing shard file or regenerate the index"
             )
             findings.append(emit.fail(p.message, p.subject, evidence, hint))
-    yield from _capped(findings, emit, "shard index problems")
+    yield from capped_findings(findings, emit, "shard index problems")
     if not problems:
         index = checkpoint.index
         if index is None:
@@ -887,14 +873,14 @@ def tie_word_embeddings_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 "weights pass)"
             )
             return
-    names = set(checkpoint.tensor_map())
+    names = {t.name for t in checkpoint.tensors}
     index = checkpoint.index
     complete = checkpoint.complete
     has_lm_head = "lm_head.weight" in names
     if not has_lm_head and not complete:
         yield emit.skip("part of the checkpoint could not be read (see VD306/VD308); lm_head.weight may be in it")
         return
-    has_embed = any(n.endswith("embed_tokens.weight") or n.endswith("wte.weight") for n in names)
+    has_embed = any(n.endswith(("embed_tokens.weight", "wte.weight")) for n in names)
     subject = "config.json:tie_word_embeddings"
     evidence = {
         "tie_word_embeddings": tie,
@@ -981,13 +967,19 @@ def tie_word_embeddings_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
 def safetensors_file_unreadable(facts: Facts, emit: Emit) -> Iterable[Finding]:
     checkpoint = known(facts.checkpoint)
     problems = [p for p in checkpoint.problems if p.scope == "file"]
-    for p in problems:
-        yield emit.fail(
-            p.message,
-            p.subject,
-            {"kind": p.kind, **p.evidence, "vllm_error": p.vllm_error},
-            "download or copy this file again; compare its size with the source",
-        )
+    yield from capped_findings(
+        (
+            emit.fail(
+                p.message,
+                p.subject,
+                {"kind": p.kind, **p.evidence, "vllm_error": p.vllm_error},
+                "download or copy this file again; compare its size with the source",
+            )
+            for p in problems
+        ),
+        emit,
+        "unreadable safetensors files",
+    )
     if not problems:
         files = checkpoint.files
         yield emit.ok(
@@ -1075,6 +1067,40 @@ def config_size_problems(config: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+# a float setting in which Infinity is as wrong as NaN: a norm's epsilon, rope's base and scaling, dropout
+FLOAT_SETTING = re.compile(r"(eps|epsilon|theta|factor|dropout|pdrop|initializer_range|mscale|beta_fast|beta_slow)$")
+
+
+def config_non_finite(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every NaN / Infinity / -Infinity number anywhere in config.json (Python's json reads them;
+    JSON has no such values), in file order. Each: key (dotted, ``[i]`` for list items), value,
+    why, severity ("error": NaN anywhere, Infinity in a float setting; "warn": Infinity elsewhere).
+    The model sizes are :func:`config_size_problems`'s and ``architectures`` VD108's: not here."""
+    skipped = {"architectures", *SIZE_LIMITS, *(f"{sub}.{key}" for sub in SUB_CONFIGS for key in SIZE_LIMITS)}
+    out: list[dict[str, Any]] = []
+    stack: list[tuple[str, Any]] = [("", config)]
+    while stack:  # iterative: parse_json bounds the depth, this bounds nothing else
+        key, value = stack.pop()
+        if key in skipped:
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            name = key.rsplit(".", 1)[-1].split("[", 1)[0]
+            nan = math.isnan(value)
+            error = nan or bool(FLOAT_SETTING.search(name))
+            if nan:
+                why = "is not a number: every computation it enters gives NaN"
+            elif error:
+                why = f"is not a finite number: {name} must be one (the model would compute inf/NaN)"
+            else:
+                why = "is not a finite number; check it is meant (strict JSON readers reject config.json)"
+            out.append({"key": key, "value": _shown(value), "why": why, "severity": "error" if error else "warn"})
+        elif isinstance(value, dict):
+            stack.extend((f"{key}.{k}" if key else str(k), v) for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((f"{key}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return out
+
+
 def config_sizes_present(config: dict[str, Any]) -> bool:
     scopes = [config] + [config[name] for name in SUB_CONFIGS if isinstance(config.get(name), dict)]
     return any(cfg.get(key) is not None for cfg in scopes for key in SIZE_LIMITS)
@@ -1085,7 +1111,8 @@ def config_sizes_present(config: dict[str, Any]) -> bool:
     "config-size-invalid",
     (
         "A model size in config.json (layers, hidden size, heads, KV heads, vocabulary, MLP size) is zero, negative, "
-        "not a whole number, NaN/Infinity or absurdly large."
+        "not a whole number, NaN/Infinity or absurdly large; or another number in it (rope_theta, rms_norm_eps, ...) "
+        "is NaN/Infinity."
     ),
     severity=Severity.ERROR,
     stage=Stage.STATIC,
@@ -1094,18 +1121,22 @@ def config_sizes_present(config: dict[str, Any]) -> bool:
         "num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, vocab_size and intermediate_size "
         "(in config.json and in its text_config / llm_config / language_config) must be positive whole numbers. "
         f"vllm-doctor also flags values over a plausibility limit (e.g. {SIZE_LIMITS['num_hidden_layers']:,} layers) "
-        f"and sizes that multiply to more than {MAX_PARAMETERS:.0e} parameters. Read in the fast pass; the model is "
-        "not built (the weights pass and the engine stage are not started) when this check fails."
+        f"and sizes that multiply to more than {MAX_PARAMETERS:.0e} parameters; the model is not built (the weights "
+        "pass and the engine stage are not started) when a size is wrong. Any other number of config.json that is "
+        "NaN is an error, and so is Infinity in a float setting (an epsilon, rope_theta, a factor, a dropout); "
+        "Infinity elsewhere is a warning. Read in the fast pass: no vLLM import."
     ),
     why=(
         "Nothing bounds these sizes up front: transformers 5.19's LlamaConfig accepts num_hidden_layers -1, "
         "vocab_size 0 and num_hidden_layers 10**18 (it rejects floats, strings and booleans, but only once vLLM "
         "builds the config; a custom config class accepts anything). The mistake surfaces while the model is built, "
-        "far from config.json, or the build runs out of memory or time."
+        "far from config.json, or the build runs out of memory or time. vLLM 0.32 and transformers 5.19 load "
+        '"rope_theta": Infinity or "rms_norm_eps": NaN without a word; the outputs are then wrong (a NaN epsilon '
+        "makes every norm NaN)."
     ),
     example=(
-        '"num_hidden_layers": 32.0, "vocab_size": 0, "hidden_size": NaN, or "num_hidden_layers": '
-        "1000000000000000000 (10**18)"
+        '"num_hidden_layers": 32.0, "vocab_size": 0, "hidden_size": NaN, "num_hidden_layers": '
+        '1000000000000000000 (10**18), or "rms_norm_eps": NaN'
     ),
     fix=(
         "Write the sizes the checkpoint was trained with as plain integers (config.save_pretrained does); a NaN, a "
@@ -1113,18 +1144,30 @@ def config_sizes_present(config: dict[str, Any]) -> bool:
     ),
 )
 def config_size_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    if not config_sizes_present(facts.config):
-        yield emit.not_applicable(f"config.json sets none of {', '.join(SIZE_LIMITS)}")
+    non_finite = config_non_finite(facts.config)
+    if not config_sizes_present(facts.config) and not non_finite:
+        yield emit.not_applicable(f"config.json sets none of {', '.join(SIZE_LIMITS)} and holds no NaN/Infinity")
         return
     problems = config_size_problems(facts.config)
-    for p in problems:
-        yield emit.fail(
+    findings = [
+        emit.fail(
             f"{p['key']} = {p['value']}: {p['why']}",
             f"config.json:{p['key']}",
-            {"key": p["key"], "value": p["value"], "problem": p["why"]},
+            {"key": p["key"], "value": p["value"], "problem": p["why"], "kind": "size"},
             "write the size the model was trained with as a positive integer",
         )
-    if not problems:
+        for p in problems
+    ]
+    for p in non_finite:
+        evidence = {"key": p["key"], "value": p["value"], "problem": p["why"], "kind": "not-finite"}
+        hint = "write the value the model was trained with (config.save_pretrained writes finite numbers)"
+        message, subject = f"{p['key']} = {p['value']}: {p['why']}", f"config.json:{p['key']}"
+        if p["severity"] == "error":
+            findings.append(emit.fail(message, subject, evidence, hint))
+        else:
+            findings.append(emit.warn(message, subject, evidence, hint, severity=Severity.WARN))
+    yield from capped_findings(findings, emit, "numbers of config.json that are wrong")
+    if not findings:
         yield emit.ok("the model sizes in config.json are positive whole numbers of plausible size", "config.json")
 
 

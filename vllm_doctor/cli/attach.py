@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from vllm_doctor.cli.common import (
     raise_interrupt,
 )
 from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.files import json_text
 from vllm_doctor.model import Severity
 from vllm_doctor.report.write import write_reports
 
@@ -132,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
         paths = write_reports(Path(args.out), report)
         progress("wrote " + ", ".join(str(p) for p in paths))
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2, default=str))
+        print(json_text(report.to_dict()))
         return 1 if report.problems(Severity(args.fail_on)) else 0
     print(render_anatomy(report.facts["engine"]))
     print(render_profile(report.profiles["engine"]))

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
 from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_OK, add_target, progress_printer
 from vllm_doctor.errors import DoctorInputError
-from vllm_doctor.files import write_json_atomic, write_text_atomic
+from vllm_doctor.files import json_text, write_json_atomic, write_text_atomic
 from vllm_doctor.report.write import CPU_PROFILE_INDEX
 
 EPILOG = """\
@@ -86,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         progress(f"linked the flamegraphs from {report_html}")
     written = [p for p in index["processes"] if p["flamegraph"] or p["speedscope"]]
     if args.json:
-        print(json.dumps(index, indent=2))
+        print(json_text(index))
     else:
         for p in index["processes"]:
             files = ", ".join(str(out / f) for f in (p["flamegraph"], p["speedscope"]) if f)

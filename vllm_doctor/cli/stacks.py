@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from typing import Any
 
 from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_OK, add_target
 from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.files import json_text
 
 EPILOG = """\
 Finds every process of the engine (API server, EngineCore, workers: vLLM titles them
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             native=args.native,
             timeout=args.timeout,
         ).to_dict()
-        print(json.dumps(report, indent=2) if args.json else render(report, args.stacks))
+        print(json_text(report) if args.json else render(report, args.stacks))
         return exit_code(report)
     still_rounds: dict[int, int] = {}
     code = EXIT_OK
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             for p in report["processes"]:
                 still_rounds[p["pid"]] = still_rounds.get(p["pid"], 0) + 1 if p["did_not_move"] else 0
             if args.json:
-                print(json.dumps(report | {"did_not_move_rounds": still_rounds}), flush=True)
+                print(json_text(report | {"did_not_move_rounds": still_rounds}, indent=None), flush=True)
             else:
                 print(render(report, args.stacks, still_rounds) + "\n", flush=True)
             code = exit_code(report)

@@ -29,6 +29,7 @@ returned is JSON-able; no vLLM or torch object leaves this module.
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import tempfile
@@ -37,6 +38,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from vllm_doctor.compat.common import format_exc, hf_text_config, user_frame
+from vllm_doctor.constants import SCRATCH_DIR_ENV
 
 MAX_RESTARTS = 10_000
 
@@ -541,7 +543,10 @@ def init_single_process_distributed(tmpdir: str) -> None:
 
 def meta_load(request: dict[str, Any], new_ledger: NewLedger) -> dict[str, Any]:
     """The whole child job. Never raises: failures land in ``result["error"]``."""
-    tmp = tempfile.mkdtemp(prefix="vllm-doctor-dist-")  # the gloo rendezvous file
+    # the gloo rendezvous file, inside the job's directory: a pass killed at its deadline never
+    # reaches the finally below, and its parent removes that directory
+    scratch = os.environ.get(SCRATCH_DIR_ENV)
+    tmp = tempfile.mkdtemp(prefix="vllm-doctor-dist-", dir=scratch if scratch and os.path.isdir(scratch) else None)
     try:
         return _meta_load(request, tmp, new_ledger)
     finally:

@@ -69,4 +69,6 @@ def render(report: Report, verbose: bool = False) -> str:
         f"  {len(problems)} problem(s); fast pass {t.get('static_pass_s', 0):.2f} s"
         + (f", import pass {t['import_pass_s']:.1f} s" if "import_pass_s" in t else "")
     )
+    if report.facts.get("engine_log"):  # check --engine: the directory it lies in is kept for the user
+        out.append(f"  engine log: {report.facts['engine_log']}")
     return "\n".join(out)

@@ -14,7 +14,12 @@ guarantees:
 - **Its own process group, a time limit, no orphans.** The child starts a new session; at the
   deadline, when the job ends, when the doctor exits and on SIGTERM/SIGHUP the whole group is
   killed (vLLM's engine core and workers included). On Linux the child also asks the kernel to
-  tell it when the doctor dies without cleaning up (``PR_SET_PDEATHSIG``), and then kills its group.
+  tell it when the doctor dies without cleaning up (``PR_SET_PDEATHSIG``), and then kills its group;
+  the doctor's janitor (:mod:`vllm_doctor.stages.tempdirs`) kills it too.
+- **Nothing left on disk.** The job's directory (request, result, log) comes from
+  :func:`vllm_doctor.stages.tempdirs.make` and goes with the job, at the deadline, on SIGTERM/SIGHUP and,
+  through the janitor, when the doctor is SIGKILLed; whatever the child needs on disk goes inside
+  it (``$VLLM_DOCTOR_SCRATCH_DIR``).
 - **Bounded memory.** A watchdog thread sums the resident memory of the child's whole process
   group (``/proc``) a few times a second and kills the group when it passes the limit
   (:func:`default_memory_limit`: ``VLLM_DOCTOR_MAX_MEMORY`` or 75 % of the machine's memory).
@@ -36,7 +41,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import weakref
@@ -45,8 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from vllm_doctor.constants import SCRATCH_DIR_ENV
 from vllm_doctor.files import write_json_atomic
 from vllm_doctor.procfs import PAGE_SIZE, PROC, stat_fields
+from vllm_doctor.stages import tempdirs
 from vllm_doctor.units import fmt_bytes, parse_bytes
 
 PROGRESS_PREFIX = "@@vllm-doctor@@ "
@@ -157,6 +163,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
+    tempdirs.forget_group(proc.pid)
     if proc.poll() is None:
         try:
             proc.wait(timeout=10)
@@ -185,6 +192,7 @@ def _install_handlers() -> None:
 
 def _on_signal(signum: int, _frame: Any) -> None:
     kill_all()
+    tempdirs.remove_all()  # the re-raised signal ends the process without atexit
     signal.signal(signum, signal.SIG_DFL)
     os.kill(os.getpid(), signum)
 
@@ -211,7 +219,8 @@ class ChildJob:
         self.what = what  # "the import pass", for messages
         self.timeout = timeout
         self.start = time.monotonic()
-        self._tmp = tempfile.mkdtemp(prefix=f"vllm-doctor-{task}-")
+        # first, before _install_handlers: tempdirs' exit handler must run after kill_all (LIFO)
+        self._tmp = tempdirs.make(f"vllm-doctor-{task}-")
         self._out = Path(self._tmp) / "result.json"
         request_path = Path(self._tmp) / "request.json"
         request_path.write_text(json.dumps(request), encoding="utf-8")
@@ -224,6 +233,7 @@ class ChildJob:
         # subprocess too) leaves the current directory off sys.path: a `vllm.py` lying in a
         # downloaded model directory is never imported (Python >= 3.11)
         child_env["PYTHONSAFEPATH"] = "1"
+        child_env[SCRATCH_DIR_ENV] = self._tmp  # what the child writes goes with the job's directory
         if threading.current_thread() is threading.main_thread():
             # the kernel's parent-death signal follows the spawning thread: only from the main one
             child_env[_PDEATHSIG_ENV] = str(os.getpid())
@@ -239,6 +249,7 @@ class ChildJob:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        tempdirs.watch_group(self._proc.pid)
         self._progress = progress
         self._reader = threading.Thread(target=self._read, name=f"vllm-doctor-{task}-log", daemon=True)
         self._reader.start()
@@ -346,10 +357,8 @@ class ChildJob:
 
 
 def _cleanup(proc: subprocess.Popen[bytes], tmp: str) -> None:
-    import shutil
-
     _kill_group(proc)
-    shutil.rmtree(tmp, ignore_errors=True)
+    tempdirs.remove(tmp)
 
 
 def run_child(task: str, request: dict[str, Any], *, timeout: float, what: str, **kwargs: Any) -> ChildResult:
@@ -411,7 +420,7 @@ def child_main(argv: list[str]) -> int:
                 "traceback": traceback.format_exc()[-6000:],
             }
         }
-    write_json_atomic(out_path, result)
+    write_json_atomic(out_path, result, exact_strings=True)  # the parent reads the same strings back
     sys.stdout.flush()
     sys.stderr.flush()
     # vLLM's distributed teardown and atexit hooks can take seconds; the answer is written and

@@ -140,10 +140,11 @@ def run_engine_stage(
     An engine that failed outside eager mode is run again, eagerly and with the op probe, and
     that run's facts become ``facts.diagnosis`` (VD500 names the cause from them).
     """
-    import tempfile
+    from vllm_doctor.stages import tempdirs
 
     t0 = time.perf_counter()
-    log_dir = log_dir or tempfile.mkdtemp(prefix="vllm-doctor-engine-")
+    made = log_dir is None
+    log_dir = log_dir or tempdirs.make("vllm-doctor-engine-")
     Path(log_dir).mkdir(parents=True, exist_ok=True)
     log_path = Path(log_dir) / "engine.log"
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
@@ -158,6 +159,8 @@ def run_engine_stage(
         log_path=log_path,
         memory_limit=options.max_memory,
     )
+    if made:  # from here on the error or the report names engine.log: the directory stays for the user
+        tempdirs.keep(log_dir)
     if not res.ok:
         raise RuntimeError(f"{res.error} (log: {log_path})")
     data = res.data

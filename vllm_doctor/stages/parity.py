@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import Any
 from vllm_doctor.analysis.parity import ParityResult, compare_hidden, compare_outputs, hint_for, tolerances
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.files import write_json_atomic
+from vllm_doctor.stages import tempdirs
 from vllm_doctor.stages.child import ChildJob
 from vllm_doctor.stages.engine import SCRUBBED_ENV
 
@@ -95,11 +95,9 @@ class ParityEngine:
     """
 
     def __init__(self, model: str, options: dict[str, Any], progress: Progress | None = None) -> None:
-        import tempfile
-
         self.model = model
         self.options = options
-        self.dir = Path(tempfile.mkdtemp(prefix="vllm-doctor-parity-engine-"))
+        self.dir = Path(tempdirs.make("vllm-doctor-parity-engine-"))
         self.asked = 0
         self.closed = False
         self._job = ChildJob(
@@ -113,7 +111,7 @@ class ParityEngine:
             raise ParityUnavailable("this parity engine was closed")
         self.asked += 1
         answer = self.dir / f"resp-{self.asked}.json"
-        write_json_atomic(self.dir / f"req-{self.asked}.json", request)
+        write_json_atomic(self.dir / f"req-{self.asked}.json", request, exact_strings=True)
         # the first answer waits for the engine to start as well
         deadline = (
             time.monotonic() + timeout + (float(self.options.get("start_timeout", 600)) if self.asked == 1 else 0)
@@ -145,7 +143,7 @@ class ParityEngine:
             time.sleep(0.1)
         self._job.kill()
         self._job.result()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        tempdirs.remove(self.dir)
 
 
 def run_parity(
@@ -267,7 +265,9 @@ def vllm_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
                 continue
             served += 1
             answer = _answer(handle, llm, json.loads(asked.read_text(encoding="utf-8")))
-            write_json_atomic(folder / f"resp-{served}.json", {**answer, "device": "cuda" if cuda else "cpu"})
+            write_json_atomic(
+                folder / f"resp-{served}.json", {**answer, "device": "cuda" if cuda else "cpu"}, exact_strings=True
+            )
     finally:
         shutdown(llm)
     return {"served": served}
