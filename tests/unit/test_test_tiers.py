@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import ast
 import shutil
-import subprocess
-import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,13 +212,16 @@ def test_the_engine_marker_comes_from_the_engine_folder() -> None:
     assert offenders == []
 
 
-def test_the_engine_tier_is_marked_engine() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "--co", "-q", "-m", "not engine", "-p", "no:cacheprovider", str(TESTS / "engine")],
-        capture_output=True, text=True, cwd=REPO, timeout=120, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    # exit code 5: nothing collected -- every test there carries the marker
-    assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_the_engine_folder_marks_its_tests_engine(pytester: pytest.Pytester) -> None:
+    """tests/engine/conftest.py in a folder of its own: its tests carry ``engine``, a sibling's do not."""
+    engine = pytester.mkdir("engine")
+    shutil.copy(TESTS / "engine" / "conftest.py", engine / "conftest.py")
+    (engine / "test_e.py").write_text("def test_starts_one():\n    pass\n")
+    pytester.makepyfile(test_other="def test_plain():\n    pass\n")
+    pytester.runpytest("-p", "no:cacheprovider", "-m", "engine").assert_outcomes(passed=1, deselected=1)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-m", "not engine", "-v")
+    result.assert_outcomes(passed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*test_other.py::test_plain PASSED*"])
 
 
 def test_the_readers_catch_each_kind_of_engine_start() -> None:
