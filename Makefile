@@ -1,11 +1,18 @@
 # Two commands on a fresh machine:  `make demo`  and  `make test`.
+# While editing: `make test-fast` (lint + the unit tier, <= 3 min); docs/development.md.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO := out/examples
 STAMP := $(VENV)/.installed
+# BIN=/elsewhere/.venv/bin runs with an environment set up elsewhere: then nothing here installs
+SETUP := $(if $(filter $(VENV)/bin,$(BIN)),setup)
+PYTEST := $(BIN)/python -m pytest -q -ra
+# the tiers by cost, cheapest first; `tests` last picks up a file outside them (which
+# tests/unit/test_test_tiers.py fails on)
+TIERS := tests/unit tests/integration tests/engine tests/gpu
 
-.PHONY: setup demo test lint bench catalogue
+.PHONY: setup demo test lint bench catalogue test-fast test-unit test-integration test-engine lint-ruff lint-mypy
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,7 +26,7 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-demo: setup
+demo: $(SETUP)
 	$(BIN)/python examples/make_examples.py $(DEMO) --only ok registered-under-model-type model-module-import-error
 	@echo "== a broken variant: the plugin registers the model under its model_type string =="
 	@# exit code 1 = findings, expected for a broken variant
@@ -29,16 +36,34 @@ demo: setup
 	@echo "== the working example =="
 	PYTHONPATH=$(DEMO)/ok/site $(BIN)/vllm-doctor check $(DEMO)/ok/model
 
-lint: setup
+lint: lint-ruff lint-mypy
+
+lint-ruff: $(SETUP)
 	$(BIN)/ruff check vllm_doctor tests bench examples
 	$(BIN)/ruff format --check vllm_doctor
+
+lint-mypy: $(SETUP)
 	$(BIN)/mypy
 
+# everything, as CI runs it (.ci/run): lint, then every tier
 test: lint
-	$(BIN)/python -m pytest -q -ra
+	$(PYTEST) $(TIERS) tests
 
-bench: setup
+# lint and the unit tier side by side (two cores), each one's output in one piece
+test-fast: $(SETUP)
+	@$(MAKE) --no-print-directory -j3 --output-sync=target lint-ruff lint-mypy test-unit BIN=$(BIN)
+
+test-unit: $(SETUP)
+	$(PYTEST) --durations=10 tests/unit
+
+test-integration: $(SETUP)
+	$(PYTEST) tests/integration
+
+test-engine: $(SETUP)
+	$(PYTEST) tests/engine
+
+bench: $(SETUP)
 	$(BIN)/python bench/bench_check.py
 
-catalogue: setup
+catalogue: $(SETUP)
 	$(BIN)/python -m vllm_doctor.report.catalogue --write README.md

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import make_examples
+from tests.engine.test_pytest_for_model_authors import run_author_tests
 from tests.gpu.test_engine_gpu import _cuda
-from tests.test_pytest_for_model_authors import run_author_tests
 
 pytestmark = [
     pytest.mark.gpu,

@@ -26,7 +26,6 @@ import pytest
 from tests.conftest import REPO
 
 pytest.importorskip("vllm")
-pytestmark = pytest.mark.engine
 
 _TINY = {
     "hidden_size": 64,

@@ -12,11 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.conftest import REPO
-
-pytestmark = pytest.mark.engine  # the import pass imports the real vLLM
 
 TRUTH = """
 import json, sys

@@ -1,6 +1,6 @@
 """examples/make_examples.py: each variant's site/ is a real plugin distribution, builds repeat.
 
-No engine here: these check the fixtures themselves (tests/integration/test_ground_truth.py
+No engine here: these check the fixtures themselves (tests/engine/test_ground_truth.py
 checks what vLLM does with them).
 """
 

@@ -1,6 +1,6 @@
 """The parity comparison (vllm_doctor.analysis.parity) on plain data, and the worker-side
 layer-output rule (vllm_doctor.engine.hidden.layer_output). The real engine runs are in
-tests/test_pytest_for_model_authors.py."""
+tests/engine/test_pytest_for_model_authors.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The pytest plugin itself, through ``pytester``: options, help, marker, skips, failure output,
 session scope, terminal summary and the JSON report. Static checks run with ``--vllm-doctor-fast``
-(no vLLM import); the engine assertions are run for real in tests/test_pytest_for_model_authors.py.
+(no vLLM import); the engine assertions are run for real in tests/engine/test_pytest_for_model_authors.py.
 """
 
 from __future__ import annotations

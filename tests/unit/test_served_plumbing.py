@@ -1,5 +1,5 @@
 """Pure logic behind serving with the doctor: the combined extension, the plugin's config
-default, and the HTTP handle's errors (the real server is in tests/test_engine_served.py)."""
+default, and the HTTP handle's errors (the real server is in tests/engine/test_engine_served.py)."""
 
 from __future__ import annotations
 

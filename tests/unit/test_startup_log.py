@@ -1,6 +1,6 @@
 """compat.startup.root_cause_from_log: the cause of a failure in another vLLM process, read from
 the engine log (the line shapes are vLLM 0.32's, as in a real engine.log; the real-engine test is
-tests/test_weights_engine.py::test_a_worker_that_fails_in_its_own_process_is_named_with_the_models_line)."""
+tests/engine/test_weights_engine.py::test_a_worker_that_fails_in_its_own_process_is_named_with_the_models_line)."""
 
 from __future__ import annotations
 

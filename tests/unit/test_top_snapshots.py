@@ -27,7 +27,7 @@ from textual.widget import Widget
 from vllm_doctor.live.record import ReplaySource
 from vllm_doctor.tui.top_app import Panel, StatusBar, TopApp
 
-DATA = Path(__file__).resolve().parent / "data" / "top"
+DATA = Path(__file__).resolve().parents[1] / "data" / "top"
 
 
 def normalise(svg: str) -> str:

@@ -23,7 +23,6 @@ from tests.conftest import REPO, make_examples, variant_env
 EXAMPLE_TESTS = REPO / "examples" / "pytest_for_model_authors" / "tests"
 PORTS = sorted(p.name for p in (REPO / "examples" / "pytest_for_model_authors" / "ports").iterdir() if p.is_dir())
 pytestmark = [
-    pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
     pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers not installed"),
 ]

@@ -22,7 +22,6 @@ from vllm_doctor.tui.report_view import ViewApp
 from vllm_doctor.units import fmt_bytes
 
 pytestmark = [
-    pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
 

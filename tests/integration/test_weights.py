@@ -22,7 +22,7 @@ import pytest
 
 from tests.fixtures.weights import FIXTURES, Fixture, built
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
 
 

@@ -27,7 +27,6 @@ EXAMPLES = REPO_ROOT / "examples"
 PIP_INSTALLED = "ok-pip-installed"  # the working plugin, installed by pip, multiprocess engine
 
 pytestmark = [
-    pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
 

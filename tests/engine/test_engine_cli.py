@@ -21,9 +21,8 @@ import pytest
 
 from vllm_doctor.model import Report
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
-    pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
 CHART_LABELS = (

@@ -32,7 +32,6 @@ from vllm_doctor.live.sources import Frame, LiveSource, ModelChannel
 from vllm_doctor.tui.top_app import HelpScreen, Panel, StatusBar, TopApp
 
 pytestmark = [
-    pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
 

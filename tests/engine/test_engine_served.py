@@ -22,10 +22,9 @@ import pytest
 
 from tests.served import ServedEngine
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 USER_EXTENSION = "tests.engine_harness.HarnessWorkerExtension"
 pytestmark = [
-    pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
 Server = ServedEngine

@@ -31,7 +31,6 @@ from tests.fixtures.engine_models import build_llama_dir
 from tests.fixtures.weights import built
 
 pytestmark = [
-    pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
 

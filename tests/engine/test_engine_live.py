@@ -23,9 +23,8 @@ import pytest
 
 from tests.fixtures.engine_models import FAULTY_ARCH, build_llama_dir
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [
-    pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
 PROMPTS = ["hello world", "the doctor is in my name", "a of and to in is the"]

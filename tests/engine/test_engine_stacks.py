@@ -24,7 +24,6 @@ from tests.conftest import run_doctor
 from tests.served import REPO_ROOT, BlockingEngine, blocking_engine, by_role, complete, hung, stacks_json
 
 pytestmark = [
-    pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
 

@@ -20,7 +20,6 @@ from tests.fixtures.weights import FIXTURES, built
 from tests.fixtures.weights_engine import run_engines
 
 pytestmark = [
-    pytest.mark.engine,
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
 

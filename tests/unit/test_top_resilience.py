@@ -2,7 +2,7 @@
 
 No vLLM here: the server serves text the test chooses (garbage, a cut answer, HTTP 500, a
 real-looking answer), so every case is exact and fast. The real-server cases (kill, restart)
-are in tests/test_top_served.py.
+are in tests/engine/test_top_served.py.
 """
 
 from __future__ import annotations

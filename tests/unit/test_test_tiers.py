@@ -1,0 +1,296 @@
+"""The test suite's own layout: four tiers by cost, one folder each (docs/development.md).
+
+- tests/unit: imports no vLLM, in process or in a subprocess (tests/unit/conftest.py makes any
+  such import fail the test; here: no module-level ``import vllm`` in the tier's files);
+- tests/integration: imports vLLM (in process or in a doctor child), starts no engine;
+- tests/engine: starts real vLLM engines (the ``engine`` marker comes from tests/engine/conftest.py);
+- tests/gpu: needs CUDA (marker ``gpu``; skips without it).
+
+Every test file lives in one of them, and only tests/engine and tests/gpu use what starts an
+engine. What starts one is read from each file's syntax tree (names, imports, string constants,
+doctor command lines), so a test that starts an engine outside tests/engine fails here with its
+file, line and what it used.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
+TIERS = ("unit", "integration", "engine", "gpu")
+ENGINE_TIERS = ("engine", "gpu")
+
+# names (called, imported, or taken as a fixture argument) that start a real vLLM engine
+STARTER_NAMES: dict[str, str] = {
+    "served_engine": "the session's served engine (tests/conftest.py)",
+    "ServedEngine": "tests/served.py: a vLLM API server",
+    "BlockingEngine": "tests/served.py: a vLLM API server held in a step",
+    "blocking_engine": "tests/served.py: a vLLM API server held in a step",
+    "start_engine": "vllm_doctor.compat.llm.start_engine: vllm.LLM in this process",
+    "LLM": "vllm.LLM",
+    "LLMEngine": "vllm.LLMEngine",
+    "AsyncLLM": "vllm's AsyncLLM",
+    "AsyncLLMEngine": "vllm.AsyncLLMEngine",
+    "run_variant": "tests/engine_harness.py: an example variant on a real engine",
+    "run_variants": "tests/engine_harness.py: example variants on real engines",
+    "EngineJob": "tests/engine_harness.py: a real-engine job",
+    "job_for_variant": "tests/engine_harness.py: a real-engine job",
+    "run_engines": "tests/fixtures/weights_engine.py: weight fixtures on real engines",
+    "run_engine_stage": "vllm_doctor.stages.engine: the engine stage",
+    "run_author_tests": "examples/pytest_for_model_authors on real engines",
+}
+# modules and scripts that start one (imported, or a string constant naming them: `-m MODULE`,
+# a worker extension MODULE.Class, a path part)
+STARTER_MODULES: dict[str, str] = {
+    "tests.engine_harness": "the real-engine harness",
+    "engine_harness.py": "the real-engine harness",
+    "tests.fixtures.weights_engine": "weight fixtures on real engines",
+    "tests.fixtures.mp_attach_child": "a multiprocess engine in a child",
+    "tests.fixtures.preemption_child": "a small-KV engine in a child",
+    "tests.gpu.gpu_child": "a GPU engine in a child",
+    "vllm.entrypoints.openai.api_server": "a vLLM API server",
+    "pytest_for_model_authors": "the example's author tests (real engines)",
+}
+# a doctor command line (a list, tuple or call's arguments) holding these starts an engine
+STARTER_ARGS: dict[tuple[str, ...], str] = {
+    ("--engine",): "`vllm-doctor check --engine`",
+    ("profile", "--out"): "`vllm-doctor profile`",
+}
+# a test that replaces the engine start (monkeypatch.setattr(module, NAME, ...)) starts none
+ENGINE_START_SEAMS = ("run_engine_stage", "add_engine_stage")
+
+
+@dataclass(frozen=True)
+class Use:
+    line: int
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.line}: {self.what}"
+
+
+def tier_test_files() -> list[Path]:
+    """Every file pytest collects under tests/ (``test_*.py``, ``*_test.py``)."""
+    found = {*TESTS.rglob("test_*.py"), *TESTS.rglob("*_test.py")}
+    return sorted(p for p in found if "data" not in p.relative_to(TESTS).parts)
+
+
+def tier_of(path: Path) -> str | None:
+    parts = path.relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are statements (docstrings, bare strings): prose, not code."""
+    return {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
+    }
+
+
+def _seamed(tree: ast.AST) -> list[tuple[int, int]]:
+    """Line ranges of the functions that replace the engine start with ``monkeypatch.setattr``."""
+    ranges = []
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "setattr"
+                and any(isinstance(a, ast.Constant) and a.value in ENGINE_START_SEAMS for a in node.args)
+            ):
+                ranges.append((fn.lineno, fn.end_lineno or fn.lineno))
+                break
+    return ranges
+
+
+def engine_starts(source: str) -> list[Use]:
+    """What in ``source`` starts a real vLLM engine, by line."""
+    tree = ast.parse(source)
+    prose = _docstrings(tree)
+    seamed = _seamed(tree)
+    uses: list[Use] = []
+
+    def add(node: ast.AST, what: str) -> None:
+        line = getattr(node, "lineno", 0)
+        if not any(lo <= line <= hi for lo, hi in seamed):
+            uses.append(Use(line, what))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and node.id in STARTER_NAMES:
+            add(node, f"{node.id} ({STARTER_NAMES[node.id]})")
+        elif isinstance(node, ast.Attribute) and node.attr in STARTER_NAMES:
+            add(node, f".{node.attr} ({STARTER_NAMES[node.attr]})")
+        elif isinstance(node, ast.arg) and node.arg in STARTER_NAMES:
+            add(node, f"fixture {node.arg} ({STARTER_NAMES[node.arg]})")
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for module in modules:
+                if module in STARTER_MODULES:
+                    add(node, f"import {module} ({STARTER_MODULES[module]})")
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    if alias.name in STARTER_NAMES:
+                        add(node, f"import {alias.name} ({STARTER_NAMES[alias.name]})")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+            for module, why in STARTER_MODULES.items():
+                if node.value == module or node.value.startswith(f"{module}."):  # `-m MODULE`, `MODULE.Class`
+                    add(node, f"{node.value!r} ({why})")
+        if isinstance(node, ast.List | ast.Tuple | ast.Set | ast.Call):
+            items = node.args if isinstance(node, ast.Call) else node.elts
+            strings = {i.value for i in items if isinstance(i, ast.Constant) and isinstance(i.value, str)}
+            for args, why in STARTER_ARGS.items():
+                if set(args) <= strings:
+                    add(node, why)
+    return sorted(set(uses), key=lambda u: (u.line, u.what))
+
+
+def module_level_vllm_imports(source: str) -> list[Use]:
+    """``import vllm...`` / ``pytest.importorskip("vllm")`` outside any function or class."""
+    uses = []
+    for node in ast.parse(source).body:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+                break
+            names: list[str] = []
+            if isinstance(sub, ast.Import):
+                names = [a.name for a in sub.names]
+            elif isinstance(sub, ast.ImportFrom) and not sub.level:
+                names = [sub.module or ""]
+            elif isinstance(sub, ast.Call) and getattr(sub.func, "attr", None) in ("importorskip", "import_module"):
+                names = [a.value for a in sub.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            uses += [Use(sub.lineno, f"import {n}") for n in names if n == "vllm" or n.startswith("vllm.")]
+    return uses
+
+
+def test_every_test_file_is_in_a_tier() -> None:
+    outside = [str(p.relative_to(REPO)) for p in tier_test_files() if tier_of(p) is None]
+    assert outside == [], (
+        "test files outside the four tiers; move each (git mv) to tests/unit (no vLLM), tests/integration "
+        "(imports vLLM, no engine), tests/engine (starts engines) or tests/gpu (CUDA): docs/development.md"
+    )
+
+
+def test_only_the_engine_and_gpu_tiers_start_engines() -> None:
+    offenders = []
+    for path in tier_test_files():
+        if tier_of(path) in ENGINE_TIERS or path == Path(__file__).resolve():  # this file names them all
+            continue
+        offenders += [f"{path.relative_to(REPO)}:{use}" for use in engine_starts(path.read_text(encoding="utf-8"))]
+    assert offenders == [], "these start a real vLLM engine: move the test (or split the file) to tests/engine"
+
+
+def test_no_unit_file_imports_vllm_at_module_level() -> None:
+    offenders = []
+    for path in sorted((TESTS / "unit").rglob("*.py")):
+        offenders += [f"{path.relative_to(REPO)}:{use}" for use in module_level_vllm_imports(path.read_text(encoding="utf-8"))]
+    assert offenders == [], "tests/unit imports no vLLM: move these to tests/integration"
+
+
+def test_the_engine_marker_comes_from_the_engine_folder() -> None:
+    """``pytest.mark.engine`` is put on every test under tests/engine by its conftest; elsewhere
+    (but the GPU tier, marked as before) it would say a test starts an engine that does not."""
+    offenders = []
+    for path in tier_test_files():
+        if tier_of(path) in ENGINE_TIERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr == "engine" and getattr(node.value, "attr", None) == "mark":
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert offenders == []
+
+
+def test_the_engine_folder_marks_its_tests_engine(pytester: pytest.Pytester) -> None:
+    """tests/engine/conftest.py in a folder of its own: its tests carry ``engine``, a sibling's do not."""
+    engine = pytester.mkdir("engine")
+    shutil.copy(TESTS / "engine" / "conftest.py", engine / "conftest.py")
+    (engine / "test_e.py").write_text("def test_starts_one():\n    pass\n")
+    pytester.makepyfile(test_other="def test_plain():\n    pass\n")
+    pytester.runpytest("-p", "no:cacheprovider", "-m", "engine").assert_outcomes(passed=1, deselected=1)
+    result = pytester.runpytest("-p", "no:cacheprovider", "-m", "not engine", "-v")
+    result.assert_outcomes(passed=1, deselected=1)
+    result.stdout.fnmatch_lines(["*test_other.py::test_plain PASSED*"])
+
+
+def test_the_readers_catch_each_kind_of_engine_start() -> None:
+    """The readers above can fail: each way in is seen, prose and a replaced engine start are not."""
+    src = textwrap.dedent('''
+        """Docstrings may name tests.engine_harness and vllm.entrypoints.openai.api_server."""
+        from tests.engine_harness import run_variants
+        import tests.fixtures.weights_engine
+        from vllm_doctor.compat.llm import start_engine
+
+        def test_served(served_engine):
+            pass
+
+        def test_cli(doctor):
+            doctor("check", "m", "--engine", "--json")
+            run_doctor(["profile", "m", "--out", "o"])
+            subprocess.run([sys.executable, "-m", "tests.fixtures.preemption_child"])
+            llm = vllm.LLM(model="m")
+
+        def test_seam(monkeypatch):
+            monkeypatch.setattr(engine_stage, "run_engine_stage", boom)
+            main(["check", "m", "--fast", "--engine"])
+            main(["profile", "m", "--out", "o"])
+
+        def test_plain():
+            report = {"profile": {"steps": []}}
+            run_doctor(["check", "m", "--fast"])
+    ''')
+    assert sorted({use.line for use in engine_starts(src)}) == [3, 4, 5, 7, 11, 12, 13, 14]
+    assert module_level_vllm_imports("import vllm.config\nfrom vllm import LLM\npytest.importorskip('vllm')\n"
+                                     "def f():\n    import vllm\n") == [Use(1, "import vllm.config"), Use(2, "import vllm"),
+                                                                        Use(3, "import vllm")]
+
+
+@pytest.mark.parametrize("tier", TIERS)
+def test_each_tier_is_a_package_with_tests(tier: str) -> None:
+    assert (TESTS / tier / "__init__.py").is_file()
+    assert any(tier_of(p) == tier for p in tier_test_files())
+
+
+def test_the_unit_tier_fails_a_test_that_imports_vllm(pytester: pytest.Pytester) -> None:
+    """tests/unit/conftest.py in a folder of its own: an import of vLLM in the test's process
+    (even one the test catches) and one in a subprocess each fail their test with the importing
+    line; finding vLLM without importing it passes."""
+
+    shutil.copy(TESTS / "unit" / "conftest.py", pytester.path / "conftest.py")
+    shutil.copytree(TESTS / "unit" / "no_vllm", pytester.path / "no_vllm", ignore=shutil.ignore_patterns("__pycache__"))
+    pytester.makepyfile(
+        test_tier=textwrap.dedent("""
+            import importlib.util, os, subprocess, sys
+
+            def test_caught():
+                try:
+                    import vllm.config
+                except ImportError:
+                    pass
+
+            def test_child():
+                env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # an environment of its own
+                subprocess.run([sys.executable, "-c", "import vllm"], env=env, capture_output=True)
+
+            def test_found_not_imported():
+                assert importlib.util.find_spec("vllm") is not None
+        """)
+    )
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rf")
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines([
+        "*vLLM imported in the unit tier: this process: import vllm at *test_tier.py:* (import vllm.config)*",
+        "*vLLM imported in the unit tier: subprocess * (-c): import vllm at <string>:1*",
+    ], consecutive=False)
+    assert result.stdout.str().count("tests/unit imports no vLLM") >= 2
