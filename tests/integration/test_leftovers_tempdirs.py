@@ -23,7 +23,7 @@ import pytest
 
 from tests.fixtures.weights import write_raw_safetensors
 
-pytestmark = pytest.mark.engine  # the doctor's passes import the real vLLM (no engine is started)
+# the doctor's passes import the real vLLM (no engine is started): the integration tier
 
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],

@@ -46,6 +46,8 @@ STARTER_NAMES: dict[str, str] = {
     "job_for_variant": "tests/engine_harness.py: a real-engine job",
     "run_engines": "tests/fixtures/weights_engine.py: weight fixtures on real engines",
     "run_engine_stage": "vllm_doctor.stages.engine: the engine stage",
+    "diagnose_engine": "vllm_doctor.stages.engine: the engine stage's owner",
+    "check_engine": "vllm_doctor.check_engine: the engine stage from Python",
     "run_author_tests": "examples/pytest_for_model_authors on real engines",
 }
 # modules and scripts that start one (imported, or a string constant naming them: `-m MODULE`,
