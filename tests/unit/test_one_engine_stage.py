@@ -97,3 +97,17 @@ def test_engine_facts_say_what_ran_and_what_vllm_said() -> None:
     workload = EngineFacts(workers=[WorkerFacts(rank=0)], runtime_error="ValueError: bad\nx", mode={"requested": "eager"})
     assert workload.failure_text() == "the engine started, then the workload failed (mode: eager):\n  ValueError: bad"
     assert workload.mode_text() == "execution mode: eager"
+
+
+def test_the_guard_stops_the_engine_for_sizes_not_for_a_nan_elsewhere_in_config() -> None:
+    """VD305 and VD309's model sizes keep the engine from starting; a NaN rms_norm_eps (VD309 too,
+    kind not-finite) does not: vLLM builds that model, and the engine stage shows what it does."""
+    from vllm_doctor.model import Finding, Outcome, Report, Severity
+    from vllm_doctor.stages.engine import blocking_findings
+
+    size = Finding("VD309", Outcome.FAIL, Severity.ERROR, "vocab_size = 0", evidence={"kind": "size"})
+    nan = Finding("VD309", Outcome.FAIL, Severity.ERROR, "rms_norm_eps = NaN", evidence={"kind": "not-finite"})
+    split = Finding("VD305", Outcome.FAIL, Severity.ERROR, "heads")
+    passed = Finding("VD305", Outcome.PASS, Severity.ERROR, "ok")
+    assert blocking_findings(Report(target="/m", findings=[size, nan, split, passed])) == [size, split]
+    assert blocking_findings(Report(target="/m", findings=[nan, passed])) == []

@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vllm-doctor {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     # DESCRIPTION lists the verbs: argparse's second list of them is suppressed
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS, prog=parser.prog)
     check.add_parser(sub)
     profile.add_parser(sub)
     attach.add_parser(sub)

@@ -327,8 +327,16 @@ BLOCKING = {
 
 
 def blocking_findings(report: Report) -> list[Finding]:
-    """The failed findings of ``report`` that keep the engine stage from starting."""
-    return [f for f in report.findings if f.code in BLOCKING and f.outcome is Outcome.FAIL]
+    """The failed findings of ``report`` that keep the engine stage from starting. A VD309 about a
+    NaN or Infinity outside the model's sizes (``rope_theta``, ``rms_norm_eps``) does not: vLLM
+    builds and runs that model, and the engine stage shows what it does."""
+    return [
+        f
+        for f in report.findings
+        if f.code in BLOCKING
+        and f.outcome is Outcome.FAIL
+        and not (f.code == "VD309" and f.evidence.get("kind") == "not-finite")
+    ]
 
 
 def _guard_report(model: str, options: EngineOptions, progress: Progress | None) -> Report:
