@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from vllm_doctor import __version__
 from vllm_doctor.cli import attach, check, cpu_profile, profile, replay, rules, stacks, top, view
 from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, Parser
+from vllm_doctor.constants import DISTRIBUTION
 from vllm_doctor.errors import DoctorInputError
 
 __all__ = ["EXIT_FINDINGS", "EXIT_INPUT", "EXIT_INTERNAL", "EXIT_OK", "build_parser", "main"]
@@ -46,7 +47,7 @@ commands:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="vllm-doctor", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"vllm-doctor {__version__}")
+    parser.add_argument("--version", action="version", version=f"vllm-doctor {__version__} ({DISTRIBUTION})")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     check.add_parser(sub)
