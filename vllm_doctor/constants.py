@@ -6,6 +6,9 @@ Both sides import these from here, so the doctor's side never imports :mod:`vllm
 
 from __future__ import annotations
 
+# the distribution pip installs (pyproject's name): "vllm-doctor" on PyPI is another project
+DISTRIBUTION = "vllm-model-doctor"
+
 # what ``worker_extension_cls`` names; vllm_doctor.engine.extension defines the class
 EXTENSION_QUALNAME = "vllm_doctor.engine.extension.DoctorWorkerExtension"
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from vllm_doctor import __version__
 from vllm_doctor.cli import attach, check, cpu_profile, profile, replay, rules, stacks, top, view
 from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL, EXIT_OK, Parser
+from vllm_doctor.constants import DISTRIBUTION
 from vllm_doctor.errors import DoctorInputError
 
 __all__ = ["EXIT_FINDINGS", "EXIT_INPUT", "EXIT_INTERNAL", "EXIT_OK", "build_parser", "main"]
@@ -61,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"vllm-doctor {__version__}")
+    parser.add_argument("--version", action="version", version=f"vllm-doctor {__version__} ({DISTRIBUTION})")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     # DESCRIPTION lists the verbs: argparse's second list of them is suppressed
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", help=argparse.SUPPRESS, prog=parser.prog)
