@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.fixtures.weights import write_raw_safetensors
+from tests.fixtures.weights import TINY_LLAMA_CONFIG, TINY_LLAMA_TENSORS, write_raw_safetensors
 from vllm_doctor.checks import CATALOGUE, run_checks
 from vllm_doctor.checks.base import MAX_REPEATED, Emit, capped_findings
 from vllm_doctor.facts.checkpoint import CheckpointFacts, FileHeader, TensorHeader
@@ -26,22 +26,8 @@ from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Outcome, Severity
 
 N = 5_000
-LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "tie_word_embeddings": False,
-    "num_hidden_layers": 1,
-    "hidden_size": 16,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "vocab_size": 64,
-    "intermediate_size": 32,
-}
-TENSORS = {
-    "model.embed_tokens.weight": ("BF16", [64, 16]),
-    "model.norm.weight": ("BF16", [16]),
-    "lm_head.weight": ("BF16", [64, 16]),
-}
+LLAMA = TINY_LLAMA_CONFIG
+TENSORS = TINY_LLAMA_TENSORS
 
 
 def fast_json(model: Path) -> dict[str, Any]:

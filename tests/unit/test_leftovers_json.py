@@ -16,19 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.fixtures.weights import TINY_LLAMA_CONFIG
 from vllm_doctor.files import json_text, without_surrogates, write_json_atomic
 
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "tie_word_embeddings": False,
-    "num_hidden_layers": 1,
-    "hidden_size": 16,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "vocab_size": 64,
-    "intermediate_size": 32,
-}
+CONFIG = TINY_LLAMA_CONFIG
 
 
 def strings(value: Any) -> list[str]:

@@ -16,19 +16,10 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures.weights import TINY_LLAMA_CONFIG
 from vllm_doctor.checks.weights import config_non_finite
 
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "tie_word_embeddings": False,
-    "num_hidden_layers": 1,
-    "hidden_size": 16,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "vocab_size": 64,
-    "intermediate_size": 32,
-}
+CONFIG = TINY_LLAMA_CONFIG
 
 
 def fast_check(tmp_path: Path, **literals: str) -> tuple[int, dict[str, Any]]:

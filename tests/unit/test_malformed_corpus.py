@@ -34,21 +34,11 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures.weights import write_raw_safetensors
+from tests.fixtures.weights import TINY_LLAMA_CONFIG, TINY_LLAMA_TENSORS, write_raw_safetensors
 
 TIMEOUT = 30.0
-CONFIG = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "tie_word_embeddings": False,
-    "num_hidden_layers": 1,
-    "hidden_size": 16,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "vocab_size": 64,
-    "intermediate_size": 32,
-}
-TENSORS = {"model.embed_tokens.weight": ("BF16", [64, 16]), "model.norm.weight": ("BF16", [16]), "lm_head.weight": ("BF16", [64, 16])}
+CONFIG = TINY_LLAMA_CONFIG
+TENSORS = TINY_LLAMA_TENSORS
 DEEP = "[" * 10_000 + "]" * 10_000
 
 
