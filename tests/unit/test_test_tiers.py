@@ -68,7 +68,7 @@ STARTER_ARGS: dict[tuple[str, ...], str] = {
     ("profile", "--out"): "`vllm-doctor profile`",
 }
 # a test that replaces the engine start (monkeypatch.setattr(module, NAME, ...)) starts none
-ENGINE_START_SEAMS = ("run_engine_stage", "add_engine_stage")
+ENGINE_START_SEAMS = ("run_engine_stage",)
 
 
 @dataclass(frozen=True)
