@@ -47,7 +47,7 @@ lint-mypy: $(SETUP)
 
 # everything, as CI runs it (.ci/run): lint, then every tier
 test: lint
-	$(PYTEST) $(TIERS) tests
+	$(PYTEST) $(TIERS)
 
 # lint and the unit tier side by side (two cores), each one's output in one piece
 test-fast: $(SETUP)

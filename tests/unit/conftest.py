@@ -156,4 +156,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    if nextitem is None:  # the session's last item: every tier's session fixtures tear down here
+        # (an engine fixture's shutdown imports vLLM lazily), not only this tier's
+        return (yield)
     return (yield from _guarded())

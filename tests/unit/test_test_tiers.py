@@ -15,7 +15,10 @@ file, line and what it used.
 from __future__ import annotations
 
 import ast
+import contextlib
+import re
 import shutil
+import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -296,3 +299,35 @@ def test_the_unit_tier_fails_a_test_that_imports_vllm(pytester: pytest.Pytester)
         "*vLLM imported in the unit tier: subprocess * (-c): import vllm at <string>:1*",
     ], consecutive=False)
     assert result.stdout.str().count("tests/unit imports no vLLM") >= 2
+
+
+def test_make_test_runs_the_tiers_cheapest_first() -> None:
+    """``make test`` names the tier folders in order and nothing above them: given ``tests`` too,
+    pytest collects the tiers alphabetically and the unit tier runs last, after the engine tier's
+    session fixtures exist (CI failed that way: an engine fixture's shutdown at the session's end
+    imported vLLM inside the last unit test's teardown)."""
+    make = (TESTS.parent / "Makefile").read_text(encoding="utf-8")
+    tiers = re.search(r"^TIERS := (.+)$", make, re.M)
+    assert tiers is not None and tiers.group(1).split() == [f"tests/{t}" for t in TIERS]
+    recipe = re.search(r"^test: .*\n\t(.+)$", make, re.M)
+    assert recipe is not None and recipe.group(1).split() == ["$(PYTEST)", "$(TIERS)"]
+
+
+def test_the_sessions_last_teardown_is_not_the_unit_tiers() -> None:
+    """When a unit test is the session's last item (``nextitem`` None) its teardown also tears
+    down every other tier's session fixtures (an engine's shutdown imports vLLM lazily): the rule
+    is not switched on for it; any other teardown is guarded."""
+    from tests.unit import conftest as tier
+
+    def finders_during(nextitem: object) -> int:
+        hook = tier.pytest_runtest_teardown.__wrapped__ if hasattr(tier.pytest_runtest_teardown, "__wrapped__") else tier.pytest_runtest_teardown
+        gen = hook(None, nextitem)
+        next(gen)
+        during = sys.meta_path.count(tier._guard.finder)
+        with contextlib.suppress(StopIteration):
+            gen.send(None)
+        return during
+
+    outside = sys.meta_path.count(tier._guard.finder)  # this test's own call is guarded
+    assert finders_during(None) == outside
+    assert finders_during(object()) == outside + 1
