@@ -47,10 +47,17 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dims", default="", help="gpu: a bigger tiny Llama (hidden 512, 4 layers, head_dim 64)")
+    parser.add_argument("--execution", choices=("default", "eager"), default="default",
+                        help="vLLM's default mode (torch.compile, CUDA graphs on GPU; the doctor's events are "
+                        "captured into the graphs) or enforce_eager")
+    parser.add_argument("--load-format", default=None, help="e.g. dummy: random weights for a config-only model dir")
+    parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--modes", default="", help="comma-separated subset of the modes (none is always run), "
                         "e.g. per-step for a longer A/B of the per-step profiler alone")
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if args.execution == "default":  # as `vllm-doctor profile` starts its engines (stages/engine.py)
+        os.environ["VLLM_DOCTOR_GRAPH_TIMING"] = "1"
     tmp = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     model = args.model
     if model is None:
@@ -66,6 +73,7 @@ def main() -> None:
     from vllm_doctor.compat.llm import (
         FAST_ENGINE_KWARGS,
         EngineHandle,
+        execution_mode,
         greedy,
         start_engine,
         torch_profiler_kwargs,
@@ -73,7 +81,13 @@ def main() -> None:
     from vllm_doctor.stages.engine import Workload, make_prompts
 
     cuda = torch.cuda.is_available()
-    extra = {"enforce_eager": True, "gpu_memory_utilization": 0.2} if cuda else dict(FAST_ENGINE_KWARGS)
+    extra: dict[str, object] = {"enforce_eager": True, "gpu_memory_utilization": 0.3} if cuda else dict(FAST_ENGINE_KWARGS)
+    if args.execution == "default":
+        extra.pop("enforce_eager", None)
+    if args.load_format:
+        extra["load_format"] = args.load_format
+    if args.max_num_seqs:
+        extra["max_num_seqs"] = args.max_num_seqs
     llm = start_engine(model, max_model_len=args.input_len + args.output_len + 16,
                        **torch_profiler_kwargs(str(tmp / "torch")), **extra)
     handle = EngineHandle(llm)
@@ -144,8 +158,9 @@ def main() -> None:
         for name in names[r % len(names):] + names[:r % len(names)]:
             results[name].append(modes[name]())
     device = torch.cuda.get_device_name(0) if cuda else f"CPU ({os.cpu_count()} cores)"
-    print(f"\nengine: {model} on {device}; {args.prompts} prompts x {args.input_len} in / {args.output_len} out, "
-          f"{args.repeats} rounds\n")
+    print(f"\ncommand: python bench/bench_engine.py {' '.join(sys.argv[1:])}")
+    print(f"engine: {model} on {device} ({args.execution} mode: {execution_mode(llm).get('summary')}); "
+          f"{args.prompts} prompts x {args.input_len} in / {args.output_len} out, {args.repeats} rounds\n")
     print("| mode | output tokens/s (median) | min | max | vs none (median of paired rounds) | range | doctor cost (host) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for name, values in results.items():

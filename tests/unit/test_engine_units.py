@@ -238,23 +238,29 @@ class Mark:
 
 
 class CountingEventClock:
-    """CUDA-event-like marks (recorded inside the forward, read back later) that count the calls
-    the profiler makes: the logic under test is how few marks and readings a sample needs."""
+    """CUDA-event-like marks (recorded on the current stream, read back later) that count the
+    calls the profiler makes: the logic under test is how few marks and readings a step needs.
+    ``done``: marks up to this time have completed (None: all of them)."""
 
     kind = "cuda_events"
-    marks_outside_forward = False
+    domain = "device"
 
     def __init__(self) -> None:
         self.now, self.one_stream, self.calls = 0.0, True, {"mark": 0, "ready": 0, "seconds": 0}
+        self.done: float | None = None
 
     def mark(self, refresh: bool = False) -> Mark:
         self.calls["mark"] += 1
         self.now += 1.0
         return Mark(self.now)
 
+    @staticmethod
+    def capturing() -> bool:
+        return False
+
     def ready(self, mark: Mark) -> bool:
         self.calls["ready"] += 1
-        return True
+        return self.done is None or mark.t <= self.done
 
     def wait(self, mark: Mark) -> None:
         return None
@@ -264,7 +270,7 @@ class CountingEventClock:
         return float(end.t - start.t)
 
 
-def test_a_sample_on_gpu_costs_three_events_and_two_readings() -> None:
+def test_every_step_on_gpu_is_timed_by_an_event_pair_and_samples_add_three_events() -> None:
     clock = CountingEventClock()
     prof = ForwardProfiler(clock, select_modules(ToyForCausalLM()))  # type: ignore[arg-type]
 
@@ -282,22 +288,43 @@ def test_a_sample_on_gpu_costs_three_events_and_two_readings() -> None:
             prof.after_sample(0.0005)
         return samples
 
-    samples = run(_two_requests(300))
+    steps = _two_requests(300)
+    samples = run(steps)
     assert samples == 1 + 8 + 37  # the prefill, 8 warm-up decode steps, then every 8th of 291
-    assert clock.calls["mark"] == 3 * samples
-    # one stream: when the newest of 32 pending samples has completed, so have the others
-    assert clock.calls["ready"] == samples // 32
+    plain = len(steps) - samples
+    # every step: an event as execute_model is entered and one as sample_tokens returns; a
+    # sample also: the forward's start and end and the logits processor's end
+    assert clock.calls["mark"] == 2 * len(steps) + 3 * samples
     snap = prof.snapshot()
-    timed = [s for s in StepTable.of(snap).rows() if s["sampled"]]
-    assert len(timed) == samples and all(s["step_clock"] == "cuda_events" for s in timed)
-    assert all((s["forward_s"], s["logits_s"], s["step_s"]) == (1.0, 1.0, 2.0) for s in timed)
-    assert clock.calls["seconds"] == 2 * samples  # each mark read once, relative to the step's first
-    # marks on several streams: each sample is asked on its own
-    clock.one_stream, ready = False, clock.calls["ready"]
-    prof.sample_every = 1
-    assert run(_two_requests(3)) == 3
+    rows = StepTable.of(snap).rows()
+    assert len(rows) == len(steps) and all(s["step_clock"] == "cuda_events" for s in rows)
+    timed = [s for s in rows if s["sampled"]]
+    assert all((s["forward_s"], s["logits_s"], s["step_s"]) == (1.0, 1.0, 4.0) for s in timed)
+    assert all(s["step_s"] == 1.0 and s["forward_s"] is None for s in rows if not s["sampled"])
+    # each mark read once, relative to its step's first: 4 per sample, 1 per plain step
+    assert clock.calls["seconds"] == 4 * samples + plain
+    # one stream: when the newest of the pending steps has completed, so have the others
+    assert clock.calls["ready"] <= samples // 32 + plain // 128 + 2
+
+
+def test_gpu_steps_become_records_only_once_their_events_completed() -> None:
+    clock = CountingEventClock()
+    prof = ForwardProfiler(clock, [], sample_every=1 << 30)  # type: ignore[arg-type]
+    sos = _two_requests(200)
+    clock.done = 0.0  # nothing has run on the device yet
+    for so in sos:
+        prof.begin_step(so)
+        prof.after_execute(0.001, output_is_final=False)
+        prof.after_sample(0.0005)
+    assert prof.steps == []  # no step's end event has completed: no record yet, none lost
+    clock.one_stream = False
+    clock.done = clock.now / 2  # the first half has completed
     prof.resolve(block=False)
-    assert clock.calls["ready"] == ready + 3 and not prof.pending
+    done_steps = len(prof.steps)
+    assert 0 < done_steps < len(sos)
+    prof.resolve(block=True)  # collection waits for the rest
+    assert len(prof.steps) == len(sos) and not prof.pending_plain and not prof.pending
+    assert all(row[4] for row in prof.steps)  # every one on the device clock
 
 
 def test_layer_tables_compare_layer_times_with_the_sampled_steps_only() -> None:
@@ -919,3 +946,112 @@ def test_doctor_overhead_counts_the_calls_served_between_steps_against_the_windo
     assert over["worker_share"] == pytest.approx((0.0004 + 0.003) / 0.5)
     older = {k: v for k, v in profile.items() if k not in ("doctor_rpc_s", "window_s")}  # a worker before this field
     assert "worker_share" not in (doctor_overhead(older, steps) or {})
+
+
+class TickClock:
+    """A host clock that advances one second per mark (deterministic wall-clock marks)."""
+
+    kind = "wall_clock"
+    domain = "host"
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def mark(self, refresh: bool = False) -> float:
+        self.now += 1.0
+        return self.now
+
+    @staticmethod
+    def capturing() -> bool:
+        return False
+
+    def ready(self, mark: float) -> bool:
+        return True
+
+    def wait(self, mark: float) -> None:
+        return None
+
+    def seconds(self, start: float, end: float) -> float:
+        return float(end - start)
+
+
+ATTN = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
+
+
+def _compiled_profiler() -> ForwardProfiler:
+    prof = ForwardProfiler(TickClock(), [], sample_every=1)  # type: ignore[arg-type]
+    prof.layers_enabled = True
+    prof.set_boundaries([(a, a.rsplit(".self_attn", 1)[0], i, "FlashAttentionImpl") for i, a in enumerate(ATTN)])
+    return prof
+
+
+def test_compiled_mode_layers_are_cut_at_the_attention_calls() -> None:
+    """Marks (one tick each): forward 1, kv write 2-3 and attention 4-5 of layer 0, the same
+    7-10 for layer 1, forward's end 11. Layer 0 runs from its attention's start to layer 1's."""
+    prof = _compiled_profiler()
+    prof.begin_step(_two_requests(1)[0])  # start mark 1 (the step), forward from 2
+    prof.module_enter("", True)
+    for name in ATTN:
+        for _ in ("do_kv_cache_update", "forward"):
+            prof.boundary(name, True)
+            prof.boundary(name, False)
+        prof.clock.mark()  # the dense work after the attention takes a tick
+    prof.module_exit("")
+    prof.after_execute(0.001, output_is_final=True)
+    snap = prof.snapshot()
+    layers = {m["name"]: (m["kind"], m["layer"], m["prefill_s"]) for m in snap["layers"]}
+    assert layers == {
+        "[before the first attention]": ("embedding", None, 1.0),  # forward start 2 -> first kv write 3
+        "model.layers.0.self_attn.attn": ("attention", 0, 3.0),  # 3 -> 6
+        "model.layers.0 [after attention]": ("dense", 0, 2.0),  # 6 -> 8
+        "model.layers.0": ("layer", 0, 5.0),  # 3 -> 8
+        "model.layers.1.self_attn.attn": ("attention", 1, 3.0),  # 8 -> 11
+        "model.layers.1 [after attention]": ("dense", 1, 2.0),  # 11 -> forward's end 13
+        "model.layers.1": ("layer", 1, 5.0),
+    }
+    row = StepTable.of(snap).rows()[0]
+    assert row["forward_s"] == 11.0 and row["layers_timed"] is True
+    tables = layer_tables(snap, StepTable.of(snap))
+    assert tables["timed_fraction"] == pytest.approx(1.0)  # the cut adds up to the forward
+    assert tables["by_kind"] == {"embedding": 1.0, "attention": 6.0, "dense": 4.0, "other": 0.0}
+
+
+def test_a_compiled_step_without_attention_calls_has_no_layer_times() -> None:
+    """A step that replayed a FULL CUDA graph with no events in it ran no Python inside the forward:
+    it is not a per-layer sample (its forward would dilute the layers' share)."""
+    prof = _compiled_profiler()
+    prof.begin_step(_two_requests(1)[0])
+    prof.module_enter("", True)
+    prof.module_exit("")
+    prof.after_execute(0.001, output_is_final=True)
+    snap = prof.snapshot()
+    assert StepTable.of(snap).rows()[0]["layers_timed"] is False and snap["layers"] == []
+
+
+class FakeEvent:
+    """A recorded event's time (ms) and whether it has completed, as a CUDA event answers."""
+
+    def __init__(self, ms: float, done: bool = True) -> None:
+        self.ms, self.done, self.synced = ms, done, False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.synced, self.done = True, True
+
+    def elapsed_time(self, other: FakeEvent) -> float:
+        return other.ms - self.ms
+
+
+def test_events_captured_in_a_graph_are_read_as_the_steps_attention_bounds() -> None:
+    from vllm_doctor.engine import graphs
+
+    marks = graphs.GraphMarks(marks=[(ATTN[0], True, FakeEvent(12.0)), (ATTN[0], False, FakeEvent(15.0)),
+                                     (ATTN[1], True, FakeEvent(17.0)), (ATTN[1], False, FakeEvent(20.0))])
+    step = OpenStep(0, 0.0, (0, 1, 0, 1, 1, 1, 0, 0), start=FakeEvent(10.0))
+    marks.unread = (step, FakeEvent(21.0, done=False))
+    assert graphs.read(marks, block=False) is False and not step.bounds  # the replay has not finished
+    assert graphs.read(marks, block=True) is True and marks.unread is None
+    assert [(n, e, b.s) for n, e, b in step.bounds] == [
+        (ATTN[0], True, 0.002), (ATTN[0], False, 0.005), (ATTN[1], True, 0.007), (ATTN[1], False, 0.01)]

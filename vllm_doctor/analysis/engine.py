@@ -15,7 +15,8 @@ from vllm_doctor.facts.memory import MemoryFacts
 from vllm_doctor.facts.static import is_transformers_backend
 from vllm_doctor.facts.steps import StepTable
 
-KIND_ORDER = ("embedding", "attention", "mlp", "norm", "logits", "other")
+# "dense": compiled modes' per-layer work after the attention (projections, norms, MLP), engine/profiler.py
+KIND_ORDER = ("embedding", "attention", "dense", "mlp", "norm", "logits", "other")
 
 
 def model_origin(model_class: str | None) -> str:
@@ -219,11 +220,13 @@ def memory_breakdown(memory: MemoryFacts, nvml: dict[str, Any] | None = None) ->
                 "peak activations are the peak torch allocation seen minus weights and KV"
             )
         parts["peak_activations"] = peak if peak is not None else observed
-        graphs = memory.measured("cudagraph_memory_estimate")
+        graphs = cuda.graph_pool_bytes  # measured: the allocator's private pools
+        if graphs is None:
+            graphs = memory.measured("cudagraph_memory_estimate") or None  # vLLM's estimate, when it made one
         if memory.compile is not None and memory.compile.cudagraphs:
             parts["cuda_graphs"] = graphs
             if graphs is None:
-                notes.append("CUDA-graph pool size not exposed by this vLLM: included in 'other'")
+                notes.append("CUDA-graph pool size not readable here: included in 'other'")
         else:
             parts["cuda_graphs"] = 0
         pid = memory.pid

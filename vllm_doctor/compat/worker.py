@@ -94,6 +94,64 @@ def forward_context(worker: Any) -> dict[str, Any]:
     return dict(sfc) if isinstance(sfc, dict) else {}
 
 
+def attention_impls(worker: Any) -> list[tuple[str, Any]]:
+    """vLLM's attention layers in forward order, each (layer name, its backend implementation):
+    the objects whose ``forward`` (and ``do_kv_cache_update``) vLLM's attention ops call from
+    Python, also from inside a compiled graph (``unified_attention_with_output`` looks the layer
+    up in the forward context and calls ``layer.impl.forward``)."""
+    return attention_impls_of(forward_context(worker))
+
+
+def attention_impls_of(layers: dict[str, Any]) -> list[tuple[str, Any]]:
+    """:func:`attention_impls` of a ``static_forward_context`` / ``no_compile_layers`` dict.
+    Implementations without an instance ``__dict__`` cannot be wrapped and are left out."""
+    out = []
+    for name, layer in layers.items():
+        impl = getattr(layer, "impl", None)
+        if impl is not None and callable(getattr(impl, "forward", None)) and hasattr(impl, "__dict__"):
+            out.append((str(name), impl))
+    return out
+
+
+def forward_context_class() -> type | None:
+    """vLLM's ``ForwardContext`` (a dataclass built by every ``set_forward_context``), or None."""
+    try:
+        from vllm.forward_context import ForwardContext
+    except Exception:
+        return None
+    return ForwardContext if isinstance(ForwardContext, type) else None
+
+
+def current_forward_layers() -> dict[str, Any] | None:
+    """The layers of the forward context set now (``no_compile_layers``), or None outside one."""
+    try:
+        from vllm import forward_context as fc
+    except Exception:
+        return None
+    is_set = getattr(fc, "is_forward_context_available", None)
+    if callable(is_set) and not is_set():
+        return None
+    context = getattr(fc, "_forward_context", None)
+    layers = getattr(context, "no_compile_layers", None)
+    return layers if isinstance(layers, dict) else None
+
+
+def compiled_root(m: nn.Module) -> bool:
+    """Is the root model's class one vLLM compiles (``@support_torch_compile`` sets
+    ``do_not_compile`` False on its instances)? Its forward then runs inside the compiled code."""
+    return getattr(m, "do_not_compile", True) is False
+
+
+def full_graph_replay(worker: Any) -> tuple[Any, str] | None:
+    """(object, method) that replays a FULL CUDA graph in place of the model's forward: the V2
+    runner's ``cudagraph_manager.run_fullgraph(desc)``. None where the runner has none (V1
+    runners replay inside a wrapper called as the model)."""
+    manager = getattr(runner(worker), "cudagraph_manager", None)
+    if manager is not None and callable(getattr(manager, "run_fullgraph", None)) and hasattr(manager, "__dict__"):
+        return manager, "run_fullgraph"
+    return None
+
+
 def runner_kind(worker: Any) -> str:
     """ "v2" for vLLM's V2 model runner (``vllm.v1.worker.gpu.model_runner`` or a subclass)."""
     mr = runner(worker)

@@ -480,6 +480,27 @@ def memory(worker: Any) -> dict[str, Any]:
     return memory_record(worker).to_wire()
 
 
+def private_pool_bytes(dev: torch.device) -> int | None:
+    """Bytes of the device's segments in torch's private memory pools: where CUDA graphs
+    capture (vLLM's graph pool; also a ``torch.cuda.MemPool`` of vLLM's sleep mode, if on). From
+    the allocator's snapshot (``segment_pool_id`` (0, 0) is the ordinary pool); None where the
+    snapshot cannot be read or carries no pool ids."""
+    try:
+        segments = torch.cuda.memory_snapshot()
+    except Exception:
+        return None
+    total = 0
+    for seg in segments:
+        if seg.get("device") not in (None, dev.index):
+            continue
+        pool = seg.get("segment_pool_id")
+        if pool is None:
+            return None
+        if tuple(pool) != (0, 0):
+            total += int(seg.get("total_size") or 0)
+    return total
+
+
 def memory_record(worker: Any) -> MemoryFacts:
     model = wv.model(worker)
     mr = wv.runner(worker)
@@ -508,6 +529,7 @@ def memory_record(worker: Any) -> MemoryFacts:
             max_reserved=torch.cuda.max_memory_reserved(dev),
             device_free=free,
             device_total=total,
+            graph_pool_bytes=private_pool_bytes(dev),
         )
     return MemoryFacts(
         pid=os.getpid(),

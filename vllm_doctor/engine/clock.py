@@ -14,11 +14,17 @@ import torch
 
 
 class WallClock:
+    """``perf_counter``: on CPU the host is the device, so the wall clock times the work itself."""
+
     kind = "wall_clock"
-    marks_outside_forward = True  # a step's bounds can be taken in the runner wrappers
+    domain = "host"  # the clock's domain: the host's wall clock (on CPU that is the device's time)
 
     def mark(self, refresh: bool = False) -> Any:
         return time.perf_counter()
+
+    @staticmethod
+    def capturing() -> bool:
+        return False
 
     def ready(self, mark: Any) -> bool:
         return True
@@ -34,9 +40,11 @@ class CudaEventClock:
     """CUDA events recorded on the current stream; elapsed time read after the fact."""
 
     kind = "cuda_events"
-    # Only record inside the model's forward, on the stream vLLM runs it on: an event on the
-    # legacy default stream at execute_model entry could serialise vLLM's side streams.
-    marks_outside_forward = False
+    domain = "device"
+    # A step's bounds are events on the stream that is current when ``execute_model`` is entered
+    # and when ``sample_tokens`` returns (vLLM's own StepTimingCollector records its pair on the
+    # stream the forward runs on, the same one): under async scheduling the host runs ahead, the
+    # events still bracket the step's work on the device.
 
     def __init__(self) -> None:
         self._free: list[Any] = []
@@ -60,6 +68,12 @@ class CudaEventClock:
         event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
         event.record(self._stream)
         return event
+
+    @staticmethod
+    def capturing() -> bool:
+        """Is the current stream being captured into a CUDA graph? (An ordinary event recorded
+        then would be an error or a node of vLLM's graph.)"""
+        return bool(torch.cuda.is_current_stream_capturing())
 
     def ready(self, mark: Any) -> bool:
         return bool(mark.query())

@@ -25,6 +25,22 @@ from typing import Any
 PROTOCOL = 1
 
 
+def _graph_timing_from_env() -> None:
+    """``VLLM_DOCTOR_GRAPH_TIMING=1``: this module is imported in each worker when vLLM builds
+    the worker class, before the model is loaded and its CUDA graphs captured: the moment to
+    install the capture wrappers of :mod:`vllm_doctor.engine.graphs`."""
+    if os.environ.get("VLLM_DOCTOR_GRAPH_TIMING"):
+        try:
+            from vllm_doctor.engine import graphs
+
+            graphs.install_from_env()
+        except Exception:  # per-layer timing inside graphs is lost, nothing else
+            pass
+
+
+_graph_timing_from_env()
+
+
 def _options(options: Any) -> dict[str, Any]:
     if options is None or options == "":
         return {}

@@ -43,6 +43,16 @@ def module_kind(name: str, module: nn.Module) -> str | None:
     return None
 
 
+_LAYER_PREFIX = re.compile(r"^(.*?(?:^|\.)(?:layers|layer|h|blocks)\.\d+)(?:\.|$)")
+
+
+def decoder_layer_name(name: str) -> str:
+    """The decoder layer a module belongs to ("model.layers.3" for "model.layers.3.self_attn.attn");
+    the name itself outside any layer."""
+    match = _LAYER_PREFIX.match(name)
+    return match.group(1) if match else name
+
+
 def layer_index(name: str) -> int | None:
     match = _LAYER_INDEX.search(name)
     return int(match.group(1)) if match else None

@@ -1,19 +1,22 @@
-"""The forward profiler that runs inside a worker: per step always, per layer when eager.
+"""The forward profiler that runs inside a worker: per step always, per layer on samples.
 
 Per step (cheap enough to leave on): prefill/decode tokens, batch size, KV blocks in use, host
-time of ``execute_model`` (+ ``sample_tokens``); on sampled steps the device time of the step, of
-the model's forward and of the logits processor. Per layer (eager mode only): the modules
-:func:`select_modules` picks. Both are timed by :mod:`clock` marks from the session's timing
-``forward`` wrappers. Marks are resolved lazily: on GPU a step's events are read back only once
-they completed, or at collection.
+time of ``execute_model`` (+ ``sample_tokens``) and the step's time on the device's clock: on
+GPU a CUDA event pair on the current stream from ``execute_model``'s entry to
+``sample_tokens``' return (under async scheduling the host's time is enqueue time, not the
+step), on CPU the wall clock (the host is the device). On sampled steps also the model's forward
+and the logits processor. Per layer: in eager mode the modules :func:`select_modules` picks
+(timing ``forward`` wrappers); in compiled modes the attention calls, the compiled graph's only
+Python calls, split the forward into layers (:meth:`ForwardProfiler.boundary`). Marks are
+resolved lazily: on GPU a step's events are read back only once they completed, or at collection.
 
 Detailed timing is *sampled*: the first :data:`SAMPLE_WARMUP_STEPS` steps of each phase
 (prefill, decode, mixed), then every ``sample_every``-th step of that phase (default
-:data:`DEFAULT_SAMPLE_EVERY`; 1 = every step). Every step gets its counts and host times (on CPU
-the wall-clock step time is its host time); a sampled step also gets the model's forward and
-logits time, per-layer timing (eager mode) and, on GPU, CUDA-event device times. Shares and
-per-call times need a sample, not every step; every piece of Python on a launch-bound step's
-path costs throughput (bench/bench_engine.py), so an unsampled step pays for counting only.
+:data:`DEFAULT_SAMPLE_EVERY`; 1 = every step). Every step gets its counts, host times and
+device-clock step time; a sampled step also gets the model's forward and logits time and
+per-layer timing. Shares and per-call times need a sample, not every step; every piece of
+Python on a launch-bound step's path costs throughput (bench/bench_engine.py), so an unsampled
+step pays for counting (and on GPU two events) only.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from operator import itemgetter
 from typing import Any
 
 from vllm_doctor.constants import STEP_COLUMN_TYPES, STEP_COLUMNS, STEP_SUMMARY_COLUMNS
-from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
+from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
 from vllm_doctor.engine.clock import CudaEventClock, WallClock
+from vllm_doctor.engine.graphs import Fixed
 from vllm_doctor.engine.layers import TimedModule
 from vllm_doctor.engine.steps import Counts, StepTracker, phase_of
 
@@ -39,6 +43,10 @@ DEFAULT_TRACE_STEPS = 64  # steps whose per-layer events are kept for trace.json
 # step); on GPU a batch holds at most this many sampled steps' events
 RESOLVE_BATCH = 32
 NAN = float("nan")  # a time a step has not (not sampled), in a packed column
+# compiled modes' timed names: the forward before the first attention call, and a decoder layer's
+# work after its attention (the name of the layer + this suffix)
+BEFORE_LAYERS = "[before the first attention]"
+DENSE_SUFFIX = " [after attention]"
 
 
 @dataclass(slots=True)
@@ -46,19 +54,23 @@ class OpenStep:
     """A sampled step while it runs and until its marks are resolved.
 
     Unsampled steps are plain lists ``[index, host_start, counts, host_execute_s,
-    host_sample_s]`` that become records when they finish (a list costs less than an object).
+    host_sample_s, start mark]`` (a list costs less than an object): on the wall clock they are
+    records when they finish, on GPU once their end event has completed.
     """
 
     index: int
     host_start: float  # perf_counter
     counts: Counts
-    start: Any = None  # clock mark (None on GPU until the first timed module starts)
-    end: Any = None  # on GPU: the end of the last timed module
+    start: Any = None  # clock marks: execute_model entered, sample_tokens returned
+    end: Any = None
     # (start, end) marks of the root forward and of the logits processor, (name, start, end) of
     # each timed module
     forward: list[tuple[Any, Any]] = field(default_factory=list)
     logits: list[tuple[Any, Any]] = field(default_factory=list)
     layers: list[tuple[str, Any, Any]] = field(default_factory=list)
+    # compiled modes: (attention layer's name, entered?, mark) at each attention call
+    bounds: list[tuple[str, bool, Any]] = field(default_factory=list)
+    graph_reads: list[Any] = field(default_factory=list)  # FULL graphs replayed (engine/graphs.py)
     host_execute_s: float = 0.0
     host_sample_s: float = 0.0
     layers_timed: bool = False  # per-layer timing on this step (eager, layers on)
@@ -73,7 +85,7 @@ class ForwardProfiler:
         sample_every: int = DEFAULT_SAMPLE_EVERY,
     ) -> None:
         self.clock = clock
-        self._wall = clock.marks_outside_forward  # the clock is the host's wall clock
+        self._wall = clock.domain == "host"  # marks are perf_counter floats (no events to resolve)
         self.tracker = StepTracker()
         self.layers_enabled = False  # set by the session once its per-layer timing forwards exist
         self.sample_every = max(1, int(sample_every))
@@ -85,6 +97,9 @@ class ForwardProfiler:
         self.step_index = 0
         self.current: OpenStep | list[Any] | None = None
         self.pending: deque[OpenStep] = deque()  # finished samples whose marks are not resolved yet
+        self.pending_plain: deque[tuple[list[Any], Any, float]] = deque()  # GPU: (step, end event, host end)
+        # compiled modes: attention layer name -> (decoder layer's name, layer index), in forward order
+        self.boundary_layers: dict[str, tuple[str, int | None]] = {}
         self.steps: list[tuple[Any, ...]] = []  # a tuple per step: STEP_COLUMNS, the counts as one tuple
         self.dropped_steps = 0
         self.layer_stats: dict[str, dict[str, Any]] = {}
@@ -107,13 +122,14 @@ class ForwardProfiler:
         index = self.step_index
         self.step_index = index + 1
         if n >= SAMPLE_WARMUP_STEPS and (n - SAMPLE_WARMUP_STEPS) % self.sample_every:
-            step: OpenStep | list[Any] = [index, time.perf_counter(), counts, 0.0, 0.0]
-            self.current = step
-            return step
+            plain = [index, time.perf_counter(), counts, 0.0, 0.0, None if self._wall else self.clock.mark(True)]
+            self.current = plain
+            return plain
         self._stack.clear()
         self._after_forward = None
-        start = self.clock.mark() if self._wall else None
-        step = self.current = OpenStep(index, time.perf_counter(), counts, start, layers_timed=self.layers_enabled)
+        start = self.clock.mark(True)
+        step: OpenStep = OpenStep(index, time.perf_counter(), counts, start, layers_timed=self.layers_enabled)
+        self.current = step
         return step
 
     def after_execute(self, host_s: float, output_is_final: bool) -> None:
@@ -143,8 +159,7 @@ class ForwardProfiler:
             return
         self.current = None
         if isinstance(step, OpenStep):
-            if self._wall:
-                step.end = self.clock.mark()
+            step.end = self.clock.mark()
             pending = self.pending
             pending.append(step)
             if len(pending) >= RESOLVE_BATCH:
@@ -153,28 +168,24 @@ class ForwardProfiler:
         self.finish_plain(step, time.perf_counter())
 
     def finish_plain(self, step: list[Any], end: float) -> None:
-        """An unsampled step is a record at once: the wall clock (``end``: perf_counter when its
-        last method returned) is its host time on CPU; on GPU its host time stands for its
-        device time."""
+        """An unsampled step ended (``end``: perf_counter when its last method returned). On the
+        wall clock it is a record at once; on GPU its end event is recorded and it becomes a
+        record once that event completed (:meth:`resolve`)."""
         self.current = None
+        if not self._wall:
+            pending = self.pending_plain
+            pending.append((step, self.clock.mark(), end))
+            if len(pending) >= 4 * RESOLVE_BATCH:
+                self.resolve(block=False)
+            return
+        self._plain_record(step, end - step[1])
+
+    def _plain_record(self, step: list[Any], step_s: float) -> None:
         steps = self.steps
         if len(steps) < MAX_STEP_RECORDS:
-            index, host_start, counts, host_execute_s, host_sample_s = step
-            wall = self._wall
+            index, host_start, counts, host_execute_s, host_sample_s, _ = step
             steps.append(
-                (
-                    index,
-                    host_start,
-                    counts,
-                    end - host_start if wall else host_execute_s + host_sample_s,
-                    wall,
-                    None,
-                    None,
-                    host_execute_s,
-                    host_sample_s,
-                    False,
-                    False,
-                )
+                (index, host_start, counts, step_s, True, None, None, host_execute_s, host_sample_s, False, False)
             )
         else:
             self.dropped_steps += 1
@@ -208,8 +219,6 @@ class ForwardProfiler:
             top, start = stack.pop()
             if top == name:
                 end = self.clock.mark()
-                if not self._wall:
-                    step.end = end  # type: ignore[union-attr]
                 if name == "":
                     step.forward.append((start, end))  # type: ignore[union-attr]
                     self._after_forward = end
@@ -226,6 +235,7 @@ class ForwardProfiler:
         still running unless ``block``. Events recorded on one stream complete in order: when
         the newest sample's last event has completed, so have all before it (one query)."""
         pending, clock = self.pending, self.clock
+        self._resolve_plain(block)
         newest = next((step.end for step in reversed(pending) if step.end is not None), None)
         if newest is not None and (self._wall or getattr(clock, "one_stream", False)):
             if block:
@@ -243,26 +253,105 @@ class ForwardProfiler:
             pending.popleft()
             self._account(step)
 
+    def _resolve_plain(self, block: bool) -> None:
+        """GPU: unsampled steps whose end event completed become records (their step time is
+        the event pair's); all of them when ``block``."""
+        pending, clock = self.pending_plain, self.clock
+        if not pending:
+            return
+        if block or (getattr(clock, "one_stream", False) and clock.ready(pending[-1][1])):
+            ready = len(pending)
+            if block:
+                clock.wait(pending[-1][1])
+        else:
+            ready = 0
+            for _, end, _ in pending:
+                if not clock.ready(end):
+                    break
+                ready += 1
+        sec, release = clock.seconds, getattr(clock, "release", None)
+        for _ in range(ready):
+            step, end, _ = pending.popleft()
+            self._plain_record(step, sec(step[5], end))
+            if release is not None:
+                release(step[5], end)
+
+    # -- compiled modes: the attention calls split the forward into layers ------------------
+    def set_boundaries(self, layers: list[tuple[str, str, int | None, str]]) -> None:
+        """The attention layers whose calls are timed, in forward order: (attention layer's
+        name, its decoder layer's name, layer index, attention class), and the timed names of
+        :meth:`_segments` with their kinds."""
+        self.boundary_layers = {attn: (layer, index) for attn, layer, index, _ in layers}
+        self.timed[BEFORE_LAYERS] = TimedModule(BEFORE_LAYERS, "embedding", None, "embedding, layer 0's input work")
+        for attn, layer, index, cls in layers:
+            self.timed[attn] = TimedModule(attn, "attention", index, cls)
+            self.timed[layer + DENSE_SUFFIX] = TimedModule(
+                layer + DENSE_SUFFIX, "dense", index, "projections, norms, MLP until the next attention"
+            )
+            if layer not in self.timed:
+                self.timed[layer] = TimedModule(layer, "layer", index, "")
+
+    def boundary(self, name: str, enter: bool) -> None:
+        """An attention call of layer ``name`` begins (``enter``) or returns, inside the
+        compiled forward of a sampled step."""
+        step = self.current
+        if step.__class__ is OpenStep:
+            step.bounds.append((name, enter, self.clock.mark()))  # type: ignore[union-attr]
+
+    def _segments(self, step: OpenStep) -> list[tuple[str, Any, Any]]:
+        """A step's attention calls as (timed name, start, end) spans.
+
+        Each attention layer's calls (KV-cache write, attention) are one group, from its first
+        entry to its last return. Layer i is timed from its attention's start to layer i+1's
+        (or the forward's end): its attention, then its output projection, residual, norms and
+        MLP and layer i+1's input norm, QKV projection and rotary embedding (kind "dense");
+        before the first attention: the embedding and layer 0's input work.
+        """
+        groups: list[list[Any]] = []  # [name, first enter, last exit]
+        for name, enter, mark in step.bounds:
+            if enter and (not groups or groups[-1][0] != name):
+                groups.append([name, mark, mark])
+            elif groups and groups[-1][0] == name:
+                if not enter:
+                    groups[-1][2] = mark
+        fwd = step.forward[0] if step.forward else None
+        out: list[tuple[str, Any, Any]] = []
+        if fwd is not None and groups:
+            out.append((BEFORE_LAYERS, fwd[0], groups[0][1]))
+        for i, (name, start, end) in enumerate(groups):
+            layer_name = self.boundary_layers.get(name, (name, None))[0]
+            nxt = groups[i + 1][1] if i + 1 < len(groups) else (fwd[1] if fwd is not None else None)
+            out.append((name, start, end))
+            if nxt is not None:
+                out.append((layer_name + DENSE_SUFFIX, end, nxt))
+                out.append((layer_name, start, nxt))
+        return out
+
     def _account(self, step: OpenStep) -> None:
         """Turn a sampled step's marks into seconds (a tuple per step, dicts at collection).
 
         Every mark is read once, as its time since the step's first mark (on GPU each reading
         is a CUDA call); durations and trace offsets are differences of those.
         """
+        for marks in step.graph_reads:  # the graph's events, before it replays again
+            graphs.read(marks, block=True)
         sec, origin = self.clock.seconds, step.start
         since: dict[Any, float] = {origin: 0.0}
 
         def t(mark: Any) -> float:
+            if mark.__class__ is Fixed:
+                return mark.s  # type: ignore[no-any-return]
             v = since.get(mark)
             if v is None:
                 v = since[mark] = sec(origin, mark)
             return v
 
         fwd, logits = step.forward, step.logits
-        # on GPU the step's bounds are the first and last marks inside the model: only a step
-        # whose root forward ran through Python has them (torch.compile / CUDA graphs call the
-        # compiled forward directly): otherwise its host time stands for it
-        device_timed = origin is not None and step.end is not None and (self._wall or bool(fwd))
+        if self.boundary_layers:  # compiled modes: a step whose forward ran no Python (a FULL graph) has none
+            step.layers_timed = step.layers_timed and bool(step.bounds)
+            if step.bounds:
+                step.layers.extend(self._segments(step))
+        device_timed = origin is not None and step.end is not None
         forward_s = sum(t(b) - t(a) for a, b in fwd) if fwd else None
         logits_s = sum(t(b) - t(a) for a, b in logits) if logits else None
         step_s = t(step.end) if device_timed else step.host_execute_s + step.host_sample_s
@@ -293,7 +382,8 @@ class ForwardProfiler:
                 marks.update((a, b))
             for _, a, b in step.layers:
                 marks.update((a, b))
-            release(*marks)
+            marks.update(m for _, _, m in step.bounds)
+            release(*(m for m in marks if m.__class__ is not Fixed))
 
     def _account_layers(self, step: OpenStep, t: Any, step_s: float, device_timed: bool) -> None:
         phase = phase_of(step.counts)

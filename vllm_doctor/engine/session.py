@@ -23,14 +23,16 @@ from typing import Any
 from torch import nn
 
 from vllm_doctor.compat import worker as wv
-from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
+from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
 from vllm_doctor.engine.clock import clock_for
-from vllm_doctor.engine.layers import select_modules
+from vllm_doctor.engine.layers import decoder_layer_name, layer_index, select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
 from vllm_doctor.engine.profiler import DEFAULT_TRACE_STEPS, ForwardProfiler, OpenStep
 from vllm_doctor.engine.steps import phase_of
 
 SESSION_ATTR = "_vllm_doctor_session"
+# a timing wrapper: (object, attribute it shadows, the wrapper, the previous instance attribute or None)
+Armed = tuple[Any, str, Any, Any]
 WRAPPED_METHODS = ("execute_model", "sample_tokens")
 
 
@@ -64,11 +66,12 @@ class WorkerSession:
         self._saved_methods: dict[str, Any] = {}  # name -> previous instance attribute or None
         # timing forwards, each (module, timing forward, previous instance forward or None):
         # the root model's and the logits processor's (per-step forward and logits time) ...
-        self._timers: list[tuple[nn.Module, Any, Any]] = []
-        # ... and the timed modules' (per-layer time)
-        self._layer_wrappers: list[tuple[nn.Module, Any, Any]] = []
-        self._armed: list[tuple[nn.Module, Any, Any]] = []  # those on their modules now
-        self._armed_layers: list[tuple[nn.Module, Any, Any]] = []
+        # each (object, attribute, wrapper, previous instance attribute or None)
+        self._timers: list[Armed] = []
+        # ... and the timed modules' (per-layer time; in compiled modes the attention calls')
+        self._layer_wrappers: list[Armed] = []
+        self._armed: list[Armed] = []  # those on their objects now
+        self._armed_layers: list[Armed] = []
         self.probe: ProbeRecorder | None = None
         self.probe_modes: ProbeModes | None = None
         self.probe_plan: list[str] = []  # phases still to probe: "prefill", "decode", "any"
@@ -137,11 +140,16 @@ class WorkerSession:
             self.profiler = ForwardProfiler(clock_for(wv.device(self.worker)), timed, trace_steps, sample_every)
             self.rpc_s, self.window_t0 = 0.0, time.perf_counter()
             self._wrap_runner()
-            # the root model's forward only in eager mode: with torch.compile vLLM's __call__
-            # hands ``self.forward`` to the compiler (and CUDA graphs replay without Python);
-            # the logits processor runs eagerly outside the compiled forward either way
-            if state["eager"]:
+            # the root model's forward where it runs Python: eager mode, or a root class that
+            # vLLM does not compile (vLLM's own models compile their inner model: the root's
+            # forward calls it); a compiled root's __call__ hands ``self.forward`` to the compiler.
+            # A FULL CUDA graph replays the whole forward without either: its replay is timed.
+            # The logits processor runs eagerly outside the compiled forward either way
+            if state["eager"] or not wv.compiled_root(model):
                 self._timers.append(self._timing_forward(model, "", "timers", "steps", outer=True, probe=True))
+            replay = wv.full_graph_replay(self.worker)
+            if replay is not None:
+                self._timers.append(self._timing_call(*replay, "", "timers", "steps"))
             self._timers += [
                 self._timing_forward(model.get_submodule(tm.name), tm.name, "timers", "steps", outer=True)
                 for tm in timed
@@ -164,11 +172,31 @@ class WorkerSession:
                     else f"the first {SAMPLE_WARMUP_STEPS} steps of each phase, then every {every}-th"
                 )
             else:
-                self.layers_reason = (
-                    "per-layer timing needs eager mode (enforce_eager=True): this engine runs "
-                    f"torch.compile={state['compiled']} / CUDA graphs={state['cudagraphs']}, "
-                    "whose replay skips Python hooks; per-step timing only"
-                )
+                self._layer_wrappers = self._boundary_wrappers()
+                if self._layer_wrappers:
+                    self.layers_on = True
+                    self.profiler.layers_enabled = True
+                    graphs.ACTIVE = self.profiler
+                    how = (
+                        "compiled mode: timed at the attention calls, the compiled forward's only Python "
+                        "calls (layer i = its attention, then everything until layer i+1's attention)"
+                    )
+                    timed_graphs = graphs.timed_graphs()
+                    if timed_graphs:
+                        how += f"; inside FULL CUDA graphs by events captured into {timed_graphs} graph(s)"
+                    elif state["cudagraphs"]:
+                        how += (
+                            "; steps that replay a FULL CUDA graph run no Python inside the forward: their "
+                            "forward is timed, not their layers (events captured into the graphs need "
+                            f"{graphs.ENV_FLAG}=1 when the engine starts)"
+                        )
+                    self.layers_reason = how
+                else:
+                    self.layers_reason = (
+                        "per-layer timing in compiled mode times vLLM's attention layers' calls, and this model "
+                        "has none that can be timed (attention outside vLLM's Attention layer); eager mode "
+                        "(enforce_eager=True) times each module"
+                    )
         elif not layers:
             self.layers_reason = "per-layer timing not requested"
         return {
@@ -189,13 +217,15 @@ class WorkerSession:
         self._layer_wrappers = []
         self._stop_probe()
         self.layers_on = False
+        if graphs.ACTIVE is self.profiler:
+            graphs.ACTIVE = None
         self.profiler = None
         self.worker.__dict__.pop(SESSION_ATTR, None)
         return {"restored_methods": restored, "removed_timing_forwards": removed, "status": self.status()}
 
     def _timing_forward(
         self, module: nn.Module, name: str, part: str, component: str, outer: bool = False, probe: bool = False
-    ) -> tuple[nn.Module, Any, Any]:
+    ) -> Armed:
         """A timing ``forward`` for one module, put on the module only for a sampled step.
 
         An instance attribute ``forward`` shadows the class's for exactly those steps (nn.Module
@@ -238,15 +268,98 @@ class WorkerSession:
                     own[part] += clock() - t
 
         forward.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
-        return module, forward, previous
+        return module, "forward", forward, previous
+
+    def _boundary_wrappers(self) -> list[Armed]:
+        """Compiled modes: a wrapper on each vLLM attention layer's implementation (its
+        ``do_kv_cache_update`` and ``forward``, which the compiled graph's attention ops call
+        from Python), marking where each call begins and returns."""
+        prof = self.profiler
+        assert prof is not None
+        found = wv.attention_impls(self.worker)
+        wrappers: list[Armed] = []
+        layers: list[tuple[str, str, int | None, str]] = []
+        for name, impl in found:
+            made = [
+                self._boundary_call(impl, attr, name)
+                for attr in ("do_kv_cache_update", "forward")
+                if callable(getattr(impl, attr, None))
+            ]
+            if made:
+                wrappers += made
+                layers.append((name, decoder_layer_name(name), layer_index(name), type(impl).__name__))
+        prof.set_boundaries(layers)
+        return wrappers
+
+    def _boundary_call(self, impl: Any, attr: str, name: str) -> Armed:
+        prof = self.profiler
+        assert prof is not None
+        previous = impl.__dict__.get(attr)
+        original = getattr(impl, attr)
+        disabled, own, clock, capturing = self.disabled, self.own_s, time.perf_counter, prof.clock.capturing
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            timing = "layers" not in disabled and not capturing()
+            if timing:
+                t = clock()
+                try:
+                    prof.boundary(name, True)
+                except Exception as exc:
+                    self._crashed("layers", exc)
+                own["layer_forwards"] += clock() - t
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if timing and "layers" not in disabled:
+                    t = clock()
+                    try:
+                        prof.boundary(name, False)
+                    except Exception as exc:
+                        self._crashed("layers", exc)
+                    own["layer_forwards"] += clock() - t
+
+        call.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
+        return impl, attr, call, previous
+
+    def _timing_call(self, obj: Any, attr: str, name: str, part: str, component: str) -> Armed:
+        """A timing wrapper on a method of a vLLM object (an instance attribute shadowing it while
+        a sampled step runs): the FULL CUDA graph's replay, timed as the model's forward."""
+        prof = self.profiler
+        assert prof is not None
+        previous = obj.__dict__.get(attr)
+        original = getattr(obj, attr)
+        disabled, own, clock = self.disabled, self.own_s, time.perf_counter
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            timing = component not in disabled and prof.current.__class__ is OpenStep
+            if timing:
+                t = clock()
+                try:
+                    prof.module_enter(name, True)
+                except Exception as exc:
+                    self._crashed(component, exc)
+                own[part] += clock() - t
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if timing and component not in disabled:
+                    t = clock()
+                    try:
+                        prof.module_exit(name)
+                    except Exception as exc:
+                        self._crashed(component, exc)
+                    own[part] += clock() - t
+
+        call.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
+        return obj, attr, call, previous
 
     def _arm(self, layers: bool) -> None:
-        for module, forward, _ in self._timers:
-            module.__dict__["forward"] = forward
+        for obj, attr, fn, _ in self._timers:
+            obj.__dict__[attr] = fn
         self._armed = self._timers
         if layers:
-            for module, forward, _ in self._layer_wrappers:
-                module.__dict__["forward"] = forward
+            for obj, attr, fn, _ in self._layer_wrappers:
+                obj.__dict__[attr] = fn
             self._armed_layers = self._layer_wrappers
 
     def _disarm_layers(self) -> None:
@@ -481,12 +594,12 @@ def _num_blocks(worker: Any) -> int | None:
     return int(n) if n is not None else None
 
 
-def _restore(armed: list[tuple[nn.Module, Any, Any]]) -> None:
-    for module, _, previous in armed:
+def _restore(armed: list[Armed]) -> None:
+    for obj, attr, _, previous in armed:
         if previous is None:
-            module.__dict__.pop("forward", None)
+            obj.__dict__.pop(attr, None)
         else:
-            module.__dict__["forward"] = previous
+            obj.__dict__[attr] = previous
 
 
 def _is_doctor_wrapper(obj: Any) -> bool:

@@ -38,6 +38,9 @@ class CudaMemory:
     max_reserved: int | None = None
     device_free: int = 0
     device_total: int = 0
+    # segments of torch's private memory pools (CUDA graphs capture into one), from the
+    # allocator's snapshot; None where the snapshot could not be read
+    graph_pool_bytes: int | None = None
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> CudaMemory:
@@ -48,6 +51,7 @@ class CudaMemory:
             max_reserved=opt_int(data.get("max_reserved")),
             device_free=opt_int(data.get("device_free")) or 0,
             device_total=opt_int(data.get("device_total")) or 0,
+            graph_pool_bytes=opt_int(data.get("graph_pool_bytes")),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -58,6 +62,7 @@ class CudaMemory:
             "max_reserved": self.max_reserved,
             "device_free": self.device_free,
             "device_total": self.device_total,
+            "graph_pool_bytes": self.graph_pool_bytes,
         }
 
 

@@ -16,6 +16,7 @@ from vllm_doctor.units import fmt_bytes, fmt_s
 COLORS = {
     "embedding": "#8e6c8a",
     "attention": "#4e79a7",
+    "dense": "#edc948",
     "mlp": "#f28e2b",
     "norm": "#76b7b2",
     "logits": "#59a14f",

@@ -149,6 +149,8 @@ def run_engine_stage(
     log_path = Path(log_dir) / "engine.log"
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # engine.log keeps what vLLM says at start-up
+    if options.layers and not options.eager:  # per-layer time inside FULL CUDA graphs (engine/graphs.py)
+        env["VLLM_DOCTOR_GRAPH_TIMING"] = "1"
     res = run_child(
         "engine",
         {"model": model, "options": asdict(options)},

@@ -1,0 +1,94 @@
+"""Do the profiler's step times add up to the workload's wall time? (one clock check per mode)
+
+    python bench/bench_clock.py MODEL_DIR [--modes default,eager] [--prompts 128 --input-len 128
+        --output-len 256] [--engine-arg load_format=dummy ...]
+
+For each mode it runs ``vllm-doctor profile`` (a fresh engine: vLLM's default mode, or
+``--eager``) and prints a markdown table: the workload's wall time around ``llm.generate``, the
+sum of the step times the report gives (steps x mean, per phase, on the clock the report names:
+CUDA events on GPU, the wall clock on CPU), their ratio, the mean decode step and forward, the
+share of the sampled forwards the per-layer timings account for, and the decode roofline line
+when the report has one. A sum above the wall time is impossible (steps of one engine do not
+overlap): the step clock is wrong. Well below it: time outside the steps (the scheduler, output
+processing, or a host that cannot keep the device busy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_mode(model: str, mode: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    cmd = [
+        sys.executable, "-m", "vllm_doctor", "profile", model, "--out", str(out), "-q",
+        "--prompts", str(args.prompts), "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+        "--max-model-len", str(args.max_model_len),
+    ]  # fmt: skip
+    for extra in args.engine_arg:
+        cmd += ["--engine-arg", extra]
+    if mode == "eager":
+        cmd.append("--eager")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode not in (0, 1) or not (out / "report.json").is_file():
+        raise SystemExit(f"{mode}: vllm-doctor profile exited {proc.returncode}\n{proc.stderr[-3000:]}")
+    report = json.loads((out / "report.json").read_text())
+    return {"mode": mode, "report": report, "text": proc.stdout}
+
+
+def row(result: dict[str, Any]) -> str:
+    report = result["report"]
+    engine = report["profiles"]["engine"]
+    workload = report["profiles"].get("workload") or {}
+    phases = engine.get("phases") or {}
+    total = sum(p["steps"] * p["step_s_mean"] for p in phases.values())
+    wall = workload.get("wall_s") or 0.0
+    decode = phases.get("decode") or {}
+    layers = engine.get("layers") or {}
+    frac = layers.get("timed_fraction")
+    roof = ((engine.get("roofline") or {}).get("phases") or {}).get("decode") or {}
+    share = roof.get("bandwidth_share")
+    return (
+        f"| {result['mode']} | {engine.get('clock')} | {wall:.3f} s | {total:.3f} s | "
+        f"{100 * total / wall:.1f} % | {1e3 * (decode.get('step_s_mean') or 0):.2f} ms | "
+        f"{1e3 * (decode.get('forward_s_mean') or 0):.2f} ms | "
+        f"{'n/a' if frac is None else f'{100 * frac:.0f} %'} | {'n/a' if share is None else f'{100 * share:.0f} %'} |"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("model")
+    ap.add_argument("--modes", default="default,eager")
+    ap.add_argument("--prompts", type=int, default=128)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--max-model-len", type=int, default=2048)
+    ap.add_argument("--engine-arg", action="append", default=[])
+    ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--keep", metavar="DIR", help="keep each mode's report directory under DIR")
+    args = ap.parse_args()
+    base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-clock-"))
+    results = [run_mode(args.model, mode, args, base / mode) for mode in args.modes.split(",")]
+    print(f"command: python bench/bench_clock.py {' '.join(sys.argv[1:])}")
+    print("| mode | step clock | workload wall | steps x mean | ratio | decode step | decode forward | "
+          "per-layer share of forward | decode bandwidth share |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for result in results:
+        print(row(result))
+    for result in results:
+        print(f"\n== {result['mode']}\n{result['text']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
