@@ -197,3 +197,36 @@ def test_a_model_without_its_sizes_says_why() -> None:
     }
     w.put("kv", KvCache(hf_config=HfShape(num_hidden_layers=2)).to_wire())
     assert "does not give hidden_size" in summarize(EngineFacts(workers=[w]))["roofline"]["reason"]
+
+
+def test_the_html_report_shows_the_roofline_and_marks_a_rate_above_the_peak() -> None:
+    from vllm_doctor.report.html import render_html
+
+    ok = render_html({"profiles": {"engine": summarize(EngineFacts(workers=[_worker(7.5e-3, H200)]))}})
+    assert 'id="roofline"' in ok and "device NVIDIA H200: peak 4.81 TB/s (device: 2 x 6016 bits" in ok
+    assert "989.5 TFLOP/s dense bf16" in ok and "<td>54 %</td>" in ok
+    bad = render_html({"profiles": {"engine": summarize(EngineFacts(workers=[_worker(2.46e-3, H200)]))}})
+    assert '<td class="bad">rate above the device&#x27;s peak: the weights alone need 6.10 TB/s' in bad
+
+
+def test_tops_model_panel_draws_a_roofline_line_that_fits_its_width() -> None:
+    import dataclasses
+    from pathlib import Path
+
+    from vllm_doctor.live.record import ReplaySource
+    from vllm_doctor.live.sources import model_summary
+    from vllm_doctor.tui.panels import model_panel
+
+    frame = ReplaySource(Path(__file__).resolve().parents[1] / "data" / "top" / "loaded.jsonl.gz").poll()
+
+    def panel(step_s: float, width: int) -> list[str]:
+        summary = model_summary({"profiles": {"engine": summarize(EngineFacts(workers=[_worker(step_s, H200)]))}})
+        return model_panel(dataclasses.replace(frame, model=summary), width).plain.splitlines()
+
+    wide = [line for line in panel(7.5e-3, 96) if line.startswith("roofline ")]
+    assert wide == ["roofline decode 54 % of 4.81 TB/s (2.58 TB/s: weights 15 GB + KV 4.31 GB)"]
+    # the model panel at 160x48 has 51 columns: the bytes are left out, nothing is cut
+    assert [line for line in panel(7.5e-3, 51) if line.startswith("roofline ")] == [
+        "roofline decode 54 % of 4.81 TB/s (2.58 TB/s)"
+    ]
+    assert "roofline decode 7.85 TB/s: above peak, step time wrong" in panel(2.46e-3, 60)

@@ -171,7 +171,7 @@ def render_roofline(profile: dict[str, Any]) -> str:
     if not roof.get("available"):
         return f"  roofline      n/a: {roof.get('reason')}"
     peaks = roof.get("device") or {}
-    lines = []
+    lines: list[str] = []
     for phase, entry in (roof.get("phases") or {}).items():
         lines.append(f"  {'roofline' if not lines else '':<14}{phase_text(phase, entry, peaks)}")
     for bucket in ("prefill", "decode"):

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.text import Text
 
+from vllm_doctor.analysis.roofline import fmt_rate, phase_text
 from vllm_doctor.live.derive import HISTOGRAMS, LatencyStat, MetricsFrame, fmt_latency
 from vllm_doctor.live.sources import Frame
 from vllm_doctor.units import fmt_bytes, fmt_s
@@ -245,6 +246,11 @@ def model_panel(frame: Frame, width: int) -> Text:
     if slow:
         out.append("slowest layers: ", style="cyan")
         out.append(" · ".join(f"#{x['layer']} {fmt_s(x['total_s'])}" for x in slow[:3]) + "\n")
+    roof = model.get("roofline") or {}
+    for phase, entry in (roof.get("phases") or {}).items():
+        out.append("roofline ", style="cyan")
+        line = roofline_text(phase, entry, roof.get("device") or {}, width - len("roofline "))
+        out.append(line + "\n", style="bold red" if entry.get("above_peak") else "")
     kv = model.get("kv") or {}
     if kv.get("storage_bytes"):
         out.append("KV ", style="cyan")
@@ -267,6 +273,20 @@ def model_panel(frame: Frame, width: int) -> Text:
         if f.get("hint"):
             out.append(f"  fix: {str(f['hint'])[: max(20, width - 9)]}\n", style="dim")
     return out
+
+
+def roofline_text(phase: str, entry: dict[str, Any], peaks: dict[str, Any], room: int) -> str:
+    """The longest of the roofline's forms that fits ``room`` cells: the sentence with the
+    step's bytes, then the share and the rate, then the share alone (never a cut number)."""
+    full = phase_text(phase, entry, peaks, short=True)  # decode 41 % of 4.81 TB/s (1.97 TB/s: weights ...)
+    head = full.split(" (", 1)[0] if not entry.get("above_peak") else f"{phase} {fmt_rate(entry.get('bytes_per_s'))}"
+    rate = f" ({fmt_rate(entry.get('bytes_per_s'))})" if entry.get("bandwidth_share") is not None else ""
+    forms = (
+        [full, head + rate, head]
+        if not entry.get("above_peak")
+        else [full, f"{head}: above peak, step time wrong", head]
+    )
+    return next((f for f in forms if len(f) <= room), forms[-1][: max(1, room)])
 
 
 LEVELS = " ▁▂▃▄▅▆▇█"
