@@ -140,8 +140,10 @@ def latency_panel(frame: Frame, width: int, detail: bool = False) -> Text:
     span = max((s.span_s for s in m.latency.values() if s is not None), default=0.0)
     head = f"last {fmt_duration(span)}" if span else "collecting"
     out.append(f"window {fmt_duration(m.window_s)} ({head})\n", style="dim")
-    wide = width >= 46  # 80 columns: a 36-column table with short labels
-    lw, nw, pw = (11, 6, 10) if wide else (6, 6, 8)
+    # the long labels where their table fits (47 columns, 44 with narrower quantile columns: a
+    # 100-column terminal's panel has 46), else short labels (80 columns: a 36-column table)
+    wide = width >= 11 + 6 + 3 * 9
+    lw, nw, pw = (11, 6, 10 if width >= 11 + 6 + 3 * 10 else 9) if wide else (6, 6, 8)
     out.append(f"{'':<{lw}}{'n':>{nw}}{'p50':>{pw}}{'p90':>{pw}}{'p99':>{pw}}\n", style="cyan")
     for key in HISTOGRAMS:
         n, p50, p90, p99 = latency_text(m.latency.get(key))
@@ -352,6 +354,12 @@ def _chart_width(width: int) -> int:
     return max(10, (width - HISTORY_GAP * (len(CHARTS) - 1)) // len(CHARTS))
 
 
+def chart_rows(content_height: int) -> int:
+    """The tall charts' rows in a history panel ``content_height`` rows high (its head, foot and
+    legend take 3): the panel fills the screen's last grid row; never fewer than CHART_ROWS."""
+    return max(CHART_ROWS, content_height - 3)
+
+
 def history_key(frame: Frame, width: int) -> tuple[Any, ...]:
     """Everything :func:`history_panel` draws from: equal keys, equal panels (it is redrawn only
     when a bucket completes, the width or the interval changes)."""
@@ -364,9 +372,10 @@ def history_key(frame: Frame, width: int) -> tuple[Any, ...]:
     return (width, frame.interval_s, cols)
 
 
-def history_panel(frame: Frame, width: int) -> Text:
+def history_panel(frame: Frame, width: int, rows: int = CHART_ROWS) -> Text:
     """Tall charts of the last minutes (a 160x48 terminal's lower half), one column per
-    ``HISTORY_BUCKET`` refreshes: generation throughput, running requests, KV cache usage."""
+    ``HISTORY_BUCKET`` refreshes: generation throughput, running requests, KV cache usage;
+    ``rows`` high (:func:`chart_rows`)."""
     gap = HISTORY_GAP
     chart_w = _chart_width(width)
     blocks = []
@@ -383,7 +392,7 @@ def history_panel(frame: Frame, width: int) -> Text:
         span_s = len(cols) * HISTORY_BUCKET * frame.interval_s
         axis = f"-{fmt_duration(span_s)}" if cols else "collecting"
         foot = Text(f"{axis:<{max(1, chart_w - 3)}}now"[:chart_w], style="dim")
-        blocks.append([head, *tall_chart(cols, chart_w, CHART_ROWS, scale), foot])
+        blocks.append([head, *tall_chart(cols, chart_w, rows, scale), foot])
     out = Text()
     for row in zip(*blocks, strict=True):
         for i, cell in enumerate(row):
