@@ -264,3 +264,20 @@ def test_multiprocess_engine_attach(tmp_path: Path) -> None:
     assert result["missing_message"] and "worker_extension_cls" in result["missing_message"]
     recorded = {json.loads(p.read_text())["pid"] for p in (tmp_path / "procs").glob("proc-*.json")}
     assert {front["pid"], workers[0]["pid"], *front["engine_core_pids"]} <= recorded
+
+
+def test_the_roofline_of_a_real_cpu_worker(doctored: Run) -> None:
+    """The worker sends the config's sizes (MLP, vocabulary, tied embeddings) and its device; on
+    CPU the rates come without a share (no honest peak), and none is flagged above a peak."""
+    prof = doctored.report.profiles["engine"]
+    roof = prof["roofline"]
+    assert roof["available"], roof.get("reason")
+    hf = doctored.report.facts["engine"]["kv_cache"]
+    assert roof["model"]["layers"] == hf["num_layers"] == 2
+    assert roof["model"]["vocab"] > 0 and roof["model"]["intermediate"] > 0
+    assert roof["device"]["bandwidth_bytes_s"] is None and roof["device"]["flops_s"] is None
+    decode = roof["phases"]["decode"]
+    assert decode["workload"]["seqs"] == len(PROMPTS) and decode["workload"]["tokens"] == len(PROMPTS)
+    assert decode["bytes_per_s"] > 0 and decode["bandwidth_share"] is None and not decode["above_peak"]
+    assert decode["step_s"] == prof["phases"]["decode"]["step_s_mean"]
+    assert {x["phase"] for x in roof["layers"]} == {"prefill", "decode"} and not roof["above_peak"]

@@ -15,6 +15,7 @@ Set VLLM_DOCTOR_UPDATE_SNAPSHOTS=1 to rewrite the committed SVGs (then look at t
 from __future__ import annotations
 
 import asyncio
+import html
 import os
 import re
 from pathlib import Path
@@ -60,6 +61,7 @@ def snapshot(recording: str, size: tuple[int, int], keys: tuple[str, ...] = ()) 
         ("restart-160x48", "restart.jsonl.gz", (160, 48), ()),
         ("h200-160x48", "h200.jsonl.gz", (160, 48), ()),
         ("h200-8b-160x48", "h200-8b.jsonl.gz", (160, 48), ()),
+        ("h200-8b-100x30", "h200-8b.jsonl.gz", (100, 30), ()),
     ],
 )
 def test_snapshot(name: str, recording: str, size: tuple[int, int], keys: tuple[str, ...], tmp_path: Path) -> None:
@@ -134,6 +136,7 @@ def _rows(strips: list) -> list[list]:  # type: ignore[type-arg]
         ("restart.jsonl.gz", (160, 48)),
         ("h200.jsonl.gz", (160, 48)),
         ("h200-8b.jsonl.gz", (160, 48)),
+        ("h200-8b.jsonl.gz", (100, 30)),
     ],
 )
 def test_panels_draw_every_row_exactly_as_textual_draws_it(recording: str, size: tuple[int, int]) -> None:
@@ -168,7 +171,8 @@ def test_panels_draw_every_row_exactly_as_textual_draws_it(recording: str, size:
         return checked, stale
 
     checked, stale = asyncio.run(scenario())
-    assert checked >= 4 * 20
+    # four panels at least, on every refresh (of 20 at least; the 8B recording has 12)
+    assert checked >= 4 * min(20, len(ReplaySource(DATA / recording).records))
     if recording == "restart.jsonl.gz":
         assert stale > 0
 
@@ -195,3 +199,30 @@ def test_a_panel_with_an_effect_is_drawn_by_textual_row_by_row() -> None:
             assert _rows(ours) == _rows(Widget.render_lines(panel, whole))
 
     asyncio.run(scenario())
+
+
+def _screen_rows(svg: str) -> list[str]:
+    """The screen's rows as text: Textual's SVG draws each row's runs at one y (runs of blanks
+    at a line's end are not drawn)."""
+    rows: dict[float, list[tuple[float, str]]] = {}
+    for x, y, body in re.findall(r'<text[^>]*? x="([0-9.]+)" y="([0-9.]+)"[^>]*>([^<]*)</text>', svg):
+        rows.setdefault(float(y), []).append((float(x), html.unescape(body).replace("\xa0", " ")))
+    return ["".join(t for _, t in sorted(runs)) for _, runs in sorted(rows.items())]
+
+
+def test_at_100x30_the_latency_table_and_the_model_panel_are_whole() -> None:
+    text = "\n".join(_screen_rows(snapshot("h200-8b.jsonl.gz", (100, 30))))
+    # the p99 column ends inside the latency panel, before its border (it was cut at "58 m")
+    assert "│TTFT          671    31 ms    40 ms    58 ms││" in text
+    assert "│queue         671 < 300 ms < 300 ms < 300 ms│╰" in text
+    # the rows under the four engine panels hold the model panel, across both columns
+    for expected in ("model (from inside)", "LlamaForCausalLM", "decode    390 steps", "doctor 0.83 % of the worker"):
+        assert expected in text, expected
+
+
+def test_at_160x48_the_history_charts_fill_the_rows_under_the_panels() -> None:
+    rows = _screen_rows(snapshot("h200-8b.jsonl.gz", (160, 48)))
+    footer = next(i for i, r in enumerate(rows) if "q quit" in r)
+    # the history panel's bottom border is the row above the footer: no empty rows between
+    assert rows[footer - 1].strip().startswith("╰") and "one column = 5 s" in rows[footer - 2]
+    assert sum(1 for r in rows if "██" in r) >= 20  # the charts are as tall as the panel

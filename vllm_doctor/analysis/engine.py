@@ -8,6 +8,7 @@ from __future__ import annotations
 from itertools import compress
 from typing import Any
 
+from vllm_doctor.analysis.roofline import engine_roofline
 from vllm_doctor.facts.anatomy import Anatomy, WorkerIdentity
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.facts.kv import KvCache
@@ -354,6 +355,7 @@ def summarize(facts: EngineFacts, timeline: bool = True) -> dict[str, Any]:
         "crashes": [c | {"rank": w.rank} for w in facts.workers for c in (w.get("profile") or {}).get("crashes", [])],
     }
     out["doctor_overhead"] = doctor_overhead(profile, steps)
+    out["roofline"] = engine_roofline(primary, steps, out["phases"], out["layers"], kv.block_size)
     if len(facts.workers) > 1:
         out["per_rank"] = [rank_summary(w, with_timeline=timeline and w is not primary) for w in facts.workers]
         out["rank_imbalance"] = rank_imbalance(out["per_rank"])

@@ -249,6 +249,10 @@ def device_facts(worker: Any) -> DevicePlace:
             uuid=str(getattr(props, "uuid", "")) or None,
             pci_bus_id=_pci_bus_id(props),
             total_memory=props.total_memory,
+            # not in every torch: what the roofline's peak bandwidth is computed from
+            memory_bus_width_bits=_int_or_none(getattr(props, "memory_bus_width", None)),
+            memory_clock_khz=_int_or_none(getattr(props, "memory_clock_rate", None)),
+            multi_processor_count=_int_or_none(getattr(props, "multi_processor_count", None)),
         )
     return DevicePlace(**info)
 
@@ -379,10 +383,24 @@ def _int_or_none(value: Any) -> int | None:
 def _hf_config(model_config: Any) -> HfShape:
     cfg = hf_text_config(model_config)
     out: dict[str, Any] = {}
-    for attr in ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size"):
+    for attr in (
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_size",
+        "intermediate_size",
+        "vocab_size",
+    ):
         value = getattr(cfg, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
             out[attr] = value
+    tied = getattr(cfg, "tie_word_embeddings", None)
+    if isinstance(tied, bool):
+        out["tie_word_embeddings"] = tied
+    # experts: a dense decoder's byte count does not describe them (the roofline says so)
+    experts = [getattr(cfg, a, None) for a in ("num_local_experts", "n_routed_experts", "num_experts")]
+    out["moe"] = any(isinstance(e, int) and not isinstance(e, bool) and e > 1 for e in experts)
     model_type = getattr(cfg, "model_type", None)
     get_head_size = getattr(model_config, "get_head_size", None)
     if callable(get_head_size):

@@ -188,8 +188,8 @@ class AttentionLayer:
 
 @dataclass(frozen=True)
 class HfShape:
-    """The attention sizes config.json gives (the text config of a multimodal one), and vLLM's
-    head size for it."""
+    """The sizes config.json gives (the text config of a multimodal one), and vLLM's head size
+    for it: the attention's (VD504) and the rest of a decoder's (the roofline's byte count)."""
 
     num_hidden_layers: int | None = None
     num_attention_heads: int | None = None
@@ -198,6 +198,11 @@ class HfShape:
     hidden_size: int | None = None
     model_type: str | None = None
     vllm_head_size: int | None = None  # ModelConfig.get_head_size()
+    intermediate_size: int | None = None
+    vocab_size: int | None = None
+    tie_word_embeddings: bool | None = None
+    # a mixture of experts (num_local_experts, n_routed_experts or num_experts above 1)
+    moe: bool | None = None
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> HfShape:
@@ -209,6 +214,10 @@ class HfShape:
             hidden_size=opt_int(data.get("hidden_size")),
             model_type=opt_str(data.get("model_type")),
             vllm_head_size=opt_int(data.get("vllm_head_size")),
+            intermediate_size=opt_int(data.get("intermediate_size")),
+            vocab_size=opt_int(data.get("vocab_size")),
+            tie_word_embeddings=opt_bool(data.get("tie_word_embeddings")),
+            moe=opt_bool(data.get("moe")),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -222,6 +231,10 @@ class HfShape:
                 "hidden_size": self.hidden_size,
                 "model_type": self.model_type,
                 "vllm_head_size": self.vllm_head_size,
+                "intermediate_size": self.intermediate_size,
+                "vocab_size": self.vocab_size,
+                "tie_word_embeddings": self.tie_word_embeddings,
+                "moe": self.moe,
             }
         )
 

@@ -48,6 +48,10 @@ class DevicePlace:
     uuid: str | None = None
     pci_bus_id: str | None = None
     total_memory: int | None = None
+    # the memory interface torch reports (the roofline's peak bandwidth: 2 x bus bits / 8 x clock)
+    memory_bus_width_bits: int | None = None
+    memory_clock_khz: int | None = None
+    multi_processor_count: int | None = None
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> DevicePlace:
@@ -66,6 +70,9 @@ class DevicePlace:
             uuid=opt_str(data.get("uuid")),
             pci_bus_id=opt_str(data.get("pci_bus_id")),
             total_memory=opt_int(data.get("total_memory")),
+            memory_bus_width_bits=opt_int(data.get("memory_bus_width_bits")),
+            memory_clock_khz=opt_int(data.get("memory_clock_khz")),
+            multi_processor_count=opt_int(data.get("multi_processor_count")),
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -84,6 +91,9 @@ class DevicePlace:
             "uuid": self.uuid,
             "pci_bus_id": self.pci_bus_id,
             "total_memory": self.total_memory,
+            "memory_bus_width_bits": self.memory_bus_width_bits,
+            "memory_clock_khz": self.memory_clock_khz,
+            "multi_processor_count": self.multi_processor_count,
         }
 
 

@@ -72,6 +72,13 @@ def glossary() -> list[tuple[str, str, str, str]]:
         ("model", "KV bytes", "doctor_kv", "bytes of the KV-cache storages"),
         (
             "model",
+            "roofline",
+            "config sizes (doctor_kv), step counts and times (doctor_collect), the device (doctor_placement)",
+            "(weights once + KV of blocks in use x block size) / mean step time, as % of the device's peak "
+            "bandwidth (2 x bus width / 8 x memory clock); 'above peak' = a wrong step time",
+        ),
+        (
+            "model",
             "doctor % of the worker's time",
             "doctor_collect: the doctor's perf_counter around its step wrappers, timers and the calls it serves",
             "(own time in steps + in doctor_* calls) / the window's wall time, rank 0",

@@ -223,9 +223,30 @@ def model_summary(report: dict[str, Any], top_layers: int = 5) -> dict[str, Any]
         "kv": {k: kv.get(k) for k in ("num_blocks", "block_size", "storage_bytes", "dtype", "num_layers")},
         "findings": findings[:20],
         "doctor": {k: over.get(k) for k in ("per_step_s", "share", "rpc_s", "window_s", "worker_share")},
+        "roofline": roofline_summary(profile.get("roofline") or {}),
         "processes": [
             {"pid": p.get("pid"), "role": p.get("role")} for p in anatomy.get("processes") or [] if p.get("pid")
         ],
+    }
+
+
+def roofline_summary(roof: dict[str, Any]) -> dict[str, Any]:
+    """The model panel's roofline line: per phase the rate, its share and the bytes of a step."""
+    if not roof.get("available"):
+        return {"available": False, "reason": roof.get("reason")} if roof else {}
+    keep = ("bytes_per_s", "bandwidth_share", "flops_per_s", "compute_share", "above_peak")
+    return {
+        "available": True,
+        "device": {
+            k: (roof.get("device") or {}).get(k) for k in ("name", "bandwidth_bytes_s", "flops_s", "flops_dtype")
+        },
+        "phases": {
+            p: {
+                **{k: e.get(k) for k in keep},
+                "bytes": {k: (e.get("bytes") or {}).get(k) for k in ("weights", "kv_read", "kv_write")},
+            }
+            for p, e in (roof.get("phases") or {}).items()
+        },
     }
 
 

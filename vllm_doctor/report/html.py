@@ -11,6 +11,7 @@ from html import escape
 from itertools import pairwise
 from typing import Any
 
+from vllm_doctor.analysis.roofline import fmt_rate, fmt_si_bytes
 from vllm_doctor.units import fmt_bytes, fmt_s
 
 COLORS = {
@@ -303,6 +304,71 @@ def phases_table(profile: dict[str, Any], workload: dict[str, Any] | None) -> st
     return html
 
 
+def _share(value: Any) -> str:
+    return f"{100 * float(value):.0f} %" if value is not None else "–"
+
+
+def _layer_row(x: dict[str, Any]) -> str:
+    problem = escape("; ".join(x.get("problems") or []))
+    cell = f'<td class="bad">{problem}</td>' if x.get("above_peak") else f"<td>{_share(x.get('bandwidth_share'))}</td>"
+    return (
+        f"<tr><td>{x['layer']}</td><td>{escape(str(x['phase']))}</td><td>{fmt_s(x.get('time_s'))}</td>"
+        f"<td>{fmt_si_bytes((x.get('bytes') or {}).get('total'))}</td><td>{fmt_rate(x.get('bytes_per_s'))}</td>"
+        f"{cell}</tr>"
+    )
+
+
+def roofline_table(profile: dict[str, Any]) -> str:
+    """``profile["roofline"]``: per phase the bytes and FLOPs of a step, the achieved rates and
+    their shares of the device's peaks; a rate above a peak in red as the doctor bug it is."""
+    roof = profile.get("roofline") or {}
+    if not roof:
+        return ""
+    if not roof.get("available"):
+        return f'<p class="note">roofline not available: {escape(str(roof.get("reason")))}</p>'
+    dev = roof.get("device") or {}
+    model = roof.get("model") or {}
+    rows = []
+    for phase, e in (roof.get("phases") or {}).items():
+        b, w = e.get("bytes") or {}, e.get("workload") or {}
+        tflops = e.get("flops_per_s")
+        problem = "; ".join(e.get("problems") or [])
+        rows.append(
+            f"<tr><td>{escape(phase)}</td><td>{fmt_s(e.get('step_s'))}</td><td>{w.get('tokens', 0):.0f} / "
+            f"{w.get('seqs', 0):.1f} / {w.get('context_tokens', 0):.0f}</td><td>{fmt_si_bytes(b.get('weights'))}</td>"
+            f"<td>{fmt_si_bytes(b.get('kv_read'))}</td><td>{fmt_si_bytes(b.get('kv_write'))}</td>"
+            f"<td>{fmt_si_bytes(b.get('activations'))}</td><td>{fmt_rate(e.get('bytes_per_s'))}</td>"
+            f"<td>{_share(e.get('bandwidth_share'))}</td>"
+            f"<td>{f'{tflops / 1e12:.3g}' if tflops is not None else 'n/a'}</td>"
+            f"<td>{_share(e.get('compute_share'))}</td>"
+            + (f'<td class="bad">{escape(problem)}</td>' if e.get("above_peak") else f"<td>{escape(problem)}</td>")
+            + "</tr>"
+        )
+    peak_bw = fmt_rate(dev.get("bandwidth_bytes_s")) if dev.get("bandwidth_bytes_s") else "unknown"
+    peak_fl = f"{dev['flops_s'] / 1e12:.4g} TFLOP/s dense {dev.get('flops_dtype')}" if dev.get("flops_s") else "unknown"
+    notes = "".join(f'<p class="note">{escape(str(n))}</p>' for n in roof.get("notes") or [])
+    layers = [x for x in roof.get("layers") or [] if x.get("bytes_per_s") is not None]
+    layer_rows = "".join(_layer_row(x) for x in layers)
+    layer_html = (
+        "<details><summary>per timed decoder layer</summary><table><tr><th>layer</th><th>phase</th><th>time per call"
+        f"</th><th>bytes</th><th>bandwidth</th><th>of peak</th></tr>{layer_rows}</table></details>"
+        if layers
+        else ""
+    )
+    return (
+        f'<p class="note">device {escape(str(dev.get("name")))}: peak {escape(peak_bw)} '
+        f"({escape(str(dev.get('bandwidth_source')))}), {escape(peak_fl)} ({escape(str(dev.get('flops_source')))}). "
+        f"Model: {model.get('params', 0) / 1e9:.3g} B parameters per rank, "
+        f"{fmt_si_bytes(model.get('weights_read_bytes'))} of weights read per step "
+        f"({escape(str(model.get('weights_source')))}). Bandwidth = (weights + KV) / step "
+        "time; the KV context is an upper bound (blocks in use x block size); activations are an upper bound, "
+        "not in the bandwidth.</p>"
+        "<table><tr><th>phase</th><th>step</th><th>tokens / seqs / context</th><th>weights</th><th>KV read</th>"
+        "<th>KV written</th><th>activations</th><th>bandwidth</th><th>of peak</th><th>TFLOP/s</th><th>of peak</th>"
+        f"<th>problem</th></tr>{''.join(rows)}</table>{notes}{layer_html}"
+    )
+
+
 def ranks_table(profile: dict[str, Any]) -> str:
     """Per-rank numbers side by side, and the imbalance (the slowest rank sets the step)."""
     ranks = profile.get("per_rank") or []
@@ -403,6 +469,8 @@ def render_html(report: dict[str, Any], cpu_profile: dict[str, Any] | None = Non
         '<h2 id="steps">Steps: prefill vs decode</h2>',
         phases_table(profile, workload),
         step_chart(profile.get("steps") or []),
+        '<h2 id="roofline">Roofline: the step against the device\'s peak</h2>' if profile.get("roofline") else "",
+        roofline_table(profile),
         '<h2 id="layers">Forward time per layer</h2>',
         layers_note,
         layer_chart(profile.get("layers") or {}),

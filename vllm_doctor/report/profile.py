@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_doctor.analysis.roofline import fmt_rate, phase_text
 from vllm_doctor.units import fmt_bytes, fmt_s
 
 
@@ -112,6 +113,9 @@ def render_profile(profile: dict[str, Any], workload: dict[str, Any] | None = No
         lines.append(
             f"  memory (rank {m.get('rank')}) {parts} of {fmt_bytes(m.get('total'))} ({m.get('total_source')})"
         )
+    roofline = render_roofline(profile)
+    if roofline:
+        lines.append(roofline)
     lines.extend(render_ranks(profile))
     return "\n".join(lines)
 
@@ -156,3 +160,37 @@ def doctor_cost_text(over: dict[str, Any]) -> str:
             f"{100 * over['worker_share']:.2g}% of the worker's {fmt_s(over.get('window_s'))}"
         )
     return text
+
+
+def render_roofline(profile: dict[str, Any]) -> str:
+    """``profile["roofline"]`` (analysis.roofline) in words: one line per phase, the timed
+    layers' range, and every rate above the device's peak as the doctor bug it is."""
+    roof = profile.get("roofline") or {}
+    if not roof:
+        return ""
+    if not roof.get("available"):
+        return f"  roofline      n/a: {roof.get('reason')}"
+    peaks = roof.get("device") or {}
+    lines: list[str] = []
+    for phase, entry in (roof.get("phases") or {}).items():
+        lines.append(f"  {'roofline' if not lines else '':<14}{phase_text(phase, entry, peaks)}")
+    for bucket in ("prefill", "decode"):
+        timed = [x for x in roof.get("layers") or [] if x.get("phase") == bucket and x.get("bytes_per_s") is not None]
+        if not timed:
+            continue
+        rates = sorted(float(x["bytes_per_s"]) for x in timed)
+        shares = sorted(float(x["bandwidth_share"]) for x in timed if x.get("bandwidth_share") is not None)
+        span = fmt_rate(rates[0]) if len(rates) == 1 else f"{fmt_rate(rates[0])} to {fmt_rate(rates[-1])}"
+        share = ""
+        if len(shares) == len(timed):
+            share = f" = {100 * shares[0]:.0f}" + (f"-{100 * shares[-1]:.0f}" if len(shares) > 1 else "") + " % of peak"
+        lines.append(f"                {len(timed)} timed layer(s), {bucket}: {span}{share}")
+    problems = [p for e in (roof.get("phases") or {}).values() for p in e.get("problems") or []]
+    problems += [
+        f"layer {x['layer']} ({x['phase']}): {p}" for x in roof.get("layers") or [] for p in x.get("problems") or []
+    ]
+    for p in problems[:4]:
+        lines.append(f"  DOCTOR BUG    {p}")
+    if len(problems) > 4:
+        lines.append(f"                ... and {len(problems) - 4} more rate(s) above the peak")
+    return "\n".join(lines)

@@ -13,6 +13,7 @@ from typing import Any
 
 from rich.text import Text
 
+from vllm_doctor.analysis.roofline import fmt_rate, phase_text
 from vllm_doctor.live.derive import HISTOGRAMS, LatencyStat, MetricsFrame, fmt_latency
 from vllm_doctor.live.sources import Frame
 from vllm_doctor.units import fmt_bytes, fmt_s
@@ -139,8 +140,10 @@ def latency_panel(frame: Frame, width: int, detail: bool = False) -> Text:
     span = max((s.span_s for s in m.latency.values() if s is not None), default=0.0)
     head = f"last {fmt_duration(span)}" if span else "collecting"
     out.append(f"window {fmt_duration(m.window_s)} ({head})\n", style="dim")
-    wide = width >= 46  # 80 columns: a 36-column table with short labels
-    lw, nw, pw = (11, 6, 10) if wide else (6, 6, 8)
+    # the long labels where their table fits (47 columns, 44 with narrower quantile columns: a
+    # 100-column terminal's panel has 46), else short labels (80 columns: a 36-column table)
+    wide = width >= 11 + 6 + 3 * 9
+    lw, nw, pw = (11, 6, 10 if width >= 11 + 6 + 3 * 10 else 9) if wide else (6, 6, 8)
     out.append(f"{'':<{lw}}{'n':>{nw}}{'p50':>{pw}}{'p90':>{pw}}{'p99':>{pw}}\n", style="cyan")
     for key in HISTOGRAMS:
         n, p50, p90, p99 = latency_text(m.latency.get(key))
@@ -245,6 +248,11 @@ def model_panel(frame: Frame, width: int) -> Text:
     if slow:
         out.append("slowest layers: ", style="cyan")
         out.append(" · ".join(f"#{x['layer']} {fmt_s(x['total_s'])}" for x in slow[:3]) + "\n")
+    roof = model.get("roofline") or {}
+    for phase, entry in (roof.get("phases") or {}).items():
+        out.append("roofline ", style="cyan")
+        line = roofline_text(phase, entry, roof.get("device") or {}, width - len("roofline "))
+        out.append(line + "\n", style="bold red" if entry.get("above_peak") else "")
     kv = model.get("kv") or {}
     if kv.get("storage_bytes"):
         out.append("KV ", style="cyan")
@@ -267,6 +275,20 @@ def model_panel(frame: Frame, width: int) -> Text:
         if f.get("hint"):
             out.append(f"  fix: {str(f['hint'])[: max(20, width - 9)]}\n", style="dim")
     return out
+
+
+def roofline_text(phase: str, entry: dict[str, Any], peaks: dict[str, Any], room: int) -> str:
+    """The longest of the roofline's forms that fits ``room`` cells: the sentence with the
+    step's bytes, then the share and the rate, then the share alone (never a cut number)."""
+    full = phase_text(phase, entry, peaks, short=True)  # decode 41 % of 4.81 TB/s (1.97 TB/s: weights ...)
+    head = full.split(" (", 1)[0] if not entry.get("above_peak") else f"{phase} {fmt_rate(entry.get('bytes_per_s'))}"
+    rate = f" ({fmt_rate(entry.get('bytes_per_s'))})" if entry.get("bandwidth_share") is not None else ""
+    forms = (
+        [full, head + rate, head]
+        if not entry.get("above_peak")
+        else [full, f"{head}: above peak, step time wrong", head]
+    )
+    return next((f for f in forms if len(f) <= room), forms[-1][: max(1, room)])
 
 
 LEVELS = " ▁▂▃▄▅▆▇█"
@@ -332,6 +354,12 @@ def _chart_width(width: int) -> int:
     return max(10, (width - HISTORY_GAP * (len(CHARTS) - 1)) // len(CHARTS))
 
 
+def chart_rows(content_height: int) -> int:
+    """The tall charts' rows in a history panel ``content_height`` rows high (its head, foot and
+    legend take 3): the panel fills the screen's last grid row; never fewer than CHART_ROWS."""
+    return max(CHART_ROWS, content_height - 3)
+
+
 def history_key(frame: Frame, width: int) -> tuple[Any, ...]:
     """Everything :func:`history_panel` draws from: equal keys, equal panels (it is redrawn only
     when a bucket completes, the width or the interval changes)."""
@@ -344,9 +372,10 @@ def history_key(frame: Frame, width: int) -> tuple[Any, ...]:
     return (width, frame.interval_s, cols)
 
 
-def history_panel(frame: Frame, width: int) -> Text:
+def history_panel(frame: Frame, width: int, rows: int = CHART_ROWS) -> Text:
     """Tall charts of the last minutes (a 160x48 terminal's lower half), one column per
-    ``HISTORY_BUCKET`` refreshes: generation throughput, running requests, KV cache usage."""
+    ``HISTORY_BUCKET`` refreshes: generation throughput, running requests, KV cache usage;
+    ``rows`` high (:func:`chart_rows`)."""
     gap = HISTORY_GAP
     chart_w = _chart_width(width)
     blocks = []
@@ -363,7 +392,7 @@ def history_panel(frame: Frame, width: int) -> Text:
         span_s = len(cols) * HISTORY_BUCKET * frame.interval_s
         axis = f"-{fmt_duration(span_s)}" if cols else "collecting"
         foot = Text(f"{axis:<{max(1, chart_w - 3)}}now"[:chart_w], style="dim")
-        blocks.append([head, *tall_chart(cols, chart_w, CHART_ROWS, scale), foot])
+        blocks.append([head, *tall_chart(cols, chart_w, rows, scale), foot])
     out = Text()
     for row in zip(*blocks, strict=True):
         for i, cell in enumerate(row):

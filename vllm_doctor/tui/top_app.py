@@ -2,8 +2,8 @@
 
 The source (live server or recording) is injected; a background thread polls it at the
 interval and hands each frame to the UI thread; the widgets only draw, and only the lines
-that changed. Small terminals (80x24) show the four engine panels; 160x48 adds the devices,
-the model and tall history charts.
+that changed. Small terminals (80x24) show the four engine panels, 100x30 the model panel
+under them; 160x48 adds the devices and tall history charts.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.live.glossary import glossary
 from vllm_doctor.live.record import Recorder
 from vllm_doctor.live.sources import Frame, Source
-from vllm_doctor.tui.panels import PANELS, history_key, latency_panel
+from vllm_doctor.tui.panels import PANELS, chart_rows, history_key, history_panel, latency_panel
 from vllm_doctor.units import clip
 
 INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
@@ -76,13 +76,16 @@ class Panel(Widget):
         width = max(20, content_width or 36)
         if self.has_class("stale") != frame.metrics.stale:
             self.set_class(frame.metrics.stale, "stale")
+        rows = chart_rows(self.content_size.height)
         if self.key == "history":  # its charts move once every few refreshes: most frames draw nothing
-            memo = (history_key(frame, width), content_width)
+            memo = (history_key(frame, width), content_width, rows)
             if memo == self._memo:
                 return
             self._memo = memo
         if self.key == "latency":
             text = latency_panel(frame, width, detail=zoomed)
+        elif self.key == "history":  # as tall as the grid's last row (the panel fills it)
+            text = history_panel(frame, width, rows)
         else:
             text = self.render_fn(frame, width)
         lines = split_lines(text)
@@ -148,6 +151,9 @@ class Panel(Widget):
         self._width = -1
         self._memo = None
         self._forget_rows()
+        frame = getattr(self.app, "frame", None)
+        if self.key == "history" and frame is not None:  # its charts are as tall as the panel: draw them again
+            self.call_after_refresh(self.draw, frame, self.has_class("zoomed"))
 
     def refresh(self, *regions: Region, repaint: bool = True, layout: bool = False, recompose: bool = False) -> Self:
         if repaint:
@@ -354,11 +360,13 @@ class TopApp(App[None]):
     Screen { layout: vertical; }
     #status { height: 1; background: $boost; }
     #grid { grid-size: 3 3; grid-gutter: 0; grid-rows: auto auto 1fr; height: 1fr; }
-    #history { column-span: 3; }
+    #history { column-span: 3; height: 100%; }
     .panel { border: round $primary; padding: 0 1; height: auto; max-height: 100%; overflow: hidden; }
     .panel.stale { color: $text-muted; border: round $warning; }
     Screen.-small #grid { grid-size: 2 2; }
     Screen.-small #devices, Screen.-small #model, Screen.-small #history { display: none; }
+    Screen.-small.-medium #grid { grid-size: 2 3; grid-rows: auto auto 1fr; }
+    Screen.-small.-medium #model { display: block; column-span: 2; }
     Screen.-zoom #grid { grid-size: 1 1; }
     Screen.-zoom .panel { display: none; }
     Screen.-zoom .panel.zoomed { display: block; }
@@ -430,7 +438,10 @@ class TopApp(App[None]):
             self.call_after_refresh(self.show_frame, self.frame, False)
 
     def _fit(self, width: int, height: int) -> None:
-        self.screen.set_class(width < 120 or height < 36, "-small")
+        small = width < 120 or height < 36
+        self.screen.set_class(small, "-small")
+        # 100x30: the four engine panels leave 10 rows, the model panel's (across both columns)
+        self.screen.set_class(small and height >= 30 and self.zoomed is None, "-medium")
 
     # -- the poll thread ----------------------------------------------------------------------
     def _poll_loop(self) -> None:
@@ -570,6 +581,7 @@ class TopApp(App[None]):
         for panel in self.query(Panel):
             panel.set_class(panel.key == self.zoomed, "zoomed")
         self.screen.set_class(self.zoomed is not None, "-zoom")
+        self._fit(self.size.width, self.size.height)
         if self.frame is not None:  # after the new layout: panels draw for their new width
             self.call_after_refresh(self.show_frame, self.frame, False)
         self._draw_status()

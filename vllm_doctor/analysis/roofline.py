@@ -1,0 +1,592 @@
+"""The roofline: bytes and FLOPs a decoder-only transformer moves per engine step, and how
+close the measured step time comes to the device's physical limit.
+
+Pure arithmetic over the workers' records (no vLLM, no torch). The model of one step, per
+rank (sizes divided by the tensor-parallel size, layers by the pipeline-parallel size):
+
+* **weights read**: every weight matrix once per step (the decoder layers' Q/K/V/O
+  projections, the MLP's gate/up/down, the norms, the final norm and the LM head's
+  ``vocab x hidden``), plus the embedding rows of the step's tokens (a step gathers rows of
+  the input embedding table, it does not read the whole table: an untied table counts only
+  its rows). Where the worker's measured parameter bytes differ from the config's count by
+  more than 10 % (quantized weights, layers the config does not describe), the measured bytes
+  are used and the entry says so.
+* **KV read**: K and V of every layer for each sequence's context. The context is
+  ``kv_blocks_used x block_size`` of the step: an upper bound (the last block of a sequence is
+  partly filled), except that blocks shared through prefix caching are counted once though
+  each sequence that shares them reads them.
+* **KV written**: K and V of every layer for each new token.
+* **activations**: each op reads its input and writes its output once (QKV, attention, O,
+  gate/up, the activation, down, two norms and two residual adds per layer; the final norm
+  and the logits of one token per sequence). Fused kernels move less: an upper bound.
+* **FLOPs**: ``2 x (GEMM parameters of the layers) x tokens`` + ``2 x vocab x hidden x
+  sequences`` (logits are computed for the last token of each sequence) + attention's QK and
+  PV products, ``4 x layers x heads x head_dim x q x (c - (q - 1) / 2)`` per sequence with
+  ``q`` its new tokens and ``c`` its context (causal), from the per-step means.
+
+The achieved bandwidth is the weights' and the KV cache's bytes over the phase's mean step
+time (what must cross the device's memory each step; the activations' upper bound is reported
+beside it, not in it), the achieved FLOP/s all FLOPs over it; the share is the rate over the
+device's peak: bandwidth from the worker's own device (``2 x bus width / 8 x memory
+clock``), dense compute from :data:`DENSE_PEAKS` (datasheets print 2:4-sparse figures; these
+are the dense ones). A CPU, or a device not in the table, has its rates without a share.
+
+A rate above the device's peak is a doctor bug, never a result: the entry says so
+(``above_peak``, ``problems``) instead of printing the share.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+from vllm_doctor.facts.engine import WorkerFacts
+from vllm_doctor.facts.steps import StepTable
+
+# model types whose MLP is one up and one down projection (no gate): 2 matrices, not 3
+UNGATED_MLP = frozenset({"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "phi", "starcoder2", "gpt_bigcode"})
+# the measured weights replace the config's count beyond this relative difference
+MEASURED_TOLERANCE = 0.10
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """A device's datasheet figures: dense tensor-core FLOP/s per dtype (FP32: the non-tensor
+    figure), and its memory bandwidth (used only where the device did not report its own)."""
+
+    label: str
+    flops: dict[str, float]
+    bandwidth: float | None = None
+
+
+# Dense figures from NVIDIA's datasheets (the sparse ones, printed first there, are twice these).
+# Order matters: the first pattern that matches the device's name wins (H100 NVL before H100).
+DENSE_PEAKS: tuple[tuple[str, DevicePeak], ...] = (
+    (r"H200 NVL", DevicePeak("H200 NVL", {"bf16": 835e12, "fp16": 835e12, "fp32": 60e12}, 4.8e12)),
+    (r"H200", DevicePeak("H200 SXM", {"bf16": 989.5e12, "fp16": 989.5e12, "fp32": 67e12}, 4.8e12)),
+    (r"H100 NVL", DevicePeak("H100 NVL", {"bf16": 835.5e12, "fp16": 835.5e12, "fp32": 60e12}, 3.9e12)),
+    (r"H100 PCIe", DevicePeak("H100 PCIe", {"bf16": 756.5e12, "fp16": 756.5e12, "fp32": 51e12}, 2.0e12)),
+    (r"H100", DevicePeak("H100 SXM", {"bf16": 989.5e12, "fp16": 989.5e12, "fp32": 67e12}, 3.35e12)),
+    (r"A100", DevicePeak("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12})),
+    (r"L40S", DevicePeak("L40S", {"bf16": 362.05e12, "fp16": 362.05e12, "fp32": 91.6e12}, 864e9)),
+    (r"\bL4\b", DevicePeak("L4", {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12}, 300e9)),
+    (r"\bA10\b", DevicePeak("A10", {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12}, 600e9)),
+)
+
+DTYPE_BYTES = {
+    "float64": 8,
+    "double": 8,
+    "float32": 4,
+    "float": 4,
+    "fp32": 4,
+    "bfloat16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "half": 2,
+    "fp16": 2,
+    "int8": 1,
+    "uint8": 1,
+}
+COMPUTE_DTYPE = {2: "bf16", 4: "fp32"}
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    """Bytes per element of ``torch.bfloat16``, ``float16``, ``fp8_e4m3``, ...; None if unknown."""
+    if not dtype:
+        return None
+    name = dtype.rsplit(".", 1)[-1].lower()
+    if name.startswith(("float8", "fp8")):
+        return 1
+    return DTYPE_BYTES.get(name)
+
+
+def compute_dtype(dtype: str | None) -> str | None:
+    """The datasheet column a model dtype runs its GEMMs in: bf16, fp16 or fp32."""
+    name = (dtype or "").rsplit(".", 1)[-1].lower()
+    if name in ("float16", "half", "fp16"):
+        return "fp16"
+    if name in ("bfloat16", "bf16"):
+        return "bf16"
+    if name in ("float32", "float", "fp32"):
+        return "fp32"
+    return None
+
+
+@dataclass(frozen=True)
+class DecoderShape:
+    """A decoder-only transformer's sizes (one rank's share after :meth:`per_rank`)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    tied_embeddings: bool = False
+    weight_bytes: float = 2.0  # per element
+    kv_bytes: float = 2.0
+    gated_mlp: bool = True
+
+    @property
+    def attention_params(self) -> int:
+        """Q, K, V and O of one layer."""
+        q = self.hidden * self.heads * self.head_dim
+        kv = 2 * self.hidden * self.kv_heads * self.head_dim
+        return q + kv + self.heads * self.head_dim * self.hidden
+
+    @property
+    def mlp_params(self) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden * self.intermediate
+
+    @property
+    def layer_params(self) -> int:
+        """One decoder layer: attention, MLP and its two norms."""
+        return self.attention_params + self.mlp_params + 2 * self.hidden
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab * self.hidden
+
+    @property
+    def params(self) -> int:
+        """Every parameter: layers, final norm, the input embedding and (untied) the LM head."""
+        lm_head = 0 if self.tied_embeddings else self.vocab * self.hidden
+        return self.layers * self.layer_params + self.hidden + self.embedding_params + lm_head
+
+    @property
+    def resident_weight_bytes(self) -> float:
+        return self.params * self.weight_bytes
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """K and V of every layer for one token."""
+        return self.layers * 2 * self.kv_heads * self.head_dim * self.kv_bytes
+
+    def per_rank(self, tp: int, pp: int) -> DecoderShape:
+        """One rank's share: heads, KV heads (at least one: replicated below the TP size), MLP
+        and vocabulary split over ``tp``, layers over ``pp`` (the embedding and the LM head are
+        counted on every pipeline rank: an overcount for the middle ones)."""
+        tp, pp = max(1, tp), max(1, pp)
+        if tp == 1 and pp == 1:
+            return self
+        return DecoderShape(
+            hidden=self.hidden,
+            layers=math.ceil(self.layers / pp),
+            heads=max(1, self.heads // tp),
+            kv_heads=max(1, self.kv_heads // tp),
+            head_dim=self.head_dim,
+            intermediate=max(1, self.intermediate // tp),
+            vocab=math.ceil(self.vocab / tp),
+            tied_embeddings=self.tied_embeddings,
+            weight_bytes=self.weight_bytes,
+            kv_bytes=self.kv_bytes,
+            gated_mlp=self.gated_mlp,
+        )
+
+
+@dataclass(frozen=True)
+class StepWorkload:
+    """One step's mean work: new tokens, sequences, and the KV context they read (tokens)."""
+
+    tokens: float
+    seqs: float
+    context: float
+
+
+def activation_elems_per_token_layer(s: DecoderShape) -> float:
+    """Elements one token's activations move through one layer: each op reads its input and
+    writes its output once (QKV, attention, O, gate/up, the activation, down, two norms, two
+    residual adds)."""
+    qkv_out = (s.heads + 2 * s.kv_heads) * s.head_dim
+    attn = s.heads * s.head_dim
+    up = 2 * s.intermediate if s.gated_mlp else s.intermediate
+    return (
+        (s.hidden + qkv_out)  # QKV projection
+        + 2 * attn  # attention reads Q, writes its output (K and V are the KV terms)
+        + (attn + s.hidden)  # O projection
+        + (s.hidden + up)  # gate/up projection
+        + (up + s.intermediate)  # activation
+        + (s.intermediate + s.hidden)  # down projection
+        + 2 * 2 * s.hidden  # two norms
+        + 2 * 3 * s.hidden  # two residual adds
+    )
+
+
+def step_bytes(s: DecoderShape, w: StepWorkload, weights_read: float | None = None) -> dict[str, float]:
+    """Bytes one step moves, each term separately (see the module's docstring)."""
+    if weights_read is None:
+        weights_read = (s.layers * s.layer_params + s.hidden + s.vocab * s.hidden) * s.weight_bytes
+    weights = weights_read + w.tokens * s.hidden * s.weight_bytes  # + the gathered embedding rows
+    activations = (
+        w.tokens * s.layers * activation_elems_per_token_layer(s) + w.tokens * 2 * s.hidden  # final norm
+    ) * s.weight_bytes + w.seqs * (s.hidden + s.vocab) * s.weight_bytes  # the logits' GEMM in and out
+    out = {
+        "weights": weights,
+        "kv_read": w.context * s.kv_bytes_per_token,
+        "kv_write": w.tokens * s.kv_bytes_per_token,
+        "activations": activations,
+    }
+    out["total"] = sum(out.values())
+    return out
+
+
+def step_flops(s: DecoderShape, w: StepWorkload) -> dict[str, float]:
+    """FLOPs of one step: the layers' GEMMs, the logits, attention's QK and PV (causal)."""
+    gemm = 2.0 * w.tokens * s.layers * (s.attention_params + s.mlp_params)
+    lm_head = 2.0 * w.seqs * s.vocab * s.hidden
+    attention = 0.0
+    if w.seqs > 0:
+        q, c = w.tokens / w.seqs, w.context / w.seqs
+        attention = 4.0 * s.layers * s.heads * s.head_dim * w.seqs * q * max(0.0, c - (q - 1) / 2)
+    out = {"gemm": gemm, "lm_head": lm_head, "attention": attention}
+    out["total"] = gemm + lm_head + attention
+    return out
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """What the device can do at most: bytes/s and dense FLOP/s (None: unknown), and whence."""
+
+    name: str | None = None
+    bandwidth: float | None = None
+    bandwidth_source: str = "unknown"
+    flops: float | None = None
+    flops_dtype: str | None = None
+    flops_source: str = "unknown"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "bandwidth_bytes_s": self.bandwidth,
+            "bandwidth_source": self.bandwidth_source,
+            "flops_s": self.flops,
+            "flops_dtype": self.flops_dtype,
+            "flops_source": self.flops_source,
+        }
+
+
+def datasheet(name: str | None) -> DevicePeak | None:
+    for pattern, peak in DENSE_PEAKS:
+        if name and re.search(pattern, name):
+            return peak
+    return None
+
+
+def device_peaks(
+    name: str | None,
+    device_type: str | None,
+    bus_width_bits: int | None,
+    memory_clock_khz: int | None,
+    dtype: str | None,
+) -> Peaks:
+    """The peaks of the worker's device: bandwidth from its memory interface (else the
+    datasheet's), dense compute for ``dtype`` from :data:`DENSE_PEAKS`; unknown on a CPU."""
+    if device_type != "cuda":
+        return Peaks(name=name or device_type, bandwidth_source="unknown on this device type")
+    sheet = datasheet(name)
+    bandwidth, bw_source = None, "unknown (the device did not report its memory interface)"
+    if bus_width_bits and memory_clock_khz:
+        # double data rate: two transfers per memory clock over the bus
+        bandwidth = 2 * bus_width_bits / 8 * memory_clock_khz * 1e3
+        bw_source = f"device: 2 x {bus_width_bits} bits / 8 x {memory_clock_khz / 1e6:.3f} GHz"
+    elif sheet is not None and sheet.bandwidth is not None:
+        bandwidth, bw_source = sheet.bandwidth, f"datasheet ({sheet.label})"
+    column = compute_dtype(dtype)
+    flops, fl_source = None, "peak unknown (device not in the doctor's table)"
+    if sheet is not None and column is not None:
+        flops, fl_source = sheet.flops.get(column), f"datasheet, dense {column} ({sheet.label})"
+    elif sheet is not None:
+        fl_source = f"peak unknown for dtype {dtype}"
+    return Peaks(name, bandwidth, bw_source, flops, column, fl_source)
+
+
+def rates(nbytes: dict[str, float], flops: dict[str, float], step_s: float | None, peaks: Peaks) -> dict[str, Any]:
+    """Achieved bytes/s and FLOP/s over ``step_s``, their shares of the peaks, and a problem
+    where a rate is above its peak (the share is then withheld: the step time is wrong).
+
+    The bandwidth is the weights' and the KV cache's bytes over the step (the memory-bandwidth
+    utilisation of Databricks' inference guide and torchao): those must cross the device's
+    memory every step. The activations' upper bound is kept out of it (a small batch's
+    activations stay in the cache) and reported as ``bytes_per_s_with_activations``.
+    """
+    moved = nbytes["weights"] + nbytes["kv_read"] + nbytes["kv_write"]
+    out: dict[str, Any] = {
+        "bytes_per_s": None,
+        "bytes_per_s_with_activations": None,
+        "flops_per_s": None,
+        "bandwidth_share": None,
+        "compute_share": None,
+        "intensity": flops["total"] / moved if moved > 0 else None,
+        "above_peak": False,
+        "problems": [],
+    }
+    if not step_s or step_s <= 0:
+        out["problems"].append("no step time")
+        return out
+    bw, fl = moved / step_s, flops["total"] / step_s
+    out["bytes_per_s"], out["flops_per_s"] = bw, fl
+    out["bytes_per_s_with_activations"] = nbytes["total"] / step_s
+    if peaks.bandwidth:
+        if nbytes["weights"] / step_s > peaks.bandwidth:
+            out["above_peak"] = True
+            out["problems"].append(
+                f"rate above the device's peak: the weights alone need {nbytes['weights'] / step_s / 1e12:.2f} TB/s "
+                f"in {step_s * 1e3:.3g} ms, the device moves {peaks.bandwidth / 1e12:.2f} TB/s: the step time is wrong"
+            )
+        elif bw > peaks.bandwidth:
+            out["above_peak"] = True
+            out["problems"].append(
+                f"rate above the device's peak ({bw / 1e12:.2f} of {peaks.bandwidth / 1e12:.2f} TB/s) with the KV "
+                "context's upper bound (blocks in use x block size): the step time or the KV count is wrong"
+            )
+        else:
+            out["bandwidth_share"] = bw / peaks.bandwidth
+    if peaks.flops:
+        if fl > peaks.flops:
+            out["above_peak"] = True
+            out["problems"].append(
+                f"rate above the device's peak: {fl / 1e12:.1f} TFLOP/s, the device's dense {peaks.flops_dtype} peak "
+                f"is {peaks.flops / 1e12:.1f}: the step time is wrong"
+            )
+        else:
+            out["compute_share"] = fl / peaks.flops
+    if peaks.bandwidth and peaks.flops and out["intensity"]:
+        out["bound"] = "compute" if out["intensity"] > peaks.flops / peaks.bandwidth else "memory"
+    return out
+
+
+# ---- from the workers' records --------------------------------------------------------------
+
+
+def shape_of(worker: WorkerFacts) -> tuple[DecoderShape | None, str | None]:
+    """The model's sizes from the worker's KV record (config.json as vLLM read it) and its
+    dtypes; (None, why) where a size is missing or the model is a mixture of experts."""
+    kv, placement = worker.kv, worker.placement
+    if kv is None:
+        return None, "the worker sent no KV record (the model's sizes)"
+    hf = kv.hf_config
+    if hf.moe:
+        return None, "a mixture of experts: the dense decoder's byte count does not describe it"
+    head_dim = hf.head_dim or hf.vllm_head_size
+    if head_dim is None and hf.hidden_size and hf.num_attention_heads:
+        head_dim = hf.hidden_size // hf.num_attention_heads
+    sizes = {
+        "hidden_size": hf.hidden_size,
+        "num_hidden_layers": hf.num_hidden_layers,
+        "num_attention_heads": hf.num_attention_heads,
+        "head_dim": head_dim,
+        "intermediate_size": hf.intermediate_size,
+        "vocab_size": hf.vocab_size,
+    }
+    missing = [k for k, v in sizes.items() if not v]
+    if missing:
+        return None, f"the config does not give {', '.join(missing)}"
+    model_dtype = placement.model_dtype if placement is not None else None
+    wb = dtype_bytes(model_dtype)
+    if wb is None:
+        return None, f"unknown model dtype {model_dtype}"
+    kv_dtype = (kv.groups[0].spec.dtype if kv.groups else None) or (kv.layers[0].dtype if kv.layers else None)
+    shape = DecoderShape(
+        hidden=int(hf.hidden_size or 0),
+        layers=int(hf.num_hidden_layers or 0),
+        heads=int(hf.num_attention_heads or 0),
+        kv_heads=int(hf.num_key_value_heads or hf.num_attention_heads or 0),
+        head_dim=int(head_dim or 0),
+        intermediate=int(hf.intermediate_size or 0),
+        vocab=int(hf.vocab_size or 0),
+        tied_embeddings=bool(hf.tie_word_embeddings),
+        weight_bytes=wb,
+        kv_bytes=dtype_bytes(kv_dtype) or wb,
+        gated_mlp=hf.model_type not in UNGATED_MLP,
+    )
+    ident = worker.anatomy.identity if worker.anatomy is not None else None
+    tp = kv.tensor_parallel_size or (ident.tensor_parallel_size if ident is not None else None) or 1
+    pp = (ident.pipeline_parallel_size if ident is not None else None) or 1
+    return shape.per_rank(tp, pp), None
+
+
+def workload(steps: StepTable, chosen: list[bool], block_size: int | None) -> StepWorkload | None:
+    """The mean tokens, sequences and KV context (blocks in use x block size) of the chosen steps."""
+    n = sum(chosen)
+    if not n:
+        return None
+    rows = [i for i, on in enumerate(chosen) if on]
+    tokens = sum(steps["total_tokens"][i] for i in rows) / n
+    seqs = sum(steps["prefill_reqs"][i] + steps["decode_reqs"][i] for i in rows) / n
+    blocks = sum(steps["kv_blocks_used"][i] for i in rows) / n
+    # no block size: the context is at least the step's new tokens (their KV is read too)
+    context = blocks * block_size if block_size else tokens
+    return StepWorkload(tokens=tokens, seqs=seqs, context=max(context, tokens))
+
+
+def _phase_entry(
+    shape: DecoderShape, work: StepWorkload, step_s: float | None, peaks: Peaks, weights_read: float | None
+) -> dict[str, Any]:
+    nbytes = step_bytes(shape, work, weights_read)
+    flops = step_flops(shape, work)
+    return {
+        "step_s": step_s,
+        "workload": {"tokens": work.tokens, "seqs": work.seqs, "context_tokens": work.context},
+        "bytes": nbytes,
+        "flops": flops,
+        **rates(nbytes, flops, step_s, peaks),
+    }
+
+
+def engine_roofline(
+    worker: WorkerFacts, steps: StepTable, phases: dict[str, Any], layers: dict[str, Any], block_size: int | None
+) -> dict[str, Any]:
+    """``profiles["engine"]["roofline"]``: the model's and device's figures, per phase (from the
+    phase summary's mean step time) and per timed decoder layer."""
+    shape, why = shape_of(worker)
+    if shape is None:
+        return {"available": False, "reason": why}
+    place = worker.placement.device if worker.placement is not None else None
+    dev_type = place.type if place is not None else None
+    model_dtype = worker.placement.model_dtype if worker.placement is not None else None
+    peaks = device_peaks(
+        place.name if place is not None else None,
+        dev_type,
+        place.memory_bus_width_bits if place is not None else None,
+        place.memory_clock_khz if place is not None else None,
+        model_dtype,
+    )
+    notes: list[str] = []
+    config_read = (shape.layers * shape.layer_params + shape.hidden + shape.vocab * shape.hidden) * shape.weight_bytes
+    weights_read, source = config_read, "config"
+    mem = worker.memory
+    measured = (mem.parameter_bytes + mem.repacked_weight_bytes_estimate) if mem is not None else 0
+    if measured and abs(measured - shape.resident_weight_bytes) > MEASURED_TOLERANCE * shape.resident_weight_bytes:
+        # the weights the worker holds (quantized, or layers the config does not describe)
+        untied_table = 0.0 if shape.tied_embeddings else shape.embedding_params * shape.weight_bytes
+        weights_read, source = max(0.0, measured - untied_table), "measured"
+        notes.append(
+            f"the worker holds {measured / 1e9:.3g} GB of weights, the config counts "
+            f"{shape.resident_weight_bytes / 1e9:.3g} GB: the weights term uses the worker's bytes"
+        )
+    out: dict[str, Any] = {
+        "available": True,
+        "model": {
+            "hidden": shape.hidden,
+            "layers": shape.layers,
+            "heads": shape.heads,
+            "kv_heads": shape.kv_heads,
+            "head_dim": shape.head_dim,
+            "intermediate": shape.intermediate,
+            "vocab": shape.vocab,
+            "tied_embeddings": shape.tied_embeddings,
+            "weight_bytes_per_element": shape.weight_bytes,
+            "kv_bytes_per_element": shape.kv_bytes,
+            "params": shape.params,
+            "resident_weight_bytes": shape.resident_weight_bytes,
+            "measured_weight_bytes": measured or None,
+            "weights_read_bytes": weights_read,
+            "weights_source": source,
+        },
+        "device": peaks.to_wire(),
+        "context": "upper bound: kv_blocks_used x block_size",
+        "phases": {},
+        "layers": [],
+        "notes": notes,
+    }
+    kinds = steps.phases
+    for phase, summary in phases.items():
+        work = workload(steps, [k == phase for k in kinds], block_size)
+        if work is not None:
+            out["phases"][phase] = _phase_entry(shape, work, summary.get("step_s_mean"), peaks, weights_read)
+    out["layers"] = layer_rates(shape, steps, layers, block_size, peaks, weights_read / config_read)
+    out["above_peak"] = any(p["above_peak"] for p in out["phases"].values()) or any(
+        x["above_peak"] for x in out["layers"]
+    )
+    return out
+
+
+def layer_rates(
+    shape: DecoderShape,
+    steps: StepTable,
+    layers: dict[str, Any],
+    block_size: int | None,
+    peaks: Peaks,
+    weights_scale: float = 1.0,
+) -> list[dict[str, Any]]:
+    """Each timed decoder layer's bytes per call and rate, per bucket of the profiler (decode;
+    prefill = prefill and mixed steps), against the workload of the steps whose layers were timed."""
+    timed = steps["layers_timed"]
+    kinds = steps.phases
+    buckets = {
+        "decode": workload(steps, [bool(t) and k == "decode" for t, k in zip(timed, kinds, strict=True)], block_size),
+        "prefill": workload(steps, [bool(t) and k != "decode" for t, k in zip(timed, kinds, strict=True)], block_size),
+    }
+    one_layer = replace(shape, layers=1)
+    out: list[dict[str, Any]] = []
+    for m in layers.get("modules") or []:
+        if m.get("kind") != "layer" or m.get("layer") is None:
+            continue
+        for bucket, work in buckets.items():
+            calls, total = m.get(f"{bucket}_calls") or 0, m.get(f"{bucket}_s") or 0.0
+            if work is None or not calls or total <= 0:
+                continue
+            per_call = total / calls
+            weights = shape.layer_params * shape.weight_bytes * weights_scale
+            nbytes = {
+                "weights": weights,
+                "kv_read": work.context * one_layer.kv_bytes_per_token,
+                "kv_write": work.tokens * one_layer.kv_bytes_per_token,
+                "activations": work.tokens * activation_elems_per_token_layer(shape) * shape.weight_bytes,
+            }
+            nbytes["total"] = sum(nbytes.values())
+            flops = step_flops(one_layer, work)
+            flops = {"gemm": flops["gemm"], "attention": flops["attention"]}
+            flops["total"] = flops["gemm"] + flops["attention"]
+            entry = {"layer": m["layer"], "name": m.get("name"), "phase": bucket, "time_s": per_call, "bytes": nbytes}
+            entry.update(rates(nbytes, flops, per_call, peaks))
+            out.append(entry)
+    return out
+
+
+# ---- in words ----------------------------------------------------------------------------------
+
+
+def fmt_si_bytes(n: float | None) -> str:
+    """``14.5 GB``, ``412 MB``, ``3.1 kB`` (decimal, like bandwidth figures)."""
+    if n is None:
+        return "n/a"
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def fmt_rate(bytes_per_s: float | None) -> str:
+    """``1.97 TB/s``, ``812 GB/s``."""
+    if bytes_per_s is None:
+        return "n/a"
+    return fmt_si_bytes(bytes_per_s) + "/s"
+
+
+def phase_text(phase: str, entry: dict[str, Any], peaks: dict[str, Any], short: bool = False) -> str:
+    """One phase in words, e.g. ``decode 41 % of 4.81 TB/s (1.97 TB/s: weights 14.5 GB + KV
+    0.4 GB per step)``; a rate above the peak says the step time is wrong instead."""
+    b = entry.get("bytes") or {}
+    kv = (b.get("kv_read") or 0.0) + (b.get("kv_write") or 0.0)
+    detail = f"weights {fmt_si_bytes(b.get('weights'))} + KV {fmt_si_bytes(kv)}" + ("" if short else " per step")
+    rate = fmt_rate(entry.get("bytes_per_s"))
+    tflops = entry.get("flops_per_s")
+    compute = f"{tflops / 1e12:.3g} TFLOP/s" if tflops is not None else "n/a"
+    if entry.get("above_peak"):
+        return f"{phase} {rate} ({detail}): ABOVE the device's peak: the step time is wrong"
+    share = entry.get("bandwidth_share")
+    if share is not None:
+        text = f"{phase} {100 * share:.0f} % of {fmt_rate(peaks.get('bandwidth_bytes_s'))} ({rate}: {detail})"
+    else:
+        text = f"{phase} {rate} ({detail}; peak unknown)"
+    if short:
+        return text
+    cshare = entry.get("compute_share")
+    text += f", {compute}" + (
+        f" = {100 * cshare:.2g} % of dense {peaks.get('flops_dtype')}" if cshare is not None else ""
+    )
+    return text
