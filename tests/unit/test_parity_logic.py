@@ -148,6 +148,7 @@ def test_a_decode_only_bug_is_named_on_its_decode_step_with_the_prefill_as_conte
     assert "prefill of prompt 0 (the logprobs agree there): every decoder layer's output matches" in text
     assert "after the last layer" not in text
     assert "matches on the prefill of prompt 0 and differs on a decode step" in (result.hint or "")
+    assert result.summary() == "first divergent layer 1 (decode step 3 of prompt 0), max |logprob diff| 0.01"
     data = result.to_dict()
     assert data["first_difference"] == {"prompt": 0, "step": 3, "phase": "decode"}
     assert [(c["prompt"], c["step"], c["phase"], c["diverging"]) for c in data["layer_checks"]] == [
@@ -161,7 +162,7 @@ def test_layers_matching_on_a_step_where_the_logprobs_agree_conclude_nothing() -
     result.capture_note = "the hooks did not see the decode step"
     localise(result, [check(0, 0, REF3)])
     assert result.first_divergent_layer is None and result.layers == [] and result.layers_on is None
-    assert result.hint is None
+    assert result.hint is None and result.summary() == "first divergent layer not found, max |logprob diff| 0.01"
     text = result.message()
     assert "after the last layer" not in text
     assert (
@@ -175,6 +176,7 @@ def test_layers_matching_on_the_diverging_step_put_the_difference_after_the_last
     result = result_with(mismatch(0, 2))
     localise(result, [check(0, 0, REF3), check(0, 2, REF3, 9)])
     assert result.first_divergent_layer is None and result.layers_on == {"prompt": 0, "step": 2, "phase": "decode"}
+    assert result.summary().startswith("every layer matches, the difference is after the last layer")
     text = result.message()
     assert (
         "every decoder layer's output matches within rtol 0.001 on the decode step 2 of prompt 0, where the "

@@ -129,6 +129,18 @@ class ParityResult:
         out["layer_checks"] = [c.to_dict() for c in self.layer_checks]
         return out
 
+    def summary(self) -> str:
+        """One line for a session summary: the verdict's layer and step, the largest logprob difference."""
+        diff = f"max |logprob diff| {self.max_logprob_diff:.2g}"
+        if self.ok:
+            return diff
+        if self.first_divergent_layer is not None and self.layers_on is not None:
+            where = describe_step(int(self.layers_on["prompt"]), int(self.layers_on["step"]))
+            return f"first divergent layer {self.first_divergent_layer} ({where}), {diff}"
+        if self.layers_on is not None:
+            return f"every layer matches, the difference is after the last layer, {diff}"
+        return f"first divergent layer not found, {diff}"
+
     def message(self) -> str:
         """The failure text: what differed, where, by how much, the fix if known."""
         verdict = "agree" if self.ok else "disagree"
