@@ -82,6 +82,11 @@ def test_a_broken_port_fails_and_names_its_first_divergent_layer(built: Path, tm
     (outcome,) = report["outcomes"]
     parity = outcome["details"]["parity"]
     assert outcome["ok"] is False and parity["first_divergent_layer"] == expected
+    # a bug on every step shows on the prefill first; the layers are compared there, no second round
+    assert parity["first_difference"]["phase"] == "prefill" and parity["layers_on"] == parity["first_difference"]
+    where = f"prefill of prompt {parity['first_difference']['prompt']}"
+    assert f"{where}: layer {expected}'s output differs first" in proc.stdout
+    assert [c["diverging"] for c in parity["layer_checks"]][-1] is True
     rows = {row["layer"]: row for row in parity["layers"]}
     assert all(rows[i]["max_rel"] <= parity["hidden_rtol"] for i in range(expected))  # the layers before agree
     assert rows[expected]["max_rel"] > parity["hidden_rtol"]

@@ -11,6 +11,13 @@ Two parts, both over JSON-able data the two runs returned:
 - :func:`compare_hidden`: each decoder layer's output on the same token ids and positions; the
   first layer whose relative error (max |a-b| / max |ref|) exceeds ``hidden_rtol`` is where the
   port diverges, with a hint when the error's shape is recognisable.
+
+Layer outputs are compared on a *step*: the prefill of a prompt (every prompt position), or one
+decode step (the one token fed through the KV cache after prefilling the prompt and the tokens
+before it). :func:`localise` rests the verdict only on the step where the logprobs first differ
+(:func:`first_difference`): a port whose decode path is wrong has a prefill on which every layer
+matches, and "the difference is after the last layer" concluded from that prefill would send the
+author to the wrong place.
 """
 
 from __future__ import annotations
@@ -46,8 +53,41 @@ class LayerError:
     name: str
     max_abs: float
     max_rel: float
-    worst_position: int
-    position0_rel: float  # relative error at position 0 alone (no rotation there)
+    worst_position: int  # the prompt position (a decode step: the position of the token fed)
+    position0_rel: float | None  # relative error at position 0 alone (no rotation there); None: not compared
+
+
+@dataclass
+class LayerCheck:
+    """Each decoder layer's output compared on one step of one prompt.
+
+    ``step`` is the output position whose logits that forward produces: 0 is the prefill of the
+    prompt, s > 0 the decode step that feeds the s-th generated token's predecessor through the
+    KV cache. ``diverging``: this is the step where the logprobs first differ (set by :func:`localise`).
+    """
+
+    prompt: int
+    step: int
+    layers: list[LayerError]
+    first_divergent_layer: int | None
+    reference_path: str = "a full forward"  # how the reference computed it (a decode step: its KV cache)
+    diverging: bool = False
+    note: str | None = None  # a caveat about this comparison (the capture run did not reproduce the step)
+
+    @property
+    def phase(self) -> str:
+        return _phase(self.step)
+
+    def where(self) -> str:
+        return describe_step(self.prompt, self.step)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "phase": self.phase}
+
+
+def describe_step(prompt: int, step: int) -> str:
+    """``prefill of prompt 0`` / ``decode step 3 of prompt 1`` (for messages)."""
+    return f"prefill of prompt {prompt}" if step == 0 else f"decode step {step} of prompt {prompt}"
 
 
 @dataclass
@@ -69,13 +109,37 @@ class ParityResult:
     hint: str | None = None
     capture_note: str | None = None
     engine: dict[str, Any] = field(default_factory=dict)
+    # every layer comparison made; ``layers`` / ``first_divergent_layer`` / ``hint`` are the one
+    # the verdict rests on (``layers_on``): the diverging step's, or the prefill's when all agree
+    layer_checks: list[LayerCheck] = field(default_factory=list)
+    layers_on: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
         return not self.mismatches
 
+    @property
+    def first_difference(self) -> PromptMismatch | None:
+        return first_difference(self.mismatches)
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok}
+        first = self.first_difference
+        where = None if first is None else {"prompt": first.prompt, "step": first.step, "phase": _phase(first.step)}
+        out = {**asdict(self), "ok": self.ok, "first_difference": where}
+        out["layer_checks"] = [c.to_dict() for c in self.layer_checks]
+        return out
+
+    def summary(self) -> str:
+        """One line for a session summary: the verdict's layer and step, the largest logprob difference."""
+        diff = f"max |logprob diff| {self.max_logprob_diff:.2g}"
+        if self.ok:
+            return diff
+        if self.first_divergent_layer is not None and self.layers_on is not None:
+            where = describe_step(int(self.layers_on["prompt"]), int(self.layers_on["step"]))
+            return f"first divergent layer {self.first_divergent_layer} ({where}), {diff}"
+        if self.layers_on is not None:
+            return f"every layer matches, the difference is after the last layer, {diff}"
+        return f"first divergent layer not found, {diff}"
 
     def message(self) -> str:
         """The failure text: what differed, where, by how much, the fix if known."""
@@ -91,32 +155,118 @@ class ParityResult:
             lines.append(f"  ... and {len(self.mismatches) - 5} more")
         if self.max_logprob_diff or all(m.kind != "token" for m in self.mismatches):
             lines.append(f"  largest logprob difference (tokens in both top-k): {self.max_logprob_diff:.3g} nats")
-        if self.first_divergent_layer is not None:
-            shown = [e for e in self.layers if e.layer <= self.first_divergent_layer]
-            lines.append(
-                f"first divergent layer: {self.first_divergent_layer} ({shown[-1].name}) "
-                f"- hidden states differ beyond rtol {self.hidden_rtol:g} on the same token ids and positions"
-            )
-            lines.append(f"  {'layer':>5}  {'max abs err':>11}  {'max rel err':>11}  {'pos 0 rel':>9}  worst pos")
-            for e in shown:
-                mark = "  <-" if e.layer == self.first_divergent_layer else ""
-                lines.append(
-                    f"  {e.layer:>5}  {e.max_abs:>11.3e}  {e.max_rel:>11.3e}  {e.position0_rel:>9.2e}  "
-                    f"{e.worst_position:>9}{mark}"
-                )
-        elif self.layers and self.ok:
-            worst = max(e.max_rel for e in self.layers)
-            lines.append(f"every decoder layer's output matches within rtol {self.hidden_rtol:g} (worst {worst:.2g})")
-        elif self.layers:
-            lines.append(
-                f"every decoder layer's output matches within rtol {self.hidden_rtol:g}: the difference is after "
-                "the last layer (final norm, lm_head, logits processing or its scale/soft-cap)"
-            )
-        elif self.capture_note:
-            lines.append(f"layer outputs not compared: {self.capture_note}")
+        lines.extend(self._layer_lines())
         if self.hint:
             lines.append(f"fix: {self.hint}")
         return "\n".join(lines)
+
+    def _layer_lines(self) -> list[str]:
+        """What the layer comparisons say, resting a verdict only on the diverging step."""
+        rtol = self.hidden_rtol
+        chosen = next((c for c in self.layer_checks if c.diverging), None)
+        others = [c for c in self.layer_checks if c is not chosen]
+        first = self.first_difference
+        lines: list[str] = []
+        if chosen is not None and chosen.first_divergent_layer is not None:
+            row = next(e for e in chosen.layers if e.layer == chosen.first_divergent_layer)
+            how = "one decode step through its KV cache" if chosen.phase == "decode" else "the prefill"
+            lines.append(
+                f"{chosen.where()}: layer {row.layer}'s output differs first (max rel err {row.max_rel:.3g} > rtol "
+                f"{rtol:g}); the logprobs first differ on this step"
+            )
+            lines.append(
+                f"first divergent layer: {row.layer} ({row.name}) - hidden states differ beyond rtol {rtol:g} on the "
+                f"same token ids and positions (vLLM: {how}; the reference: {chosen.reference_path})"
+            )
+            lines.extend(_table(chosen.layers, row.layer))
+        elif chosen is not None:
+            worst = max((e.max_rel for e in chosen.layers), default=0.0)
+            lines.append(
+                f"every decoder layer's output matches within rtol {rtol:g} on the {chosen.where()}, where the "
+                f"logprobs first differ (worst {worst:.2g}): the difference is after the last layer (final norm, "
+                "lm_head, logits processing or its scale/soft-cap)"
+            )
+        elif self.ok and self.layer_checks:
+            worst = max((e.max_rel for c in self.layer_checks for e in c.layers), default=0.0)
+            lines.append(f"every decoder layer's output matches within rtol {rtol:g} (worst {worst:.2g})")
+        elif first is not None and self.layer_checks:
+            lines.append(
+                f"layer outputs were not compared on the {describe_step(first.prompt, first.step)}, where the "
+                f"logprobs first differ ({self.capture_note or 'not captured'}): no conclusion about the layers"
+            )
+        elif self.capture_note:
+            lines.append(f"layer outputs not compared: {self.capture_note}")
+        if chosen is not None and chosen.note:
+            lines.append(f"  note: {chosen.note}")
+        for other in others if not self.ok else []:
+            label = self._logprobs_on(other.prompt, other.step)
+            if other.first_divergent_layer is None:
+                worst = max((e.max_rel for e in other.layers), default=0.0)
+                lines.append(
+                    f"{other.where()} ({label}): every decoder layer's output matches within rtol {rtol:g} "
+                    f"(worst {worst:.2g})"
+                )
+            else:
+                row = next(e for e in other.layers if e.layer == other.first_divergent_layer)
+                lines.append(
+                    f"{other.where()} ({label}): layer {row.layer}'s output already differs "
+                    f"(max rel err {row.max_rel:.3g} > rtol {rtol:g})"
+                )
+        return lines
+
+    def _logprobs_on(self, prompt: int, step: int) -> str:
+        """What the logprob comparison says about one step (a prompt is compared up to its first difference)."""
+        m = next((m for m in self.mismatches if m.prompt == prompt), None)
+        if m is None or m.step > step:
+            return "the logprobs agree there"
+        if m.step == step:
+            return "the logprobs differ there too"
+        return "past that prompt's first difference"
+
+
+def _table(rows: list[LayerError], first: int) -> list[str]:
+    lines = [f"  {'layer':>5}  {'max abs err':>11}  {'max rel err':>11}  {'pos 0 rel':>9}  worst pos"]
+    for e in rows:
+        if e.layer > first:
+            break
+        mark = "  <-" if e.layer == first else ""
+        pos0 = "-" if e.position0_rel is None else f"{e.position0_rel:.2e}"
+        lines.append(f"  {e.layer:>5}  {e.max_abs:>11.3e}  {e.max_rel:>11.3e}  {pos0:>9}  {e.worst_position:>9}{mark}")
+    return lines
+
+
+def _phase(step: int) -> str:
+    return "prefill" if step == 0 else "decode"
+
+
+def first_difference(mismatches: list[PromptMismatch]) -> PromptMismatch | None:
+    """The earliest step where the runs part (lowest step, then lowest prompt): where to compare layers.
+
+    A step-0 difference in any prompt is a prefill difference, which is where the layers are
+    compared first; only when every prefill agrees does a decode step get compared."""
+    return min(mismatches, key=lambda m: (m.step, m.prompt), default=None)
+
+
+def localise(result: ParityResult, checks: list[LayerCheck]) -> None:
+    """Record ``checks`` on ``result`` and rest its verdict on the right one.
+
+    The verdict (``layers``, ``first_divergent_layer``, ``hint``, ``layers_on``) comes from the
+    check on the step where the logprobs first differ; when the runs agree, from the first check
+    made. A check on any other step is kept (and shown) as context, never as the verdict."""
+    first = result.first_difference
+    for check in checks:
+        check.diverging = first is not None and (check.prompt, check.step) == (first.prompt, first.step)
+    result.layer_checks = checks
+    chosen = next((c for c in checks if c.diverging), None)
+    if chosen is None and result.ok and checks:
+        chosen = checks[0]
+    if chosen is None:
+        result.layers, result.first_divergent_layer, result.hint, result.layers_on = [], None, None, None
+        return
+    result.layers, result.first_divergent_layer = chosen.layers, chosen.first_divergent_layer
+    result.layers_on = {"prompt": chosen.prompt, "step": chosen.step, "phase": chosen.phase}
+    prefill = [c for c in checks if c.phase == "prefill" and c is not chosen]
+    result.hint = hint_for(chosen.layers, chosen.first_divergent_layer, result.hidden_rtol, chosen.phase, prefill)
 
 
 def _lp(step: dict[str, float], token: int) -> float | None:
@@ -173,8 +323,12 @@ def compare_hidden(
     ref_layers: dict[str, list[list[float]]],
     names: dict[str, str],
     rtol: float,
+    first_position: int = 0,
 ) -> tuple[list[LayerError], int | None]:
-    """Max abs / rel error per layer (by index) on the common positions; the first beyond rtol."""
+    """Max abs / rel error per layer (by index) on the common positions; the first beyond rtol.
+
+    ``first_position``: the prompt position of the first row (a decode step's one row: the
+    position of the token fed); positions are reported from it."""
     rows: list[LayerError] = []
     first: int | None = None
     for key in sorted(set(vllm_layers) & set(ref_layers), key=int):
@@ -192,8 +346,8 @@ def compare_hidden(
             name=names.get(key, f"layer {key}"),
             max_abs=per_pos[worst],
             max_rel=per_pos[worst] / scale,
-            worst_position=worst,
-            position0_rel=per_pos[0] / scale,
+            worst_position=first_position + worst,
+            position0_rel=per_pos[0] / scale if first_position == 0 else None,
         )
         rows.append(row)
         if first is None and row.max_rel > rtol:
@@ -201,12 +355,29 @@ def compare_hidden(
     return rows, first
 
 
-def hint_for(rows: list[LayerError], first: int | None, rtol: float) -> str | None:
-    """A fix hint from the shape of the first divergent layer's error, when recognisable."""
+def hint_for(
+    rows: list[LayerError],
+    first: int | None,
+    rtol: float,
+    phase: str = "prefill",
+    prefill_checks: list[LayerCheck] | None = None,
+) -> str | None:
+    """A fix hint from the shape of the first divergent layer's error, when recognisable.
+
+    ``phase`` "decode" with ``prefill_checks`` on which that layer matched: a decode-only path."""
     if first is None:
         return None
     row = next(r for r in rows if r.layer == first)
-    if row.position0_rel <= rtol and row.worst_position > 0:
+    matched_on_prefill = [c for c in prefill_checks or [] if _layer_matches(c, first, rtol)]
+    if phase == "decode" and matched_on_prefill:
+        return (
+            f"layer {first} matches on the {matched_on_prefill[0].where()} and differs on a decode step: code that "
+            "runs only when one token per sequence is processed. Look for branches on the attention metadata "
+            "(max_query_len == 1, num_decodes, decode_* fields), the number of tokens or is_prefill flags in that "
+            "layer, a decode-only kernel or layout, and what the layer writes to or reads from the KV cache "
+            "(K/V written in another layout or scale than they are read back)."
+        )
+    if row.position0_rel is not None and row.position0_rel <= rtol and row.worst_position > 0:
         return (
             f"layer {first} agrees at position 0 and differs from position 1 on: a positional bug. Rotary embedding "
             "layout (get_rope(..., is_neox_style=...): NeoX/rotate-half vs GPT-J/interleaved), rope_theta or "
@@ -223,3 +394,8 @@ def hint_for(rows: list[LayerError], first: int | None, rtol: float) -> str | No
         "check its weights in load_weights (swapped q/k/v or gate/up shards in stacked_params_mapping, a "
         "missing bias), swapped projections, and the residual order (norm before/after the add)."
     )
+
+
+def _layer_matches(check: LayerCheck, layer: int, rtol: float) -> bool:
+    row = next((r for r in check.layers if r.layer == layer), None)
+    return row is not None and row.max_rel <= rtol

@@ -3,8 +3,9 @@
 Runs in a child process of the doctor (never in vLLM's): loads the checkpoint with the
 author's HF class (``"package.module:Class"`` or ``"path/to/file.py:Class"``) or
 ``AutoModelForCausalLM``, decodes greedily with a full forward per step (no KV cache, the
-plainest possible reference) and records each decoder layer's output through forward hooks.
-Everything returned is plain lists and dicts.
+plainest possible reference) and records each decoder layer's output through forward hooks:
+on a prompt's prefill, or on one decode step (:func:`step_layer_outputs`: the model's own cache
+path, ``past_key_values``, where it keeps one). Everything returned is plain lists and dicts.
 """
 
 from __future__ import annotations
@@ -93,24 +94,63 @@ def greedy_logprobs(model: nn.Module, prompt: list[int], max_tokens: int, top_k:
     return {"token_ids": tokens, "logprobs": logprobs}
 
 
+class _LayerHooks:
+    """Forward hooks on every decoder layer that keep the last ``rows`` rows (all: None) of each output."""
+
+    def __init__(self, model: nn.Module, rows: int | None = None) -> None:
+        self.records: dict[str, list[list[float]]] = {}
+        self.rows = rows
+        self.handles = [
+            layer.register_forward_hook(self._hook(index)) for index, layer in enumerate(decoder_layers(model))
+        ]
+
+    def _hook(self, index: int) -> Any:
+        def hook(_m: nn.Module, _a: Any, output: Any) -> None:
+            hidden = output[0] if isinstance(output, (tuple, list)) else output
+            flat = hidden.reshape(-1, hidden.shape[-1])
+            self.records[str(index)] = (flat if self.rows is None else flat[-self.rows :]).float().cpu().tolist()
+
+        return hook
+
+    def __enter__(self) -> _LayerHooks:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
 @torch.no_grad()
 def layer_outputs(model: nn.Module, ids: list[int], device: str) -> dict[str, list[list[float]]]:
     """Each decoder layer's output on ``ids`` (one sequence), keyed by layer index."""
-    records: dict[str, list[list[float]]] = {}
-    handles = []
-    for index, layer in enumerate(decoder_layers(model)):
-
-        def hook(_m: nn.Module, _a: Any, output: Any, index: int = index) -> None:
-            hidden = output[0] if isinstance(output, (tuple, list)) else output
-            records[str(index)] = hidden.reshape(-1, hidden.shape[-1]).float().cpu().tolist()
-
-        handles.append(layer.register_forward_hook(hook))
-    try:
+    with _LayerHooks(model) as hooks:
         model(input_ids=torch.tensor([ids], device=device))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return records
+    return hooks.records
+
+
+@torch.no_grad()
+def step_layer_outputs(
+    model: nn.Module, context: list[int], token: int, device: str
+) -> tuple[dict[str, list[list[float]]], str]:
+    """Each decoder layer's output on ONE decode step: ``context`` prefilled, then ``token`` fed.
+
+    Through the model's KV cache (``use_cache=True``, then ``past_key_values``) when it returns
+    one, as the decode steps of ``generate`` run; a model that keeps no cache (a plain reference)
+    gets a full forward over ``context + [token]`` and the last position's outputs, which is the
+    same value. Returns the records (one row per layer) and which way was taken."""
+    past = None
+    try:
+        out = model(input_ids=torch.tensor([context], device=device), use_cache=True)
+        past = getattr(out, "past_key_values", None)
+    except TypeError:  # a forward without use_cache
+        past = None
+    if past is not None:
+        with _LayerHooks(model, rows=1) as hooks:
+            model(input_ids=torch.tensor([[token]], device=device), past_key_values=past, use_cache=True)
+        return hooks.records, "its KV cache (past_key_values)"
+    with _LayerHooks(model, rows=1) as hooks:
+        model(input_ids=torch.tensor([[*context, token]], device=device))
+    return hooks.records, "a full forward, its last position (it keeps no KV cache)"
 
 
 def reference_run(request: dict[str, Any]) -> dict[str, Any]:
@@ -124,6 +164,15 @@ def reference_run(request: dict[str, Any]) -> dict[str, Any]:
     model = load_model(
         request["model"], request.get("hf_class"), request["dtype"], device, bool(request.get("trust_remote_code"))
     )
+    model_class = f"{type(model).__module__}.{type(model).__qualname__}"
+    step = request.get("capture_step")
+    if step:  # one step's layer outputs only (the parity check's second round)
+        context, token = [int(t) for t in step["context"]], step.get("token")
+        if token is None:
+            records, path = layer_outputs(model, context, device), "a full forward"
+        else:
+            records, path = step_layer_outputs(model, context, int(token), device)
+        return {"hidden": records, "path": path, "model_class": model_class}
     prompts = prompt_token_ids(request["model"], list(request["prompts"]), bool(request.get("trust_remote_code")))
     max_tokens, top_k = int(request["max_tokens"]), int(request["top_k"])
     outputs = [greedy_logprobs(model, ids, max_tokens, top_k, device) for ids in prompts]
@@ -132,7 +181,7 @@ def reference_run(request: dict[str, Any]) -> dict[str, Any]:
         "prompt_token_ids": prompts,
         "outputs": outputs,
         "hidden": hidden,
-        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "model_class": model_class,
     }
 
 

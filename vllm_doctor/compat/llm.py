@@ -264,11 +264,17 @@ def prompt_token_ids(llm: Any, prompts: list[Any]) -> list[list[int]]:
     return out
 
 
-def greedy_logprobs(llm: Any, prompts: list[list[int]], max_tokens: int, top_k: int) -> list[dict[str, Any]]:
-    """Greedy tokens and each step's top-k logprobs (``{"token_ids", "logprobs": [{id: lp}]}``)."""
+def greedy_logprobs(
+    llm: Any, prompts: list[list[int]], max_tokens: int, top_k: int, only_token: int | None = None
+) -> list[dict[str, Any]]:
+    """Greedy tokens and each step's top-k logprobs (``{"token_ids", "logprobs": [{id: lp}]}``).
+
+    ``only_token``: every step samples that token (``allowed_token_ids``; the logprobs reported
+    are the raw ones, from before that mask), to feed a chosen token into the next decode step."""
     from vllm import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=top_k, ignore_eos=True)
+    extra: dict[str, Any] = {} if only_token is None else {"allowed_token_ids": [int(only_token)]}
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=top_k, ignore_eos=True, **extra)
     outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
     results = []
     for output in outputs:

@@ -181,13 +181,15 @@ class DoctorWorkerExtension:
 
     def doctor_arm_hidden(self, options: Any = None) -> dict[str, Any]:
         """Record each decoder layer's output on the next forward of >= ``tokens`` tokens (one
-        request), then unhook. ``max_values``: bound on the floats kept (default 4M)."""
+        request), then unhook. ``decode``: on the decode step right after that prefill instead.
+        ``max_values``: bound on the floats kept (default 4M)."""
 
         def run() -> dict[str, Any]:
             from vllm_doctor.engine import hidden
 
             opts = _options(options)
-            return hidden.arm(self, int(opts["tokens"]), int(opts.get("max_values", hidden.DEFAULT_MAX_VALUES)))
+            limit = int(opts.get("max_values", hidden.DEFAULT_MAX_VALUES))
+            return hidden.arm(self, int(opts["tokens"]), limit, decode=bool(opts.get("decode")))
 
         return _envelope(self, "doctor_arm_hidden", run)
 

@@ -3,7 +3,10 @@
 ``arm(worker, tokens)`` hooks every decoder layer (an element of the model's ``layers``/``h``/
 ``blocks`` ModuleList, as :mod:`vllm_doctor.engine.layers` finds them); the first forward that
 runs at least ``tokens`` tokens (the prefill of the request the doctor sends next) is recorded
-and every hook is removed at once. ``collect(worker)`` returns what was recorded as plain lists.
+and every hook is removed at once. ``arm(worker, tokens, decode=True)`` records instead the first
+forward with fewer tokens AFTER that prefill: the decode step that feeds the request's next token
+through the KV cache (its first row; the request is the only one running). ``collect(worker)``
+returns what was recorded as plain lists.
 
 vLLM decoder layers often return ``(hidden, residual)`` with the residual add deferred to the
 next layer's fused norm; the layer's real output (what a Hugging Face layer returns) is then
@@ -38,9 +41,11 @@ def layer_output(output: Any) -> torch.Tensor | None:
 
 
 class HiddenCapture:
-    def __init__(self, model: nn.Module, tokens: int, max_values: int) -> None:
+    def __init__(self, model: nn.Module, tokens: int, max_values: int, decode: bool = False) -> None:
         self.tokens = tokens
         self.max_values = max_values
+        self.decode = decode
+        self.prefilled: set[int] = set()  # decode mode: the layers that have seen the prefill
         self.layers = [m for m in select_modules(model) if m.kind == "layer" and m.layer is not None]
         self.modules = dict(model.named_modules())
         self.handles: list[Any] = []
@@ -54,7 +59,7 @@ class HiddenCapture:
         keep = max(1, self.max_values // max(1, len(self.layers)))
         for timed in self.layers:
             self.handles.append(self.modules[timed.name].register_forward_hook(self._hook(timed.layer or 0, keep)))
-        return {"armed": True, "layers": [t.name for t in self.layers], "tokens": self.tokens}
+        return {"armed": True, "layers": [t.name for t in self.layers], "tokens": self.tokens, "decode": self.decode}
 
     def _hook(self, index: int, keep_values: int) -> Any:
         def hook(_module: nn.Module, _args: Any, output: Any) -> None:
@@ -64,10 +69,19 @@ class HiddenCapture:
             if hidden is None:
                 return
             flat = hidden.reshape(-1, hidden.shape[-1])
-            if flat.shape[0] < self.tokens:  # a decode step or a dummy run, not our prefill
+            if self.decode:
+                if flat.shape[0] >= self.tokens:  # the prefill before the step we want
+                    self.prefilled.add(index)
+                    return
+                if index not in self.prefilled:  # a dummy run, or a step before our request's prefill
+                    self.skipped_forwards += 1
+                    return
+                rows = 1
+            elif flat.shape[0] < self.tokens:  # a decode step or a dummy run, not our prefill
                 self.skipped_forwards += 1
                 return
-            rows = max(1, min(self.tokens, keep_values // max(1, flat.shape[-1])))
+            else:
+                rows = max(1, min(self.tokens, keep_values // max(1, flat.shape[-1])))
             self.records[index] = flat[:rows].detach().to(device="cpu", dtype=torch.float32).clone()
             if len(self.records) == len(self.layers):
                 self.disarm()
@@ -86,11 +100,13 @@ class HiddenCapture:
             "layers": {str(i): t.tolist() for i, t in sorted(self.records.items())},
             "names": {str(t.layer): t.name for t in self.layers},
             "skipped_forwards": self.skipped_forwards,
+            "decode": self.decode,
         }
 
 
-def arm(worker: Any, tokens: int, max_values: int = DEFAULT_MAX_VALUES) -> dict[str, Any]:
-    """Hook the decoder layers for the next forward of >= ``tokens`` tokens (replaces an earlier arm)."""
+def arm(worker: Any, tokens: int, max_values: int = DEFAULT_MAX_VALUES, decode: bool = False) -> dict[str, Any]:
+    """Hook the decoder layers for the next forward of >= ``tokens`` tokens (replaces an earlier arm);
+    ``decode``: for the decode step right after that prefill instead."""
     old = worker.__dict__.pop(STATE_ATTR, None)
     if old is not None:
         old.disarm()
@@ -100,7 +116,7 @@ def arm(worker: Any, tokens: int, max_values: int = DEFAULT_MAX_VALUES) -> dict[
     mode = wv.compile_state(worker)
     if not mode.get("eager"):
         raise RuntimeError("hidden states need eager mode (enforce_eager=True): CUDA graphs skip Python hooks")
-    capture = HiddenCapture(model, tokens, max_values)
+    capture = HiddenCapture(model, tokens, max_values, decode)
     worker.__dict__[STATE_ATTR] = capture
     return capture.arm()
 

@@ -340,10 +340,7 @@ class VllmDoctor:
             problem = f"vllm-doctor: {exc}"
         if problem is not None:
             pytest.fail(problem, pytrace=False)
-        summary = f"max |logprob diff| {result.max_logprob_diff:.2g}"
-        if not result.ok:
-            summary = f"first divergent layer {result.first_divergent_layer}, {summary}"
-        self._record("logprobs_close", path, result.ok, summary, start, parity=result.to_dict())
+        self._record("logprobs_close", path, result.ok, result.summary(), start, parity=result.to_dict())
         if not result.ok:
             pytest.fail(result.message(), pytrace=False)
         return result

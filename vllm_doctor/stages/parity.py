@@ -8,6 +8,11 @@
    AutoModelForCausalLM) does the same on the same token ids (:mod:`vllm_doctor.compat.hf`).
 3. The parent compares (:mod:`vllm_doctor.analysis.parity`). Separate children keep torch state
    apart (threads, dtype defaults, vLLM's patches) and time-box each side.
+4. When the logprobs first differ on another step than the first prompt's prefill, a second
+   round compares the layer outputs ON THAT STEP: the prefill of that prompt, or a decode step
+   (vLLM prefills the prompt and the tokens before the step, then decodes the last one through
+   its KV cache with the hooks armed for that decode forward; the reference feeds the same token
+   through ``past_key_values``). The verdict rests on that step only.
 """
 
 from __future__ import annotations
@@ -20,7 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.analysis.parity import ParityResult, compare_hidden, compare_outputs, hint_for, tolerances
+from vllm_doctor.analysis.parity import (
+    LayerCheck,
+    ParityResult,
+    PromptMismatch,
+    compare_hidden,
+    compare_outputs,
+    localise,
+    tolerances,
+)
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.files import write_json_atomic
 from vllm_doctor.stages import tempdirs
@@ -173,58 +186,145 @@ def run_parity(
         "top_k": options.top_k,
         "capture": options.layers,
     }
-    # each side tokenizes the prompts itself and captures on the first prompt; on CPU both run at
-    # once, on a GPU one after the other (vLLM sizes its KV cache from the memory it finds free)
+    # each side tokenizes the prompts itself and captures on the first prompt's prefill
     own_engine = engine is None
     if engine is None:
         engine = ParityEngine(model, engine_options(options), progress)
     try:
-        sequential = _gpu_visible() and options.device != "cpu"
-        side = engine.ask(request, options.timeout) if sequential else None
-        theirs_job = ChildJob(
-            "parity_hf", ref_request, timeout=options.timeout, what="the Hugging Face reference run",
-            progress=progress, env=_env(),
-        )  # fmt: skip
-        if side is None:
-            side = engine.ask(request, options.timeout)
-        theirs = theirs_job.result()
+        side, ref = _both_sides(engine, model, request, ref_request, options, progress)
+        if ref.get("prompt_token_ids") != side.get("prompt_token_ids"):
+            raise ParityUnavailable(
+                "vLLM and transformers tokenize the prompts differently; pass token ids as prompts to compare the "
+                f"models alone (vLLM: {side.get('prompt_token_ids')}, transformers: {ref.get('prompt_token_ids')})"
+            )
+        mismatches, largest = compare_outputs(side["outputs"], ref["outputs"], atol, options.top_k)
+        result = ParityResult(
+            model=model,
+            reference=f"Hugging Face ({_short(options.hf_class) if options.hf_class else ref.get('model_class')})",
+            dtype=options.dtype,
+            atol=atol,
+            hidden_rtol=rtol,
+            prompts=len(side["outputs"]),
+            max_tokens=options.max_tokens,
+            top_k=options.top_k,
+            mismatches=mismatches,
+            max_logprob_diff=largest,
+            engine={"model_class": side.get("model_class"), "device": side.get("device")},
+        )
+        if options.layers:
+            _compare_layers(result, side, ref, engine, model, ref_request, options, progress)
     finally:
         if own_engine:
             engine.close()
+    return result
+
+
+def _both_sides(
+    engine: ParityEngine,
+    model: str,
+    request: dict[str, Any],
+    ref_request: dict[str, Any],
+    options: ParityOptions,
+    progress: Progress | None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One request to the engine and one reference child; on CPU both run at once, on a GPU one
+    after the other (vLLM sizes its KV cache from the memory it finds free)."""
+    sequential = _gpu_visible() and options.device != "cpu"
+    side = engine.ask(request, options.timeout) if sequential else None
+    theirs_job = ChildJob(
+        "parity_hf", ref_request, timeout=options.timeout, what="the Hugging Face reference run",
+        progress=progress, env=_env(),
+    )  # fmt: skip
+    if side is None:
+        side = engine.ask(request, options.timeout)
+    theirs = theirs_job.result()
     if side.get("error"):
         raise ParityUnavailable(f"vLLM could not run {model}: {side['error']}")
     if not theirs.ok:
         raise ParityUnavailable(f"{theirs.error}\n{theirs.log_tail[-1500:]}")
-    ref = theirs.data
-    if ref.get("error"):
-        raise ParityUnavailable(f"the Hugging Face reference could not run {model}: {ref['error']}")
-    if ref.get("prompt_token_ids") != side.get("prompt_token_ids"):
-        raise ParityUnavailable(
-            "vLLM and transformers tokenize the prompts differently; pass token ids as prompts to compare the "
-            f"models alone (vLLM: {side.get('prompt_token_ids')}, transformers: {ref.get('prompt_token_ids')})"
-        )
-    mismatches, largest = compare_outputs(side["outputs"], ref["outputs"], atol, options.top_k)
-    result = ParityResult(
-        model=model,
-        reference=f"Hugging Face ({_short(options.hf_class) if options.hf_class else ref.get('model_class')})",
-        dtype=options.dtype,
-        atol=atol,
-        hidden_rtol=rtol,
-        prompts=len(side["outputs"]),
-        max_tokens=options.max_tokens,
-        top_k=options.top_k,
-        mismatches=mismatches,
-        max_logprob_diff=largest,
-        engine={"model_class": side.get("model_class"), "device": side.get("device")},
-    )
+    if theirs.data.get("error"):
+        raise ParityUnavailable(f"the Hugging Face reference could not run {model}: {theirs.data['error']}")
+    return side, theirs.data
+
+
+def _compare_layers(
+    result: ParityResult,
+    side: dict[str, Any],
+    ref: dict[str, Any],
+    engine: ParityEngine,
+    model: str,
+    ref_request: dict[str, Any],
+    options: ParityOptions,
+    progress: Progress | None,
+) -> None:
+    """The first prompt's prefill (captured with the outputs), then the diverging step when it is another."""
+    checks: list[LayerCheck] = []
+    rtol = result.hidden_rtol
     hidden = side.get("hidden") or {}
-    if options.layers and hidden.get("layers") and ref.get("hidden"):
+    if hidden.get("layers") and ref.get("hidden"):
         rows, first = compare_hidden(hidden["layers"], ref["hidden"], hidden.get("names") or {}, rtol)
-        result.layers, result.first_divergent_layer = rows, first
-        result.hint = hint_for(rows, first, rtol)
-    elif options.layers:
+        checks.append(LayerCheck(0, 0, rows, first))
+    else:
         result.capture_note = side.get("capture_error") or "no layer outputs were captured"
-    return result
+    target = result.first_difference
+    if target is not None and (target.prompt, target.step) != (0, 0):
+        check, why = _compare_step(result, side, ref, target, engine, model, ref_request, options, progress)
+        if check is not None:
+            checks.append(check)
+        else:
+            result.capture_note = why
+    localise(result, checks)
+
+
+def _compare_step(
+    result: ParityResult,
+    side: dict[str, Any],
+    ref: dict[str, Any],
+    target: PromptMismatch,
+    engine: ParityEngine,
+    model: str,
+    ref_request: dict[str, Any],
+    options: ParityOptions,
+    progress: Progress | None,
+) -> tuple[LayerCheck | None, str]:
+    """Each layer's output on the step where the logprobs first differ (second round of both sides)."""
+    p, s = target.prompt, target.step
+    ours, theirs = side["outputs"][p]["token_ids"][:s], ref["outputs"][p]["token_ids"][:s]
+    if ours != theirs:  # compare_outputs stops a prompt where the picks part, so this does not happen
+        return None, f"the runs picked different tokens before that step ({ours} vs {theirs})"
+    ids = side["prompt_token_ids"][p]
+    step = {"context": ids, "token": None} if s == 0 else {"context": ids + ours[: s - 1], "token": ours[s - 1]}
+    where = "prefill" if s == 0 else f"decode step {s}"
+    if progress:
+        progress(f"parity: comparing each layer's output on the {where} of prompt {p}, where the logprobs first differ")
+    try:
+        v, r = _both_sides(
+            engine, model, {"capture_step": {**step, "top_k": options.top_k}},
+            {**ref_request, "capture_step": step}, options, progress,
+        )  # fmt: skip
+    except ParityUnavailable as exc:
+        return None, f"the second capture could not run: {str(exc)[:500]}"
+    hidden = v.get("hidden") or {}
+    if v.get("capture_error") or not hidden.get("layers") or not r.get("hidden"):
+        return None, str(v.get("capture_error") or "no layer outputs were captured on that step")
+    offset = 0 if s == 0 else len(step["context"])
+    rows, first = compare_hidden(hidden["layers"], r["hidden"], hidden.get("names") or {}, result.hidden_rtol, offset)
+    check = LayerCheck(p, s, rows, first, reference_path=str(r.get("path") or "a full forward"))
+    if s > 0 and v.get("step_logprobs") is not None:
+        check.note = _reproduction_note(v["step_logprobs"], side["outputs"][p]["logprobs"][s], result.atol)
+    return check, ""
+
+
+def _reproduction_note(again: dict[str, float], before: dict[str, float], atol: float) -> str | None:
+    """A caveat when vLLM's logprobs on the capture run (the step alone) differ from its first run's."""
+    diffs = [abs(float(again[t]) - float(before[t])) for t in set(again) & set(before)]
+    worst = max(diffs, default=0.0)
+    if diffs and worst <= atol:
+        return None
+    return (
+        f"vLLM's logprobs on the capture run (this request alone) differ from its first run's (batched) at this "
+        f"step by {worst:.3g} nats: the layer outputs compared may not be the ones that moved the logprobs"
+    )
 
 
 # ---- child side ---------------------------------------------------------------------------
@@ -279,6 +379,12 @@ def _answer(handle: Any, llm: Any, request: dict[str, Any]) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     try:
+        step = request.get("capture_step")
+        if step:  # the second round: one step's layer outputs only
+            context, token = [int(t) for t in step["context"]], step.get("token")
+            top_k = int(step.get("top_k") or 1)
+            out.update(_capture(handle, llm, context, None if token is None else int(token), top_k))
+            return out
         ids = prompt_token_ids(llm, list(request["prompts"]))
         out["prompt_token_ids"] = ids
         out["outputs"] = greedy_logprobs(llm, ids, int(request["max_tokens"]), int(request["top_k"]))
@@ -289,13 +395,24 @@ def _answer(handle: Any, llm: Any, request: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _capture(handle: Any, llm: Any, ids: list[int]) -> dict[str, Any]:
+def _capture(handle: Any, llm: Any, ids: list[int], token: int | None = None, top_k: int = 1) -> dict[str, Any]:
+    """Each decoder layer's output on the prefill of ``ids``; with ``token``: on the decode step
+    that feeds ``token`` after that prefill (its logprobs come back as ``step_logprobs``)."""
     from vllm_doctor.compat.llm import greedy_logprobs
 
-    armed = handle.ensure_extension("doctor_ping") and handle.rpc("doctor_arm_hidden", {"tokens": len(ids)})
+    options = {"tokens": len(ids), "decode": token is not None}
+    armed = handle.ensure_extension("doctor_ping") and handle.rpc("doctor_arm_hidden", options)
     if not armed or not armed[0].get("ok"):
         return {"capture_error": str((armed or [{}])[0].get("error"))}
-    greedy_logprobs(llm, [ids], 1, 1)
+    out: dict[str, Any] = {}
+    if token is None:
+        greedy_logprobs(llm, [ids], 1, 1)
+    else:  # the prefill samples ``token`` (forced), the decode step feeds it through the KV cache
+        (run,) = greedy_logprobs(llm, [ids], 2, top_k, only_token=token)
+        if run["token_ids"][:1] != [token]:
+            handle.rpc("doctor_collect_hidden")
+            return {"capture_error": f"vLLM did not feed token {token} into the decode step ({run['token_ids']})"}
+        out["step_logprobs"] = run["logprobs"][1]
     reply = handle.rpc("doctor_collect_hidden")[0]
     anatomy = handle.rpc("doctor_anatomy")[0]
     model_class = (anatomy.get("data") or {}).get("model_class")
@@ -303,8 +420,9 @@ def _capture(handle: Any, llm: Any, ids: list[int]) -> dict[str, Any]:
         return {"capture_error": str(reply.get("error")), "model_class": model_class}
     data = reply["data"]
     if not data.get("complete"):
-        return {"capture_error": "the hooks did not see the whole request", "hidden": data, "model_class": model_class}
-    return {"hidden": data, "model_class": model_class}
+        what = "the decode step" if token is not None else "the whole request"
+        return {"capture_error": f"the hooks did not see {what}", "hidden": data, "model_class": model_class}
+    return {**out, "hidden": data, "model_class": model_class}
 
 
 def hf_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
