@@ -58,3 +58,15 @@ def clip(text: str, limit: int) -> str:
         if space >= limit - limit // 4:
             head = head[:space]
     return head.rstrip(" \t\n,;:") + ELLIPSIS
+
+
+# the profiler's clocks (``profile["clock"]``) in words: every time a report shows names one
+CLOCK_NAMES = {
+    "cuda_events": "device clock (CUDA events)",
+    "wall_clock": "wall clock (on CPU the host is the device)",
+}
+
+
+def clock_name(kind: Any) -> str:
+    """``cuda_events`` -> "device clock (CUDA events)"; an unknown clock is named as it is."""
+    return CLOCK_NAMES.get(str(kind), str(kind or "unknown clock"))

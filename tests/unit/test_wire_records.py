@@ -6,6 +6,7 @@ tests/test_engine_live.py, tests/test_engine_cli.py and tests/test_multirank.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -137,3 +138,17 @@ def test_replies_are_read_once_where_they_enter_and_the_raw_reply_is_kept() -> N
     w.parts["placement"] = {"model": None}  # a reply put in directly is read when first asked for
     assert w.placement is not None and w.placement.model is None
     assert WorkerFacts(rank=0).kv is None
+
+
+def test_cuda_graph_bytes_are_the_private_pools_measured() -> None:
+    """VD503: under CUDA graphs the graph pool's segments are the cuda_graphs part (vLLM's own
+    estimate is 0 when it did not profile); without a readable snapshot the estimate stands."""
+    graphs_on = CompileState(compiled=True, cudagraphs=True, cudagraph_mode="FULL_AND_PIECEWISE")
+    cuda = dataclasses.replace(MEMORY.cuda, graph_pool_bytes=687_865_856)
+    measured = dataclasses.replace(MEMORY, cuda=cuda, compile=graphs_on, vllm={"cudagraph_memory_estimate": 0})
+    assert memory_breakdown(measured)["parts"]["cuda_graphs"] == 687_865_856
+    again = MemoryFacts.from_wire(measured.to_wire())
+    assert again.cuda is not None and again.cuda.graph_pool_bytes == 687_865_856
+    unread = dataclasses.replace(measured, cuda=dataclasses.replace(cuda, graph_pool_bytes=None),
+                                 vllm={"cudagraph_memory_estimate": 400})
+    assert memory_breakdown(unread)["parts"]["cuda_graphs"] == 400

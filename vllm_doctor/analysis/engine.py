@@ -135,6 +135,12 @@ def phase_summary(steps: StepTable) -> dict[str, Any]:
             continue
         times = sorted(compress(step_s, chosen))
         fwd = [v for v in compress(forward_s, chosen) if v is not None]
+        # the forward's share of the steps it was timed on (samples only: set beside all steps' mean, a
+        # sample's heavier instrumentation could make the forward look longer than the step)
+        paired = [
+            (f, s) for f, s in zip(compress(forward_s, chosen), compress(step_s, chosen), strict=True) if f is not None
+        ]
+        paired_step = sum(s for _, s in paired)
         tokens = sum(compress(tokens_col, chosen))
         total = sum(times)
         out[phase] = {
@@ -145,6 +151,7 @@ def phase_summary(steps: StepTable) -> dict[str, Any]:
             "step_s_p50": _pct(times, 0.5),
             "step_s_p90": _pct(times, 0.9),
             "forward_s_mean": sum(fwd) / len(fwd) if fwd else None,
+            "forward_share": sum(f for f, _ in paired) / paired_step if paired_step > 0 else None,
             "tokens_per_s": tokens / total if total > 0 else None,
         }
     return out
@@ -189,6 +196,26 @@ def layer_tables(profile: dict[str, Any], steps: StepTable) -> dict[str, Any]:
         "forward_total_s": forward_total,
         "timed_steps": len(timed) if modules else 0,
         "sample_every": profile.get("sample_every"),
+    }
+
+
+def time_accounting(profile: dict[str, Any], workload: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Do the step times add up to the workload's wall time? Steps of one engine do not overlap, so
+    their sum (on the step clock) cannot exceed the wall time around ``llm.generate``; what is left
+    ran outside any step (scheduling, output processing, request handling: the engine's host, or
+    a device waiting for it). A sum above the wall time is a wrong clock: a doctor bug."""
+    wall = (workload or {}).get("wall_s")
+    phases = profile.get("phases") or {}
+    if not wall or not phases:
+        return None
+    total = sum(float(p["steps"]) * float(p["step_s_mean"]) for p in phases.values())
+    return {
+        "clock": profile.get("clock"),
+        "steps_s": total,
+        "wall_s": float(wall),
+        "share": total / float(wall),
+        "outside_steps_s": max(0.0, float(wall) - total),
+        "above_wall": total > float(wall) * 1.01,
     }
 
 

@@ -25,8 +25,9 @@ from vllm_doctor.units import fmt_bytes
     topic="memory",
     what=(
         "Adds up what each worker holds: weights (vLLM's measured load size, or the parameters' storages), the KV "
-        "cache (each storage once), peak activations (vLLM's start-up profile or torch's peak), CUDA-graph pools, and "
-        "the rest of what the device (NVML, per process) or the OS (resident memory, on CPU) reports."
+        "cache (each storage once), peak activations (vLLM's start-up profile or torch's peak), CUDA graphs "
+        "(measured: the segments of torch's private memory pools, where vLLM captures its graphs), and the rest of "
+        "what the device (NVML, per process) or the OS (resident memory, on CPU) reports."
     ),
     why=(
         "Before tuning max_model_len or gpu_memory_utilization you need to know which part is large; 'other' that is "

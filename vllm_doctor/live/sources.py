@@ -213,6 +213,7 @@ def model_summary(report: dict[str, Any], top_layers: int = 5) -> dict[str, Any]
         "available": bool(profile.get("available")),
         "reason": profile.get("reason") or profile.get("layers_reason") or "",
         "model_class": (anatomy.get("model") or {}).get("class"),
+        "clock": profile.get("clock"),  # the step and forward times' clock (units.clock_name)
         "steps": profile.get("step_count", len(profile.get("steps") or [])),
         "phases": {
             p: {k: v.get(k) for k in ("steps", "tokens", "forward_s_mean", "step_s_p50", "tokens_per_s")}

@@ -12,7 +12,8 @@ from itertools import pairwise
 from typing import Any
 
 from vllm_doctor.analysis.roofline import fmt_rate, fmt_si_bytes
-from vllm_doctor.units import fmt_bytes, fmt_s
+from vllm_doctor.report.profile import accounting_text
+from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
 COLORS = {
     "embedding": "#8e6c8a",
@@ -293,7 +294,12 @@ def phases_table(profile: dict[str, Any], workload: dict[str, Any] | None) -> st
     html = (
         "<table><tr><th>phase</th><th>steps</th><th>tokens</th><th>mean batch</th><th>step mean</th><th>step p90</th>"
         f"<th>forward mean</th><th>tokens/s</th></tr>{rows}</table>"
+        f'<p class="note">step and forward times on the {escape(clock_name(profile.get("clock")))}</p>'
     )
+    accounting = profile.get("time_accounting")
+    if accounting:
+        html += f'<p class="note">{escape(accounting_text(accounting))}</p>'
+
     if workload:
         html += (
             f'<p class="note">workload: {workload.get("prompts")} prompt(s) x {workload.get("input_len")} tokens in, '
@@ -461,7 +467,7 @@ def render_html(report: dict[str, Any], cpu_profile: dict[str, Any] | None = Non
         f'<h1>vllm-doctor profile</h1><div class="meta"><code>{escape(str(report.get("target")))}</code><br>'
         f"vLLM {escape(str(env.get('vllm')))} | torch {escape(str(env.get('torch')))} | transformers "
         f"{escape(str(env.get('transformers')))} | vllm-doctor {escape(str(env.get('vllm_doctor')))} | timer: "
-        f"{escape(str(profile.get('clock')))} | findings: {escape(summary)}</div>",
+        f"{escape(clock_name(profile.get('clock')))} | findings: {escape(summary)}</div>",
         '<h2 id="findings">Findings</h2>',
         findings_table(report.get("findings") or []),
         '<h2 id="anatomy">Engine anatomy</h2>',

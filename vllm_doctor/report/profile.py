@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_doctor.analysis.roofline import fmt_rate, phase_text
-from vllm_doctor.units import fmt_bytes, fmt_s
+from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
 
 def _short(qualname: Any) -> str:
@@ -76,8 +76,11 @@ def render_anatomy(anatomy: dict[str, Any]) -> str:
 def render_profile(profile: dict[str, Any], workload: dict[str, Any] | None = None) -> str:
     if not profile or not profile.get("steps"):
         return "forward profile: no steps recorded"
-    lines = [f"forward profile ({profile.get('clock')}; per-layer: {'on' if profile.get('layers_on') else 'off'})"]
-    if not profile.get("layers_on") and profile.get("layers_reason"):
+    lines = [
+        f"forward profile (step, forward and layer times on the {clock_name(profile.get('clock'))}; "
+        f"per-layer: {'on' if profile.get('layers_on') else 'off'})"
+    ]
+    if profile.get("layers_reason"):
         lines.append(f"  {profile['layers_reason']}")
     if workload:
         lines.append(
@@ -86,11 +89,16 @@ def render_profile(profile: dict[str, Any], workload: dict[str, Any] | None = No
             f"{workload.get('generated_tokens')} tokens in {fmt_s(workload.get('wall_s'))} "
             f"({workload.get('output_tokens_per_s')} tok/s)"
         )
+    accounting = profile.get("time_accounting")
+    if accounting:
+        lines.append(f"  time          {accounting_text(accounting)}")
     for phase, p in (profile.get("phases") or {}).items():
+        share = p.get("forward_share")
+        forward = fmt_s(p["forward_s_mean"]) + (f" ({100 * share:.0f}% of its steps)" if share is not None else "")
         lines.append(
             f"  {phase:<8}      {p['steps']} step(s), {p['tokens']} tokens, batch {p['mean_batch']}, step "
             f"{fmt_s(p['step_s_mean'])} mean "
-            f"(p90 {fmt_s(p['step_s_p90'])}), forward {fmt_s(p['forward_s_mean'])}"
+            f"(p90 {fmt_s(p['step_s_p90'])}), forward {forward}"
         )
     kinds = (profile.get("layers") or {}).get("by_kind") or {}
     total = sum(kinds.values())
@@ -118,6 +126,19 @@ def render_profile(profile: dict[str, Any], workload: dict[str, Any] | None = No
         lines.append(roofline)
     lines.extend(render_ranks(profile))
     return "\n".join(lines)
+
+
+def accounting_text(acc: dict[str, Any]) -> str:
+    """:func:`vllm_doctor.analysis.engine.time_accounting` in words."""
+    head = (
+        f"steps add up to {fmt_s(acc['steps_s'])} on the {clock_name(acc.get('clock')).split(' (')[0]} = "
+        f"{100 * acc['share']:.0f}% of the workload's {fmt_s(acc['wall_s'])} wall time"
+    )
+    if acc.get("above_wall"):
+        return head + ": DOCTOR BUG, one engine's steps cannot take longer than the workload (the step clock is wrong)"
+    return head + (
+        f"; {fmt_s(acc['outside_steps_s'])} ran outside any step (scheduling, output processing: the engine's host)"
+    )
 
 
 def render_ranks(profile: dict[str, Any]) -> list[str]:

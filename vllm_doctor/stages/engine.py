@@ -386,6 +386,7 @@ def diagnose_engine(
     Raises :class:`vllm_doctor.DoctorInputError` for a bad model path, RuntimeError when the engine
     child gave no answer at all (a doctor failure).
     """
+    from vllm_doctor.analysis.engine import time_accounting
     from vllm_doctor.live.attach import build_engine_report
 
     options = options or EngineOptions()
@@ -407,6 +408,9 @@ def diagnose_engine(
         report = build_engine_report(result.facts, target, select, ignore)
         report.facts["engine_log"] = result.log_path
         report.profiles["workload"] = result.workload
+        accounting = time_accounting(report.profiles.get("engine") or {}, result.workload)
+        if accounting is not None and isinstance(report.profiles.get("engine"), dict):
+            report.profiles["engine"]["time_accounting"] = accounting
         report.profiles["engine_kwargs"] = result.engine_kwargs
         if result.deep:
             report.profiles["torch_profiler"] = result.deep

@@ -16,7 +16,7 @@ from rich.text import Text
 from vllm_doctor.analysis.roofline import fmt_rate, phase_text
 from vllm_doctor.live.derive import HISTOGRAMS, LatencyStat, MetricsFrame, fmt_latency
 from vllm_doctor.live.sources import Frame
-from vllm_doctor.units import fmt_bytes, fmt_s
+from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
 BARS = "▁▂▃▄▅▆▇█"
 DASH = "–"
@@ -238,6 +238,8 @@ def model_panel(frame: Frame, width: int) -> Text:
             window = f"{model['window_s']:.0f} s"
             out.append(f"  idle; last steps {quiet:.0f} s ago ({window})" if quiet else f"  last {window}", style="dim")
         out.append("\n")
+    if model.get("clock") and model.get("phases"):
+        out.append(f"times on the {clock_name(model['clock'])}"[:width] + "\n", style="dim")
     for phase, p in (model.get("phases") or {}).items():
         out.append(f"{phase:<8}", style="cyan")
         out.append(

@@ -1,0 +1,115 @@
+"""The doctor on a REAL engine in vLLM's default mode (CPU: torch.compile, inductor), vLLM's own Llama.
+
+One session-scoped single-process engine, started as users start it (no ``enforce_eager``): the
+forward is compiled, so the per-layer timings come from the attention calls (the compiled graph's
+only Python calls), the forward's from the root model's Python forward. Asserts that the outputs
+are bit-identical with and without the doctor (every step sampled, per-layer wrappers on), that
+forward and per-layer times exist and account for the forward, and that the steps fit in the wall
+time of the workload (steps of one engine do not overlap). No wall-clock thresholds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")]
+PROMPTS = ["hello world", "the doctor is in my name", "a of and to in is the"]
+MAX_TOKENS = 12
+LAYERS = 2
+
+
+@dataclass
+class Run:
+    base: list[list[int]]
+    during: list[list[int]]
+    after: list[list[int]]
+    wall_s: float
+    report: Any
+    mode: dict[str, Any]
+    layer_wrappers: int  # the doctor's wrappers while attached (attention calls)
+    left_on_impls: int  # attention implementations still carrying one after detach
+
+
+def _generate(llm: Any) -> list[list[int]]:
+    from vllm_doctor.compat.llm import greedy
+
+    return [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy(MAX_TOKENS, ignore_eos=True))]
+
+
+@pytest.fixture(scope="session")
+def default_mode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    from tests.fixtures.engine_models import build_llama_dir
+    from vllm_doctor.compat.llm import execution_mode, shutdown, start_engine
+
+    saved = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    model = build_llama_dir(tmp_path_factory.mktemp("default-mode") / "llama", ["LlamaForCausalLM"],
+                            {"num_hidden_layers": LAYERS})
+    llm = start_engine(str(model), max_model_len=256, kv_cache_memory_bytes=64 * 2**20)  # vLLM's default mode
+    try:
+        import vllm_doctor
+        from vllm_doctor.compat import worker as wv
+        from vllm_doctor.compat.llm import EngineHandle
+
+        base = _generate(llm)
+        with vllm_doctor.attach(llm, sample_every=1, probe=False) as doc:
+            t = time.perf_counter()
+            during = _generate(llm)
+            wall = time.perf_counter() - t
+            wrappers = EngineHandle(llm).rpc("doctor_status")[0]["data"]["layer_wrappers"]
+        after = _generate(llm)
+        worker = llm.llm_engine.model_executor.driver_worker.worker
+        left = sum(1 for _, impl in wv.attention_impls(worker) if {"forward", "do_kv_cache_update"} & set(vars(impl)))
+        yield Run(base, during, after, wall, doc.report(), execution_mode(llm), wrappers, left)
+    finally:
+        shutdown(llm)
+        if saved is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = saved
+
+
+def test_the_engine_runs_compiled(default_mode: Run) -> None:
+    assert default_mode.mode["enforce_eager"] is False and default_mode.mode["compilation_mode"] != "NONE"
+    compile_state = default_mode.report.facts["engine"]["compile"]
+    assert compile_state["compiled"] and not compile_state["eager"], compile_state
+
+
+def test_outputs_are_bit_identical_with_and_without_the_doctor_in_default_mode(default_mode: Run) -> None:
+    assert default_mode.base == default_mode.during == default_mode.after
+    assert all(len(t) == MAX_TOKENS for t in default_mode.base)
+
+
+def test_forward_and_per_layer_times_in_default_mode(default_mode: Run) -> None:
+    profile = default_mode.report.profiles["engine"]
+    assert profile["layers_on"] is True and profile["layers_reason"].startswith("compiled mode: timed at the attention")
+    steps = profile["steps"]
+    assert steps and all(s["sampled"] and s["forward_s"] and 0 < s["forward_s"] <= s["step_s"] for s in steps)
+    assert all(s["layers_timed"] for s in steps)
+    for phase in ("prefill", "decode"):
+        assert profile["phases"][phase]["forward_s_mean"] > 0 and 0 < profile["phases"][phase]["forward_share"] <= 1
+    layers = profile["layers"]
+    assert layers["timed_fraction"] >= 0.9
+    assert [b["layer"] for b in layers["by_layer"]] == list(range(LAYERS))
+    assert all(b["kinds"]["attention"] > 0 and b["kinds"]["dense"] > 0 for b in layers["by_layer"])
+    assert {"embedding", "attention", "dense", "logits"} <= set(layers["by_kind"])
+    # the steps on the wall clock fit in the workload's wall time (steps of one engine do not overlap)
+    assert profile["clock"] == "wall_clock" and sum(s["step_s"] for s in steps) <= default_mode.wall_s
+
+
+def test_no_rate_above_a_peak_and_none_claimed_on_cpu(default_mode: Run) -> None:
+    roof = default_mode.report.profiles["engine"]["roofline"]
+    assert roof["available"] and not roof.get("above_peak")
+    for phase in roof["phases"].values():
+        assert phase["bytes_per_s"] > 0 and phase["bandwidth_share"] is None  # a CPU's peak is unknown
+
+
+def test_detach_takes_the_attention_wrappers_off(default_mode: Run) -> None:
+    assert default_mode.layer_wrappers >= LAYERS  # each layer's attention (and KV write) calls were wrapped
+    assert default_mode.left_on_impls == 0

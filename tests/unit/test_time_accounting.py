@@ -1,0 +1,59 @@
+"""Every time names its clock, and the steps' sum is checked against the workload's wall time."""
+
+from __future__ import annotations
+
+from vllm_doctor.analysis.engine import phase_summary, time_accounting
+from vllm_doctor.facts.steps import StepTable
+from vllm_doctor.live.sources import model_summary
+from vllm_doctor.report.html import phases_table
+from vllm_doctor.report.profile import accounting_text, render_profile
+from vllm_doctor.tui.panels import model_panel
+from vllm_doctor.units import clock_name
+
+# the H200 run of bench/bench_clock.py (Llama-3-8B shape, default mode): 1 prefill + 255 decode steps
+H200 = {"prefill": {"steps": 1, "step_s_mean": 0.36522}, "decode": {"steps": 255, "step_s_mean": 0.00745}}
+
+
+def test_steps_that_fit_in_the_wall_time_leave_the_rest_to_the_engines_host() -> None:
+    acc = time_accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 2.358})
+    assert acc is not None and not acc["above_wall"]
+    assert abs(acc["steps_s"] - (0.36522 + 255 * 0.00745)) < 1e-9 and 0.9 < acc["share"] < 1.0
+    text = accounting_text(acc)
+    assert text.startswith("steps add up to 2.26 s on the device clock = 96% of the workload's 2.36 s wall time")
+    assert "ran outside any step" in text
+
+
+def test_steps_longer_than_the_workload_are_a_doctor_bug() -> None:
+    """The old host-time-as-step clock could not have failed this way; a device clock that double
+    counts (overlapping steps) would: the check says so instead of printing the number."""
+    acc = time_accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 1.5})
+    assert acc is not None and acc["above_wall"]
+    assert "DOCTOR BUG" in accounting_text(acc)
+    assert time_accounting({"phases": H200}, None) is None and time_accounting({"phases": {}}, {"wall_s": 1}) is None
+
+
+def test_the_forward_share_is_of_the_steps_it_was_timed_on() -> None:
+    """Forward times exist on sampled steps only: a sample's forward is compared with that
+    sample's step, not with the mean of every step (eager samples carry more instrumentation)."""
+    steps = [{"phase": "decode", "decode_tokens": 1, "total_tokens": 1, "decode_reqs": 1, "step_s": s, "forward_s": f}
+             for s, f in ((0.030, 0.027), (0.010, None), (0.010, None), (0.030, 0.027))]
+    decode = phase_summary(StepTable.of({"steps": steps}))["decode"]
+    assert decode["forward_s_mean"] > decode["step_s_mean"]  # what confused readers
+    assert abs(decode["forward_share"] - 0.9) < 1e-9
+
+
+def test_reports_and_top_name_the_clock() -> None:
+    profile = {"clock": "cuda_events", "layers_on": True, "steps": [{}],
+               "phases": {"decode": {"steps": 255, "tokens": 32640, "mean_batch": 128.0, "step_s_mean": 0.00745,
+                                     "step_s_p50": 0.0074, "step_s_p90": 0.0076, "forward_s_mean": 0.0072,
+                                     "forward_share": 0.97, "tokens_per_s": 17181.0}},
+               "time_accounting": time_accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 2.358})}
+    text = render_profile(profile)
+    assert "times on the device clock (CUDA events)" in text.splitlines()[0]
+    assert "forward 7.20 ms (97% of its steps)" in text and "  time          steps add up to" in text
+    assert "device clock (CUDA events)" in phases_table(profile, None)
+    assert clock_name("wall_clock") == "wall clock (on CPU the host is the device)"
+    model = model_summary({"profiles": {"engine": {**profile, "available": True}}})
+    assert model["clock"] == "cuda_events"
+    panel = model_panel(type("F", (), {"model": model})(), 60).plain  # type: ignore[arg-type]
+    assert "times on the device clock (CUDA events)" in panel and "p50 step 7.40 ms" in panel
