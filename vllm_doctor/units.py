@@ -63,7 +63,7 @@ def clip(text: str, limit: int) -> str:
 # the profiler's clocks (``profile["clock"]``) in words: every time a report shows names one
 CLOCK_NAMES = {
     "cuda_events": "device clock (CUDA events)",
-    "wall_clock": "wall clock (on CPU the host is the device)",
+    "wall_clock": "wall clock (the CPU is the device)",
 }
 
 

@@ -49,10 +49,10 @@ def test_reports_and_top_name_the_clock() -> None:
                                      "forward_share": 0.97, "tokens_per_s": 17181.0}},
                "time_accounting": time_accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 2.358})}
     text = render_profile(profile)
-    assert "times on the device clock (CUDA events)" in text.splitlines()[0]
+    assert text.splitlines()[0] == "forward profile: times on the device clock (CUDA events), per-layer on"
     assert "forward 7.20 ms (97% of its steps)" in text and "  time          steps add up to" in text
     assert "device clock (CUDA events)" in phases_table(profile, None)
-    assert clock_name("wall_clock") == "wall clock (on CPU the host is the device)"
+    assert clock_name("wall_clock") == "wall clock (the CPU is the device)"
     model = model_summary({"profiles": {"engine": {**profile, "available": True}}})
     assert model["clock"] == "cuda_events"
     panel = model_panel(type("F", (), {"model": model})(), 60).plain  # type: ignore[arg-type]

@@ -166,7 +166,10 @@ class WorkerSession:
                 self.layers_on = True
                 self.profiler.layers_enabled = True
                 every = self.profiler.sample_every
-                self.layers_reason = "eager mode: every timed module is timed on " + (
+                why = "eager mode" if state["enforce_eager"] else (
+                    "vLLM runs this model uncompiled (no @support_torch_compile on its classes), eager"
+                )
+                self.layers_reason = why + ": every timed module is timed on " + (
                     "every step"
                     if every == 1
                     else f"the first {SAMPLE_WARMUP_STEPS} steps of each phase, then every {every}-th"

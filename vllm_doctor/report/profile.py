@@ -77,8 +77,8 @@ def render_profile(profile: dict[str, Any], workload: dict[str, Any] | None = No
     if not profile or not profile.get("steps"):
         return "forward profile: no steps recorded"
     lines = [
-        f"forward profile (step, forward and layer times on the {clock_name(profile.get('clock'))}; "
-        f"per-layer: {'on' if profile.get('layers_on') else 'off'})"
+        f"forward profile: times on the {clock_name(profile.get('clock'))}, "
+        f"per-layer {'on' if profile.get('layers_on') else 'off'}"
     ]
     if profile.get("layers_reason"):
         lines.append(f"  {profile['layers_reason']}")
