@@ -166,13 +166,19 @@ class WorkerSession:
                 self.layers_on = True
                 self.profiler.layers_enabled = True
                 every = self.profiler.sample_every
-                why = "eager mode" if state["enforce_eager"] else (
-                    "vLLM runs this model uncompiled (no @support_torch_compile on its classes), eager"
+                why = (
+                    "eager mode"
+                    if state["enforce_eager"]
+                    else ("vLLM runs this model uncompiled (no @support_torch_compile on its classes), eager")
                 )
-                self.layers_reason = why + ": every timed module is timed on " + (
-                    "every step"
-                    if every == 1
-                    else f"the first {SAMPLE_WARMUP_STEPS} steps of each phase, then every {every}-th"
+                self.layers_reason = (
+                    why
+                    + ": every timed module is timed on "
+                    + (
+                        "every step"
+                        if every == 1
+                        else f"the first {SAMPLE_WARMUP_STEPS} steps of each phase, then every {every}-th"
+                    )
                 )
             else:
                 self._layer_wrappers = self._boundary_wrappers()
