@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import sys
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
@@ -159,15 +160,14 @@ def perf_anatomy(model: nn.Module, hf_config: Any, dtype: Any, source: str) -> P
         except (OSError, TypeError) as exc:
             text, error = None, f"{type(exc).__name__}: {exc}"
         if text is not None:
-            findings.extend(
-                scan_class(
-                    text,
-                    owner.__name__,
-                    filename=file or "",
-                    containers=containers.get(owner, set()),
-                    projections=large_attrs.get(owner, set()),
-                )
+            found = scan_class(
+                text,
+                owner.__name__,
+                filename=file or "",
+                containers=containers.get(owner, set()),
+                projections=large_attrs.get(owner, set()),
             )
+            findings.extend(replace(f, cls=qualname(owner)) for f in found)  # the class's full name
         model_classes.append(ModelClass(qualname(owner), file, len(names), names[0], error))
     return PerfAnatomy(
         root_class=qualname(model),
