@@ -4,12 +4,15 @@ put a measured cost on the Python loop (VD604). One real engine (eager: the prob
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import doctor_json, make_examples
+from tests.conftest import REPO, doctor_json, make_examples, variant_env
 
 pytest.importorskip("vllm")
 
@@ -39,3 +42,26 @@ def test_the_op_probe_counts_the_loops_ops_in_the_probed_step(slow: tuple[Path, 
     assert f"aten ops per TinyDoctorAttention call in one {measured['step']} step" in loop["message"]
     counts = report["facts"]["perf"]["op_counts"]
     assert counts["tiny_doctor_slow_port.model.TinyDoctorAttention"] == measured["aten_ops"]
+
+
+def _greedy(examples: Path, name: str) -> list[dict[str, Any]]:
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "fixtures" / "greedy_tokens.py"), str(examples / name / "model")],
+        env=variant_env(examples, name),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("TOKENS ")]
+    assert lines, proc.stderr[-3000:]
+    return json.loads(lines[-1][len("TOKENS ") :])
+
+
+def test_the_slow_port_is_correct_the_same_greedy_tokens_as_the_working_example(tmp_path: Path) -> None:
+    """Its findings are about speed only: vLLM's default mode gives both the same tokens."""
+    examples = make_examples(tmp_path, "ok", "slow-port")
+    ok, slow = _greedy(examples, "ok"), _greedy(examples, "slow-port")
+    assert [s["tokens"] for s in slow] == [s["tokens"] for s in ok]
+    # bf16 GEMMs of torch.nn.Linear and of vLLM's layers round differently
+    worst = max(abs(a - b) for x, y in zip(ok, slow, strict=True) for a, b in zip(x["logprobs"], y["logprobs"], strict=True))
+    assert worst < 0.1

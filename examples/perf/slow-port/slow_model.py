@@ -59,13 +59,13 @@ class TinyDoctorAttention(nn.Module):
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, heads: int) -> torch.Tensor:
         """Rotary (the rotate-half layout Llama uses), one head at a time."""
         freqs = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]
-        cos, sin = freqs.cos().to(x.dtype), freqs.sin().to(x.dtype)
+        cos, sin = freqs.cos(), freqs.sin()
         x = x.view(x.shape[0], heads, self.head_dim)
         half = self.head_dim // 2
         rotated = []
         for h in range(heads):
-            x1, x2 = x[:, h, :half], x[:, h, half:]
-            rotated.append(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1))
+            x1, x2 = x[:, h, :half].float(), x[:, h, half:].float()
+            rotated.append(torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(x.dtype))
         return torch.stack(rotated, dim=1).reshape(x.shape[0], heads * self.head_dim)
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -84,9 +84,17 @@ class TinyDoctorDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        hidden_states = hidden_states + self.self_attn(positions, self.input_layernorm(hidden_states))
-        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
 
 
 class TinyDoctorModel(nn.Module):
@@ -110,9 +118,11 @@ class TinyDoctorModel(nn.Module):
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         hidden_states = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+        residual = None
         for layer in self.layers:
-            hidden_states = layer(positions, hidden_states)
-        return self.norm(hidden_states)
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
 
 
 class TinyDoctorForCausalLM(nn.Module):
