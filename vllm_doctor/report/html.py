@@ -13,7 +13,7 @@ from typing import Any
 
 from vllm_doctor.analysis.roofline import fmt_rate, fmt_si_bytes
 from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
-from vllm_doctor.report.profile import accounting_text
+from vllm_doctor.report.profile import accounting_text, execution_text
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
 COLORS = {
@@ -445,9 +445,9 @@ def twin_section(twin: dict[str, Any] | None) -> str:
     match = twin.get("match") or {}
     arch = escape(str(twin.get("architecture")))
     execution = twin.get("execution") or {}
-    compiled = twin.get("compiled") or {}
     notes = "".join(f'<p class="note">{escape(str(n))}</p>' for n in match.get("notes") or [])
     gap = twin.get("largest_gap") or {}
+    gap_class = "bad" if (gap.get("excess_s") or 0) > 0 else "ok"
     phase_rows = [
         (f"{ph} step", p.get("port_step_s"), p.get("twin_step_s"), fmt_ratio(p.get("step_ratio")))
         for ph, p in (twin.get("phases") or {}).items()
@@ -473,15 +473,14 @@ def twin_section(twin: dict[str, Any] | None) -> str:
     weights = "the same weights" if match.get("weights") == "same" else "random weights on both (load_format=dummy)"
 
     def side(who: str) -> str:
-        mode = escape(str((execution.get(who) or {}).get("compilation_mode")))
-        return f"{'compiled' if compiled.get(who) else 'uncompiled'} (compilation mode {mode})"
+        return escape(execution_text(execution.get(who)))
 
     return (
         head + f"<p>vLLM's <code>{arch}</code> ({how}; {weights}), same workload, same mode. Port: {side('port')}, "
         f"twin: {side('twin')}. Throughput (output tokens, whole workload): port {_num(twin.get('port_tok_s'))}, "
         f"twin {_num(twin.get('twin_tok_s'))} tok/s, twin/port = {fmt_ratio(twin.get('throughput_ratio'))}.</p>"
         + notes
-        + (f'<p class="bad">largest gap: {escape(str(gap["text"]))}</p>' if gap.get("text") else "")
+        + (f'<p class="{gap_class}">largest gap: {escape(str(gap["text"]))}</p>' if gap.get("text") else "")
         + "<table><tr><th>phase</th><th>port step</th><th>twin step</th><th>port/twin</th><th>port tok/s</th>"
         f"<th>twin tok/s</th><th>twin/port</th><th>roofline</th></tr>{table}</table>"
         + (_pair_rows(phase_rows) if phase_rows else "")

@@ -218,7 +218,7 @@ def render_roofline(profile: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _execution(state: dict[str, Any] | None) -> str:
+def execution_text(state: dict[str, Any] | None) -> str:
     """How vLLM ran a side: ``compiled (torch.compile, CUDA graphs)`` / ``uncompiled``."""
     if not state:
         return "?"
@@ -248,7 +248,9 @@ def render_twin(twin: dict[str, Any] | None) -> str:
     ]
     lines += [f"  note          {n}" for n in match.get("notes") or []]
     execution = twin.get("execution") or {}
-    lines.append(f"  execution     port {_execution(execution.get('port'))}, twin {_execution(execution.get('twin'))}")
+    lines.append(
+        f"  execution     port {execution_text(execution.get('port'))}, twin {execution_text(execution.get('twin'))}"
+    )
     ratio = twin.get("throughput_ratio")
     lines.append(
         f"  throughput    port {_tok(twin.get('port_tok_s'))} tok/s, twin {_tok(twin.get('twin_tok_s'))} tok/s "

@@ -182,7 +182,10 @@ def profile_with_twin(
     try:
         say(f"twin A/B: run 2 of 2: vLLM's {arch} from {twin_dir} (same sizes, same workload, same mode)")
         twin_log = str(Path(log_dir) / "twin") if log_dir is not None else None
-        twin_report = diagnose_engine(twin_dir, options, progress=_prefixed(progress, "twin"), log_dir=twin_log)
+        twin_options = options
+        if options.deep_dir:  # the twin's torch profiler traces beside the port's, not among them
+            twin_options = replace(options, deep_dir=str(Path(options.deep_dir).parent / "twin" / "torch"))
+        twin_report = diagnose_engine(twin_dir, twin_options, progress=_prefixed(progress, "twin"), log_dir=twin_log)
     finally:
         tempdirs.remove(twin_dir)
     why = _ran(twin_report)
