@@ -320,6 +320,7 @@ def test_an_uncompiled_port_against_a_compiled_twin_compares_the_decoder_and_the
     twin = _engine({"prefill": 0.01, "decode": 0.01}, COMPILED_KINDS, {"prefill": 0.009, "decode": 0.008})
     ab = compare_runs(_side(port, 100.0, False), _side(twin, 400.0, True), "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []})
     assert ab["compiled"] == {"port": False, "twin": True}
+    assert ab["cuda_graphs"] == {"port": False, "twin": True}
     assert list(ab["kinds"]) == ["decoder", "logits"]
     # the decoder is the timed steps' forward on both sides
     assert ab["kinds"]["decoder"]["phases"]["decode"]["port_s"] == pytest.approx(0.035)
@@ -416,3 +417,13 @@ def test_the_html_section_draws_side_by_side_bars_offline() -> None:
     assert section.count('fill="#e15759"') == section.count('fill="#4e79a7"') >= 4  # a port bar beside each twin bar
     assert "decode decoder stack 4.38x slower than vLLM&#x27;s LlamaForCausalLM" in section
     assert "<script" not in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_cuda_graphs_of_an_uncompiled_port_do_not_count_as_compiled() -> None:
+    # on a GPU vLLM captures FULL CUDA graphs of a model without @support_torch_compile
+    port = _side(_engine({"prefill": 0.01, "decode": 0.01}, COMPILED_KINDS, {"prefill": 0.009, "decode": 0.009}), 400.0, False)
+    port["compile"]["cudagraphs"] = True
+    twin = _side(_engine({"prefill": 0.01, "decode": 0.01}, COMPILED_KINDS, {"prefill": 0.009, "decode": 0.009}), 400.0, True)
+    ab = compare_runs(port, twin, "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []})
+    assert (ab["compiled"], ab["cuda_graphs"]) == ({"port": False, "twin": True}, {"port": True, "twin": True})
+    assert "  execution     port uncompiled (in CUDA graphs), twin compiled (torch.compile, CUDA graphs)" in render_twin(ab).splitlines()

@@ -192,10 +192,17 @@ def roofline_entry(engine: Mapping[str, Any], phase: str) -> dict[str, Any] | No
 
 
 def _compiled(compile_state: Mapping[str, Any] | None) -> bool | None:
-    """Did vLLM compile the model (torch.compile of a module; CUDA graphs count too)?"""
+    """Did vLLM torch.compile the model (a module with ``@support_torch_compile``)?"""
     if not compile_state:
         return None
-    return bool(compile_state.get("compiled_modules")) or bool(compile_state.get("cudagraphs"))
+    return bool(compile_state.get("compiled_modules"))
+
+
+def _cuda_graphs(compile_state: Mapping[str, Any] | None) -> bool | None:
+    """Did vLLM capture CUDA graphs (it does for an uncompiled model too: FULL graphs)?"""
+    if not compile_state:
+        return None
+    return bool(compile_state.get("cudagraphs"))
 
 
 def phase_table(port: Mapping[str, Any], twin: Mapping[str, Any]) -> dict[str, Any]:
@@ -287,6 +294,7 @@ def compare_runs(
         "architecture": architecture,
         "match": dict(match),
         "compiled": {"port": _compiled(port.get("compile")), "twin": _compiled(twin.get("compile"))},
+        "cuda_graphs": {"port": _cuda_graphs(port.get("compile")), "twin": _cuda_graphs(twin.get("compile"))},
         "execution": {"port": port.get("compile"), "twin": twin.get("compile")},
         "clock": {"port": pe.get("clock"), "twin": te.get("clock")},
         "workload": {k: pw.get(k) for k in ("prompts", "input_len", "output_len")},

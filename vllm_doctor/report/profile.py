@@ -219,15 +219,14 @@ def render_roofline(profile: dict[str, Any]) -> str:
 
 
 def execution_text(state: dict[str, Any] | None) -> str:
-    """How vLLM ran a side: ``compiled (torch.compile, CUDA graphs)`` / ``uncompiled``."""
+    """How vLLM ran a side: ``compiled (torch.compile, CUDA graphs)``, ``uncompiled (in CUDA graphs)``
+    (vLLM captures FULL graphs of a model it does not compile), ``uncompiled``."""
     if not state:
         return "?"
-    parts = [
-        p
-        for p, on in (("torch.compile", state.get("compiled_modules")), ("CUDA graphs", state.get("cudagraphs")))
-        if on
-    ]
-    return f"compiled ({', '.join(parts)})" if parts else "uncompiled"
+    graphs = bool(state.get("cudagraphs"))
+    if state.get("compiled_modules"):
+        return "compiled (torch.compile" + (", CUDA graphs)" if graphs else ")")
+    return "uncompiled (in CUDA graphs)" if graphs else "uncompiled"
 
 
 def render_twin(twin: dict[str, Any] | None) -> str:
@@ -269,12 +268,13 @@ def render_twin(twin: dict[str, Any] | None) -> str:
     kinds = twin.get("kinds") or {}
     if kinds:
         lines.append(f"  by kind       port vs twin per step timed per layer; {twin.get('kinds_basis')}")
+        width = max(14, *(len(kind_label(kind)) + 1 for kind in kinds))
         for kind, k in kinds.items():
             per = "; ".join(
                 f"{b} {fmt_s(e.get('port_s'))} vs {fmt_s(e.get('twin_s'))} = {fmt_ratio(e.get('ratio'))}"
                 for b, e in (k.get("phases") or {}).items()
             )
-            lines.append(f"    {kind_label(kind):<14}{per}")
+            lines.append(f"    {kind_label(kind):<{width}}{per}")
     for text in twin.get("not_separable") or []:
         lines.append(f"  not separable {text}")
     gap = twin.get("largest_gap") or {}
