@@ -326,8 +326,8 @@ def test_an_uncompiled_port_against_a_compiled_twin_compares_the_decoder_and_the
     assert ab["kinds"]["decoder"]["phases"]["decode"]["port_s"] == pytest.approx(0.035)
     assert ab["kinds"]["decoder"]["phases"]["decode"]["twin_s"] == pytest.approx(0.008)
     (why,) = ab["not_separable"]
-    assert why.startswith("attention, mlp, norms, rotary, embedding: the port is timed per module (uncompiled), the twin at "
-                          "its attention calls (compiled)")
+    assert why.startswith("attention, mlp, norms, rotary, embedding: the port is timed per module (run eagerly), the twin at "
+                          "its attention calls (torch.compile or CUDA graphs)")
     assert ab["largest_gap"]["kind"] == "decoder" and ab["largest_gap"]["phase"] == "decode"
     assert roofline_text("decode", ab["phases"]["decode"]) == "port: decode 1 TB/s; twin: 1 TB/s (peak unknown)"
 
@@ -337,7 +337,7 @@ def test_both_compiled_compare_attention_ops_and_the_dense_spans() -> None:
     ab = compare_runs(_side(port, 400.0, True), _side(port, 400.0, True), "Qwen2ForCausalLM", {"how": "forced", "weights": "dummy", "notes": []})
     assert list(ab["kinds"]) == ["embedding", "attention", "dense", "other", "logits"]
     assert all(k["ratio"] == pytest.approx(1.0) for k in ab["kinds"].values() if k["twin_s"] > 0)
-    assert ab["not_separable"][0].startswith("mlp, norms: inside the compiled span")
+    assert ab["not_separable"][0].startswith("mlp, norms: inside the span between two attention ops")
     assert ab["largest_gap"]["text"] == ("no gap: the port is as fast as vLLM's Qwen2ForCausalLM or faster in every phase "
                                          "and kind compared")
 
