@@ -2,7 +2,8 @@
 
     python examples/make_examples.py OUT [--only NAME ...] [--ports]
 
-(--ports adds the broken ports of pytest_for_model_authors/ports; --only may name them too.)
+(--ports adds the broken ports of pytest_for_model_authors/ports, --perf the slow ports of perf/;
+--only may name them too.)
 
 For each variant NAME this writes
 
@@ -41,6 +42,8 @@ BASE_PACKAGE = "tiny_doctor_model"
 BROKEN_DIR = EXAMPLES_DIR / "broken"
 # broken ports: load and run in vLLM, compute something else (the pytest plugin's parity example)
 PORTS_DIR = EXAMPLES_DIR / "pytest_for_model_authors" / "ports"
+# slow ports: correct, and slower than they should be (the performance lint, `profile --twin`)
+PERF_DIR = EXAMPLES_DIR / "perf"
 ENGINE_MODES = ("inprocess", "multiprocess", "script")
 SEED = 0
 
@@ -77,8 +80,15 @@ def port_names() -> list[str]:
     return sorted(p.name for p in PORTS_DIR.iterdir() if (p / "variant.py").is_file())
 
 
+def perf_names() -> list[str]:
+    """The slow ports (built only with --perf or --only NAME)."""
+    return sorted(p.name for p in PERF_DIR.iterdir() if (p / "variant.py").is_file())
+
+
 def source_dir_of(name: str) -> Path:
-    return PORTS_DIR / name if name in port_names() else BROKEN_DIR / name
+    if name in port_names():
+        return PORTS_DIR / name
+    return PERF_DIR / name if name in perf_names() else BROKEN_DIR / name
 
 
 def package_name(variant: str) -> str:
@@ -294,6 +304,8 @@ def build_variant(
         }
         if hasattr(spec, "EXPECT_FIRST_DIVERGENT_LAYER"):
             meta["expect_first_divergent_layer"] = spec.EXPECT_FIRST_DIVERGENT_LAYER
+        if hasattr(spec, "EXPECT_PERF_CODES"):
+            meta["expect_perf_codes"] = list(spec.EXPECT_PERF_CODES)
     apply(ctx)
 
     (ctx.model_dir / "config.json").write_text(json.dumps(ctx.config, indent=2, sort_keys=True))
@@ -311,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("out", type=Path, help="output directory")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="build only these variants (or ports)")
     parser.add_argument("--ports", action="store_true", help="also build the broken ports of " + str(PORTS_DIR.name))
+    parser.add_argument("--perf", action="store_true", help="also build the slow ports of examples/perf")
     parser.add_argument(
         "--variants-dir",
         type=Path,
@@ -323,9 +336,9 @@ def main(argv: list[str] | None = None) -> int:
 
     dirs = [BROKEN_DIR, *args.variants_dir]
     sources = variant_sources(dirs)
-    names = variant_names(dirs) + (port_names() if args.ports else [])
+    names = variant_names(dirs) + (port_names() if args.ports else []) + (perf_names() if args.perf else [])
     if args.only:
-        names = variant_names(dirs) + port_names()
+        names = variant_names(dirs) + port_names() + perf_names()
         unknown = sorted(set(args.only) - set(names))
         if unknown:
             parser.error(f"unknown variant(s) {unknown}; known: {names}")

@@ -201,7 +201,7 @@ def test_package_root_is_lazy() -> None:
 
 
 # the worker-side records of facts/: the worker imports them (compat.worker_facts builds them)
-WIRE_RECORDS = ("wire", "anatomy", "placement", "kv", "memory")
+WIRE_RECORDS = ("wire", "anatomy", "placement", "kv", "memory", "perf")
 # the engine stage's check modules, one per topic (attention: VD208, the model's contract seen in the engine)
 ENGINE_CHECK_MODULES = {
     "startup": "start-up",

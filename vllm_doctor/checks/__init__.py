@@ -1,6 +1,7 @@
 """The check catalogue. Families are imported explicitly so the order is stable.
 
-Static stage: ``registry``, ``contract``, ``weights``. Engine stage, one module per topic:
+Static stage: ``registry``, ``contract``, ``weights``, ``perf`` (the performance lint, also run on
+the engine stage's worker facts). Engine stage, one module per topic:
 ``startup``, ``placement``, ``probe``, ``ranks``, ``kv_cache``, ``memory``, ``attention`` and
 ``doctor`` (their shared gates and helpers: ``engine_base``).
 """
@@ -11,6 +12,7 @@ from vllm_doctor.checks import (  # noqa: F401  (registers checks)
     doctor,
     kv_cache,
     memory,
+    perf,
     placement,
     probe,
     ranks,

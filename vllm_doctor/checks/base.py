@@ -47,6 +47,7 @@ TOPICS: dict[str, str] = {
     "probe": "what the forward pass does op by op: devices, host syncs",
     "kv-cache": "the KV cache's size, spec and pressure",
     "memory": "where a worker's memory goes",
+    "performance": "why the model is slower than it should be: fusion, vLLM's layers, compilation, Python loops",
     "doctor": "the doctor's own passes and hooks",
 }
 

@@ -618,6 +618,16 @@ def _meta_load(request: dict[str, Any], tmp: str, new_ledger: NewLedger) -> dict
     except BaseException as exc:
         return fail("build", exc)
     t = lap("build_s", t)
+    try:  # the performance lint's view of the built tree (VD6xx); its failure is not the model's
+        from vllm_doctor.compat.common import hf_text_config
+        from vllm_doctor.compat.perf import perf_anatomy
+
+        result["perf"] = perf_anatomy(
+            model, hf_text_config(model_config), model_config.dtype, "meta-device build"
+        ).to_wire()
+    except Exception as exc:
+        result["perf_error"] = f"reading the module tree failed: {_exc_summary(exc)}"
+    t = lap("perf_s", t)
     result["stage"] = "load"
     if not callable(getattr(model, "load_weights", None)):
         result["error"] = {

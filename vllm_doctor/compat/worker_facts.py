@@ -133,6 +133,19 @@ def anatomy(worker: Any) -> dict[str, Any]:
     return Anatomy(wv.identity(worker), wv.compile_record(worker)).to_wire()
 
 
+def perf(worker: Any) -> dict[str, Any]:
+    """``doctor_perf``: the performance lint's view of the worker's model (VD6xx)."""
+    from vllm_doctor.compat.common import hf_text_config
+    from vllm_doctor.compat.perf import perf_anatomy
+
+    model = wv.model(worker)
+    if model is None:
+        raise RuntimeError("the worker has no model loaded yet")
+    model_config = wv.sub_config(worker, "model_config")
+    hf = hf_text_config(model_config) if model_config is not None else None
+    return perf_anatomy(model, hf, getattr(model_config, "dtype", None), "engine worker").to_wire()
+
+
 def placement(worker: Any) -> dict[str, Any]:
     """VD401/VD402/VD405/VD406 facts: where each parameter and buffer lives, and what the worker is."""
     return placement_record(worker).to_wire()

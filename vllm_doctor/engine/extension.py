@@ -60,6 +60,7 @@ TIMED_RPCS = frozenset(
     {
         "doctor_ping",
         "doctor_anatomy",
+        "doctor_perf",
         "doctor_placement",
         "doctor_kv",
         "doctor_memory",
@@ -106,6 +107,19 @@ class DoctorWorkerExtension:
         from vllm_doctor.compat.worker_facts import anatomy
 
         return _envelope(self, "doctor_anatomy", lambda: anatomy(self))
+
+    def doctor_perf(self) -> dict[str, Any]:
+        """The model's module tree as the performance lint reads it (once: the tree does not change)."""
+        from vllm_doctor.compat.worker_facts import perf
+
+        def read() -> dict[str, Any]:
+            cached = getattr(self, "_doctor_perf", None)
+            if cached is None:
+                cached = perf(self)
+                self._doctor_perf = cached
+            return cached
+
+        return _envelope(self, "doctor_perf", read)
 
     def doctor_placement(self) -> dict[str, Any]:
         from vllm_doctor.compat.worker_facts import placement

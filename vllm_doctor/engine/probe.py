@@ -72,12 +72,16 @@ class ProbeRecorder:
         self.events: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.steps_probed: list[dict[str, Any]] = []
         self._classes: dict[str, tuple[str, bool]] = {}
+        self._fullnames: dict[str, str] = {}  # module path -> module.QualName of its class
+        # probed step's phase -> class -> aten ops run directly in that class's forward (not in its children)
+        self.op_counts: dict[str, dict[str, int]] = {}
         self._handles: list[Any] = []
 
     # -- module path ---------------------------------------------------------------------
     def install_hooks(self) -> None:
         for name, mod in self.model.named_modules():
             self._classes[name] = (type(mod).__qualname__, type(mod).__module__.startswith("vllm."))
+            self._fullnames[name] = f"{type(mod).__module__}.{type(mod).__qualname__}"
             self._handles.append(mod.register_forward_pre_hook(self._pusher(name)))
             self._handles.append(mod.register_forward_hook(self._popper(name), always_call=True))
 
@@ -98,6 +102,14 @@ class ProbeRecorder:
                 self.stack.pop()
 
         return post_hook
+
+    def count_op(self) -> None:
+        """One aten op in the current module (the op counts VD604 quotes)."""
+        module = self.stack[-1] if self.stack else ""
+        cls = self._fullnames.get(module, self._fullnames.get("", "<model>"))
+        phase = str(self.steps_probed[-1].get("phase")) if self.steps_probed else "step"
+        per_class = self.op_counts.setdefault(phase, {})
+        per_class[cls] = per_class.get(cls, 0) + 1
 
     # -- events --------------------------------------------------------------------------
     def record(self, kind: str, op: str, detail: dict[str, Any] | None = None) -> None:
@@ -126,6 +138,7 @@ class ProbeRecorder:
             "worker_device": str(self.device),
             "steps": list(self.steps_probed),
             "events": list(self.events.values()),
+            "op_counts": {phase: dict(counts) for phase, counts in self.op_counts.items()},
         }
 
 
@@ -155,6 +168,7 @@ class _DispatchWatch(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        self.rec.count_op()
         base = func.overloadpacket.__name__ if hasattr(func, "overloadpacket") else str(func)
         op = str(func)
         dev = self.rec.device

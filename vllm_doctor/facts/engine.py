@@ -18,10 +18,11 @@ from typing import Any, TypeVar
 from vllm_doctor.facts.anatomy import Anatomy
 from vllm_doctor.facts.kv import KvCache
 from vllm_doctor.facts.memory import MemoryFacts
+from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.placement import Placement
 from vllm_doctor.facts.steps import StepTable
 
-PARTS = ("anatomy", "placement", "kv", "memory", "profile")
+PARTS = ("anatomy", "placement", "kv", "memory", "perf", "profile")
 R = TypeVar("R")
 
 # the parts read into a record (the profile is read into its StepTable by WorkerFacts.steps)
@@ -30,6 +31,7 @@ DECODERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "placement": Placement.from_wire,
     "kv": KvCache.from_wire,
     "memory": MemoryFacts.from_wire,
+    "perf": PerfAnatomy.from_wire,
 }
 
 
@@ -104,6 +106,21 @@ class WorkerFacts:
         """``doctor_memory``'s record; None when the worker did not answer it."""
         return self._record("memory", MemoryFacts)
 
+    @property
+    def perf(self) -> PerfAnatomy | None:
+        """``doctor_perf``'s record (the performance lint's view of the model), with the op probe's
+        per-class op counts of its decode step (else its first probed step) when the probe ran."""
+        record = self._record("perf", PerfAnatomy)
+        if record is None:
+            return None
+        counts = ((self.parts.get("profile") or {}).get("probe") or {}).get("op_counts")
+        if isinstance(counts, dict) and counts:
+            phase = "decode" if "decode" in counts else next(iter(counts))
+            per_class = counts.get(phase)
+            if isinstance(per_class, dict):
+                return record.with_op_counts({str(k): v for k, v in per_class.items() if isinstance(v, int)}, phase)
+        return record
+
     def steps(self) -> StepTable:
         """The profile's step records (:class:`StepTable`), read once per profile reply."""
         profile = self.parts.get("profile") or {}
@@ -132,6 +149,22 @@ class EngineFacts:
     diagnosis: EngineFacts | None = None
     # each parameter's shape when built at tensor-parallel size 1 (the weights pass, `check --engine`)
     reference_shapes: dict[str, list[int]] | None = None
+
+    # the A/B against the in-tree twin (``profile --twin``): report.profiles["twin"], for VD6xx
+    twin: dict[str, Any] | None = None
+
+    @property
+    def perf(self) -> PerfAnatomy | None:
+        """The first worker's module tree for the performance lint (every rank builds the same classes)."""
+        return next((w.perf for w in self.workers if w.perf is not None), None)
+
+    @property
+    def perf_error(self) -> str | None:
+        """Why no worker sent its module tree."""
+        if not self.started:
+            return "the engine did not start"
+        errors = self.errors_for("perf")
+        return f"{errors[0][1].get('type')}: {errors[0][1].get('message')}" if errors else None
 
     def errors_for(self, part: str) -> list[tuple[WorkerFacts, dict[str, Any]]]:
         return [(w, w.errors[part]) for w in self.workers if part in w.errors]

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.facts.checkpoint import CheckpointFacts
+from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.plugins import PluginInfo
 
 TRANSFORMERS_BACKEND_PACKAGE = "vllm.model_executor.models."
@@ -53,6 +54,10 @@ class Facts:
     weight_load: dict[str, Any] | None = None
     weight_load_error: str | None = None
     weight_load_seconds: float | None = None
+    # the performance lint's view of the meta-device build (VD6xx), or why there is none
+    perf: PerfAnatomy | None = None
+    perf_error: str | None = None
+    twin: dict[str, Any] | None = None  # never set in the static stage: the A/B runs engines
     # passes that ran and did not complete (time-out, crash, no vLLM): {"pass", "error"}; VD100
     pass_failures: list[dict[str, str]] = field(default_factory=list)
 

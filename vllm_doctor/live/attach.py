@@ -24,6 +24,7 @@ from typing import Any
 
 from vllm_doctor.analysis.engine import anatomy, summarize
 from vllm_doctor.checks import reads_startup_error, run_checks, select_codes
+from vllm_doctor.checks.perf import perf_codes
 from vllm_doctor.compat import nvml
 from vllm_doctor.compat.http import HttpEngineHandle
 from vllm_doctor.compat.llm import EngineHandle, ExtensionMissing, engine_kwargs
@@ -45,6 +46,7 @@ PART_METHODS = {
     "placement": "doctor_placement",
     "kv": "doctor_kv",
     "memory": "doctor_memory",
+    "perf": "doctor_perf",
     "profile": "doctor_collect",
 }
 
@@ -233,6 +235,10 @@ def build_engine_report(
     # the checks that read vLLM's start-up error itself read this engine's facts; the others its workers'
     findings = run_checks(facts, [c for c in codes if reads_startup_error(c)])
     findings += run_checks(checked, [c for c in codes if not reads_startup_error(c)])
+    # the performance lint on the worker's real model (its static run reads the meta-device build)
+    if checked.perf is not None:
+        findings += run_checks(checked, perf_codes(select, ignore))
+        report.facts["perf"] = checked.perf.to_wire()
     report.findings = sorted(findings, key=lambda f: (f.code, f.subject))
     report.environment = environment.collect()
     report.facts["engine"] = anatomy(facts)

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from vllm_doctor.checks.perf import perf_codes
 from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
 from vllm_doctor.facts.engine import EngineFacts, facts_from_dict, facts_to_dict
 from vllm_doctor.model import Finding, Outcome, Report
@@ -415,4 +416,10 @@ def diagnose_engine(
         if result.deep:
             report.profiles["torch_profiler"] = result.deep
         report.timings.update({k if k.startswith("engine") else f"engine_{k}": v for k, v in result.timings.items()})
-    return static.merge(report) if static is not None else report
+    if static is None:
+        return report
+    # the performance lint ran on the worker's real model: its findings replace the meta-device build's
+    lint = set(perf_codes())
+    engine_perf = {f.code for f in report.findings if f.code in lint and f.outcome is not Outcome.SKIP}
+    static.findings = [f for f in static.findings if f.code not in engine_perf]
+    return static.merge(report)

@@ -171,6 +171,8 @@ def diagnose(model: str, options: CheckOptions | None = None, progress: Progress
         "import_pass": _import_summary(facts),
         "weights": weights_report(facts),
     }
+    if facts.perf is not None:  # the performance lint's module tree (a later A/B re-runs VD6xx on it)
+        report.facts["perf"] = facts.perf.to_wire()
     return report
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from vllm_doctor.checks.base import codes_for, informative_line, needs_import
 from vllm_doctor.checks.weights import config_size_problems
 from vllm_doctor.facts.checkpoint import OUTSIDE_KINDS
+from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Stage
 from vllm_doctor.probes.safetensors_header import read_checkpoint
@@ -25,6 +26,8 @@ from vllm_doctor.stages.child import ChildJob
 # carries the tensor-parallel size it checks); those that wait for the meta-device load need it
 WEIGHT_CODES = codes_for("weights", "ranks", stage=Stage.STATIC)
 LOAD_CODES = tuple(code for code in codes_for("weights") if needs_import(code))
+# the performance lint reads the same meta-device build's module tree
+PERF_CODES = codes_for("performance", stage=Stage.STATIC)
 
 
 def size_block(config: dict[str, Any]) -> str | None:
@@ -46,10 +49,10 @@ def start_weights_pass(
     codes = set(codes)
     facts.tensor_parallel_size = int(getattr(options, "tensor_parallel_size", 1) or 1)
     facts.pipeline_parallel_size = int(getattr(options, "pipeline_parallel_size", 1) or 1)
-    if not codes & set(WEIGHT_CODES):
+    if not codes & {*WEIGHT_CODES, *PERF_CODES}:
         return None
     facts.checkpoint = read_checkpoint(facts.model_dir)
-    if not codes & set(LOAD_CODES):
+    if not codes & {*LOAD_CODES, *PERF_CODES}:
         return None
     if getattr(options, "fast", False):
         facts.weight_load_error = "skipped by --fast (the weights pass imports vLLM)"
@@ -102,6 +105,10 @@ def finish_weights_pass(facts: Facts, job: ChildJob | None) -> None:
     facts.weight_load_seconds = round(res.seconds, 3)
     if res.ok:
         facts.weight_load = res.data
+        if isinstance(res.data.get("perf"), dict):
+            facts.perf = PerfAnatomy.from_wire(res.data["perf"])
+        else:
+            facts.perf_error = res.data.get("perf_error")
         err = res.data.get("error")
         if err:
             stage = {

@@ -1,0 +1,551 @@
+"""VD6xx: why is my port slow? The performance lint over the model's module tree and source.
+
+Static where possible: the weights pass builds the model on the meta device and reads its module
+tree and the source of its classes (:mod:`vllm_doctor.compat.perf`); the engine stage reads the
+same off the worker's real model and adds what it measured (the op probe's per-class op counts;
+the A/B against the in-tree twin, ``profile --twin``), which each finding then carries as its
+measured cost. Facts: :class:`vllm_doctor.facts.perf.PerfAnatomy` as ``facts.perf``, the A/B as
+``facts.twin`` (``report.profiles["twin"]``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from vllm_doctor.checks.base import CATALOGUE, Emit, check, codes_for, gate, run_checks, select_codes
+from vllm_doctor.facts.perf import PerfAnatomy, Projection
+from vllm_doctor.model import Finding, Report, Severity, Stage
+
+# sibling projections vLLM's own decoders run as one GEMM: (names, the vLLM layer, its usual name, kind)
+FUSABLE: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
+    (("q_proj", "k_proj", "v_proj"), "QKVParallelLinear", "qkv_proj", "attention"),
+    (("wq", "wk", "wv"), "QKVParallelLinear", "qkv_proj", "attention"),
+    (("query", "key", "value"), "QKVParallelLinear", "qkv_proj", "attention"),
+    (("q", "k", "v"), "QKVParallelLinear", "qkv_proj", "attention"),
+    (("gate_proj", "up_proj"), "MergedColumnParallelLinear", "gate_up_proj", "mlp"),
+    (("w1", "w3"), "MergedColumnParallelLinear", "gate_up_proj", "mlp"),
+)
+ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "dense", "wo", "w2", "fc2", "c_proj")
+ATTENTION_NAMES = (
+    "attn",
+    "attention",
+    "q_",
+    "k_",
+    "v_",
+    "qkv",
+    "o_proj",
+    "wq",
+    "wk",
+    "wv",
+    "wo",
+    "query",
+    "key",
+    "value",
+)
+_INDEX = re.compile(r"\.(\d+)(?=\.|$)")
+REF_LLAMA = "vllm/model_executor/models/llama.py"
+
+
+def pattern(name: str) -> str:
+    """``model.layers.3.self_attn`` -> ``model.layers.*.self_attn``: one subject for every layer."""
+    return _INDEX.sub(".*", name)
+
+
+def _grouped(names: Iterable[str]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for name in names:
+        out.setdefault(pattern(name), []).append(name)
+    return out
+
+
+def _times(n: int) -> str:
+    return "" if n <= 1 else f" (x{n} layers)"
+
+
+def kind_of(name: str) -> str:
+    """The layer kind a module's time is counted under in the A/B (``profiles["twin"]["kinds"]``)."""
+    leaf = name.rpartition(".")[2].lower()
+    path = name.lower()
+    if "lm_head" in path or "logits" in path:
+        return "logits"
+    if "embed" in leaf or "wte" in leaf:
+        return "embedding"
+    if "rotary" in path or "rope" in path:
+        return "rotary"
+    if "norm" in leaf:
+        return "norms"
+    if any(part in path for part in ("attn", "attention")) or leaf.startswith(ATTENTION_NAMES):
+        return "attention"
+    return "mlp"
+
+
+def _twin(facts: Any) -> dict[str, Any] | None:
+    twin = getattr(facts, "twin", None)
+    return twin if isinstance(twin, dict) and twin.get("architecture") and not twin.get("none") else None
+
+
+def _kind_cost(facts: Any, kind: str) -> str:
+    """`` measured: decode MLP 2.4x vLLM's LlamaForCausalLM`` from the A/B, or ""."""
+    twin = _twin(facts)
+    if twin is None:
+        return ""
+    kinds = twin.get("kinds") or {}
+    entry = next((v for k, v in kinds.items() if str(k).lower() == kind.lower()), None)
+    ratio = entry.get("ratio") if isinstance(entry, dict) else None
+    if not isinstance(ratio, (int, float)) or ratio <= 0:
+        return ""
+    return f"; measured: {kind} time {ratio:.2f}x vLLM's {twin['architecture']} (profile --twin)"
+
+
+def _kind_evidence(facts: Any, kind: str) -> dict[str, Any]:
+    twin = _twin(facts)
+    kinds = (twin or {}).get("kinds") or {}
+    entry = next((v for k, v in kinds.items() if str(k).lower() == kind.lower()), None)
+    return (
+        {"measured": {"kind": kind, **entry, "twin": (twin or {}).get("architecture")}}
+        if isinstance(entry, dict)
+        else {}
+    )
+
+
+@gate("perf", after_import=True)
+def _perf_read(facts: Any, emit: Emit) -> Finding | None:
+    """The model's module tree was read (the weights pass's meta-device build, or a worker)."""
+    if getattr(facts, "perf", None) is None:
+        why = getattr(facts, "perf_error", None) or getattr(facts, "weight_load_error", None)
+        return emit.skip(f"the model's module tree was not read: {why or 'the model was not built'}")
+    return None
+
+
+def _anatomy(facts: Any) -> PerfAnatomy:
+    perf = facts.perf
+    assert isinstance(perf, PerfAnatomy)
+    return perf
+
+
+def fusable_groups(perf: PerfAnatomy) -> list[tuple[str, tuple[Projection, ...], str, str, str]]:
+    """(parent module, the separate projections, vLLM's fused layer, its name, kind) for each
+    module whose children are projections vLLM's decoders fuse, fed the same input size."""
+    by_parent: dict[str, dict[str, Projection]] = {}
+    for p in perf.projections:
+        if p.linear:
+            by_parent.setdefault(p.parent, {})[p.leaf] = p
+    out = []
+    for parent, children in by_parent.items():
+        for names, layer, fused, kind in FUSABLE:
+            if all(n in children for n in names):
+                group = tuple(children[n] for n in names)
+                if len({g.in_features for g in group}) == 1:
+                    out.append((parent, group, layer, fused, kind))
+    return out
+
+
+@check(
+    "VD601",
+    "unfused-projections",
+    "The model runs as separate GEMMs projections that vLLM's own decoders fuse (q/k/v, gate/up).",
+    severity=Severity.WARN,
+    stage=Stage.STATIC,
+    topic="performance",
+    what=(
+        "vLLM's Llama-family decoders compute q, k and v with one `QKVParallelLinear` (`qkv_proj`) and gate and up "
+        "with one `MergedColumnParallelLinear` (`gate_up_proj`): two GEMMs per layer where a port with separate "
+        "modules runs five, each reading the same activations again."
+    ),
+    why=(
+        "At decode the batch is small and each projection is a separate weight read and kernel launch; three or "
+        "two small GEMMs are slower than one of their combined width, on every device. The fused layers also shard "
+        "correctly under tensor parallelism and take vLLM's quantization methods."
+    ),
+    example="self.q_proj = nn.Linear(h, q); self.k_proj = nn.Linear(h, kv); self.v_proj = nn.Linear(h, kv)",
+    fix=(
+        "self.qkv_proj = QKVParallelLinear(h, head_dim, num_heads, num_kv_heads, prefix=f'{prefix}.qkv_proj'); "
+        "map q_proj/k_proj/v_proj onto it in load_weights with shard ids 'q', 'k', 'v' (vLLM's llama.py "
+        "stacked_params_mapping); the same for gate_proj/up_proj -> gate_up_proj with shard ids 0 and 1"
+    ),
+    references=(REF_LLAMA, "vllm/model_executor/layers/linear.py:QKVParallelLinear"),
+    requires=("perf",),
+)
+def check_unfused(facts: Any, emit: Emit) -> Iterable[Finding]:
+    perf = _anatomy(facts)
+    groups = fusable_groups(perf)
+    if not groups:
+        yield emit.ok("no projections that vLLM fuses run separately")
+        return
+    seen: dict[tuple[str, str], list[tuple[str, tuple[Projection, ...], str, str, str]]] = {}
+    for g in groups:
+        seen.setdefault((pattern(g[0]), g[2]), []).append(g)
+    for (parent, layer), gs in seen.items():
+        _, group, _, fused, kind = gs[0]
+        names = ", ".join(p.leaf for p in group)
+        yield emit.warn(
+            f"{parent} runs {names} as {len(group)} separate GEMMs{_times(len(gs))}; vLLM's own decoders run "
+            f"them as one {layer} ({fused}){_kind_cost(facts, kind)}",
+            subject=parent,
+            evidence={
+                "modules": [p.name for p in group],
+                "classes": sorted({p.cls for p in group}),
+                "layers": len(gs),
+                "fused_layer": layer,
+                **_kind_evidence(facts, kind),
+            },
+            hint=f"one {layer} named {fused} in {parent}; load the separate checkpoint tensors into it by shard id "
+            "in load_weights (see vLLM's llama.py stacked_params_mapping)",
+        )
+
+
+def _vllm_layer_for(p: Projection) -> str:
+    if p.kind == "plain-embedding":
+        return "VocabParallelEmbedding"
+    if "lm_head" in p.name:
+        return "ParallelLMHead"
+    if p.leaf in ROW_PARALLEL:
+        return "RowParallelLinear"
+    return "ColumnParallelLinear (or the fused QKVParallelLinear / MergedColumnParallelLinear)"
+
+
+def plain_layers(perf: PerfAnatomy) -> list[Projection]:
+    """Plain ``torch.nn.Linear`` projections of at least a quarter of the hidden size on both sides
+    (a router gate of a few outputs is replicated in vLLM too), and plain ``nn.Embedding``s of
+    the vocabulary."""
+    hidden = perf.hidden_size or 0
+    big = max(1, hidden // 4)
+    out = []
+    for p in perf.projections:
+        if p.kind == "plain-linear" and (p.in_features or 0) >= big and (p.out_features or 0) >= big:
+            out.append(p)
+        elif p.kind == "plain-embedding" and perf.vocab_size is not None and p.in_features == perf.vocab_size:
+            out.append(p)
+    return out
+
+
+@check(
+    "VD602",
+    "plain-torch-layers",
+    "Large projections or the token embedding are plain `torch.nn.Linear` / `nn.Embedding`, not vLLM's layers.",
+    severity=Severity.WARN,
+    stage=Stage.STATIC,
+    topic="performance",
+    what=(
+        "vLLM's linear and embedding layers (`ColumnParallelLinear`, `RowParallelLinear`, `QKVParallelLinear`, "
+        "`VocabParallelEmbedding`, `ParallelLMHead`) shard their weights over tensor-parallel ranks, carry a "
+        "quantization method and dispatch the GEMM to vLLM's kernels. A plain `torch.nn.Linear` does none of this."
+    ),
+    why=(
+        "Under tensor parallelism every rank holds and computes the whole plain layer; a quantized checkpoint "
+        "cannot load into it; and it never uses vLLM's GEMM dispatch (custom ops, fused epilogues)."
+    ),
+    example="self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)",
+    fix="self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=False, prefix=f'{prefix}.down_proj')",
+    references=(
+        REF_LLAMA,
+        "vllm/model_executor/layers/linear.py",
+        "vllm/model_executor/layers/vocab_parallel_embedding.py",
+    ),
+    requires=("perf",),
+)
+def check_plain_layers(facts: Any, emit: Emit) -> Iterable[Finding]:
+    perf = _anatomy(facts)
+    plain = plain_layers(perf)
+    if not plain:
+        yield emit.ok("every large projection and the token embedding are vLLM layers")
+        return
+    by_parent: dict[str, list[Projection]] = {}
+    for p in plain:
+        by_parent.setdefault(pattern(p.parent), []).append(p)
+    for parent, members in by_parent.items():
+        leaves: dict[str, Projection] = {}
+        for p in members:
+            leaves.setdefault(p.leaf, p)
+        layers = len(members) // max(1, len(leaves))
+        listed = ", ".join(f"{leaf} ({p.in_features} -> {p.out_features})" for leaf, p in leaves.items())
+        torch_cls = sorted(
+            {"torch.nn.Embedding" if p.kind == "plain-embedding" else "torch.nn.Linear" for p in members}
+        )
+        use = sorted({f"{leaf}: {_vllm_layer_for(p).split(' ')[0]}" for leaf, p in leaves.items()})
+        kinds = sorted({kind_of(p.name) for p in members})
+        cost = "".join(_kind_cost(facts, k) for k in kinds)
+        subject = parent or "(root)"
+        yield emit.warn(
+            f"{subject}: {listed} {'is' if len(leaves) == 1 else 'are'} plain {' / '.join(torch_cls)}"
+            f"{_times(layers)}: no tensor-parallel sharding, no quantization method, no vLLM GEMM dispatch{cost}",
+            subject=subject,
+            evidence={
+                "modules": [p.name for p in members],
+                "classes": sorted({p.cls for p in members}),
+                "vllm_layers": use,
+                **{k: v for kind in kinds for k, v in _kind_evidence(facts, kind).items()},
+            },
+            hint="use vLLM's layers (" + "; ".join(use) + "; q/k/v and gate/up fused, see VD601)"
+            if any(p.linear for p in members)
+            else "use vLLM's layers (" + "; ".join(use) + ")",
+        )
+
+
+def _phase_costs(twin: dict[str, Any]) -> str:
+    parts = []
+    for phase in ("prefill", "decode", "mixed"):
+        entry = (twin.get("phases") or {}).get(phase)
+        ratio = entry.get("step_ratio") if isinstance(entry, dict) else None
+        if isinstance(ratio, (int, float)) and ratio > 0:
+            parts.append(f"{phase} step {ratio:.2f}x")
+    return ", ".join(parts)
+
+
+@check(
+    "VD603",
+    "not-compiled",
+    "No class of the model has `@support_torch_compile`: vLLM runs it uncompiled in its default mode.",
+    severity=Severity.WARN,
+    stage=Stage.STATIC,
+    topic="performance",
+    what=(
+        "vLLM compiles a model with torch.compile (and, on GPUs, captures its pieces as CUDA graphs) only when one "
+        "of its classes carries `@support_torch_compile` (vLLM's decoders put it on the inner model, e.g. "
+        "`LlamaModel`). Without it vLLM says nothing and runs the model eagerly while in-tree models compile."
+    ),
+    why=(
+        "Uncompiled, every op is a separate kernel launch from Python (no fusion of norms, activations and "
+        "residual adds); at decode the step is host-bound."
+    ),
+    example="class MyModel(nn.Module):  # no decorator\n    def forward(self, input_ids, positions, ...): ...",
+    fix=(
+        "from vllm.compilation.decorators import support_torch_compile\n\n"
+        "@support_torch_compile\nclass MyModel(nn.Module): ..."
+        "  # forward(input_ids, positions, intermediate_tensors, inputs_embeds) with tensors only"
+    ),
+    references=("vllm/compilation/decorators.py:support_torch_compile", REF_LLAMA),
+    requires=("perf",),
+)
+def check_compiled(facts: Any, emit: Emit) -> Iterable[Finding]:
+    perf = _anatomy(facts)
+    if perf.compiled:
+        yield emit.ok(
+            f"vLLM compiles {', '.join(perf.compiled_modules[:3]) or 'the root model'} (@support_torch_compile)"
+        )
+        return
+    measured = ""
+    evidence: dict[str, Any] = {"root_class": perf.root_class}
+    twin = _twin(facts)
+    if twin is not None and (twin.get("compiled") or {}).get("twin"):
+        costs = _phase_costs(twin)
+        if costs:
+            measured = f"; measured against vLLM's {twin['architecture']} (compiled), same workload: {costs}"
+            evidence["measured"] = {"twin": twin["architecture"], "phases": twin.get("phases")}
+    yield emit.warn(
+        f"no class of {perf.root_class.rpartition('.')[2]} has @support_torch_compile: vLLM runs it uncompiled "
+        f"in its default mode while its in-tree decoders compile{measured}",
+        subject=perf.root_class,
+        evidence=evidence,
+        hint="decorate the inner model class (the one that runs the decoder layers) with @support_torch_compile",
+    )
+
+
+def _cls_short(qualname: str) -> str:
+    return qualname.rpartition(".")[2]
+
+
+def _op_cost(perf: PerfAnatomy, cls: str) -> tuple[str, dict[str, Any]]:
+    count = perf.op_counts.get(cls)
+    instances = next((c.instances for c in perf.model_classes if c.cls == cls), 0)
+    if not count or not instances:
+        return "", {}
+    per_call = count / instances
+    step = perf.op_count_step or "probed"
+    return (
+        f"; measured: the op probe counted {per_call:.0f} aten ops per {_cls_short(cls)} call in one {step} step",
+        {"measured": {"aten_ops": count, "instances": instances, "per_call": round(per_call, 1), "step": step}},
+    )
+
+
+def _short_file(path: str) -> str:
+    parts = path.replace("\\", "/").split("/")
+    return "/".join(parts[-2:]) if len(parts) > 1 else path
+
+
+@check(
+    "VD604",
+    "python-loop-in-forward",
+    "The forward path loops in Python over heads, tokens or sequences.",
+    severity=Severity.WARN,
+    stage=Stage.STATIC,
+    topic="performance",
+    what=(
+        "A Python `for` loop (or comprehension) over attention heads, tokens or sequences runs one small op per "
+        "iteration. vLLM's layers batch the same work into one kernel (rotary over all heads, attention over all "
+        "sequences); loops over the model's own module list (`for layer in self.layers`) are not meant."
+    ),
+    why=(
+        "Each iteration is a kernel launch and a Python round trip: the step's time grows with the number of heads "
+        "or sequences, the GPU idles between launches, and torch.compile unrolls or breaks on the loop."
+    ),
+    example="for h in range(self.num_heads):\n    out.append(rotate(q[:, h], cos, sin))",
+    fix="work on all heads at once (q.view(T, heads, head_dim)), or use vLLM's layer: get_rope(...) for rotary",
+    references=("vllm/model_executor/layers/rotary_embedding",),
+    requires=("perf",),
+)
+def check_python_loops(facts: Any, emit: Emit) -> Iterable[Finding]:
+    perf = _anatomy(facts)
+    loops = [f for f in perf.source_findings if f.kind == "loop"]
+    if not loops:
+        yield emit.ok(
+            f"no Python loop over heads, tokens or sequences on the forward path of {len(perf.model_classes)} class(es)"
+        )
+        return
+    for f in loops:
+        cost, evidence = _op_cost(perf, f.cls)
+        yield emit.warn(
+            f"{_cls_short(f.cls)}.{f.function} loops over {f.detail} in Python ({_short_file(f.file)}:{f.line}: "
+            f"{f.code}){cost}",
+            subject=f"{f.file}:{f.line}",
+            evidence={"class": f.cls, "function": f.function, "over": f.detail, "code": f.code, **evidence},
+            hint="batch the loop into one tensor op over all "
+            + (f.detail if f.detail != "slices of a tensor" else "slices")
+            + (" (vLLM's get_rope applies rotary to every head at once)" if f.detail == "heads" else ""),
+        )
+
+
+@check(
+    "VD605",
+    "float32-island",
+    "A bf16/fp16 model computes a large projection or a matmul in float32.",
+    severity=Severity.WARN,
+    stage=Stage.STATIC,
+    topic="performance",
+    what=(
+        "In a model that runs in bfloat16 or float16, a projection whose weight is float32, or whose input is cast "
+        "with `.float()` / `.to(torch.float32)`, runs that GEMM in float32 (norms and softmax upcasting their "
+        "reductions are not meant)."
+    ),
+    why=(
+        "A float32 GEMM reads twice the bytes of a bf16 one and does not use the tensor cores' bf16 rate; the casts "
+        "cost a copy each way."
+    ),
+    example="out = self.down_proj(x.float()).to(x.dtype)",
+    fix="keep the projection in the model's dtype; upcast only reductions (norm variance, softmax) if needed",
+    references=(),
+    requires=("perf",),
+)
+def check_float32(facts: Any, emit: Emit) -> Iterable[Finding]:
+    perf = _anatomy(facts)
+    if not perf.low_precision:
+        yield emit.not_applicable(f"the model runs in {perf.dtype or 'an unknown dtype'}, not bfloat16/float16")
+        return
+    hidden = perf.hidden_size or 0
+    big = max(1, hidden // 4)
+    weights = [
+        p
+        for p in perf.projections
+        if p.linear
+        and p.dtype in ("float32", "float64")
+        and (p.in_features or 0) >= big
+        and (p.out_features or 0) >= big
+    ]
+    casts = [f for f in perf.source_findings if f.kind == "float32"]
+    if not weights and not casts:
+        yield emit.ok(f"every large projection runs in {perf.dtype}")
+        return
+    for subject, members in _grouped(p.name for p in weights).items():
+        first = next(p for p in weights if p.name == members[0])
+        yield emit.warn(
+            f"{subject} holds its weight in {first.dtype} inside a {perf.dtype} model{_times(len(members))}: its GEMM "
+            f"runs in {first.dtype}",
+            subject=subject,
+            evidence={"modules": members, "dtype": first.dtype, "model_dtype": perf.dtype},
+            hint=f"build {subject.rpartition('.')[2]} without params_dtype=torch.float32 (or .float()) "
+            "so it takes the model's dtype",
+        )
+    for f in casts:
+        yield emit.warn(
+            f"{_cls_short(f.cls)}.{f.function} casts a GEMM's input to float32 in a {perf.dtype} model "
+            f"({_short_file(f.file)}:{f.line}: {f.code})",
+            subject=f"{f.file}:{f.line}",
+            evidence={"class": f.cls, "function": f.function, "cast": f.detail, "code": f.code},
+            hint=f"drop {f.detail}: the projection runs in the model's dtype",
+        )
+
+
+@check(
+    "VD606",
+    "attention-bypasses-vllm",
+    "The model computes attention itself instead of through vLLM's `Attention` layer.",
+    severity=Severity.WARN,
+    stage=Stage.STATIC,
+    topic="performance",
+    what=(
+        "vLLM's `Attention` layer owns the paged KV cache and calls the attention backend (FlashAttention, "
+        "FlashInfer, the CPU kernels) over every sequence of the batch at once. `scaled_dot_product_attention` or "
+        "flash-attn's functions called by the model see no KV cache and no batch layout."
+    ),
+    why=(
+        "Attention computed by hand recomputes the whole context every step (no KV cache: quadratic in the length) "
+        "or mixes sequences of the batch; vLLM's scheduler cannot size a cache the model does not use."
+    ),
+    example="out = F.scaled_dot_product_attention(q, k, v, is_causal=True)",
+    fix=(
+        "self.attn = Attention(num_heads, head_dim, scale, num_kv_heads=..., cache_config=..., "
+        "prefix=f'{prefix}.attn'); out = self.attn(q, k, v)"
+    ),
+    references=("vllm/model_executor/layers/attention/attention.py",),
+    requires=("perf",),
+)
+def check_attention(facts: Any, emit: Emit) -> Iterable[Finding]:
+    perf = _anatomy(facts)
+    calls = [f for f in perf.source_findings if f.kind == "attention"]
+    for f in calls:
+        yield emit.warn(
+            f"{_cls_short(f.cls)}.{f.function} computes attention with {f.detail} ({_short_file(f.file)}:{f.line}: "
+            f"{f.code}), not vLLM's Attention layer"
+            + ("; the model has no vLLM attention layer at all" if not perf.attention_layers else ""),
+            subject=f"{f.file}:{f.line}",
+            evidence={
+                "class": f.cls,
+                "function": f.function,
+                "call": f.detail,
+                "attention_layers": len(perf.attention_layers),
+            },
+            hint="build vllm's Attention(..., prefix=f'{prefix}.attn') in __init__ and call self.attn(q, k, v)",
+        )
+    if calls:
+        return
+    if not perf.attention_layers and (perf.num_hidden_layers or 0) > 0:
+        yield emit.warn(
+            f"{_cls_short(perf.root_class)} has {perf.num_hidden_layers} decoder layers and no vLLM attention layer: "
+            "vLLM keeps no KV cache for it",
+            subject=perf.root_class,
+            evidence={"num_hidden_layers": perf.num_hidden_layers},
+            hint="build vllm's Attention in each decoder layer's attention module",
+        )
+        return
+    yield emit.ok(f"attention runs through {len(perf.attention_layers)} vLLM attention layer(s)")
+
+
+def perf_codes(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[str]:
+    """The performance lint's codes, narrowed by ``--select`` / ``--ignore`` as every stage's are."""
+    mine = set(codes_for("performance"))
+    return [c for c in select_codes((Stage.STATIC,), select, ignore) if c in mine]
+
+
+class _Measured:
+    """The facts a re-run reads: a report's module tree and its A/B."""
+
+    def __init__(self, perf: PerfAnatomy, twin: dict[str, Any] | None) -> None:
+        self.perf, self.perf_error, self.twin = perf, None, twin
+
+
+def rerun_with_measurements(report: Report) -> None:
+    """Run the performance lint again on ``report.facts["perf"]`` with what was measured since
+    (``report.profiles["twin"]``), replacing its VD6xx findings (in place). A report without a
+    module tree is left as it is."""
+    wire = report.facts.get("perf")
+    if not isinstance(wire, dict):
+        return
+    ran = {f.code for f in report.findings if f.code in CATALOGUE and CATALOGUE[f.code].meta.topic == "performance"}
+    if not ran:
+        return
+    twin = report.profiles.get("twin")
+    fresh = run_checks(_Measured(PerfAnatomy.from_wire(wire), twin if isinstance(twin, dict) else None), sorted(ran))
+    kept = [f for f in report.findings if f.code not in ran]
+    report.findings = sorted(kept + fresh, key=lambda f: (f.code, f.subject))

@@ -1,0 +1,184 @@
+"""The performance anatomy of a built model (VD6xx), read off its module tree.
+
+Runs where the model exists, on any device (the meta device of the weights pass, the engine
+worker's real one): one walk of ``named_modules()`` and, for each model class on it, one read of
+its module's source (:mod:`vllm_doctor.compat.perf_source`). Which vLLM classes count as
+projections, embeddings and attention layers is detected by capability: vLLM's own base classes
+when they import, else by name along the MRO. Nothing here changes the model.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+from typing import Any
+
+from torch import nn
+
+from vllm_doctor.compat.common import qualname
+from vllm_doctor.compat.perf_source import scan_class
+from vllm_doctor.facts.perf import ModelClass, PerfAnatomy, Projection
+
+# module prefixes of library code: the lint reads model classes, not the layers they are built of
+LIBRARY_PREFIXES = (
+    "torch.",
+    "vllm.model_executor.layers.",
+    "vllm.attention.",
+    "vllm.distributed.",
+    "vllm.compilation.",
+    "vllm.lora.",
+    "transformers.",
+)
+MAX_CLASSES = 200  # model classes whose source is read (a model has a handful)
+
+
+def _vllm_base(*candidates: tuple[str, str]) -> tuple[type, ...]:
+    """The vLLM classes among ``(module, name)`` candidates that this vLLM has (none imported
+    fresh: only modules the model's build already loaded)."""
+    found = []
+    for module, name in candidates:
+        mod = sys.modules.get(module)
+        cls = getattr(mod, name, None) if mod is not None else None
+        if isinstance(cls, type):
+            found.append(cls)
+    return tuple(found)
+
+
+def _mro_names(cls: type) -> set[str]:
+    return {c.__name__ for c in cls.__mro__}
+
+
+def _is_vllm(cls: type) -> bool:
+    return cls.__module__.startswith("vllm.")
+
+
+def classify(module: nn.Module) -> str | None:
+    """ "vllm-linear", "plain-linear", "vllm-embedding", "plain-embedding", "attention" or None."""
+    cls = type(module)
+    linear = _vllm_base(("vllm.model_executor.layers.linear", "LinearBase"))
+    embedding = _vllm_base(("vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding"))
+    attention = _vllm_base(
+        ("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
+        ("vllm.attention.layer", "AttentionLayerBase"),
+    )
+    names = _mro_names(cls)
+    if (attention and isinstance(module, attention)) or "AttentionLayerBase" in names:
+        return "attention"
+    if (linear and isinstance(module, linear)) or ("LinearBase" in names and _is_vllm(cls)):
+        return "vllm-linear"
+    if (embedding and isinstance(module, embedding)) or ("VocabParallelEmbedding" in names and _is_vllm(cls)):
+        return "vllm-embedding"
+    if isinstance(module, nn.Linear):
+        return "plain-linear"
+    if isinstance(module, nn.Embedding):
+        return "plain-embedding"
+    return None
+
+
+def _sizes(module: nn.Module, kind: str) -> tuple[int | None, int | None]:
+    if kind == "plain-linear":
+        return _int(getattr(module, "in_features", None)), _int(getattr(module, "out_features", None))
+    if kind == "plain-embedding":
+        return _int(getattr(module, "num_embeddings", None)), _int(getattr(module, "embedding_dim", None))
+    if kind == "vllm-embedding":
+        rows = getattr(module, "org_vocab_size", None) or getattr(module, "num_embeddings", None)
+        return _int(rows), _int(getattr(module, "embedding_dim", None))
+    return _int(getattr(module, "input_size", None)), _int(getattr(module, "output_size", None))
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _weight_dtype(module: nn.Module) -> str | None:
+    weight = module._parameters.get("weight") if hasattr(module, "_parameters") else None
+    return str(weight.dtype).replace("torch.", "") if weight is not None else None
+
+
+def _is_library(cls: type) -> bool:
+    return cls.__module__.startswith(LIBRARY_PREFIXES) or cls.__module__ in ("builtins", "torch")
+
+
+def _containers(module: nn.Module) -> set[str]:
+    return {
+        name
+        for name, child in module._modules.items()
+        if isinstance(child, (nn.ModuleList, nn.ModuleDict, nn.Sequential))
+    }
+
+
+def _defining_class(cls: type) -> type:
+    """The class along the MRO that defines ``forward`` (a subclass may inherit it)."""
+    for base in cls.__mro__:
+        if "forward" in vars(base):
+            return base
+    return cls
+
+
+def perf_anatomy(model: nn.Module, hf_config: Any, dtype: Any, source: str) -> PerfAnatomy:
+    """Walk ``model`` once: projections, embeddings, attention layers, compiled classes, and the
+    forward path of each model class."""
+    hidden = _int(getattr(hf_config, "hidden_size", None))
+    big = max(1, (hidden or 0) // 4)  # a projection of at least a quarter of the hidden size
+    projections: list[Projection] = []
+    attention: list[str] = []
+    compiled: list[str] = []
+    classes: dict[type, list[str]] = {}
+    large_attrs: dict[type, set[str]] = {}
+    containers: dict[type, set[str]] = {}
+    for name, module in model.named_modules():
+        kind = classify(module)
+        if kind == "attention":
+            attention.append(name)
+        elif kind is not None:
+            rows, cols = _sizes(module, kind)
+            projections.append(Projection(name, qualname(module), kind, rows, cols, _weight_dtype(module)))
+        if getattr(module, "do_not_compile", None) is not None:  # set by @support_torch_compile's __init__
+            compiled.append(name)
+        cls = type(module)
+        if kind is None and not _is_library(cls) and not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+            owner = _defining_class(cls)
+            if not _is_library(owner):
+                classes.setdefault(owner, []).append(name)
+                containers.setdefault(owner, set()).update(_containers(module))
+                for child_name, child in module._modules.items():
+                    ckind = classify(child) if child is not None else None
+                    if ckind and ckind.endswith("-linear"):
+                        rows, cols = _sizes(child, ckind)
+                        if (rows or 0) >= big and (cols or 0) >= big:
+                            large_attrs.setdefault(owner, set()).add(child_name)
+    model_classes: list[ModelClass] = []
+    findings = []
+    for owner, names in list(classes.items())[:MAX_CLASSES]:
+        file: str | None = None
+        error: str | None = None
+        try:
+            file = inspect.getsourcefile(owner)
+            mod = sys.modules.get(owner.__module__)
+            text = inspect.getsource(mod) if mod is not None else None
+        except (OSError, TypeError) as exc:
+            text, error = None, f"{type(exc).__name__}: {exc}"
+        if text is not None:
+            findings.extend(
+                scan_class(
+                    text,
+                    owner.__name__,
+                    filename=file or "",
+                    containers=containers.get(owner, set()),
+                    projections=large_attrs.get(owner, set()),
+                )
+            )
+        model_classes.append(ModelClass(qualname(owner), file, len(names), names[0], error))
+    return PerfAnatomy(
+        root_class=qualname(model),
+        dtype=str(dtype).replace("torch.", "") if dtype is not None else None,
+        hidden_size=hidden,
+        vocab_size=_int(getattr(hf_config, "vocab_size", None)),
+        num_hidden_layers=_int(getattr(hf_config, "num_hidden_layers", None)),
+        source=source,
+        projections=tuple(projections),
+        attention_layers=tuple(attention),
+        compiled_modules=tuple(compiled),
+        model_classes=tuple(model_classes),
+        source_findings=tuple(findings),
+    )
