@@ -102,3 +102,9 @@ def test_a_twin_whose_layout_cannot_fit_is_one_line_and_exit_2(twin_run: Run, tm
     errors = [line for line in proc.stderr.splitlines() if "does not fit" in line]
     assert len(errors) == 1 and "Qwen3MoeForCausalLM needs num_experts and moe_intermediate_size" in errors[0], proc.stderr
     assert "engine stage" not in proc.stderr and not (tmp_path / "p" / "report.json").exists()
+
+
+@pytest.mark.skipif(PORT != "slow-port", reason="the slow-port example is not in this tree")
+def test_the_performance_lint_carries_the_measured_cost(twin_run: Run) -> None:
+    (vd603,) = [f for f in twin_run.report["findings"] if f["code"] == "VD603"]
+    assert "measured against vLLM's LlamaForCausalLM (compiled), same workload: prefill step" in vd603["message"]

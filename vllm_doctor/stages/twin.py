@@ -197,5 +197,8 @@ def profile_with_twin(
         }
         return report, twin_report
     report.profiles["twin"] = compare_runs(_side(report), _side(twin_report), arch, info)
+    from vllm_doctor.checks.perf import rerun_with_measurements
+
+    rerun_with_measurements(report)  # the performance lint's findings carry the measured cost
     say(f"twin A/B: {report.profiles['twin']['largest_gap']['text']}")
     return report, twin_report
