@@ -241,9 +241,16 @@ def test_a_forced_architecture_that_does_not_fit_is_an_input_error_before_any_en
         plan_twin(str(port), "Qwen2ForCausalLM")
 
 
-def test_the_cli_exits_2_with_the_one_line_reason(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_exits_2_with_the_one_line_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from vllm_doctor.cli import main
+    from vllm_doctor.stages import engine
 
+    def no_engine(*_args: Any, **_kwargs: Any) -> Any:
+        raise AssertionError("an engine was started for a --twin that cannot fit")
+
+    monkeypatch.setattr(engine, "run_engine_stage", no_engine)
     port = _model_dir(tmp_path)
     assert main(["profile", str(port), "--out", str(tmp_path / "out"), "--twin", "Qwen3MoeForCausalLM", "-q"]) == 2
     err = capsys.readouterr().err
