@@ -12,14 +12,26 @@ so a benchmark of any size needs no checkpoint on disk (nothing can be downloade
         step of a large batch, so a throughput A/B is not swamped by the host's drift
 
 The tokenizer is a 32,000-entry word-level one built with ``tokenizers`` (whitespace split).
+
+``--port`` writes the bundled example port instead (``TinyDoctorForCausalLM``, model_type
+``tiny_doctor``: put ``examples/make_examples.py OUT --only ok``'s OUT/ok/site on PYTHONPATH) with
+a checkpoint of HF Llama tensor names whose data is a hole (a sparse file: the headers are real,
+the bytes are zeros, nothing is written): what ``profile --twin auto`` matches a twin by, loaded
+with ``--engine-arg load_format=dummy`` by both runs.
+
+    python bench/make_bench_model.py /tmp/port-8b --size 8b --port
+    PYTHONPATH=/tmp/ex/ok/site vllm-doctor profile /tmp/port-8b --out prof --twin auto --engine-arg load_format=dummy
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import struct
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -34,7 +46,7 @@ SIZES = {
 }
 
 
-def write(out: Path, size: str) -> Path:
+def write(out: Path, size: str, port: bool = False) -> Path:
     from tests.fixtures.engine_models import write_tokenizer
 
     out.mkdir(parents=True, exist_ok=True)
@@ -51,18 +63,49 @@ def write(out: Path, size: str) -> Path:
         "tie_word_embeddings": False,
         "torch_dtype": "bfloat16",
     }
+    if port:
+        config |= {"architectures": ["TinyDoctorForCausalLM"], "model_type": "tiny_doctor", "dtype": "bfloat16"}
+        write_hole_checkpoint(out / "model.safetensors", config)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     # the words bench_top.py's clients send, then w0, w1, ...
     write_tokenizer(out, VOCAB, ["client", "request", "says", "hello", "the", "a", "of", "and", "to", "in", "is"])
     return out
 
 
+def write_hole_checkpoint(path: Path, config: dict[str, Any]) -> None:
+    """A safetensors file of HF Llama names and shapes (bf16) whose data region is a hole."""
+    h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
+    shapes: dict[str, list[int]] = {"model.embed_tokens.weight": [v, h]}
+    for n in range(config["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": [q, h], p + "self_attn.k_proj.weight": [kv, h],
+            p + "self_attn.v_proj.weight": [kv, h], p + "self_attn.o_proj.weight": [h, q],
+            p + "mlp.gate_proj.weight": [i, h], p + "mlp.up_proj.weight": [i, h], p + "mlp.down_proj.weight": [h, i],
+            p + "input_layernorm.weight": [h], p + "post_attention_layernorm.weight": [h],
+        }  # fmt: skip
+    shapes |= {"model.norm.weight": [h], "lm_head.weight": [v, h]}
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape in shapes.items():
+        n = 2 * math.prod(shape)
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(raw)) + raw)
+        fh.truncate(8 + len(raw) + offset)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path)
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
+    ap.add_argument("--port", action="store_true", help="the example port (TinyDoctorForCausalLM), HF Llama names")
     args = ap.parse_args()
-    print(write(args.out, args.size))
+    print(write(args.out, args.size, args.port))
 
 
 if __name__ == "__main__":

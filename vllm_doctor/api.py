@@ -26,6 +26,7 @@ from vllm_doctor.stages.parity import (
     run_parity,
 )
 from vllm_doctor.stages.static import CheckOptions, caller_registry, diagnose
+from vllm_doctor.stages.twin import profile_with_twin
 
 # static findings that keep the engine stage from starting: an engine assertion fails on them too
 ENGINE_BLOCKING_CODES = tuple(sorted(BLOCKING))
@@ -148,6 +149,7 @@ def profile(
     pipeline_parallel_size: int = 1,
     timeout: float = 600.0,
     progress: Callable[[str], None] | None = None,
+    twin: str | None = None,
 ) -> Report:
     """``vllm-doctor profile`` from Python: a greedy workload of ``prompts`` x ``input_len`` tokens in,
     ``output_len`` out, on a real engine in vLLM's default mode (``eager=True`` to opt out).
@@ -155,6 +157,13 @@ def profile(
     The report holds the findings, ``profiles["engine"]`` (steps, per-layer time, KV usage,
     memory) and ``profiles["workload"]``; with ``out`` it is also written there as report.json,
     report.html and trace.json (atomically), with vLLM's log as engine.log.
+
+    ``twin="auto"`` (or an architecture's name, e.g. ``"LlamaForCausalLM"``) also runs vLLM's
+    in-tree architecture with the model's layout on the same workload in the same mode, after
+    the model, and puts the A/B into ``profiles["twin"]`` (per phase, per layer kind, both
+    rooflines, ``largest_gap``; ``{"none": why}`` when no twin fits); with ``out`` the twin's own
+    reports go to ``out/twin``. A named architecture that does not fit raises
+    :class:`vllm_doctor.DoctorInputError` before any engine starts.
     """
     if min(prompts, input_len, output_len) < 1:
         raise DoctorInputError("prompts, input_len and output_len must be at least 1")
@@ -164,9 +173,16 @@ def profile(
         engine_args=engine_args, tensor_parallel_size=tensor_parallel_size,
         pipeline_parallel_size=pipeline_parallel_size, timeout=timeout, layers=layers, sample_every=sample_every,
     )  # fmt: skip
-    report = diagnose_engine(model, options, progress=progress, log_dir=str(out) if out is not None else None)
+    log_dir = str(out) if out is not None else None
+    twin_report = None
+    if twin is not None:
+        report, twin_report = profile_with_twin(model, options, twin, progress=progress, log_dir=log_dir)
+    else:
+        report = diagnose_engine(model, options, progress=progress, log_dir=log_dir)
     if out is not None:
         write_reports(Path(out), report)
+        if twin_report is not None:
+            write_reports(Path(out) / "twin", twin_report)
     return report
 
 

@@ -47,7 +47,8 @@ def test_only_the_engine_stage_starts_the_engine_child() -> None:
 
 def test_every_front_end_that_starts_an_engine_calls_diagnose_engine() -> None:
     callers = {f for f, _ in calls("diagnose_engine")}
-    assert callers == {"api.py", "cli/check.py", "cli/profile.py"}, callers
+    # stages/twin.py: `profile --twin` runs the port and then its in-tree twin through it, one after the other
+    assert callers == {"api.py", "cli/check.py", "cli/profile.py", "stages/twin.py"}, callers
     # the pytest plugin's engine assertions reach it through the API (check_engine), not on their own
     plugin = (ROOT / "pytest_plugin" / "plugin.py").read_text()
     assert "check_engine(" in plugin and "run_engine_stage" not in plugin and "build_engine_report" not in plugin

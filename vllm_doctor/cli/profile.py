@@ -27,10 +27,24 @@ writes (atomically) into --out DIR:
   trace.json    Chrome / Perfetto trace of steps and layers (ui.perfetto.dev)
   engine.log    everything the engine logged
   torch/        with --deep: vLLM's own torch profiler traces
+  twin/         with --twin: the twin's own report.json, report.html, trace.json and engine.log
+
+--twin auto|ARCH (an A/B against vLLM's in-tree twin of the model):
+  finds the in-tree architecture with the same tensors in the same shapes (auto), from the
+  checkpoint's tensor names and shapes and config.json's sizes (your own model_type, module
+  names and config class are fine), builds it from the same sizes in a temporary directory
+  (removed afterwards) with the same weights (or both runs on load_format=dummy when the tensor
+  names differ), runs both on the same workload in the same mode, one after the other, and
+  reports step-time and throughput ratios per phase, per layer kind, both rooflines and the
+  largest gap (report.json: profiles.twin). Known: LlamaForCausalLM, Qwen2ForCausalLM,
+  Qwen3ForCausalLM, Qwen3MoeForCausalLM (auto) and MistralForCausalLM (forced only). With no
+  fitting twin, auto says why in one line and profiles the model alone; --twin ARCH that does
+  not fit says what disagrees and exits 2 before any engine starts.
 
 examples:
   vllm-doctor profile ./my-model --out prof
   vllm-doctor profile ./my-model --out prof --prompts 16 --input-len 256 --output-len 64 --deep
+  vllm-doctor profile ./my-model --out prof --twin auto
 """
 
 
@@ -53,6 +67,12 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer timing)")
     add_sample_every(p)
+    p.add_argument(
+        "--twin",
+        metavar="auto|ARCH",
+        help="also run vLLM's in-tree architecture with the same layout (auto: found from the checkpoint; ARCH: "
+        "forced, e.g. LlamaForCausalLM) on the same workload and mode, and compare (see below)",
+    )
     p.add_argument("--trust-remote-code", action="store_true")
     add_fail_on(p)
     add_quiet(p)
@@ -61,7 +81,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_doctor.report.profile import render_anatomy, render_profile
+    from vllm_doctor.report.profile import render_anatomy, render_profile, render_twin
     from vllm_doctor.stages.engine import Workload, diagnose_engine
 
     progress = progress_printer(args.quiet)
@@ -73,8 +93,16 @@ def run(args: argparse.Namespace) -> int:
     deep_dir = str((out / "torch").resolve()) if args.deep else None
     progress(f"profile: {args.model} -> {out}")
     options = engine_options(args, workload, deep_dir, layers=not args.no_layers)
-    report = diagnose_engine(args.model, options, progress=progress, log_dir=str(out))
+    twin_report = None
+    if args.twin:
+        from vllm_doctor.stages.twin import profile_with_twin
+
+        report, twin_report = profile_with_twin(args.model, options, args.twin, progress=progress, log_dir=str(out))
+    else:
+        report = diagnose_engine(args.model, options, progress=progress, log_dir=str(out))
     paths = write_reports(out, report)
+    if twin_report is not None:
+        paths += write_reports(out / "twin", twin_report)
     progress("wrote " + ", ".join(str(p) for p in paths))
     anatomy = report.facts.get("engine") or {}
     if anatomy.get("workers"):
@@ -83,5 +111,7 @@ def run(args: argparse.Namespace) -> int:
     failure = report.facts.get("engine_failure")
     if not failure:
         print(render_profile(report.profiles["engine"], report.profiles.get("workload")))
+    if "twin" in report.profiles:
+        print(render_twin(report.profiles["twin"]))
     problems = print_problems(report, args.fail_on)
     return 1 if problems or failure else 0

@@ -12,7 +12,8 @@ from itertools import pairwise
 from typing import Any
 
 from vllm_doctor.analysis.roofline import fmt_rate, fmt_si_bytes
-from vllm_doctor.report.profile import accounting_text
+from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
+from vllm_doctor.report.profile import accounting_text, execution_text
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
 COLORS = {
@@ -30,6 +31,8 @@ COLORS = {
     "kv_cache": "#f28e2b",
     "peak_activations": "#e15759",
     "cuda_graphs": "#76b7b2",
+    "port": "#e15759",
+    "twin": "#4e79a7",
 }
 OUTCOME_CLASS = {
     "fail": "bad",
@@ -409,6 +412,93 @@ def ranks_table(profile: dict[str, Any]) -> str:
     return f'<h2 id="ranks">Per rank</h2><table>{head}{"".join(rows)}</table>{notes}'
 
 
+def _pair_rows(rows: list[tuple[str, float | None, float | None, str]]) -> str:
+    """Side-by-side bars: per row the port's time over the twin's, on one scale per row."""
+    width, label_w, bar_h = 900, 240, 12
+    body: list[str] = []
+    y = 4
+    for label, port_s, twin_s, ratio in rows:
+        top = max(port_s or 0.0, twin_s or 0.0) or 1.0
+        body.append(f'<text x="{label_w - 6}" y="{y + 18}" text-anchor="end" font-size="11">{escape(label)}</text>')
+        for i, (who, v) in enumerate((("port", port_s), ("twin", twin_s))):
+            w = (width - label_w - 200) * (v or 0.0) / top
+            yy = y + i * (bar_h + 2)
+            body.append(
+                f'<rect x="{label_w}" y="{yy}" width="{max(w, 0.5):.1f}" height="{bar_h}" fill="{COLORS[who]}">'
+                f"<title>{escape(label)}, {who}: {fmt_s(v)}</title></rect>"
+                f'<text x="{label_w + w + 4:.1f}" y="{yy + 10}" font-size="10">{who} {fmt_s(v)}'
+                + (f" ({escape(ratio)})" if i == 0 and ratio else "")
+                + "</text>"
+            )
+        y += 2 * bar_h + 12
+    return _svg(width, y + 4, "".join(body), "the port's time beside the twin's")
+
+
+def twin_section(twin: dict[str, Any] | None) -> str:
+    """``profiles["twin"]``: the port against vLLM's in-tree twin, side-by-side bars per phase and
+    per layer kind, the largest gap, what could not be separated; one line when there is no twin."""
+    if not twin:
+        return ""
+    head = '<h2 id="twin">Twin A/B: the port against vLLM\'s in-tree twin</h2>'
+    if twin.get("none"):
+        return head + f'<p class="note">{escape(str(twin["none"]))}</p>'
+    match = twin.get("match") or {}
+    arch = escape(str(twin.get("architecture")))
+    execution = twin.get("execution") or {}
+    notes = "".join(f'<p class="note">{escape(str(n))}</p>' for n in match.get("notes") or [])
+    gap = twin.get("largest_gap") or {}
+    gap_class = "bad" if (gap.get("excess_s") or 0) > 0 else "ok"
+    phase_rows = [
+        (f"{ph} step", p.get("port_step_s"), p.get("twin_step_s"), fmt_ratio(p.get("step_ratio")))
+        for ph, p in (twin.get("phases") or {}).items()
+    ]
+    kind_rows = [
+        (f"{b} {kind_label(kind)}", e.get("port_s"), e.get("twin_s"), fmt_ratio(e.get("ratio")))
+        for kind, k in (twin.get("kinds") or {}).items()
+        for b, e in (k.get("phases") or {}).items()
+    ]
+    table = "".join(
+        f"<tr><td>{escape(ph)}</td><td>{fmt_s(p.get('port_step_s'))}</td><td>{fmt_s(p.get('twin_step_s'))}</td>"
+        f"<td>{fmt_ratio(p.get('step_ratio'))}</td><td>{_num(p.get('port_tok_s'))}</td>"
+        f"<td>{_num(p.get('twin_tok_s'))}</td><td>{fmt_ratio(p.get('throughput_ratio'))}</td>"
+        f"<td>{escape(roofline_text(ph, p))}</td></tr>"
+        for ph, p in (twin.get("phases") or {}).items()
+    )
+    covers = "".join(
+        f"<li><b>{escape(kind_label(kind))}</b>: {escape(str(k.get('covers')))}</li>"
+        for kind, k in (twin.get("kinds") or {}).items()
+    )
+    not_sep = "".join(f"<li>{escape(str(t))}</li>" for t in twin.get("not_separable") or [])
+    how = "found from the checkpoint's layout" if match.get("how") == "auto" else "forced with --twin"
+    weights = "the same weights" if match.get("weights") == "same" else "random weights on both (load_format=dummy)"
+
+    def side(who: str) -> str:
+        return escape(execution_text(execution.get(who)))
+
+    return (
+        head + f"<p>vLLM's <code>{arch}</code> ({how}; {weights}), same workload, same mode. Port: {side('port')}, "
+        f"twin: {side('twin')}. Throughput (output tokens, whole workload): port {_num(twin.get('port_tok_s'))}, "
+        f"twin {_num(twin.get('twin_tok_s'))} tok/s, twin/port = {fmt_ratio(twin.get('throughput_ratio'))}.</p>"
+        + notes
+        + (f'<p class="{gap_class}">largest gap: {escape(str(gap["text"]))}</p>' if gap.get("text") else "")
+        + "<table><tr><th>phase</th><th>port step</th><th>twin step</th><th>port/twin</th><th>port tok/s</th>"
+        f"<th>twin tok/s</th><th>twin/port</th><th>roofline</th></tr>{table}</table>"
+        + (_pair_rows(phase_rows) if phase_rows else "")
+        + _legend(["port", "twin"])
+        + (
+            f'<p class="note">per layer kind, seconds per step timed per layer '
+            f"({escape(str(twin.get('kinds_basis')))})</p>" + _pair_rows(kind_rows) + f"<ul>{covers}</ul>"
+            if kind_rows
+            else ""
+        )
+        + (f'<p class="note">not separable:</p><ul>{not_sep}</ul>' if not_sep else "")
+    )
+
+
+def _num(value: Any) -> str:
+    return f"{float(value):.1f}" if value is not None else "n/a"
+
+
 CPU_BEGIN, CPU_END = "<!-- vllm-doctor:cpu-profile -->", "<!-- /vllm-doctor:cpu-profile -->"
 
 
@@ -485,6 +575,7 @@ def render_html(report: dict[str, Any], cpu_profile: dict[str, Any] | None = Non
         kv_chart(profile.get("kv_usage") or [], profile.get("kv_num_blocks")),
         '<h2 id="memory">Memory breakdown</h2>',
         memory_chart(profile.get("memory") or []),
+        twin_section((report.get("profiles") or {}).get("twin")),
         cpu_profile_section(cpu_profile) if cpu_profile else "",
         '<p class="note">Generated by vllm-doctor. Self-contained: no scripts, fonts or network requests.</p>',
         "</body></html>",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_doctor.analysis.roofline import fmt_rate, phase_text
+from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
 
@@ -215,3 +216,72 @@ def render_roofline(profile: dict[str, Any]) -> str:
     if len(problems) > 4:
         lines.append(f"                ... and {len(problems) - 4} more rate(s) above the peak")
     return "\n".join(lines)
+
+
+def execution_text(state: dict[str, Any] | None) -> str:
+    """How vLLM ran a side: ``compiled (torch.compile, CUDA graphs)``, ``uncompiled (in CUDA graphs)``
+    (vLLM captures FULL graphs of a model it does not compile), ``uncompiled``."""
+    if not state:
+        return "?"
+    graphs = bool(state.get("cudagraphs"))
+    if state.get("compiled_modules"):
+        return "compiled (torch.compile" + (", CUDA graphs)" if graphs else ")")
+    return "uncompiled (in CUDA graphs)" if graphs else "uncompiled"
+
+
+def render_twin(twin: dict[str, Any] | None) -> str:
+    """``profiles["twin"]`` (analysis.twin_compare) in words: the port against vLLM's in-tree twin
+    per phase, per layer kind and the largest gap; one line when there is no twin."""
+    if not twin:
+        return ""
+    arch = twin.get("architecture")
+    if twin.get("none"):
+        head = f"twin A/B: vLLM's {arch}: " if arch else "twin A/B: "
+        return head + str(twin["none"])
+    match = twin.get("match") or {}
+    how = "found from the checkpoint's layout" if match.get("how") == "auto" else "forced with --twin"
+    weights = "the same weights" if match.get("weights") == "same" else "random weights on both (load_format=dummy)"
+    clock = clock_name((twin.get("clock") or {}).get("port"))
+    lines = [
+        f"twin A/B: the port against vLLM's {arch} ({how}; {weights}), same workload, same mode; times on the {clock}"
+    ]
+    lines += [f"  note          {n}" for n in match.get("notes") or []]
+    execution = twin.get("execution") or {}
+    lines.append(
+        f"  execution     port {execution_text(execution.get('port'))}, twin {execution_text(execution.get('twin'))}"
+    )
+    ratio = twin.get("throughput_ratio")
+    lines.append(
+        f"  throughput    port {_tok(twin.get('port_tok_s'))} tok/s, twin {_tok(twin.get('twin_tok_s'))} tok/s "
+        f"(output tokens over the whole workload): twin/port = {fmt_ratio(ratio)}"
+    )
+    for phase, p in (twin.get("phases") or {}).items():
+        lines.append(
+            f"  {phase:<12}  step {fmt_s(p.get('port_step_s'))} vs {fmt_s(p.get('twin_step_s'))} = "
+            f"{fmt_ratio(p.get('step_ratio'))}, forward {fmt_s(p.get('port_forward_s'))} vs "
+            f"{fmt_s(p.get('twin_forward_s'))} = {fmt_ratio(p.get('forward_ratio'))}; "
+            f"{_tok(p.get('port_tok_s'))} vs {_tok(p.get('twin_tok_s'))} tok/s"
+        )
+    roof = [roofline_text(phase, p) for phase, p in (twin.get("phases") or {}).items()]
+    for i, text in enumerate(t for t in roof if t):
+        lines.append(f"  {'roofline' if i == 0 else '':<14}{text}")
+    kinds = twin.get("kinds") or {}
+    if kinds:
+        lines.append(f"  by kind       port vs twin per step timed per layer; {twin.get('kinds_basis')}")
+        width = max(14, *(len(kind_label(kind)) + 1 for kind in kinds))
+        for kind, k in kinds.items():
+            per = "; ".join(
+                f"{b} {fmt_s(e.get('port_s'))} vs {fmt_s(e.get('twin_s'))} = {fmt_ratio(e.get('ratio'))}"
+                for b, e in (k.get("phases") or {}).items()
+            )
+            lines.append(f"    {kind_label(kind):<{width}}{per}")
+    for text in twin.get("not_separable") or []:
+        lines.append(f"  not separable {text}")
+    gap = twin.get("largest_gap") or {}
+    if gap.get("text"):
+        lines.append(f"  largest gap   {gap['text']}")
+    return "\n".join(lines)
+
+
+def _tok(value: Any) -> str:
+    return f"{float(value):.0f}" if value is not None else "n/a"
