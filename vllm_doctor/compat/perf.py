@@ -18,7 +18,7 @@ from torch import nn
 
 from vllm_doctor.compat.common import qualname
 from vllm_doctor.compat.perf_source import scan_class
-from vllm_doctor.facts.perf import ModelClass, PerfAnatomy, Projection
+from vllm_doctor.facts.perf import ModelClass, PerfAnatomy, Projection, SourceFinding
 
 # module prefixes of library code: the lint reads model classes, not the layers they are built of
 LIBRARY_PREFIXES = (
@@ -149,7 +149,7 @@ def perf_anatomy(model: nn.Module, hf_config: Any, dtype: Any, source: str) -> P
                         if (rows or 0) >= big and (cols or 0) >= big:
                             large_attrs.setdefault(owner, set()).add(child_name)
     model_classes: list[ModelClass] = []
-    findings = []
+    findings: list[SourceFinding] = []
     for owner, names in list(classes.items())[:MAX_CLASSES]:
         file: str | None = None
         error: str | None = None
