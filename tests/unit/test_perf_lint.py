@@ -186,7 +186,20 @@ def test_an_uncompiled_model_gets_the_measured_cost_when_the_twin_ran() -> None:
     (measured,) = findings(perf, twin)["VD603"]
     assert "measured against vLLM's LlamaForCausalLM (compiled), same workload: prefill step 2.90x, decode step 2.10x" in measured.message
     mlp = next(f for f in findings(perf, twin)["VD601"] if f.subject.endswith("mlp"))
-    assert "measured: mlp time 3.00x vLLM's LlamaForCausalLM" in mlp.message and mlp.evidence["measured"]["ratio"] == 3.0
+    assert "measured (profile --twin): mlp time 3.00x vLLM's LlamaForCausalLM" in mlp.message
+    assert mlp.evidence["measured"]["ratio"] == 3.0
+
+
+def test_compiled_on_both_sides_the_projections_are_measured_in_the_dense_span_not_the_attention_op() -> None:
+    dense = "between two attention ops: output projection, norms, MLP, next QKV and rotary"
+    twin = {
+        "architecture": "LlamaForCausalLM",
+        "kinds": {"attention": {"covers": "the attention op", "ratio": 0.99}, "dense": {"covers": dense, "ratio": 6.17}},
+    }
+    got = findings(anatomy(slow_layers()), twin)["VD601"]
+    attn = next(f for f in got if f.subject.endswith("self_attn"))
+    assert attn.message.endswith(f"measured (profile --twin): {dense} 6.17x vLLM's LlamaForCausalLM")
+    assert attn.evidence["measured"]["kind"] == "dense"
 
 
 def test_a_loop_carries_the_op_probe_count_per_call() -> None:

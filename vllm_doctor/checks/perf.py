@@ -86,28 +86,53 @@ def _twin(facts: Any) -> dict[str, Any] | None:
     return twin if isinstance(twin, dict) and twin.get("architecture") and not twin.get("none") else None
 
 
-def _kind_cost(facts: Any, kind: str) -> str:
-    """`` measured: decode MLP 2.4x vLLM's LlamaForCausalLM`` from the A/B, or ""."""
-    twin = _twin(facts)
-    if twin is None:
-        return ""
-    kinds = twin.get("kinds") or {}
-    entry = next((v for k, v in kinds.items() if str(k).lower() == kind.lower()), None)
-    ratio = entry.get("ratio") if isinstance(entry, dict) else None
-    if not isinstance(ratio, (int, float)) or ratio <= 0:
-        return ""
-    return f"; measured: {kind} time {ratio:.2f}x vLLM's {twin['architecture']} (profile --twin)"
+# where the A/B counts a module's time, by the module's role: the first kind the comparison has.
+# Eager on both sides the kinds are modules (attention, mlp, norms); compiled or in CUDA graphs the
+# attention op stands alone and the projections, norms and MLP between two of them are one "dense"
+# span; an eager port against a compiled twin compares only the whole decoder.
+MEASURED_AS: dict[str, tuple[str, ...]] = {
+    "attention": ("attention", "decoder"),  # an eager comparison's attention module, projections included
+    "mlp": ("mlp", "dense", "decoder"),
+    "norms": ("norms", "dense", "decoder"),
+    "embedding": ("embedding",),
+    "logits": ("logits",),
+    "rotary": ("rotary", "decoder"),
+}
 
 
-def _kind_evidence(facts: Any, kind: str) -> dict[str, Any]:
+def _measured(facts: Any, role: str) -> tuple[str, dict[str, Any]] | None:
+    """(kind, its A/B entry) where ``role``'s time is counted, or None without an A/B."""
     twin = _twin(facts)
-    kinds = (twin or {}).get("kinds") or {}
-    entry = next((v for k, v in kinds.items() if str(k).lower() == kind.lower()), None)
-    return (
-        {"measured": {"kind": kind, **entry, "twin": (twin or {}).get("architecture")}}
-        if isinstance(entry, dict)
-        else {}
-    )
+    kinds = {str(k).lower(): v for k, v in ((twin or {}).get("kinds") or {}).items() if isinstance(v, dict)}
+    if not kinds:
+        return None
+    order = MEASURED_AS.get(role, (role,))
+    if role == "attention" and "dense" in kinds:  # compiled: the projections are in the dense span
+        order = ("dense", "decoder")
+    for kind in order:
+        entry = kinds.get(kind)
+        if entry is not None and isinstance(entry.get("ratio"), (int, float)) and entry["ratio"] > 0:
+            return kind, entry
+    return None
+
+
+def _kind_cost(facts: Any, role: str) -> str:
+    """`` measured: ... 2.40x vLLM's LlamaForCausalLM (profile --twin)`` from the A/B, or ""."""
+    got = _measured(facts, role)
+    if got is None:
+        return ""
+    kind, entry = got
+    what = entry.get("covers") or f"{kind} time"
+    arch = (_twin(facts) or {}).get("architecture")
+    return f"; measured (profile --twin): {what} {entry['ratio']:.2f}x vLLM's {arch}"
+
+
+def _kind_evidence(facts: Any, role: str) -> dict[str, Any]:
+    got = _measured(facts, role)
+    if got is None:
+        return {}
+    kind, entry = got
+    return {"measured": {"kind": kind, **entry, "twin": (_twin(facts) or {}).get("architecture")}}
 
 
 @gate("perf", after_import=True)

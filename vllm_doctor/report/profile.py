@@ -55,9 +55,14 @@ def render_anatomy(anatomy: dict[str, Any]) -> str:
         + (f" from {model.get('file')}" if model.get("file") else "")
     )
     if comp:
+        if comp.get("eager"):
+            how = "eager"
+        elif comp.get("compiled") and not comp.get("compiled_modules"):
+            how = "uncompiled (no class of the model has @support_torch_compile; VD603)"
+        else:
+            how = "compiled"
         lines.append(
-            f"  execution     {'eager' if comp.get('eager') else 'compiled'} (torch.compile mode "
-            f"{comp.get('compilation_mode')}, "
+            f"  execution     {how} (torch.compile mode {comp.get('compilation_mode')}, "
             f"CUDA graphs {comp.get('cudagraph_mode')})"
         )
     if kv.get("num_blocks") is not None:
