@@ -1,10 +1,11 @@
 """Do the profiler's step times add up to the workload's wall time? (one clock check per mode)
 
-    python bench/bench_clock.py MODEL_DIR [--modes default,eager] [--prompts 128 --input-len 128
+    python bench/bench_clock.py MODEL_DIR [--modes default,eager,eager+mp] [--prompts 128 --input-len 128
         --output-len 256] [--engine-arg load_format=dummy ...]
 
 For each mode it runs ``vllm-doctor profile`` (a fresh engine: vLLM's default mode, or
-``--eager``) and prints a markdown table: the workload's wall time around ``llm.generate``, the
+``--eager``; ``+mp``: with ``--multiprocess``, the engine core in its own process as ``vllm serve``
+runs it) and prints a markdown table: the workload's wall time around ``llm.generate``, the
 sum of the step times the report gives (steps x mean, per phase, on the clock the report names:
 CUDA events on GPU, the wall clock on CPU), their ratio, the mean decode step and forward, the
 share of the sampled forwards the per-layer timings account for, and the decode roofline line
@@ -35,8 +36,11 @@ def run_mode(model: str, mode: str, args: argparse.Namespace, out: Path) -> dict
     ]  # fmt: skip
     for extra in args.engine_arg:
         cmd += ["--engine-arg", extra]
-    if mode == "eager":
+    parts = mode.split("+")  # "eager", "default", and "+mp": the engine core in its own process, as served
+    if "eager" in parts:
         cmd.append("--eager")
+    if "mp" in parts:
+        cmd.append("--multiprocess")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
     if proc.returncode not in (0, 1) or not (out / "report.json").is_file():

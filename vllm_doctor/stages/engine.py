@@ -222,8 +222,11 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     ranks = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
     if ranks > 1:
         options.multiprocess = True  # vLLM runs each rank in a worker process of its own
-        if cuda:  # this process has touched CUDA (cuda_available): forked workers could not use it
-            os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    if options.multiprocess and cuda:
+        # this process has touched CUDA (cuda_available): a forked engine core or worker could not
+        # use it ("Cannot re-initialize CUDA in forked subprocess", seen on the H200 with one rank)
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    if ranks > 1:
         if not cuda and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
             binding = cpu_thread_binding(ranks, sorted(os.sched_getaffinity(0)))
             if binding:
