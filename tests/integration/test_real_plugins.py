@@ -250,3 +250,55 @@ def test_doctor_agrees_with_vllm_on_a_real_plugin(name: str, verdicts: dict[str,
     if truth["ok"]:
         key = ["text generation"]
     assert any(k in text or json.dumps(k)[1:-1] in text for k in key), (truth, errors)
+
+
+# --- the performance lint on the same plugins ---------------------------------------------------
+
+# plugin -> the VD6xx codes its model gets, checked against the plugin's source by hand; the
+# others do not build here (vLLM refuses them: test_doctor_agrees_with_vllm_on_a_real_plugin)
+PERF_EXPECTED: dict[str, set[str]] = {
+    # MambaInLlama: vLLM's layers, @support_torch_compile, a vLLM Sampler module in its tree (library code)
+    "qwerky-vllm-models": set(),
+}
+
+
+def _lint(model: Path, site: Path) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_doctor", "check", str(model), "--json", "-q", "--select", "VD6"],
+        env=_env(site),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=model.parent,
+    )
+    assert proc.stdout.startswith("{"), proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture(scope="module")
+def lints(sites: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """``check --select VD6`` on each plugin's model: the meta-device build needs a safetensors
+    checkpoint to start, so each directory gets one tensor no parameter takes."""
+    import torch
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("plugin-lint")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        jobs = {}
+        for name, _version, _sha, arch, model_type, extra in PLUGINS:
+            model = _model_dir(root / name, arch, model_type, extra)
+            save_file({"doctor.unused": torch.zeros(1)}, str(model / "model.safetensors"))
+            jobs[name] = pool.submit(_lint, model, sites[name])
+        return {name: job.result() for name, job in jobs.items()}
+
+
+@pytest.mark.parametrize("name", [p[0] for p in PLUGINS])
+def test_the_performance_lint_on_a_real_plugin(name: str, lints: dict[str, dict]) -> None:
+    findings = lints[name]["findings"]
+    problems = {f["code"] for f in findings if f["outcome"] in ("warn", "fail", "crash")}
+    if name not in PERF_EXPECTED:  # no model to read: every lint says why, none crashes
+        assert {f["outcome"] for f in findings} == {"skip"}, findings
+        assert all("module tree was not read" in f["message"] for f in findings)
+        return
+    assert problems == PERF_EXPECTED[name], findings
+    assert lints[name]["facts"]["perf"]["model_classes"], "the lint read the plugin's classes"

@@ -30,6 +30,8 @@ LIBRARY_PREFIXES = (
     "vllm.lora.",
     "transformers.",
 )
+# vLLM's own model definitions: read like a plugin's (the in-tree no-false-positive test)
+MODEL_PACKAGES = ("vllm.model_executor.models.",)
 MAX_CLASSES = 200  # model classes whose source is read (a model has a handful)
 
 
@@ -97,7 +99,12 @@ def _weight_dtype(module: nn.Module) -> str | None:
 
 
 def _is_library(cls: type) -> bool:
-    return cls.__module__.startswith(LIBRARY_PREFIXES) or cls.__module__ in ("builtins", "torch")
+    """Library code, not a model: torch, transformers, and every part of vLLM but its model
+    definitions (a plugin's model may hold vLLM's sampler or other engine modules)."""
+    module = cls.__module__
+    if module.startswith("vllm.") and not module.startswith(MODEL_PACKAGES):
+        return True
+    return module.startswith(LIBRARY_PREFIXES) or module in ("builtins", "torch")
 
 
 def _containers(module: nn.Module) -> set[str]:
