@@ -155,6 +155,7 @@ NOT_VLLM: dict[str, str] = {
     "__file__": "a Python module",
     "__name__": "a Python function or class",
     "__vllm_doctor_wrapper__": "the doctor's mark on its own wrappers",
+    "_doctor_perf": "the doctor's cache of the module tree on its own extension (engine/extension.py)",
     "_extra_content": "transformers' CONFIG_MAPPING (AutoConfig.register)",
     "compute_logits": "the user's model class (VD2xx)",
     "embed_input_ids": "the user's model class (VD2xx)",
