@@ -3,7 +3,8 @@
     python -m tests.gpu.gpu_child MODEL_DIR OUT_JSON {v2|v1|graphs}
 
 v2: vLLM's default model runner (V2 on vLLM >= 0.26), eager; v1: VLLM_USE_V2_MODEL_RUNNER=0,
-eager; graphs: default runner with CUDA graphs (per-layer timing must switch itself off);
+eager; graphs: default runner, no torch.compile, FULL CUDA graphs for decode (per-layer timing at the
+attention calls, events captured into the graphs);
 plugin: VLLM_DOCTOR=1 and a plain ``LLM(...)`` (no worker_extension_cls) with the engine core
 in its own process: the opt-in plugin must add the extension (the parent puts the doctor's
 entry point on PYTHONPATH).
