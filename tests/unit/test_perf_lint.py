@@ -7,6 +7,7 @@ import textwrap
 from typing import Any
 
 from vllm_doctor.checks import codes_for, run_checks
+from vllm_doctor.checks.perf import LintFacts
 from vllm_doctor.compat.perf_source import scan_class
 from vllm_doctor.facts.perf import ModelClass, PerfAnatomy, Projection, SourceFinding
 
@@ -92,11 +93,6 @@ def test_line_numbers_are_shifted_to_the_file_when_the_source_is_a_fragment() ->
 # --- the checks over plain records -----------------------------------------------------------
 
 
-class Facts:
-    def __init__(self, perf: PerfAnatomy | None, twin: dict[str, Any] | None = None) -> None:
-        self.perf, self.perf_error, self.twin = perf, None, twin
-
-
 def lin(name: str, i: int, o: int, kind: str = "plain-linear", dtype: str = "bfloat16") -> Projection:
     return Projection(name, "torch.nn.modules.linear.Linear" if kind.startswith("plain") else "vllm.X", kind, i, o, dtype)
 
@@ -138,7 +134,7 @@ def fused_layers() -> list[Projection]:
 
 def findings(perf: PerfAnatomy | None, twin: dict[str, Any] | None = None) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
-    for f in run_checks(Facts(perf, twin), codes_for("performance")):
+    for f in run_checks(LintFacts(perf, twin=twin), codes_for("performance")):
         out.setdefault(f.code, []).append(f)
     return out
 
@@ -229,8 +225,7 @@ def test_attention_without_vllms_layer_is_reported_and_sdpa_is_named() -> None:
 
 
 def test_without_a_module_tree_every_lint_skips_and_says_why() -> None:
-    facts = Facts(None)
-    facts.perf_error = "the model was not built: KeyError"
+    facts = LintFacts(None, perf_error="the model was not built: KeyError")
     got = run_checks(facts, codes_for("performance"))
     assert {f.outcome.value for f in got} == {"skip"}
     assert all("KeyError" in f.message for f in got)

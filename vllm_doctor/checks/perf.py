@@ -4,14 +4,16 @@ Static where possible: the weights pass builds the model on the meta device and 
 tree and the source of its classes (:mod:`vllm_doctor.compat.perf`); the engine stage reads the
 same off the worker's real model and adds what it measured (the op probe's per-class op counts;
 the A/B against the in-tree twin, ``profile --twin``), which each finding then carries as its
-measured cost. Facts: :class:`vllm_doctor.facts.perf.PerfAnatomy` as ``facts.perf``, the A/B as
-``facts.twin`` (``report.profiles["twin"]``).
+measured cost. Facts: :class:`vllm_doctor.facts.perf.PerfAnatomy` as ``facts.perf`` (or why there
+is none as ``facts.perf_error``), the A/B as ``facts.twin`` (``report.profiles["twin"]``): see
+:class:`LintFacts`.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_doctor.checks.base import CATALOGUE, Emit, check, codes_for, gate, run_checks, select_codes
@@ -553,11 +555,14 @@ def perf_codes(select: Iterable[str] = (), ignore: Iterable[str] = ()) -> list[s
     return [c for c in select_codes((Stage.STATIC,), select, ignore) if c in mine]
 
 
-class _Measured:
-    """The facts a re-run reads: a report's module tree and its A/B."""
+@dataclass
+class LintFacts:
+    """What the lint reads, on its own: a module tree (or why there is none) and the A/B's
+    measurement. The stages hand their own facts, which carry the same attributes."""
 
-    def __init__(self, perf: PerfAnatomy, twin: dict[str, Any] | None) -> None:
-        self.perf, self.perf_error, self.twin = perf, None, twin
+    perf: PerfAnatomy | None
+    perf_error: str | None = None
+    twin: dict[str, Any] | None = None
 
 
 def rerun_with_measurements(report: Report) -> None:
@@ -571,6 +576,7 @@ def rerun_with_measurements(report: Report) -> None:
     if not ran:
         return
     twin = report.profiles.get("twin")
-    fresh = run_checks(_Measured(PerfAnatomy.from_wire(wire), twin if isinstance(twin, dict) else None), sorted(ran))
+    measured = LintFacts(PerfAnatomy.from_wire(wire), twin=twin if isinstance(twin, dict) else None)
+    fresh = run_checks(measured, sorted(ran))
     kept = [f for f in report.findings if f.code not in ran]
     report.findings = sorted(kept + fresh, key=lambda f: (f.code, f.subject))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from torch import nn
@@ -55,21 +55,38 @@ def _is_vllm(cls: type) -> bool:
     return cls.__module__.startswith("vllm.")
 
 
-def classify(module: nn.Module) -> str | None:
+@dataclass(frozen=True)
+class VllmBases:
+    """vLLM's base classes of linear, embedding and attention layers, as this vLLM has them."""
+
+    linear: tuple[type, ...]
+    embedding: tuple[type, ...]
+    attention: tuple[type, ...]
+
+    @classmethod
+    def of_this_vllm(cls) -> VllmBases:
+        return cls(
+            linear=_vllm_base(("vllm.model_executor.layers.linear", "LinearBase")),
+            embedding=_vllm_base(("vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding")),
+            attention=_vllm_base(
+                ("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
+                ("vllm.attention.layer", "AttentionLayerBase"),
+            ),
+        )
+
+
+def classify(module: nn.Module, bases: VllmBases | None = None) -> str | None:
     """ "vllm-linear", "plain-linear", "vllm-embedding", "plain-embedding", "attention" or None."""
+    bases = bases or VllmBases.of_this_vllm()
     cls = type(module)
-    linear = _vllm_base(("vllm.model_executor.layers.linear", "LinearBase"))
-    embedding = _vllm_base(("vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding"))
-    attention = _vllm_base(
-        ("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
-        ("vllm.attention.layer", "AttentionLayerBase"),
-    )
     names = _mro_names(cls)
-    if (attention and isinstance(module, attention)) or "AttentionLayerBase" in names:
+    if (bases.attention and isinstance(module, bases.attention)) or "AttentionLayerBase" in names:
         return "attention"
-    if (linear and isinstance(module, linear)) or ("LinearBase" in names and _is_vllm(cls)):
+    if (bases.linear and isinstance(module, bases.linear)) or ("LinearBase" in names and _is_vllm(cls)):
         return "vllm-linear"
-    if (embedding and isinstance(module, embedding)) or ("VocabParallelEmbedding" in names and _is_vllm(cls)):
+    if (bases.embedding and isinstance(module, bases.embedding)) or (
+        "VocabParallelEmbedding" in names and _is_vllm(cls)
+    ):
         return "vllm-embedding"
     if isinstance(module, nn.Linear):
         return "plain-linear"
@@ -134,8 +151,16 @@ def perf_anatomy(model: nn.Module, hf_config: Any, dtype: Any, source: str) -> P
     classes: dict[type, list[str]] = {}
     large_attrs: dict[type, set[str]] = {}
     containers: dict[type, set[str]] = {}
+    bases = VllmBases.of_this_vllm()
+    kinds: dict[int, str | None] = {}  # id(module) -> its kind: each module classified once
+
+    def kind_of(module: nn.Module) -> str | None:
+        if id(module) not in kinds:
+            kinds[id(module)] = classify(module, bases)
+        return kinds[id(module)]
+
     for name, module in model.named_modules():
-        kind = classify(module)
+        kind = kind_of(module)
         if kind == "attention":
             attention.append(name)
         elif kind is not None:
@@ -150,7 +175,7 @@ def perf_anatomy(model: nn.Module, hf_config: Any, dtype: Any, source: str) -> P
                 classes.setdefault(owner, []).append(name)
                 containers.setdefault(owner, set()).update(_containers(module))
                 for child_name, child in module._modules.items():
-                    ckind = classify(child) if child is not None else None
+                    ckind = kind_of(child) if child is not None else None
                     if ckind and ckind.endswith("-linear"):
                         rows, cols = _sizes(child, ckind)
                         if (rows or 0) >= big and (cols or 0) >= big:

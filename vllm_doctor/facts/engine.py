@@ -150,21 +150,10 @@ class EngineFacts:
     # each parameter's shape when built at tensor-parallel size 1 (the weights pass, `check --engine`)
     reference_shapes: dict[str, list[int]] | None = None
 
-    # the A/B against the in-tree twin (``profile --twin``): report.profiles["twin"], for VD6xx
-    twin: dict[str, Any] | None = None
-
     @property
     def perf(self) -> PerfAnatomy | None:
         """The first worker's module tree for the performance lint (every rank builds the same classes)."""
         return next((w.perf for w in self.workers if w.perf is not None), None)
-
-    @property
-    def perf_error(self) -> str | None:
-        """Why no worker sent its module tree."""
-        if not self.started:
-            return "the engine did not start"
-        errors = self.errors_for("perf")
-        return f"{errors[0][1].get('type')}: {errors[0][1].get('message')}" if errors else None
 
     def errors_for(self, part: str) -> list[tuple[WorkerFacts, dict[str, Any]]]:
         return [(w, w.errors[part]) for w in self.workers if part in w.errors]

@@ -11,7 +11,7 @@ measurement made later (the A/B against the in-tree twin) can re-run the checks 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from vllm_doctor.facts.wire import VERSION_KEY, mapping, opt_int, opt_str, str_list, version
@@ -188,8 +188,6 @@ class PerfAnatomy:
         return self.dtype in ("bfloat16", "float16")
 
     def with_op_counts(self, counts: dict[str, int], step: str | None) -> PerfAnatomy:
-        from dataclasses import replace
-
         return replace(self, op_counts=dict(counts), op_count_step=step)
 
 

@@ -57,7 +57,6 @@ class Facts:
     # the performance lint's view of the meta-device build (VD6xx), or why there is none
     perf: PerfAnatomy | None = None
     perf_error: str | None = None
-    twin: dict[str, Any] | None = None  # never set in the static stage: the A/B runs engines
     # passes that ran and did not complete (time-out, crash, no vLLM): {"pass", "error"}; VD100
     pass_failures: list[dict[str, str]] = field(default_factory=list)
 

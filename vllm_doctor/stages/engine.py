@@ -226,12 +226,11 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
         # this process has touched CUDA (cuda_available): a forked engine core or worker could not
         # use it ("Cannot re-initialize CUDA in forked subprocess", seen on the H200 with one rank)
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-    if ranks > 1:
-        if not cuda and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-            binding = cpu_thread_binding(ranks, sorted(os.sched_getaffinity(0)))
-            if binding:
-                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
-                result["cpu_thread_binding"] = binding
+    if ranks > 1 and not cuda and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        binding = cpu_thread_binding(ranks, sorted(os.sched_getaffinity(0)))
+        if binding:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
+            result["cpu_thread_binding"] = binding
     requested = {"requested": "eager" if kwargs.get("enforce_eager") else "vllm-default"}
     progress(
         f"engine stage: importing vLLM and starting a {'multiprocess' if options.multiprocess else 'single-process'} "
