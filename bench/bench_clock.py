@@ -9,7 +9,9 @@ runs it) and prints a markdown table: the workload's wall time around ``llm.gene
 sum of the step times the report gives (steps x mean, per phase, on the clock the report names:
 CUDA events on GPU, the wall clock on CPU), their ratio, the mean decode step and forward, the
 share of the sampled forwards the per-layer timings account for, and the decode roofline line
-when the report has one. A sum above the wall time is impossible (steps of one engine do not
+when the report has one; and the device's idle time between steps (on the step clock, from one
+step's end mark to the next one's start) with the share of the wall the steps and that idle time
+account for together (the rest ran before the first step and after the last). A sum above the wall time is impossible (steps of one engine do not
 overlap): the step clock is wrong. Well below it: time outside the steps (the scheduler, output
 processing, or a host that cannot keep the device busy).
 """
@@ -61,9 +63,12 @@ def row(result: dict[str, Any]) -> str:
     frac = layers.get("timed_fraction")
     roof = ((engine.get("roofline") or {}).get("phases") or {}).get("decode") or {}
     share = roof.get("bandwidth_share")
+    idle = (engine.get("idle_between_steps") or {}).get("total_s")
+    idle_text = "n/a" if idle is None else f"{idle:.3f} s ({1e3 * (idle / max(1, len(engine.get('steps') or []) - 1)):.2f} ms/step)"
+    both = "n/a" if idle is None else f"{100 * (total + idle) / wall:.1f} %"
     return (
         f"| {result['mode']} | {engine.get('clock')} | {wall:.3f} s | {total:.3f} s | "
-        f"{100 * total / wall:.1f} % | {1e3 * (decode.get('step_s_mean') or 0):.2f} ms | "
+        f"{100 * total / wall:.1f} % | {idle_text} | {both} | {1e3 * (decode.get('step_s_mean') or 0):.2f} ms | "
         f"{1e3 * (decode.get('forward_s_mean') or 0):.2f} ms | "
         f"{'n/a' if frac is None else f'{100 * frac:.0f} %'} | {'n/a' if share is None else f'{100 * share:.0f} %'} |"
     )
@@ -84,9 +89,9 @@ def main() -> int:
     base = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-clock-"))
     results = [run_mode(args.model, mode, args, base / mode) for mode in args.modes.split(",")]
     print(f"command: python bench/bench_clock.py {' '.join(sys.argv[1:])}")
-    print("| mode | step clock | workload wall | steps x mean | ratio | decode step | decode forward | "
-          "per-layer share of forward | decode bandwidth share |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| mode | step clock | workload wall | steps x mean | ratio | device idle between steps | steps + idle | "
+          "decode step | decode forward | per-layer share of forward | decode bandwidth share |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for result in results:
         print(row(result))
     for result in results:

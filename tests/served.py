@@ -6,6 +6,7 @@ find its own package metadata), in its own process group, killed with its childr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -80,12 +81,14 @@ def serve(model: Path, log_path: Path, env: dict[str, str], args: Sequence[str] 
         try:
             wait_for_health(base, proc, log_path, timeout)
             yield Served(base, proc, log_path)
-        finally:
-            os.killpg(proc.pid, signal.SIGTERM)
+        finally:  # a server that exited by itself (did not start) may have left no group to signal
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
             try:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
 
 

@@ -46,6 +46,10 @@ STEP_COLUMNS = (
     "host_sample_s",
     "sampled",
     "layers_timed",
+    # the device's idle time since the previous step ended, on the step clock (the previous
+    # step's end mark to this step's start mark; NaN for the first step or after an aborted one):
+    # the engine's scheduling and output processing where the device waits for the host
+    "idle_before_s",
 )
 # what the summaries read (phases, layer shares, the doctor's overhead, VD502): top's model panel
 # asks for these only (``doctor_collect`` with ``timeline: false``)
@@ -65,6 +69,7 @@ STEP_COLUMN_TYPES = {
     "host_sample_s": "d",
     "sampled": "b",
     "layers_timed": "b",
+    "idle_before_s": "d",
 }
 
 # set by stages/child.py for each child: the job's own directory, removed with the job (also when

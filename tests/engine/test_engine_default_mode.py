@@ -11,6 +11,7 @@ time of the workload (steps of one engine do not overlap). No wall-clock thresho
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import time
 from collections.abc import Iterator
@@ -101,6 +102,26 @@ def test_forward_and_per_layer_times_in_default_mode(default_mode: Run) -> None:
     assert {"embedding", "attention", "dense", "logits"} <= set(layers["by_kind"])
     # the steps on the wall clock fit in the workload's wall time (steps of one engine do not overlap)
     assert profile["clock"] == "wall_clock" and sum(s["step_s"] for s in steps) <= default_mode.wall_s
+
+
+def test_the_steps_and_the_idle_time_between_them_account_for_the_wall_time(default_mode: Run) -> None:
+    """Each step's idle_before_s is the time since the previous step ended on the same clock: on
+    the wall clock a step's time plus the next step's idle time is the distance between their
+    starts; the steps and the idle time between them fit in the workload's wall time (what is
+    left ran before the first step and after the last: in this short workload the prompts'
+    tokenization and the outputs' detokenization are a fifth of it)."""
+    from vllm_doctor.analysis.engine import time_accounting
+
+    profile = default_mode.report.profiles["engine"]
+    steps = profile["steps"]
+    assert steps[0]["idle_before_s"] is None and all(s["idle_before_s"] >= 0 for s in steps[1:])
+    for a, b in itertools.pairwise(steps):
+        assert b["t"] - a["t"] == pytest.approx(a["step_s"] + b["idle_before_s"], abs=2e-3)
+    acc = time_accounting(profile, {"wall_s": default_mode.wall_s})
+    assert acc is not None and acc["between_steps_s"] == pytest.approx(sum(s["idle_before_s"] for s in steps[1:]))
+    # measured, not capped: the steps and the gaps between them fit in the wall time
+    assert acc["steps_s"] + sum(s["idle_before_s"] for s in steps[1:]) <= default_mode.wall_s
+    assert 0 < acc["accounted_share"] <= 1.0 and acc["edges_s"] >= 0
 
 
 def test_no_rate_above_a_peak_and_none_claimed_on_cpu(default_mode: Run) -> None:

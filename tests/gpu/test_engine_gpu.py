@@ -93,6 +93,7 @@ def test_eager_engine_on_cuda(model_dir: Path, tmp_path: Path, mode: str) -> Non
     sampled = [s for s in prof["steps"] if s["sampled"]]
     assert sampled and all(s["forward_s"] > 0 for s in sampled)
     assert all(s["forward_s"] is None for s in prof["steps"] if not s["sampled"])
+    _idle_between_steps_on_the_device_clock(prof)
     assert {s["phase"] for s in prof["steps"]} == {"prefill", "decode"}
     assert all(m["total_s"] > 0 for m in prof["layers"]["modules"])
     # sampled per-layer timing: the first 8 steps of each phase, then every N-th
@@ -130,8 +131,23 @@ def test_cuda_graphs_keep_per_layer_timing_on_and_the_probe_off(model_dir: Path,
     assert r["same"] is True
     assert prof["layers_on"] is True and prof["clock"] == "cuda_events"
     assert prof["steps"] and all(s["step_s"] > 0 and s["step_clock"] == "cuda_events" for s in prof["steps"])
+    _idle_between_steps_on_the_device_clock(prof)
     probe = [f for f in r["report"]["findings"] if f["code"] == "VD404"]
     assert probe and probe[0]["outcome"] == "skip"
+
+
+def _idle_between_steps_on_the_device_clock(prof: dict[str, Any]) -> None:
+    """Every step after the first has the device's idle time since the previous one ended (the
+    previous step's end event to its start event), and that fits between the steps' host starts:
+    a step's start event cannot complete before its execute_model was entered, and the host runs
+    at most a step or two ahead of the device (async scheduling)."""
+    steps = prof["steps"]
+    assert steps[0]["idle_before_s"] is None
+    assert all(s["idle_before_s"] is not None and s["idle_before_s"] >= 0 for s in steps[1:]), steps
+    idle = prof["idle_between_steps"]
+    assert idle["clock"] == "cuda_events" and idle["gaps"] == len(steps) - 1
+    span = steps[-1]["t"] - steps[0]["t"]
+    assert sum(s["step_s"] for s in steps[:-1]) + idle["total_s"] <= span + 2 * max(s["step_s"] for s in steps)
 
 
 def test_opt_in_plugin_adds_the_extension_to_a_plain_multiprocess_engine(model_dir: Path, tmp_path: Path) -> None:

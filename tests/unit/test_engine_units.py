@@ -301,10 +301,82 @@ def test_every_step_on_gpu_is_timed_by_an_event_pair_and_samples_add_three_event
     timed = [s for s in rows if s["sampled"]]
     assert all((s["forward_s"], s["logits_s"], s["step_s"]) == (1.0, 1.0, 4.0) for s in timed)
     assert all(s["step_s"] == 1.0 and s["forward_s"] is None for s in rows if not s["sampled"])
-    # each mark read once, relative to its step's first: 4 per sample, 1 per plain step
-    assert clock.calls["seconds"] == 4 * samples + plain
+    # each mark read once, relative to its step's first: 4 per sample, 1 per plain step; and each
+    # step after the first: the device's idle time since the previous one ended
+    assert clock.calls["seconds"] == 4 * samples + plain + len(steps) - 1
+    assert all(s["idle_before_s"] == 1.0 for s in rows[1:]) and rows[0]["idle_before_s"] is None
     # one stream: when the newest of the pending steps has completed, so have the others
     assert clock.calls["ready"] <= samples // 32 + plain // 128 + 2
+
+
+class RecyclingEventClock(CountingEventClock):
+    """Marks given back are re-recorded by later marks, as CudaEventClock reuses its events: a
+    mark released while a step still needs it would read another time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.free: list[Mark] = []
+        self.released = 0
+
+    def mark(self, refresh: bool = False) -> Mark:
+        self.calls["mark"] += 1
+        self.now += 1.0
+        if self.free:
+            m = self.free.pop()
+            m.t = self.now
+            return m
+        return Mark(self.now)
+
+    def release(self, *marks: Mark) -> None:
+        for m in marks:
+            assert all(m is not f for f in self.free), "a mark given back twice"
+            self.free.append(m)
+            self.released += 1
+
+
+@pytest.mark.parametrize("collect_every", [1, 3, 1000])
+def test_the_devices_idle_time_between_steps_is_measured_and_no_event_is_reused_while_needed(
+    collect_every: int,
+) -> None:
+    """Each step's idle_before_s is the time from the previous step's end mark to its start mark.
+    The previous end is shared by two steps: with events reused from a free list, giving it back
+    before both read it would make the next step read a re-recorded event. Collected after every
+    step (the next step begins after its predecessor was resolved), every 3rd, or at the end."""
+    clock = RecyclingEventClock()
+    prof = ForwardProfiler(clock, [], sample_every=3)  # type: ignore[arg-type]
+    gaps = {}
+    rows = []
+    for i, so in enumerate(_two_requests(60)):
+        gaps[i] = float(i % 5)  # the host's time between steps, the device idle
+        clock.now += gaps[i]
+        prof.begin_step(so)
+        prof.after_execute(0.001, output_is_final=False)
+        prof.after_sample(0.0005)
+        if (i + 1) % collect_every == 0:
+            rows += StepTable.of(prof.snapshot(reset=True)).rows()
+    rows += StepTable.of(prof.snapshot(reset=True)).rows()
+    assert [r["index"] for r in rows] == list(range(60))
+    # the first step has no predecessor; each later one is idle for the gap plus the mark of its start
+    assert rows[0]["idle_before_s"] is None
+    assert [r["idle_before_s"] for r in rows[1:]] == [gaps[i] + 1.0 for i in range(1, 60)]
+    assert any(r["sampled"] for r in rows) and any(not r["sampled"] for r in rows)
+    assert clock.released >= 2 * 59  # events do go back for reuse (all but the newest end)
+
+
+def test_an_aborted_step_leaves_no_idle_time_to_the_next() -> None:
+    clock = RecyclingEventClock()
+    prof = ForwardProfiler(clock, [], sample_every=1)  # type: ignore[arg-type]
+    sos = _two_requests(4)
+    prof.begin_step(sos[0])
+    prof.after_sample(0.0005)
+    prof.begin_step(sos[1])
+    prof.abort_step()  # execute_model raised
+    for so in sos[2:]:
+        prof.begin_step(so)
+        prof.after_sample(0.0005)
+    rows = StepTable.of(prof.snapshot()).rows()
+    assert [r["index"] for r in rows] == [0, 2, 3]
+    assert [r["idle_before_s"] is None for r in rows] == [True, True, False]
 
 
 def test_gpu_steps_become_records_only_once_their_events_completed() -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from vllm_doctor.analysis.engine import phase_summary, time_accounting
+import pytest
+
+from vllm_doctor.analysis.engine import idle_between_steps, phase_summary, time_accounting
 from vllm_doctor.facts.steps import StepTable
 from vllm_doctor.live.sources import model_summary
 from vllm_doctor.report.html import phases_table
@@ -21,6 +23,36 @@ def test_steps_that_fit_in_the_wall_time_leave_the_rest_to_the_engines_host() ->
     text = accounting_text(acc)
     assert text.startswith("steps add up to 2.26 s on the device clock = 96% of the workload's 2.36 s wall time")
     assert "ran outside any step" in text
+
+
+def test_the_devices_idle_time_between_steps_accounts_for_the_rest_of_the_wall_time() -> None:
+    """The H200's eager multiprocess run (bench/bench_clock.py): the steps on the device clock are
+    89 % of the wall time; what is left is the device idle between steps (measured on the same
+    clock, from one step's end event to the next one's start event) and the time before the first
+    step and after the last."""
+    steps = [{"phase": "prefill", "prefill_tokens": 9, "total_tokens": 9, "step_s": 0.3, "idle_before_s": None}]
+    steps += [{"phase": "decode", "decode_tokens": 1, "total_tokens": 1, "step_s": 0.0156, "idle_before_s": 0.0021}
+              for _ in range(255)]
+    table = StepTable.of({"steps": steps, "clock": "cuda_events"})
+    idle = idle_between_steps(table)
+    assert idle is not None and idle["gaps"] == 255 and idle["clock"] == "cuda_events"
+    assert idle["total_s"] == pytest.approx(255 * 0.0021) and idle["p50_s"] == pytest.approx(0.0021)
+    assert phase_summary(table)["decode"]["idle_before_s_mean"] == pytest.approx(0.0021)
+    assert phase_summary(table)["prefill"]["idle_before_s_mean"] is None  # the first step's began before the table
+    profile = {"clock": "cuda_events", "phases": phase_summary(table), "idle_between_steps": idle}
+    acc = time_accounting(profile, {"wall_s": 4.977})
+    assert acc is not None and acc["share"] == pytest.approx((0.3 + 255 * 0.0156) / 4.977)
+    assert acc["between_steps_s"] == pytest.approx(0.5355) and acc["edges_s"] == pytest.approx(
+        4.977 - 0.3 - 255 * 0.0156 - 0.5355
+    )
+    assert acc["accounted_share"] == pytest.approx((0.3 + 255 * 0.0156 + 0.5355) / 4.977)
+    text = accounting_text(acc)
+    assert text.startswith("steps add up to 4.28 s on the device clock = 86% of the workload's 4.98 s wall time")
+    assert "between steps the device stood idle 535.50 ms (11%, 2.10 ms a step on the device clock" in text
+    assert text.endswith("before the first step and after the last (requests in, outputs out)")
+    # a gap longer than what the steps leave is capped (the table's first gap is never counted)
+    capped = time_accounting(profile | {"idle_between_steps": {**idle, "total_s": 9.0}}, {"wall_s": 4.977})
+    assert capped is not None and capped["edges_s"] == 0.0
 
 
 def test_steps_longer_than_the_workload_are_a_doctor_bug() -> None:

@@ -127,6 +127,7 @@ def phase_summary(steps: StepTable) -> dict[str, Any]:
     out: dict[str, Any] = {}
     step_s, forward_s, tokens_col = steps["step_s"], steps["forward_s"], steps["total_tokens"]
     prefill_reqs, decode_reqs = steps["prefill_reqs"], steps["decode_reqs"]
+    idle_col = _idle_column(steps)
     phases = steps.phases
     for phase in ("prefill", "decode", "mixed"):
         chosen = [p == phase for p in phases]  # one pass per phase; the columns are picked in C
@@ -141,6 +142,7 @@ def phase_summary(steps: StepTable) -> dict[str, Any]:
             (f, s) for f, s in zip(compress(forward_s, chosen), compress(step_s, chosen), strict=True) if f is not None
         ]
         paired_step = sum(s for _, s in paired)
+        idle = [v for v in compress(idle_col, chosen) if v is not None]
         tokens = sum(compress(tokens_col, chosen))
         total = sum(times)
         out[phase] = {
@@ -153,8 +155,40 @@ def phase_summary(steps: StepTable) -> dict[str, Any]:
             "forward_s_mean": sum(fwd) / len(fwd) if fwd else None,
             "forward_share": sum(f for f, _ in paired) / paired_step if paired_step > 0 else None,
             "tokens_per_s": tokens / total if total > 0 else None,
+            # the device's idle time before each step of this phase (since the previous step ended)
+            "idle_before_s_mean": sum(idle) / len(idle) if idle else None,
         }
     return out
+
+
+def _idle_column(steps: StepTable) -> list[float | None]:
+    """Each step's ``idle_before_s``, None for the table's first step: its idle time began before
+    the window the table covers (the engine's start, or the previous collection)."""
+    col = list(steps["idle_before_s"])
+    if col:
+        col[0] = None
+    return col
+
+
+def idle_between_steps(steps: StepTable) -> dict[str, Any] | None:
+    """The device's idle time between consecutive steps, on the step clock: from one step's end
+    mark to the next one's start mark (CUDA events on the stream the steps run on; on CPU the
+    wall clock). Under async scheduling and CUDA graphs the host schedules the next step while the
+    device runs this one, and this is near 0; where the device waits for the host (eager mode, a
+    launch-bound model, slow scheduling or output processing) it is the time the device stood
+    still. None without two timed steps."""
+    values = sorted(v for v in _idle_column(steps) if v is not None)
+    if not values:
+        return None
+    return {
+        "clock": steps.clock,
+        "gaps": len(values),
+        "total_s": sum(values),
+        "mean_s": sum(values) / len(values),
+        "p50_s": _pct(values, 0.5),
+        "p90_s": _pct(values, 0.9),
+        "max_s": values[-1],
+    }
 
 
 def layer_tables(profile: dict[str, Any], steps: StepTable) -> dict[str, Any]:
@@ -209,12 +243,21 @@ def time_accounting(profile: dict[str, Any], workload: dict[str, Any] | None) ->
     if not wall or not phases:
         return None
     total = sum(float(p["steps"]) * float(p["step_s_mean"]) for p in phases.values())
+    outside = max(0.0, float(wall) - total)
+    idle = profile.get("idle_between_steps") or {}
+    between = min(outside, float(idle["total_s"])) if idle.get("total_s") is not None else None
     return {
         "clock": profile.get("clock"),
         "steps_s": total,
         "wall_s": float(wall),
         "share": total / float(wall),
-        "outside_steps_s": max(0.0, float(wall) - total),
+        "outside_steps_s": outside,
+        # of that, measured on the step clock between consecutive steps (the device idle), and the
+        # rest: before the first step and after the last (requests in, outputs out)
+        "between_steps_s": between,
+        "between_steps_mean_s": idle.get("mean_s"),
+        "edges_s": None if between is None else outside - between,
+        "accounted_share": None if between is None else (total + between) / float(wall),
         "above_wall": total > float(wall) * 1.01,
     }
 
@@ -381,6 +424,7 @@ def summarize(facts: EngineFacts, timeline: bool = True) -> dict[str, Any]:
         "nvml": facts.nvml,
         "crashes": [c | {"rank": w.rank} for w in facts.workers for c in (w.get("profile") or {}).get("crashes", [])],
     }
+    out["idle_between_steps"] = idle_between_steps(steps)
     out["doctor_overhead"] = doctor_overhead(profile, steps)
     out["roofline"] = engine_roofline(primary, steps, out["phases"], out["layers"], kv.block_size)
     if len(facts.workers) > 1:

@@ -54,8 +54,9 @@ class OpenStep:
     """A sampled step while it runs and until its marks are resolved.
 
     Unsampled steps are plain lists ``[index, host_start, counts, host_execute_s,
-    host_sample_s, start mark]`` (a list costs less than an object): on the wall clock they are
-    records when they finish, on GPU once their end event has completed.
+    host_sample_s, start mark, previous step's end mark]`` (a list costs less than an object):
+    on the wall clock they are records when they finish, on GPU once their end event has
+    completed.
     """
 
     index: int
@@ -74,6 +75,7 @@ class OpenStep:
     host_execute_s: float = 0.0
     host_sample_s: float = 0.0
     layers_timed: bool = False  # per-layer timing on this step (eager, layers on)
+    prev_end: Any = None  # the previous step's end mark: the device's idle time before this step
 
 
 class ForwardProfiler:
@@ -106,6 +108,12 @@ class ForwardProfiler:
         self.layer_trace: list[dict[str, Any]] = []
         self._stack: list[tuple[str, Any]] = []
         self._after_forward: Any = None  # the root forward's end mark, until another module is timed
+        # the newest finished step's end mark, until the next step takes it as its prev_end; on GPU
+        # such a mark has two owners (its step and the next), and the one resolved second gives the
+        # event back (``_shared`` holds the ids of end marks neither owner is done with)
+        self._last_end: Any = None
+        self._shared: set[int] = set()
+        self._recycles = hasattr(clock, "release")  # marks are events given back for reuse
 
     # -- step boundaries (called from the execute_model / sample_tokens wrappers) ----------
     def begin_step(self, so: Any) -> OpenStep | list[Any] | None:
@@ -116,19 +124,22 @@ class ForwardProfiler:
         counts = self.tracker.observe(so)
         if not counts[4]:  # total tokens
             return None
+        prev, self._last_end = self._last_end, None
         phase = (2 if counts[1] else 1) if counts[0] else 0
         n = self._phase_steps[phase]
         self._phase_steps[phase] = n + 1
         index = self.step_index
         self.step_index = index + 1
         if n >= SAMPLE_WARMUP_STEPS and (n - SAMPLE_WARMUP_STEPS) % self.sample_every:
-            plain = [index, time.perf_counter(), counts, 0.0, 0.0, None if self._wall else self.clock.mark(True)]
+            plain = [index, time.perf_counter(), counts, 0.0, 0.0, None if self._wall else self.clock.mark(True), prev]
             self.current = plain
             return plain
         self._stack.clear()
         self._after_forward = None
         start = self.clock.mark(True)
-        step: OpenStep = OpenStep(index, time.perf_counter(), counts, start, layers_timed=self.layers_enabled)
+        step: OpenStep = OpenStep(
+            index, time.perf_counter(), counts, start, layers_timed=self.layers_enabled, prev_end=prev
+        )
         self.current = step
         return step
 
@@ -159,7 +170,7 @@ class ForwardProfiler:
             return
         self.current = None
         if isinstance(step, OpenStep):
-            step.end = self.clock.mark()
+            step.end = self._end_mark()
             pending = self.pending
             pending.append(step)
             if len(pending) >= RESOLVE_BATCH:
@@ -174,26 +185,61 @@ class ForwardProfiler:
         self.current = None
         if not self._wall:
             pending = self.pending_plain
-            pending.append((step, self.clock.mark(), end))
+            pending.append((step, self._end_mark(), end))
             if len(pending) >= 4 * RESOLVE_BATCH:
                 self.resolve(block=False)
             return
-        self._plain_record(step, end - step[1])
+        self._last_end = end
+        prev = step[6]
+        self._plain_record(step, end - step[1], NAN if prev is None else max(0.0, step[1] - prev))
 
-    def _plain_record(self, step: list[Any], step_s: float) -> None:
+    def _plain_record(self, step: list[Any], step_s: float, idle_s: float) -> None:
         steps = self.steps
         if len(steps) < MAX_STEP_RECORDS:
-            index, host_start, counts, host_execute_s, host_sample_s, _ = step
-            steps.append(
-                (index, host_start, counts, step_s, True, None, None, host_execute_s, host_sample_s, False, False)
-            )
+            index, host_start, counts, host_execute_s, host_sample_s, _, _ = step
+            timed = (step_s, True, None, None, host_execute_s, host_sample_s, False, False, idle_s)
+            steps.append((index, host_start, counts, *timed))
         else:
             self.dropped_steps += 1
 
+    def _idle(self, prev: Any, start: Any) -> float:
+        """The device's idle time from the previous step's end mark to this step's start mark
+        (NaN without both, or where the two cannot be compared)."""
+        if prev is None or start is None:
+            return NAN
+        try:
+            return max(0.0, self.clock.seconds(prev, start))
+        except RuntimeError:  # marks on two streams, one not complete: no idle time for this step
+            return NAN
+
+    def _end_mark(self) -> Any:
+        """A step's end mark, which the next step takes as its prev_end: on GPU an event with two
+        owners from the start (the next step may begin after this one was resolved)."""
+        mark = self._last_end = self.clock.mark()
+        if self._recycles:
+            self._shared.add(id(mark))
+        return mark
+
+    def _give_back(self, mark: Any) -> None:
+        """GPU: a step is done with a mark it may share with the step after it (its end mark,
+        the next step's prev_end): the owner done second releases it."""
+        if mark is None:
+            return
+        key = id(mark)
+        if key in self._shared:
+            self._shared.discard(key)
+        else:
+            self.clock.release(mark)  # type: ignore[union-attr]
+
     def abort_step(self) -> None:
-        """``execute_model`` raised: the step leaves no record."""
+        """``execute_model`` raised: the step leaves no record (and the next one no idle time)."""
+        step = self.current
         self.current = None
         self._stack.clear()
+        self._last_end = None
+        prev = step.prev_end if isinstance(step, OpenStep) else step[6] if isinstance(step, list) else None
+        if prev is not None and self._recycles:
+            self._give_back(prev)
 
     # -- module hooks ------------------------------------------------------------------------
     def module_enter(self, name: str, outer: bool = False) -> None:
@@ -269,12 +315,15 @@ class ForwardProfiler:
                 if not clock.ready(end):
                     break
                 ready += 1
-        sec, release = clock.seconds, getattr(clock, "release", None)
+        sec, release, give_back = clock.seconds, getattr(clock, "release", None), self._give_back
         for _ in range(ready):
             step, end, _ = pending.popleft()
-            self._plain_record(step, sec(step[5], end))
+            start, prev = step[5], step[6]
+            self._plain_record(step, sec(start, end), self._idle(prev, start))
             if release is not None:
-                release(step[5], end)
+                release(start)
+                give_back(prev)
+                give_back(end)
 
     # -- compiled modes: the attention calls split the forward into layers ------------------
     def set_boundaries(self, layers: list[tuple[str, str, int | None, str]]) -> None:
@@ -355,6 +404,8 @@ class ForwardProfiler:
         forward_s = sum(t(b) - t(a) for a, b in fwd) if fwd else None
         logits_s = sum(t(b) - t(a) for a, b in logits) if logits else None
         step_s = t(step.end) if device_timed else step.host_execute_s + step.host_sample_s
+        prev = step.prev_end
+        idle_s = self._idle(prev, origin)
         if len(self.steps) < MAX_STEP_RECORDS:
             self.steps.append(
                 (
@@ -369,6 +420,7 @@ class ForwardProfiler:
                     step.host_sample_s,
                     True,
                     step.layers_timed,
+                    idle_s,
                 )
             )
         else:
@@ -383,7 +435,10 @@ class ForwardProfiler:
             for _, a, b in step.layers:
                 marks.update((a, b))
             marks.update(m for _, _, m in step.bounds)
+            marks.discard(step.end)  # shared with the next step (its prev_end)
             release(*(m for m in marks if m.__class__ is not Fixed))
+            self._give_back(step.end)
+            self._give_back(step.prev_end)
 
     def _account_layers(self, step: OpenStep, t: Any, step_s: float, device_timed: bool) -> None:
         phase = phase_of(step.counts)

@@ -21,6 +21,8 @@ from typing import Any
 from vllm_doctor.constants import STEP_COLUMN_TYPES, STEP_COLUMNS, STEP_COUNT_FIELDS
 
 ARRAY_CODES = frozenset("dqib")
+# the per-step dict's fields taken from the columns as they are
+ROW_FIELDS = ("forward_s", "logits_s", "host_execute_s", "host_sample_s", "sampled", "layers_timed", "idle_before_s")
 
 
 # a field a reply may lack: counts are 0; without ``sampled`` / ``layers_timed`` (the oldest
@@ -96,7 +98,7 @@ class StepTable:
                 row["num_reqs"] = row["prefill_reqs"] + row["decode_reqs"]
                 row["step_s"] = c["step_s"][i]
                 row["step_clock"] = clock if c["device_timed"][i] else "host"
-                for name in ("forward_s", "logits_s", "host_execute_s", "host_sample_s", "sampled", "layers_timed"):
+                for name in ROW_FIELDS:
                     row[name] = c[name][i]
                 rows.append(row)
             self._rows = rows

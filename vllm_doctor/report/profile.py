@@ -142,9 +142,20 @@ def accounting_text(acc: dict[str, Any]) -> str:
     )
     if acc.get("above_wall"):
         return head + ": DOCTOR BUG, one engine's steps cannot take longer than the workload (the step clock is wrong)"
-    return head + (
-        f"; {fmt_s(acc['outside_steps_s'])} ran outside any step (scheduling, output processing: the engine's host)"
+    between = acc.get("between_steps_s")
+    if between is None:
+        return head + (
+            f"; {fmt_s(acc['outside_steps_s'])} ran outside any step (scheduling, output processing: the engine's host)"
+        )
+    clock = clock_name(acc.get("clock")).split(" (")[0]
+    idle = "the device stood idle " if acc.get("clock") == "cuda_events" else ""  # on CPU the host is the device
+    text = (
+        f"; between steps {idle}{fmt_s(between)} ({100 * between / acc['wall_s']:.0f}%, "
+        f"{fmt_s(acc.get('between_steps_mean_s'))} a step on the {clock}: the engine's scheduling and output "
+        f"processing on the host), {fmt_s(acc['edges_s'])} before the first step and after the last "
+        f"(requests in, outputs out)"
     )
+    return head + text
 
 
 def render_ranks(profile: dict[str, Any]) -> list[str]:
