@@ -63,8 +63,9 @@ def row(result: dict[str, Any]) -> str:
     frac = layers.get("timed_fraction")
     roof = ((engine.get("roofline") or {}).get("phases") or {}).get("decode") or {}
     share = roof.get("bandwidth_share")
-    idle = (engine.get("idle_between_steps") or {}).get("total_s")
-    idle_text = "n/a" if idle is None else f"{idle:.3f} s ({1e3 * (idle / max(1, len(engine.get('steps') or []) - 1)):.2f} ms/step)"
+    gaps = engine.get("idle_between_steps") or {}
+    idle = gaps.get("total_s")
+    idle_text = "n/a" if idle is None else f"{idle:.3f} s ({1e3 * gaps['mean_s']:.2f} ms/step)"
     both = "n/a" if idle is None else f"{100 * (total + idle) / wall:.1f} %"
     return (
         f"| {result['mode']} | {engine.get('clock')} | {wall:.3f} s | {total:.3f} s | "

@@ -190,15 +190,18 @@ class ForwardProfiler:
                 self.resolve(block=False)
             return
         self._last_end = end
-        prev = step[6]
-        self._plain_record(step, end - step[1], NAN if prev is None else max(0.0, step[1] - prev))
+        self._plain_record(step, end - step[1], self._idle(step[6], step[1]))
 
     def _plain_record(self, step: list[Any], step_s: float, idle_s: float) -> None:
         steps = self.steps
         if len(steps) < MAX_STEP_RECORDS:
             index, host_start, counts, host_execute_s, host_sample_s, _, _ = step
-            timed = (step_s, True, None, None, host_execute_s, host_sample_s, False, False, idle_s)
-            steps.append((index, host_start, counts, *timed))
+            steps.append(
+                (
+                    index, host_start, counts, step_s, True, None, None, host_execute_s, host_sample_s,
+                    False, False, idle_s,
+                )
+            )  # fmt: skip
         else:
             self.dropped_steps += 1
 
@@ -223,7 +226,7 @@ class ForwardProfiler:
     def _give_back(self, mark: Any) -> None:
         """GPU: a step is done with a mark it may share with the step after it (its end mark,
         the next step's prev_end): the owner done second releases it."""
-        if mark is None:
+        if mark is None or not self._recycles:
             return
         key = id(mark)
         if key in self._shared:
@@ -237,9 +240,7 @@ class ForwardProfiler:
         self.current = None
         self._stack.clear()
         self._last_end = None
-        prev = step.prev_end if isinstance(step, OpenStep) else step[6] if isinstance(step, list) else None
-        if prev is not None and self._recycles:
-            self._give_back(prev)
+        self._give_back(step.prev_end if isinstance(step, OpenStep) else step[6] if isinstance(step, list) else None)
 
     # -- module hooks ------------------------------------------------------------------------
     def module_enter(self, name: str, outer: bool = False) -> None:
@@ -322,8 +323,8 @@ class ForwardProfiler:
             self._plain_record(step, sec(start, end), self._idle(prev, start))
             if release is not None:
                 release(start)
-                give_back(prev)
-                give_back(end)
+            give_back(prev)
+            give_back(end)
 
     # -- compiled modes: the attention calls split the forward into layers ------------------
     def set_boundaries(self, layers: list[tuple[str, str, int | None, str]]) -> None:
