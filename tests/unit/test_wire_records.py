@@ -152,3 +152,34 @@ def test_cuda_graph_bytes_are_the_private_pools_measured() -> None:
     unread = dataclasses.replace(measured, cuda=dataclasses.replace(cuda, graph_pool_bytes=None),
                                  vllm={"cudagraph_memory_estimate": 400})
     assert memory_breakdown(unread)["parts"]["cuda_graphs"] == 400
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inner:
+    """An inner record."""
+
+    n: int | None = None
+    values: list[float] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Outer:
+    inner: _Inner
+    by_name: dict[str, _Inner] = dataclasses.field(default_factory=dict)
+    count: int = 3
+    share: float | None = dataclasses.field(default=None, metadata={"doc": "a share"})
+
+
+def test_a_record_is_read_from_its_declaration_leniently_and_written_back() -> None:
+    from vllm_doctor.facts import wire
+
+    got = wire.read(_Outer, {"inner": {"n": "x", "values": [1, "q", 2.5, True]}, "by_name": {"a": {"n": 2}, "b": 5},
+                             "count": True, "share": 2, "unknown": 1})
+    # a wrong type reads as the default, a list keeps its numbers (a bool is none), an int is a float
+    assert got == _Outer(_Inner(None, [1, 2.5]), {"a": _Inner(2)}, 3, 2)
+    assert wire.read(_Outer, "not a dict") == _Outer(_Inner())  # a required record reads as its empty self
+    assert wire.read(_Outer, json.loads(json.dumps(wire.write(got)))) == got
+    schema = wire.json_schema(_Outer)
+    assert schema["properties"]["share"] == {"anyOf": [{"type": "number"}, {"type": "null"}], "description": "a share"}
+    assert schema["properties"]["by_name"]["additionalProperties"]["description"] == "An inner record."
+    assert schema["properties"]["inner"]["properties"]["values"] == {"type": "array", "items": {"type": "number"}}

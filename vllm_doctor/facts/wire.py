@@ -11,6 +11,10 @@ not know is ignored, and a reply of a newer wire version is read for the fields 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import types
+import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -81,3 +85,147 @@ def records(value: Any, decode: Callable[[Mapping[str, Any]], R]) -> list[R]:
 def without_none(data: dict[str, Any]) -> dict[str, Any]:
     """``data`` less its None values: for the parts of a reply that list only what vLLM exposed."""
     return {k: v for k, v in data.items() if v is not None}
+
+
+# --- records read and written from their declaration --------------------------------------------
+# A frozen dataclass declares its fields once; ``read`` decodes a reply into it by the fields'
+# annotations with the same tolerance as the helpers above, ``write`` encodes it, and
+# ``json_schema`` declares it for docs/report-schema.json. No per-field key strings.
+
+_NONE = type(None)
+
+
+@functools.cache
+def _hints(cls: Any) -> dict[str, Any]:  # Any: mypy takes a class for no Hashable
+    return typing.get_type_hints(cls)
+
+
+def _zero(tp: Any) -> Any:
+    """What a required field of type ``tp`` reads as when the reply lacks it."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        return None if _NONE in args else _zero(args[0])
+    if origin in (list, tuple) or tp in (list, tuple):
+        return [] if (origin or tp) is list else ()
+    if origin is dict or tp is dict:
+        return {}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return read(tp, {})
+    return {int: 0, float: 0.0, str: "", bool: False}.get(tp)
+
+
+_MISSING = object()
+
+
+def _coerce(tp: Any, value: Any) -> Any:
+    """``value`` as ``tp``, or ``_MISSING`` where it is not one (a container keeps what is)."""
+    if tp is Any or tp is object:
+        return value
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        if value is None and _NONE in args:
+            return None
+        for arg in args:
+            if arg is _NONE:
+                continue
+            out = _coerce(arg, value)
+            if out is not _MISSING:
+                return out
+        return _MISSING
+    if origin is typing.Literal:
+        return value if value in args else _MISSING
+    if tp is bool:
+        return value if isinstance(value, bool) else _MISSING
+    if tp is int:
+        return value if opt_int(value) is not None else _MISSING
+    if tp is float:
+        return value if opt_float(value) is not None else _MISSING
+    if tp is str:
+        return value if isinstance(value, str) else _MISSING
+    if origin is list or origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            return _MISSING
+        item = args[0] if args else Any
+        kept = [c for c in (_coerce(item, v) for v in value) if c is not _MISSING]
+        return kept if origin is list else tuple(kept)
+    if origin is dict:
+        if not isinstance(value, dict):
+            return _MISSING
+        key_tp, value_tp = args if args else (Any, Any)
+        kept_items: dict[Any, Any] = {}
+        for k, v in value.items():
+            ck, cv = _coerce(key_tp, k), _coerce(value_tp, v)
+            if ck is not _MISSING and cv is not _MISSING:
+                kept_items[ck] = cv
+        return kept_items
+    if tp in (list, dict, tuple):
+        return value if isinstance(value, tp) else _MISSING
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return read(tp, value) if isinstance(value, dict) else _MISSING
+    return value if isinstance(tp, type) and isinstance(value, tp) else _MISSING
+
+
+def read(cls: type[R], data: Any) -> R:
+    """A record of dataclass ``cls`` from a decoded reply, leniently: each field by its
+    annotation; a field that is missing or of another type reads as its default (or the type's
+    empty value where it has none), an unknown key is ignored, a list or dict keeps the items
+    that are of its item type. ``data`` that is not a dict reads as ``{}``."""
+    data = mapping(data)
+    hints = _hints(cls)
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if not f.init:
+            continue
+        value = _coerce(hints[f.name], data[f.name]) if f.name in data else _MISSING
+        if value is _MISSING:
+            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+                continue  # the dataclass fills its own default
+            value = _zero(hints[f.name])
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def write(record: Any) -> Any:
+    """A record (or a list or dict of them) as JSON-able data: ``dataclasses.asdict`` with
+    tuples as lists."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return {f.name: write(getattr(record, f.name)) for f in dataclasses.fields(record)}
+    if isinstance(record, (list, tuple)):
+        return [write(v) for v in record]
+    if isinstance(record, dict):
+        return {k: write(v) for k, v in record.items()}
+    return record
+
+
+def json_schema(tp: Any) -> dict[str, Any]:
+    """The JSON schema of a record type (or a field's annotation). A field's description is its
+    ``metadata["doc"]``; the record's, the first paragraph of its docstring."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (types.UnionType, typing.Union):
+        options = [json_schema(a) for a in args if a is not _NONE]
+        schema = options[0] if len(options) == 1 else {"anyOf": options}
+        if _NONE in args:
+            schema = {"anyOf": [schema, {"type": "null"}]}
+        return schema
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if tp in (int, float, str, bool):
+        return {"type": {int: "integer", float: "number", str: "string", bool: "boolean"}[tp]}
+    if origin in (list, tuple) or tp in (list, tuple):
+        return {"type": "array", "items": json_schema(args[0])} if args else {"type": "array"}
+    if origin is dict or tp is dict:
+        return {"type": "object", "additionalProperties": json_schema(args[1])} if args else {"type": "object"}
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        hints = _hints(tp)
+        props: dict[str, Any] = {}
+        for f in dataclasses.fields(tp):
+            prop = json_schema(hints[f.name])
+            if f.metadata.get("doc"):
+                prop = {**prop, "description": f.metadata["doc"]}
+            props[f.name] = prop
+        out: dict[str, Any] = {"type": "object", "properties": props}
+        doc = (tp.__doc__ or "").strip().split("\n\n")[0]
+        if doc and not doc.startswith(tp.__name__ + "("):  # not the dataclass's generated signature
+            out["description"] = " ".join(doc.split())
+        return out
+    return {}
