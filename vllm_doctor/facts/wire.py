@@ -96,7 +96,7 @@ _NONE = type(None)
 
 
 @functools.cache
-def _hints(cls: Any) -> dict[str, Any]:  # Any: mypy takes a class for no Hashable
+def _hints(cls: Any) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
@@ -171,7 +171,7 @@ def read(cls: type[R], data: Any) -> R:
     empty value where it has none), an unknown key is ignored, a list or dict keeps the items
     that are of its item type. ``data`` that is not a dict reads as ``{}``."""
     data = mapping(data)
-    hints = _hints(cls)
+    hints = _hints(cls)  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if not f.init:
