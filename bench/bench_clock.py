@@ -75,6 +75,33 @@ def row(result: dict[str, Any]) -> str:
     )
 
 
+def _median(values: list[float]) -> float | None:
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
+
+
+def observer_row(result: dict[str, Any]) -> str:
+    """Decode steps by how the doctor timed them, on the step clock: per layer with the finer
+    split (``layers_detail``), per layer at the layers' boundaries only, and not per layer; each
+    group's median and its difference from the untimed steps' (the doctor's observer effect)."""
+    steps = [s for s in result["report"]["profiles"]["engine"].get("steps") or [] if s.get("phase") == "decode"]
+    groups = {
+        "detail": [s["step_s"] for s in steps if s.get("layers_timed") and s.get("layers_detail", True)],
+        "boundaries": [s["step_s"] for s in steps if s.get("layers_timed") and not s.get("layers_detail", True)],
+        "untimed": [s["step_s"] for s in steps if not s.get("layers_timed")],
+    }
+    base = _median(groups["untimed"])
+    cells = []
+    for name in ("detail", "boundaries", "untimed"):
+        med = _median(groups[name])
+        if med is None:
+            cells.append("n/a")
+            continue
+        diff = "" if name == "untimed" or not base else f" ({100 * (med / base - 1):+.1f} %)"
+        cells.append(f"{len(groups[name])} × {1e3 * med:.2f} ms{diff}")
+    return f"| {result['mode']} | " + " | ".join(cells) + " |"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
@@ -95,6 +122,11 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for result in results:
         print(row(result))
+    print("\nDecode steps by how they were timed (median step time on the step clock; vs the untimed steps):\n")
+    print("| mode | per layer, inside the layers too | per layer, the layers' boundaries | not per layer |")
+    print("|---|---|---|---|")
+    for result in results:
+        print(observer_row(result))
     for result in results:
         print(f"\n== {result['mode']}\n{result['text']}")
     return 0

@@ -16,6 +16,13 @@ EXTENSION_QUALNAME = "vllm_doctor.engine.extension.DoctorWorkerExtension"
 # GPU, per-layer timing) on the first SAMPLE_WARMUP_STEPS steps of each phase, then on every N-th
 DEFAULT_SAMPLE_EVERY = 8
 SAMPLE_WARMUP_STEPS = 8
+# eager mode's per-layer timing has two grains: every step timed per layer is timed at the decoder
+# layers' boundaries (each layer, the embedding, the final norm: one event pair per layer), and
+# every DEFAULT_DETAIL_EVERY-th of them per phase (the first included) also inside each layer (its
+# attention, MLP and norms: five pairs per layer). Every event is a host launch that an eager,
+# launch-bound step waits for: the finer split on every timed step made those steps +27 % slower
+# than the untimed ones (H200, 8B shape, eager); docs/engine-stage.md has the measurements
+DEFAULT_DETAIL_EVERY = 4
 
 # a step's counts from the SchedulerOutput (vllm_doctor.engine.steps.StepTracker.observe)
 STEP_COUNT_FIELDS = (
@@ -46,6 +53,7 @@ STEP_COLUMNS = (
     "host_sample_s",
     "sampled",
     "layers_timed",
+    "layers_detail",  # also timed inside each decoder layer (eager mode's finer split; compiled: every timed step)
     # the device's idle time since the previous step ended, on the step clock (the previous
     # step's end mark to this step's start mark; NaN for the first step or after an aborted one):
     # the engine's scheduling and output processing where the device waits for the host
@@ -69,6 +77,7 @@ STEP_COLUMN_TYPES = {
     "host_sample_s": "d",
     "sampled": "b",
     "layers_timed": "b",
+    "layers_detail": "b",
     "idle_before_s": "d",
 }
 

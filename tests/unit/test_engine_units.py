@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import json
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -207,6 +208,42 @@ def test_per_layer_timing_samples_the_first_steps_of_each_phase_then_every_nth()
     assert [s["layers_timed"] for s in StepTable.of(snap).rows()] == [timed[i] for i in range(20)]
     assert [s["phase"] for s in StepTable.of(snap).rows()] == ["decode" if i in decode_steps else "prefill" for i in range(20)]
     assert snap["sample_every"] == 4
+
+
+def test_eager_per_layer_timing_splits_inside_the_layers_on_every_nth_timed_step_and_scales_those_modules() -> None:
+    """The two grains: every step timed per layer times the decoder layers, every detail_every-th
+    of them per phase (the first included) the modules inside them too; each module counts the
+    steps it was timed on, and the layer tables scale an inner module's total to all timed steps."""
+    prof = ForwardProfiler(WallClock(), select_modules(ToyForCausalLM()), sample_every=1, detail_every=3)
+    prof.layers_enabled = True
+    detail = []
+    for so in _two_requests(8):  # one prefill, seven decode steps, all timed per layer
+        step = prof.begin_step(so)
+        assert isinstance(step, OpenStep) and step.layers_timed
+        detail.append(step.layers_detail)
+        prof.module_enter("")
+        prof.module_enter("model.layers.0")
+        if step.layers_detail:  # what the session arms on a detailed step only
+            prof.module_enter("model.layers.0.self_attn")
+            time.sleep(0.002)
+            prof.module_exit("model.layers.0.self_attn")
+        prof.module_exit("model.layers.0")
+        prof.module_exit("")
+        prof.after_execute(0.001, output_is_final=True)
+    # the prefill phase's first step; decode's 1st, 4th and 7th
+    assert detail == [True, True, False, False, True, False, False, True]
+    snap = prof.snapshot()
+    assert snap["detail_every"] == 3
+    rows = StepTable.of(snap).rows()
+    assert [r["layers_detail"] for r in rows] == detail and all(r["layers_timed"] for r in rows)
+    stats = {m["name"]: m for m in snap["layers"]}
+    assert (stats["model.layers.0"]["decode_steps"], stats["model.layers.0.self_attn"]["decode_steps"]) == (7, 3)
+    attn = stats["model.layers.0.self_attn"]
+    tables = layer_tables(snap, StepTable.of(snap))
+    scaled = next(m for m in tables["modules"] if m["name"] == "model.layers.0.self_attn")
+    assert scaled["total_s"] == pytest.approx(attn["prefill_s"] + attn["decode_s"] * 7 / 3)
+    layer = next(m for m in tables["modules"] if m["name"] == "model.layers.0")
+    assert layer["total_s"] == pytest.approx(stats["model.layers.0"]["prefill_s"] + stats["model.layers.0"]["decode_s"])
 
 
 def test_unsampled_steps_are_plain_records_and_empty_steps_still_free_blocks() -> None:

@@ -194,8 +194,20 @@ def idle_between_steps(steps: StepTable) -> dict[str, Any] | None:
 def layer_tables(profile: dict[str, Any], steps: StepTable) -> dict[str, Any]:
     """Per module, per decoder layer and per kind (with "other" = forward not in any kind)."""
     modules = list(profile.get("layers") or [])
+    # eager mode times the modules inside the decoder layers on every detail_every-th step timed
+    # per layer only: their totals are scaled to all the steps timed per layer (a module's mean
+    # per step on its own steps, times the timed steps), so they add up with the layers'
+    timed_per_bucket = {"prefill": 0, "decode": 0}
+    for phase, on in zip(steps.phases, steps["layers_timed"], strict=True):
+        if on:
+            timed_per_bucket["decode" if phase == "decode" else "prefill"] += 1
     for m in modules:
-        m["total_s"] = m.get("prefill_s", 0.0) + m.get("decode_s", 0.0)
+        total = 0.0
+        for bucket in ("prefill", "decode"):
+            seconds, on_steps = m.get(f"{bucket}_s", 0.0), m.get(f"{bucket}_steps")
+            all_steps = timed_per_bucket[bucket]
+            total += seconds * all_steps / on_steps if on_steps and all_steps > on_steps else seconds
+        m["total_s"] = total
         m["calls"] = m.get("prefill_calls", 0) + m.get("decode_calls", 0)
     by_layer: dict[int, dict[str, Any]] = {}
     by_kind: dict[str, float] = {}

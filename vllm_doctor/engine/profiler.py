@@ -17,6 +17,12 @@ device-clock step time; a sampled step also gets the model's forward and logits 
 per-layer timing. Shares and per-call times need a sample, not every step; every piece of
 Python on a launch-bound step's path costs throughput (bench/bench_engine.py), so an unsampled
 step pays for counting (and on GPU two events) only.
+
+In eager mode per-layer timing has two grains (:data:`DEFAULT_DETAIL_EVERY`): a step timed per
+layer times the decoder layers' boundaries (``layers_timed``), and every ``detail_every``-th of
+them per phase the modules inside each layer too (``layers_detail``). Each module's statistics
+count the steps it was timed on (``prefill_steps`` / ``decode_steps``), so a reader scales the
+inner modules' totals to the steps timed per layer.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from vllm_doctor.constants import STEP_COLUMN_TYPES, STEP_COLUMNS, STEP_SUMMARY_COLUMNS
+from vllm_doctor.constants import DEFAULT_DETAIL_EVERY, STEP_COLUMN_TYPES, STEP_COLUMNS, STEP_SUMMARY_COLUMNS
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
 from vllm_doctor.engine.clock import CudaEventClock, WallClock
 from vllm_doctor.engine.graphs import Fixed
@@ -75,6 +81,7 @@ class OpenStep:
     host_execute_s: float = 0.0
     host_sample_s: float = 0.0
     layers_timed: bool = False  # per-layer timing on this step (eager, layers on)
+    layers_detail: bool = False  # and inside the decoder layers (eager's finer grain; compiled: always)
     prev_end: Any = None  # the previous step's end mark: the device's idle time before this step
 
 
@@ -85,6 +92,7 @@ class ForwardProfiler:
         timed: list[TimedModule],
         trace_steps: int = DEFAULT_TRACE_STEPS,
         sample_every: int = DEFAULT_SAMPLE_EVERY,
+        detail_every: int = DEFAULT_DETAIL_EVERY,
     ) -> None:
         self.clock = clock
         self._wall = clock.domain == "host"  # marks are perf_counter floats (no events to resolve)
@@ -92,6 +100,9 @@ class ForwardProfiler:
         self.layers_enabled = False  # set by the session once its per-layer timing forwards exist
         self.sample_every = max(1, int(sample_every))
         self._phase_steps = [0, 0, 0]  # steps seen per phase: decode, prefill, mixed
+        # of the steps timed per layer, which are timed inside the layers too (1: all of them)
+        self.detail_every = max(1, int(detail_every))
+        self._phase_layer_steps = [0, 0, 0]  # steps timed per layer so far, per phase
         self.timed = {m.name: m for m in timed}
         self._logits_names = frozenset(m.name for m in timed if m.kind == "logits")
         self.trace_steps = trace_steps
@@ -136,9 +147,20 @@ class ForwardProfiler:
             return plain
         self._stack.clear()
         self._after_forward = None
+        detail = False
+        if self.layers_enabled:
+            k = self._phase_layer_steps[phase]
+            self._phase_layer_steps[phase] = k + 1
+            detail = not k % self.detail_every
         start = self.clock.mark(True)
         step: OpenStep = OpenStep(
-            index, time.perf_counter(), counts, start, layers_timed=self.layers_enabled, prev_end=prev
+            index,
+            time.perf_counter(),
+            counts,
+            start,
+            layers_timed=self.layers_enabled,
+            layers_detail=detail,
+            prev_end=prev,
         )
         self.current = step
         return step
@@ -199,7 +221,7 @@ class ForwardProfiler:
             steps.append(
                 (
                     index, host_start, counts, step_s, True, None, None, host_execute_s, host_sample_s,
-                    False, False, idle_s,
+                    False, False, False, idle_s,
                 )
             )  # fmt: skip
         else:
@@ -421,6 +443,7 @@ class ForwardProfiler:
                     step.host_sample_s,
                     True,
                     step.layers_timed,
+                    step.layers_timed and step.layers_detail,
                     idle_s,
                 )
             )
@@ -446,6 +469,8 @@ class ForwardProfiler:
         keep_trace = len(self.layer_trace) < self.trace_steps
         events = []
         bucket = "decode" if phase == "decode" else "prefill"
+        steps_key = f"{bucket}_steps"
+        counted: set[str] = set()
         for name, a, b in step.layers:
             dur = t(b) - t(a)
             stats = self.layer_stats.get(name)
@@ -460,7 +485,13 @@ class ForwardProfiler:
                     "prefill_s": 0.0,
                     "decode_calls": 0,
                     "decode_s": 0.0,
+                    # the steps it was timed on (eager's inner modules: the detailed ones only)
+                    "prefill_steps": 0,
+                    "decode_steps": 0,
                 }
+            if name not in counted:
+                counted.add(name)
+                stats[steps_key] += 1
             stats[f"{bucket}_calls"] += 1
             stats[f"{bucket}_s"] += dur
             if keep_trace:
@@ -511,6 +542,7 @@ class ForwardProfiler:
             "clock": self.clock.kind,
             "sample_every": self.sample_every,
             "sample_warmup_steps": SAMPLE_WARMUP_STEPS,
+            "detail_every": self.detail_every,
             # unsampled steps are records when they finish, samples once resolved
             "t0": self.t0,
             "step_arrays": self.step_arrays(STEP_COLUMNS if timeline else STEP_SUMMARY_COLUMNS),

@@ -68,8 +68,11 @@ class WorkerSession:
         # the root model's and the logits processor's (per-step forward and logits time) ...
         # each (object, attribute, wrapper, previous instance attribute or None)
         self._timers: list[Armed] = []
-        # ... and the timed modules' (per-layer time; in compiled modes the attention calls')
+        # ... and the timed modules' (per-layer time; in compiled modes the attention calls'):
+        # in eager mode a step timed per layer arms the decoder layers' and the top-level modules'
+        # (``_boundary_wrappers_only``), a detailed one the inner modules' too (all of them)
         self._layer_wrappers: list[Armed] = []
+        self._boundary_wrappers_only: list[Armed] = []
         self._armed: list[Armed] = []  # those on their objects now
         self._armed_layers: list[Armed] = []
         self.probe: ProbeRecorder | None = None
@@ -158,14 +161,19 @@ class WorkerSession:
         self.profiler.sample_every = max(1, int(sample_every))
         if layers and not self.layers_on:
             if state["eager"]:
-                self._layer_wrappers = [
-                    self._timing_forward(model.get_submodule(tm.name), tm.name, "layer_forwards", "layers")
-                    for tm in self.profiler.timed.values()
-                    if tm.kind not in ("model", "logits")
-                ]
+                boundaries: list[Armed] = []
+                inner: list[Armed] = []
+                for tm in self.profiler.timed.values():
+                    if tm.kind in ("model", "logits"):
+                        continue
+                    armed = self._timing_forward(model.get_submodule(tm.name), tm.name, "layer_forwards", "layers")
+                    # a decoder layer, or a module outside the layers (embedding, final norm)
+                    (boundaries if tm.kind == "layer" or tm.layer is None else inner).append(armed)
+                self._layer_wrappers = boundaries + inner
+                self._boundary_wrappers_only = boundaries
                 self.layers_on = True
                 self.profiler.layers_enabled = True
-                every = self.profiler.sample_every
+                every, detail = self.profiler.sample_every, self.profiler.detail_every
                 why = (
                     "eager mode"
                     if state["enforce_eager"]
@@ -173,15 +181,23 @@ class WorkerSession:
                 )
                 self.layers_reason = (
                     why
-                    + ": every timed module is timed on "
+                    + ": the decoder layers, the embedding and the final norm are timed on "
                     + (
                         "every step"
                         if every == 1
                         else f"the first {SAMPLE_WARMUP_STEPS} steps of each phase, then every {every}-th"
                     )
+                    + (
+                        ""
+                        if not inner
+                        else "; the modules inside each layer (attention, MLP, norms) "
+                        + ("on each of those" if detail == 1 else f"on every {detail}-th of those per phase")
+                        + " (each timed module is an event pair the eager step's host launches)"
+                    )
                 )
             else:
-                self._layer_wrappers = self._boundary_wrappers()
+                self._layer_wrappers = self._boundary_wrappers_only = self._boundary_wrappers()
+                self.profiler.detail_every = 1  # each timed step's attention calls give the whole split
                 if self._layer_wrappers:
                     self.layers_on = True
                     self.profiler.layers_enabled = True
@@ -224,6 +240,7 @@ class WorkerSession:
         removed = len(self._timers) + len(self._layer_wrappers)
         self._timers = []
         self._layer_wrappers = []
+        self._boundary_wrappers_only = []
         self._stop_probe()
         self.layers_on = False
         if graphs.ACTIVE is self.profiler:
@@ -362,14 +379,15 @@ class WorkerSession:
         call.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return obj, attr, call, previous
 
-    def _arm(self, layers: bool) -> None:
+    def _arm(self, layers: bool, detail: bool = True) -> None:
         for obj, attr, fn, _ in self._timers:
             obj.__dict__[attr] = fn
         self._armed = self._timers
         if layers:
-            for obj, attr, fn, _ in self._layer_wrappers:
+            chosen = self._layer_wrappers if detail else self._boundary_wrappers_only
+            for obj, attr, fn, _ in chosen:
                 obj.__dict__[attr] = fn
-            self._armed_layers = self._layer_wrappers
+            self._armed_layers = chosen
 
     def _disarm_layers(self) -> None:
         """The layers' timing forwards come off once ``execute_model`` returns (the forward ran
@@ -491,7 +509,8 @@ class WorkerSession:
         counts = step.counts if isinstance(step, OpenStep) else step[2]
         self.probe_step = bool(self.probe_plan) and self._probe_wants(phase_of(counts))
         if sampled or self.probe_step:
-            self._arm(isinstance(step, OpenStep) and step.layers_timed and "layers" not in self.disabled)
+            timed = isinstance(step, OpenStep) and step.layers_timed and "layers" not in self.disabled
+            self._arm(timed, isinstance(step, OpenStep) and step.layers_detail)
 
     def _end_special(self) -> None:
         """The step ended: the timing forwards come off (V2 runners compute the logits in

@@ -22,12 +22,27 @@ from vllm_doctor.constants import STEP_COLUMN_TYPES, STEP_COLUMNS, STEP_COUNT_FI
 
 ARRAY_CODES = frozenset("dqib")
 # the per-step dict's fields taken from the columns as they are
-ROW_FIELDS = ("forward_s", "logits_s", "host_execute_s", "host_sample_s", "sampled", "layers_timed", "idle_before_s")
+ROW_FIELDS = (
+    "forward_s",
+    "logits_s",
+    "host_execute_s",
+    "host_sample_s",
+    "sampled",
+    "layers_timed",
+    "layers_detail",
+    "idle_before_s",
+)
 
 
 # a field a reply may lack: counts are 0; without ``sampled`` / ``layers_timed`` (the oldest
-# records) every step was timed
-DEFAULTS: dict[str, Any] = {**dict.fromkeys(STEP_COUNT_FIELDS, 0), "sampled": True, "layers_timed": True}
+# records) every step was timed; without ``layers_detail`` (a doctor from before eager mode's two
+# grains) every step timed per layer was timed inside its layers too
+DEFAULTS: dict[str, Any] = {
+    **dict.fromkeys(STEP_COUNT_FIELDS, 0),
+    "sampled": True,
+    "layers_timed": True,
+    "layers_detail": True,
+}
 
 
 class StepTable:
