@@ -36,6 +36,9 @@ class WallClock:
         return float(end - start)
 
 
+MAX_FREE_EVENTS = 4096  # events kept for reuse
+
+
 class CudaEventClock:
     """CUDA events recorded on the current stream; elapsed time read after the fact."""
 
@@ -86,8 +89,23 @@ class CudaEventClock:
 
     def release(self, *marks: Any) -> None:
         """Give resolved events back for reuse (creating events is not free)."""
-        if len(self._free) < 4096:
+        if len(self._free) < MAX_FREE_EVENTS:
             self._free.extend(m for m in marks if m is not None)
+
+    def reserve(self, count: int) -> None:
+        """Create ``count`` events ahead, outside any step. torch creates a CUDA event when it is
+        first recorded: a timed step that found the free list empty paid that creation for each
+        of its marks, on the host that launches an eager step's kernels. Each is recorded once
+        here on the current stream (a timestamp, nothing else) and waited for once."""
+        count = min(count, MAX_FREE_EVENTS) - len(self._free)
+        if count <= 0 or self.capturing():
+            return
+        made = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        stream = torch.cuda.current_stream()
+        for event in made:
+            event.record(stream)
+        made[-1].synchronize()
+        self._free.extend(made)
 
 
 def clock_for(device: torch.device) -> WallClock | CudaEventClock:

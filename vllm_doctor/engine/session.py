@@ -27,7 +27,7 @@ from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
 from vllm_doctor.engine.clock import clock_for
 from vllm_doctor.engine.layers import decoder_layer_name, layer_index, select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
-from vllm_doctor.engine.profiler import DEFAULT_TRACE_STEPS, ForwardProfiler, OpenStep
+from vllm_doctor.engine.profiler import DEFAULT_TRACE_STEPS, RESOLVE_BATCH, ForwardProfiler, OpenStep
 from vllm_doctor.engine.steps import phase_of
 
 SESSION_ATTR = "_vllm_doctor_session"
@@ -140,7 +140,11 @@ class WorkerSession:
         state = wv.compile_state(self.worker)
         if self.profiler is None:
             timed = select_modules(model)
-            self.profiler = ForwardProfiler(clock_for(wv.device(self.worker)), timed, trace_steps, sample_every)
+            clock = clock_for(wv.device(self.worker))
+            reserve = getattr(clock, "reserve", None)
+            if reserve is not None:  # the marks of a batch of samples (resolved together), capped
+                reserve(RESOLVE_BATCH * (2 * len(timed) + 8))
+            self.profiler = ForwardProfiler(clock, timed, trace_steps, sample_every)
             self.rpc_s, self.window_t0 = 0.0, time.perf_counter()
             self._wrap_runner()
             # the root model's forward where it runs Python: eager mode, or a root class that
