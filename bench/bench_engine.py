@@ -57,7 +57,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     if args.execution == "default":  # as `vllm-doctor profile` starts its engines (stages/engine.py)
-        os.environ["VLLM_DOCTOR_GRAPH_TIMING"] = "1"
+        from vllm_doctor.constants import GRAPH_TIMING_ENV, SWITCH_ON
+
+        os.environ[GRAPH_TIMING_ENV] = SWITCH_ON
     tmp = Path(tempfile.mkdtemp(prefix="bench-engine-"))
     model = args.model
     if model is None:

@@ -6,11 +6,25 @@ Both sides import these from here, so the doctor's side never imports :mod:`vllm
 
 from __future__ import annotations
 
+import os
+
 # the distribution pip installs (pyproject's name): "vllm-doctor" on PyPI is another project
 DISTRIBUTION = "vllm-model-doctor"
 
 # what ``worker_extension_cls`` names; vllm_doctor.engine.extension defines the class
 EXTENSION_QUALNAME = "vllm_doctor.engine.extension.DoctorWorkerExtension"
+
+# per-layer time inside FULL CUDA graphs (vllm_doctor.engine.graphs): on in an engine's environment
+# when it starts (stages/engine.py sets it for the engines the doctor profiles), its workers
+# capture timing events into vLLM's CUDA graphs
+GRAPH_TIMING_ENV = "VLLM_DOCTOR_GRAPH_TIMING"
+SWITCH_ON = "1"  # what the doctor sets a switch of the environment to
+
+
+def env_switch(name: str) -> bool:
+    """Is the environment's opt-in switch ``name`` on: 1, true, yes or on (any case, blanks around)?"""
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
 
 # the forward profiler's sampling (vllm_doctor.engine.profiler): detailed timing (CUDA events on
 # GPU, per-layer timing) on the first SAMPLE_WARMUP_STEPS steps of each phase, then on every N-th

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.gpu.test_engine_gpu import GPU_DIMS, REPO_ROOT, pytestmark  # noqa: F401  (markers: gpu, engine, skips)
+from vllm_doctor.constants import GRAPH_TIMING_ENV
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
     tmp = tmp_path_factory.mktemp("gpu-timing")
     model = build_llama_dir(tmp / "tiny-llama", ["LlamaForCausalLM"], GPU_DIMS)
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DOCTOR_GRAPH_TIMING")}
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", GRAPH_TIMING_ENV)}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     out = tmp / "prof"
     proc = subprocess.run(

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.weights import TINY_LLAMA_CONFIG
-from vllm_doctor.checks.weights import config_non_finite
+from vllm_doctor.checks.config_sizes import config_non_finite
 
 CONFIG = TINY_LLAMA_CONFIG
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.fixtures.weights import write_raw_safetensors
 from vllm_doctor.checks import run_checks
-from vllm_doctor.checks.weights import tp_problems, working_tp_sizes
+from vllm_doctor.checks.parallel_sizes import tp_problems, working_tp_sizes
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Outcome, Severity
 from vllm_doctor.probes import safetensors_header

@@ -1,7 +1,9 @@
 """The check catalogue. Families are imported explicitly so the order is stable.
 
-Static stage: ``registry``, ``contract``, ``weights``, ``perf`` (the performance lint, also run on
-the engine stage's worker facts). Engine stage, one module per topic:
+Static stage: ``registry``, ``contract``, ``perf`` (the performance lint, also run on the engine
+stage's worker facts), and the checkpoint against the model (VD3xx), one module per topic:
+``weight_loading``, ``parallel_sizes``, ``checkpoint_files``, ``config_sizes``, ``model_build``
+(their shared gates and helpers: ``weights_base``). Engine stage, one module per topic:
 ``startup``, ``placement``, ``probe``, ``ranks``, ``kv_cache``, ``memory``, ``attention`` and
 ``doctor`` (their shared gates and helpers: ``engine_base``).
 """
@@ -18,8 +20,13 @@ from vllm_doctor.checks import (  # noqa: F401  (registers checks)
     ranks,
     registry,
     startup,
-    weights,
 )
+
+# isort: off
+# VD3xx in code order: the catalogue keeps the order the checks register in
+from vllm_doctor.checks import weight_loading, parallel_sizes, checkpoint_files, config_sizes, model_build  # noqa: F401
+
+# isort: on
 from vllm_doctor.checks.base import (
     CATALOGUE,
     GATES,

@@ -22,6 +22,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from vllm_doctor.constants import GRAPH_TIMING_ENV, env_switch
+
 PROTOCOL = 1
 
 
@@ -29,11 +31,11 @@ def _graph_timing_from_env() -> None:
     """``VLLM_DOCTOR_GRAPH_TIMING=1``: this module is imported in each worker when vLLM builds
     the worker class, before the model is loaded and its CUDA graphs captured: the moment to
     install the capture wrappers of :mod:`vllm_doctor.engine.graphs`."""
-    if os.environ.get("VLLM_DOCTOR_GRAPH_TIMING"):
+    if env_switch(GRAPH_TIMING_ENV):
         try:
             from vllm_doctor.engine import graphs
 
-            graphs.install_from_env()
+            graphs.TIMING.install_from_env()
         except Exception:  # per-layer timing inside graphs is lost, nothing else
             pass
 

@@ -27,12 +27,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from vllm_doctor.constants import env_switch
+
 ENV_FLAG = "VLLM_DOCTOR"
 _registered = False
 
 
 def active() -> bool:
-    return os.environ.get(ENV_FLAG, "").strip().lower() in ("1", "true", "yes", "on")
+    return env_switch(ENV_FLAG)
 
 
 def record_dir() -> str:

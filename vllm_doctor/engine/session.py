@@ -23,6 +23,7 @@ from typing import Any
 from torch import nn
 
 from vllm_doctor.compat import worker as wv
+from vllm_doctor.constants import GRAPH_TIMING_ENV, SWITCH_ON
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
 from vllm_doctor.engine.clock import clock_for
 from vllm_doctor.engine.layers import decoder_layer_name, layer_index, select_modules
@@ -205,19 +206,19 @@ class WorkerSession:
                 if self._layer_wrappers:
                     self.layers_on = True
                     self.profiler.layers_enabled = True
-                    graphs.ACTIVE = self.profiler
+                    graphs.TIMING.active = self.profiler
                     how = (
                         "compiled mode: timed at the attention calls, the compiled forward's only Python "
                         "calls (layer i = its attention, then everything until layer i+1's attention)"
                     )
-                    timed_graphs = graphs.timed_graphs()
+                    timed_graphs = graphs.TIMING.timed_graphs()
                     if timed_graphs:
                         how += f"; inside FULL CUDA graphs by events captured into {timed_graphs} graph(s)"
                     elif state["cudagraphs"]:
                         how += (
                             "; steps that replay a FULL CUDA graph run no Python inside the forward: their "
                             "forward is timed, not their layers (events captured into the graphs need "
-                            f"{graphs.ENV_FLAG}=1 when the engine starts)"
+                            f"{GRAPH_TIMING_ENV}={SWITCH_ON} when the engine starts)"
                         )
                     self.layers_reason = how
                 else:
@@ -247,8 +248,8 @@ class WorkerSession:
         self._boundary_wrappers_only = []
         self._stop_probe()
         self.layers_on = False
-        if graphs.ACTIVE is self.profiler:
-            graphs.ACTIVE = None
+        if graphs.TIMING.active is self.profiler:
+            graphs.TIMING.active = None
         self.profiler = None
         self.worker.__dict__.pop(SESSION_ATTR, None)
         return {"restored_methods": restored, "removed_timing_forwards": removed, "status": self.status()}

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_doctor.checks.perf import perf_codes
-from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
+from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY, GRAPH_TIMING_ENV, SWITCH_ON
 from vllm_doctor.facts.engine import EngineFacts, facts_from_dict, facts_to_dict
 from vllm_doctor.model import Finding, Outcome, Report
 from vllm_doctor.stages.child import run_child
@@ -151,7 +151,7 @@ def run_engine_stage(
     env = {k: v for k, v in os.environ.items() if k not in SCRUBBED_ENV}
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # engine.log keeps what vLLM says at start-up
     if options.layers and not options.eager:  # per-layer time inside FULL CUDA graphs (engine/graphs.py)
-        env["VLLM_DOCTOR_GRAPH_TIMING"] = "1"
+        env[GRAPH_TIMING_ENV] = SWITCH_ON
     res = run_child(
         "engine",
         {"model": model, "options": asdict(options)},

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from vllm_doctor.checks.base import codes_for, informative_line, needs_import
-from vllm_doctor.checks.weights import config_size_problems
+from vllm_doctor.checks.config_sizes import config_size_problems
 from vllm_doctor.facts.checkpoint import OUTSIDE_KINDS
 from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.static import Facts

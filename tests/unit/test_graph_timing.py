@@ -1,0 +1,186 @@
+"""engine/graphs.py's timing inside CUDA graphs, on CPU: a fake ``CUDAGraph`` class and a fake
+forward context stand in for torch's and vLLM's, so the wrappers run as they do in a capture and
+a replay (the real capture runs in tests/gpu). Also the one switch that turns it on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any, ClassVar
+
+import pytest
+import torch
+
+from vllm_doctor import constants
+from vllm_doctor.compat import worker as wv
+from vllm_doctor.engine import extension, graphs
+from vllm_doctor.engine.profiler import OpenStep
+
+
+class FakeEvent:
+    recorded: ClassVar[list[FakeEvent]] = []
+
+    def __init__(self, enable_timing: bool = False, external: bool = False) -> None:
+        self.external = external
+
+    def record(self) -> None:
+        FakeEvent.recorded.append(self)
+
+
+class FakeGraph:
+    """torch.cuda.CUDAGraph's three methods the timing wraps, noting each call."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def capture_begin(self) -> None:
+        self.calls.append("capture_begin")
+
+    def capture_end(self) -> None:
+        self.calls.append("capture_end")
+
+    def replay(self) -> str:
+        self.calls.append("replay")
+        return "replayed"
+
+
+@dataclass
+class FakeForwardContext:
+    """Like vLLM's ForwardContext, it has a ``__post_init__`` (a dataclass's ``__init__`` calls one
+    only if the class had it when it was made)."""
+
+    no_compile_layers: Any = None
+
+    def __post_init__(self) -> None:
+        self.made = True
+
+
+POST_INIT = FakeForwardContext.__dict__["__post_init__"]
+
+
+class FakeImpl:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def do_kv_cache_update(self) -> None:
+        self.calls.append("kv")
+
+    def forward(self) -> str:
+        self.calls.append("forward")
+        return "out"
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> SimpleNamespace:
+    """torch.cuda's graph and events, and vLLM's forward context, as fakes; one attention layer."""
+    impl = FakeImpl()
+    layers = {"model.layers.0.self_attn.attn": SimpleNamespace(impl=impl)}
+    FakeEvent.recorded = []
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", FakeGraph)
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(wv, "forward_context_class", lambda: FakeForwardContext)
+    monkeypatch.setattr(wv, "current_forward_layers", lambda: layers)
+    methods = {name: FakeGraph.__dict__[name] for name in ("capture_begin", "capture_end", "replay")}
+    return SimpleNamespace(impl=impl, layers=layers, methods=methods)
+
+
+def test_a_capture_records_two_events_per_attention_layer_and_a_sampled_replay_notes_them(
+    fake_cuda: SimpleNamespace,
+) -> None:
+    timing = graphs.GraphTiming()
+    assert timing.install() is True and timing.install() is True  # idempotent
+    graph = FakeGraph()
+    graph.capture_begin()  # the V1 runner's way: the forward context is set before the capture
+    assert timing.capturing is graph and len(timing.wrapped) == 2
+    assert fake_cuda.impl.do_kv_cache_update() is None and fake_cuda.impl.forward() == "out"
+    graph.capture_end()
+    assert graph.calls == ["capture_begin", "capture_end"] and fake_cuda.impl.calls == ["kv", "forward"]
+    assert timing.capturing is None and timing.wrapped == [] and "forward" not in vars(fake_cuda.impl)
+    marks = timing.graphs[id(graph)][1]
+    name = "model.layers.0.self_attn.attn"
+    assert [(n, entered) for n, entered, _ in marks.marks] == [(name, True), (name, False)]
+    assert all(event.external for _, _, event in marks.marks)
+    assert timing.captured_graphs == 1 and timing.timed_graphs() == 1
+    assert timing.status() == {"installed": True, "graphs_with_events": 1, "events_per_graph": 2, "errors": []}
+
+    assert graph.replay() == "replayed" and marks.unread is None  # no doctor attached: nothing noted
+    step = OpenStep(0, 0.0, (0, 1, 0, 1, 1, 1, 0, 0), start=FakeEvent(), layers_timed=True)
+    timing.active = SimpleNamespace(current=step)
+    assert graph.replay() == "replayed"
+    assert marks.unread is not None and marks.unread[0] is step and step.graph_reads == [marks]
+    assert graph.calls == ["capture_begin", "capture_end", "replay", "replay"]
+
+    timing.uninstall()
+    assert {n: FakeGraph.__dict__[n] for n in fake_cuda.methods} == fake_cuda.methods
+    assert not timing.installed and FakeForwardContext.__dict__["__post_init__"] is POST_INIT
+
+
+def test_a_forward_context_made_during_a_capture_wraps_its_layers(
+    fake_cuda: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The V2 runner's way: the forward context is set inside the capture."""
+    monkeypatch.setattr(wv, "current_forward_layers", lambda: None)
+    timing = graphs.GraphTiming()
+    timing.install()
+    try:
+        FakeForwardContext(fake_cuda.layers)  # outside a capture: nothing wrapped
+        assert timing.wrapped == []
+        graph = FakeGraph()
+        graph.capture_begin()
+        assert timing.wrapped == []
+        assert FakeForwardContext(fake_cuda.layers).made  # vLLM's own __post_init__ still runs
+        assert [attr for _, attr, _ in timing.wrapped] == ["do_kv_cache_update", "forward"]
+        fake_cuda.impl.forward()
+        graph.capture_end()
+        assert [entered for _, entered, _ in timing.graphs[id(graph)][1].marks] == [False]
+    finally:
+        timing.uninstall()
+
+
+def test_a_graph_without_events_replays_untouched(fake_cuda: SimpleNamespace) -> None:
+    timing = graphs.GraphTiming()
+    timing.install()
+    try:
+        timing.active = SimpleNamespace(current=OpenStep(0, 0.0, (0,) * 8, start=FakeEvent(), layers_timed=True))
+        graph = FakeGraph()
+        assert graph.replay() == "replayed" and timing.graphs == {} and FakeEvent.recorded == []
+    finally:
+        timing.uninstall()
+
+
+@pytest.mark.parametrize(
+    ("value", "on"),
+    [
+        ("1", True),
+        ("true", True),
+        (" YES ", True),
+        ("On", True),
+        ("0", False),
+        ("no", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_one_switch_parser_for_graph_timing(
+    value: str | None, on: bool, monkeypatch: pytest.MonkeyPatch, fake_cuda: SimpleNamespace
+) -> None:
+    """The worker extension installs the wrappers exactly when the one parser reads the switch as on."""
+    if value is None:
+        monkeypatch.delenv(constants.GRAPH_TIMING_ENV, raising=False)
+    else:
+        monkeypatch.setenv(constants.GRAPH_TIMING_ENV, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fresh = graphs.GraphTiming()
+    monkeypatch.setattr(graphs, "TIMING", fresh)
+    try:
+        extension._graph_timing_from_env()
+        assert constants.env_switch(constants.GRAPH_TIMING_ENV) is on
+        assert fresh.installed is on and fresh.install_from_env() is on
+    finally:
+        fresh.uninstall()
+
+
+def test_the_doctor_sets_the_switch_to_a_value_it_reads_as_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(constants.GRAPH_TIMING_ENV, constants.SWITCH_ON)
+    assert constants.GRAPH_TIMING_ENV == "VLLM_DOCTOR_GRAPH_TIMING" and constants.env_switch(constants.GRAPH_TIMING_ENV)
