@@ -285,3 +285,9 @@ def test_check_o_still_writes_the_report(tmp_path: Path, capsys: pytest.CaptureF
         assert main(["check", str(model), "--fast", "-q", old, str(out)]) == code
         assert [f["code"] for f in json.loads(out.read_text())["findings"]] == findings
         assert capsys.readouterr().err == f"vllm-doctor: warning: {old} is deprecated and will be removed; use --out\n"
+
+
+def test_docs_options_lists_every_engine_option() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "options.md").read_text(encoding="utf-8")
+    for spec in specs():
+        assert f"| `{spec.name}` | `--{spec.flag}" in text and f"`--vllm-doctor-{spec.flag}`" in text, spec.name
