@@ -106,6 +106,8 @@ def test_the_pytest_plugin_offers_every_engine_option(pytester: pytest.Pytester)
     text = pytester.runpytest("--help").stdout.str()
     offered = set(re.findall(r"--vllm-doctor-([a-z-]+)", text)) - {"model", "fail-on", "report", "fast"}
     assert offered == {spec.flag for spec in specs()}
+    ini = set(re.findall(r"^  vllm_doctor_([a-z_]+) ", text, re.MULTILINE))  # the same as ini keys
+    assert ini == {spec.flag.replace("-", "_") for spec in specs()}
 
 
 # ---- each reaches the engine stage --------------------------------------------------------
@@ -182,6 +184,30 @@ def test_the_pytest_plugin_passes_every_option(stage_calls: list[EngineOptions],
     session, own = stage_calls
     assert given(session) == NOT_DEFAULT
     assert given(own) == {**NOT_DEFAULT, "eager": False, "max_model_len": 99}  # an assertion's keyword wins
+
+
+def test_the_pytest_ini_keys_pass_every_option_and_the_command_line_wins(
+    stage_calls: list[EngineOptions], pytester: pytest.Pytester
+) -> None:
+    model = pytester.mkdir("model")
+    lines = []
+    for spec in specs():
+        words = WORDS[spec.name]
+        key = "vllm_doctor_" + spec.flag.replace("-", "_")
+        if spec.kind == "pairs":
+            lines.append(f"{key} =\n" + "".join(f"    {v}\n" for v in words[1::2]))
+        else:
+            lines.append(f"{key} = {words[1] if len(words) > 1 else 'true'}\n")
+    ini = "[pytest]\n" + "".join(lines)
+    pytester.makeini(ini)
+    pytester.makepyfile(f"def test_device(vllm_doctor):\n    vllm_doctor.assert_on_device({str(model)!r})\n")
+    pytester.runpytest().assert_outcomes(passed=1)
+    pytester.runpytest("--vllm-doctor-max-model-len", "88").assert_outcomes(passed=1)
+    assert [given(o) for o in stage_calls] == [NOT_DEFAULT, {**NOT_DEFAULT, "max_model_len": 88}]
+    pytester.makeini("[pytest]\nvllm_doctor_device = gpu\n")
+    bad = pytester.runpytest()
+    assert bad.ret == pytest.ExitCode.USAGE_ERROR
+    assert "vllm_doctor_device in " in bad.stderr.str() and "expected one of auto, cpu, cuda, got 'gpu'" in bad.stderr.str()
 
 
 def test_an_unknown_keyword_is_a_type_error_naming_the_options() -> None:

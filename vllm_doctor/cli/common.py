@@ -155,7 +155,7 @@ def add_deprecated(parser: argparse.ArgumentParser, *old: str, new: str, dest: s
     parser.add_argument(*old, dest=dest, action=DeprecatedAlias, new=new, **kwargs)
 
 
-def add_url(parser: argparse.ArgumentParser, help: str = "the server, e.g. http://127.0.0.1:8000") -> None:
+def add_url(parser: argparse.ArgumentParser, help: str = "the server (required), e.g. http://127.0.0.1:8000") -> None:
     """``--url URL``, the one way to name a running server; a positional URL still works (deprecated)."""
     parser.add_argument("--url", help=help)
     parser.add_argument("old_url", nargs="?", metavar="URL", default=None, help=argparse.SUPPRESS)

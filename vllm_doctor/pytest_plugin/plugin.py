@@ -36,7 +36,16 @@ from vllm_doctor.files import write_json_atomic
 from vllm_doctor.model import Severity
 from vllm_doctor.pytest_plugin.fixtures import vllm_doctor, vllm_doctor_check
 from vllm_doctor.pytest_plugin.session import SESSION_KEY, DoctorSession
-from vllm_doctor.stages.options import add_arguments, from_values
+from vllm_doctor.stages.options import (
+    NOT_GIVEN,
+    PAIRS,
+    EngineOptions,
+    add_arguments,
+    from_values,
+    ini_name,
+    specs,
+    value_from_text,
+)
 
 # the fixtures are found in this module (the pytest11 entry point)
 __all__ = ["pytest_addoption", "pytest_configure", "vllm_doctor", "vllm_doctor_check"]
@@ -69,6 +78,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     # the engine options, generated from EngineOptions as the command line's and the API's are:
     # --vllm-doctor-device, --vllm-doctor-eager, --vllm-doctor-max-model-len, ...
     add_arguments(group.addoption, prefix=PREFIX, short=False)
+    for spec in specs():  # and as ini keys (pytest.ini, pyproject.toml): vllm_doctor_device = cpu
+        help = f"as --{PREFIX}{spec.flag} (the command line wins)"
+        if spec.kind == PAIRS:
+            parser.addini(ini_name(spec, PREFIX), help, type="linelist")
+        else:
+            parser.addini(ini_name(spec, PREFIX), help, type="string")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -80,8 +95,27 @@ def pytest_configure(config: pytest.Config) -> None:
         fast=bool(config.getoption("--vllm-doctor-fast")),
         model=config.getoption("--vllm-doctor-model"),
         report_path=config.getoption("--vllm-doctor-report"),
-        engine=from_values(vars(config.option), prefix=PREFIX),
+        engine=engine_options(config),
     )
+
+
+def engine_options(config: pytest.Config) -> EngineOptions:
+    """The session's engine options: each from the command line, else the ini file, else its default."""
+    values: dict[str, Any] = {}
+    for spec in specs():
+        dest = PREFIX.replace("-", "_") + spec.name
+        given = getattr(config.option, dest, NOT_GIVEN)
+        if given is not NOT_GIVEN and not (given is None and spec.kind == PAIRS):  # None: --max-memory none
+            values[dest] = given
+            continue
+        text = config.getini(ini_name(spec, PREFIX))
+        if text in ("", [], None):
+            continue
+        try:
+            values[dest] = value_from_text(spec, text)
+        except ValueError as exc:
+            raise pytest.UsageError(f"{ini_name(spec, PREFIX)} in {config.inipath}: {exc}") from None
+    return from_values(values, prefix=PREFIX)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -300,6 +300,29 @@ def from_values(values: Mapping[str, Any], *, prefix: str = "", **run: Any) -> E
     return EngineOptions(**given, **run)
 
 
+def ini_name(spec: OptionSpec, prefix: str) -> str:
+    """The ini-file key of an option: its flag with underscores (``vllm_doctor_max_model_len``)."""
+    return (prefix + spec.flag).replace("-", "_")
+
+
+def value_from_text(spec: OptionSpec, text: str | list[str]) -> Any:
+    """An option's value from an ini file's text (a list of lines for a repeatable option), as the
+    command line would have parsed it; ValueError with the reason."""
+    if spec.kind in (SWITCH, NEGATED):
+        word = str(text).strip().lower()
+        if word not in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+            raise ValueError(f"expected true or false, got {text!r}")
+        on = word in ("1", "true", "yes", "on")
+        return on if spec.kind == SWITCH else not on
+    if spec.kind == PAIRS:
+        lines = text if isinstance(text, list) else str(text).splitlines()
+        return [engine_arg(line.strip()) for line in lines if line.strip()]
+    value = spec.parse(str(text).strip()) if spec.parse is not None else str(text).strip()
+    if spec.choices and value not in spec.choices:
+        raise ValueError(f"expected one of {', '.join(spec.choices)}, got {text!r}")
+    return value
+
+
 def normalize_keywords(keywords: Mapping[str, Any], caller: str) -> dict[str, Any]:
     """The API's engine keywords, checked against :class:`EngineOptions`: a name it does not know
     is a TypeError naming the ones it does; an old spelling warns (DeprecationWarning) and is renamed."""
@@ -308,7 +331,7 @@ def normalize_keywords(keywords: Mapping[str, Any], caller: str) -> dict[str, An
     for key, value in keywords.items():
         if key in DEPRECATED_KEYWORDS:
             new = DEPRECATED_KEYWORDS[key]
-            warnings.warn(f"{caller}(): {key}= is deprecated; use {new}=", DeprecationWarning, stacklevel=3)
+            warnings.warn(f"{caller}(): {key}= is deprecated; use {new}=", DeprecationWarning, stacklevel=4)
             key = new
         if key not in names:
             known = ", ".join(names)
