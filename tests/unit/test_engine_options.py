@@ -90,7 +90,7 @@ def test_the_command_line_offers_every_engine_option_under_its_name(verb: str) -
     assert engine_dests - run == set(option_names())
 
 
-def test_the_api_takes_every_engine_option_as_a_keyword_and_no_other() -> None:
+def test_the_api_takes_every_engine_option_as_a_keyword_and_no_other(stage_calls: list[EngineOptions]) -> None:
     import vllm_doctor.api as api
 
     for function in (api.check_engine, api.profile):
@@ -210,12 +210,13 @@ def test_the_pytest_ini_keys_pass_every_option_and_the_command_line_wins(
     assert "vllm_doctor_device in " in bad.stderr.str() and "expected one of auto, cpu, cuda, got 'gpu'" in bad.stderr.str()
 
 
-def test_an_unknown_keyword_is_a_type_error_naming_the_options() -> None:
+def test_an_unknown_keyword_is_a_type_error_naming_the_options(stage_calls: list[EngineOptions]) -> None:
     import vllm_doctor
 
     with pytest.raises(TypeError, match=r"check_engine\(\) got an unexpected keyword argument 'max_model_length'; "
                        r"engine options: device, eager, .*max_model_len"):  # fmt: skip
         vllm_doctor.check_engine("/m", max_model_length=512)
+    assert stage_calls == []
 
 
 def test_the_old_api_keyword_timeout_warns_and_is_the_engine_timeout(stage_calls: list[EngineOptions]) -> None:
@@ -230,12 +231,14 @@ def test_the_old_api_keyword_timeout_warns_and_is_the_engine_timeout(stage_calls
 
 
 def test_cuda_asked_without_a_gpu_is_an_input_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before anything starts: the engine stage is replaced by a failure."""
+    import vllm_doctor.stages.engine as stage
     from vllm_doctor.errors import DoctorInputError
-    from vllm_doctor.stages.engine import diagnose_engine
 
+    monkeypatch.setattr(stage, "run_engine_stage", lambda *a, **k: pytest.fail("the engine stage started"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(DoctorInputError, match="device cuda was asked for, but this machine shows no NVIDIA GPU"):
-        diagnose_engine("/m", EngineOptions(device="cuda"))
+        stage.diagnose_engine("/m", EngineOptions(device="cuda"))
 
 
 # ---- one spelling per thing across the verbs ----------------------------------------------
