@@ -351,8 +351,12 @@ def keywords_doc() -> str:
     """The engine keywords as a docstring section (appended to the API functions' docstrings)."""
     lines = ["Engine options (keywords; the same as the command line's flags and the pytest plugin's):", ""]
     for spec in specs():
-        default = _default(spec.name)
-        lines.append(f"- ``{spec.name}`` (default ``{default!r}``): {spec.help.replace('%%', '%')}")
+        default = f"default ``{_default(spec.name)!r}``"
+        if spec.kind == NEGATED:
+            default += f"; ``False`` is ``--{spec.flag}``"
+        elif spec.kind == PAIRS:
+            default += f"; a dict, ``--{spec.flag} {spec.metavar}`` on the command line"
+        lines.append(f"- ``{spec.name}`` ({default}): {spec.help.replace('%%', '%')}")
     return "\n".join(lines)
 
 
