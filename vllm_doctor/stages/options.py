@@ -11,7 +11,8 @@ way vLLM's ``EngineArgs`` generates its command line:
 - the pytest plugin: :func:`add_arguments` with the prefix ``vllm-doctor-`` gives
   ``--vllm-doctor-<flag>`` (``dest`` = ``vllm_doctor_<field>``).
 
-A value not given (``None`` from any front end) is the field's default. The other fields
+An option a front end was not given (:data:`NOT_GIVEN`; a keyword left out) is the field's
+default. The other fields
 (``workload``, ``layers``, ``sample_every``, ``probe``, ``deep_dir``) describe a verb's own run:
 each verb sets them itself (``profile --prompts``, ``--no-layers``, ``--deep``).
 """
@@ -290,7 +291,7 @@ def add_arguments(
 
 def from_values(values: Mapping[str, Any], *, prefix: str = "", **run: Any) -> EngineOptions:
     """The options a parsed command line (``vars(args)``) or pytest's options give: one not given
-    (no key) is the field's default. ``run``: the verb's own fields (workload, layers, ...)."""
+    (no key, or :data:`NOT_GIVEN`) is the field's default. ``run``: the verb's own fields (workload, layers, ...)."""
     given: dict[str, Any] = {}
     for spec in specs():
         value = values.get(prefix.replace("-", "_") + spec.name, NOT_GIVEN)
