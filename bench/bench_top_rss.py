@@ -108,7 +108,7 @@ def watch(url: str, seconds: float, model: bool, served: Callable[[], str]) -> N
     """Run the real top against ``url`` for ``seconds``; print its RSS every 10 s."""
     shot = Path(tempfile.mkdtemp()) / "top.svg"
     child = subprocess.Popen(
-        [sys.executable, "-m", "vllm_doctor", "top", url, "--screenshot", str(shot), "--seconds", str(seconds),
+        [sys.executable, "-m", "vllm_doctor", "top", "--url", url, "--screenshot", str(shot), "--duration", str(seconds),
          *([] if model else ["--no-model"])],
         env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     samples: list[tuple[float, float]] = []

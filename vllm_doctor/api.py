@@ -7,6 +7,7 @@ the caller's process never imports vLLM.
 from __future__ import annotations
 
 import os
+import textwrap
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.model import Report
 from vllm_doctor.report.write import write_reports
 from vllm_doctor.stages.engine import BLOCKING, EngineOptions, Workload, diagnose_engine
+from vllm_doctor.stages.options import from_keywords, keywords_doc, option_names
 from vllm_doctor.stages.parity import (
     DEFAULT_PROMPTS,
     ParityEngine,
@@ -34,16 +36,25 @@ ENGINE_BLOCKING_CODES = tuple(sorted(BLOCKING))
 __all__ = [
     "DEFAULT_PROMPTS",
     "ENGINE_BLOCKING_CODES",
+    "EngineOptions",
     "ParityEngine",
     "ParityResult",
     "ParityUnavailable",
     "check",
     "check_engine",
     "compare_with_reference",
+    "engine_option_names",
     "parity_engine_key",
     "profile",
     "start_parity_engine",
 ]
+
+
+def engine_option_names() -> list[str]:
+    """The engine options' names: :func:`check_engine`'s and :func:`profile`'s keywords, the command
+    line's flags (``max_model_len`` -> ``--max-model-len``) and the pytest plugin's options
+    (``--vllm-doctor-max-model-len``), all from :class:`EngineOptions`."""
+    return option_names()
 
 
 def check(
@@ -72,47 +83,13 @@ def check(
     return diagnose(model, options)
 
 
-def _engine_options(
-    workload: Workload,
-    *,
-    eager: bool,
-    max_model_len: int | None,
-    kv_cache_memory_bytes: int | None,
-    trust_remote_code: bool,
-    engine_args: dict[str, Any] | None,
-    tensor_parallel_size: int,
-    pipeline_parallel_size: int,
-    timeout: float,
-    **more: Any,
-) -> EngineOptions:
-    return EngineOptions(
-        workload=workload,
-        eager=eager,
-        max_model_len=max_model_len,
-        kv_cache_memory_bytes=kv_cache_memory_bytes,
-        trust_remote_code=trust_remote_code,
-        extra=dict(engine_args or {}),
-        tensor_parallel_size=tensor_parallel_size,
-        pipeline_parallel_size=pipeline_parallel_size,
-        timeout=timeout,
-        **more,
-    )
-
-
 def check_engine(
     model: str,
     *,
-    eager: bool = False,
-    max_model_len: int | None = None,
-    kv_cache_memory_bytes: int | None = None,
-    trust_remote_code: bool = False,
-    engine_args: dict[str, Any] | None = None,
-    tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
     select: Sequence[str] = (),
     ignore: Sequence[str] = (),
-    timeout: float = 600.0,
     progress: Callable[[str], None] | None = None,
+    **options: Any,
 ) -> Report:
     """Start a real engine on ``model`` (in a child process), run a small greedy workload with the
     doctor attached and return the engine-stage findings: start-up failure (VD500), placement
@@ -122,13 +99,11 @@ def check_engine(
     them), as ``vllm-doctor check --engine`` does; ``eager=True`` is vLLM's ``enforce_eager``. The
     report's ``facts["engine_mode_text"]`` says what ran, ``facts["engine_failure"]`` what vLLM
     said when it could not start or run the model. Same stage, same findings as the CLI.
+
+    ``options``: the engine options below (a keyword the engine stage does not know is a TypeError).
     """
-    options = _engine_options(
-        Workload(), eager=eager, max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_memory_bytes,
-        trust_remote_code=trust_remote_code, engine_args=engine_args, tensor_parallel_size=tensor_parallel_size,
-        pipeline_parallel_size=pipeline_parallel_size, timeout=timeout,
-    )  # fmt: skip
-    return diagnose_engine(model, options, select=select, ignore=ignore, progress=progress)
+    engine = from_keywords(options, "check_engine", workload=Workload())
+    return diagnose_engine(model, engine, select=select, ignore=ignore, progress=progress)
 
 
 def profile(
@@ -138,18 +113,11 @@ def profile(
     prompts: int = 8,
     input_len: int = 64,
     output_len: int = 32,
-    eager: bool = False,
     layers: bool = True,
     sample_every: int = DEFAULT_SAMPLE_EVERY,
-    max_model_len: int | None = None,
-    kv_cache_memory_bytes: int | None = None,
-    trust_remote_code: bool = False,
-    engine_args: dict[str, Any] | None = None,
-    tensor_parallel_size: int = 1,
-    pipeline_parallel_size: int = 1,
-    timeout: float = 600.0,
     progress: Callable[[str], None] | None = None,
     twin: str | None = None,
+    **options: Any,
 ) -> Report:
     """``vllm-doctor profile`` from Python: a greedy workload of ``prompts`` x ``input_len`` tokens in,
     ``output_len`` out, on a real engine in vLLM's default mode (``eager=True`` to opt out).
@@ -164,26 +132,28 @@ def profile(
     rooflines, ``largest_gap``; ``{"none": why}`` when no twin fits); with ``out`` the twin's own
     reports go to ``out/twin``. A named architecture that does not fit raises
     :class:`vllm_doctor.DoctorInputError` before any engine starts.
+
+    ``options``: the engine options below, as :func:`check_engine` takes them.
     """
     if min(prompts, input_len, output_len) < 1:
         raise DoctorInputError("prompts, input_len and output_len must be at least 1")
-    options = _engine_options(
-        Workload(prompts=prompts, input_len=input_len, output_len=output_len), eager=eager,
-        max_model_len=max_model_len, kv_cache_memory_bytes=kv_cache_memory_bytes, trust_remote_code=trust_remote_code,
-        engine_args=engine_args, tensor_parallel_size=tensor_parallel_size,
-        pipeline_parallel_size=pipeline_parallel_size, timeout=timeout, layers=layers, sample_every=sample_every,
-    )  # fmt: skip
+    workload = Workload(prompts=prompts, input_len=input_len, output_len=output_len)
+    engine = from_keywords(options, "profile", workload=workload, layers=layers, sample_every=sample_every)
     log_dir = str(out) if out is not None else None
     twin_report = None
     if twin is not None:
-        report, twin_report = profile_with_twin(model, options, twin, progress=progress, log_dir=log_dir)
+        report, twin_report = profile_with_twin(model, engine, twin, progress=progress, log_dir=log_dir)
     else:
-        report = diagnose_engine(model, options, progress=progress, log_dir=log_dir)
+        report = diagnose_engine(model, engine, progress=progress, log_dir=log_dir)
     if out is not None:
         write_reports(Path(out), report)
         if twin_report is not None:
             write_reports(Path(out) / "twin", twin_report)
     return report
+
+
+for _function in (check_engine, profile):  # the engine options' help, from the one declaration
+    _function.__doc__ = f"{_function.__doc__}\n{textwrap.indent(keywords_doc(), '    ')}\n"
 
 
 def compare_with_reference(

@@ -120,7 +120,7 @@ def test_html_report_renders_in_headless_chromium_without_network(profiled: tupl
 
 def test_check_engine_adds_engine_findings_and_prints_anatomy(example: Path, tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    proc = doctor(example, "check", str(example / "model"), "--engine", "--output", str(out))
+    proc = doctor(example, "check", str(example / "model"), "--engine", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "engine anatomy" in proc.stdout
     assert "model         tiny_doctor_model.model.TinyDoctorForCausalLM [plugin]" in proc.stdout
@@ -206,7 +206,7 @@ def test_an_engine_that_does_not_start_is_an_error_finding_with_the_phase(tmp_pa
     plugin_site(tmp_path / "site", "always_failing_plugin", FAILING_PLUGIN)
     model = build_llama_dir(tmp_path / "model", ["AlwaysFailingLlama"])
     out = tmp_path / "report.json"
-    proc = doctor(tmp_path, "check", str(model), "--fast", "--engine", "--select", "VD5", "--output", str(out))
+    proc = doctor(tmp_path, "check", str(model), "--fast", "--engine", "--select", "VD5", "--out", str(out))
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "re-running the model in eager mode" in proc.stderr
     report = Report.from_dict(json.loads(out.read_text()))

@@ -65,7 +65,7 @@ def test_attach_profiles_the_served_traffic_and_changes_no_output(server: Server
     out = tmp_path / "attached"
     env = {k: v for k, v in server.env.items() if k not in ("VLLM_DOCTOR", "VLLM_SERVER_DEV_MODE")}
     # started with SIGINT ignored, as a background job of a script starts it: kill -INT still ends the window
-    proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "attach", server.base, "--seconds", "600",
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "attach", "--url", server.base, "--duration", "600",
                              "--out", str(out), "--json"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
@@ -131,7 +131,7 @@ def test_attach_to_a_server_without_the_method_says_how_to_fix_it(server: Server
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["kill", "terminal-closed"])
 def test_attach_killed_still_detaches_and_reports(server: Server, tmp_path: Path, sig: signal.Signals) -> None:
     env = {k: v for k, v in server.env.items() if k not in ("VLLM_DOCTOR", "VLLM_SERVER_DEV_MODE")}
-    proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "attach", server.base, "--seconds", "600",
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "attach", "--url", server.base, "--duration", "600",
                              "--no-probe", "--json"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None

@@ -188,8 +188,8 @@ def test_the_model_channel_asks_for_the_profile_each_window_and_the_rest_once_a_
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["kill", "terminal-closed"])
 def test_top_killed_detaches_its_model_channel(served_engine: ServedEngine, tmp_path: Path, sig: signal.Signals) -> None:
     """A killed top (or its terminal closed) exits the normal way: no hook stays in the workers."""
-    proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "top", served_engine.base, "--screenshot",
-                             str(tmp_path / "top.svg"), "--seconds", "600"],
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "top", "--url", served_engine.base, "--screenshot",
+                             str(tmp_path / "top.svg"), "--duration", "600"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -207,13 +207,13 @@ def test_top_killed_detaches_its_model_channel(served_engine: ServedEngine, tmp_
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0 and f"stopped by {sig.name}" in stderr
-    assert not (tmp_path / "top.svg").exists()  # stopped before its --seconds: no picture
+    assert not (tmp_path / "top.svg").exists()  # stopped before its --duration: no picture
     (status,) = served_engine.rpc("doctor_status")
     assert status["data"]["profiling"] is False and status["data"]["wrapped_methods"] == []
 
 
 def test_once_json_gives_true_rates_from_two_scrapes(served_engine: ServedEngine) -> None:
-    idle = run_doctor(["top", served_engine.base, "--once", "--json", "--interval", "0.5"])
+    idle = run_doctor(["top", "--url", served_engine.base, "--once", "--json", "--interval", "0.5"])
     assert idle.returncode == 0, idle.stderr
     data = json.loads(idle.stdout)
     assert data["rates"]["gen_tps"] == 0.0 and data["ok"] and not data["stale"]
@@ -223,7 +223,7 @@ def test_once_json_gives_true_rates_from_two_scrapes(served_engine: ServedEngine
 def test_unreachable_server_once_exits_2_with_one_line(served_engine: ServedEngine) -> None:
     from tests.served import free_port
 
-    proc = run_doctor(["top", f"http://127.0.0.1:{free_port()}", "--once"])
+    proc = run_doctor(["top", "--url", f"http://127.0.0.1:{free_port()}", "--once"])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "cannot reach" in proc.stderr
 
 

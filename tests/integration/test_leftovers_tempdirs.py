@@ -4,7 +4,7 @@ the doctor (the janitor of vllm_doctor/stages/tempdirs.py removes them then).
 
 A real ``python -m vllm_doctor check DIR`` with TMPDIR set to a fresh directory, on a tiny Llama
 checkpoint: the import pass and the weights pass each import vLLM in a child (many seconds), so
-a short ``--timeout`` forces the deadline and a signal lands mid-pass. The weights pass's gloo
+a short ``--import-timeout`` forces the deadline and a signal lands mid-pass. The weights pass's gloo
 rendezvous directory (``vllm-doctor-dist-*``, made by the child) is seen before the end, so the
 case where a killed child cannot clean up is the one tested.
 """
@@ -97,7 +97,7 @@ PASSES = {"vllm-doctor-import-", "vllm-doctor-weights-", "vllm-doctor-dist-"}
 
 def test_nothing_is_left_when_both_passes_hit_their_deadline(tmp_path: Path) -> None:
     d, tmp = model(tmp_path)
-    proc = doctor(d, tmp, "--timeout", "4")
+    proc = doctor(d, tmp, "--import-timeout", "4")
     seen = watch(proc, tmp)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 1, err

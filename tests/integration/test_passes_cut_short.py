@@ -28,7 +28,7 @@ def model(tmp_path: Path, raw: bytes) -> Path:
 def test_a_pass_that_does_not_complete_is_a_finding_not_a_silent_skip(tmp_path: Path) -> None:
     """The import pass cut off by its time limit: VD100 fails (exit 1), never '0 problem(s)'."""
     d = model(tmp_path, json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}).encode())
-    proc = cli("check", str(d), "--json", "-q", "--timeout", "0.2")
+    proc = cli("check", str(d), "--json", "-q", "--import-timeout", "0.2")
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     findings = json.loads(proc.stdout)["findings"]
     (f,) = [f for f in findings if f["code"] == "VD100"]

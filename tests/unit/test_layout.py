@@ -60,8 +60,10 @@ MAY_IMPORT: dict[str, set[str]] = {
     "api": {"constants", "errors", "model", "report", "stages"},
     # cli starts the TUI (top, replay, view); the TUI never imports cli
     "cli": {"constants", "errors", "model", "files", "units", "probes", "checks", "stages", "live", "report", "tui"},
-    # files: the session report, written atomically; checks: the catalogue's topics (codes_for)
-    "pytest_plugin": {"errors", "model", "api", "files", "checks"},
+    # files: the session report, written atomically; checks: the catalogue's topics (codes_for);
+    # stages: only stages.options, the engine options its --vllm-doctor-* options are generated from
+    # (the engine itself is reached through api.check_engine: tests/unit/test_one_engine_stage.py)
+    "pytest_plugin": {"errors", "model", "api", "files", "checks", "stages"},
     "tui": {"constants", "errors", "model", "units", "files", "checks", "analysis", "live", "report"},
     "__main__": {"cli"},
 }

@@ -49,7 +49,7 @@ def test_check_json_names_undecodable_paths_without_lone_surrogates(tmp_path: Pa
         fh.write(struct.pack("<Q", 200) + b'{"w": {"dtype": "F32", ')
     out = os.path.join(os.fsencode(tmp_path), b"report-\xfd.json")
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_doctor", "check", model, "--fast", "--json", "-q", "--output", out],
+        [sys.executable, "-m", "vllm_doctor", "check", model, "--fast", "--json", "-q", "--out", out],
         capture_output=True,
         timeout=60,
         stdin=subprocess.DEVNULL,

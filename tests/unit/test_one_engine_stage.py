@@ -50,8 +50,12 @@ def test_every_front_end_that_starts_an_engine_calls_diagnose_engine() -> None:
     # stages/twin.py: `profile --twin` runs the port and then its in-tree twin through it, one after the other
     assert callers == {"api.py", "cli/check.py", "cli/profile.py", "stages/twin.py"}, callers
     # the pytest plugin's engine assertions reach it through the API (check_engine), not on their own
-    plugin = (ROOT / "pytest_plugin" / "plugin.py").read_text()
+    plugin = "".join(path.read_text() for path in sorted((ROOT / "pytest_plugin").glob("*.py")))
     assert "check_engine(" in plugin and "run_engine_stage" not in plugin and "build_engine_report" not in plugin
+    for path in (ROOT / "pytest_plugin").glob("*.py"):  # of stages/, only the options' declaration
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vllm_doctor.stages"):
+                assert node.module == "vllm_doctor.stages.options", (path.name, node.module)
 
 
 def test_engine_reports_are_built_in_one_function() -> None:

@@ -15,6 +15,12 @@ from tests.conftest import REPO, make_examples
 
 pytest_plugins = ["pytester"]
 
+ENGINE_DEFAULTS = {
+    "device": "auto", "eager": False, "diagnose": True, "max_model_len": None, "kv_cache_memory_bytes": None,
+    "multiprocess": False, "engine_timeout": 600.0, "max_memory": "default", "tensor_parallel_size": 1,
+    "pipeline_parallel_size": 1, "trust_remote_code": False,
+}  # fmt: skip
+
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -42,7 +48,7 @@ def test_help_documents_every_option(pytester: pytest.Pytester) -> None:
         "--vllm-doctor-fast",
     ):
         assert option in text, option
-    assert "where vLLM and the reference run: cuda, cpu, or auto" in text
+    assert "where vLLM runs (and a parity check's reference): cpu" in text
 
 
 def test_the_marker_is_registered_and_selects_the_fixtures_users(pytester: pytest.Pytester) -> None:
@@ -121,7 +127,9 @@ def test_answers_are_cached_for_the_session_and_reported(
     assert data["runs"] == {"check": 1}  # six assertions, one static check
     assert [o["assertion"] for o in data["outcomes"]] == ["checks_pass", "weights_cover"] * 3
     assert all(o["ok"] and o["model"] == str(model) for o in data["outcomes"])
+    engine = data["options"].pop("engine")  # every engine option, as the session runs the engine assertions
     assert data["options"] == {"model": str(model), "device": "auto", "fail_on": "error", "eager": False}
+    assert engine == {**ENGINE_DEFAULTS, "engine_args": {}}
     result.stdout.fnmatch_lines(["*= vllm-doctor =*", f"PASS checks_pass *{model}  no finding*", f"report: {report}"])
 
 
@@ -142,11 +150,11 @@ def test_assertion_options_holding_a_dict_are_one_cache_entry() -> None:
     """``assert_on_device(engine_args={...})``: the options are a cache key (a dict is not hashable;
     found on the H200, where the tests pass gpu_memory_utilization this way), and the same options
     in another order are the same entry."""
-    from vllm_doctor.pytest_plugin.plugin import DoctorSession, _frozen
+    from vllm_doctor.pytest_plugin.session import DoctorSession, frozen
 
     session = DoctorSession()
-    first = _frozen({"engine_args": {"gpu_memory_utilization": 0.15, "max_num_seqs": 4}, "trust_remote_code": False})
-    again = _frozen({"trust_remote_code": False, "engine_args": {"max_num_seqs": 4, "gpu_memory_utilization": 0.15}})
+    first = frozen({"engine_args": {"gpu_memory_utilization": 0.15, "max_num_seqs": 4}, "trust_remote_code": False})
+    again = frozen({"trust_remote_code": False, "engine_args": {"max_num_seqs": 4, "gpu_memory_utilization": 0.15}})
     assert session.cached(("engine", "/m", first), lambda: "report") == "report"
     assert session.cached(("engine", "/m", again), lambda: pytest.fail("computed twice")) == "report"
     assert session.runs == {"engine": 1}

@@ -86,7 +86,7 @@ def test_attach_to_nothing_listening_is_one_line_and_exit_2() -> None:
     with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = _doctor("attach", f"http://127.0.0.1:{port}", "--seconds", "1")
+    proc = _doctor("attach", "--url", f"http://127.0.0.1:{port}", "--duration", "1")
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"vllm-doctor: error: cannot reach the vLLM server at http://127.0.0.1:{port}")
     assert "Traceback" not in proc.stderr and proc.stdout == ""
@@ -94,7 +94,7 @@ def test_attach_to_nothing_listening_is_one_line_and_exit_2() -> None:
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:notaport", "ftp://127.0.0.1:21", "http://"])
 def test_attach_rejects_bad_urls(url: str) -> None:
-    proc = _doctor("attach", url)
+    proc = _doctor("attach", "--url", url)
     assert proc.returncode == 2 and "not a server URL" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -123,7 +123,7 @@ def http_404() -> Iterator[str]:
 
 
 def test_attach_without_dev_mode_names_the_variable(http_404: str) -> None:
-    proc = _doctor("attach", http_404, "--seconds", "1")
+    proc = _doctor("attach", "--url", http_404, "--duration", "1")
     assert proc.returncode == 2
     assert "has no /collective_rpc endpoint (HTTP 404)" in proc.stderr
     assert "VLLM_SERVER_DEV_MODE=1" in proc.stderr and "Traceback" not in proc.stderr

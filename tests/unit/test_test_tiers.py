@@ -70,8 +70,9 @@ STARTER_ARGS: dict[tuple[str, ...], str] = {
     ("--engine",): "`vllm-doctor check --engine`",
     ("profile", "--out"): "`vllm-doctor profile`",
 }
-# a test that replaces the engine start (monkeypatch.setattr(module, NAME, ...)) starts none
-ENGINE_START_SEAMS = ("run_engine_stage",)
+# a test that replaces the engine start (monkeypatch.setattr(module, NAME, ...)) starts none, and so
+# does a test that takes a fixture doing it
+ENGINE_START_SEAMS = ("run_engine_stage", "diagnose_engine")
 
 
 @dataclass(frozen=True)
@@ -104,21 +105,23 @@ def _docstrings(tree: ast.AST) -> set[int]:
 
 
 def _seamed(tree: ast.AST) -> list[tuple[int, int]]:
-    """Line ranges of the functions that replace the engine start with ``monkeypatch.setattr``."""
-    ranges = []
-    for fn in ast.walk(tree):
-        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
-            continue
-        for node in ast.walk(fn):
-            if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr == "setattr"
-                and any(isinstance(a, ast.Constant) and a.value in ENGINE_START_SEAMS for a in node.args)
-            ):
-                ranges.append((fn.lineno, fn.end_lineno or fn.lineno))
-                break
-    return ranges
+    """Line ranges of the functions that replace the engine start with ``monkeypatch.setattr``, and
+    of the functions that take such a function as a fixture argument."""
+    functions = [fn for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef)]
+    seams = {
+        fn.name
+        for fn in functions
+        for node in ast.walk(fn)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "setattr"
+        and any(isinstance(a, ast.Constant) and a.value in ENGINE_START_SEAMS for a in node.args)
+    }
+    return [
+        (fn.lineno, fn.end_lineno or fn.lineno)
+        for fn in functions
+        if fn.name in seams or any(a.arg in seams for a in fn.args.args)
+    ]
 
 
 def engine_starts(source: str) -> list[Use]:
@@ -254,8 +257,18 @@ def test_the_readers_catch_each_kind_of_engine_start() -> None:
         def test_plain():
             report = {"profile": {"steps": []}}
             run_doctor(["check", "m", "--fast"])
+
+        @pytest.fixture
+        def replaced(monkeypatch):
+            monkeypatch.setattr(api, "diagnose_engine", boom)
+
+        def test_through_the_fixture(replaced):
+            main(["check", "m", "--engine"])
+
+        def test_without_it(monkeypatch):
+            main(["check", "m", "--engine"])
     ''')
-    assert sorted({use.line for use in engine_starts(src)}) == [3, 4, 5, 7, 11, 12, 13, 14]
+    assert sorted({use.line for use in engine_starts(src)}) == [3, 4, 5, 7, 11, 12, 13, 14, 33]
     assert module_level_vllm_imports("import vllm.config\nfrom vllm import LLM\npytest.importorskip('vllm')\n"
                                      "def f():\n    import vllm\n") == [Use(1, "import vllm.config"), Use(2, "import vllm"),
                                                                         Use(3, "import vllm")]

@@ -126,7 +126,7 @@ def test_screenshot_runs_the_app_without_a_terminal(metrics_server: MetricsServe
     from tests.conftest import run_doctor
 
     shot = tmp_path / "top.svg"
-    proc = run_doctor(["top", metrics_server.url, "--screenshot", str(shot), "--seconds", "2", "--no-model",
+    proc = run_doctor(["top", "--url", metrics_server.url, "--screenshot", str(shot), "--duration", "2", "--no-model",
                        "--no-devices"], timeout=120)
     assert proc.returncode == 0, proc.stderr
     svg = shot.read_text()
@@ -136,5 +136,5 @@ def test_screenshot_runs_the_app_without_a_terminal(metrics_server: MetricsServe
 def test_an_unwritable_recording_is_an_input_error(metrics_server: MetricsServer, tmp_path: Path) -> None:
     from tests.conftest import run_doctor
 
-    proc = run_doctor(["top", metrics_server.url, "--record", str(tmp_path / "no" / "such" / "dir.gz"), "--no-model"])
+    proc = run_doctor(["top", "--url", metrics_server.url, "--record", str(tmp_path / "no" / "such" / "dir.gz"), "--no-model"])
     assert proc.returncode == 2 and "cannot write the recording" in proc.stderr and "Traceback" not in proc.stderr

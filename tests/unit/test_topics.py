@@ -10,7 +10,7 @@ import pytest
 
 from vllm_doctor.checks import CATALOGUE, TOPICS, check, codes_for, reads_startup_error
 from vllm_doctor.model import Severity, Stage
-from vllm_doctor.pytest_plugin.plugin import KV_TOPICS, PLACEMENT_TOPICS, WEIGHT_TOPICS, assertion_codes
+from vllm_doctor.pytest_plugin.fixtures import KV_TOPICS, PLACEMENT_TOPICS, WEIGHT_TOPICS, assertion_codes
 
 
 def test_every_check_has_one_known_topic_and_every_topic_a_check() -> None:

@@ -849,7 +849,7 @@ def _passes_over(facts: Facts, emit: Emit) -> None:
     fix=(
         "Read the error: a plugin or model module that hangs or crashes on import is the model's problem (run "
         "`python -c 'import your_pkg.model'`); a missing vLLM or a time-out on a slow machine is the environment's "
-        "(raise --timeout); a pass stopped at the memory limit either builds something absurdly large (a model "
+        "(raise --import-timeout); a pass stopped at the memory limit either builds something absurdly large (a model "
         "module allocating at import) or needs a higher --max-memory."
     ),
     requires=("passes-ran",),
@@ -866,7 +866,7 @@ def doctor_pass_failed(facts: Facts, emit: Emit) -> Iterable[Finding]:
         fix = "the checks that needed it are skipped; " + (
             "find what allocates at import or build, or raise --max-memory"
             if "over the limit of" in error
-            else "fix what the error names, or raise --timeout if the machine is slow"
+            else "fix what the error names, or raise --import-timeout if the machine is slow"
         )
         yield emit.fail(
             f"{failure['pass']} did not complete: {clip(error.splitlines()[0], 500)}",

@@ -31,14 +31,14 @@ commands:
                     --engine adds device, KV-cache and memory checks on a real engine
   profile MODEL_DIR --out DIR
                     forward profile on a real engine: report.json, report.html, trace.json
-  attach URL        attach to a served engine (vllm serve with VLLM_DOCTOR=1), profile its
+  attach --url URL  attach to a served engine (vllm serve with VLLM_DOCTOR=1), profile its
                     traffic, run the engine checks, detach
   stacks --url URL | --pid PID
                     what each process of a running engine does (py-spy), one verdict:
                     idle / busy / stuck in the model / in a collective / in start-up
   cpu-profile --url URL | --pid PID --out DIR
                     py-spy record of EngineCore and workers: speedscope JSON + flamegraph SVG
-  top URL           live view of a serving engine: state, throughput, latency, KV cache,
+  top --url URL     live view of a serving engine: state, throughput, latency, KV cache,
                     GPUs, the model from inside; --record FILE, --once --json
   replay FILE       replay a recording of top in the same app (seek, speed)
   rules             the check catalogue

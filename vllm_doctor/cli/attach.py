@@ -1,4 +1,4 @@
-"""``vllm-doctor attach URL``: profile a served engine's own traffic, check it, detach."""
+"""``vllm-doctor attach --url URL``: profile a served engine's own traffic, check it, detach."""
 
 from __future__ import annotations
 
@@ -9,13 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from vllm_doctor.cli.common import (
+    add_deprecated,
     add_fail_on,
     add_quiet,
     add_sample_every,
+    add_url,
     on_stop_signals,
     print_problems,
     progress_printer,
     raise_interrupt,
+    resolve_url,
 )
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.files import json_text
@@ -30,7 +33,7 @@ your own); VLLM_SERVER_DEV_MODE=1 enables /collective_rpc, through which the doc
 workers. Per-layer timing needs --enforce-eager; with CUDA graphs it is per step only.
 
 While attached, the engine's own traffic is profiled; the first prefill and decode steps are
-probed op by op (VD403/VD404; --no-probe to skip). On exit (after --seconds, Ctrl-C, kill or a
+probed op by op (VD403/VD404; --no-probe to skip). On exit (after --duration, Ctrl-C, kill or a
 closed terminal) every hook is removed from the workers and the report is printed; --out DIR also writes
 report.json, report.html and trace.json (as `profile`).
 
@@ -38,8 +41,8 @@ exit codes: 0 nothing at or above --fail-on, 1 findings, 2 server unreachable / 
 no /collective_rpc, 3 vllm-doctor failed
 
 examples:
-  vllm-doctor attach http://127.0.0.1:8000 --seconds 60 --out prof
-  vllm-doctor attach 127.0.0.1:8000 --seconds 10 --no-layers --json
+  vllm-doctor attach --url http://127.0.0.1:8000 --duration 60 --out prof
+  vllm-doctor attach --url 127.0.0.1:8000 --duration 10 --no-layers --json
 """
 
 
@@ -52,22 +55,28 @@ def add_parser(sub: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    add_url(p)
     p.add_argument(
-        "--seconds",
+        "--duration",
         type=float,
         default=30.0,
         metavar="S",
-        help="how long to stay attached (default 30; Ctrl-C ends it early and still reports)",
+        help="how long to stay attached, in seconds (default 30; Ctrl-C ends it early and still reports)",
     )
+    add_deprecated(p, "--seconds", new="--duration", dest="duration", type=float, metavar="S")
     p.add_argument("--out", metavar="DIR", help="also write report.json, report.html and trace.json into DIR")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer timing)")
     add_sample_every(p)
     p.add_argument("--no-probe", action="store_true", help="do not probe the first steps op by op (VD403/VD404)")
     p.add_argument(
-        "--timeout", type=float, default=60.0, metavar="S", help="limit for each call to the server (default 60)"
+        "--request-timeout",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="limit for each request to the server (default 60 s)",
     )
+    add_deprecated(p, "--timeout", new="--request-timeout", dest="request_timeout", type=float, metavar="S")
     add_fail_on(p)
     add_quiet(p)
     p.set_defaults(handler=run)
@@ -78,9 +87,10 @@ def run(args: argparse.Namespace) -> int:
     from vllm_doctor.report.profile import render_anatomy, render_profile
 
     progress = progress_printer(args.quiet)
-    if args.seconds < 0:
-        raise DoctorInputError("--seconds must not be negative")
-    handle = served_engine(args.url, timeout=args.timeout)
+    url = resolve_url(args, "vllm-doctor attach")
+    if args.duration < 0:
+        raise DoctorInputError("--duration must not be negative")
+    handle = served_engine(url, timeout=args.request_timeout)
     doc = EngineDoctor(handle, layers=not args.no_layers, sample_every=args.sample_every, probe=not args.no_probe)
     # Ctrl-C, kill, a closed terminal: from the attach until the detach, a stop signal ends the
     # window (or skips it) and the doctor still detaches and reports; it never leaves its hooks
@@ -103,14 +113,14 @@ def run(args: argparse.Namespace) -> int:
             f"attached to {workers} worker(s) of {handle.model_name()} at {handle.url}"
             + (f"; {layers[0]}" if layers and layers[0] else "")
         )
-        progress(f"profiling the server's traffic for {args.seconds:g} s (Ctrl-C to stop early)")
+        progress(f"profiling the server's traffic for {args.duration:g} s (Ctrl-C to stop early)")
         start = time.monotonic()
         last_note = start
         try:
             in_window[0] = not stops
             if stops:
                 raise KeyboardInterrupt(signal.Signals(stops[0]).name)
-            while (left := args.seconds - (time.monotonic() - start)) > 0:
+            while (left := args.duration - (time.monotonic() - start)) > 0:
                 time.sleep(min(1.0, left))
                 if time.monotonic() - last_note >= 10 and not args.quiet:
                     last_note = time.monotonic()

@@ -8,6 +8,7 @@ from typing import Any
 from vllm_doctor.cli.common import (
     EXIT_FINDINGS,
     EXIT_OK,
+    add_deprecated,
     add_engine_options,
     add_fail_on,
     add_quiet,
@@ -46,7 +47,8 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("model", help="model directory with config.json (or a hub id already in the local HF cache)")
     p.add_argument("--json", action="store_true", help="print the report as JSON (schema: docs/report-schema.json)")
-    p.add_argument("--output", "-o", metavar="FILE", help="also write the JSON report to FILE (atomically)")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON report to FILE (atomically)")
+    add_deprecated(p, "--output", "-o", new="--out", dest="out", metavar="FILE")
     add_fail_on(p)
     p.add_argument(
         "--select",
@@ -56,9 +58,6 @@ def add_parser(sub: Any) -> None:
         help="only these codes or prefixes, comma-separated (VD1,VD205)",
     )
     p.add_argument("--ignore", type=codes, default=set(), metavar="CODES", help="skip these codes or prefixes")
-    p.add_argument(
-        "--trust-remote-code", action="store_true", help="as vLLM's flag: allow auto_map code from the model dir"
-    )
     p.add_argument("--fast", action="store_true", help="fast pass only: do not import vLLM")
     p.add_argument(
         "--script",
@@ -66,8 +65,13 @@ def add_parser(sub: Any) -> None:
         help="your serving script: find register_model calls the engine's processes will not run (VD102)",
     )
     p.add_argument(
-        "--timeout", type=float, default=180.0, metavar="S", help="limit for the import pass (default 180 s)"
+        "--import-timeout",
+        type=float,
+        default=180.0,
+        metavar="S",
+        help="limit for the import pass, and for the weights pass (default 180 s each)",
     )
+    add_deprecated(p, "--timeout", new="--import-timeout", dest="import_timeout", type=float, metavar="S")
     p.add_argument("--verbose", "-v", action="store_true", help="list passing checks and whole tracebacks")
     add_quiet(p)
     add_engine_options(p, with_switch=True)
@@ -82,26 +86,26 @@ def run(args: argparse.Namespace) -> int:
     from vllm_doctor.stages.static import CheckOptions, diagnose
 
     progress = progress_printer(args.quiet)
+    engine = engine_options(args, workload=Workload())
     options = CheckOptions(
-        trust_remote_code=args.trust_remote_code,
+        trust_remote_code=engine.trust_remote_code,
         fast=args.fast,
         select=args.select,
         ignore=args.ignore,
         script=args.script,
-        import_timeout=args.timeout,
-        tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size,
-        max_memory=args.max_memory,
+        import_timeout=args.import_timeout,
+        tensor_parallel_size=engine.tensor_parallel_size,
+        pipeline_parallel_size=engine.pipeline_parallel_size,
+        max_memory=engine.max_memory,
     )
     report = diagnose(args.model, options, progress)
     if args.engine:
-        engine = engine_options(args, Workload())
         report = diagnose_engine(
             report.target, engine, report, select=args.select, ignore=args.ignore, progress=progress
         )
     data = report.to_dict()
-    if args.output:
-        write_json_atomic(args.output, data)
+    if args.out:
+        write_json_atomic(args.out, data)
     if args.json:
         print(json_text(data))
     else:

@@ -4,7 +4,6 @@ engine-stage options, report files. No verb imports another; none imports compat
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import signal
 import sys
@@ -13,8 +12,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
+from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.model import Report, Severity
-from vllm_doctor.units import parse_bytes
 
 EXIT_OK, EXIT_FINDINGS, EXIT_INPUT, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -75,42 +74,12 @@ def codes(value: str) -> set[str]:
 
 
 def positive_int(value: str) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {n}")
-    return n
+    from vllm_doctor.stages.options import positive_int as parse
 
-
-def size(value: str) -> int:
     try:
-        return parse_bytes(value)
+        return parse(value)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def memory_limit(value: str) -> int | str | None:
-    from vllm_doctor.stages.child import parse_limit
-
-    if value == "default":  # argparse passes a string default through the type
-        return value
-    try:
-        return parse_limit(value)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def engine_arg(value: str) -> tuple[str, Any]:
-    key, sep, raw = value.partition("=")
-    if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
-    try:
-        parsed: Any = json.loads(raw)
-    except ValueError:
-        parsed = raw
-    return key.strip(), parsed
 
 
 def add_fail_on(parser: argparse.ArgumentParser) -> None:
@@ -127,23 +96,10 @@ def add_quiet(parser: argparse.ArgumentParser) -> None:
 
 
 def add_engine_options(parser: argparse.ArgumentParser, with_switch: bool) -> None:
-    parser.add_argument(
-        "--tensor-parallel-size",
-        "-tp",
-        type=positive_int,
-        default=1,
-        metavar="N",
-        help="vLLM's flag: split the model over N ranks. VD305 checks the split before anything starts; the engine "
-        "stage starts N workers and reports per rank (default 1)",
-    )
-    parser.add_argument(
-        "--pipeline-parallel-size",
-        "-pp",
-        type=positive_int,
-        default=1,
-        metavar="M",
-        help="vLLM's flag: split the layers over M pipeline stages (VD305 before launch; default 1)",
-    )
+    """The engine options, generated from :class:`vllm_doctor.stages.options.EngineOptions` (the API's
+    keywords and the pytest plugin's ``--vllm-doctor-*`` options come from the same fields)."""
+    from vllm_doctor.stages.options import add_arguments
+
     group = parser.add_argument_group("engine stage (starts a real vLLM engine with the doctor's worker extension)")
     if with_switch:
         group.add_argument(
@@ -151,50 +107,7 @@ def add_engine_options(parser: argparse.ArgumentParser, with_switch: bool) -> No
             action="store_true",
             help="also run the engine-stage checks (VD4xx, VD5xx, VD208) on a real engine and print its anatomy",
         )
-    group.add_argument(
-        "--eager",
-        action="store_true",
-        help="run the engine eagerly (vLLM's enforce_eager: no torch.compile, no CUDA graphs; per-layer timing "
-        "everywhere). Default: the mode vLLM itself would serve with; when that fails, the doctor re-runs "
-        "eagerly with its op probe to name the cause (VD500)",
-    )
-    group.add_argument(
-        "--no-diagnosis",
-        action="store_true",
-        help="when the engine fails outside eager mode, do not re-run it eagerly to find the cause",
-    )
-    group.add_argument("--max-model-len", type=int, metavar="N", help="as vLLM's flag (default: the model's)")
-    group.add_argument(
-        "--kv-cache-memory",
-        type=size,
-        metavar="BYTES",
-        help="KV cache size (vLLM's kv_cache_memory_bytes; default 64M without a GPU, vLLM's sizing with one)",
-    )
-    group.add_argument(
-        "--engine-arg",
-        type=engine_arg,
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="any other vllm.LLM keyword (VALUE parsed as JSON when it can be), repeatable",
-    )
-    group.add_argument(
-        "--multiprocess",
-        action="store_true",
-        help="run engine core and workers in their own processes (default: one process, fastest)",
-    )
-    group.add_argument(
-        "--engine-timeout", type=float, default=600.0, metavar="S", help="limit for the engine stage (default 600 s)"
-    )
-    parser.add_argument(
-        "--max-memory",
-        type=memory_limit,
-        default="default",
-        metavar="SIZE",
-        help="memory limit of each process group the doctor starts (import and weights passes, engine stage): "
-        "the group is stopped when its resident memory passes it; e.g. 8G, none (default: $VLLM_DOCTOR_MAX_MEMORY "
-        "or 75%% of this machine's memory)",
-    )
+    add_arguments(group.add_argument, add_outside=parser.add_argument)
 
 
 def add_sample_every(parser: argparse.ArgumentParser) -> None:
@@ -210,26 +123,55 @@ def add_sample_every(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def engine_options(args: argparse.Namespace, workload: Any, deep_dir: str | None = None, layers: bool = True) -> Any:
-    from vllm_doctor.stages.engine import EngineOptions
+def engine_options(args: argparse.Namespace, **run: Any) -> Any:
+    """The :class:`EngineOptions` of a command line made by :func:`add_engine_options`; ``run``: the
+    verb's own fields (workload, layers, sample_every, deep_dir)."""
+    from vllm_doctor.stages.options import from_values
 
-    return EngineOptions(
-        workload=workload,
-        max_model_len=args.max_model_len,
-        kv_cache_memory_bytes=args.kv_cache_memory,
-        trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
-        multiprocess=args.multiprocess,
-        layers=layers,
-        eager=bool(getattr(args, "eager", False)),
-        diagnose=not getattr(args, "no_diagnosis", False),
-        sample_every=getattr(args, "sample_every", EngineOptions.sample_every),
-        deep_dir=deep_dir,
-        extra=dict(args.engine_arg),
-        timeout=args.engine_timeout,
-        max_memory=args.max_memory,
-        tensor_parallel_size=args.tensor_parallel_size,
-        pipeline_parallel_size=args.pipeline_parallel_size,
-    )
+    return from_values(vars(args), **run)
+
+
+class DeprecatedAlias(argparse.Action):
+    """An old spelling of an option: stores into the new option's ``dest`` and says so on stderr."""
+
+    def __init__(self, option_strings: list[str], dest: str, new: str = "", **kwargs: Any) -> None:
+        self.new = new
+        kwargs.setdefault("default", argparse.SUPPRESS)
+        kwargs["help"] = argparse.SUPPRESS
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:  # fmt: skip
+        deprecation_note(option_string or self.dest, self.new)
+        setattr(namespace, self.dest, True if self.nargs == 0 else values)
+
+
+def deprecation_note(old: str, new: str) -> None:
+    print(f"vllm-doctor: warning: {old} is deprecated and will be removed; use {new}", file=sys.stderr)
+
+
+def add_deprecated(parser: argparse.ArgumentParser, *old: str, new: str, dest: str, **kwargs: Any) -> None:
+    """``old`` spellings of option ``new`` (hidden from --help); they work for one release and warn."""
+    parser.add_argument(*old, dest=dest, action=DeprecatedAlias, new=new, **kwargs)
+
+
+def add_url(parser: argparse.ArgumentParser, help: str = "the server (required), e.g. http://127.0.0.1:8000") -> None:
+    """``--url URL``, the one way to name a running server; a positional URL still works (deprecated)."""
+    parser.add_argument("--url", help=help)
+    parser.add_argument("old_url", nargs="?", metavar="URL", default=None, help=argparse.SUPPRESS)
+
+
+def resolve_url(args: argparse.Namespace, parser_prog: str) -> str:
+    """``--url``, or the deprecated positional URL (with its note); a usage error without either."""
+    if args.old_url is not None:
+        if args.url is not None:
+            raise DoctorInputError(f"two servers named: --url {args.url} and {args.old_url}; give one, with --url")
+        deprecation_note(f"the positional URL ({parser_prog} URL)", f"{parser_prog} --url URL")
+        return str(args.old_url)
+    if args.url is None:
+        raise DoctorInputError(f"{parser_prog}: no server given", f"name it with --url, e.g. {parser_prog} --url "
+                               "http://127.0.0.1:8000")  # fmt: skip
+    return str(args.url)
 
 
 def print_engine_outcome(report: Report) -> None:

@@ -73,7 +73,6 @@ def add_parser(sub: Any) -> None:
         help="also run vLLM's in-tree architecture with the same layout (auto: found from the checkpoint; ARCH: "
         "forced, e.g. LlamaForCausalLM) on the same workload and mode, and compare (see below)",
     )
-    p.add_argument("--trust-remote-code", action="store_true")
     add_fail_on(p)
     add_quiet(p)
     add_engine_options(p, with_switch=False)
@@ -92,7 +91,9 @@ def run(args: argparse.Namespace) -> int:
     workload = Workload(prompts=args.prompts, input_len=args.input_len, output_len=args.output_len)
     deep_dir = str((out / "torch").resolve()) if args.deep else None
     progress(f"profile: {args.model} -> {out}")
-    options = engine_options(args, workload, deep_dir, layers=not args.no_layers)
+    options = engine_options(
+        args, workload=workload, deep_dir=deep_dir, layers=not args.no_layers, sample_every=args.sample_every
+    )
     twin_report = None
     if args.twin:
         from vllm_doctor.stages.twin import profile_with_twin

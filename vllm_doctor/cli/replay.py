@@ -8,7 +8,7 @@ from typing import Any
 from vllm_doctor.errors import DoctorInputError
 
 EPILOG = """\
-A recording (vllm-doctor top URL --record FILE) holds every refresh: the raw /metrics scrape,
+A recording (vllm-doctor top --url URL --record FILE) holds every refresh: the raw /metrics scrape,
 the derived numbers, the devices and the model panel. Replay re-derives the numbers from the
 raw scrapes with the same code as top, so the latency window (w) can be changed afterwards.
 
@@ -27,7 +27,7 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "replay",
         help="replay a recording of top (--record FILE) in the same app",
-        description="Replay a recording made with `vllm-doctor top URL --record FILE`: the same panels, "
+        description="Replay a recording made with `vllm-doctor top --url URL --record FILE`: the same panels, "
         "with seek and speed keys. Attach a recording to a bug report.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,

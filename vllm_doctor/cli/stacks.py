@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_OK, add_target
+from vllm_doctor.cli.common import EXIT_FINDINGS, EXIT_OK, add_deprecated, add_target
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.files import json_text
 
@@ -58,7 +58,10 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--rounds", type=int, metavar="K", help="with --watch: stop after K rounds")
     p.add_argument("--stacks", action="store_true", help="also print each process's main-thread stack")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S", help="limit for each py-spy call (default 30)")
+    p.add_argument(
+        "--pyspy-timeout", type=float, default=30.0, metavar="S", help="limit for each py-spy call (default 30 s)"
+    )
+    add_deprecated(p, "--timeout", new="--pyspy-timeout", dest="pyspy_timeout", type=float, metavar="S")
     p.set_defaults(handler=run)
 
 
@@ -111,14 +114,14 @@ def run(args: argparse.Namespace) -> int:
             samples=args.samples,
             interval=args.interval,
             native=args.native,
-            timeout=args.timeout,
+            timeout=args.pyspy_timeout,
         ).to_dict()
         print(json_text(report) if args.json else render(report, args.stacks))
         return exit_code(report)
     still_rounds: dict[int, int] = {}
     code = EXIT_OK
     try:
-        for rep in stacks.watch(args.url, args.pid, args.watch, args.rounds, args.native, args.timeout):
+        for rep in stacks.watch(args.url, args.pid, args.watch, args.rounds, args.native, args.pyspy_timeout):
             report = rep.to_dict()
             for p in report["processes"]:
                 still_rounds[p["pid"]] = still_rounds.get(p["pid"], 0) + 1 if p["did_not_move"] else 0

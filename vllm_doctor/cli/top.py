@@ -1,4 +1,4 @@
-"""``vllm-doctor top URL``: the live view of a serving engine (and ``--once`` for scripts)."""
+"""``vllm-doctor top --url URL``: the live view of a serving engine (and ``--once`` for scripts)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.cli.common import on_stop_signals
+from vllm_doctor.cli.common import add_deprecated, add_url, on_stop_signals, resolve_url
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.files import write_text_atomic
 
@@ -33,10 +33,10 @@ way and the model channel detaches from the workers.
 exit codes (--once): 0 ok, 2 server unreachable or not a vLLM /metrics, 3 vllm-doctor failed
 
 examples:
-  vllm-doctor top http://127.0.0.1:8000
-  vllm-doctor top 127.0.0.1:8000 --interval 2 --window 300 --record run.jsonl.gz
-  vllm-doctor top 127.0.0.1:8000 --once --json          # two scrapes --interval apart
-  vllm-doctor top 127.0.0.1:8000 --screenshot top.svg --seconds 60   # no terminal needed
+  vllm-doctor top --url http://127.0.0.1:8000
+  vllm-doctor top --url 127.0.0.1:8000 --interval 2 --window 300 --record run.jsonl.gz
+  vllm-doctor top --url 127.0.0.1:8000 --once --json          # two scrapes --interval apart
+  vllm-doctor top --url 127.0.0.1:8000 --screenshot top.svg --duration 60   # no terminal needed
 """
 
 
@@ -50,7 +50,7 @@ def add_parser(sub: Any) -> None:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("url", help="the server, e.g. http://127.0.0.1:8000")
+    add_url(p)
     p.add_argument("--interval", type=float, default=1.0, metavar="S", help="seconds between refreshes (default 1)")
     p.add_argument(
         "--window", type=float, default=60.0, metavar="S", help="latency percentile window in seconds (default 60)"
@@ -61,9 +61,12 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--screenshot",
         metavar="SVG",
-        help="run without a terminal for --seconds, then write the app's picture to SVG (160x48) and exit",
+        help="run without a terminal for --duration, then write the app's picture to SVG (160x48) and exit",
     )
-    p.add_argument("--seconds", type=float, default=30.0, metavar="S", help="with --screenshot: how long (default 30)")
+    p.add_argument(
+        "--duration", type=float, default=30.0, metavar="S", help="with --screenshot: how long, in seconds (default 30)"
+    )
+    add_deprecated(p, "--seconds", new="--duration", dest="duration", type=float, metavar="S")
     p.add_argument("--no-model", action="store_true", help="do not attach to the worker extension (model panel off)")
     p.add_argument("--no-devices", action="store_true", help="do not sample GPUs / engine processes")
     p.set_defaults(handler=run)
@@ -78,7 +81,7 @@ def _check(args: argparse.Namespace) -> str:
         raise DoctorInputError("--screenshot runs the app; --once prints text: choose one")
     if args.json and not args.once:
         raise DoctorInputError("--json needs --once (the live view is interactive)")
-    return normalize_url(args.url)
+    return normalize_url(resolve_url(args, "vllm-doctor top"))
 
 
 def device_sampler(pids: Any, background: bool = False) -> Any:
@@ -127,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
                     write_text_atomic(shot, app.export_screenshot(title=f"vllm-doctor top {url}"))
                     app.exit()
 
-                app.call_later(lambda: app.set_timer(args.seconds, finish))
+                app.call_later(lambda: app.set_timer(args.duration, finish))
             if not stopped:
                 if shot is not None:
                     app.run(headless=True, size=(160, 48))

@@ -226,7 +226,9 @@ class PySpy:
             proc = _run(argv, timeout)
         except subprocess.TimeoutExpired:
             raise PySpyError(
-                "timeout", f"py-spy dump of process {pid} took longer than {timeout:g} s", "retry, or raise --timeout"
+                "timeout",
+                f"py-spy dump of process {pid} took longer than {timeout:g} s",
+                "retry, or raise --pyspy-timeout",
             ) from None
         if proc.returncode != 0:
             raise self._error(pid, proc.stderr + proc.stdout)

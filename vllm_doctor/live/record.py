@@ -68,7 +68,7 @@ def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[d
     """(header, refreshes, unreadable lines). A file cut short reads up to its last whole line."""
     p = Path(path)
     if not p.is_file():
-        raise DoctorInputError(f"no such recording: {p}", "record one with: vllm-doctor top URL --record FILE")
+        raise DoctorInputError(f"no such recording: {p}", "record one with: vllm-doctor top --url URL --record FILE")
     lines: list[bytes] = []
     try:
         with gzip.open(p, "rb") as fh:

@@ -15,353 +15,43 @@ that asks again reads the cached answer. vLLM or the model missing: the test is 
 reason. The engine assertions run vLLM's default execution mode (torch.compile and CUDA graphs
 where vLLM would use them), as ``vllm-doctor check --engine`` does, through the same engine stage;
 ``--vllm-doctor-eager`` runs them eagerly. Options: ``--vllm-doctor-model``,
-``--vllm-doctor-fail-on``, ``--vllm-doctor-device``, ``--vllm-doctor-eager``,
-``--vllm-doctor-report FILE`` (the session's JSON report), ``--vllm-doctor-fast``.
+``--vllm-doctor-fail-on``, ``--vllm-doctor-report FILE`` (the session's JSON report),
+``--vllm-doctor-fast``, and every engine option of ``vllm-doctor check --engine`` as
+``--vllm-doctor-<flag>`` (``--vllm-doctor-device``, ``--vllm-doctor-eager``,
+``--vllm-doctor-max-model-len``, ...: generated from :class:`vllm_doctor.api.EngineOptions`); an
+assertion's keyword (``assert_on_device(MODEL, eager=True)``) overrides the session's option.
 Tests that use the fixture carry the ``vllm_doctor`` marker (``-m vllm_doctor`` selects them).
+
+This module holds the hooks and the options; the session object is in :mod:`.session`, the
+fixtures in :mod:`.fixtures`.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import time
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.files import write_json_atomic
-from vllm_doctor.model import Finding, Report, Severity
+from vllm_doctor.model import Severity
+from vllm_doctor.pytest_plugin.fixtures import vllm_doctor, vllm_doctor_check
+from vllm_doctor.pytest_plugin.session import SESSION_KEY, DoctorSession
+from vllm_doctor.stages.options import (
+    NOT_GIVEN,
+    PAIRS,
+    EngineOptions,
+    add_arguments,
+    from_values,
+    ini_name,
+    specs,
+    value_from_text,
+)
+
+# the fixtures are found in this module (the pytest11 entry point)
+__all__ = ["pytest_addoption", "pytest_configure", "vllm_doctor", "vllm_doctor_check"]
 
 MARKER = "vllm_doctor"
-# each assertion fails on the error-level checks of its topics (vllm_doctor.checks.base.TOPICS):
-# the catalogue says which codes those are, so a new check of a topic joins its assertion
-WEIGHT_TOPICS = ("weights",)
-PLACEMENT_TOPICS = ("start-up", "placement")
-KV_TOPICS = ("start-up", "kv-cache")
-DEVICES = ("auto", "cpu", "cuda")
-
-
-def assertion_codes(topics: Sequence[str]) -> frozenset[str]:
-    """The codes an assertion fails on: the error-level checks of ``topics``."""
-    from vllm_doctor.checks import codes_for  # the catalogue, loaded by the run the assertion made
-
-    return frozenset(codes_for(*topics, at_least=Severity.ERROR))
-
-
-@dataclass
-class Outcome:
-    """One assertion's result, for the terminal summary and the JSON report."""
-
-    test: str
-    assertion: str
-    model: str
-    ok: bool
-    summary: str
-    seconds: float
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class DoctorSession:
-    """The session's state (``config.stash``): options, cached answers, outcomes."""
-
-    fail_on: Severity = Severity.ERROR
-    fast: bool = False
-    eager: bool = False  # engine assertions: vLLM's enforce_eager instead of its default mode
-    model: str | None = None
-    device: str = "auto"
-    report_path: str | None = None
-    cache: dict[tuple[Any, ...], Any] = field(default_factory=dict)
-    outcomes: list[Outcome] = field(default_factory=list)
-    runs: dict[str, int] = field(default_factory=dict)  # kind -> fresh runs (cache misses), engines started
-    engines: dict[str, Any] = field(default_factory=dict)  # parity engines by (model, engine options)
-
-    @property
-    def engine_runs(self) -> int:
-        """vLLM engines started: one per engine-stage run, one per parity engine."""
-        return self.runs.get("engine", 0) + self.runs.get("parity_engine", 0)
-
-    def cached(self, key: tuple[Any, ...], compute: Callable[[], Any]) -> Any:
-        if key not in self.cache:
-            self.runs[key[0]] = self.runs.get(key[0], 0) + 1
-            self.cache[key] = compute()
-        return self.cache[key]
-
-    def parity_engine(self, model: str, **options: Any) -> Any:
-        """The session's vLLM engine for parity checks with these engine options (started once)."""
-        from vllm_doctor.api import parity_engine_key, start_parity_engine
-
-        key = parity_engine_key(model, **options)
-        engine = self.engines.get(key)
-        if engine is None or engine.closed:
-            self.runs["parity_engine"] = self.runs.get("parity_engine", 0) + 1
-            engine = self.engines[key] = start_parity_engine(model, **options)
-        return engine
-
-    def close(self) -> None:
-        """Shut down every engine the session started."""
-        for engine in self.engines.values():
-            engine.close()
-        self.engines.clear()
-
-    def check(
-        self, model: str, *, trust_remote_code: bool = False, select: Iterable[str] = (), ignore: Iterable[str] = ()
-    ) -> Report:
-        from vllm_doctor.api import check
-
-        select, ignore = tuple(sorted(select)), tuple(sorted(ignore))
-        key = ("check", str(model), trust_remote_code, select, ignore, self.fast)
-        return self.cached(
-            key,
-            lambda: check(
-                str(model), trust_remote_code=trust_remote_code, fast=self.fast, select=select, ignore=ignore
-            ),
-        )
-
-
-SESSION_KEY = pytest.StashKey[DoctorSession]()
-
-
-def _skip_without(module: str, why: str) -> None:
-    try:
-        missing = importlib.util.find_spec(module) is None
-    except (ImportError, ValueError):  # a blocked import (sys.modules[name] = None) or a broken package
-        missing = True
-    if missing:
-        pytest.skip(f"vllm-doctor: {module} is not installed ({why})")
-
-
-def _cuda_visible() -> bool:
-    # without importing torch here: NVIDIA's device nodes, unless hidden by CUDA_VISIBLE_DEVICES
-    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
-        return False
-    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
-
-
-def _clip(text: str, limit: int = 800) -> str:
-    return text if len(text) <= limit else text[:limit] + " [...]"
-
-
-def _frozen(options: dict[str, Any]) -> str:
-    """An assertion's keyword options as a cache key: ``engine_args={...}`` holds a dict."""
-    import json
-
-    return json.dumps(options, sort_keys=True, default=str)
-
-
-def _engine_problems(report: Report, codes: Iterable[str]) -> list[Finding]:
-    """An engine assertion's problems: its own codes, and the static findings that kept the engine
-    stage from starting (VD305, VD309): a model vLLM cannot start never passes an engine assertion."""
-    from vllm_doctor.api import ENGINE_BLOCKING_CODES
-
-    wanted = set(codes) | set(ENGINE_BLOCKING_CODES)
-    return [f for f in report.problems(Severity.INFO) if f.code in wanted]
-
-
-def _finding_lines(found: Sequence[Finding]) -> str:
-    return "\n".join(
-        f"  {f.code} [{f.severity.value}] {f.subject}: {f.message}" + (f"\n      fix: {f.hint}" if f.hint else "")
-        for f in found
-    )
-
-
-class VllmDoctor:
-    """The ``vllm_doctor`` fixture: runtime assertions about a model on a real vLLM engine."""
-
-    def __init__(self, session: DoctorSession, test: str) -> None:
-        self._session = session
-        self._test = test
-
-    # -- helpers --------------------------------------------------------------------------------
-    @property
-    def session(self) -> DoctorSession:
-        return self._session
-
-    def model_dir(self, model: str | os.PathLike[str] | None = None) -> str:
-        """The model directory: ``model`` or ``--vllm-doctor-model``; skips when there is none."""
-        chosen = str(model) if model is not None else self._session.model
-        if not chosen:
-            pytest.skip("vllm-doctor: no model given (pass a directory or --vllm-doctor-model DIR)")
-        if not os.path.isdir(chosen):
-            pytest.skip(f"vllm-doctor: model directory {chosen} does not exist")
-        return chosen
-
-    def _needs_engine(self) -> None:
-        _skip_without("vllm", "the runtime assertions start a real vLLM engine")
-        if self._session.device == "cuda" and not _cuda_visible():
-            pytest.skip("vllm-doctor: --vllm-doctor-device cuda, but this machine shows no NVIDIA GPU")
-
-    def _record(self, assertion: str, model: str, ok: bool, summary: str, start: float, **details: Any) -> None:
-        self._session.outcomes.append(
-            Outcome(self._test, assertion, model, ok, summary, round(time.perf_counter() - start, 3), details)
-        )
-
-    def _fail_on_findings(
-        self, assertion: str, model: str, found: list[Finding], what: str, start: float, report: Report | None = None
-    ) -> None:
-        """Fail with every finding; an engine report adds its execution mode and vLLM's failure."""
-        engine = {k: report.facts[k] for k in ("engine_mode_text", "engine_failure") if report and report.facts.get(k)}
-        if found:
-            self._record(
-                assertion, model, False, f"{len(found)} finding(s): {', '.join(f.code for f in found)}", start, **engine
-            )
-            context = "".join(f"\n{text}" for text in engine.values())
-            pytest.fail(f"vllm-doctor: {what} ({model}):\n{_finding_lines(found)}{context}", pytrace=False)
-        self._record(assertion, model, True, "no finding", start, **engine)
-
-    def engine_report(self, model: str, max_model_len: int | None = None, **kwargs: Any) -> Report:
-        """The engine-stage report for (model, options), run once per session."""
-        from vllm_doctor.api import check_engine
-
-        self._needs_engine()
-        eager = bool(kwargs.pop("eager", self._session.eager))
-        options = _frozen(kwargs)
-        key = ("engine", model, max_model_len, self._session.device, eager, options)
-        if max_model_len is None:  # any engine run on this model answers placement questions
-            key = next((k for k in self._session.cache if k[:2] == key[:2] and k[3:] == key[3:]), key)
-
-        def run() -> Report:
-            return check_engine(model, eager=eager, max_model_len=max_model_len, **kwargs)
-
-        try:
-            report: Report = self._session.cached(key, run)
-        except RuntimeError as exc:  # the engine stage printed no answer: the doctor's own failure
-            pytest.fail(f"vllm-doctor: the engine stage did not answer for {model}: {exc}", pytrace=False)
-        return report
-
-    # -- static ---------------------------------------------------------------------------------
-    def assert_checks_pass(
-        self, model: str | None = None, fail_on: Severity | str | None = None, **kwargs: Any
-    ) -> None:
-        """Every static check (VD1xx-VD3xx) passes at ``fail_on`` (default ``--vllm-doctor-fail-on``)."""
-        start = time.perf_counter()
-        path = self.model_dir(model)
-        threshold = Severity(fail_on) if fail_on is not None else self._session.fail_on
-        try:
-            report = self._session.check(path, **kwargs)
-        except DoctorInputError as exc:
-            pytest.fail(f"vllm-doctor: {exc}", pytrace=False)
-        self._fail_on_findings(
-            "checks_pass", path, report.problems(threshold), f"{threshold.value}-level findings", start
-        )
-
-    def assert_weights_cover(self, model: str | None = None, **kwargs: Any) -> None:
-        """Every parameter is filled from the checkpoint and every tensor is used (VD301-VD308)."""
-        start = time.perf_counter()
-        path = self.model_dir(model)
-        report = self._session.check(path, **kwargs)
-        found = [f for f in report.problems(Severity.INFO) if f.code in assertion_codes(WEIGHT_TOPICS)]
-        self._fail_on_findings(
-            "weights_cover", path, found, "the checkpoint and the model's parameters disagree", start
-        )
-
-    # -- engine ---------------------------------------------------------------------------------
-    def assert_on_device(self, model: str | None = None, **kwargs: Any) -> None:
-        """Every parameter and buffer is on its worker's device; workers sit on their own devices."""
-        start = time.perf_counter()
-        path = self.model_dir(model)
-        report = self.engine_report(path, **kwargs)
-        found = _engine_problems(report, assertion_codes(PLACEMENT_TOPICS))
-        self._fail_on_findings("on_device", path, found, "tensors off their worker's device", start, report)
-
-    def assert_kv_cache_fits(self, model: str | None = None, max_model_len: int | None = None, **kwargs: Any) -> None:
-        """The engine starts with ``max_model_len`` and its KV cache holds one full-length request."""
-        start = time.perf_counter()
-        path = self.model_dir(model)
-        report = self.engine_report(path, max_model_len=max_model_len, **kwargs)
-        found = _engine_problems(report, assertion_codes(KV_TOPICS))
-        self._fail_on_findings(
-            "kv_cache_fits", path, found, f"the KV cache does not fit max_model_len={max_model_len}", start, report
-        )
-
-    def assert_logprobs_close(
-        self,
-        model: str | None = None,
-        *,
-        reference: str = "hf",
-        hf_class: str | None = None,
-        prompts: Sequence[str | Sequence[int]] | None = None,
-        max_tokens: int = 8,
-        top_k: int = 5,
-        dtype: str = "float32",
-        atol: float | None = None,
-        hidden_rtol: float | None = None,
-        **kwargs: Any,
-    ) -> Any:
-        """vLLM's greedy tokens AND logprob values match the reference (Hugging Face transformers).
-
-        On failure the message names the first decoder layer whose output differs, with a table
-        of max abs/rel error per layer and a fix when the error's shape is recognisable.
-        Returns the :class:`vllm_doctor.ParityResult`.
-        """
-        from vllm_doctor.api import DEFAULT_PROMPTS, ParityUnavailable, compare_with_reference
-
-        start = time.perf_counter()
-        path = self.model_dir(model)
-        self._needs_engine()
-        _skip_without("transformers", "the Hugging Face reference runs on transformers")
-        chosen = tuple(p if isinstance(p, str) else tuple(p) for p in (prompts or DEFAULT_PROMPTS))
-        key = (
-            "parity", path, reference, hf_class, chosen, max_tokens, top_k, dtype, atol, hidden_rtol,
-            self._session.device, _frozen(kwargs),
-        )  # fmt: skip
-
-        def run() -> Any:
-            engine = self._session.parity_engine(path, dtype=dtype, device=self._session.device, **kwargs)
-            return compare_with_reference(
-                path,
-                engine=engine,
-                reference=reference,
-                hf_class=hf_class,
-                prompts=list(chosen),
-                max_tokens=max_tokens,
-                top_k=top_k,
-                dtype=dtype,
-                device=self._session.device,
-                atol=atol,
-                hidden_rtol=hidden_rtol,
-                **kwargs,
-            )
-
-        problem = None  # failed outside the except blocks: pytest would print the chained exception too
-        try:
-            result = self._session.cached(key, run)
-        except ParityUnavailable as exc:
-            self._record("logprobs_close", path, False, "could not run", start, error=str(exc)[:4000])
-            problem = (
-                f"vllm-doctor: the parity check could not run: {_clip(str(exc))}\n"
-                f"(`vllm-doctor check {path}` diagnoses a model vLLM cannot start; "
-                "--vllm-doctor-report FILE keeps the full text)"
-            )
-        except DoctorInputError as exc:
-            problem = f"vllm-doctor: {exc}"
-        if problem is not None:
-            pytest.fail(problem, pytrace=False)
-        self._record("logprobs_close", path, result.ok, result.summary(), start, parity=result.to_dict())
-        if not result.ok:
-            pytest.fail(result.message(), pytrace=False)
-        return result
-
-
-class DoctorCheck:
-    """The ``vllm_doctor_check`` fixture (static checks only): call it, then ``assert_clean``."""
-
-    def __init__(self, session: DoctorSession) -> None:
-        self._session = session
-
-    def __call__(self, model: str, **kwargs: Any) -> Report:
-        return self._session.check(model, **kwargs)
-
-    def assert_clean(self, report: Report, fail_on: Severity | str | None = None) -> None:
-        threshold = Severity(fail_on) if fail_on is not None else self._session.fail_on
-        found = report.problems(threshold)
-        if found:
-            pytest.fail(
-                f"vllm-doctor found {len(found)} problem(s) in {report.target}:\n{_finding_lines(found)}", pytrace=False
-            )
+PREFIX = "vllm-doctor-"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -379,24 +69,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="lowest severity that fails assert_checks_pass / assert_clean (default: error)",
     )
     group.addoption(
-        "--vllm-doctor-device",
-        choices=DEVICES,
-        default="auto",
-        help="where vLLM and the reference run: cuda, cpu, or auto (cuda when there is a GPU; default)",
-    )
-    group.addoption(
         "--vllm-doctor-report",
         metavar="FILE",
         default=None,
         help="write the session's vllm-doctor results (every assertion, parity tables) to FILE as JSON",
     )
     group.addoption("--vllm-doctor-fast", action="store_true", help="static checks: fast pass only (no vLLM import)")
-    group.addoption(
-        "--vllm-doctor-eager",
-        action="store_true",
-        help="engine assertions: run vLLM eagerly (enforce_eager: no torch.compile, no CUDA graphs); default: the "
-        "mode vLLM itself serves with, as `vllm-doctor check --engine`",
-    )
+    # the engine options, generated from EngineOptions as the command line's and the API's are:
+    # --vllm-doctor-device, --vllm-doctor-eager, --vllm-doctor-max-model-len, ...
+    add_arguments(group.addoption, prefix=PREFIX, short=False)
+    for spec in specs():  # and as ini keys (pytest.ini, pyproject.toml): vllm_doctor_device = cpu
+        help = f"as --{PREFIX}{spec.flag} (the command line wins)"
+        if spec.kind == PAIRS:
+            parser.addini(ini_name(spec, PREFIX), help, type="linelist")
+        else:
+            parser.addini(ini_name(spec, PREFIX), help, type="string")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -406,29 +93,35 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[SESSION_KEY] = DoctorSession(
         fail_on=Severity(config.getoption("--vllm-doctor-fail-on")),
         fast=bool(config.getoption("--vllm-doctor-fast")),
-        eager=bool(config.getoption("--vllm-doctor-eager")),
         model=config.getoption("--vllm-doctor-model"),
-        device=str(config.getoption("--vllm-doctor-device")),
         report_path=config.getoption("--vllm-doctor-report"),
+        engine=engine_options(config),
     )
+
+
+def engine_options(config: pytest.Config) -> EngineOptions:
+    """The session's engine options: each from the command line, else the ini file, else its default."""
+    values: dict[str, Any] = {}
+    for spec in specs():
+        dest = PREFIX.replace("-", "_") + spec.name
+        given = getattr(config.option, dest, NOT_GIVEN)
+        if given is not NOT_GIVEN and not (given is None and spec.kind == PAIRS):  # None: --max-memory none
+            values[dest] = given
+            continue
+        text = config.getini(ini_name(spec, PREFIX))
+        if text in ("", [], None):
+            continue
+        try:
+            values[dest] = value_from_text(spec, text)
+        except ValueError as exc:
+            raise pytest.UsageError(f"{ini_name(spec, PREFIX)} in {config.inipath}: {exc}") from None
+    return from_values(values, prefix=PREFIX)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "vllm_doctor" in getattr(item, "fixturenames", ()):
             item.add_marker(MARKER)
-
-
-@pytest.fixture
-def vllm_doctor(request: pytest.FixtureRequest) -> VllmDoctor:
-    """Runtime assertions on a real vLLM engine; answers are cached for the whole session."""
-    return VllmDoctor(request.config.stash[SESSION_KEY], request.node.nodeid)
-
-
-@pytest.fixture
-def vllm_doctor_check(request: pytest.FixtureRequest) -> DoctorCheck:
-    """Run vllm-doctor's static checks on a model directory; ``.assert_clean(report)`` fails with every finding."""
-    return DoctorCheck(request.config.stash[SESSION_KEY])
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
@@ -463,12 +156,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
             "vllm_doctor": __version__,
             "engine_runs": state.engine_runs,
             "runs": state.runs,
-            "options": {
-                "model": state.model,
-                "device": state.device,
-                "fail_on": state.fail_on.value,
-                "eager": state.eager,
-            },
+            "options": state.options_record(),
             "outcomes": [asdict(o) for o in state.outcomes],
         },
     )

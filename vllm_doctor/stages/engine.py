@@ -21,53 +21,25 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from vllm_doctor.checks.perf import perf_codes
-from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY, GRAPH_TIMING_ENV, SWITCH_ON
+from vllm_doctor.constants import GRAPH_TIMING_ENV, SWITCH_ON
+from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.facts.engine import EngineFacts, facts_from_dict, facts_to_dict
 from vllm_doctor.model import Finding, Outcome, Report
 from vllm_doctor.stages.child import run_child
+from vllm_doctor.stages.options import EngineOptions, Workload
+
+__all__ = ["BLOCKING", "EngineOptions", "EngineStageResult", "Workload", "diagnose_engine", "run_engine_stage"]
 
 Progress = Callable[[str], None]
 # vLLM settings that would change what the child's engine does: the child decides them itself
 SCRUBBED_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DOCTOR")
 # --engine-arg keys dropped from the eager re-run (they would bring graphs or compilation back)
 EAGER_CONFLICTS = ("enforce_eager", "compilation_config", "cudagraph_capture_sizes")
-
-
-@dataclass
-class Workload:
-    prompts: int = 2
-    input_len: int = 16
-    output_len: int = 8
-    seed: int = 0
-
-
-@dataclass
-class EngineOptions:
-    workload: Workload = field(default_factory=Workload)
-    max_model_len: int | None = None
-    kv_cache_memory_bytes: int | None = None  # None: 64 MiB without CUDA, vLLM's own sizing with it
-    trust_remote_code: bool = False
-    multiprocess: bool = False
-    layers: bool = True
-    sample_every: int = DEFAULT_SAMPLE_EVERY  # per-layer sampling (1 = every step)
-    probe: bool = True
-    eager: bool = False  # True: enforce_eager; False: the execution mode vLLM itself would serve with
-    diagnose: bool = True  # after a failure outside eager mode, re-run eagerly with the op probe
-    deep_dir: str | None = None  # vLLM's torch profiler writes here when set
-    extra: dict[str, Any] = field(default_factory=dict)  # --engine-arg KEY=VALUE
-    timeout: float = 600.0
-    max_memory: int | str | None = "default"  # the engine's process group; see stages.child.default_memory_limit
-    tensor_parallel_size: int = 1
-    pipeline_parallel_size: int = 1
-
-    @property
-    def ranks(self) -> int:
-        return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
 @dataclass
@@ -94,7 +66,7 @@ def engine_kwargs_for(options: EngineOptions, cuda: bool) -> dict[str, Any]:
         kwargs["tensor_parallel_size"] = options.tensor_parallel_size
     if options.pipeline_parallel_size > 1:
         kwargs["pipeline_parallel_size"] = options.pipeline_parallel_size
-    kwargs.update(options.extra)
+    kwargs.update(options.engine_args)
     return kwargs
 
 
@@ -152,10 +124,12 @@ def run_engine_stage(
     env.setdefault("VLLM_LOGGING_LEVEL", "INFO")  # engine.log keeps what vLLM says at start-up
     if options.layers and not options.eager:  # per-layer time inside FULL CUDA graphs (engine/graphs.py)
         env[GRAPH_TIMING_ENV] = SWITCH_ON
+    if options.device == "cpu":  # the engine sees no GPU (torch, vLLM and the doctor's sizing alike)
+        env["CUDA_VISIBLE_DEVICES"] = ""
     res = run_child(
         "engine",
         {"model": model, "options": asdict(options)},
-        timeout=options.timeout,
+        timeout=options.engine_timeout,
         what="the engine stage",
         progress=progress,
         env=env,
@@ -175,8 +149,8 @@ def run_engine_stage(
     if failed and options.diagnose and not facts.mode.get("enforce_eager"):
         if progress is not None:
             progress("engine stage: re-running the model in eager mode with the op probe to find the cause")
-        extra = {k: v for k, v in options.extra.items() if k not in EAGER_CONFLICTS}
-        again = replace(options, eager=True, diagnose=False, layers=False, probe=True, deep_dir=None, extra=extra)
+        kept = {k: v for k, v in options.engine_args.items() if k not in EAGER_CONFLICTS}
+        again = replace(options, eager=True, diagnose=False, layers=False, probe=True, deep_dir=None, engine_args=kept)
         try:
             facts.diagnosis = run_engine_stage(model, again, progress, str(Path(log_dir) / "eager")).facts
         except RuntimeError as exc:
@@ -221,7 +195,7 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     result["engine_kwargs"] = kwargs
     ranks = int(kwargs.get("tensor_parallel_size") or 1) * int(kwargs.get("pipeline_parallel_size") or 1)
     if ranks > 1:
-        options.multiprocess = True  # vLLM runs each rank in a worker process of its own
+        options = replace(options, multiprocess=True)  # vLLM runs each rank in a worker process of its own
     if options.multiprocess and cuda:
         # this process has touched CUDA (cuda_available): a forked engine core or worker could not
         # use it ("Cannot re-initialize CUDA in forked subprocess", seen on the H200 with one rank)
@@ -323,6 +297,13 @@ def _facts_after_failure(doc: Any, model: str, error: str) -> EngineFacts:
     return facts
 
 
+def gpu_visible() -> bool:
+    """NVIDIA's device nodes, unless hidden by CUDA_VISIBLE_DEVICES (without importing torch here)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1"):
+        return False
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/nvidiactl")
+
+
 # static findings that vLLM would fail on before serving a token, without saying why in terms of
 # the model (a split it cannot make, sizes it cannot build from): the engine is not started
 BLOCKING = {
@@ -393,6 +374,11 @@ def diagnose_engine(
     from vllm_doctor.live.attach import build_engine_report
 
     options = options or EngineOptions()
+    if options.device == "cuda" and not gpu_visible():
+        raise DoctorInputError(
+            "device cuda was asked for, but this machine shows no NVIDIA GPU",
+            "leave the device at auto (cuda when there is a GPU), or pick cpu",
+        )
     guard = static if static is not None else _guard_report(model, options, progress)
     target = guard.target
     blocked = blocking_findings(guard)

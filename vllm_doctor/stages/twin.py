@@ -167,7 +167,7 @@ def profile_with_twin(
     arch = match.architecture
     info = match.to_dict()
     if match.weights == "dummy":
-        options = replace(options, extra={**options.extra, "load_format": "dummy"})
+        options = replace(options, engine_args={**options.engine_args, "load_format": "dummy"})
     weights = "the same weights" if match.weights == "same" else "random weights on both (load_format=dummy)"
     say(f"twin A/B: vLLM's {arch} is the twin ({match.how}; {weights}); run 1 of 2: the port")
     report = diagnose_engine(model, options, progress=_prefixed(progress, "port"), log_dir=log_dir)

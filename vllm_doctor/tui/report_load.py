@@ -12,7 +12,7 @@ from vllm_doctor.errors import DoctorInputError
 MAX_REPORT_BYTES = 512 * 2**20  # a profile with a long trace is tens of MB; more is not a report of ours
 HINT = (
     "give a report the doctor wrote: `vllm-doctor check DIR --json > r.json`, or report.json from "
-    "`vllm-doctor profile DIR --out OUT` / `vllm-doctor attach URL --out OUT`"
+    "`vllm-doctor profile DIR --out OUT` / `vllm-doctor attach --url URL --out OUT`"
 )
 
 
