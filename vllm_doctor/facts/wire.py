@@ -90,9 +90,15 @@ def without_none(data: dict[str, Any]) -> dict[str, Any]:
 # --- records read and written from their declaration --------------------------------------------
 # A frozen dataclass declares its fields once; ``read`` decodes a reply into it by the fields'
 # annotations with the same tolerance as the helpers above, ``write`` encodes it, and
-# ``json_schema`` declares it for docs/report-schema.json. No per-field key strings.
+# ``json_schema`` declares it for docs/report-schema.json. No per-field key strings. A field
+# whose JSON key is not a Python name (``class``) names it in ``metadata={"key": ...}``.
 
 _NONE = type(None)
+
+
+def key_of(f: dataclasses.Field[Any]) -> str:
+    """The JSON key of a record's field: its name, or ``metadata["key"]``."""
+    return str(f.metadata.get("key", f.name))
 
 
 @functools.cache
@@ -161,7 +167,7 @@ def _coerce(tp: Any, value: Any) -> Any:
     if tp in (list, dict, tuple):
         return value if isinstance(value, tp) else _MISSING
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return read(tp, value) if isinstance(value, dict) else _MISSING
+        return read(tp, value) if isinstance(value, (dict, tp)) else _MISSING
     return value if isinstance(tp, type) and isinstance(value, tp) else _MISSING
 
 
@@ -169,14 +175,18 @@ def read(cls: type[R], data: Any) -> R:
     """A record of dataclass ``cls`` from a decoded reply, leniently: each field by its
     annotation; a field that is missing or of another type reads as its default (or the type's
     empty value where it has none), an unknown key is ignored, a list or dict keeps the items
-    that are of its item type. ``data`` that is not a dict reads as ``{}``."""
+    that are of its item type. ``data`` that is not a dict reads as ``{}``; a record of ``cls``
+    is returned as it is (a reader takes the record or the report's JSON of it alike)."""
+    if isinstance(data, cls):
+        return data
     data = mapping(data)
     hints = _hints(cls)  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if not f.init:
             continue
-        value = _coerce(hints[f.name], data[f.name]) if f.name in data else _MISSING
+        key = key_of(f)
+        value = _coerce(hints[f.name], data[key]) if key in data else _MISSING
         if value is _MISSING:
             if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
                 continue  # the dataclass fills its own default
@@ -189,7 +199,7 @@ def write(record: Any) -> Any:
     """A record (or a list or dict of them) as JSON-able data: ``dataclasses.asdict`` with
     tuples as lists."""
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        return {f.name: write(getattr(record, f.name)) for f in dataclasses.fields(record)}
+        return {key_of(f): write(getattr(record, f.name)) for f in dataclasses.fields(record)}
     if isinstance(record, (list, tuple)):
         return [write(v) for v in record]
     if isinstance(record, dict):
@@ -222,7 +232,7 @@ def json_schema(tp: Any) -> dict[str, Any]:
             prop = json_schema(hints[f.name])
             if f.metadata.get("doc"):
                 prop = {**prop, "description": f.metadata["doc"]}
-            props[f.name] = prop
+            props[key_of(f)] = prop
         out: dict[str, Any] = {"type": "object", "properties": props}
         doc = (tp.__doc__ or "").strip().split("\n\n")[0]
         if doc and not doc.startswith(tp.__name__ + "("):  # not the dataclass's generated signature
