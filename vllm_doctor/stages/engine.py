@@ -27,7 +27,9 @@ from typing import Any
 
 from vllm_doctor.checks.perf import perf_codes
 from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.engine import EngineFacts, facts_from_dict, facts_to_dict
+from vllm_doctor.facts.profile import EngineProfile
 from vllm_doctor.model import Finding, Outcome, Report
 from vllm_doctor.stages.child import run_child
 
@@ -411,9 +413,10 @@ def diagnose_engine(
         report = build_engine_report(result.facts, target, select, ignore)
         report.facts["engine_log"] = result.log_path
         report.profiles["workload"] = result.workload
-        accounting = time_accounting(report.profiles.get("engine") or {}, result.workload)
-        if accounting is not None and isinstance(report.profiles.get("engine"), dict):
-            report.profiles["engine"]["time_accounting"] = accounting
+        engine = report.profiles.get("engine")
+        accounting = time_accounting(wire.read(EngineProfile, engine), result.workload)
+        if accounting is not None and isinstance(engine, dict):
+            engine["time_accounting"] = wire.write(accounting)
         report.profiles["engine_kwargs"] = result.engine_kwargs
         if result.deep:
             report.profiles["torch_profiler"] = result.deep
