@@ -20,6 +20,7 @@ from vllm_doctor.analysis.engine import (
     process_memory,
     summarize,
 )
+from vllm_doctor.analysis.records import RankSummary
 from vllm_doctor.checks import CATALOGUE, run_checks
 from vllm_doctor.checks.kv_cache import blocks_needed, largest_length
 from vllm_doctor.compat import nvml
@@ -36,7 +37,6 @@ from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.facts.kv import KvGroup
 from vllm_doctor.facts.memory import MemoryFacts
 from vllm_doctor.facts.placement import Shard
-from vllm_doctor.facts.profile import RankSummary
 from vllm_doctor.facts.steps import StepTable
 from vllm_doctor.model import Outcome, Severity, Stage
 from vllm_doctor.stages.static import CheckOptions, selected_codes

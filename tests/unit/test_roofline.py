@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from vllm_doctor.analysis.engine import summarize
+from vllm_doctor.analysis.records import Roofline, RooflinePhase, RooflineWorkload
 from vllm_doctor.analysis.roofline import (
     DecoderShape,
     StepWorkload,
@@ -27,7 +28,6 @@ from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.facts.kv import HfShape, KvCache, KvGroup, KvSpec
 from vllm_doctor.facts.memory import MemoryFacts
 from vllm_doctor.facts.placement import DevicePlace, Placement
-from vllm_doctor.facts.profile import Roofline, RooflinePhase, RooflineWorkload
 from vllm_doctor.report.profile import render_roofline
 
 LLAMA3_8B = DecoderShape(

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from tests.fixtures.weights import write_raw_safetensors
+from vllm_doctor.analysis.records import TwinAB, TwinKind, TwinKindPhase, TwinPhase
 from vllm_doctor.analysis.twin import NoTwin, TwinMatch, find_twin, twin_config
 from vllm_doctor.analysis.twin_compare import compare_runs, fmt_ratio, largest_gap, roofline_text
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.facts import wire
-from vllm_doctor.facts.profile import TwinAB, TwinKind, TwinKindPhase, TwinPhase
 from vllm_doctor.report.html import render_html, twin_section
 from vllm_doctor.report.profile import render_twin
 

@@ -11,12 +11,12 @@ import json
 from typing import Any
 
 from vllm_doctor.analysis.engine import anatomy, memory_breakdown
+from vllm_doctor.analysis.records import KvGroupSummary
 from vllm_doctor.facts.anatomy import Anatomy, CompileState, WorkerIdentity
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts, facts_from_dict, facts_to_dict
 from vllm_doctor.facts.kv import AttentionLayer, HfShape, KvCache, KvGroup, KvSpec, KvTensor, PlannedTensor
 from vllm_doctor.facts.memory import CudaMemory, MemoryFacts
 from vllm_doctor.facts.placement import DevicePlace, Placement, PlacementCounts, Shard, TensorPlace
-from vllm_doctor.facts.profile import KvGroupSummary
 from vllm_doctor.facts.wire import VERSION_KEY
 from vllm_doctor.live.attach import merge_replies
 

@@ -1,6 +1,6 @@
 """Turn the workers' profile, KV and memory facts into the report's engine profile
-(:class:`~vllm_doctor.facts.profile.EngineProfile`, ``profiles["engine"]``) and the engine
-anatomy (:class:`~vllm_doctor.facts.profile.EngineAnatomy`, ``facts["engine"]``). Pure functions
+(:class:`~vllm_doctor.analysis.records.EngineProfile`, ``profiles["engine"]``) and the engine
+anatomy (:class:`~vllm_doctor.analysis.records.EngineAnatomy`, ``facts["engine"]``). Pure functions
 over :class:`EngineFacts` (its workers' records: :mod:`vllm_doctor.facts.anatomy`, ``placement``,
 ``kv``, ``memory``); they build new records and leave the workers' replies as they came.
 """
@@ -11,13 +11,7 @@ from dataclasses import fields, replace
 from itertools import compress
 from typing import Any
 
-from vllm_doctor.analysis.roofline import engine_roofline
-from vllm_doctor.facts import wire
-from vllm_doctor.facts.anatomy import Anatomy, WorkerIdentity
-from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
-from vllm_doctor.facts.kv import KvCache
-from vllm_doctor.facts.memory import CudaMemory, MemoryFacts
-from vllm_doctor.facts.profile import (
+from vllm_doctor.analysis.records import (
     PHASES,
     DoctorOverhead,
     EngineAnatomy,
@@ -43,6 +37,11 @@ from vllm_doctor.facts.profile import (
     WorkerAnatomy,
     WorkloadRun,
 )
+from vllm_doctor.analysis.roofline import engine_roofline
+from vllm_doctor.facts.anatomy import Anatomy, WorkerIdentity
+from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.facts.kv import KvCache
+from vllm_doctor.facts.memory import CudaMemory, MemoryFacts
 from vllm_doctor.facts.static import is_transformers_backend
 from vllm_doctor.facts.steps import StepTable
 
@@ -63,7 +62,7 @@ def model_origin(model_class: str | None) -> str:
 
 def anatomy(facts: EngineFacts) -> EngineAnatomy:
     """Which process holds the front end, engine core, executor and each worker."""
-    fe = wire.read(FrontEnd, facts.front_end)
+    fe = FrontEnd.of(facts.front_end)
     workers: list[WorkerAnatomy] = []
     for wf in facts.workers:
         a = wf.anatomy or Anatomy()
@@ -249,7 +248,7 @@ def idle_between_steps(steps: StepTable) -> IdleBetweenSteps | None:
 def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> LayerTables:
     """Per module, per decoder layer and per kind (with "other" = forward not in any kind). New
     records: the worker's reply is left as it came."""
-    profile = wire.read(ProfileReply, profile)
+    profile = ProfileReply.of(profile)
     modules = [
         replace(m, total_s=m.prefill_s + m.decode_s, calls=m.prefill_calls + m.decode_calls) for m in profile.layers
     ]
@@ -295,8 +294,8 @@ def time_accounting(
     their sum (on the step clock) cannot exceed the wall time around ``llm.generate``; what is left
     ran outside any step (scheduling, output processing, request handling: the engine's host, or
     a device waiting for it). A sum above the wall time is a wrong clock: a doctor bug."""
-    profile = wire.read(EngineProfile, profile)
-    wall = wire.read(WorkloadRun, workload).wall_s
+    profile = EngineProfile.of(profile)
+    wall = WorkloadRun.of(workload).wall_s
     if not wall or not profile.phases:
         return None
     total = sum(float(p.steps) * float(p.step_s_mean) for p in profile.phases.values())
@@ -331,7 +330,7 @@ def kv_usage_series(steps: StepTable, num_blocks: int | None) -> list[KvUsagePoi
 
 def memory_breakdown(memory: MemoryFacts, nvml: dict[str, Any] | None = None) -> dict[str, Any]:
     """:func:`memory_record` as JSON: the memory check's evidence (checks/memory.py)."""
-    out: dict[str, Any] = wire.write(memory_record(memory, nvml))
+    out: dict[str, Any] = memory_record(memory, nvml).to_json()
     return out
 
 
@@ -425,7 +424,7 @@ def doctor_overhead(profile: ProfileReply | dict[str, Any], steps: StepTable) ->
     it is precise where end-to-end throughput comparisons drown in run-to-run noise. Not
     included: PyTorch's cost of calling a hook (about a microsecond per hooked module call).
     """
-    profile = wire.read(ProfileReply, profile)
+    profile = ProfileReply.of(profile)
     own = profile.doctor_host_s
     if not own or not len(steps):
         return None
@@ -465,7 +464,7 @@ def summarize(facts: EngineFacts, timeline: bool = True) -> EngineProfile:
     if not facts.workers:
         return EngineProfile(available=False, reason=facts.startup_error or "no worker replied")
     primary: WorkerFacts = facts.workers[0]
-    profile = wire.read(ProfileReply, primary.get("profile"))
+    profile = ProfileReply.of(primary.get("profile"))
     steps = primary.steps()
     kv = primary.kv or KvCache()
     num_blocks = profile.num_blocks or kv.num_blocks
@@ -484,7 +483,7 @@ def summarize(facts: EngineFacts, timeline: bool = True) -> EngineProfile:
         clock=profile.clock,
         layers_on=profile.layers_on,
         layers_reason=profile.layers_reason,
-        steps=[wire.read(StepRow, row) for row in steps.rows()] if timeline else [],
+        steps=[StepRow.of(row) for row in steps.rows()] if timeline else [],
         step_count=len(steps),
         steps_error=steps.error,
         dropped_steps=profile.dropped_steps,
@@ -500,9 +499,7 @@ def summarize(facts: EngineFacts, timeline: bool = True) -> EngineProfile:
             if w.get("memory") and (mem := w.memory) is not None  # an empty reply has nothing to break down
         ],
         nvml=facts.nvml,
-        crashes=[
-            {**c, "rank": w.rank} for w in facts.workers for c in wire.read(ProfileReply, w.get("profile")).crashes
-        ],
+        crashes=[{**c, "rank": w.rank} for w in facts.workers for c in ProfileReply.of(w.get("profile")).crashes],
         idle_between_steps=idle_between_steps(steps),
         doctor_overhead=doctor_overhead(profile, steps),
         roofline=engine_roofline(primary, steps, phases, layers, kv.block_size),
@@ -515,7 +512,7 @@ def rank_summary(w: WorkerFacts, with_timeline: bool = True) -> RankSummary:
     """One rank's own numbers: who it is, its phases, its decoder layers, its KV cache (and its
     steps and per-layer trace for the Perfetto track, except for the primary rank, whose are
     the profile's own)."""
-    profile = wire.read(ProfileReply, w.get("profile"))
+    profile = ProfileReply.of(w.get("profile"))
     steps = w.steps()
     placement, anat = w.placement, w.anatomy
     # who the rank is: its placement says (with its parallel ranks), else its anatomy
@@ -535,7 +532,7 @@ def rank_summary(w: WorkerFacts, with_timeline: bool = True) -> RankSummary:
         forward_total_s=layers.forward_total_s,
         kv_storage_bytes=kv.storage_bytes,
         kv_num_blocks=profile.num_blocks or kv.num_blocks,
-        steps=[wire.read(StepRow, row) for row in steps.rows()] if with_timeline else None,
+        steps=[StepRow.of(row) for row in steps.rows()] if with_timeline else None,
         trace=profile.trace if with_timeline else [],
     )
 

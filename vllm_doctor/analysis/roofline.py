@@ -42,8 +42,7 @@ import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from vllm_doctor.facts.engine import WorkerFacts
-from vllm_doctor.facts.profile import (
+from vllm_doctor.analysis.records import (
     DevicePeaks,
     LayerTables,
     PhaseSummary,
@@ -56,6 +55,7 @@ from vllm_doctor.facts.profile import (
     StepBytes,
     StepFlops,
 )
+from vllm_doctor.facts.engine import WorkerFacts
 from vllm_doctor.facts.steps import StepTable
 
 # model types whose MLP is one up and one down projection (no gate): 2 matrices, not 3

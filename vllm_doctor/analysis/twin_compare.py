@@ -24,11 +24,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_doctor.analysis.roofline import fmt_rate
-from vllm_doctor.facts import wire
-from vllm_doctor.facts.anatomy import CompileState
-from vllm_doctor.facts.profile import (
+from vllm_doctor.analysis.records import (
     EngineProfile,
+    Record,
     TwinAB,
     TwinClocks,
     TwinExecution,
@@ -42,6 +40,8 @@ from vllm_doctor.facts.profile import (
     TwinWorkload,
     WorkloadRun,
 )
+from vllm_doctor.analysis.roofline import fmt_rate
+from vllm_doctor.facts.anatomy import CompileState
 from vllm_doctor.units import fmt_s
 
 BUCKETS = ("prefill", "decode")  # the per-layer profiler's buckets: prefill = prefill and mixed steps
@@ -84,7 +84,7 @@ def kind_label(kind: str | None) -> str:
 
 
 @dataclass(frozen=True)
-class TwinSide:
+class TwinSide(Record):
     """One side of the A/B: its engine profile, its workload and how vLLM ran it."""
 
     engine: EngineProfile = field(default_factory=EngineProfile)
@@ -303,14 +303,14 @@ def compare_runs(
     ``{"engine": profiles["engine"], "workload": profiles["workload"], "compile":
     facts["engine"]["compile"]}``); ``match``: how the twin was found (``how``, ``weights``,
     ``notes``)."""
-    ps, ts = wire.read(TwinSide, port), wire.read(TwinSide, twin)
+    ps, ts = TwinSide.of(port), TwinSide.of(twin)
     pe, te = ps.engine, ts.engine
     phases = phase_table(pe, te)
     kinds, not_separable, basis = kind_table(pe, te)
     port_tok, twin_tok = ps.workload.output_tokens_per_s, ts.workload.output_tokens_per_s
     return TwinAB(
         architecture=architecture,
-        match=wire.read(TwinMatchInfo, match),
+        match=TwinMatchInfo.of(match),
         compiled=TwinFlags(port=_compiled(ps.compile), twin=_compiled(ts.compile)),
         cuda_graphs=TwinFlags(port=_cuda_graphs(ps.compile), twin=_cuda_graphs(ts.compile)),
         execution=TwinExecution(port=ps.compile, twin=ts.compile),

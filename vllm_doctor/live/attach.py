@@ -29,7 +29,6 @@ from vllm_doctor.compat import nvml
 from vllm_doctor.compat.http import HttpEngineHandle
 from vllm_doctor.compat.llm import EngineHandle, ExtensionMissing, engine_kwargs
 from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
-from vllm_doctor.facts import wire
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.model import Report, Stage
 from vllm_doctor.probes import environment
@@ -243,7 +242,7 @@ def build_engine_report(
     report.findings = sorted(findings, key=lambda f: (f.code, f.subject))
     report.environment = environment.collect()
     # the report holds JSON (report.json's shape): each record written once here, read by its readers
-    report.facts["engine"] = wire.write(anatomy(facts))
+    report.facts["engine"] = anatomy(facts).to_json()
     report.facts["engine_mode"] = facts.mode or None
     if facts.mode:  # a served engine that was attached to does not say how it runs
         report.facts["engine_mode_text"] = facts.mode_text()
@@ -251,7 +250,7 @@ def build_engine_report(
     if failure:
         report.facts["engine_failure"] = failure
     if checked is not facts:
-        report.facts["engine_diagnosis"] = wire.write(anatomy(checked))
-    report.profiles["engine"] = wire.write(summarize(facts, timeline=timeline))
+        report.facts["engine_diagnosis"] = anatomy(checked).to_json()
+    report.profiles["engine"] = summarize(facts, timeline=timeline).to_json()
     report.timings.update(timings or {})
     return report

@@ -17,9 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from vllm_doctor.compat.http import normalize_url
-from vllm_doctor.facts import wire
-from vllm_doctor.facts.profile import (
+from vllm_doctor.analysis.records import (
     DoctorOverhead,
     EngineAnatomy,
     EngineProfile,
@@ -27,8 +25,10 @@ from vllm_doctor.facts.profile import (
     LayerTotal,
     PhaseSummary,
     ProcessBox,
+    Record,
     Roofline,
 )
+from vllm_doctor.compat.http import normalize_url
 from vllm_doctor.live.derive import Deriver, MetricsFrame
 from vllm_doctor.units import clip
 
@@ -58,7 +58,7 @@ MODEL_FULL_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
-class PanelFinding:
+class PanelFinding(Record):
     """A VD4xx/VD5xx finding as the model panel shows it."""
 
     code: str | None = None
@@ -70,7 +70,7 @@ class PanelFinding:
 
 
 @dataclass(frozen=True)
-class ModelSummary:
+class ModelSummary(Record):
     """What ``top``'s model panel draws of one window (:attr:`ModelChannel.latest`, a frame's
     ``model``, recorded as its JSON): the engine profile's summaries, bounded."""
 
@@ -191,7 +191,7 @@ class ModelChannel:
         self.url = url
         self.every_s = every_s
         self.timeout = timeout
-        self.latest: dict[str, Any] = wire.write(ModelSummary(reason="connecting to the worker extension"))
+        self.latest: dict[str, Any] = ModelSummary(reason="connecting to the worker extension").to_json()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vllm-doctor-model", daemon=True)
         self._thread.start()
@@ -223,21 +223,20 @@ class ModelChannel:
                 now = time.time()
                 summary = replace(model_summary(report.to_dict()), window_s=round(now - since, 1), as_of=now)
                 since = now
-                last = wire.read(ModelSummary, self.latest)
+                last = ModelSummary.of(self.latest)
                 if summary.steps and not summary.slowest_layers:
                     # no step of this window was sampled per layer: the last sampled ones stand
                     summary = replace(summary, slowest_layers=last.slowest_layers)
                 if summary.steps or not last.steps:
-                    self.latest = wire.write(summary)
+                    self.latest = summary.to_json()
                 else:  # an idle window: keep the last window that ran steps, say how old it is
-                    self.latest = wire.write(replace(last, quiet_s=round(now - (last.as_of or now), 1)))
+                    self.latest = replace(last, quiet_s=round(now - (last.as_of or now), 1)).to_json()
                 self._stop.wait(self.every_s)
         except (ExtensionMissing, DoctorInputError) as exc:
-            self.latest = wire.write(ModelSummary(reason=clip(str(getattr(exc, "message", exc)), 300)))
+            self.latest = ModelSummary(reason=clip(str(getattr(exc, "message", exc)), 300)).to_json()
         except Exception as exc:  # the channel is optional: say why it stopped, keep the rest running
-            self.latest = wire.write(
-                ModelSummary(reason=clip(f"model channel failed: {type(exc).__name__}: {exc}", 300))
-            )
+            reason = clip(f"model channel failed: {type(exc).__name__}: {exc}", 300)
+            self.latest = ModelSummary(reason=reason).to_json()
         finally:
             if doc is not None and doc.attached:
                 try:
@@ -253,10 +252,10 @@ class ModelChannel:
 def model_summary(report: dict[str, Any], top_layers: int = 5) -> ModelSummary:
     """What the model panel draws, from an engine report (bounded: no steps, no per-layer rows)."""
     sections = report.get("profiles") or {}
-    profile = wire.read(EngineProfile, sections.get("engine"))
-    anatomy = wire.read(EngineAnatomy, (report.get("facts") or {}).get("engine"))
+    profile = EngineProfile.of(sections.get("engine"))
+    anatomy = EngineAnatomy.of((report.get("facts") or {}).get("engine"))
     slow = sorted(profile.layers.by_layer, key=lambda x: -x.total_s)[:top_layers]
-    findings = [wire.read(PanelFinding, f) for f in report.get("findings") or []]
+    findings = [PanelFinding.of(f) for f in report.get("findings") or []]
     roof = profile.roofline
     return ModelSummary(
         available=profile.available,
@@ -327,7 +326,7 @@ class EnginePids:
             return [(p.pid, p.label()) for p in discover(url=self.url) if p.role != "other"]
         except (DoctorInputError, OSError):
             pass
-        procs = wire.read(ModelSummary, self.model.latest).processes if self.model is not None else []
+        procs = ModelSummary.of(self.model.latest).processes if self.model is not None else []
         return [(p.pid, p.role) for p in procs if p.pid]
 
 

@@ -3,7 +3,7 @@
 Charts: per-layer forward time (stacked by kind), step timeline (prefill vs decode), KV-cache
 usage over the run, memory breakdown; the findings; the engine anatomy as an SVG diagram.
 Renders from the report's JSON (``Report.to_dict()``), so a saved report.json re-renders: its
-engine sections are read into their records (:mod:`vllm_doctor.facts.profile`) once.
+engine sections are read into their records (:mod:`vllm_doctor.analysis.records`) once.
 """
 
 from __future__ import annotations
@@ -13,10 +13,7 @@ from html import escape
 from itertools import pairwise
 from typing import Any
 
-from vllm_doctor.analysis.roofline import fmt_rate, fmt_si_bytes
-from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
-from vllm_doctor.facts import wire
-from vllm_doctor.facts.profile import (
+from vllm_doctor.analysis.records import (
     EngineAnatomy,
     EngineProfile,
     KvUsagePoint,
@@ -27,6 +24,8 @@ from vllm_doctor.facts.profile import (
     TwinAB,
     WorkloadRun,
 )
+from vllm_doctor.analysis.roofline import fmt_rate, fmt_si_bytes
+from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
 from vllm_doctor.report.profile import accounting_text, execution_text, forward_step, slowest_layer, timing_cost_text
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
@@ -304,7 +303,7 @@ def findings_table(findings: list[dict[str, Any]]) -> str:
 def phases_table(profile: EngineProfile | dict[str, Any], workload: WorkloadRun | dict[str, Any] | None) -> str:
     """Per phase: steps, tokens, step times, the forward beside the step time of the same steps,
     and a line per phase naming what the doctor's per-layer timing cost its steps."""
-    prof = wire.read(EngineProfile, profile)
+    prof = EngineProfile.of(profile)
     rows = "".join(
         f"<tr><td>{escape(ph)}</td><td>{p.steps}</td><td>{p.tokens}</td><td>{p.mean_batch}</td>"
         f"<td>{fmt_s(p.step_s_mean)}</td><td>{fmt_s(p.step_s_p90)}</td><td>{fmt_s(p.forward_s_mean)}</td>"
@@ -325,7 +324,7 @@ def phases_table(profile: EngineProfile | dict[str, Any], workload: WorkloadRun 
         html += f'<p class="note">{escape(accounting_text(prof.time_accounting))}</p>'
 
     if workload:
-        w = wire.read(WorkloadRun, workload)
+        w = WorkloadRun.of(workload)
         html += (
             f'<p class="note">workload: {w.prompts} prompt(s) x {w.input_len} tokens in, '
             f"{w.output_len} out; {w.generated_tokens} tokens in "
@@ -352,7 +351,7 @@ def _layer_row(x: RooflineLayer) -> str:
 def roofline_table(profile: EngineProfile | dict[str, Any]) -> str:
     """``profile.roofline``: per phase the bytes and FLOPs of a step, the achieved rates and
     their shares of the device's peaks; a rate above a peak in red as the doctor bug it is."""
-    roof = wire.read(EngineProfile, profile).roofline
+    roof = EngineProfile.of(profile).roofline
     if roof is None:
         return ""
     if not roof.available:
@@ -403,7 +402,7 @@ def roofline_table(profile: EngineProfile | dict[str, Any]) -> str:
 def ranks_table(profile: EngineProfile | dict[str, Any]) -> str:
     """Per-rank numbers side by side (each forward beside the step time of the same steps), and
     the imbalance (the slowest rank sets the step)."""
-    prof = wire.read(EngineProfile, profile)
+    prof = EngineProfile.of(profile)
     if len(prof.per_rank) < 2:
         return ""
     rows = []
@@ -461,7 +460,7 @@ def twin_section(twin: TwinAB | dict[str, Any] | None) -> str:
     per layer kind, the largest gap, what could not be separated; one line when there is no twin."""
     if not twin:
         return ""
-    ab = wire.read(TwinAB, twin)
+    ab = TwinAB.of(twin)
     head = '<h2 id="twin">Twin A/B: the port against vLLM\'s in-tree twin</h2>'
     if ab.none:
         return head + f'<p class="note">{escape(ab.none)}</p>'
@@ -561,10 +560,10 @@ def link_cpu_profile(html: str, index: dict[str, Any]) -> str:
 def render_html(report: dict[str, Any], cpu_profile: dict[str, Any] | None = None) -> str:
     env = report.get("environment") or {}
     sections = report.get("profiles") or {}
-    profile = wire.read(EngineProfile, sections.get("engine"))
+    profile = EngineProfile.of(sections.get("engine"))
     workload = sections.get("workload")
     engine_facts = (report.get("facts") or {}).get("engine")
-    anatomy = wire.read(EngineAnatomy, engine_facts) if engine_facts else None
+    anatomy = EngineAnatomy.of(engine_facts) if engine_facts else None
     summary = ", ".join(f"{v} {k}" for k, v in sorted((report.get("summary") or {}).items()))
     layers_note = "" if profile.layers_on else f'<p class="note">{escape(str(profile.layers_reason or ""))}</p>'
     parts = [

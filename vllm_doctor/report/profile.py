@@ -1,6 +1,6 @@
 """Terminal rendering of the engine stage: anatomy, memory, per-step and per-layer summary.
 
-Each function takes the record (:mod:`vllm_doctor.facts.profile`) or the report's JSON of it:
+Each function takes the record (:mod:`vllm_doctor.analysis.records`) or the report's JSON of it:
 ``wire.read`` turns the JSON into the record (an older report's missing keys read as defaults).
 """
 
@@ -8,11 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_doctor.analysis.roofline import fmt_rate, phase_text
-from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
-from vllm_doctor.facts import wire
-from vllm_doctor.facts.anatomy import CompileState
-from vllm_doctor.facts.profile import (
+from vllm_doctor.analysis.records import (
+    CompileState,
     DoctorOverhead,
     EngineAnatomy,
     EngineProfile,
@@ -22,6 +19,8 @@ from vllm_doctor.facts.profile import (
     TwinAB,
     WorkloadRun,
 )
+from vllm_doctor.analysis.roofline import fmt_rate, phase_text
+from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
 
@@ -33,7 +32,7 @@ def render_anatomy(anatomy: EngineAnatomy | dict[str, Any] | None) -> str:
     """Which process holds what, the model's origin and the KV layout."""
     if not anatomy:
         return "engine anatomy: unavailable (the engine did not start)"
-    a = wire.read(EngineAnatomy, anatomy)
+    a = EngineAnatomy.of(anatomy)
     fe, ex, model, kv, runner, comp = a.front_end, a.executor, a.model, a.kv_cache, a.model_runner, a.compile
     lines = ["engine anatomy"]
     if fe.url:
@@ -115,14 +114,14 @@ def timing_cost_text(phase: str, p: PhaseSummary) -> str:
 def render_profile(
     profile: EngineProfile | dict[str, Any] | None, workload: WorkloadRun | dict[str, Any] | None = None
 ) -> str:
-    prof = wire.read(EngineProfile, profile)
+    prof = EngineProfile.of(profile)
     if not prof.steps:
         return "forward profile: no steps recorded"
     lines = [f"forward profile: times on the {clock_name(prof.clock)}, per-layer {'on' if prof.layers_on else 'off'}"]
     if prof.layers_reason:
         lines.append(f"  {prof.layers_reason}")
     if workload:
-        w = wire.read(WorkloadRun, workload)
+        w = WorkloadRun.of(workload)
         lines.append(
             f"  workload      {w.prompts} prompt(s) x {w.input_len} in / {w.output_len} out: "
             f"{w.generated_tokens} tokens in {fmt_s(w.wall_s)} ({w.output_tokens_per_s} tok/s)"
@@ -162,7 +161,7 @@ def render_profile(
 
 def accounting_text(acc: TimeAccounting | dict[str, Any]) -> str:
     """:func:`vllm_doctor.analysis.engine.time_accounting` in words."""
-    a = wire.read(TimeAccounting, acc)
+    a = TimeAccounting.of(acc)
     clock = clock_name(a.clock).split(" (")[0]
     head = (
         f"steps add up to {fmt_s(a.steps_s)} on the {clock} = "
@@ -192,7 +191,7 @@ def slowest_layer(by_layer: list[LayerTotal]) -> LayerTotal | None:
 def render_ranks(profile: EngineProfile | dict[str, Any]) -> list[str]:
     """Per-rank lines of a multi-rank profile, side by side, and the imbalance between ranks:
     each rank's forward beside the step time of the same steps."""
-    prof = wire.read(EngineProfile, profile)
+    prof = EngineProfile.of(profile)
     if len(prof.per_rank) < 2:
         return []
     lines = [
@@ -220,7 +219,7 @@ def render_ranks(profile: EngineProfile | dict[str, Any]) -> list[str]:
 
 def doctor_cost_text(over: DoctorOverhead | dict[str, Any] | None) -> str:
     """``analysis.engine.doctor_overhead`` in words: per step, and of the worker's wall time."""
-    o = wire.read(DoctorOverhead, over)
+    o = DoctorOverhead.of(over)
     if o.share is None or not o.steps:
         return ""
     parts = ", ".join(f"{k.replace('_', ' ')} {fmt_s(v / o.steps)}" for k, v in o.host_s.items())
@@ -236,7 +235,7 @@ def doctor_cost_text(over: DoctorOverhead | dict[str, Any] | None) -> str:
 def render_roofline(profile: EngineProfile | dict[str, Any]) -> str:
     """``profile.roofline`` (analysis.roofline) in words: one line per phase, the timed
     layers' range, and every rate above the device's peak as the doctor bug it is."""
-    roof = wire.read(EngineProfile, profile).roofline
+    roof = EngineProfile.of(profile).roofline
     if roof is None:
         return ""
     if not roof.available:
@@ -264,14 +263,13 @@ def render_roofline(profile: EngineProfile | dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def execution_text(state: CompileState | dict[str, Any] | None) -> str:
+def execution_text(state: CompileState | None) -> str:
     """How vLLM ran a side: ``compiled (torch.compile, CUDA graphs)``, ``uncompiled (in CUDA graphs)``
     (vLLM captures FULL graphs of a model it does not compile), ``uncompiled``."""
-    if not state:
+    if state is None:
         return "?"
-    s = wire.read(CompileState, state)
-    graphs = bool(s.cudagraphs)
-    if s.compiled_modules:
+    graphs = bool(state.cudagraphs)
+    if state.compiled_modules:
         return "compiled (torch.compile" + (", CUDA graphs)" if graphs else ")")
     return "uncompiled (in CUDA graphs)" if graphs else "uncompiled"
 
@@ -281,7 +279,7 @@ def render_twin(twin: TwinAB | dict[str, Any] | None) -> str:
     per phase, per layer kind and the largest gap; one line when there is no twin."""
     if not twin:
         return ""
-    ab = wire.read(TwinAB, twin)
+    ab = TwinAB.of(twin)
     arch = ab.architecture
     if ab.none:
         head = f"twin A/B: vLLM's {arch}: " if arch else "twin A/B: "

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_doctor.facts import wire
-from vllm_doctor.facts.profile import EngineAnatomy, EngineProfile, StepRow, TraceStep
+from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, StepRow, TraceStep
 
 # the step's numbers shown in a step event's arguments
 STEP_ARGS = ("num_reqs", "prefill_tokens", "decode_tokens", "kv_blocks_used", "forward_s", "logits_s")
@@ -21,7 +20,7 @@ def chrome_trace(
 ) -> dict[str, Any]:
     """One process track per rank (the primary rank's from the profile itself, the others' from
     ``per_rank``): steps, KV blocks in use, and each sampled step's forward and layers."""
-    prof = wire.read(EngineProfile, profile)
+    prof = EngineProfile.of(profile)
     tracks: list[tuple[int | None, str | None, list[StepRow], list[TraceStep]]] = [
         (prof.rank if prof.rank is not None else 0, prof.device, prof.steps, prof.trace)
     ]
@@ -31,7 +30,7 @@ def chrome_trace(
         events.extend(_rank_events(i + 1, rank, device, steps, trace))
     meta: dict[str, Any] = {"clock": prof.clock, "layers_on": prof.layers_on, "ranks": [t[0] for t in tracks]}
     if anatomy:
-        meta["model"] = wire.read(EngineAnatomy, anatomy).model.class_name
+        meta["model"] = EngineAnatomy.of(anatomy).model.class_name
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
 
 

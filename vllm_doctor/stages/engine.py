@@ -25,11 +25,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from vllm_doctor.analysis.records import EngineProfile
 from vllm_doctor.checks.perf import perf_codes
 from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
-from vllm_doctor.facts import wire
 from vllm_doctor.facts.engine import EngineFacts, facts_from_dict, facts_to_dict
-from vllm_doctor.facts.profile import EngineProfile
 from vllm_doctor.model import Finding, Outcome, Report
 from vllm_doctor.stages.child import run_child
 
@@ -414,9 +413,9 @@ def diagnose_engine(
         report.facts["engine_log"] = result.log_path
         report.profiles["workload"] = result.workload
         engine = report.profiles.get("engine")
-        accounting = time_accounting(wire.read(EngineProfile, engine), result.workload)
+        accounting = time_accounting(EngineProfile.of(engine), result.workload)
         if accounting is not None and isinstance(engine, dict):
-            engine["time_accounting"] = wire.write(accounting)
+            engine["time_accounting"] = accounting.to_json()
         report.profiles["engine_kwargs"] = result.engine_kwargs
         if result.deep:
             report.profiles["torch_profiler"] = result.deep

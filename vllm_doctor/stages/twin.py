@@ -21,12 +21,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, TwinAB, TwinMatchInfo, WorkloadRun
 from vllm_doctor.analysis.twin import NoTwin, TwinMatch, find_twin, twin_config
 from vllm_doctor.analysis.twin_compare import TwinSide, compare_runs
 from vllm_doctor.errors import DoctorInputError
-from vllm_doctor.facts import wire
 from vllm_doctor.facts.checkpoint import INDEX_NAME
-from vllm_doctor.facts.profile import EngineAnatomy, EngineProfile, TwinAB, TwinMatchInfo, WorkloadRun
 from vllm_doctor.files import write_json_atomic
 from vllm_doctor.model import Report
 from vllm_doctor.probes.paths import inside, model_roots, read_regular
@@ -134,9 +133,9 @@ def _prefixed(progress: Progress | None, who: str) -> Progress | None:
 
 def _side(report: Report) -> TwinSide:
     return TwinSide(
-        engine=wire.read(EngineProfile, report.profiles.get(ENGINE)),
-        workload=wire.read(WorkloadRun, report.profiles.get(WORKLOAD)),
-        compile=wire.read(EngineAnatomy, report.facts.get(ENGINE)).compile,
+        engine=EngineProfile.of(report.profiles.get(ENGINE)),
+        workload=WorkloadRun.of(report.profiles.get(WORKLOAD)),
+        compile=EngineAnatomy.of(report.facts.get(ENGINE)).compile,
     )
 
 
@@ -145,13 +144,13 @@ def _ran(report: Report) -> str | None:
     failure = report.facts.get(FAILURE)
     if failure:
         return str(failure).splitlines()[0]
-    if not wire.read(EngineProfile, report.profiles.get(ENGINE)).steps:
+    if not EngineProfile.of(report.profiles.get(ENGINE)).steps:
         return "no steps recorded"
     return None
 
 
 def _put(report: Report, ab: TwinAB) -> None:
-    report.profiles[TWIN] = wire.write(ab)
+    report.profiles[TWIN] = ab.to_json()
 
 
 def profile_with_twin(
@@ -173,7 +172,7 @@ def profile_with_twin(
         return report, None
     match = plan.match
     arch = match.architecture
-    info = wire.read(TwinMatchInfo, match.to_dict())
+    info = TwinMatchInfo.of(match.to_dict())
     if match.weights == "dummy":
         options = replace(options, extra={**options.extra, "load_format": "dummy"})
     weights = "the same weights" if match.weights == "same" else "random weights on both (load_format=dummy)"

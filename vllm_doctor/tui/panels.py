@@ -13,9 +13,8 @@ from typing import Any
 
 from rich.text import Text
 
+from vllm_doctor.analysis.records import DevicePeaks, RooflinePhase
 from vllm_doctor.analysis.roofline import fmt_rate, phase_text
-from vllm_doctor.facts import wire
-from vllm_doctor.facts.profile import DevicePeaks, RooflinePhase
 from vllm_doctor.live.derive import HISTOGRAMS, LatencyStat, MetricsFrame, fmt_latency
 from vllm_doctor.live.sources import Frame, ModelSummary
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
@@ -229,7 +228,7 @@ def model_panel(frame: Frame, width: int) -> Text:
     if frame.model is None:
         out.append("model channel off (start the server with VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1)\n", style="dim")
         return out
-    model = wire.read(ModelSummary, frame.model)
+    model = ModelSummary.of(frame.model)
     if not model.available and not model.steps:
         out.append((model.reason or "not available") + "\n", style="dim")
         return out

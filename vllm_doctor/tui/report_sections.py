@@ -1,7 +1,7 @@
 """What each pane of ``vllm-doctor view`` shows, as plain text and table rows (no widgets: testable alone).
 
 Every function takes the report's JSON (``Report.to_dict()`` of any doctor version); its engine
-sections are read into their records (:mod:`vllm_doctor.facts.profile`, leniently: a key an older
+sections are read into their records (:mod:`vllm_doctor.analysis.records`, leniently: a key an older
 doctor did not write reads as its default). A section an older doctor (or a static check) did
 not write is "not in this report" with the reason, never an error.
 """
@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, LayerModule, WorkloadRun
 from vllm_doctor.checks import codes_for
-from vllm_doctor.facts import wire
-from vllm_doctor.facts.profile import EngineAnatomy, EngineProfile, LayerModule, WorkloadRun
 from vllm_doctor.report.profile import render_anatomy, timing_cost_text
 from vllm_doctor.units import fmt_bytes, fmt_s
 
@@ -30,13 +29,13 @@ def _list(value: Any) -> list[Any]:
 
 
 def engine_profile(report: dict[str, Any]) -> EngineProfile:
-    return wire.read(EngineProfile, _dict(report.get("profiles")).get("engine"))
+    return EngineProfile.of(_dict(report.get("profiles")).get("engine"))
 
 
 def engine_anatomy(report: dict[str, Any]) -> EngineAnatomy | None:
     """``facts["engine"]``, None where the report has none."""
     data = _dict(_dict(report.get("facts")).get("engine"))
-    return wire.read(EngineAnatomy, data) if data else None
+    return EngineAnatomy.of(data) if data else None
 
 
 def missing(report: dict[str, Any], what: str) -> str:
@@ -108,7 +107,7 @@ def workload_line(report: dict[str, Any]) -> str:
     data = _dict(_dict(report.get("profiles")).get("workload"))
     if not data:
         return ""
-    w = wire.read(WorkloadRun, data)
+    w = WorkloadRun.of(data)
     return (
         f"workload: {w.prompts} prompt(s) x {w.input_len} tokens in, {w.output_len} out; "
         f"{w.generated_tokens} tokens in {fmt_s(w.wall_s)} ({w.output_tokens_per_s} tok/s)"

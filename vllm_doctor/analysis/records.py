@@ -1,21 +1,26 @@
-"""The engine profile's records: ``report.profiles["engine"]``, ``profiles["twin"]`` and the engine
-anatomy (``facts["engine"]``), as frozen dataclasses (stdlib only).
+"""The engine profile's records: ``report.profiles["engine"]``, ``profiles["twin"]``,
+``profiles["workload"]`` and the engine anatomy (``facts["engine"]``), as frozen dataclasses.
 
 :mod:`vllm_doctor.analysis.engine`, ``analysis.roofline`` and ``analysis.twin_compare`` build
-them; every reader (the text, the HTML report, ``view``, ``top``'s model panel, the A/B) takes
-them by attribute. Each record's field names are report.json's keys: :func:`wire.write` gives
-the JSON, :func:`wire.read` reads it back leniently (a key an older doctor did not write reads
-as its default), and :func:`wire.json_schema` declares it in docs/report-schema.json
-(``python -m vllm_doctor.report.schema --write docs/report-schema.json``). A reader takes the
-record or its JSON alike: ``wire.read(EngineProfile, value)`` returns a record as it is.
+them; every reader (the text, the HTML report, the trace, ``view``, ``top``'s model panel, the
+A/B) takes them by attribute. Each record's field names are report.json's keys (a ``key`` in the
+field's metadata where the key is no Python name): :meth:`Record.to_json` writes the JSON,
+:meth:`Record.of` reads it back leniently (a key an older doctor did not write reads as its
+default, a record is taken as it is), :meth:`Record.json_schema` declares it in
+docs/report-schema.json (``python -m vllm_doctor.report.schema --write docs/report-schema.json``).
+The machinery is :mod:`vllm_doctor.facts.wire`'s; the records live here, beside what builds
+them, where every front end may import them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.anatomy import CompileState
+
+__all__ = ["CompileState", "Record"]  # and every record below
 
 PHASES = ("prefill", "decode", "mixed")
 
@@ -24,11 +29,29 @@ def _doc(text: str) -> dict[str, str]:
     return {"doc": text}
 
 
+class Record:
+    """A record of the report: read from its JSON, written to it, declared in its schema."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, data: Any) -> Self:
+        """The record from the report's JSON of it (leniently), or the record itself."""
+        return wire.read(cls, data)
+
+    def to_json(self) -> Any:
+        return wire.write(self)
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        return wire.json_schema(cls)
+
+
 # ---- steps ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class StepRow:
+class StepRow(Record):
     """One engine step as the reports show it (``facts.steps.StepTable.rows``)."""
 
     index: int = 0
@@ -57,7 +80,7 @@ class StepRow:
 
 
 @dataclass(frozen=True)
-class PhaseSummary:
+class PhaseSummary(Record):
     """One phase's steps (prefill, decode or mixed): counts, step and forward times on the step
     clock, and the steps timed per layer against the others (the doctor's own per-layer cost)."""
 
@@ -104,7 +127,7 @@ class PhaseSummary:
 
 
 @dataclass(frozen=True)
-class LayerModule:
+class LayerModule(Record):
     """One timed module's time summed over the steps timed per layer, per profiler bucket
     (decode; prefill = prefill and mixed steps)."""
 
@@ -127,7 +150,7 @@ class LayerModule:
 
 
 @dataclass(frozen=True)
-class LayerTotal:
+class LayerTotal(Record):
     """One decoder layer's time, and its kinds' (attention, MLP, ...) within it."""
 
     layer: int = 0
@@ -136,7 +159,7 @@ class LayerTotal:
 
 
 @dataclass(frozen=True)
-class LayerTables:
+class LayerTables(Record):
     """Per module, per decoder layer and per kind (``other``: the forward in no kind), over the
     steps timed per layer."""
 
@@ -155,7 +178,7 @@ class LayerTables:
 
 
 @dataclass(frozen=True)
-class IdleBetweenSteps:
+class IdleBetweenSteps(Record):
     """The device's idle time between consecutive steps, on the step clock."""
 
     clock: str | None = None
@@ -168,7 +191,7 @@ class IdleBetweenSteps:
 
 
 @dataclass(frozen=True)
-class TimeAccounting:
+class TimeAccounting(Record):
     """Do the step times add up to the workload's wall time (steps + between steps + edges)?"""
 
     clock: str | None = None
@@ -184,7 +207,7 @@ class TimeAccounting:
 
 
 @dataclass(frozen=True)
-class DoctorOverhead:
+class DoctorOverhead(Record):
     """The doctor's own host time per step, against the worker's host time of the step."""
 
     host_s: dict[str, float] = field(default_factory=dict)
@@ -201,7 +224,7 @@ class DoctorOverhead:
 
 
 @dataclass(frozen=True)
-class MemoryBreakdown:
+class MemoryBreakdown(Record):
     """One worker's memory: weights / peak activations / KV / CUDA graphs / other."""
 
     device: str | None = None
@@ -217,7 +240,7 @@ class MemoryBreakdown:
 
 
 @dataclass(frozen=True)
-class KvUsagePoint:
+class KvUsagePoint(Record):
     t: float | None = None
     index: int = 0
     blocks: int = 0
@@ -225,7 +248,7 @@ class KvUsagePoint:
 
 
 @dataclass(frozen=True)
-class TraceSpan:
+class TraceSpan(Record):
     """A forward's or a module's span in a traced step: offset from the step's start, duration."""
 
     name: str | None = None
@@ -234,7 +257,7 @@ class TraceSpan:
 
 
 @dataclass(frozen=True)
-class TraceStep:
+class TraceStep(Record):
     """A step timed per layer, for the Perfetto trace."""
 
     index: int = 0
@@ -249,7 +272,7 @@ class TraceStep:
 
 
 @dataclass(frozen=True)
-class RooflineModel:
+class RooflineModel(Record):
     """The model's sizes per rank and the weights a step reads."""
 
     hidden: int = 0
@@ -270,7 +293,7 @@ class RooflineModel:
 
 
 @dataclass(frozen=True)
-class DevicePeaks:
+class DevicePeaks(Record):
     """What the device can do at most (None: unknown), and whence."""
 
     name: str | None = None
@@ -282,7 +305,7 @@ class DevicePeaks:
 
 
 @dataclass(frozen=True)
-class StepBytes:
+class StepBytes(Record):
     weights: float = 0.0
     kv_read: float = 0.0
     kv_write: float = 0.0
@@ -291,7 +314,7 @@ class StepBytes:
 
 
 @dataclass(frozen=True)
-class StepFlops:
+class StepFlops(Record):
     gemm: float = 0.0
     lm_head: float = 0.0
     attention: float = 0.0
@@ -299,14 +322,14 @@ class StepFlops:
 
 
 @dataclass(frozen=True)
-class RooflineWorkload:
+class RooflineWorkload(Record):
     tokens: float = 0.0
     seqs: float = 0.0
     context_tokens: float = 0.0
 
 
 @dataclass(frozen=True)
-class Rates:
+class Rates(Record):
     """Achieved bytes/s and FLOP/s, their shares of the device's peaks; a rate above a peak is
     a doctor bug (``above_peak``, ``problems``), its share withheld."""
 
@@ -343,7 +366,7 @@ class RooflineLayer(Rates):
 
 
 @dataclass(frozen=True)
-class Roofline:
+class Roofline(Record):
     """The step against the device's physical limit (analysis.roofline), or why not."""
 
     available: bool = False
@@ -361,7 +384,7 @@ class Roofline:
 
 
 @dataclass(frozen=True)
-class RankSummary:
+class RankSummary(Record):
     """One rank's own numbers; its steps and trace only where they are not the profile's own."""
 
     rank: int | None = None
@@ -383,7 +406,7 @@ class RankSummary:
 
 
 @dataclass(frozen=True)
-class RankImbalance:
+class RankImbalance(Record):
     """Per phase, the slowest and the fastest rank (mean forward time, else mean step time)."""
 
     slowest_rank: int | None = None
@@ -397,7 +420,7 @@ class RankImbalance:
 
 
 @dataclass(frozen=True)
-class EngineProfile:
+class EngineProfile(Record):
     """``report.profiles["engine"]``: the primary rank's steps, phases, layers, KV usage, memory
     of every rank, the roofline, the time accounting and the doctor's own cost."""
 
@@ -438,7 +461,7 @@ class EngineProfile:
 
 
 @dataclass(frozen=True)
-class FrontEnd:
+class FrontEnd(Record):
     """The process the doctor drives the engine from (``LLM``), or a served engine's API server."""
 
     pid: int | None = None
@@ -456,14 +479,14 @@ class FrontEnd:
 
 
 @dataclass(frozen=True)
-class ExecutorInfo:
+class ExecutorInfo(Record):
     backend: str | None = None
     class_name: str | None = field(default=None, metadata={"key": "class"})
     pid: int | None = None
 
 
 @dataclass(frozen=True)
-class WorkerAnatomy:
+class WorkerAnatomy(Record):
     rank: int | None = None
     local_rank: int | None = None
     pid: int | None = None
@@ -479,7 +502,7 @@ class WorkerAnatomy:
 
 
 @dataclass(frozen=True)
-class ProcessBox:
+class ProcessBox(Record):
     """One process of the engine and what it holds."""
 
     role: str = ""
@@ -491,20 +514,20 @@ class ProcessBox:
 
 
 @dataclass(frozen=True)
-class ModelInfo:
+class ModelInfo(Record):
     class_name: str | None = field(default=None, metadata={"key": "class"})
     origin: str | None = field(default=None, metadata=_doc("built-in, plugin, transformers-fallback or unknown"))
     file: str | None = None
 
 
 @dataclass(frozen=True)
-class ModelRunnerInfo:
+class ModelRunnerInfo(Record):
     class_name: str | None = field(default=None, metadata={"key": "class"})
     kind: str | None = None
 
 
 @dataclass(frozen=True)
-class KvGroupSummary:
+class KvGroupSummary(Record):
     """One KV-cache group: its layers and vLLM's spec, as far as vLLM exposes it (None: not)."""
 
     layers: int = 0
@@ -520,7 +543,7 @@ class KvGroupSummary:
 
 
 @dataclass(frozen=True)
-class KvSummary:
+class KvSummary(Record):
     layout: str | None = None
     num_blocks: int | None = None
     block_size: int | None = None
@@ -533,7 +556,7 @@ class KvSummary:
 
 
 @dataclass(frozen=True)
-class EngineAnatomy:
+class EngineAnatomy(Record):
     """``report.facts["engine"]``: which process holds the front end, engine core, executor and
     each worker; the model, its runner, the KV cache's layout and how vLLM runs the model."""
 
@@ -551,7 +574,7 @@ class EngineAnatomy:
 
 
 @dataclass(frozen=True)
-class TwinMatchInfo:
+class TwinMatchInfo(Record):
     """How the twin was found (``auto`` / ``forced``) and whose weights both runs load."""
 
     how: str | None = None
@@ -561,7 +584,7 @@ class TwinMatchInfo:
 
 
 @dataclass(frozen=True)
-class TwinRoofline:
+class TwinRoofline(Record):
     """A side's roofline of one phase, as the A/B carries it."""
 
     bytes_per_s: float | None = None
@@ -573,7 +596,7 @@ class TwinRoofline:
 
 
 @dataclass(frozen=True)
-class TwinPhase:
+class TwinPhase(Record):
     """One phase, port against twin (ratios port / twin for times, twin / port for throughput)."""
 
     port_steps: int | None = None
@@ -596,14 +619,14 @@ class TwinPhase:
 
 
 @dataclass(frozen=True)
-class TwinKindPhase:
+class TwinKindPhase(Record):
     port_s: float = 0.0
     twin_s: float = 0.0
     ratio: float | None = None
 
 
 @dataclass(frozen=True)
-class TwinKind:
+class TwinKind(Record):
     """One layer kind both sides can be compared on, per profiler bucket and over both."""
 
     covers: str | None = None
@@ -614,7 +637,7 @@ class TwinKind:
 
 
 @dataclass(frozen=True)
-class TwinGap:
+class TwinGap(Record):
     """Where the port loses the most time against the twin over the workload."""
 
     phase: str | None = None
@@ -627,32 +650,32 @@ class TwinGap:
 
 
 @dataclass(frozen=True)
-class TwinFlags:
+class TwinFlags(Record):
     port: bool | None = None
     twin: bool | None = None
 
 
 @dataclass(frozen=True)
-class TwinExecution:
+class TwinExecution(Record):
     port: CompileState | None = None
     twin: CompileState | None = None
 
 
 @dataclass(frozen=True)
-class TwinClocks:
+class TwinClocks(Record):
     port: str | None = None
     twin: str | None = None
 
 
 @dataclass(frozen=True)
-class TwinWorkload:
+class TwinWorkload(Record):
     prompts: int | None = None
     input_len: int | None = None
     output_len: int | None = None
 
 
 @dataclass(frozen=True)
-class TwinAB:
+class TwinAB(Record):
     """``report.profiles["twin"]``: the port against vLLM's in-tree twin, or why there is none
     (``none``, one line)."""
 
@@ -679,7 +702,7 @@ class TwinAB:
 
 
 @dataclass(frozen=True)
-class ProfileReply:
+class ProfileReply(Record):
     """The parts of a worker's ``doctor_collect`` profile reply the summaries read (its step
     records are :class:`vllm_doctor.facts.steps.StepTable`'s)."""
 
@@ -699,7 +722,7 @@ class ProfileReply:
 
 
 @dataclass(frozen=True)
-class WorkloadRun:
+class WorkloadRun(Record):
     """``report.profiles["workload"]``: the engine stage's workload and what it produced (the
     doctor attached)."""
 
