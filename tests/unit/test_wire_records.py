@@ -200,3 +200,17 @@ def test_a_field_whose_key_is_not_a_python_name_reads_and_writes_under_its_key()
     assert wire.write(named) == {"class": "pkg.Model", "inner": {"n": 4, "values": []}}
     assert wire.read(_Named, named) is named
     assert set(wire.json_schema(_Named)["properties"]) == {"class", "inner"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Optional:
+    none: str | None = dataclasses.field(default=None, metadata={"omit_none": True})
+    kept: str | None = None
+
+
+def test_a_none_the_record_omits_is_no_key_in_the_json() -> None:
+    from vllm_doctor.facts import wire
+
+    assert wire.write(_Optional()) == {"kept": None}
+    assert wire.write(_Optional("why")) == {"none": "why", "kept": None}
+    assert wire.read(_Optional, {"kept": "x"}) == _Optional(None, "x")

@@ -397,7 +397,10 @@ class RankSummary(Record):
     forward_total_s: float = 0.0
     kv_storage_bytes: int | None = None
     kv_num_blocks: int | None = None
-    steps: list[StepRow] | None = None
+    steps: list[StepRow] | None = field(
+        default=None,
+        metadata={"doc": "absent for the primary rank: its steps are the profile's own", "omit_none": True},
+    )
     trace: list[TraceStep] = field(default_factory=list)
 
     def forward_s_mean(self, phase: str) -> float | None:
@@ -680,7 +683,9 @@ class TwinAB(Record):
     (``none``, one line)."""
 
     architecture: str | None = None
-    none: str | None = field(default=None, metadata=_doc("why no A/B ran (one line); None: it ran"))
+    none: str | None = field(
+        default=None, metadata={"doc": "why no A/B ran (one line); absent: it ran", "omit_none": True}
+    )
     match: TwinMatchInfo = field(default_factory=TwinMatchInfo)
     compiled: TwinFlags = field(default_factory=TwinFlags)
     cuda_graphs: TwinFlags = field(default_factory=TwinFlags)

@@ -91,7 +91,8 @@ def without_none(data: dict[str, Any]) -> dict[str, Any]:
 # A frozen dataclass declares its fields once; ``read`` decodes a reply into it by the fields'
 # annotations with the same tolerance as the helpers above, ``write`` encodes it, and
 # ``json_schema`` declares it for docs/report-schema.json. No per-field key strings. A field
-# whose JSON key is not a Python name (``class``) names it in ``metadata={"key": ...}``.
+# whose JSON key is not a Python name (``class``) names it in ``metadata={"key": ...}``; one
+# whose None is written as no key at all says ``metadata={"omit_none": True}``.
 
 _NONE = type(None)
 
@@ -238,8 +239,10 @@ _PLAIN = (str, int, float, bool, type(None))
 
 
 @functools.cache
-def _keys(cls: Any) -> tuple[tuple[str, str], ...]:
-    return tuple((key_of(f), f.name) for f in dataclasses.fields(cls))
+def _keys(cls: Any) -> tuple[tuple[str, str, bool], ...]:
+    """Per field: its JSON key, its name, and whether a None is left out (``metadata["omit_none"]``:
+    a key whose presence readers of report.json test, like the A/B's ``none``)."""
+    return tuple((key_of(f), f.name, bool(f.metadata.get("omit_none"))) for f in dataclasses.fields(cls))
 
 
 def write(record: Any) -> Any:
@@ -249,8 +252,10 @@ def write(record: Any) -> Any:
         return record
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
         out = {}
-        for key, name in _keys(type(record)):
+        for key, name, omit_none in _keys(type(record)):
             value = getattr(record, name)
+            if value is None and omit_none:
+                continue
             out[key] = value if type(value) in _PLAIN else write(value)
         return out
     if isinstance(record, (list, tuple)):
