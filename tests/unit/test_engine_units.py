@@ -21,6 +21,7 @@ from vllm_doctor.analysis.engine import (
     process_memory,
     summarize,
 )
+from vllm_doctor.analysis.records import RankSummary
 from vllm_doctor.checks import CATALOGUE, run_checks
 from vllm_doctor.checks.kv_cache import blocks_needed, largest_length
 from vllm_doctor.compat import nvml
@@ -32,6 +33,7 @@ from vllm_doctor.engine.layers import layer_index, module_kind, select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
 from vllm_doctor.engine.profiler import ForwardProfiler, OpenStep
 from vllm_doctor.engine.steps import COUNT_FIELDS, StepTracker, counts_dict, phase_of
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.facts.kv import KvGroup
 from vllm_doctor.facts.memory import MemoryFacts
@@ -240,10 +242,10 @@ def test_eager_per_layer_timing_splits_inside_the_layers_on_every_nth_timed_step
     assert (stats["model.layers.0"]["decode_steps"], stats["model.layers.0.self_attn"]["decode_steps"]) == (7, 3)
     attn = stats["model.layers.0.self_attn"]
     tables = layer_tables(snap, StepTable.of(snap))
-    scaled = next(m for m in tables["modules"] if m["name"] == "model.layers.0.self_attn")
-    assert scaled["total_s"] == pytest.approx(attn["prefill_s"] + attn["decode_s"] * 7 / 3)
-    layer = next(m for m in tables["modules"] if m["name"] == "model.layers.0")
-    assert layer["total_s"] == pytest.approx(stats["model.layers.0"]["prefill_s"] + stats["model.layers.0"]["decode_s"])
+    scaled = next(m for m in tables.modules if m.name == "model.layers.0.self_attn")
+    assert scaled.total_s == pytest.approx(attn["prefill_s"] + attn["decode_s"] * 7 / 3)
+    layer = next(m for m in tables.modules if m.name == "model.layers.0")
+    assert layer.total_s == pytest.approx(stats["model.layers.0"]["prefill_s"] + stats["model.layers.0"]["decode_s"])
 
 
 def test_unsampled_steps_are_plain_records_and_empty_steps_still_free_blocks() -> None:
@@ -441,8 +443,10 @@ def test_layer_tables_compare_layer_times_with_the_sampled_steps_only() -> None:
     profile = {"layers": [{"name": "model.layers.0", "kind": "layer", "layer": 0, "decode_s": 0.9, "decode_calls": 1}],
                "sample_every": 4}
     tables = layer_tables(profile, StepTable.of({"steps": steps}))
-    assert tables["forward_total_s"] == 1.0 and tables["timed_fraction"] == pytest.approx(0.9)
-    assert tables["timed_steps"] == 1 and tables["sample_every"] == 4
+    assert tables.forward_total_s == 1.0 and tables.timed_fraction == pytest.approx(0.9)
+    assert tables.timed_steps == 1 and tables.sample_every == 4
+    assert "total_s" not in profile["layers"][0]  # new records: the worker's reply is left as it came
+    assert tables.modules[0].total_s == 0.9 and tables.modules[0].calls == 1
 
 
 def _new(rid: str, prompt: int, blocks: list[int], computed: int = 0) -> Any:
@@ -717,13 +721,17 @@ def test_summaries_and_anatomy_from_synthetic_facts() -> None:
     facts = EngineFacts(front_end={"pid": 5, "engine_core_in_process": True, "engine_core_pids": [5]},
                         workers=[worker(profile=profile, anatomy=anat, kv=kv())])
     s = summarize(facts)
-    assert s["phases"]["prefill"]["tokens"] == 8 and s["phases"]["decode"]["tokens_per_s"] == pytest.approx(20.0)
-    assert s["kv_usage"][0]["usage"] == pytest.approx(0.2)
-    assert s["layers"]["by_kind"]["attention"] == pytest.approx(0.04)
-    assert s["layers"]["by_kind"]["other"] == pytest.approx(0.15 - 0.04)
-    assert layer_tables(profile, StepTable.of({"steps": steps}))["by_layer"][0]["kinds"]["attention"] == pytest.approx(0.04)
+    assert s.phases["prefill"].tokens == 8 and s.phases["decode"].tokens_per_s == pytest.approx(20.0)
+    assert s.kv_usage[0].usage == pytest.approx(0.2)
+    assert s.layers.by_kind["attention"] == pytest.approx(0.04)
+    assert s.layers.by_kind["other"] == pytest.approx(0.15 - 0.04)
+    assert layer_tables(profile, StepTable.of({"steps": steps})).by_layer[0].kinds["attention"] == pytest.approx(0.04)
     a = anatomy(facts)
-    assert a["model"]["origin"] == "plugin" and a["processes"][1]["in_process_with"] == "engine core"
+    assert a.model.origin == "plugin" and a.processes[1].in_process_with == "engine core"
+    # report.json keeps its keys: the records written are the dicts of before
+    data = wire.write(s)
+    assert data["phases"]["prefill"]["tokens"] == 8 and data["layers"]["by_layer"][0]["kinds"]["attention"] == pytest.approx(0.04)
+    assert wire.write(a)["model"] == {"class": "my_pkg.model.MyLM", "origin": "plugin", "file": None}
     assert model_origin("vllm.model_executor.models.llama.LlamaForCausalLM") == "built-in"
     assert model_origin("vllm.model_executor.models.transformers.base.TransformersForCausalLM") == "transformers-fallback"
 
@@ -950,13 +958,13 @@ def test_rank_summaries_and_imbalance() -> None:
         worker(1, profile=prof(0.030, 1), kv={"storage_bytes": 100}, placement={"worker": {"tp_rank": 0, "pp_rank": 1, "device": "cuda:1"}}),
     ]
     out = summarize(EngineFacts(workers=workers))
-    r0, r1 = out["per_rank"]
-    assert (r0["pp_rank"], r1["pp_rank"], r1["device"]) == (0, 1, "cuda:1")
-    assert [x["layer"] for x in r0["by_layer"]] == [0] and [x["layer"] for x in r1["by_layer"]] == [1]
-    assert "steps" not in r0 and len(r1["steps"]) == 3  # the primary rank's timeline is the profile's own
-    imb = out["rank_imbalance"]["decode"]
-    assert (imb["slowest_rank"], imb["fastest_rank"]) == (1, 0) and abs(imb["ratio"] - 3.0) < 1e-9
-    assert rank_imbalance([{"rank": 0, "phases": {}}]) == {}
+    r0, r1 = out.per_rank
+    assert (r0.pp_rank, r1.pp_rank, r1.device) == (0, 1, "cuda:1")
+    assert [x.layer for x in r0.by_layer] == [0] and [x.layer for x in r1.by_layer] == [1]
+    assert r0.steps is None and r1.steps is not None and len(r1.steps) == 3  # the primary rank's timeline is the profile's own
+    imb = out.rank_imbalance["decode"]
+    assert (imb.slowest_rank, imb.fastest_rank) == (1, 0) and imb.ratio is not None and abs(imb.ratio - 3.0) < 1e-9
+    assert rank_imbalance([RankSummary(rank=0)]) == {}
     from vllm_doctor.report.trace import chrome_trace
 
     trace = chrome_trace(out)
@@ -1049,12 +1057,13 @@ def test_doctor_overhead_counts_the_calls_served_between_steps_against_the_windo
                "doctor_rpc_s": 0.003, "window_s": 0.5}
     over = doctor_overhead(profile, steps)
     assert over is not None
-    assert over["per_step_s"] == pytest.approx(0.0001)
-    assert over["step_host_s"] == pytest.approx(0.019 / 4 + 0.00005)  # the wrappers run outside the step's timer
-    assert over["rpc_s"] == 0.003 and over["window_s"] == 0.5
-    assert over["worker_share"] == pytest.approx((0.0004 + 0.003) / 0.5)
+    assert over.per_step_s == pytest.approx(0.0001)
+    assert over.step_host_s == pytest.approx(0.019 / 4 + 0.00005)  # the wrappers run outside the step's timer
+    assert over.rpc_s == 0.003 and over.window_s == 0.5
+    assert over.worker_share == pytest.approx((0.0004 + 0.003) / 0.5)
     older = {k: v for k, v in profile.items() if k not in ("doctor_rpc_s", "window_s")}  # a worker before this field
-    assert "worker_share" not in (doctor_overhead(older, steps) or {})
+    old_over = doctor_overhead(older, steps)
+    assert old_over is not None and old_over.worker_share is None and old_over.rpc_s is None
 
 
 class TickClock:
@@ -1121,8 +1130,8 @@ def test_compiled_mode_layers_are_cut_at_the_attention_calls() -> None:
     row = StepTable.of(snap).rows()[0]
     assert row["forward_s"] == 11.0 and row["layers_timed"] is True
     tables = layer_tables(snap, StepTable.of(snap))
-    assert tables["timed_fraction"] == pytest.approx(1.0)  # the cut adds up to the forward
-    assert tables["by_kind"] == {"embedding": 1.0, "attention": 6.0, "dense": 4.0, "other": 0.0}
+    assert tables.timed_fraction == pytest.approx(1.0)  # the cut adds up to the forward
+    assert tables.by_kind == {"embedding": 1.0, "attention": 6.0, "dense": 4.0, "other": 0.0}
 
 
 def test_a_compiled_step_without_attention_calls_has_no_layer_times() -> None:

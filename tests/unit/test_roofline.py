@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from vllm_doctor.analysis.engine import summarize
+from vllm_doctor.analysis.records import Roofline, RooflinePhase, RooflineWorkload
 from vllm_doctor.analysis.roofline import (
     DecoderShape,
     StepWorkload,
@@ -58,26 +59,26 @@ def test_a_decode_step_counts_weights_once_kv_per_context_and_flops_per_token() 
     b = step_bytes(LLAMA3_8B, work)
     # every matrix once except the untied input embedding table (only the 128 rows gathered):
     # (6,979,584,000 + 4,096 + 525,336,576) * 2 + 128 * 4096 * 2
-    assert b["weights"] == (6_979_584_000 + 4_096 + 525_336_576) * 2 + 128 * 4096 * 2 == 15_010_897_920
-    assert b["kv_read"] == 49_152 * 131_072 == 6_442_450_944
-    assert b["kv_write"] == 128 * 131_072
+    assert b.weights == (6_979_584_000 + 4_096 + 525_336_576) * 2 + 128 * 4096 * 2 == 15_010_897_920
+    assert b.kv_read == 49_152 * 131_072 == 6_442_450_944
+    assert b.kv_write == 128 * 131_072
     # per token and layer: QKV 4096 + 6144, attention 2 x 4096, O 4096 + 4096, gate/up 4096 + 28672,
     # activation 28672 + 14336, down 14336 + 4096, two norms 4 x 4096, two residual adds 6 x 4096
     # = 161,792 elements; + the final norm (2 x 4096 per token) + the logits (4096 in, 128256 out per sequence)
-    assert b["activations"] == (161_792 * 32 * 128 + 2 * 4096 * 128 + 128 * (4096 + 128_256)) * 2
-    assert b["total"] == pytest.approx(b["weights"] + b["kv_read"] + b["kv_write"] + b["activations"])
+    assert b.activations == (161_792 * 32 * 128 + 2 * 4096 * 128 + 128 * (4096 + 128_256)) * 2
+    assert b.total == pytest.approx(b.weights + b.kv_read + b.kv_write + b.activations)
     f = step_flops(LLAMA3_8B, work)
     # GEMMs: 2 x 128 tokens x 32 x (41,943,040 + 176,160,768); logits: 2 x 128 x 128256 x 4096
-    assert f["gemm"] == 2 * 128 * 32 * (41_943_040 + 176_160_768)
-    assert f["lm_head"] == 2 * 128 * 128_256 * 4096
+    assert f.gemm == 2 * 128 * 32 * (41_943_040 + 176_160_768)
+    assert f.lm_head == 2 * 128 * 128_256 * 4096
     # attention: 4 x 32 layers x 32 heads x 128 x (one query over 384 context tokens) x 128 sequences
-    assert f["attention"] == 4 * 32 * 32 * 128 * 384 * 128
+    assert f.attention == 4 * 32 * 32 * 128 * 384 * 128
 
 
 def test_a_causal_prefill_reads_half_its_square() -> None:
     one = step_flops(LLAMA3_8B, StepWorkload(tokens=1024, seqs=1, context=1024))
     # sum over the 1024 queries of the keys each sees (1..1024) = 1024 * 1025 / 2
-    assert one["attention"] == 4 * 32 * 32 * 128 * (1024 * 1025 / 2)
+    assert one.attention == 4 * 32 * 32 * 128 * (1024 * 1025 / 2)
 
 
 def test_h200_peaks_from_the_device_and_the_dense_datasheet() -> None:
@@ -104,14 +105,14 @@ def test_the_h200_decode_of_the_8b_shape_reads_as_a_share_of_its_peak() -> None:
     work = StepWorkload(tokens=128, seqs=128, context=128 * 256)
     b, f = step_bytes(LLAMA3_8B, work), step_flops(LLAMA3_8B, work)
     r = rates(b, f, 7.5e-3, peaks)
-    assert not r["above_peak"] and r["problems"] == []
-    moved = b["weights"] + b["kv_read"] + b["kv_write"]  # the activations stay out of the share
-    assert r["bytes_per_s"] == pytest.approx(moved / 7.5e-3)
-    assert r["bytes_per_s_with_activations"] == pytest.approx(b["total"] / 7.5e-3)
-    assert r["bandwidth_share"] == pytest.approx(moved / 7.5e-3 / H200_BANDWIDTH)
-    assert 0.4 < r["bandwidth_share"] < 0.6 and r["bound"] == "memory"
-    text = phase_text("decode", {**r, "bytes": b}, peaks.to_wire())
-    assert text.startswith(f"decode {100 * r['bandwidth_share']:.0f} % of 4.81 TB/s (")
+    assert not r.above_peak and r.problems == []
+    moved = b.weights + b.kv_read + b.kv_write  # the activations stay out of the share
+    assert r.bytes_per_s == pytest.approx(moved / 7.5e-3)
+    assert r.bytes_per_s_with_activations == pytest.approx(b.total / 7.5e-3)
+    assert r.bandwidth_share == pytest.approx(moved / 7.5e-3 / H200_BANDWIDTH)
+    assert 0.4 < r.bandwidth_share < 0.6 and r.bound == "memory"
+    text = phase_text("decode", RooflinePhase(**vars(r), bytes=b), peaks.to_record())
+    assert text.startswith(f"decode {100 * (r.bandwidth_share or 0):.0f} % of 4.81 TB/s (")
     assert "weights 15 GB + KV 4.31 GB per step" in text
 
 
@@ -122,15 +123,15 @@ def test_a_rate_above_the_peak_is_flagged_never_printed_as_a_share() -> None:
     work = StepWorkload(tokens=128, seqs=128, context=128 * 256)
     b, f = step_bytes(LLAMA3_8B, work), step_flops(LLAMA3_8B, work)
     r = rates(b, f, 2.46e-3, peaks)
-    assert r["above_peak"] and r["bandwidth_share"] is None
-    assert r["problems"][0].startswith("rate above the device's peak: the weights alone need 6.10 TB/s")
-    assert r["problems"][0].endswith("the step time is wrong")
-    text = phase_text("decode", {**r, "bytes": b}, peaks.to_wire())
+    assert r.above_peak and r.bandwidth_share is None
+    assert r.problems[0].startswith("rate above the device's peak: the weights alone need 6.10 TB/s")
+    assert r.problems[0].endswith("the step time is wrong")
+    text = phase_text("decode", RooflinePhase(**vars(r), bytes=b), peaks.to_record())
     assert "ABOVE the device's peak: the step time is wrong" in text and "%" not in text
     # compute: a prefill of 8192 tokens in 1 ms would be 1,000+ TFLOP/s, above the dense 989.5
     big = StepWorkload(tokens=8192, seqs=8, context=8192)
     rc = rates(step_bytes(LLAMA3_8B, big), step_flops(LLAMA3_8B, big), 1e-3, peaks)
-    assert rc["above_peak"] and rc["compute_share"] is None and any("TFLOP/s" in p for p in rc["problems"])
+    assert rc.above_peak and rc.compute_share is None and any("TFLOP/s" in p for p in rc.problems)
 
 
 def _worker(step_s: float, device: DevicePlace, memory_bytes: int = HAND_WEIGHT_BYTES) -> WorkerFacts:
@@ -158,47 +159,47 @@ H200 = DevicePlace(device="cuda:0", type="cuda", name="NVIDIA H200", memory_bus_
 
 def test_the_engine_summary_carries_the_roofline_per_phase_and_per_timed_layer() -> None:
     s = summarize(EngineFacts(workers=[_worker(7.5e-3, H200)]))
-    roof = s["roofline"]
-    assert roof["available"] and roof["model"]["params"] == HAND_PARAMS and roof["model"]["weights_source"] == "config"
-    assert roof["device"]["bandwidth_bytes_s"] == pytest.approx(H200_BANDWIDTH)
-    decode = roof["phases"]["decode"]
-    assert decode["workload"] == {"tokens": 128, "seqs": 128, "context_tokens": 128 * 16 * 16}
-    assert decode["step_s"] == pytest.approx(7.5e-3) and 0 < decode["bandwidth_share"] < 1
-    (layer,) = roof["layers"]
-    assert layer["layer"] == 0 and layer["phase"] == "decode" and layer["time_s"] == pytest.approx(7.5e-3 / 40)
-    assert layer["bytes"]["weights"] == HAND_LAYER * 2 and not layer["above_peak"]
-    assert not roof["above_peak"]
+    roof = s.roofline
+    assert roof.available and roof.model.params == HAND_PARAMS and roof.model.weights_source == "config"
+    assert roof.device.bandwidth_bytes_s == pytest.approx(H200_BANDWIDTH)
+    decode = roof.phases["decode"]
+    assert decode.workload == RooflineWorkload(tokens=128, seqs=128, context_tokens=128 * 16 * 16)
+    assert decode.step_s == pytest.approx(7.5e-3) and 0 < decode.bandwidth_share < 1
+    (layer,) = roof.layers
+    assert layer.layer == 0 and layer.phase == "decode" and layer.time_s == pytest.approx(7.5e-3 / 40)
+    assert layer.bytes.weights == HAND_LAYER * 2 and not layer.above_peak
+    assert not roof.above_peak
     text = render_roofline(s)
     assert text.startswith("  roofline      decode ") and "% of 4.81 TB/s" in text
 
 
 def test_a_wrong_step_time_in_the_summary_is_flagged_and_rendered_as_a_problem() -> None:
     s = summarize(EngineFacts(workers=[_worker(2.46e-3, H200)]))
-    roof = s["roofline"]
-    assert roof["above_peak"] and roof["phases"]["decode"]["bandwidth_share"] is None
+    roof = s.roofline
+    assert roof.above_peak and roof.phases["decode"].bandwidth_share is None
     assert "the step time is wrong" in render_roofline(s)
 
 
 def test_cpu_rates_are_shown_without_a_share_and_quantized_weights_use_the_measured_bytes() -> None:
     cpu = DevicePlace(device="cpu", type="cpu")
     s = summarize(EngineFacts(workers=[_worker(0.5, cpu, memory_bytes=HAND_WEIGHT_BYTES // 4)]))
-    roof = s["roofline"]
-    decode = roof["phases"]["decode"]
-    assert decode["bytes_per_s"] > 0 and decode["bandwidth_share"] is None and not decode["above_peak"]
-    assert roof["model"]["weights_source"] == "measured" and roof["notes"]
+    roof = s.roofline
+    decode = roof.phases["decode"]
+    assert decode.bytes_per_s > 0 and decode.bandwidth_share is None and not decode.above_peak
+    assert roof.model.weights_source == "measured" and roof.notes
     # the measured bytes minus the untied embedding table the step does not read whole
-    assert roof["model"]["weights_read_bytes"] == HAND_WEIGHT_BYTES // 4 - 525_336_576 * 2
+    assert roof.model.weights_read_bytes == HAND_WEIGHT_BYTES // 4 - 525_336_576 * 2
     assert "peak unknown" in render_roofline(s)
 
 
 def test_a_model_without_its_sizes_says_why() -> None:
     w = _worker(7.5e-3, H200)
     w.put("kv", KvCache(hf_config=HfShape(num_hidden_layers=2, moe=True)).to_wire())
-    assert summarize(EngineFacts(workers=[w]))["roofline"] == {
-        "available": False, "reason": "a mixture of experts: the dense decoder's byte count does not describe it"
-    }
+    assert summarize(EngineFacts(workers=[w])).roofline == Roofline(
+        available=False, reason="a mixture of experts: the dense decoder's byte count does not describe it"
+    )
     w.put("kv", KvCache(hf_config=HfShape(num_hidden_layers=2)).to_wire())
-    assert "does not give hidden_size" in summarize(EngineFacts(workers=[w]))["roofline"]["reason"]
+    assert "does not give hidden_size" in str(summarize(EngineFacts(workers=[w])).roofline.reason)
 
 
 def test_the_html_report_shows_the_roofline_and_marks_a_rate_above_the_peak() -> None:

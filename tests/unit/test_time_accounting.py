@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from vllm_doctor.analysis.engine import idle_between_steps, phase_summary, time_accounting
@@ -18,8 +20,8 @@ H200 = {"prefill": {"steps": 1, "step_s_mean": 0.36522}, "decode": {"steps": 255
 
 def test_steps_that_fit_in_the_wall_time_leave_the_rest_to_the_engines_host() -> None:
     acc = time_accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 2.358})
-    assert acc is not None and not acc["above_wall"]
-    assert abs(acc["steps_s"] - (0.36522 + 255 * 0.00745)) < 1e-9 and 0.9 < acc["share"] < 1.0
+    assert acc is not None and not acc.above_wall
+    assert abs(acc.steps_s - (0.36522 + 255 * 0.00745)) < 1e-9 and 0.9 < acc.share < 1.0
     text = accounting_text(acc)
     assert text.startswith("steps add up to 2.26 s on the device clock = 96% of the workload's 2.36 s wall time")
     assert "ran outside any step" in text
@@ -35,31 +37,31 @@ def test_the_devices_idle_time_between_steps_accounts_for_the_rest_of_the_wall_t
               for _ in range(255)]
     table = StepTable.of({"steps": steps, "clock": "cuda_events"})
     idle = idle_between_steps(table)
-    assert idle is not None and idle["gaps"] == 255 and idle["clock"] == "cuda_events"
-    assert idle["total_s"] == pytest.approx(255 * 0.0021) and idle["p50_s"] == pytest.approx(0.0021)
-    assert phase_summary(table)["decode"]["idle_before_s_mean"] == pytest.approx(0.0021)
-    assert phase_summary(table)["prefill"]["idle_before_s_mean"] is None  # the first step's began before the table
+    assert idle is not None and idle.gaps == 255 and idle.clock == "cuda_events"
+    assert idle.total_s == pytest.approx(255 * 0.0021) and idle.p50_s == pytest.approx(0.0021)
+    assert phase_summary(table)["decode"].idle_before_s_mean == pytest.approx(0.0021)
+    assert phase_summary(table)["prefill"].idle_before_s_mean is None  # the first step's began before the table
     profile = {"clock": "cuda_events", "phases": phase_summary(table), "idle_between_steps": idle}
     acc = time_accounting(profile, {"wall_s": 4.977})
-    assert acc is not None and acc["share"] == pytest.approx((0.3 + 255 * 0.0156) / 4.977)
-    assert acc["between_steps_s"] == pytest.approx(0.5355) and acc["edges_s"] == pytest.approx(
+    assert acc is not None and acc.share == pytest.approx((0.3 + 255 * 0.0156) / 4.977)
+    assert acc.between_steps_s == pytest.approx(0.5355) and acc.edges_s == pytest.approx(
         4.977 - 0.3 - 255 * 0.0156 - 0.5355
     )
-    assert acc["accounted_share"] == pytest.approx((0.3 + 255 * 0.0156 + 0.5355) / 4.977)
+    assert acc.accounted_share == pytest.approx((0.3 + 255 * 0.0156 + 0.5355) / 4.977)
     text = accounting_text(acc)
     assert text.startswith("steps add up to 4.28 s on the device clock = 86% of the workload's 4.98 s wall time")
     assert "between steps the device stood idle 535.50 ms (11%, 2.10 ms a step on the device clock" in text
     assert text.endswith("before the first step and after the last (requests in, outputs out)")
     # a gap longer than what the steps leave is capped (the table's first gap is never counted)
-    capped = time_accounting(profile | {"idle_between_steps": {**idle, "total_s": 9.0}}, {"wall_s": 4.977})
-    assert capped is not None and capped["edges_s"] == 0.0
+    capped = time_accounting(profile | {"idle_between_steps": dataclasses.replace(idle, total_s=9.0)}, {"wall_s": 4.977})
+    assert capped is not None and capped.edges_s == 0.0
 
 
 def test_steps_longer_than_the_workload_are_a_doctor_bug() -> None:
     """The old host-time-as-step clock could not have failed this way; a device clock that double
     counts (overlapping steps) would: the check says so instead of printing the number."""
     acc = time_accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 1.5})
-    assert acc is not None and acc["above_wall"]
+    assert acc is not None and acc.above_wall
     assert "DOCTOR BUG" in accounting_text(acc)
     assert time_accounting({"phases": H200}, None) is None and time_accounting({"phases": {}}, {"wall_s": 1}) is None
 
@@ -70,8 +72,10 @@ def test_the_forward_share_is_of_the_steps_it_was_timed_on() -> None:
     steps = [{"phase": "decode", "decode_tokens": 1, "total_tokens": 1, "decode_reqs": 1, "step_s": s, "forward_s": f}
              for s, f in ((0.030, 0.027), (0.010, None), (0.010, None), (0.030, 0.027))]
     decode = phase_summary(StepTable.of({"steps": steps}))["decode"]
-    assert decode["forward_s_mean"] > decode["step_s_mean"]  # what confused readers
-    assert abs(decode["forward_share"] - 0.9) < 1e-9
+    assert decode.forward_s_mean is not None and decode.forward_s_mean > decode.step_s_mean  # what confused readers
+    assert decode.forward_share is not None and abs(decode.forward_share - 0.9) < 1e-9
+    # the forward is set beside the step time of the same steps: the two sampled ones
+    assert (decode.forward_steps, decode.forward_steps_step_s_mean) == (2, pytest.approx(0.030))
 
 
 def test_reports_and_top_name_the_clock() -> None:
@@ -86,6 +90,6 @@ def test_reports_and_top_name_the_clock() -> None:
     assert "device clock (CUDA events)" in phases_table(profile, None)
     assert clock_name("wall_clock") == "wall clock (the CPU is the device)"
     model = model_summary({"profiles": {"engine": {**profile, "available": True}}})
-    assert model["clock"] == "cuda_events"
+    assert model.clock == "cuda_events"
     panel = model_panel(type("F", (), {"model": model})(), 60).plain  # type: ignore[arg-type]
     assert "times on the device clock (CUDA events)" in panel and "p50 step 7.40 ms" in panel

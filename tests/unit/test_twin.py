@@ -13,9 +13,11 @@ from typing import Any
 import pytest
 
 from tests.fixtures.weights import write_raw_safetensors
+from vllm_doctor.analysis.records import TwinAB, TwinKind, TwinKindPhase, TwinPhase
 from vllm_doctor.analysis.twin import NoTwin, TwinMatch, find_twin, twin_config
 from vllm_doctor.analysis.twin_compare import compare_runs, fmt_ratio, largest_gap, roofline_text
 from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.facts import wire
 from vllm_doctor.report.html import render_html, twin_section
 from vllm_doctor.report.profile import render_twin
 
@@ -302,7 +304,7 @@ def test_both_uncompiled_compare_every_module_kind_and_name_the_largest_gap() ->
     port = _engine({"prefill": 0.03, "decode": 0.04}, EAGER_KINDS, {"prefill": 0.025, "decode": 0.035}, share=0.23)
     twin_kinds = dict(EAGER_KINDS, mlp=(0.02, 0.02))
     twin = _engine({"prefill": 0.03, "decode": 0.025}, twin_kinds, {"prefill": 0.025, "decode": 0.02}, share=0.41)
-    ab = compare_runs(_side(port, 100.0, False), _side(twin, 160.0, False), "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []})
+    ab = wire.write(compare_runs(_side(port, 100.0, False), _side(twin, 160.0, False), "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []}))
     assert ab["compiled"] == {"port": False, "twin": False}
     assert ab["throughput_ratio"] == pytest.approx(1.6)
     assert ab["phases"]["decode"]["step_ratio"] == pytest.approx(0.04 / 0.025)
@@ -317,7 +319,7 @@ def test_both_uncompiled_compare_every_module_kind_and_name_the_largest_gap() ->
     assert (gap["phase"], gap["kind"], gap["ratio"], gap["excess_s"]) == ("decode", "mlp", pytest.approx(4.0), pytest.approx(0.15))
     assert gap["text"] == ("decode MLP 4.00x slower than vLLM's LlamaForCausalLM (20.00 ms vs 5.00 ms per step; about "
                            "150.00 ms over the workload's 10 decode step(s))")
-    assert roofline_text("decode", ab["phases"]["decode"]) == "port: decode 23 % of 4.81 TB/s; twin: 41 %"
+    assert roofline_text("decode", wire.read(TwinPhase, ab["phases"]["decode"])) == "port: decode 23 % of 4.81 TB/s; twin: 41 %"
     for value in _numbers(ab):
         assert math.isfinite(value)
 
@@ -325,7 +327,7 @@ def test_both_uncompiled_compare_every_module_kind_and_name_the_largest_gap() ->
 def test_an_uncompiled_port_against_a_compiled_twin_compares_the_decoder_and_the_logits_only() -> None:
     port = _engine({"prefill": 0.03, "decode": 0.04}, EAGER_KINDS, {"prefill": 0.025, "decode": 0.035})
     twin = _engine({"prefill": 0.01, "decode": 0.01}, COMPILED_KINDS, {"prefill": 0.009, "decode": 0.008})
-    ab = compare_runs(_side(port, 100.0, False), _side(twin, 400.0, True), "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []})
+    ab = wire.write(compare_runs(_side(port, 100.0, False), _side(twin, 400.0, True), "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []}))
     assert ab["compiled"] == {"port": False, "twin": True}
     assert ab["cuda_graphs"] == {"port": False, "twin": True}
     assert list(ab["kinds"]) == ["decoder", "logits"]
@@ -336,12 +338,12 @@ def test_an_uncompiled_port_against_a_compiled_twin_compares_the_decoder_and_the
     assert why.startswith("attention, mlp, norms, rotary, embedding: the port is timed per module (run eagerly), the twin at "
                           "its attention calls (torch.compile or CUDA graphs)")
     assert ab["largest_gap"]["kind"] == "decoder" and ab["largest_gap"]["phase"] == "decode"
-    assert roofline_text("decode", ab["phases"]["decode"]) == "port: decode 1 TB/s; twin: 1 TB/s (peak unknown)"
+    assert roofline_text("decode", wire.read(TwinPhase, ab["phases"]["decode"])) == "port: decode 1 TB/s; twin: 1 TB/s (peak unknown)"
 
 
 def test_both_compiled_compare_attention_ops_and_the_dense_spans() -> None:
     port = _engine({"prefill": 0.01, "decode": 0.01}, COMPILED_KINDS, {"prefill": 0.009, "decode": 0.009})
-    ab = compare_runs(_side(port, 400.0, True), _side(port, 400.0, True), "Qwen2ForCausalLM", {"how": "forced", "weights": "dummy", "notes": []})
+    ab = wire.write(compare_runs(_side(port, 400.0, True), _side(port, 400.0, True), "Qwen2ForCausalLM", {"how": "forced", "weights": "dummy", "notes": []}))
     assert list(ab["kinds"]) == ["embedding", "attention", "dense", "other", "logits"]
     assert all(k["ratio"] == pytest.approx(1.0) for k in ab["kinds"].values() if k["twin_s"] > 0)
     assert ab["not_separable"][0].startswith("mlp, norms: inside the span between two attention ops")
@@ -354,7 +356,7 @@ def test_without_per_layer_timing_the_phases_still_compare_and_the_gap_is_a_step
     port["layers"]["modules"] = []
     twin = _engine({"prefill": 0.03, "decode": 0.02}, {}, {"prefill": 0.025, "decode": 0.015})
     twin["layers"]["modules"] = []
-    ab = compare_runs(_side(port, 100.0, False), _side(twin, 200.0, True), "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []})
+    ab = wire.write(compare_runs(_side(port, 100.0, False), _side(twin, 200.0, True), "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []}))
     assert ab["kinds"] == {}
     assert ab["not_separable"] == ["every kind: no per-layer timing on the port and the twin (per-layer timing off)"]
     assert (ab["largest_gap"]["phase"], ab["largest_gap"]["kind"]) == ("decode", None)
@@ -363,17 +365,17 @@ def test_without_per_layer_timing_the_phases_still_compare_and_the_gap_is_a_step
 
 def test_largest_gap_weighs_the_time_lost_not_the_ratio_alone() -> None:
     kinds = {
-        "embedding": {"phases": {"decode": {"port_s": 0.0004, "twin_s": 0.0001, "ratio": 4.0}}},  # 4x, 0.3 ms a step
-        "mlp": {"phases": {"decode": {"port_s": 0.02, "twin_s": 0.01, "ratio": 2.0}}},  # 2x, 10 ms a step
+        "embedding": TwinKind(phases={"decode": TwinKindPhase(port_s=0.0004, twin_s=0.0001, ratio=4.0)}),  # 4x, 0.3 ms a step
+        "mlp": TwinKind(phases={"decode": TwinKindPhase(port_s=0.02, twin_s=0.01, ratio=2.0)}),  # 2x, 10 ms a step
     }
-    gap = largest_gap({"decode": {"port_steps": 10}}, kinds, "LlamaForCausalLM")
-    assert (gap["kind"], gap["ratio"]) == ("mlp", 2.0)
+    gap = largest_gap({"decode": TwinPhase(port_steps=10)}, kinds, "LlamaForCausalLM")
+    assert (gap.kind, gap.ratio) == ("mlp", 2.0)
 
 
 def test_ratios_are_none_not_infinite_where_a_side_has_no_time() -> None:
     port = _engine({"prefill": 0.03, "decode": 0.04}, EAGER_KINDS, {"prefill": 0.025, "decode": 0.035})
     twin = _engine({"prefill": 0.03, "decode": 0.04}, dict(EAGER_KINDS, embedding=(0.0, 0.0)), {"prefill": 0.025, "decode": 0.035})
-    ab = compare_runs(_side(port, 0.0, False), _side(twin, 100.0, False), "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []})
+    ab = wire.write(compare_runs(_side(port, 0.0, False), _side(twin, 100.0, False), "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []}))
     assert ab["throughput_ratio"] is None
     assert ab["kinds"]["embedding"]["phases"]["decode"]["ratio"] is None
     assert fmt_ratio(None) == "n/a" and fmt_ratio(2.4) == "2.40x" and fmt_ratio(76.4) == "76x"
@@ -394,7 +396,7 @@ def _numbers(value: Any) -> list[float]:
 # ---- text and HTML ---------------------------------------------------------------------------------
 
 
-def _ab() -> dict[str, Any]:
+def _ab() -> TwinAB:
     port = _engine({"prefill": 0.03, "decode": 0.04}, EAGER_KINDS, {"prefill": 0.025, "decode": 0.035}, share=0.23)
     twin = _engine({"prefill": 0.01, "decode": 0.01}, COMPILED_KINDS, {"prefill": 0.009, "decode": 0.008}, share=0.41)
     return compare_runs(_side(port, 100.0, False), _side(twin, 400.0, True), "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []})
@@ -431,6 +433,6 @@ def test_cuda_graphs_of_an_uncompiled_port_do_not_count_as_compiled() -> None:
     port = _side(_engine({"prefill": 0.01, "decode": 0.01}, COMPILED_KINDS, {"prefill": 0.009, "decode": 0.009}), 400.0, False)
     port["compile"]["cudagraphs"] = True
     twin = _side(_engine({"prefill": 0.01, "decode": 0.01}, COMPILED_KINDS, {"prefill": 0.009, "decode": 0.009}), 400.0, True)
-    ab = compare_runs(port, twin, "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []})
+    ab = wire.write(compare_runs(port, twin, "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []}))
     assert (ab["compiled"], ab["cuda_graphs"]) == ({"port": False, "twin": True}, {"port": True, "twin": True})
     assert "  execution     port uncompiled (in CUDA graphs), twin compiled (torch.compile, CUDA graphs)" in render_twin(ab).splitlines()

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from vllm_doctor.analysis.engine import anatomy, memory_breakdown
+from vllm_doctor.analysis.records import KvGroupSummary
 from vllm_doctor.facts.anatomy import Anatomy, CompileState, WorkerIdentity
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts, facts_from_dict, facts_to_dict
 from vllm_doctor.facts.kv import AttentionLayer, HfShape, KvCache, KvGroup, KvSpec, KvTensor, PlannedTensor
@@ -104,13 +105,13 @@ def test_fields_of_another_type_read_as_missing() -> None:
 
 
 def test_the_report_keeps_the_kv_groups_as_vllm_exposed_them() -> None:
-    """report.facts["engine"]["kv_cache"]["groups"] lists only the spec fields the worker sent."""
+    """report.facts["engine"]["kv_cache"]["groups"] has the spec fields the worker sent; the others
+    are None (not exposed), never invented."""
     facts = EngineFacts(workers=[WorkerFacts(rank=0, parts={"kv": KV.to_wire(), "anatomy": Anatomy(IDENTITY).to_wire()})])
-    kv = anatomy(facts)["kv_cache"]
-    assert kv["groups"] == [{"layers": 2, "type": "FullAttentionSpec", "block_size": 16, "num_kv_heads": 2,
-                             "head_size": 32}]
-    assert (kv["block_size"], kv["tensor_shape"], kv["num_layers"]) == (16, [2, 11, 16, 2, 32], 2)
-    assert anatomy(facts)["workers"][0]["compile"] is None
+    kv = anatomy(facts).kv_cache
+    assert kv.groups == [KvGroupSummary(layers=2, type="FullAttentionSpec", block_size=16, num_kv_heads=2, head_size=32)]
+    assert (kv.block_size, kv.tensor_shape, kv.num_layers) == (16, [2, 11, 16, 2, 32], 2)
+    assert anatomy(facts).workers[0].compile is None
 
 
 def test_memory_breakdown_reads_the_record() -> None:
@@ -183,3 +184,33 @@ def test_a_record_is_read_from_its_declaration_leniently_and_written_back() -> N
     assert schema["properties"]["share"] == {"anyOf": [{"type": "number"}, {"type": "null"}], "description": "a share"}
     assert schema["properties"]["by_name"]["additionalProperties"]["description"] == "An inner record."
     assert schema["properties"]["inner"]["properties"]["values"] == {"type": "array", "items": {"type": "number"}}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Named:
+    class_name: str | None = dataclasses.field(default=None, metadata={"key": "class"})
+    inner: _Inner | None = None
+
+
+def test_a_field_whose_key_is_not_a_python_name_reads_and_writes_under_its_key() -> None:
+    from vllm_doctor.facts import wire
+
+    named = wire.read(_Named, {"class": "pkg.Model", "class_name": "ignored", "inner": _Inner(4)})
+    assert named == _Named("pkg.Model", _Inner(4))  # a record in place of its JSON is taken as it is
+    assert wire.write(named) == {"class": "pkg.Model", "inner": {"n": 4, "values": []}}
+    assert wire.read(_Named, named) is named
+    assert set(wire.json_schema(_Named)["properties"]) == {"class", "inner"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Optional:
+    none: str | None = dataclasses.field(default=None, metadata={"omit_none": True})
+    kept: str | None = None
+
+
+def test_a_none_the_record_omits_is_no_key_in_the_json() -> None:
+    from vllm_doctor.facts import wire
+
+    assert wire.write(_Optional()) == {"kept": None}
+    assert wire.write(_Optional("why")) == {"none": "why", "kept": None}
+    assert wire.read(_Optional, {"kept": "x"}) == _Optional(None, "x")

@@ -1,21 +1,51 @@
-"""Turn the workers' profile, KV and memory facts into the report's ``profiles["engine"]``
-and the engine anatomy (``facts["engine"]``). Pure functions over :class:`EngineFacts` (its
-workers' records: :mod:`vllm_doctor.facts.anatomy`, ``placement``, ``kv``, ``memory``).
+"""Turn the workers' profile, KV and memory facts into the report's engine profile
+(:class:`~vllm_doctor.analysis.records.EngineProfile`, ``profiles["engine"]``) and the engine
+anatomy (:class:`~vllm_doctor.analysis.records.EngineAnatomy`, ``facts["engine"]``). Pure functions
+over :class:`EngineFacts` (its workers' records: :mod:`vllm_doctor.facts.anatomy`, ``placement``,
+``kv``, ``memory``); they build new records and leave the workers' replies as they came.
 """
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
 from itertools import compress
 from typing import Any
 
+from vllm_doctor.analysis.records import (
+    PHASES,
+    DoctorOverhead,
+    EngineAnatomy,
+    EngineProfile,
+    ExecutorInfo,
+    FrontEnd,
+    IdleBetweenSteps,
+    KvGroupSummary,
+    KvSummary,
+    KvUsagePoint,
+    LayerTables,
+    LayerTotal,
+    MemoryBreakdown,
+    ModelInfo,
+    ModelRunnerInfo,
+    PhaseSummary,
+    ProcessBox,
+    ProfileReply,
+    RankImbalance,
+    RankSummary,
+    StepRow,
+    TimeAccounting,
+    WorkerAnatomy,
+    WorkloadRun,
+)
 from vllm_doctor.analysis.roofline import engine_roofline
 from vllm_doctor.facts.anatomy import Anatomy, WorkerIdentity
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.facts.kv import KvCache
-from vllm_doctor.facts.memory import MemoryFacts
+from vllm_doctor.facts.memory import CudaMemory, MemoryFacts
 from vllm_doctor.facts.static import is_transformers_backend
 from vllm_doctor.facts.steps import StepTable
 
+WRAPPERS = "wrappers"  # the doctor's timer of its step wrappers (engine/session.py own_s)
 # "dense": compiled modes' per-layer work after the attention (projections, norms, MLP), engine/profiler.py
 KIND_ORDER = ("embedding", "attention", "dense", "mlp", "norm", "logits", "other")
 
@@ -30,90 +60,100 @@ def model_origin(model_class: str | None) -> str:
     return "plugin"
 
 
-def anatomy(facts: EngineFacts) -> dict[str, Any]:
+def anatomy(facts: EngineFacts) -> EngineAnatomy:
     """Which process holds the front end, engine core, executor and each worker."""
-    fe = facts.front_end
-    workers: list[dict[str, Any]] = []
+    fe = FrontEnd.of(facts.front_end)
+    workers: list[WorkerAnatomy] = []
     for wf in facts.workers:
         a = wf.anatomy or Anatomy()
         who = a.identity
         workers.append(
-            {
-                "rank": who.rank,
-                "local_rank": who.local_rank,
-                "pid": who.pid,
-                "ppid": who.ppid,
-                "device": who.device,
-                "worker_class": who.worker_class,
-                "model_runner_class": who.model_runner_class,
-                "model_runner_kind": who.model_runner_kind,
-                "model_class": who.model_class,
-                "model_module_file": who.model_module_file,
-                "compile": a.compile.to_wire() if a.compile is not None else None,
-                "process_title": who.process_title,
-            }
+            WorkerAnatomy(
+                rank=who.rank,
+                local_rank=who.local_rank,
+                pid=who.pid,
+                ppid=who.ppid,
+                device=who.device,
+                worker_class=who.worker_class,
+                model_runner_class=who.model_runner_class,
+                model_runner_kind=who.model_runner_kind,
+                model_class=who.model_class,
+                model_module_file=who.model_module_file,
+                compile=a.compile,
+                process_title=who.process_title,
+            )
         )
-    first: dict[str, Any] = workers[0] if workers else {}
+    first = workers[0] if workers else WorkerAnatomy()
     kv = (facts.workers[0].kv if facts.workers else None) or KvCache()
-    core_pids = fe.get("engine_core_pids") or []
-    if not core_pids and fe.get("url"):  # a served engine: seen only from its workers
+    core_pids = fe.engine_core_pids
+    if not core_pids and fe.url:  # a served engine: seen only from its workers
         core_pids = sorted(
-            {
-                w["pid"] if "EngineCore" in str(w.get("process_title") or "") else w.get("ppid")
-                for w in workers
-                if w.get("pid") is not None
-            }
+            pid
+            for pid in {w.pid if "EngineCore" in str(w.process_title or "") else w.ppid for w in workers if w.pid}
+            if pid is not None
         )
-        fe = {**fe, "engine_core_pids": core_pids}
+        fe = replace(fe, engine_core_pids=core_pids)
     executor_pid = core_pids[0] if core_pids else None
-    front_holds = [fe.get("llm_class"), fe.get("core_client_class")]
-    if fe.get("engine_core_in_process"):
+    front_holds = [fe.llm_class, fe.core_client_class]
+    if fe.engine_core_in_process:
         front_holds.append("engine core (in process)")
-    processes: list[dict[str, Any]] = [{"role": "front end", "pid": fe.get("pid"), "holds": front_holds}]
-    if not fe.get("engine_core_in_process"):
+    processes = [ProcessBox(role="front end", pid=fe.pid, holds=front_holds)]
+    if not fe.engine_core_in_process:
         for pid in core_pids:
             processes.append(
-                {"role": "engine core", "pid": pid, "holds": ["EngineCore", "scheduler", "KV cache manager"]}
+                ProcessBox(role="engine core", pid=pid, holds=["EngineCore", "scheduler", "KV cache manager"])
             )
-    executor = {"backend": fe.get("executor_backend"), "class": fe.get("executor_class"), "pid": executor_pid}
+    executor = ExecutorInfo(backend=fe.executor_backend, class_name=fe.executor_class, pid=executor_pid)
     for w in workers:
-        in_core = w.get("pid") in [fe.get("pid"), *core_pids]
+        in_core = w.pid in [fe.pid, *core_pids]
         processes.append(
-            {
-                "role": "worker",
-                "pid": w.get("pid"),
-                "rank": w.get("rank"),
-                "device": w.get("device"),
-                "in_process_with": "engine core" if in_core else None,
-                "holds": [w.get("worker_class"), w.get("model_runner_class"), w.get("model_class")],
-            }
+            ProcessBox(
+                role="worker",
+                pid=w.pid,
+                rank=w.rank,
+                device=w.device,
+                in_process_with="engine core" if in_core else None,
+                holds=[w.worker_class, w.model_runner_class, w.model_class],
+            )
         )
     first_tensor = kv.layers[0] if kv.layers else None
-    kv_summary = {
-        "layout": kv.layout,
-        "num_blocks": kv.num_blocks,
-        "block_size": kv.block_size,
-        "num_layers": kv.num_tensors,
-        "num_storages": kv.num_storages,
-        "storage_bytes": kv.storage_bytes,
-        "tensor_shape": list(first_tensor.shape) if first_tensor is not None else None,
-        "dtype": first_tensor.dtype if first_tensor is not None else None,
-        "groups": [{"layers": len(g.layer_names), **g.spec.to_wire()} for g in kv.groups],
-    }
-    return {
-        "front_end": fe,
-        "executor": executor,
-        "workers": workers,
-        "processes": processes,
-        "model": {
-            "class": first.get("model_class"),
-            "origin": model_origin(first.get("model_class")),
-            "file": first.get("model_module_file"),
-        },
-        "model_runner": {"class": first.get("model_runner_class"), "kind": first.get("model_runner_kind")},
-        "kv_cache": kv_summary,
-        "compile": first.get("compile"),
-    }
+    kv_summary = KvSummary(
+        layout=kv.layout,
+        num_blocks=kv.num_blocks,
+        block_size=kv.block_size,
+        num_layers=kv.num_tensors,
+        num_storages=kv.num_storages,
+        storage_bytes=kv.storage_bytes,
+        tensor_shape=list(first_tensor.shape) if first_tensor is not None else None,
+        dtype=first_tensor.dtype if first_tensor is not None else None,
+        groups=[
+            KvGroupSummary(
+                layers=len(g.layer_names),
+                type=g.spec.type,
+                block_size=g.spec.block_size,
+                num_kv_heads=g.spec.num_kv_heads,
+                head_size=g.spec.head_size,
+                head_size_v=g.spec.head_size_v,
+                sliding_window=g.spec.sliding_window,
+                attention_chunk_size=g.spec.attention_chunk_size,
+                dtype=g.spec.dtype,
+                page_size_bytes=g.spec.page_size_bytes,
+            )
+            for g in kv.groups
+        ],
+    )
+    return EngineAnatomy(
+        front_end=fe,
+        executor=executor,
+        workers=workers,
+        processes=processes,
+        model=ModelInfo(
+            class_name=first.model_class, origin=model_origin(first.model_class), file=first.model_module_file
+        ),
+        model_runner=ModelRunnerInfo(class_name=first.model_runner_class, kind=first.model_runner_kind),
+        kv_cache=kv_summary,
+        compile=first.compile,
+    )
 
 
 def _pct(ordered: list[float], q: float) -> float | None:
@@ -123,41 +163,55 @@ def _pct(ordered: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def phase_summary(steps: StepTable) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _median(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered, mid = sorted(values), len(values) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def phase_summary(steps: StepTable) -> dict[str, PhaseSummary]:
+    """Per phase: counts, step times, the forward beside the step time of the same steps, and
+    the steps timed per layer against the others (what the doctor's per-layer timing costs)."""
+    out: dict[str, PhaseSummary] = {}
     step_s, forward_s, tokens_col = steps["step_s"], steps["forward_s"], steps["total_tokens"]
-    prefill_reqs, decode_reqs = steps["prefill_reqs"], steps["decode_reqs"]
+    prefill_reqs, decode_reqs, layers_timed = steps["prefill_reqs"], steps["decode_reqs"], steps["layers_timed"]
     idle_col = _idle_column(steps)
     phases = steps.phases
-    for phase in ("prefill", "decode", "mixed"):
+    for phase in PHASES:
         chosen = [p == phase for p in phases]  # one pass per phase; the columns are picked in C
         n = sum(chosen)
         if not n:
             continue
         times = sorted(compress(step_s, chosen))
-        fwd = [v for v in compress(forward_s, chosen) if v is not None]
-        # the forward's share of the steps it was timed on (samples only: set beside all steps' mean, a
+        # the forward beside the steps it was timed on (samples only: set beside all steps' mean, a
         # sample's heavier instrumentation could make the forward look longer than the step)
         paired = [
             (f, s) for f, s in zip(compress(forward_s, chosen), compress(step_s, chosen), strict=True) if f is not None
         ]
         paired_step = sum(s for _, s in paired)
+        timed = [s for s, on in zip(compress(step_s, chosen), compress(layers_timed, chosen), strict=True) if on]
+        untimed = [s for s, on in zip(compress(step_s, chosen), compress(layers_timed, chosen), strict=True) if not on]
         idle = [v for v in compress(idle_col, chosen) if v is not None]
         tokens = sum(compress(tokens_col, chosen))
         total = sum(times)
-        out[phase] = {
-            "steps": n,
-            "tokens": tokens,
-            "mean_batch": round((sum(compress(prefill_reqs, chosen)) + sum(compress(decode_reqs, chosen))) / n, 2),
-            "step_s_mean": total / n,
-            "step_s_p50": _pct(times, 0.5),
-            "step_s_p90": _pct(times, 0.9),
-            "forward_s_mean": sum(fwd) / len(fwd) if fwd else None,
-            "forward_share": sum(f for f, _ in paired) / paired_step if paired_step > 0 else None,
-            "tokens_per_s": tokens / total if total > 0 else None,
-            # the device's idle time before each step of this phase (since the previous step ended)
-            "idle_before_s_mean": sum(idle) / len(idle) if idle else None,
-        }
+        out[phase] = PhaseSummary(
+            steps=n,
+            tokens=tokens,
+            mean_batch=round((sum(compress(prefill_reqs, chosen)) + sum(compress(decode_reqs, chosen))) / n, 2),
+            step_s_mean=total / n,
+            step_s_p50=_pct(times, 0.5),
+            step_s_p90=_pct(times, 0.9),
+            forward_s_mean=sum(f for f, _ in paired) / len(paired) if paired else None,
+            forward_steps=len(paired),
+            forward_steps_step_s_mean=paired_step / len(paired) if paired else None,
+            forward_share=sum(f for f, _ in paired) / paired_step if paired_step > 0 else None,
+            tokens_per_s=tokens / total if total > 0 else None,
+            idle_before_s_mean=sum(idle) / len(idle) if idle else None,
+            timed_steps=len(timed),
+            timed_step_s_median=_median(timed),
+            untimed_step_s_median=_median(untimed),
+        )
     return out
 
 
@@ -170,7 +224,7 @@ def _idle_column(steps: StepTable) -> list[float | None]:
     return col
 
 
-def idle_between_steps(steps: StepTable) -> dict[str, Any] | None:
+def idle_between_steps(steps: StepTable) -> IdleBetweenSteps | None:
     """The device's idle time between consecutive steps, on the step clock: from one step's end
     mark to the next one's start mark (CUDA events on the stream the steps run on; on CPU the
     wall clock). Under async scheduling and CUDA graphs the host schedules the next step while the
@@ -180,47 +234,55 @@ def idle_between_steps(steps: StepTable) -> dict[str, Any] | None:
     values = sorted(v for v in _idle_column(steps) if v is not None)
     if not values:
         return None
-    return {
-        "clock": steps.clock,
-        "gaps": len(values),
-        "total_s": sum(values),
-        "mean_s": sum(values) / len(values),
-        "p50_s": _pct(values, 0.5),
-        "p90_s": _pct(values, 0.9),
-        "max_s": values[-1],
-    }
+    return IdleBetweenSteps(
+        clock=steps.clock,
+        gaps=len(values),
+        total_s=sum(values),
+        mean_s=sum(values) / len(values),
+        p50_s=_pct(values, 0.5),
+        p90_s=_pct(values, 0.9),
+        max_s=values[-1],
+    )
 
 
-def layer_tables(profile: dict[str, Any], steps: StepTable) -> dict[str, Any]:
-    """Per module, per decoder layer and per kind (with "other" = forward not in any kind)."""
-    modules = list(profile.get("layers") or [])
-    # eager mode times the modules inside the decoder layers on every detail_every-th step timed
-    # per layer only: their totals are scaled to all the steps timed per layer (a module's mean
-    # per step on its own steps, times the timed steps), so they add up with the layers'
+def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> LayerTables:
+    """Per module, per decoder layer and per kind (with "other" = forward not in any kind). New
+    records: the worker's reply is left as it came.
+
+    Eager mode times the modules inside the decoder layers on every ``detail_every``-th step timed
+    per layer only: their totals are scaled to all the steps timed per layer (a module's mean per
+    step on its own steps, times the timed steps), so they add up with the layers'."""
+    profile = ProfileReply.of(profile)
     timed_per_bucket = {"prefill": 0, "decode": 0}
     for phase, on in zip(steps.phases, steps["layers_timed"], strict=True):
         if on:
             timed_per_bucket["decode" if phase == "decode" else "prefill"] += 1
-    for m in modules:
-        total = 0.0
-        for bucket in ("prefill", "decode"):
-            seconds, on_steps = m.get(f"{bucket}_s", 0.0), m.get(f"{bucket}_steps")
-            all_steps = timed_per_bucket[bucket]
-            total += seconds * all_steps / on_steps if on_steps and all_steps > on_steps else seconds
-        m["total_s"] = total
-        m["calls"] = m.get("prefill_calls", 0) + m.get("decode_calls", 0)
-    by_layer: dict[int, dict[str, Any]] = {}
+
+    def scaled(seconds: float, own_steps: int | None, bucket: str) -> float:
+        every = timed_per_bucket[bucket]
+        return seconds * every / own_steps if own_steps and every > own_steps else seconds
+
+    modules = [
+        replace(
+            m,
+            total_s=scaled(m.prefill_s, m.prefill_steps, "prefill") + scaled(m.decode_s, m.decode_steps, "decode"),
+            calls=m.prefill_calls + m.decode_calls,
+        )
+        for m in profile.layers
+    ]
+    by_layer: dict[int, tuple[float, dict[str, float]]] = {}
     by_kind: dict[str, float] = {}
     for m in modules:
-        kind, layer = m.get("kind"), m.get("layer")
+        kind, layer = m.kind, m.layer
         if kind == "layer" and layer is not None:
-            entry = by_layer.setdefault(layer, {"layer": layer, "total_s": 0.0, "kinds": {}})
-            entry["total_s"] += m["total_s"]
+            total, kinds = by_layer.get(layer, (0.0, {}))
+            by_layer[layer] = (total + m.total_s, kinds)
         elif kind in KIND_ORDER:
-            by_kind[kind] = by_kind.get(kind, 0.0) + m["total_s"]
+            by_kind[kind] = by_kind.get(kind, 0.0) + m.total_s
             if layer is not None:
-                entry = by_layer.setdefault(layer, {"layer": layer, "total_s": 0.0, "kinds": {}})
-                entry["kinds"][kind] = entry["kinds"].get(kind, 0.0) + m["total_s"]
+                total, kinds = by_layer.get(layer, (0.0, {}))
+                kinds[kind] = kinds.get(kind, 0.0) + m.total_s
+                by_layer[layer] = (total, kinds)
     # layer times exist only for the per-layer samples: compare them with those steps' forwards
     timed = [f for f, on in zip(steps["forward_s"], steps["layers_timed"], strict=True) if on]
     forward_total = sum(float(f) for f in timed if f is not None)
@@ -230,61 +292,67 @@ def layer_tables(profile: dict[str, Any], steps: StepTable) -> dict[str, Any]:
     # how much of the forward the per-layer timings account for: the decoder layers plus the
     # top-level embedding and final norm (the model's whole forward, minus glue between them)
     covered = sum(
-        m["total_s"]
-        for m in modules
-        if m.get("kind") == "layer" or (m.get("layer") is None and m.get("kind") in ("embedding", "norm"))
+        m.total_s for m in modules if m.kind == "layer" or (m.layer is None and m.kind in ("embedding", "norm"))
     )
-    return {
-        "timed_fraction": covered / forward_total if modules and forward_total else None,
-        "modules": modules,
-        "by_layer": [by_layer[k] for k in sorted(by_layer)],
-        "by_kind": {k: by_kind[k] for k in KIND_ORDER if k in by_kind},
-        "forward_total_s": forward_total,
-        "timed_steps": len(timed) if modules else 0,
-        "sample_every": profile.get("sample_every"),
-    }
+    return LayerTables(
+        timed_fraction=covered / forward_total if modules and forward_total else None,
+        modules=modules,
+        by_layer=[LayerTotal(layer=k, total_s=by_layer[k][0], kinds=by_layer[k][1]) for k in sorted(by_layer)],
+        by_kind={k: by_kind[k] for k in KIND_ORDER if k in by_kind},
+        forward_total_s=forward_total,
+        timed_steps=len(timed) if modules else 0,
+        sample_every=profile.sample_every,
+    )
 
 
-def time_accounting(profile: dict[str, Any], workload: dict[str, Any] | None) -> dict[str, Any] | None:
+def time_accounting(
+    profile: EngineProfile | dict[str, Any], workload: WorkloadRun | dict[str, Any] | None
+) -> TimeAccounting | None:
     """Do the step times add up to the workload's wall time? Steps of one engine do not overlap, so
     their sum (on the step clock) cannot exceed the wall time around ``llm.generate``; what is left
     ran outside any step (scheduling, output processing, request handling: the engine's host, or
     a device waiting for it). A sum above the wall time is a wrong clock: a doctor bug."""
-    wall = (workload or {}).get("wall_s")
-    phases = profile.get("phases") or {}
-    if not wall or not phases:
+    profile = EngineProfile.of(profile)
+    wall = WorkloadRun.of(workload).wall_s
+    if not wall or not profile.phases:
         return None
-    total = sum(float(p["steps"]) * float(p["step_s_mean"]) for p in phases.values())
-    outside = max(0.0, float(wall) - total)
-    idle = profile.get("idle_between_steps") or {}
-    between = min(outside, float(idle["total_s"])) if idle.get("total_s") is not None else None
-    return {
-        "clock": profile.get("clock"),
-        "steps_s": total,
-        "wall_s": float(wall),
-        "share": total / float(wall),
-        "outside_steps_s": outside,
+    total = sum(float(p.steps) * float(p.step_s_mean) for p in profile.phases.values())
+    outside = max(0.0, wall - total)
+    idle = profile.idle_between_steps
+    between = min(outside, idle.total_s) if idle is not None else None
+    return TimeAccounting(
+        clock=profile.clock,
+        steps_s=total,
+        wall_s=wall,
+        share=total / wall,
+        outside_steps_s=outside,
         # of that, measured on the step clock between consecutive steps (the device idle), and the
         # rest: before the first step and after the last (requests in, outputs out)
-        "between_steps_s": between,
-        "between_steps_mean_s": idle.get("mean_s"),
-        "edges_s": None if between is None else outside - between,
-        "accounted_share": None if between is None else (total + between) / float(wall),
-        "above_wall": total > float(wall) * 1.01,
-    }
+        between_steps_s=between,
+        between_steps_mean_s=idle.mean_s if idle is not None else None,
+        edges_s=None if between is None else outside - between,
+        accounted_share=None if between is None else (total + between) / wall,
+        above_wall=total > wall * 1.01,
+    )
 
 
-def kv_usage_series(steps: StepTable, num_blocks: int | None) -> list[dict[str, Any]]:
+def kv_usage_series(steps: StepTable, num_blocks: int | None) -> list[KvUsagePoint]:
     if not num_blocks:
         return []
     usable = max(1, num_blocks - 1)  # block 0 is vLLM's null block
     return [
-        {"t": s["t"], "index": s["index"], "blocks": s["kv_blocks_used"], "usage": s["kv_blocks_used"] / usable}
+        KvUsagePoint(t=s["t"], index=s["index"], blocks=s["kv_blocks_used"], usage=s["kv_blocks_used"] / usable)
         for s in steps.rows()
     ]
 
 
 def memory_breakdown(memory: MemoryFacts, nvml: dict[str, Any] | None = None) -> dict[str, Any]:
+    """:func:`memory_record` as JSON: the memory check's evidence (checks/memory.py)."""
+    out: dict[str, Any] = memory_record(memory, nvml).to_json()
+    return out
+
+
+def memory_record(memory: MemoryFacts, nvml: dict[str, Any] | None = None, rank: int | None = None) -> MemoryBreakdown:
     """Weights / peak activations / KV / CUDA graphs / other, and what could not be measured."""
     notes: list[str] = []
     parts: dict[str, int | None] = {}
@@ -321,135 +389,148 @@ def memory_breakdown(memory: MemoryFacts, nvml: dict[str, Any] | None = None) ->
             notes.append("NVML unavailable: total is torch's reserved memory (misses the CUDA context and NCCL)")
         known = sum(v for v in parts.values() if v)
         parts["other"] = total - known
-        device_used = cuda.device_total - cuda.device_free
-        out = {
-            "device": memory.device,
-            "total": total,
-            "total_source": total_source,
-            "parts": parts,
-            "torch": cuda.to_wire(),
-            "device_used": device_used,
-            "notes": notes,
-            "measurable": True,
-        }
-    else:
-        repacked = memory.repacked_weight_bytes_estimate
-        weights_cpu = weights_params + repacked
-        parts["weights"] = weights_cpu
-        if repacked:
-            notes.append(
-                f"{memory.repacked_layers} linear layers hold their weights in CPU-repacked "
-                "kernels (oneDNN); their bytes are estimated from the layer shapes"
-            )
-        parts["kv_cache"] = kv
-        parts["peak_activations"] = None
-        parts["cuda_graphs"] = None
-        notes.append(
-            "CPU worker: torch keeps no allocator statistics on CPU, so peak activations are not "
-            "measurable; they are inside 'other' (with Python, torch and vLLM themselves)"
+        return MemoryBreakdown(
+            device=memory.device,
+            total=total,
+            total_source=total_source,
+            parts=parts,
+            torch=_torch_stats(cuda),
+            device_used=cuda.device_total - cuda.device_free,
+            notes=notes,
+            measurable=True,
+            rank=rank,
         )
-        notes.append("CUDA graphs do not exist on CPU")
-        host = memory.host
-        total = host.get("VmRSS", 0)
-        parts["other"] = total - weights_cpu - kv if total else None
-        out = {
-            "device": memory.device,
-            "total": total,
-            "total_source": "worker process resident memory (VmRSS)",
-            "peak_total": host.get("VmHWM"),
-            "parts": parts,
-            "notes": notes,
-            "measurable": False,
-        }
-    return out
+    repacked = memory.repacked_weight_bytes_estimate
+    weights_cpu = weights_params + repacked
+    parts["weights"] = weights_cpu
+    if repacked:
+        notes.append(
+            f"{memory.repacked_layers} linear layers hold their weights in CPU-repacked "
+            "kernels (oneDNN); their bytes are estimated from the layer shapes"
+        )
+    parts["kv_cache"] = kv
+    parts["peak_activations"] = None
+    parts["cuda_graphs"] = None
+    notes.append(
+        "CPU worker: torch keeps no allocator statistics on CPU, so peak activations are not "
+        "measurable; they are inside 'other' (with Python, torch and vLLM themselves)"
+    )
+    notes.append("CUDA graphs do not exist on CPU")
+    host = memory.host
+    rss = host.get("VmRSS", 0)
+    return MemoryBreakdown(
+        device=memory.device,
+        total=rss,
+        total_source="worker process resident memory (VmRSS)",
+        peak_total=host.get("VmHWM"),
+        parts={**parts, "other": rss - weights_cpu - kv if rss else None},
+        notes=notes,
+        measurable=False,
+        rank=rank,
+    )
 
 
-def doctor_overhead(profile: dict[str, Any], steps: StepTable) -> dict[str, Any] | None:
+def _torch_stats(cuda: CudaMemory) -> dict[str, int | None]:
+    """torch's allocator statistics, by name."""
+    return {f.name: getattr(cuda, f.name) for f in fields(cuda)}
+
+
+def doctor_overhead(profile: ProfileReply | dict[str, Any], steps: StepTable) -> DoctorOverhead | None:
     """The doctor's own host time per step, against the worker's host time of the step.
 
     Measured inside the doctor's wrappers and hooks (``perf_counter`` around its own code), so
     it is precise where end-to-end throughput comparisons drown in run-to-run noise. Not
     included: PyTorch's cost of calling a hook (about a microsecond per hooked module call).
     """
-    own = profile.get("doctor_host_s")
+    profile = ProfileReply.of(profile)
+    own = profile.doctor_host_s
     if not own or not len(steps):
         return None
-    n = len(steps) + int(profile.get("dropped_steps") or 0)
-    own_step = sum(float(v) for v in own.values()) / n
+    n = len(steps) + profile.dropped_steps
+    own_total = sum(float(v) for v in own.values())
+    own_step = own_total / n
     host_total = float(sum(filter(None, steps["host_execute_s"])) + sum(filter(None, steps["host_sample_s"])))
     host_step = host_total / len(steps)
-    host_step += float(own.get("wrappers", 0.0)) / n  # the wrappers run outside the measured host time
-    out: dict[str, Any] = {
-        "host_s": {k: float(v) for k, v in own.items()},
-        "steps": n,
-        "per_step_s": own_step,
-        "step_host_s": host_step,
-        "share": own_step / host_step if host_step else None,
-    }
-    rpc, window = profile.get("doctor_rpc_s"), profile.get("window_s")
+    host_step += float(own.get(WRAPPERS, 0.0)) / n  # the wrappers run outside the measured host time
+    rpc, window = profile.doctor_rpc_s, profile.window_s
+    worker_share = None
     if rpc is not None and window:
         # everything the doctor did in the worker over the window (per step, plus the watcher's
         # calls served between steps) against the window's wall time: what it can take from a
         # worker whose loop is the bottleneck (with the GPU the bottleneck, less)
-        out["rpc_s"] = float(rpc)
-        out["window_s"] = float(window)
-        out["worker_share"] = (sum(float(v) for v in own.values()) + float(rpc)) / float(window)
-    return out
+        worker_share = (own_total + rpc) / window
+    else:
+        rpc = window = None
+    return DoctorOverhead(
+        host_s={k: float(v) for k, v in own.items()},
+        steps=n,
+        per_step_s=own_step,
+        step_host_s=host_step,
+        share=own_step / host_step if host_step else None,
+        rpc_s=rpc,
+        window_s=window,
+        worker_share=worker_share,
+    )
 
 
-def summarize(facts: EngineFacts, timeline: bool = True) -> dict[str, Any]:
+def summarize(facts: EngineFacts, timeline: bool = True) -> EngineProfile:
     """``report.profiles["engine"]``: steps, phases, layers, KV usage, memory (rank 0 first).
 
     ``timeline=False`` (top's model panel, every few seconds): the summaries only, without the
     per-step records and the KV usage series built from them (``step_count`` says how many).
     """
     if not facts.workers:
-        return {"available": False, "reason": facts.startup_error or "no worker replied"}
+        return EngineProfile(available=False, reason=facts.startup_error or "no worker replied")
     primary: WorkerFacts = facts.workers[0]
-    profile = primary.get("profile") or {}
+    profile = ProfileReply.of(primary.get("profile"))
     steps = primary.steps()
     kv = primary.kv or KvCache()
-    num_blocks = profile.get("num_blocks") or kv.num_blocks
+    num_blocks = profile.num_blocks or kv.num_blocks
     placement = primary.placement
-    out: dict[str, Any] = {
-        "available": bool(profile.get("profiling")),
-        "rank": primary.rank,
-        "device": placement.worker.device if placement is not None and placement.worker is not None else None,
-        "clock": profile.get("clock"),
-        "layers_on": profile.get("layers_on"),
-        "layers_reason": profile.get("layers_reason"),
-        "steps": steps.rows() if timeline else [],
-        "step_count": len(steps),
-        "steps_error": steps.error,
-        "dropped_steps": profile.get("dropped_steps", 0),
-        "phases": phase_summary(steps),
-        "layers": layer_tables(profile, steps),
-        "kv_usage": kv_usage_series(steps, num_blocks) if timeline else [],
-        "kv_num_blocks": num_blocks,
-        "kv_block_size": kv.block_size,
-        "trace": profile.get("trace") or [],
-        "memory": [
-            memory_breakdown(mem, facts.nvml) | {"rank": w.rank}
+    phases = phase_summary(steps)
+    layers = layer_tables(profile, steps)
+    per_rank = (
+        [rank_summary(w, with_timeline=timeline and w is not primary) for w in facts.workers]
+        if len(facts.workers) > 1
+        else []
+    )
+    return EngineProfile(
+        available=profile.profiling,
+        rank=primary.rank,
+        device=placement.worker.device if placement is not None and placement.worker is not None else None,
+        clock=profile.clock,
+        layers_on=profile.layers_on,
+        layers_reason=profile.layers_reason,
+        steps=[StepRow.of(row) for row in steps.rows()] if timeline else [],
+        step_count=len(steps),
+        steps_error=steps.error,
+        dropped_steps=profile.dropped_steps,
+        phases=phases,
+        layers=layers,
+        kv_usage=kv_usage_series(steps, num_blocks) if timeline else [],
+        kv_num_blocks=num_blocks,
+        kv_block_size=kv.block_size,
+        trace=profile.trace,
+        memory=[
+            memory_record(mem, facts.nvml, rank=w.rank)
             for w in facts.workers
             if w.get("memory") and (mem := w.memory) is not None  # an empty reply has nothing to break down
         ],
-        "nvml": facts.nvml,
-        "crashes": [c | {"rank": w.rank} for w in facts.workers for c in (w.get("profile") or {}).get("crashes", [])],
-    }
-    out["idle_between_steps"] = idle_between_steps(steps)
-    out["doctor_overhead"] = doctor_overhead(profile, steps)
-    out["roofline"] = engine_roofline(primary, steps, out["phases"], out["layers"], kv.block_size)
-    if len(facts.workers) > 1:
-        out["per_rank"] = [rank_summary(w, with_timeline=timeline and w is not primary) for w in facts.workers]
-        out["rank_imbalance"] = rank_imbalance(out["per_rank"])
-    return out
+        nvml=facts.nvml,
+        crashes=[{**c, "rank": w.rank} for w in facts.workers for c in ProfileReply.of(w.get("profile")).crashes],
+        idle_between_steps=idle_between_steps(steps),
+        doctor_overhead=doctor_overhead(profile, steps),
+        roofline=engine_roofline(primary, steps, phases, layers, kv.block_size),
+        per_rank=per_rank,
+        rank_imbalance=rank_imbalance(per_rank) if per_rank else {},
+    )
 
 
-def rank_summary(w: WorkerFacts, with_timeline: bool = True) -> dict[str, Any]:
+def rank_summary(w: WorkerFacts, with_timeline: bool = True) -> RankSummary:
     """One rank's own numbers: who it is, its phases, its decoder layers, its KV cache (and its
     steps and per-layer trace for the Perfetto track, except for the primary rank, whose are
     the profile's own)."""
-    profile = w.get("profile") or {}
+    profile = ProfileReply.of(w.get("profile"))
     steps = w.steps()
     placement, anat = w.placement, w.anatomy
     # who the rank is: its placement says (with its parallel ranks), else its anatomy
@@ -457,47 +538,48 @@ def rank_summary(w: WorkerFacts, with_timeline: bool = True) -> dict[str, Any]:
         anat.identity if anat is not None else WorkerIdentity()
     )
     kv = w.kv or KvCache()
-    layers = layer_tables(dict(profile, layers=[dict(m) for m in profile.get("layers") or []]), steps)
-    out: dict[str, Any] = {
-        "rank": w.rank,
-        "tp_rank": ident.tp_rank,
-        "pp_rank": ident.pp_rank,
-        "device": ident.device,
-        "pid": ident.pid,
-        "phases": phase_summary(steps),
-        "by_layer": layers["by_layer"],
-        "forward_total_s": layers["forward_total_s"],
-        "kv_storage_bytes": kv.storage_bytes,
-        "kv_num_blocks": profile.get("num_blocks") or kv.num_blocks,
-    }
-    if with_timeline:
-        out["steps"] = steps.rows()
-        out["trace"] = profile.get("trace") or []
-    return out
+    layers = layer_tables(profile, steps)
+    return RankSummary(
+        rank=w.rank,
+        tp_rank=ident.tp_rank,
+        pp_rank=ident.pp_rank,
+        device=ident.device,
+        pid=ident.pid,
+        phases=phase_summary(steps),
+        by_layer=layers.by_layer,
+        forward_total_s=layers.forward_total_s,
+        kv_storage_bytes=kv.storage_bytes,
+        kv_num_blocks=profile.num_blocks or kv.num_blocks,
+        steps=[StepRow.of(row) for row in steps.rows()] if with_timeline else None,
+        trace=profile.trace if with_timeline else [],
+    )
 
 
-def rank_imbalance(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
+def rank_imbalance(per_rank: list[RankSummary]) -> dict[str, RankImbalance]:
     """Per phase, the slowest and the fastest rank by mean forward time (host step time where
     the forward was not timed): the slowest rank sets the step of every rank."""
-    out: dict[str, Any] = {}
-    for phase in ("prefill", "decode", "mixed"):
+    out: dict[str, RankImbalance] = {}
+    for phase in PHASES:
         values = []
         for r in per_rank:
-            ph = (r.get("phases") or {}).get(phase)
-            if ph:
-                v = ph.get("forward_s_mean") if ph.get("forward_s_mean") is not None else ph.get("step_s_mean")
-                if v is not None:
-                    values.append((float(v), r["rank"]))
+            ph = r.phases.get(phase)
+            if ph is not None:
+                v = ph.forward_s_mean if ph.forward_s_mean is not None else ph.step_s_mean
+                values.append((float(v), r.rank))
         if len(values) < 2:
             continue
-        (slow_s, slow), (fast_s, fast) = max(values), min(values)
-        out[phase] = {
-            "slowest_rank": slow,
-            "slowest_s": slow_s,
-            "fastest_rank": fast,
-            "fastest_s": fast_s,
-            "ratio": slow_s / fast_s if fast_s > 0 else None,
-        }
+
+        def order(x: tuple[float, int | None]) -> tuple[float, int]:
+            return x[0], -1 if x[1] is None else x[1]
+
+        (slow_s, slow), (fast_s, fast) = max(values, key=order), min(values, key=order)
+        out[phase] = RankImbalance(
+            slowest_rank=slow,
+            slowest_s=slow_s,
+            fastest_rank=fast,
+            fastest_s=fast_s,
+            ratio=slow_s / fast_s if fast_s > 0 else None,
+        )
     return out
 
 

@@ -39,9 +39,22 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from vllm_doctor.analysis.records import (
+    DevicePeaks,
+    LayerTables,
+    PhaseSummary,
+    Rates,
+    Roofline,
+    RooflineLayer,
+    RooflineModel,
+    RooflinePhase,
+    RooflineWorkload,
+    StepBytes,
+    StepFlops,
+)
 from vllm_doctor.facts.engine import WorkerFacts
 from vllm_doctor.facts.steps import StepTable
 
@@ -215,7 +228,7 @@ def activation_elems_per_token_layer(s: DecoderShape) -> float:
     )
 
 
-def step_bytes(s: DecoderShape, w: StepWorkload, weights_read: float | None = None) -> dict[str, float]:
+def step_bytes(s: DecoderShape, w: StepWorkload, weights_read: float | None = None) -> StepBytes:
     """Bytes one step moves, each term separately (see the module's docstring)."""
     if weights_read is None:
         weights_read = (s.layers * s.layer_params + s.hidden + s.vocab * s.hidden) * s.weight_bytes
@@ -223,17 +236,14 @@ def step_bytes(s: DecoderShape, w: StepWorkload, weights_read: float | None = No
     activations = (
         w.tokens * s.layers * activation_elems_per_token_layer(s) + w.tokens * 2 * s.hidden  # final norm
     ) * s.weight_bytes + w.seqs * (s.hidden + s.vocab) * s.weight_bytes  # the logits' GEMM in and out
-    out = {
-        "weights": weights,
-        "kv_read": w.context * s.kv_bytes_per_token,
-        "kv_write": w.tokens * s.kv_bytes_per_token,
-        "activations": activations,
-    }
-    out["total"] = sum(out.values())
-    return out
+    return _bytes(weights, w.context * s.kv_bytes_per_token, w.tokens * s.kv_bytes_per_token, activations)
 
 
-def step_flops(s: DecoderShape, w: StepWorkload) -> dict[str, float]:
+def _bytes(weights: float, kv_read: float, kv_write: float, activations: float) -> StepBytes:
+    return StepBytes(weights, kv_read, kv_write, activations, weights + kv_read + kv_write + activations)
+
+
+def step_flops(s: DecoderShape, w: StepWorkload) -> StepFlops:
     """FLOPs of one step: the layers' GEMMs, the logits, attention's QK and PV (causal)."""
     gemm = 2.0 * w.tokens * s.layers * (s.attention_params + s.mlp_params)
     lm_head = 2.0 * w.seqs * s.vocab * s.hidden
@@ -241,9 +251,7 @@ def step_flops(s: DecoderShape, w: StepWorkload) -> dict[str, float]:
     if w.seqs > 0:
         q, c = w.tokens / w.seqs, w.context / w.seqs
         attention = 4.0 * s.layers * s.heads * s.head_dim * w.seqs * q * max(0.0, c - (q - 1) / 2)
-    out = {"gemm": gemm, "lm_head": lm_head, "attention": attention}
-    out["total"] = gemm + lm_head + attention
-    return out
+    return StepFlops(gemm=gemm, lm_head=lm_head, attention=attention, total=gemm + lm_head + attention)
 
 
 @dataclass(frozen=True)
@@ -257,15 +265,16 @@ class Peaks:
     flops_dtype: str | None = None
     flops_source: str = "unknown"
 
-    def to_wire(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "bandwidth_bytes_s": self.bandwidth,
-            "bandwidth_source": self.bandwidth_source,
-            "flops_s": self.flops,
-            "flops_dtype": self.flops_dtype,
-            "flops_source": self.flops_source,
-        }
+    def to_record(self) -> DevicePeaks:
+        """The report's record of the peaks."""
+        return DevicePeaks(
+            name=self.name,
+            bandwidth_bytes_s=self.bandwidth,
+            bandwidth_source=self.bandwidth_source,
+            flops_s=self.flops,
+            flops_dtype=self.flops_dtype,
+            flops_source=self.flops_source,
+        )
 
 
 def datasheet(name: str | None) -> DevicePeak | None:
@@ -303,7 +312,7 @@ def device_peaks(
     return Peaks(name, bandwidth, bw_source, flops, column, fl_source)
 
 
-def rates(nbytes: dict[str, float], flops: dict[str, float], step_s: float | None, peaks: Peaks) -> dict[str, Any]:
+def rates(nbytes: StepBytes, flops: StepFlops, step_s: float | None, peaks: Peaks) -> Rates:
     """Achieved bytes/s and FLOP/s over ``step_s``, their shares of the peaks, and a problem
     where a rate is above its peak (the share is then withheld: the step time is wrong).
 
@@ -312,50 +321,57 @@ def rates(nbytes: dict[str, float], flops: dict[str, float], step_s: float | Non
     memory every step. The activations' upper bound is kept out of it (a small batch's
     activations stay in the cache) and reported as ``bytes_per_s_with_activations``.
     """
-    moved = nbytes["weights"] + nbytes["kv_read"] + nbytes["kv_write"]
-    out: dict[str, Any] = {
-        "bytes_per_s": None,
-        "bytes_per_s_with_activations": None,
-        "flops_per_s": None,
-        "bandwidth_share": None,
-        "compute_share": None,
-        "intensity": flops["total"] / moved if moved > 0 else None,
-        "above_peak": False,
-        "problems": [],
-    }
+    moved = nbytes.weights + nbytes.kv_read + nbytes.kv_write
+    intensity = flops.total / moved if moved > 0 else None
     if not step_s or step_s <= 0:
-        out["problems"].append("no step time")
-        return out
-    bw, fl = moved / step_s, flops["total"] / step_s
-    out["bytes_per_s"], out["flops_per_s"] = bw, fl
-    out["bytes_per_s_with_activations"] = nbytes["total"] / step_s
+        return Rates(intensity=intensity, problems=["no step time"])
+    problems: list[str] = []
+    above = False
+    bw, fl = moved / step_s, flops.total / step_s
+    bandwidth_share = compute_share = None
     if peaks.bandwidth:
-        if nbytes["weights"] / step_s > peaks.bandwidth:
-            out["above_peak"] = True
-            out["problems"].append(
-                f"rate above the device's peak: the weights alone need {nbytes['weights'] / step_s / 1e12:.2f} TB/s "
+        if nbytes.weights / step_s > peaks.bandwidth:
+            above = True
+            problems.append(
+                f"rate above the device's peak: the weights alone need {nbytes.weights / step_s / 1e12:.2f} TB/s "
                 f"in {step_s * 1e3:.3g} ms, the device moves {peaks.bandwidth / 1e12:.2f} TB/s: the step time is wrong"
             )
         elif bw > peaks.bandwidth:
-            out["above_peak"] = True
-            out["problems"].append(
+            above = True
+            problems.append(
                 f"rate above the device's peak ({bw / 1e12:.2f} of {peaks.bandwidth / 1e12:.2f} TB/s) with the KV "
                 "context's upper bound (blocks in use x block size): the step time or the KV count is wrong"
             )
         else:
-            out["bandwidth_share"] = bw / peaks.bandwidth
+            bandwidth_share = bw / peaks.bandwidth
     if peaks.flops:
         if fl > peaks.flops:
-            out["above_peak"] = True
-            out["problems"].append(
+            above = True
+            problems.append(
                 f"rate above the device's peak: {fl / 1e12:.1f} TFLOP/s, the device's dense {peaks.flops_dtype} peak "
                 f"is {peaks.flops / 1e12:.1f}: the step time is wrong"
             )
         else:
-            out["compute_share"] = fl / peaks.flops
-    if peaks.bandwidth and peaks.flops and out["intensity"]:
-        out["bound"] = "compute" if out["intensity"] > peaks.flops / peaks.bandwidth else "memory"
-    return out
+            compute_share = fl / peaks.flops
+    bound = None
+    if peaks.bandwidth and peaks.flops and intensity:
+        bound = "compute" if intensity > peaks.flops / peaks.bandwidth else "memory"
+    return Rates(
+        bytes_per_s=bw,
+        bytes_per_s_with_activations=nbytes.total / step_s,
+        flops_per_s=fl,
+        bandwidth_share=bandwidth_share,
+        compute_share=compute_share,
+        intensity=intensity,
+        above_peak=above,
+        problems=problems,
+        bound=bound,
+    )
+
+
+def _rates_of(r: Rates) -> dict[str, Any]:
+    """A :class:`Rates`' fields, to build the phase's or the layer's record around them."""
+    return {f.name: getattr(r, f.name) for f in fields(Rates)}
 
 
 # ---- from the workers' records --------------------------------------------------------------
@@ -424,26 +440,26 @@ def workload(steps: StepTable, chosen: list[bool], block_size: int | None) -> St
 
 def _phase_entry(
     shape: DecoderShape, work: StepWorkload, step_s: float | None, peaks: Peaks, weights_read: float | None
-) -> dict[str, Any]:
+) -> RooflinePhase:
     nbytes = step_bytes(shape, work, weights_read)
     flops = step_flops(shape, work)
-    return {
-        "step_s": step_s,
-        "workload": {"tokens": work.tokens, "seqs": work.seqs, "context_tokens": work.context},
-        "bytes": nbytes,
-        "flops": flops,
-        **rates(nbytes, flops, step_s, peaks),
-    }
+    return RooflinePhase(
+        step_s=step_s,
+        workload=RooflineWorkload(tokens=work.tokens, seqs=work.seqs, context_tokens=work.context),
+        bytes=nbytes,
+        flops=flops,
+        **_rates_of(rates(nbytes, flops, step_s, peaks)),
+    )
 
 
 def engine_roofline(
-    worker: WorkerFacts, steps: StepTable, phases: dict[str, Any], layers: dict[str, Any], block_size: int | None
-) -> dict[str, Any]:
+    worker: WorkerFacts, steps: StepTable, phases: dict[str, PhaseSummary], layers: LayerTables, block_size: int | None
+) -> Roofline:
     """``profiles["engine"]["roofline"]``: the model's and device's figures, per phase (from the
     phase summary's mean step time) and per timed decoder layer."""
     shape, why = shape_of(worker)
     if shape is None:
-        return {"available": False, "reason": why}
+        return Roofline(available=False, reason=why)
     place = worker.placement.device if worker.placement is not None else None
     dev_type = place.type if place is not None else None
     model_dtype = worker.placement.model_dtype if worker.placement is not None else None
@@ -467,51 +483,49 @@ def engine_roofline(
             f"the worker holds {measured / 1e9:.3g} GB of weights, the config counts "
             f"{shape.resident_weight_bytes / 1e9:.3g} GB: the weights term uses the worker's bytes"
         )
-    out: dict[str, Any] = {
-        "available": True,
-        "model": {
-            "hidden": shape.hidden,
-            "layers": shape.layers,
-            "heads": shape.heads,
-            "kv_heads": shape.kv_heads,
-            "head_dim": shape.head_dim,
-            "intermediate": shape.intermediate,
-            "vocab": shape.vocab,
-            "tied_embeddings": shape.tied_embeddings,
-            "weight_bytes_per_element": shape.weight_bytes,
-            "kv_bytes_per_element": shape.kv_bytes,
-            "params": shape.params,
-            "resident_weight_bytes": shape.resident_weight_bytes,
-            "measured_weight_bytes": measured or None,
-            "weights_read_bytes": weights_read,
-            "weights_source": source,
-        },
-        "device": peaks.to_wire(),
-        "context": "upper bound: kv_blocks_used x block_size",
-        "phases": {},
-        "layers": [],
-        "notes": notes,
-    }
     kinds = steps.phases
+    by_phase: dict[str, RooflinePhase] = {}
     for phase, summary in phases.items():
         work = workload(steps, [k == phase for k in kinds], block_size)
         if work is not None:
-            out["phases"][phase] = _phase_entry(shape, work, summary.get("step_s_mean"), peaks, weights_read)
-    out["layers"] = layer_rates(shape, steps, layers, block_size, peaks, weights_read / config_read)
-    out["above_peak"] = any(p["above_peak"] for p in out["phases"].values()) or any(
-        x["above_peak"] for x in out["layers"]
+            by_phase[phase] = _phase_entry(shape, work, summary.step_s_mean, peaks, weights_read)
+    per_layer = layer_rates(shape, steps, layers, block_size, peaks, weights_read / config_read)
+    return Roofline(
+        available=True,
+        model=RooflineModel(
+            hidden=shape.hidden,
+            layers=shape.layers,
+            heads=shape.heads,
+            kv_heads=shape.kv_heads,
+            head_dim=shape.head_dim,
+            intermediate=shape.intermediate,
+            vocab=shape.vocab,
+            tied_embeddings=shape.tied_embeddings,
+            weight_bytes_per_element=shape.weight_bytes,
+            kv_bytes_per_element=shape.kv_bytes,
+            params=shape.params,
+            resident_weight_bytes=shape.resident_weight_bytes,
+            measured_weight_bytes=measured or None,
+            weights_read_bytes=weights_read,
+            weights_source=source,
+        ),
+        device=peaks.to_record(),
+        context="upper bound: kv_blocks_used x block_size",
+        phases=by_phase,
+        layers=per_layer,
+        notes=notes,
+        above_peak=any(p.above_peak for p in by_phase.values()) or any(x.above_peak for x in per_layer),
     )
-    return out
 
 
 def layer_rates(
     shape: DecoderShape,
     steps: StepTable,
-    layers: dict[str, Any],
+    layers: LayerTables,
     block_size: int | None,
     peaks: Peaks,
     weights_scale: float = 1.0,
-) -> list[dict[str, Any]]:
+) -> list[RooflineLayer]:
     """Each timed decoder layer's bytes per call and rate, per bucket of the profiler (decode;
     prefill = prefill and mixed steps), against the workload of the steps whose layers were timed."""
     timed = steps["layers_timed"]
@@ -521,29 +535,33 @@ def layer_rates(
         "prefill": workload(steps, [bool(t) and k != "decode" for t, k in zip(timed, kinds, strict=True)], block_size),
     }
     one_layer = replace(shape, layers=1)
-    out: list[dict[str, Any]] = []
-    for m in layers.get("modules") or []:
-        if m.get("kind") != "layer" or m.get("layer") is None:
+    out: list[RooflineLayer] = []
+    for m in layers.modules:
+        if m.kind != "layer" or m.layer is None:
             continue
         for bucket, work in buckets.items():
-            calls, total = m.get(f"{bucket}_calls") or 0, m.get(f"{bucket}_s") or 0.0
+            calls, total = m.bucket_calls(bucket), m.bucket_s(bucket)
             if work is None or not calls or total <= 0:
                 continue
             per_call = total / calls
-            weights = shape.layer_params * shape.weight_bytes * weights_scale
-            nbytes = {
-                "weights": weights,
-                "kv_read": work.context * one_layer.kv_bytes_per_token,
-                "kv_write": work.tokens * one_layer.kv_bytes_per_token,
-                "activations": work.tokens * activation_elems_per_token_layer(shape) * shape.weight_bytes,
-            }
-            nbytes["total"] = sum(nbytes.values())
+            nbytes = _bytes(
+                shape.layer_params * shape.weight_bytes * weights_scale,
+                work.context * one_layer.kv_bytes_per_token,
+                work.tokens * one_layer.kv_bytes_per_token,
+                work.tokens * activation_elems_per_token_layer(shape) * shape.weight_bytes,
+            )
             flops = step_flops(one_layer, work)
-            flops = {"gemm": flops["gemm"], "attention": flops["attention"]}
-            flops["total"] = flops["gemm"] + flops["attention"]
-            entry = {"layer": m["layer"], "name": m.get("name"), "phase": bucket, "time_s": per_call, "bytes": nbytes}
-            entry.update(rates(nbytes, flops, per_call, peaks))
-            out.append(entry)
+            flops = StepFlops(gemm=flops.gemm, attention=flops.attention, total=flops.gemm + flops.attention)
+            out.append(
+                RooflineLayer(
+                    layer=m.layer,
+                    name=m.name,
+                    phase=bucket,
+                    time_s=per_call,
+                    bytes=nbytes,
+                    **_rates_of(rates(nbytes, flops, per_call, peaks)),
+                )
+            )
     return out
 
 
@@ -567,26 +585,25 @@ def fmt_rate(bytes_per_s: float | None) -> str:
     return fmt_si_bytes(bytes_per_s) + "/s"
 
 
-def phase_text(phase: str, entry: dict[str, Any], peaks: dict[str, Any], short: bool = False) -> str:
+def phase_text(phase: str, entry: RooflinePhase, peaks: DevicePeaks, short: bool = False) -> str:
     """One phase in words, e.g. ``decode 41 % of 4.81 TB/s (1.97 TB/s: weights 14.5 GB + KV
     0.4 GB per step)``; a rate above the peak says the step time is wrong instead."""
-    b = entry.get("bytes") or {}
-    kv = (b.get("kv_read") or 0.0) + (b.get("kv_write") or 0.0)
-    detail = f"weights {fmt_si_bytes(b.get('weights'))} + KV {fmt_si_bytes(kv)}" + ("" if short else " per step")
-    rate = fmt_rate(entry.get("bytes_per_s"))
-    tflops = entry.get("flops_per_s")
+    b = entry.bytes
+    detail = f"weights {fmt_si_bytes(b.weights)} + KV {fmt_si_bytes(b.kv_read + b.kv_write)}" + (
+        "" if short else " per step"
+    )
+    rate = fmt_rate(entry.bytes_per_s)
+    tflops = entry.flops_per_s
     compute = f"{tflops / 1e12:.3g} TFLOP/s" if tflops is not None else "n/a"
-    if entry.get("above_peak"):
+    if entry.above_peak:
         return f"{phase} {rate} ({detail}): ABOVE the device's peak: the step time is wrong"
-    share = entry.get("bandwidth_share")
+    share = entry.bandwidth_share
     if share is not None:
-        text = f"{phase} {100 * share:.0f} % of {fmt_rate(peaks.get('bandwidth_bytes_s'))} ({rate}: {detail})"
+        text = f"{phase} {100 * share:.0f} % of {fmt_rate(peaks.bandwidth_bytes_s)} ({rate}: {detail})"
     else:
         text = f"{phase} {rate} ({detail}; peak unknown)"
     if short:
         return text
-    cshare = entry.get("compute_share")
-    text += f", {compute}" + (
-        f" = {100 * cshare:.2g} % of dense {peaks.get('flops_dtype')}" if cshare is not None else ""
-    )
+    cshare = entry.compute_share
+    text += f", {compute}" + (f" = {100 * cshare:.2g} % of dense {peaks.flops_dtype}" if cshare is not None else "")
     return text

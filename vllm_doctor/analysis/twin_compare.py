@@ -21,9 +21,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_doctor.analysis.records import (
+    EngineProfile,
+    Record,
+    TwinAB,
+    TwinClocks,
+    TwinExecution,
+    TwinFlags,
+    TwinGap,
+    TwinKind,
+    TwinKindPhase,
+    TwinMatchInfo,
+    TwinPhase,
+    TwinRoofline,
+    TwinWorkload,
+    WorkloadRun,
+)
 from vllm_doctor.analysis.roofline import fmt_rate
+from vllm_doctor.facts.anatomy import CompileState
 from vllm_doctor.units import fmt_s
 
 BUCKETS = ("prefill", "decode")  # the per-layer profiler's buckets: prefill = prefill and mixed steps
@@ -65,40 +83,46 @@ def kind_label(kind: str | None) -> str:
     return LABELS.get(kind or "", kind or "step")
 
 
-def timing_of(engine: Mapping[str, Any]) -> str | None:
+@dataclass(frozen=True)
+class TwinSide(Record):
+    """One side of the A/B: its engine profile, its workload and how vLLM ran it."""
+
+    engine: EngineProfile = field(default_factory=EngineProfile)
+    workload: WorkloadRun = field(default_factory=WorkloadRun)
+    compile: CompileState | None = None
+
+
+def timing_of(engine: EngineProfile) -> str | None:
     """How a side's layers were timed: per module (eager), at the attention calls (torch.compile or
     CUDA graphs: no Python runs between them), or
     None (no per-layer timing)."""
-    modules = (engine.get("layers") or {}).get("modules") or []
+    modules = engine.layers.modules
     if not modules:
         return None
-    return TIMING_CALLS if any(m.get("kind") == "dense" for m in modules) else TIMING_MODULES
+    return TIMING_CALLS if any(m.kind == "dense" for m in modules) else TIMING_MODULES
 
 
 def _bucket_of(phase: str) -> str:
     return "decode" if phase == "decode" else "prefill"
 
 
-def per_step_kinds(engine: Mapping[str, Any]) -> dict[str, dict[str, float]]:
+def per_step_kinds(engine: EngineProfile) -> dict[str, dict[str, float]]:
     """Per bucket: the profiler's kinds in seconds per step timed per layer (``other``: the
     forward of those steps outside every kind). Empty where nothing was timed per layer."""
-    modules = (engine.get("layers") or {}).get("modules") or []
-    steps = engine.get("steps") or []
+    modules = engine.layers.modules
     out: dict[str, dict[str, float]] = {}
     for bucket in BUCKETS:
-        timed = [s for s in steps if s.get("layers_timed") and _bucket_of(str(s.get("phase"))) == bucket]
-        n = len(timed) or max(
-            (int(m.get(f"{bucket}_calls") or 0) for m in modules if m.get("kind") == "layer"), default=0
-        )
+        timed = [s for s in engine.steps if s.layers_timed and _bucket_of(s.phase) == bucket]
+        n = len(timed) or max((m.bucket_calls(bucket) for m in modules if m.kind == "layer"), default=0)
         if not n:
             continue
         kinds: dict[str, float] = {}
         for m in modules:
-            kind = m.get("kind")
+            kind = m.kind
             if kind in ("layer", "model", None):
                 continue
-            kinds[kind] = kinds.get(kind, 0.0) + float(m.get(f"{bucket}_s") or 0.0)
-        forward = [float(s["forward_s"]) for s in timed if s.get("forward_s") is not None]
+            kinds[kind] = kinds.get(kind, 0.0) + m.bucket_s(bucket)
+        forward = [float(s.forward_s) for s in timed if s.forward_s is not None]
         per_step = {k: v / n for k, v in kinds.items()}
         if forward:
             inside = sum(v for k, v in per_step.items() if k != "logits")
@@ -116,7 +140,7 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
-def kind_table(port: Mapping[str, Any], twin: Mapping[str, Any]) -> tuple[dict[str, Any], list[str], str]:
+def kind_table(port: EngineProfile, twin: EngineProfile) -> tuple[dict[str, TwinKind], list[str], str]:
     """The kinds both sides can be compared on, the kinds they cannot (with why), and the basis."""
     tp, tt = timing_of(port), timing_of(twin)
     rotary = "rotary: timed inside the attention on both sides (the profiler has no rotary span)"
@@ -147,11 +171,10 @@ def kind_table(port: Mapping[str, Any], twin: Mapping[str, Any]) -> tuple[dict[s
     pk, tk = per_step_kinds(port), per_step_kinds(twin)
     port_steps = _timed_steps(port)
     twin_steps = _timed_steps(twin)
-    kinds: dict[str, Any] = {}
+    kinds: dict[str, TwinKind] = {}
     for kind, parts, covers in table:
-        entry: dict[str, Any] = {"covers": covers, "phases": {}}
+        phases: dict[str, TwinKindPhase] = {}
         totals = {"port": 0.0, "twin": 0.0}
-        seen = False
         for bucket in BUCKETS:
             if bucket not in pk or bucket not in tk:
                 continue
@@ -159,113 +182,105 @@ def kind_table(port: Mapping[str, Any], twin: Mapping[str, Any]) -> tuple[dict[s
             ts = sum(tk[bucket].get(p, 0.0) for p in parts)
             if ps <= 0 and ts <= 0:
                 continue
-            seen = True
-            entry["phases"][bucket] = {"port_s": ps, "twin_s": ts, "ratio": _ratio(ps, ts)}
+            phases[bucket] = TwinKindPhase(port_s=ps, twin_s=ts, ratio=_ratio(ps, ts))
             totals["port"] += ps * port_steps.get(bucket, 0)
             totals["twin"] += ts * twin_steps.get(bucket, 0)
-        if not seen:
+        if not phases:
             continue
-        n_port = sum(port_steps.get(b, 0) for b in entry["phases"]) or 1
-        n_twin = sum(twin_steps.get(b, 0) for b in entry["phases"]) or 1
-        entry["port_s"], entry["twin_s"] = totals["port"] / n_port, totals["twin"] / n_twin
-        entry["ratio"] = _ratio(entry["port_s"], entry["twin_s"])
-        kinds[kind] = entry
+        n_port = sum(port_steps.get(b, 0) for b in phases) or 1
+        n_twin = sum(twin_steps.get(b, 0) for b in phases) or 1
+        port_s, twin_s = totals["port"] / n_port, totals["twin"] / n_twin
+        kinds[kind] = TwinKind(covers=covers, phases=phases, port_s=port_s, twin_s=twin_s, ratio=_ratio(port_s, twin_s))
     return kinds, not_sep, basis
 
 
-def _timed_steps(engine: Mapping[str, Any]) -> dict[str, int]:
+def _timed_steps(engine: EngineProfile) -> dict[str, int]:
     out: dict[str, int] = {}
-    for s in engine.get("steps") or []:
-        if s.get("layers_timed"):
-            b = _bucket_of(str(s.get("phase")))
+    for s in engine.steps:
+        if s.layers_timed:
+            b = _bucket_of(s.phase)
             out[b] = out.get(b, 0) + 1
     return out
 
 
-def roofline_entry(engine: Mapping[str, Any], phase: str) -> dict[str, Any] | None:
+def roofline_entry(engine: EngineProfile, phase: str) -> TwinRoofline | None:
     """A side's roofline of one phase, as the A/B carries it (rate, share of peak, the peak)."""
-    roof = engine.get("roofline") or {}
-    entry = (roof.get("phases") or {}).get(phase)
-    if not roof.get("available") or not entry:
+    roof = engine.roofline
+    entry = roof.phases.get(phase) if roof is not None else None
+    if roof is None or not roof.available or entry is None:
         return None
-    return {
-        "bytes_per_s": entry.get("bytes_per_s"),
-        "bandwidth_share": entry.get("bandwidth_share"),
-        "peak_bytes_s": (roof.get("device") or {}).get("bandwidth_bytes_s"),
-        "flops_per_s": entry.get("flops_per_s"),
-        "compute_share": entry.get("compute_share"),
-        "above_peak": bool(entry.get("above_peak")),
-    }
+    return TwinRoofline(
+        bytes_per_s=entry.bytes_per_s,
+        bandwidth_share=entry.bandwidth_share,
+        peak_bytes_s=roof.device.bandwidth_bytes_s,
+        flops_per_s=entry.flops_per_s,
+        compute_share=entry.compute_share,
+        above_peak=entry.above_peak,
+    )
 
 
-def _compiled(compile_state: Mapping[str, Any] | None) -> bool | None:
+def _compiled(compile_state: CompileState | None) -> bool | None:
     """Did vLLM torch.compile the model (a module with ``@support_torch_compile``)?"""
-    if not compile_state:
+    if compile_state is None:
         return None
-    return bool(compile_state.get("compiled_modules"))
+    return bool(compile_state.compiled_modules)
 
 
-def _cuda_graphs(compile_state: Mapping[str, Any] | None) -> bool | None:
+def _cuda_graphs(compile_state: CompileState | None) -> bool | None:
     """Did vLLM capture CUDA graphs (it does for an uncompiled model too: FULL graphs)?"""
-    if not compile_state:
+    if compile_state is None:
         return None
-    return bool(compile_state.get("cudagraphs"))
+    return bool(compile_state.cudagraphs)
 
 
-def phase_table(port: Mapping[str, Any], twin: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    pp, tp = port.get("phases") or {}, twin.get("phases") or {}
+def phase_table(port: EngineProfile, twin: EngineProfile) -> dict[str, TwinPhase]:
+    out: dict[str, TwinPhase] = {}
     for phase in ("prefill", "decode", "mixed"):
-        a, b = pp.get(phase), tp.get(phase)
-        if not a or not b:
+        a, b = port.phases.get(phase), twin.phases.get(phase)
+        if a is None or b is None or not a.steps or not b.steps:
             continue
-        out[phase] = {
-            "port_steps": a.get("steps"),
-            "twin_steps": b.get("steps"),
-            "port_step_s": a.get("step_s_mean"),
-            "twin_step_s": b.get("step_s_mean"),
-            "step_ratio": _ratio(a.get("step_s_mean"), b.get("step_s_mean")),
-            "port_forward_s": a.get("forward_s_mean"),
-            "twin_forward_s": b.get("forward_s_mean"),
-            "forward_ratio": _ratio(a.get("forward_s_mean"), b.get("forward_s_mean")),
-            "port_tok_s": a.get("tokens_per_s"),
-            "twin_tok_s": b.get("tokens_per_s"),
-            "throughput_ratio": _ratio(b.get("tokens_per_s"), a.get("tokens_per_s")),
-            "port_roofline": roofline_entry(port, phase),
-            "twin_roofline": roofline_entry(twin, phase),
-        }
+        out[phase] = TwinPhase(
+            port_steps=a.steps,
+            twin_steps=b.steps,
+            port_step_s=a.step_s_mean,
+            twin_step_s=b.step_s_mean,
+            step_ratio=_ratio(a.step_s_mean, b.step_s_mean),
+            port_forward_s=a.forward_s_mean,
+            twin_forward_s=b.forward_s_mean,
+            forward_ratio=_ratio(a.forward_s_mean, b.forward_s_mean),
+            port_forward_steps_step_s=a.forward_steps_step_s_mean,
+            twin_forward_steps_step_s=b.forward_steps_step_s_mean,
+            port_tok_s=a.tokens_per_s,
+            twin_tok_s=b.tokens_per_s,
+            throughput_ratio=_ratio(b.tokens_per_s, a.tokens_per_s),
+            port_roofline=roofline_entry(port, phase),
+            twin_roofline=roofline_entry(twin, phase),
+        )
     return out
 
 
-def largest_gap(phases: Mapping[str, Any], kinds: Mapping[str, Any], architecture: str) -> dict[str, Any]:
+def largest_gap(phases: Mapping[str, TwinPhase], kinds: Mapping[str, TwinKind], architecture: str) -> TwinGap:
     """Where the port loses the most time against the twin over the workload: per (phase, kind)
     the per-step excess times the port's steps of that phase; the phases' step times where no
     kind compares."""
     steps = {b: 0 for b in BUCKETS}
     for phase, p in phases.items():
-        steps[_bucket_of(phase)] += int(p.get("port_steps") or 0)
+        steps[_bucket_of(phase)] += int(p.port_steps or 0)
     # (excess over the workload, phase, kind, port s, twin s, steps)
     candidates: list[tuple[float, str, str | None, float, float, int]] = []
     for kind, entry in kinds.items():
-        for bucket, e in (entry.get("phases") or {}).items():
-            if e.get("ratio") is not None:
+        for bucket, e in entry.phases.items():
+            if e.ratio is not None:
                 n = steps.get(bucket, 0)
-                candidates.append(((e["port_s"] - e["twin_s"]) * n, bucket, kind, e["port_s"], e["twin_s"], n))
+                candidates.append(((e.port_s - e.twin_s) * n, bucket, kind, e.port_s, e.twin_s, n))
     if not candidates:
         for phase, p in phases.items():
-            if p.get("step_ratio") is not None:
-                n = int(p.get("port_steps") or 0)
-                candidates.append(
-                    ((p["port_step_s"] - p["twin_step_s"]) * n, phase, None, p["port_step_s"], p["twin_step_s"], n)
-                )
+            if p.step_ratio is not None and p.port_step_s is not None and p.twin_step_s is not None:
+                n = int(p.port_steps or 0)
+                candidates.append(((p.port_step_s - p.twin_step_s) * n, phase, None, p.port_step_s, p.twin_step_s, n))
     who = f"vLLM's {architecture}"
     if not candidates:
-        return {
-            "phase": None,
-            "kind": None,
-            "ratio": None,
-            "text": f"nothing to compare with {who} (no phase ran on both)",
-        }
+        return TwinGap(text=f"nothing to compare with {who} (no phase ran on both)")
     excess, where, gap_kind, port_s, twin_s, n = max(candidates, key=lambda c: c[0])
     ratio = port_s / twin_s
     if excess <= 0:
@@ -275,64 +290,62 @@ def largest_gap(phases: Mapping[str, Any], kinds: Mapping[str, Any], architectur
             f"{where} {kind_label(gap_kind)} {fmt_ratio(ratio)} slower than {who} ({fmt_s(port_s)} vs "
             f"{fmt_s(twin_s)} per step; about {fmt_s(excess)} over the workload's {n} {where} step(s))"
         )
-    return {
-        "phase": where,
-        "kind": gap_kind,
-        "ratio": ratio,
-        "port_s": port_s,
-        "twin_s": twin_s,
-        "excess_s": excess,
-        "text": text,
-    }
+    return TwinGap(phase=where, kind=gap_kind, ratio=ratio, port_s=port_s, twin_s=twin_s, excess_s=excess, text=text)
 
 
 def compare_runs(
-    port: Mapping[str, Any], twin: Mapping[str, Any], architecture: str, match: Mapping[str, Any]
-) -> dict[str, Any]:
-    """``profiles["twin"]`` from the two runs. Each side: ``{"engine": profiles["engine"],
-    "workload": profiles["workload"], "compile": facts["engine"]["compile"]}``; ``match``: how the
-    twin was found (``how``, ``weights``, ``notes``)."""
-    pe, te = port.get("engine") or {}, twin.get("engine") or {}
+    port: TwinSide | Mapping[str, Any],
+    twin: TwinSide | Mapping[str, Any],
+    architecture: str,
+    match: TwinMatchInfo | Mapping[str, Any],
+) -> TwinAB:
+    """``profiles["twin"]`` from the two runs (each side a :class:`TwinSide`, or its JSON:
+    ``{"engine": profiles["engine"], "workload": profiles["workload"], "compile":
+    facts["engine"]["compile"]}``); ``match``: how the twin was found (``how``, ``weights``,
+    ``notes``)."""
+    ps, ts = TwinSide.of(port), TwinSide.of(twin)
+    pe, te = ps.engine, ts.engine
     phases = phase_table(pe, te)
     kinds, not_separable, basis = kind_table(pe, te)
-    pw, tw = port.get("workload") or {}, twin.get("workload") or {}
-    port_tok, twin_tok = pw.get("output_tokens_per_s"), tw.get("output_tokens_per_s")
-    return {
-        "architecture": architecture,
-        "match": dict(match),
-        "compiled": {"port": _compiled(port.get("compile")), "twin": _compiled(twin.get("compile"))},
-        "cuda_graphs": {"port": _cuda_graphs(port.get("compile")), "twin": _cuda_graphs(twin.get("compile"))},
-        "execution": {"port": port.get("compile"), "twin": twin.get("compile")},
-        "clock": {"port": pe.get("clock"), "twin": te.get("clock")},
-        "workload": {k: pw.get(k) for k in ("prompts", "input_len", "output_len")},
-        "port_tok_s": port_tok,
-        "twin_tok_s": twin_tok,
-        "throughput_ratio": _ratio(twin_tok, port_tok),
-        "phases": phases,
-        "kinds": kinds,
-        "kinds_basis": basis,
-        "kinds_per": "second per step timed per layer (the first steps of each phase, then every n-th); "
+    port_tok, twin_tok = ps.workload.output_tokens_per_s, ts.workload.output_tokens_per_s
+    return TwinAB(
+        architecture=architecture,
+        match=TwinMatchInfo.of(match),
+        compiled=TwinFlags(port=_compiled(ps.compile), twin=_compiled(ts.compile)),
+        cuda_graphs=TwinFlags(port=_cuda_graphs(ps.compile), twin=_cuda_graphs(ts.compile)),
+        execution=TwinExecution(port=ps.compile, twin=ts.compile),
+        clock=TwinClocks(port=pe.clock, twin=te.clock),
+        workload=TwinWorkload(
+            prompts=ps.workload.prompts, input_len=ps.workload.input_len, output_len=ps.workload.output_len
+        ),
+        port_tok_s=port_tok,
+        twin_tok_s=twin_tok,
+        throughput_ratio=_ratio(twin_tok, port_tok),
+        phases=phases,
+        kinds=kinds,
+        kinds_basis=basis,
+        kinds_per="second per step timed per layer (the first steps of each phase, then every n-th); "
         "prefill holds prefill and mixed steps",
-        "not_separable": not_separable,
-        "largest_gap": largest_gap(phases, kinds, architecture),
-    }
+        not_separable=not_separable,
+        largest_gap=largest_gap(phases, kinds, architecture),
+    )
 
 
-def roofline_text(phase: str, entry: Mapping[str, Any]) -> str:
+def roofline_text(phase: str, entry: TwinPhase) -> str:
     """``port: decode 23 % of 4.81 TB/s; twin: 41 %`` (on a device with a known peak), else the rates."""
-    port, twin = entry.get("port_roofline") or {}, entry.get("twin_roofline") or {}
-    if not port and not twin:
+    port, twin = entry.port_roofline, entry.twin_roofline
+    if port is None and twin is None:
         return ""
 
-    def side(e: Mapping[str, Any]) -> str:
-        if not e:
+    def side(e: TwinRoofline | None) -> str:
+        if e is None:
             return "n/a"
-        if e.get("above_peak"):
-            return f"{fmt_rate(e.get('bytes_per_s'))} (ABOVE the peak: a doctor bug)"
-        share = e.get("bandwidth_share")
-        return f"{100 * share:.0f} %" if share is not None else fmt_rate(e.get("bytes_per_s"))
+        if e.above_peak:
+            return f"{fmt_rate(e.bytes_per_s)} (ABOVE the peak: a doctor bug)"
+        share = e.bandwidth_share
+        return f"{100 * share:.0f} %" if share is not None else fmt_rate(e.bytes_per_s)
 
-    peak = port.get("peak_bytes_s") or twin.get("peak_bytes_s")
-    if peak and port.get("bandwidth_share") is not None:
+    peak = (port.peak_bytes_s if port is not None else None) or (twin.peak_bytes_s if twin is not None else None)
+    if peak and port is not None and port.bandwidth_share is not None:
         return f"port: {phase} {side(port)} of {fmt_rate(peak)}; twin: {side(twin)}"
     return f"port: {phase} {side(port)}; twin: {side(twin)} (peak unknown)"

@@ -90,9 +90,16 @@ def without_none(data: dict[str, Any]) -> dict[str, Any]:
 # --- records read and written from their declaration --------------------------------------------
 # A frozen dataclass declares its fields once; ``read`` decodes a reply into it by the fields'
 # annotations with the same tolerance as the helpers above, ``write`` encodes it, and
-# ``json_schema`` declares it for docs/report-schema.json. No per-field key strings.
+# ``json_schema`` declares it for docs/report-schema.json. No per-field key strings. A field
+# whose JSON key is not a Python name (``class``) names it in ``metadata={"key": ...}``; one
+# whose None is written as no key at all says ``metadata={"omit_none": True}``.
 
 _NONE = type(None)
+
+
+def key_of(f: dataclasses.Field[Any]) -> str:
+    """The JSON key of a record's field: its name, or ``metadata["key"]``."""
+    return str(f.metadata.get("key", f.name))
 
 
 @functools.cache
@@ -119,81 +126,142 @@ _MISSING = object()
 
 def _coerce(tp: Any, value: Any) -> Any:
     """``value`` as ``tp``, or ``_MISSING`` where it is not one (a container keeps what is)."""
+    return _decoder(tp)(value)
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+@functools.cache
+def _decoder(tp: Any) -> Callable[[Any], Any]:
+    """The function that reads a value as ``tp`` (``_MISSING`` where it is not one), built once
+    per annotation: a report holds thousands of step rows, each read field by field."""
     if tp is Any or tp is object:
-        return value
+        return _same
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (types.UnionType, typing.Union):
-        if value is None and _NONE in args:
-            return None
-        for arg in args:
-            if arg is _NONE:
-                continue
-            out = _coerce(arg, value)
-            if out is not _MISSING:
-                return out
-        return _MISSING
+        nullable = _NONE in args
+        options = [_decoder(a) for a in args if a is not _NONE]
+
+        def union(value: Any) -> Any:
+            if value is None and nullable:
+                return None
+            for option in options:
+                out = option(value)
+                if out is not _MISSING:
+                    return out
+            return _MISSING
+
+        return union
     if origin is typing.Literal:
-        return value if value in args else _MISSING
+        return lambda value: value if value in args else _MISSING
     if tp is bool:
-        return value if isinstance(value, bool) else _MISSING
+        return lambda value: value if value is True or value is False else _MISSING
     if tp is int:
-        return value if opt_int(value) is not None else _MISSING
+        return lambda value: value if isinstance(value, int) and not isinstance(value, bool) else _MISSING
     if tp is float:
-        return value if opt_float(value) is not None else _MISSING
+        return lambda value: value if isinstance(value, (int, float)) and not isinstance(value, bool) else _MISSING
     if tp is str:
-        return value if isinstance(value, str) else _MISSING
+        return lambda value: value if isinstance(value, str) else _MISSING
     if origin is list or origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            return _MISSING
-        item = args[0] if args else Any
-        kept = [c for c in (_coerce(item, v) for v in value) if c is not _MISSING]
-        return kept if origin is list else tuple(kept)
+        item = _decoder(args[0]) if args else _same
+        kind = list if origin is list else tuple
+
+        def sequence(value: Any) -> Any:
+            if not isinstance(value, (list, tuple)):
+                return _MISSING
+            return kind(c for c in map(item, value) if c is not _MISSING)
+
+        return sequence
     if origin is dict:
-        if not isinstance(value, dict):
-            return _MISSING
-        key_tp, value_tp = args if args else (Any, Any)
-        kept_items: dict[Any, Any] = {}
-        for k, v in value.items():
-            ck, cv = _coerce(key_tp, k), _coerce(value_tp, v)
-            if ck is not _MISSING and cv is not _MISSING:
-                kept_items[ck] = cv
-        return kept_items
+        key_of_item, value_of_item = (_decoder(args[0]), _decoder(args[1])) if args else (_same, _same)
+
+        def mapping_of(value: Any) -> Any:
+            if not isinstance(value, dict):
+                return _MISSING
+            kept: dict[Any, Any] = {}
+            for k, v in value.items():
+                ck, cv = key_of_item(k), value_of_item(v)
+                if ck is not _MISSING and cv is not _MISSING:
+                    kept[ck] = cv
+            return kept
+
+        return mapping_of
     if tp in (list, dict, tuple):
-        return value if isinstance(value, tp) else _MISSING
+        return lambda value: value if isinstance(value, tp) else _MISSING
     if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        return read(tp, value) if isinstance(value, dict) else _MISSING
-    return value if isinstance(tp, type) and isinstance(value, tp) else _MISSING
+        record = tp
+        return lambda value: read(record, value) if isinstance(value, (dict, record)) else _MISSING
+    if isinstance(tp, type):
+        return lambda value: value if isinstance(value, tp) else _MISSING
+    return lambda value: _MISSING
+
+
+@functools.cache
+def _plan(cls: Any) -> tuple[tuple[str, str, Callable[[Any], Any], bool], ...]:
+    """Per init field of a record: its name, JSON key, decoder, and whether the dataclass fills
+    its own default."""
+    hints = _hints(cls)
+    return tuple(
+        (
+            f.name,
+            key_of(f),
+            _decoder(hints[f.name]),
+            f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING,
+        )
+        for f in dataclasses.fields(cls)
+        if f.init
+    )
 
 
 def read(cls: type[R], data: Any) -> R:
     """A record of dataclass ``cls`` from a decoded reply, leniently: each field by its
     annotation; a field that is missing or of another type reads as its default (or the type's
     empty value where it has none), an unknown key is ignored, a list or dict keeps the items
-    that are of its item type. ``data`` that is not a dict reads as ``{}``."""
+    that are of its item type. ``data`` that is not a dict reads as ``{}``; a record of ``cls``
+    is returned as it is (a reader takes the record or the report's JSON of it alike)."""
+    if isinstance(data, cls):
+        return data
     data = mapping(data)
-    hints = _hints(cls)  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if not f.init:
-            continue
-        value = _coerce(hints[f.name], data[f.name]) if f.name in data else _MISSING
+    for name, key, decode, has_default in _plan(cls):  # type: ignore[arg-type]
+        value = decode(data[key]) if key in data else _MISSING
         if value is _MISSING:
-            if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            if has_default:
                 continue  # the dataclass fills its own default
-            value = _zero(hints[f.name])
-        kwargs[f.name] = value
+            value = _zero(_hints(cls)[name])  # type: ignore[arg-type]
+        kwargs[name] = value
     return cls(**kwargs)
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+@functools.cache
+def _keys(cls: Any) -> tuple[tuple[str, str, bool], ...]:
+    """Per field: its JSON key, its name, and whether a None is left out (``metadata["omit_none"]``:
+    a key whose presence readers of report.json test, like the A/B's ``none``)."""
+    return tuple((key_of(f), f.name, bool(f.metadata.get("omit_none"))) for f in dataclasses.fields(cls))
 
 
 def write(record: Any) -> Any:
     """A record (or a list or dict of them) as JSON-able data: ``dataclasses.asdict`` with
     tuples as lists."""
+    if type(record) in _PLAIN:
+        return record
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        return {f.name: write(getattr(record, f.name)) for f in dataclasses.fields(record)}
+        out = {}
+        for key, name, omit_none in _keys(type(record)):
+            value = getattr(record, name)
+            if value is None and omit_none:
+                continue
+            out[key] = value if type(value) in _PLAIN else write(value)
+        return out
     if isinstance(record, (list, tuple)):
-        return [write(v) for v in record]
+        return [v if type(v) in _PLAIN else write(v) for v in record]
     if isinstance(record, dict):
-        return {k: write(v) for k, v in record.items()}
+        return {k: v if type(v) in _PLAIN else write(v) for k, v in record.items()}
     return record
 
 
@@ -222,7 +290,7 @@ def json_schema(tp: Any) -> dict[str, Any]:
             prop = json_schema(hints[f.name])
             if f.metadata.get("doc"):
                 prop = {**prop, "description": f.metadata["doc"]}
-            props[f.name] = prop
+            props[key_of(f)] = prop
         out: dict[str, Any] = {"type": "object", "properties": props}
         doc = (tp.__doc__ or "").strip().split("\n\n")[0]
         if doc and not doc.startswith(tp.__name__ + "("):  # not the dataclass's generated signature

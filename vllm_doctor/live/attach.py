@@ -241,7 +241,8 @@ def build_engine_report(
         report.facts["perf"] = checked.perf.to_wire()
     report.findings = sorted(findings, key=lambda f: (f.code, f.subject))
     report.environment = environment.collect()
-    report.facts["engine"] = anatomy(facts)
+    # the report holds JSON (report.json's shape): each record written once here, read by its readers
+    report.facts["engine"] = anatomy(facts).to_json()
     report.facts["engine_mode"] = facts.mode or None
     if facts.mode:  # a served engine that was attached to does not say how it runs
         report.facts["engine_mode_text"] = facts.mode_text()
@@ -249,7 +250,7 @@ def build_engine_report(
     if failure:
         report.facts["engine_failure"] = failure
     if checked is not facts:
-        report.facts["engine_diagnosis"] = anatomy(checked)
-    report.profiles["engine"] = summarize(facts, timeline=timeline)
+        report.facts["engine_diagnosis"] = anatomy(checked).to_json()
+    report.profiles["engine"] = summarize(facts, timeline=timeline).to_json()
     report.timings.update(timings or {})
     return report

@@ -14,14 +14,35 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from vllm_doctor.analysis.records import (
+    DoctorOverhead,
+    EngineAnatomy,
+    EngineProfile,
+    KvSummary,
+    LayerTotal,
+    PhaseSummary,
+    ProcessBox,
+    Record,
+    Roofline,
+)
 from vllm_doctor.compat.http import normalize_url
 from vllm_doctor.live.derive import Deriver, MetricsFrame
 from vllm_doctor.units import clip
 
-__all__ = ["EnginePids", "Frame", "LiveSource", "ModelChannel", "Source", "model_summary", "normalize_url", "scrape"]
+__all__ = [
+    "EnginePids",
+    "Frame",
+    "LiveSource",
+    "ModelChannel",
+    "ModelSummary",
+    "Source",
+    "model_summary",
+    "normalize_url",
+    "scrape",
+]
 
 MAX_SCRAPE_BYTES = 16 * 2**20
 MODEL_EVERY_S = 5.0
@@ -37,6 +58,41 @@ MODEL_FULL_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
+class PanelFinding(Record):
+    """A VD4xx/VD5xx finding as the model panel shows it."""
+
+    code: str | None = None
+    outcome: str | None = None
+    severity: str | None = None
+    message: str | None = None
+    hint: str | None = None
+    subject: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelSummary(Record):
+    """What ``top``'s model panel draws of one window (:attr:`ModelChannel.latest`, a frame's
+    ``model``, recorded as its JSON): the engine profile's summaries, bounded."""
+
+    available: bool = False
+    reason: str = ""
+    model_class: str | None = None
+    clock: str | None = None  # the step and forward times' clock (units.clock_name)
+    steps: int = 0
+    phases: dict[str, PhaseSummary] = field(default_factory=dict)
+    slowest_layers: list[LayerTotal] = field(default_factory=list)
+    timed_fraction: float | None = None
+    kv: KvSummary = field(default_factory=KvSummary)
+    findings: list[PanelFinding] = field(default_factory=list)
+    doctor: DoctorOverhead | None = None
+    roofline: Roofline | None = None
+    processes: list[ProcessBox] = field(default_factory=list)
+    window_s: float | None = None  # the window's length
+    as_of: float | None = None  # when it was gathered (time.time())
+    quiet_s: float | None = None  # an idle window: how long ago the last steps ran
+
+
+@dataclass(frozen=True)
 class Frame:
     """One refresh: what every panel draws."""
 
@@ -46,7 +102,7 @@ class Frame:
     interval_s: float
     metrics: MetricsFrame
     devices: dict[str, Any] | None = None  # DevicesFrame.to_json() (live/devices.py), or None
-    model: dict[str, Any] | None = None  # ModelChannel.latest (None: the channel is off)
+    model: dict[str, Any] | None = None  # ModelChannel.latest, a ModelSummary's JSON (None: the channel is off)
     raw: str | None = field(default=None, repr=False)  # the scrape as received (recording only)
     replay: dict[str, Any] | None = None  # position in a recording: {"index", "count", "speed"}
 
@@ -135,7 +191,7 @@ class ModelChannel:
         self.url = url
         self.every_s = every_s
         self.timeout = timeout
-        self.latest: dict[str, Any] = {"available": False, "reason": "connecting to the worker extension"}
+        self.latest: dict[str, Any] = ModelSummary(reason="connecting to the worker extension").to_json()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vllm-doctor-model", daemon=True)
         self._thread.start()
@@ -165,24 +221,22 @@ class ModelChannel:
                 # the panel draws summaries: no per-step records, no per-layer trace
                 report = build_engine_report(facts, doc.handle.model_name(), timeline=False)
                 now = time.time()
-                summary = model_summary(report.to_dict())
-                summary.update(window_s=round(now - since, 1), as_of=now)
+                summary = replace(model_summary(report.to_dict()), window_s=round(now - since, 1), as_of=now)
                 since = now
-                if summary["steps"] and not summary["slowest_layers"]:
+                last = ModelSummary.of(self.latest)
+                if summary.steps and not summary.slowest_layers:
                     # no step of this window was sampled per layer: the last sampled ones stand
-                    summary["slowest_layers"] = self.latest.get("slowest_layers") or []
-                if summary["steps"] or not self.latest.get("steps"):
-                    self.latest = summary
+                    summary = replace(summary, slowest_layers=last.slowest_layers)
+                if summary.steps or not last.steps:
+                    self.latest = summary.to_json()
                 else:  # an idle window: keep the last window that ran steps, say how old it is
-                    self.latest = {**self.latest, "quiet_s": round(now - float(self.latest["as_of"]), 1)}
+                    self.latest = replace(last, quiet_s=round(now - (last.as_of or now), 1)).to_json()
                 self._stop.wait(self.every_s)
         except (ExtensionMissing, DoctorInputError) as exc:
-            self.latest = {"available": False, "reason": clip(str(getattr(exc, "message", exc)), 300)}
+            self.latest = ModelSummary(reason=clip(str(getattr(exc, "message", exc)), 300)).to_json()
         except Exception as exc:  # the channel is optional: say why it stopped, keep the rest running
-            self.latest = {
-                "available": False,
-                "reason": clip(f"model channel failed: {type(exc).__name__}: {exc}", 300),
-            }
+            reason = clip(f"model channel failed: {type(exc).__name__}: {exc}", 300)
+            self.latest = ModelSummary(reason=reason).to_json()
         finally:
             if doc is not None and doc.attached:
                 try:
@@ -195,60 +249,34 @@ class ModelChannel:
         self._thread.join(timeout=self.timeout + 5)
 
 
-def model_summary(report: dict[str, Any], top_layers: int = 5) -> dict[str, Any]:
-    """What the model panel draws, from an engine report (plain JSON, bounded)."""
-    profile = report.get("profiles", {}).get("engine") or {}
-    anatomy = report.get("facts", {}).get("engine") or {}
-    phases = profile.get("phases") or {}
-    layers = (profile.get("layers") or {}).get("by_layer") or []
-    slow = sorted(layers, key=lambda x: -float(x.get("total_s") or 0.0))[:top_layers]
-    kv = anatomy.get("kv_cache") or {}
-    over = profile.get("doctor_overhead") or {}
-    findings = [
-        {k: f.get(k) for k in ("code", "outcome", "severity", "message", "hint", "subject")}
-        for f in report.get("findings") or []
-        if str(f.get("code", "")).startswith(("VD4", "VD5")) and f.get("outcome") in ("fail", "warn", "crash")
-    ]
-    return {
-        "available": bool(profile.get("available")),
-        "reason": profile.get("reason") or profile.get("layers_reason") or "",
-        "model_class": (anatomy.get("model") or {}).get("class"),
-        "clock": profile.get("clock"),  # the step and forward times' clock (units.clock_name)
-        "steps": profile.get("step_count", len(profile.get("steps") or [])),
-        "phases": {
-            p: {k: v.get(k) for k in ("steps", "tokens", "forward_s_mean", "step_s_p50", "tokens_per_s")}
-            for p, v in phases.items()
-        },
-        "slowest_layers": [{"layer": x.get("layer"), "total_s": x.get("total_s")} for x in slow],
-        "timed_fraction": (profile.get("layers") or {}).get("timed_fraction"),
-        "kv": {k: kv.get(k) for k in ("num_blocks", "block_size", "storage_bytes", "dtype", "num_layers")},
-        "findings": findings[:20],
-        "doctor": {k: over.get(k) for k in ("per_step_s", "share", "rpc_s", "window_s", "worker_share")},
-        "roofline": roofline_summary(profile.get("roofline") or {}),
-        "processes": [
-            {"pid": p.get("pid"), "role": p.get("role")} for p in anatomy.get("processes") or [] if p.get("pid")
-        ],
-    }
-
-
-def roofline_summary(roof: dict[str, Any]) -> dict[str, Any]:
-    """The model panel's roofline line: per phase the rate, its share and the bytes of a step."""
-    if not roof.get("available"):
-        return {"available": False, "reason": roof.get("reason")} if roof else {}
-    keep = ("bytes_per_s", "bandwidth_share", "flops_per_s", "compute_share", "above_peak")
-    return {
-        "available": True,
-        "device": {
-            k: (roof.get("device") or {}).get(k) for k in ("name", "bandwidth_bytes_s", "flops_s", "flops_dtype")
-        },
-        "phases": {
-            p: {
-                **{k: e.get(k) for k in keep},
-                "bytes": {k: (e.get("bytes") or {}).get(k) for k in ("weights", "kv_read", "kv_write")},
-            }
-            for p, e in (roof.get("phases") or {}).items()
-        },
-    }
+def model_summary(report: dict[str, Any], top_layers: int = 5) -> ModelSummary:
+    """What the model panel draws, from an engine report (bounded: no steps, no per-layer rows)."""
+    sections = report.get("profiles") or {}
+    profile = EngineProfile.of(sections.get("engine"))
+    anatomy = EngineAnatomy.of((report.get("facts") or {}).get("engine"))
+    slow = sorted(profile.layers.by_layer, key=lambda x: -x.total_s)[:top_layers]
+    findings = [PanelFinding.of(f) for f in report.get("findings") or []]
+    roof = profile.roofline
+    return ModelSummary(
+        available=profile.available,
+        reason=profile.reason or profile.layers_reason or "",
+        model_class=anatomy.model.class_name,
+        clock=profile.clock,
+        steps=profile.steps_recorded,
+        phases=profile.phases,
+        slowest_layers=[LayerTotal(layer=x.layer, total_s=x.total_s) for x in slow],
+        timed_fraction=profile.layers.timed_fraction,
+        kv=replace(anatomy.kv_cache, groups=[]),
+        findings=[
+            f
+            for f in findings
+            if str(f.code or "").startswith(("VD4", "VD5")) and f.outcome in ("fail", "warn", "crash")
+        ][:20],
+        doctor=profile.doctor_overhead,
+        # the panel's roofline line: per phase the rate, its share and the bytes of a step
+        roofline=replace(roof, layers=[], notes=[]) if roof is not None else None,
+        processes=[p for p in anatomy.processes if p.pid],
+    )
 
 
 class EnginePids:
@@ -298,8 +326,8 @@ class EnginePids:
             return [(p.pid, p.label()) for p in discover(url=self.url) if p.role != "other"]
         except (DoctorInputError, OSError):
             pass
-        procs = (self.model.latest.get("processes") if self.model is not None else None) or []
-        return [(int(p["pid"]), str(p.get("role") or "")) for p in procs if p.get("pid")]
+        procs = ModelSummary.of(self.model.latest).processes if self.model is not None else []
+        return [(p.pid, p.role) for p in procs if p.pid]
 
 
 def _start_time(pid: int) -> str | None:

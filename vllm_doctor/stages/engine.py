@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from vllm_doctor.analysis.records import EngineProfile
 from vllm_doctor.checks.perf import perf_codes
 from vllm_doctor.constants import GRAPH_TIMING_ENV, SWITCH_ON
 from vllm_doctor.errors import DoctorInputError
@@ -397,9 +398,10 @@ def diagnose_engine(
         report = build_engine_report(result.facts, target, select, ignore)
         report.facts["engine_log"] = result.log_path
         report.profiles["workload"] = result.workload
-        accounting = time_accounting(report.profiles.get("engine") or {}, result.workload)
-        if accounting is not None and isinstance(report.profiles.get("engine"), dict):
-            report.profiles["engine"]["time_accounting"] = accounting
+        engine = report.profiles.get("engine")
+        accounting = time_accounting(EngineProfile.of(engine), result.workload)
+        if accounting is not None and isinstance(engine, dict):
+            engine["time_accounting"] = accounting.to_json()
         report.profiles["engine_kwargs"] = result.engine_kwargs
         if result.deep:
             report.profiles["torch_profiler"] = result.deep

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, TwinAB, TwinMatchInfo, WorkloadRun
 from vllm_doctor.analysis.twin import NoTwin, TwinMatch, find_twin, twin_config
-from vllm_doctor.analysis.twin_compare import compare_runs
+from vllm_doctor.analysis.twin_compare import TwinSide, compare_runs
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.facts.checkpoint import INDEX_NAME
 from vllm_doctor.files import write_json_atomic
@@ -48,6 +49,8 @@ TOKENIZER_FILES = (
 )
 MAX_SIDE_FILE_BYTES = 64 << 20  # a tokenizer.json of a 256k vocabulary is ~20 MB
 MAX_INDEX_BYTES = 64 << 20
+# the report's sections this stage reads and writes (report.json's keys)
+ENGINE, WORKLOAD, TWIN, FAILURE = "engine", "workload", "twin", "engine_failure"
 
 
 @dataclass
@@ -128,22 +131,26 @@ def _prefixed(progress: Progress | None, who: str) -> Progress | None:
     return lambda line: progress(f"[{who}] {line}")
 
 
-def _side(report: Report) -> dict[str, Any]:
-    return {
-        "engine": report.profiles.get("engine") or {},
-        "workload": report.profiles.get("workload") or {},
-        "compile": (report.facts.get("engine") or {}).get("compile"),
-    }
+def _side(report: Report) -> TwinSide:
+    return TwinSide(
+        engine=EngineProfile.of(report.profiles.get(ENGINE)),
+        workload=WorkloadRun.of(report.profiles.get(WORKLOAD)),
+        compile=EngineAnatomy.of(report.facts.get(ENGINE)).compile,
+    )
 
 
 def _ran(report: Report) -> str | None:
     """Why a run has nothing to compare (None: it ran the workload)."""
-    failure = report.facts.get("engine_failure")
+    failure = report.facts.get(FAILURE)
     if failure:
         return str(failure).splitlines()[0]
-    if not (report.profiles.get("engine") or {}).get("steps"):
+    if not EngineProfile.of(report.profiles.get(ENGINE)).steps:
         return "no steps recorded"
     return None
+
+
+def _put(report: Report, ab: TwinAB) -> None:
+    report.profiles[TWIN] = ab.to_json()
 
 
 def profile_with_twin(
@@ -161,11 +168,11 @@ def profile_with_twin(
     if plan.match is None:
         say(f"twin A/B: {plan.none}")
         report = diagnose_engine(model, options, progress=progress, log_dir=log_dir)
-        report.profiles["twin"] = {"none": plan.none}
+        _put(report, TwinAB(none=plan.none))
         return report, None
     match = plan.match
     arch = match.architecture
-    info = match.to_dict()
+    info = TwinMatchInfo.of(match.to_dict())
     if match.weights == "dummy":
         options = replace(options, engine_args={**options.engine_args, "load_format": "dummy"})
     weights = "the same weights" if match.weights == "same" else "random weights on both (load_format=dummy)"
@@ -173,12 +180,12 @@ def profile_with_twin(
     report = diagnose_engine(model, options, progress=_prefixed(progress, "port"), log_dir=log_dir)
     why = _ran(report)
     if why is not None:
-        report.profiles["twin"] = {"architecture": arch, "match": info, "none": f"the port did not run: {why}"}
+        _put(report, TwinAB(architecture=arch, match=info, none=f"the port did not run: {why}"))
         return report, None
     from vllm_doctor.stages import tempdirs
 
     twin_dir = build_twin_dir(plan)
-    info["model_dir"] = twin_dir
+    info = replace(info, model_dir=twin_dir)
     try:
         say(f"twin A/B: run 2 of 2: vLLM's {arch} from {twin_dir} (same sizes, same workload, same mode)")
         twin_log = str(Path(log_dir) / "twin") if log_dir is not None else None
@@ -190,15 +197,14 @@ def profile_with_twin(
         tempdirs.remove(twin_dir)
     why = _ran(twin_report)
     if why is not None:
-        report.profiles["twin"] = {
-            "architecture": arch,
-            "match": info,
-            "none": f"vLLM's {arch} did not run on the port's sizes: {why}",
-        }
+        _put(
+            report, TwinAB(architecture=arch, match=info, none=f"vLLM's {arch} did not run on the port's sizes: {why}")
+        )
         return report, twin_report
-    report.profiles["twin"] = compare_runs(_side(report), _side(twin_report), arch, info)
+    ab = compare_runs(_side(report), _side(twin_report), arch, info)
+    _put(report, ab)
     from vllm_doctor.checks.perf import rerun_with_measurements
 
     rerun_with_measurements(report)  # the performance lint's findings carry the measured cost
-    say(f"twin A/B: {report.profiles['twin']['largest_gap']['text']}")
+    say(f"twin A/B: {ab.largest_gap.text}")
     return report, twin_report

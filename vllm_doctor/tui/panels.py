@@ -13,9 +13,10 @@ from typing import Any
 
 from rich.text import Text
 
+from vllm_doctor.analysis.records import DevicePeaks, RooflinePhase
 from vllm_doctor.analysis.roofline import fmt_rate, phase_text
 from vllm_doctor.live.derive import HISTOGRAMS, LatencyStat, MetricsFrame, fmt_latency
-from vllm_doctor.live.sources import Frame
+from vllm_doctor.live.sources import Frame, ModelSummary
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -223,73 +224,67 @@ def devices_panel(frame: Frame, width: int) -> Text:
 
 
 def model_panel(frame: Frame, width: int) -> Text:
-    model = frame.model
     out = Text()
-    if model is None:
+    if frame.model is None:
         out.append("model channel off (start the server with VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1)\n", style="dim")
         return out
-    if not model.get("available") and not model.get("steps"):
-        out.append(str(model.get("reason") or "not available") + "\n", style="dim")
+    model = ModelSummary.of(frame.model)
+    if not model.available and not model.steps:
+        out.append((model.reason or "not available") + "\n", style="dim")
         return out
-    if model.get("model_class"):
-        out.append(str(model["model_class"]).rsplit(".", 1)[-1], style="bold")
-        if model.get("window_s") is not None:
-            quiet = model.get("quiet_s")
-            window = f"{model['window_s']:.0f} s"
+    if model.model_class:
+        out.append(model.model_class.rsplit(".", 1)[-1], style="bold")
+        if model.window_s is not None:
+            quiet = model.quiet_s
+            window = f"{model.window_s:.0f} s"
             out.append(f"  idle; last steps {quiet:.0f} s ago ({window})" if quiet else f"  last {window}", style="dim")
         out.append("\n")
-    if model.get("clock") and model.get("phases"):
-        out.append(f"times on the {clock_name(model['clock'])}"[:width] + "\n", style="dim")
-    for phase, p in (model.get("phases") or {}).items():
+    if model.clock and model.phases:
+        out.append(f"times on the {clock_name(model.clock)}"[:width] + "\n", style="dim")
+    for phase, p in model.phases.items():
         out.append(f"{phase:<8}", style="cyan")
-        out.append(
-            f"{p.get('steps') or 0:>5} steps  fwd {fmt_s(p.get('forward_s_mean'))}  "
-            f"p50 step {fmt_s(p.get('step_s_p50'))}\n"
-        )
-    slow = model.get("slowest_layers") or []
-    if slow:
+        if p.forward_steps_step_s_mean is not None:  # the forward beside the step time of the same steps
+            out.append(f"{p.steps:>5} steps  fwd {fmt_s(p.forward_s_mean)} of {fmt_s(p.forward_steps_step_s_mean)}\n")
+        else:
+            out.append(f"{p.steps:>5} steps  fwd {fmt_s(p.forward_s_mean)}  p50 step {fmt_s(p.step_s_p50)}\n")
+    if model.slowest_layers:
         out.append("slowest layers: ", style="cyan")
-        out.append(" · ".join(f"#{x['layer']} {fmt_s(x['total_s'])}" for x in slow[:3]) + "\n")
-    roof = model.get("roofline") or {}
-    for phase, entry in (roof.get("phases") or {}).items():
+        out.append(" · ".join(f"#{x.layer} {fmt_s(x.total_s)}" for x in model.slowest_layers[:3]) + "\n")
+    roof = model.roofline
+    for phase, entry in (roof.phases if roof is not None else {}).items():
         out.append("roofline ", style="cyan")
-        line = roofline_text(phase, entry, roof.get("device") or {}, width - len("roofline "))
-        out.append(line + "\n", style="bold red" if entry.get("above_peak") else "")
-    kv = model.get("kv") or {}
-    if kv.get("storage_bytes"):
+        line = roofline_text(phase, entry, roof.device if roof is not None else DevicePeaks(), width - len("roofline "))
+        out.append(line + "\n", style="bold red" if entry.above_peak else "")
+    kv = model.kv
+    if kv.storage_bytes:
         out.append("KV ", style="cyan")
-        out.append(f"{fmt_bytes(kv['storage_bytes'])} in {kv.get('num_blocks')} blocks ({kv.get('dtype')})\n")
-    doctor = model.get("doctor") or {}
-    if doctor.get("worker_share") is not None:
+        out.append(f"{fmt_bytes(kv.storage_bytes)} in {kv.num_blocks} blocks ({kv.dtype})\n")
+    doctor = model.doctor
+    if doctor is not None and doctor.worker_share is not None:
         # what the doctor's own code took in the worker this window: its share bounds its cost
         # (the calls' own time only where the line has room: a cropped line reads as a cut number)
-        line = f"{100 * doctor['worker_share']:.2g} % of the worker, {fmt_s(doctor.get('per_step_s'))}/step"
-        calls = f", calls {fmt_s(doctor.get('rpc_s'))}"
+        line = f"{100 * doctor.worker_share:.2g} % of the worker, {fmt_s(doctor.per_step_s)}/step"
+        calls = f", calls {fmt_s(doctor.rpc_s)}"
         out.append("doctor ", style="cyan")
         out.append(line + (calls if len("doctor ") + len(line) + len(calls) <= width else "") + "\n", style="dim")
-    findings = model.get("findings") or []
-    if not findings:
+    if not model.findings:
         out.append("no VD4xx/VD5xx findings\n", style="green")
-    for f in findings[:4]:
-        style = "red" if f.get("severity") == "error" else "yellow"
-        out.append(f"{f.get('code')} ", style=style)
-        out.append(f"{str(f.get('message'))[: max(20, width - 8)]}\n")
-        if f.get("hint"):
-            out.append(f"  fix: {str(f['hint'])[: max(20, width - 9)]}\n", style="dim")
+    for f in model.findings[:4]:
+        style = "red" if f.severity == "error" else "yellow"
+        out.append(f"{f.code} ", style=style)
+        out.append(f"{str(f.message)[: max(20, width - 8)]}\n")
+        if f.hint:
+            out.append(f"  fix: {f.hint[: max(20, width - 9)]}\n", style="dim")
     return out
 
 
-def roofline_text(phase: str, entry: dict[str, Any], peaks: dict[str, Any], room: int) -> str:
+def roofline_text(phase: str, entry: RooflinePhase, peaks: DevicePeaks, room: int) -> str:
     """The longest of the roofline's forms that fits ``room`` cells: the sentence with the
     step's bytes, then the share and the rate, then the share alone (never a cut number)."""
     full = phase_text(phase, entry, peaks, short=True)  # decode 41 % of 4.81 TB/s (1.97 TB/s: weights ...)
-    head = full.split(" (", 1)[0] if not entry.get("above_peak") else f"{phase} {fmt_rate(entry.get('bytes_per_s'))}"
-    rate = f" ({fmt_rate(entry.get('bytes_per_s'))})" if entry.get("bandwidth_share") is not None else ""
-    forms = (
-        [full, head + rate, head]
-        if not entry.get("above_peak")
-        else [full, f"{head}: above peak, step time wrong", head]
-    )
+    head = full.split(" (", 1)[0] if not entry.above_peak else f"{phase} {fmt_rate(entry.bytes_per_s)}"
+    rate = f" ({fmt_rate(entry.bytes_per_s)})" if entry.bandwidth_share is not None else ""
+    forms = [full, head + rate, head] if not entry.above_peak else [full, f"{head}: above peak, step time wrong", head]
     return next((f for f in forms if len(f) <= room), forms[-1][: max(1, room)])
 
 

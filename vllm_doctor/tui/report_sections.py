@@ -1,19 +1,22 @@
 """What each pane of ``vllm-doctor view`` shows, as plain text and table rows (no widgets: testable alone).
 
-Every function takes the report's JSON (``Report.to_dict()`` of any doctor version) and reads
-with ``.get``: a section an older doctor (or a static check) did not write is ``None`` /
-"not in this report" with the reason, never an error.
+Every function takes the report's JSON (``Report.to_dict()`` of any doctor version); its engine
+sections are read into their records (:mod:`vllm_doctor.analysis.records`, leniently: a key an older
+doctor did not write reads as its default). A section an older doctor (or a static check) did
+not write is "not in this report" with the reason, never an error.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, LayerModule, WorkloadRun
 from vllm_doctor.checks import codes_for
-from vllm_doctor.report.profile import render_anatomy
+from vllm_doctor.report.profile import render_anatomy, timing_cost_text
 from vllm_doctor.units import fmt_bytes, fmt_s
 
 NOT_IN_REPORT = "not in this report"
+NVML_AVAILABLE, NVML_REASON = "available", "reason"  # the NVML snapshot's keys (compat.nvml)
 BAR_WIDTH = 32
 
 
@@ -25,8 +28,14 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def engine_profile(report: dict[str, Any]) -> dict[str, Any]:
-    return _dict(_dict(report.get("profiles")).get("engine"))
+def engine_profile(report: dict[str, Any]) -> EngineProfile:
+    return EngineProfile.of(_dict(report.get("profiles")).get("engine"))
+
+
+def engine_anatomy(report: dict[str, Any]) -> EngineAnatomy | None:
+    """``facts["engine"]``, None where the report has none."""
+    data = _dict(_dict(report.get("facts")).get("engine"))
+    return EngineAnatomy.of(data) if data else None
 
 
 def missing(report: dict[str, Any], what: str) -> str:
@@ -34,7 +43,7 @@ def missing(report: dict[str, Any], what: str) -> str:
     failure = _dict(report.get("facts")).get("engine_failure")
     if failure:
         return f"{what}: {NOT_IN_REPORT} (the engine failed: {str(failure).splitlines()[0]})"
-    if not engine_profile(report) and not _dict(report.get("facts")).get("engine"):
+    if not _dict(report.get("profiles")).get("engine") and engine_anatomy(report) is None:
         return (
             f"{what}: {NOT_IN_REPORT} (no engine ran for it; `vllm-doctor check DIR --engine`, "
             "`vllm-doctor profile DIR --out OUT` and `vllm-doctor attach URL` write one)"
@@ -56,8 +65,8 @@ def anatomy_text(report: dict[str, Any]) -> str:
     """The engine's anatomy as ``profile`` prints it, or what a static check found of the model."""
     facts = _dict(report.get("facts"))
     lines: list[str] = []
-    engine = _dict(facts.get("engine"))
-    if engine:
+    engine = engine_anatomy(report)
+    if engine is not None:
         lines.append(render_anatomy(engine))
         mode = _dict(facts.get("engine_mode")).get("summary")
         if mode:
@@ -95,27 +104,31 @@ def static_facts_lines(facts: dict[str, Any]) -> list[str]:
 
 
 def workload_line(report: dict[str, Any]) -> str:
-    w = _dict(_dict(report.get("profiles")).get("workload"))
-    if not w:
+    data = _dict(_dict(report.get("profiles")).get("workload"))
+    if not data:
         return ""
+    w = WorkloadRun.of(data)
     return (
-        f"workload: {w.get('prompts')} prompt(s) x {w.get('input_len')} tokens in, {w.get('output_len')} out; "
-        f"{w.get('generated_tokens')} tokens in {fmt_s(w.get('wall_s'))} ({w.get('output_tokens_per_s')} tok/s)"
+        f"workload: {w.prompts} prompt(s) x {w.input_len} tokens in, {w.output_len} out; "
+        f"{w.generated_tokens} tokens in {fmt_s(w.wall_s)} ({w.output_tokens_per_s} tok/s)"
     )
 
 
-PHASE_COLUMNS = ("phase", "steps", "tokens", "mean batch", "step mean", "step p50", "step p90", "forward mean", "tok/s")
+PHASE_COLUMNS = (
+    "phase", "steps", "tokens", "mean batch", "step mean", "step p50", "step p90", "forward mean",
+    "its steps' mean", "tok/s",
+)  # fmt: skip
 
 
-def phase_rows(profile: dict[str, Any]) -> list[tuple[str, ...]]:
+def phase_rows(profile: EngineProfile) -> list[tuple[str, ...]]:
+    """Per phase; the forward beside the mean step time of the same steps (``its steps' mean``)."""
     rows: list[tuple[str, ...]] = []
-    for phase, p in _dict(profile.get("phases")).items():
-        p = _dict(p)
-        tps = p.get("tokens_per_s")
+    for phase, p in profile.phases.items():
+        tps = p.tokens_per_s
         rows.append((
-            phase, str(p.get("steps", "")), str(p.get("tokens", "")), str(p.get("mean_batch", "")),
-            fmt_s(p.get("step_s_mean")), fmt_s(p.get("step_s_p50")), fmt_s(p.get("step_s_p90")),
-            fmt_s(p.get("forward_s_mean")), f"{tps:.1f}" if isinstance(tps, int | float) else "n/a",
+            phase, str(p.steps), str(p.tokens), str(p.mean_batch),
+            fmt_s(p.step_s_mean), fmt_s(p.step_s_p50), fmt_s(p.step_s_p90),
+            fmt_s(p.forward_s_mean), fmt_s(p.forward_steps_step_s_mean), f"{tps:.1f}" if tps is not None else "n/a",
         ))  # fmt: skip
     return rows
 
@@ -135,26 +148,26 @@ STEP_COLUMNS = (
 MAX_STEP_ROWS = 5000
 
 
-def step_rows(profile: dict[str, Any]) -> list[tuple[str, ...]]:
+def step_rows(profile: EngineProfile) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
-    for s in _list(profile.get("steps"))[:MAX_STEP_ROWS]:
-        s = _dict(s)
+    for s in profile.steps[:MAX_STEP_ROWS]:
         rows.append((
-            str(s.get("index", "")), str(s.get("phase", "")), str(s.get("num_reqs", "")),
-            str(s.get("prefill_tokens", "")), str(s.get("decode_tokens", "")), str(s.get("kv_blocks_used", "")),
-            fmt_s(s.get("step_s")), fmt_s(s.get("forward_s")), fmt_s(s.get("logits_s")),
-            str(s.get("preempted_reqs") or ""),
+            str(s.index), s.phase, str(s.num_reqs),
+            str(s.prefill_tokens), str(s.decode_tokens), str(s.kv_blocks_used),
+            fmt_s(s.step_s), fmt_s(s.forward_s), fmt_s(s.logits_s),
+            str(s.preempted_reqs or ""),
         ))  # fmt: skip
     return rows
 
 
-def steps_summary(report: dict[str, Any], profile: dict[str, Any]) -> str:
-    steps = _list(profile.get("steps"))
-    lines = [f"{len(steps)} step(s) recorded; timer: {profile.get('clock') or '?'}"]
-    if profile.get("dropped_steps"):
-        lines[0] += f"; {profile['dropped_steps']} older step(s) dropped from the buffer"
+def steps_summary(report: dict[str, Any], profile: EngineProfile) -> str:
+    steps = profile.steps
+    lines = [f"{len(steps)} step(s) recorded; timer: {profile.clock or '?'}"]
+    if profile.dropped_steps:
+        lines[0] += f"; {profile.dropped_steps} older step(s) dropped from the buffer"
     if len(steps) > MAX_STEP_ROWS:
         lines.append(f"the table shows the first {MAX_STEP_ROWS}; every step is in the report's JSON")
+    lines += [cost for phase, p in profile.phases.items() if (cost := timing_cost_text(phase, p))]
     work = workload_line(report)
     return "\n".join(([work] if work else []) + lines)
 
@@ -164,50 +177,43 @@ LAYER_COLUMNS = ("module", "kind", "layer", "class", "calls", "prefill", "decode
 LAYER_SORTS = ("total", "prefill", "decode", "name", "forward order")
 
 
-def layer_modules(profile: dict[str, Any], sort: str = "total") -> list[dict[str, Any]]:
-    modules = [_dict(m) for m in _list(_dict(profile.get("layers")).get("modules"))]
-
-    def seconds(m: dict[str, Any], key: str) -> float:
-        value = m.get(key)
-        return float(value) if isinstance(value, int | float) else 0.0
-
+def layer_modules(profile: EngineProfile, sort: str = "total") -> list[LayerModule]:
+    modules = list(profile.layers.modules)
     if sort == "name":
-        return sorted(modules, key=lambda m: str(m.get("name")))
-    if sort in ("total", "prefill", "decode"):
-        return sorted(modules, key=lambda m: -seconds(m, f"{sort}_s"))
+        return sorted(modules, key=lambda m: m.name)
+    if sort == "total":
+        return sorted(modules, key=lambda m: -m.total_s)
+    if sort in ("prefill", "decode"):
+        return sorted(modules, key=lambda m: -m.bucket_s(sort))
     return modules
 
 
-def layer_rows(profile: dict[str, Any], sort: str = "total") -> list[tuple[str, ...]]:
-    total = _dict(profile.get("layers")).get("forward_total_s")
+def layer_rows(profile: EngineProfile, sort: str = "total") -> list[tuple[str, ...]]:
+    total = profile.layers.forward_total_s
     rows: list[tuple[str, ...]] = []
     for m in layer_modules(profile, sort):
-        t = m.get("total_s")
-        share = (
-            f"{100 * t / total:.1f}%" if isinstance(t, int | float) and isinstance(total, int | float) and total else ""
-        )
-        layer = m.get("layer")
+        t = m.total_s
+        share = f"{100 * t / total:.1f}%" if total else ""
         rows.append((
-            str(m.get("name", "")), str(m.get("kind", "")), "" if layer is None else str(layer),
-            str(m.get("class", "")),
-            str(m.get("calls", "")), fmt_s(m.get("prefill_s")), fmt_s(m.get("decode_s")), fmt_s(t), share,
+            m.name, str(m.kind or ""), "" if m.layer is None else str(m.layer), str(m.class_name or ""),
+            str(m.calls), fmt_s(m.prefill_s), fmt_s(m.decode_s), fmt_s(t), share,
         ))  # fmt: skip
     return rows
 
 
-def layers_summary(profile: dict[str, Any], sort: str) -> str:
-    layers = _dict(profile.get("layers"))
+def layers_summary(profile: EngineProfile, sort: str) -> str:
+    layers = profile.layers
     lines = []
-    if not profile.get("layers_on") and profile.get("layers_reason"):
-        lines.append(f"per-layer timing off: {profile['layers_reason']}")
-    kinds = {k: v for k, v in _dict(layers.get("by_kind")).items() if isinstance(v, int | float)}
+    if not profile.layers_on and profile.layers_reason:
+        lines.append(f"per-layer timing off: {profile.layers_reason}")
+    kinds = layers.by_kind
     total = sum(kinds.values())
     if total:
         lines.append("by kind: " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in kinds.items()))
-    if layers.get("timed_fraction") is not None:
+    if layers.timed_fraction is not None:
         lines.append(
-            f"timed modules cover {100 * layers['timed_fraction']:.1f}% of the forward "
-            f"({fmt_s(layers.get('forward_total_s'))} over {layers.get('timed_steps')} timed step(s))"
+            f"timed modules cover {100 * layers.timed_fraction:.1f}% of the forward "
+            f"({fmt_s(layers.forward_total_s)} over {layers.timed_steps} timed step(s))"
         )
     lines.append(f"sorted by {sort} (o: next order; or click a column)")
     return "\n".join(lines)
@@ -215,31 +221,29 @@ def layers_summary(profile: dict[str, Any], sort: str) -> str:
 
 def memory_text(report: dict[str, Any]) -> str:
     profile = engine_profile(report)
-    memory = [_dict(m) for m in _list(profile.get("memory"))]
-    if not memory:
+    if not profile.memory:
         return missing(report, "memory breakdown")
     lines = []
-    for m in memory:
-        total = m.get("total")
+    for m in profile.memory:
+        total = m.total
         lines.append(
-            f"rank {m.get('rank')} ({m.get('device')}): {fmt_bytes(total)} in all, from {m.get('total_source')}"
-            + (f"; peak {fmt_bytes(m.get('peak_total'))}" if m.get("peak_total") not in (None, total) else "")
+            f"rank {m.rank} ({m.device}): {fmt_bytes(total)} in all, from {m.total_source}"
+            + (f"; peak {fmt_bytes(m.peak_total)}" if m.peak_total not in (None, total) else "")
         )
-        for part, size in _dict(m.get("parts")).items():
+        for part, size in m.parts.items():
             name = part.replace("_", " ")
-            if not isinstance(size, int | float) or not isinstance(total, int | float) or total <= 0:
+            if size is None or total is None or total <= 0:
                 lines.append(f"  {name:<17} {fmt_bytes(size):>11}")
                 continue
             share = size / total
             bar = "█" * round(BAR_WIDTH * share)
             lines.append(f"  {name:<17} {fmt_bytes(size):>11} {100 * share:5.1f}% {bar}")
-        lines += [f"  note: {n}" for n in _list(m.get("notes"))]
+        lines += [f"  note: {n}" for n in m.notes]
         lines.append("")
-    nvml = _dict(profile.get("nvml"))
+    nvml = profile.nvml or {}
     if nvml:
-        lines.append(
-            "NVML: available" if nvml.get("available") else f"NVML: unavailable ({nvml.get('reason') or 'no reason'})"
-        )
+        available, reason = nvml.get(NVML_AVAILABLE), nvml.get(NVML_REASON)
+        lines.append("NVML: available" if available else f"NVML: unavailable ({reason or 'no reason'})")
     return "\n".join(lines).rstrip()
 
 
@@ -247,43 +251,41 @@ KV_CODES = codes_for("kv-cache")
 
 
 def kv_text(report: dict[str, Any]) -> str:
-    kv = _dict(_dict(_dict(report.get("facts")).get("engine")).get("kv_cache"))
+    anatomy = engine_anatomy(report)
+    kv = anatomy.kv_cache if anatomy is not None else None
     profile = engine_profile(report)
     lines = []
-    if kv:
+    if kv is not None:
         lines += [
-            f"blocks        {kv.get('num_blocks')} x {kv.get('block_size')} tokens "
-            f"= {_tokens(kv.get('num_blocks'), kv.get('block_size'))} tokens",
-            f"tensors       {kv.get('num_layers')} layer tensor(s) in {kv.get('num_storages')} storage(s), "
-            f"{fmt_bytes(kv.get('storage_bytes'))}",
-            f"layout        {kv.get('layout') or 'not exposed'}; shape {kv.get('tensor_shape')} {kv.get('dtype')}",
+            f"blocks        {kv.num_blocks} x {kv.block_size} tokens = {_tokens(kv.num_blocks, kv.block_size)} tokens",
+            f"tensors       {kv.num_layers} layer tensor(s) in {kv.num_storages} storage(s), "
+            f"{fmt_bytes(kv.storage_bytes)}",
+            f"layout        {kv.layout or 'not exposed'}; shape {kv.tensor_shape} {kv.dtype}",
         ]
-        for g in _list(kv.get("groups")):
-            g = _dict(g)
+        for g in kv.groups:
             lines.append(
-                f"group         {g.get('layers')} layer(s), {g.get('type')}, {g.get('num_kv_heads')} KV heads x "
-                f"{g.get('head_size')}, {g.get('dtype')}"
+                f"group         {g.layers} layer(s), {g.type}, {g.num_kv_heads} KV heads x {g.head_size}, {g.dtype}"
             )
     else:
         lines.append(missing(report, "KV cache layout"))
-    usage = [_dict(u) for u in _list(profile.get("kv_usage"))]
+    usage = profile.kv_usage
     if usage:
-        peak = max(usage, key=lambda u: u.get("usage") or 0)
+        peak = max(usage, key=lambda u: u.usage)
         lines.append(
-            f"usage         peak {peak.get('blocks')} of {profile.get('kv_num_blocks')} blocks "
-            f"({100 * (peak.get('usage') or 0):.2f}%) at step {peak.get('index')}; {len(usage)} step(s) below"
+            f"usage         peak {peak.blocks} of {profile.kv_num_blocks} blocks "
+            f"({100 * peak.usage:.2f}%) at step {peak.index}; {len(usage)} step(s) below"
         )
-    elif kv:
+    elif kv is not None:
         lines.append(f"usage         {NOT_IN_REPORT}")
     return "\n".join(lines)
 
 
-def _tokens(blocks: Any, size: Any) -> str:
-    return str(blocks * size) if isinstance(blocks, int) and isinstance(size, int) else "?"
+def _tokens(blocks: int | None, size: int | None) -> str:
+    return str(blocks * size) if blocks is not None and size is not None else "?"
 
 
 def kv_usage_series(report: dict[str, Any]) -> list[float]:
-    return [float(_dict(u).get("usage") or 0.0) for u in _list(engine_profile(report).get("kv_usage"))]
+    return [u.usage for u in engine_profile(report).kv_usage]
 
 
 def kv_findings_text(report: dict[str, Any]) -> str:

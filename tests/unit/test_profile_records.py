@@ -1,0 +1,136 @@
+"""The engine profile's records: report.json keeps its keys (an old report reads back whole and
+still renders in ``view`` and the HTML), docs/report-schema.json is the one the records declare,
+and the steps timed per layer are set against the others (the doctor's own cost, on the step clock).
+
+tests/data/reports/profile_before_records.json: ``vllm-doctor profile`` of the example model
+(2 prompts x 16 in / 4 out, CPU, eager) written by the doctor before the records existed (paths
+replaced).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.tui import drive, text_of
+from vllm_doctor.analysis.engine import phase_summary, summarize
+from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, PhaseSummary
+from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.facts.steps import StepTable
+from vllm_doctor.report.html import render_html
+from vllm_doctor.report.profile import render_profile
+from vllm_doctor.report.schema import COMMAND, schema_text
+from vllm_doctor.tui import report_sections as sec
+from vllm_doctor.tui.report_view import ViewApp
+
+ROOT = Path(__file__).resolve().parents[2]
+BEFORE = ROOT / "tests" / "data" / "reports" / "profile_before_records.json"
+REPORTS = sorted((ROOT / "tests" / "fixtures" / "reports").glob("*.json"))
+
+
+def test_the_schema_file_is_the_one_the_records_declare() -> None:
+    on_disk = (ROOT / "docs" / "report-schema.json").read_text(encoding="utf-8")
+    assert on_disk == schema_text(), f"docs/report-schema.json is stale: run `{COMMAND}`"
+    schema = json.loads(on_disk)
+    phase = schema["$defs"]["EngineProfile"]["properties"]["phases"]["additionalProperties"]
+    assert phase["properties"]["timed_step_s_median"]["description"].startswith("median step time of the steps timed")
+    assert schema["properties"]["profiles"]["properties"]["engine"] == {"$ref": "#/$defs/EngineProfile"}
+    assert "class" in schema["$defs"]["EngineAnatomy"]["properties"]["model"]["properties"]
+
+
+def _diff(old: Any, new: Any, path: str = "") -> list[str]:
+    """Where ``new`` lacks or changes something of ``old`` (new keys are allowed)."""
+    if isinstance(old, dict):
+        if not isinstance(new, dict):
+            return [path]
+        return [p for k, v in old.items() for p in ([f"{path}.{k}"] if k not in new else _diff(v, new[k], f"{path}.{k}"))]
+    if isinstance(old, list):
+        if not isinstance(new, list) or len(old) != len(new):
+            return [path]
+        return [p for i, (a, b) in enumerate(zip(old, new, strict=True)) for p in _diff(a, b, f"{path}[{i}]")]
+    return [] if old == new else [path]
+
+
+@pytest.mark.parametrize("path", [BEFORE, *REPORTS], ids=lambda p: p.name)
+def test_a_report_written_before_reads_into_the_records_and_back_to_the_same_json(path: Path) -> None:
+    data = json.loads(path.read_text())
+    engine, anatomy = data.get("profiles", {}).get("engine"), data.get("facts", {}).get("engine")
+    if engine is not None:
+        assert _diff(engine, EngineProfile.of(engine).to_json()) == []
+    if anatomy is not None:
+        assert _diff(anatomy, EngineAnatomy.of(anatomy).to_json()) == []
+
+
+@pytest.mark.parametrize("path", [BEFORE, *(p for p in REPORTS if p.name != "older_minimal.json")], ids=lambda p: p.name)
+def test_reports_validate_against_the_generated_schema(path: Path) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    jsonschema.validate(json.loads(path.read_text()), json.loads((ROOT / "docs" / "report-schema.json").read_text()))
+
+
+def test_an_old_report_still_renders_in_view_and_the_html() -> None:
+    report = json.loads(BEFORE.read_text())
+
+    async def script(pilot: Any) -> dict[str, Any]:
+        seen: dict[str, Any] = {"anatomy": text_of(pilot.app, "#anatomy-text")}
+        await pilot.press("2")
+        table = pilot.app.screen.query_one("#phases-table")
+        seen["phases"] = [[str(c) for c in table.get_row_at(i)] for i in range(table.row_count)]
+        await pilot.press("4")
+        seen["layers"] = text_of(pilot.app, "#layers-summary")
+        return seen
+
+    seen = drive(ViewApp(BEFORE), (160, 48), script)
+    assert "TinyDoctorForCausalLM [plugin]" in seen["anatomy"]
+    # the forward beside "its steps' mean": n/a where the old report has no such step time
+    assert seen["phases"][1][:3] == ["decode", "3", "6"] and seen["phases"][1][7:9] == ["23.90 ms", "n/a"]
+    assert "timed modules cover" in seen["layers"]
+    html = render_html(report)
+    assert "<td>decode</td><td>3</td><td>6</td>" in html and "TinyDoctorForCausalLM" in html
+    assert html.count("<svg") == 5  # anatomy, steps, layers, KV usage, memory
+    text = render_profile(report["profiles"]["engine"], report["profiles"]["workload"])
+    assert "forward 23.90 ms (92% of its steps)" in text and "timing cost" not in text
+
+
+def _steps(timed: int, untimed: int) -> StepTable:
+    """Decode steps on the device clock: the ones timed per layer take 17.6 ms, the others 13.9."""
+    rows = [
+        {"index": i, "t": 0.02 * i, "phase": "decode", "decode_tokens": 1, "total_tokens": 1, "decode_reqs": 1,
+         "step_s": 0.0176 if on else 0.0139, "forward_s": 0.015 if on else None, "layers_timed": on}
+        for i, on in enumerate([True] * timed + [False] * untimed)
+    ]  # fmt: skip
+    return StepTable.of({"steps": rows, "clock": "cuda_events"})
+
+
+def test_steps_timed_per_layer_are_set_against_the_others_and_the_forward_beside_its_steps() -> None:
+    decode = phase_summary(_steps(4, 6))["decode"]
+    assert (decode.timed_steps, decode.timed_step_s_median, decode.untimed_step_s_median) == (4, 0.0176, 0.0139)
+    assert decode.timing_cost == pytest.approx(0.0176 / 0.0139 - 1)
+    # the forward was timed on the 4 sampled steps: its step time is theirs, not every step's mean
+    assert (decode.forward_steps, decode.forward_steps_step_s_mean) == (4, pytest.approx(0.0176))
+    assert decode.step_s_mean == pytest.approx((4 * 0.0176 + 6 * 0.0139) / 10)
+    only_timed = phase_summary(_steps(3, 0))["decode"]
+    assert only_timed.untimed_step_s_median is None and only_timed.timing_cost is None
+    assert PhaseSummary.of({"steps": 2}).timed_step_s_median is None  # an older report's phase
+
+
+def test_the_text_the_html_and_view_name_the_per_layer_timings_cost() -> None:
+    w = WorkerFacts(rank=0, parts={"profile": {"profiling": True, "clock": "cuda_events", "layers_on": True,
+                                               "steps": _steps(4, 6).rows()}})  # fmt: skip
+    profile = summarize(EngineFacts(workers=[w]))
+    line = "decode: steps timed per layer 17.60 ms median vs 13.90 ms untimed (+27 %, the doctor's per-layer timing)"
+    text = render_profile(profile)
+    assert f"  timing cost   {line}" in text.splitlines()
+    assert "forward 15.00 ms of 17.60 ms steps (85%)" in text
+    report = {"target": "/m", "findings": [], "profiles": {"engine": profile.to_json()}}
+    html = render_html(report)
+    assert line.replace("'", "&#x27;") in html and "<td>15.00 ms</td><td>17.60 ms</td>" in html
+    assert line in sec.steps_summary(report, sec.engine_profile(report))
+    row = sec.phase_rows(sec.engine_profile(report))[0]
+    assert row[sec.PHASE_COLUMNS.index("forward mean")] == "15.00 ms"
+    assert row[sec.PHASE_COLUMNS.index("its steps' mean")] == "17.60 ms"
+    # report.json carries both medians per phase
+    decode = report["profiles"]["engine"]["phases"]["decode"]
+    assert (decode["timed_step_s_median"], decode["untimed_step_s_median"]) == (0.0176, 0.0139)

@@ -1,0 +1,748 @@
+"""The engine profile's records: ``report.profiles["engine"]``, ``profiles["twin"]``,
+``profiles["workload"]`` and the engine anatomy (``facts["engine"]``), as frozen dataclasses.
+
+:mod:`vllm_doctor.analysis.engine`, ``analysis.roofline`` and ``analysis.twin_compare`` build
+them; every reader (the text, the HTML report, the trace, ``view``, ``top``'s model panel, the
+A/B) takes them by attribute. Each record's field names are report.json's keys (a ``key`` in the
+field's metadata where the key is no Python name): :meth:`Record.to_json` writes the JSON,
+:meth:`Record.of` reads it back leniently (a key an older doctor did not write reads as its
+default, a record is taken as it is), :meth:`Record.json_schema` declares it in
+docs/report-schema.json (``python -m vllm_doctor.report.schema --write docs/report-schema.json``).
+The machinery is :mod:`vllm_doctor.facts.wire`'s; the records live here, beside what builds
+them, where every front end may import them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Self
+
+from vllm_doctor.facts import wire
+from vllm_doctor.facts.anatomy import CompileState
+
+__all__ = ["CompileState", "Record"]  # and every record below
+
+PHASES = ("prefill", "decode", "mixed")
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+class Record:
+    """A record of the report: read from its JSON, written to it, declared in its schema."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, data: Any) -> Self:
+        """The record from the report's JSON of it (leniently), or the record itself."""
+        return wire.read(cls, data)
+
+    def to_json(self) -> Any:
+        return wire.write(self)
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        return wire.json_schema(cls)
+
+
+# ---- steps ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepRow(Record):
+    """One engine step as the reports show it (``facts.steps.StepTable.rows``)."""
+
+    index: int = 0
+    t: float | None = field(default=None, metadata=_doc("host start, seconds from the profile's origin"))
+    phase: str = "decode"
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    prefill_reqs: int = 0
+    decode_reqs: int = 0
+    total_tokens: int = 0
+    kv_blocks_used: int = 0
+    preempted_reqs: int = 0
+    resumed_reqs: int = 0
+    num_reqs: int = 0
+    step_s: float = 0.0
+    step_clock: str | None = field(default=None, metadata=_doc("the clock of step_s: the profile's, or host"))
+    forward_s: float | None = field(default=None, metadata=_doc("None: the forward was not timed on this step"))
+    logits_s: float | None = None
+    host_execute_s: float | None = None
+    host_sample_s: float | None = None
+    sampled: bool = True
+    layers_timed: bool = field(default=True, metadata=_doc("the step was timed per layer (a sample)"))
+    layers_detail: bool = field(
+        default=True, metadata=_doc("also timed inside its decoder layers (eager mode's finer grain; compiled: always)")
+    )
+    idle_before_s: float | None = field(
+        default=None, metadata=_doc("the device's idle time since the previous step ended, on the step clock")
+    )
+
+
+@dataclass(frozen=True)
+class PhaseSummary(Record):
+    """One phase's steps (prefill, decode or mixed): counts, step and forward times on the step
+    clock, and the steps timed per layer against the others (the doctor's own per-layer cost)."""
+
+    steps: int = 0
+    tokens: int = 0
+    mean_batch: float = 0.0
+    step_s_mean: float = 0.0
+    step_s_p50: float | None = None
+    step_s_p90: float | None = None
+    forward_s_mean: float | None = field(
+        default=None, metadata=_doc("mean forward time of the steps whose forward was timed (forward_steps)")
+    )
+    forward_steps: int = field(default=0, metadata=_doc("steps whose forward was timed"))
+    forward_steps_step_s_mean: float | None = field(
+        default=None,
+        metadata=_doc("mean step time of the same steps as forward_s_mean: the step time to set the forward beside"),
+    )
+    forward_share: float | None = field(
+        default=None, metadata=_doc("the forward's share of the step time of the steps it was timed on")
+    )
+    tokens_per_s: float | None = None
+    idle_before_s_mean: float | None = field(
+        default=None, metadata=_doc("mean idle time of the device before each step (since the previous step ended)")
+    )
+    timed_steps: int = field(default=0, metadata=_doc("steps timed per layer"))
+    timed_step_s_median: float | None = field(
+        default=None, metadata=_doc("median step time of the steps timed per layer (None: no such step)")
+    )
+    untimed_step_s_median: float | None = field(
+        default=None, metadata=_doc("median step time of the steps not timed per layer (None: no such step)")
+    )
+
+    @property
+    def timing_cost(self) -> float | None:
+        """How much longer a step timed per layer takes than one that is not (a fraction), where
+        the phase has both."""
+        timed, untimed = self.timed_step_s_median, self.untimed_step_s_median
+        if timed is None or untimed is None or untimed <= 0:
+            return None
+        return timed / untimed - 1.0
+
+
+# ---- layers --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerModule(Record):
+    """One timed module's time summed over the steps timed per layer, per profiler bucket
+    (decode; prefill = prefill and mixed steps)."""
+
+    name: str = ""
+    kind: str | None = field(default=None, metadata=_doc("embedding, attention, dense, mlp, norm, logits, layer"))
+    layer: int | None = None
+    class_name: str | None = field(default=None, metadata={"key": "class"})
+    prefill_calls: int = 0
+    prefill_s: float = 0.0
+    decode_calls: int = 0
+    decode_s: float = 0.0
+    # the steps it was timed on (None: a doctor from before eager mode's two grains, every step
+    # timed per layer): an inner module's are the detailed ones only
+    prefill_steps: int | None = None
+    decode_steps: int | None = None
+    total_s: float = field(
+        default=0.0, metadata=_doc("over every step timed per layer: an inner module's scaled from its own steps")
+    )
+    calls: int = 0
+
+    def bucket_s(self, bucket: str) -> float:
+        return self.decode_s if bucket == "decode" else self.prefill_s
+
+    def bucket_calls(self, bucket: str) -> int:
+        return self.decode_calls if bucket == "decode" else self.prefill_calls
+
+
+@dataclass(frozen=True)
+class LayerTotal(Record):
+    """One decoder layer's time, and its kinds' (attention, MLP, ...) within it."""
+
+    layer: int = 0
+    total_s: float = 0.0
+    kinds: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LayerTables(Record):
+    """Per module, per decoder layer and per kind (``other``: the forward in no kind), over the
+    steps timed per layer."""
+
+    timed_fraction: float | None = field(
+        default=None, metadata=_doc("the share of those steps' forward the timed modules cover")
+    )
+    modules: list[LayerModule] = field(default_factory=list)
+    by_layer: list[LayerTotal] = field(default_factory=list)
+    by_kind: dict[str, float] = field(default_factory=dict)
+    forward_total_s: float = 0.0
+    timed_steps: int = 0
+    sample_every: int | None = None
+
+
+# ---- time ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class IdleBetweenSteps(Record):
+    """The device's idle time between consecutive steps, on the step clock."""
+
+    clock: str | None = None
+    gaps: int = 0
+    total_s: float = 0.0
+    mean_s: float | None = None
+    p50_s: float | None = None
+    p90_s: float | None = None
+    max_s: float | None = None
+
+
+@dataclass(frozen=True)
+class TimeAccounting(Record):
+    """Do the step times add up to the workload's wall time (steps + between steps + edges)?"""
+
+    clock: str | None = None
+    steps_s: float = 0.0
+    wall_s: float = 0.0
+    share: float = 0.0
+    outside_steps_s: float = 0.0
+    between_steps_s: float | None = None
+    between_steps_mean_s: float | None = None
+    edges_s: float | None = None
+    accounted_share: float | None = None
+    above_wall: bool = field(default=False, metadata=_doc("the steps add up to more than the wall time: a doctor bug"))
+
+
+@dataclass(frozen=True)
+class DoctorOverhead(Record):
+    """The doctor's own host time per step, against the worker's host time of the step."""
+
+    host_s: dict[str, float] = field(default_factory=dict)
+    steps: int = 0
+    per_step_s: float = 0.0
+    step_host_s: float = 0.0
+    share: float | None = None
+    rpc_s: float | None = None
+    window_s: float | None = None
+    worker_share: float | None = None
+
+
+# ---- memory and KV -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown(Record):
+    """One worker's memory: weights / peak activations / KV / CUDA graphs / other."""
+
+    device: str | None = None
+    total: int | None = None
+    total_source: str | None = None
+    peak_total: int | None = None
+    parts: dict[str, int | None] = field(default_factory=dict)
+    torch: dict[str, int | None] | None = None
+    device_used: int | None = None
+    notes: list[str] = field(default_factory=list)
+    measurable: bool = False
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class KvUsagePoint(Record):
+    t: float | None = None
+    index: int = 0
+    blocks: int = 0
+    usage: float = 0.0
+
+
+@dataclass(frozen=True)
+class TraceSpan(Record):
+    """A forward's or a module's span in a traced step: offset from the step's start, duration."""
+
+    name: str | None = None
+    offset_s: float = 0.0
+    dur_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class TraceStep(Record):
+    """A step timed per layer, for the Perfetto trace."""
+
+    index: int = 0
+    t: float = 0.0
+    step_s: float | None = None
+    phase: str | None = None
+    forward: list[TraceSpan] = field(default_factory=list)
+    layers: list[TraceSpan] = field(default_factory=list)
+
+
+# ---- roofline ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RooflineModel(Record):
+    """The model's sizes per rank and the weights a step reads."""
+
+    hidden: int = 0
+    layers: int = 0
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    intermediate: int = 0
+    vocab: int = 0
+    tied_embeddings: bool = False
+    weight_bytes_per_element: float = 0.0
+    kv_bytes_per_element: float = 0.0
+    params: int = 0
+    resident_weight_bytes: float = 0.0
+    measured_weight_bytes: float | None = None
+    weights_read_bytes: float = 0.0
+    weights_source: str | None = None
+
+
+@dataclass(frozen=True)
+class DevicePeaks(Record):
+    """What the device can do at most (None: unknown), and whence."""
+
+    name: str | None = None
+    bandwidth_bytes_s: float | None = None
+    bandwidth_source: str | None = None
+    flops_s: float | None = None
+    flops_dtype: str | None = None
+    flops_source: str | None = None
+
+
+@dataclass(frozen=True)
+class StepBytes(Record):
+    weights: float = 0.0
+    kv_read: float = 0.0
+    kv_write: float = 0.0
+    activations: float = 0.0
+    total: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepFlops(Record):
+    gemm: float = 0.0
+    lm_head: float = 0.0
+    attention: float = 0.0
+    total: float = 0.0
+
+
+@dataclass(frozen=True)
+class RooflineWorkload(Record):
+    tokens: float = 0.0
+    seqs: float = 0.0
+    context_tokens: float = 0.0
+
+
+@dataclass(frozen=True)
+class Rates(Record):
+    """Achieved bytes/s and FLOP/s, their shares of the device's peaks; a rate above a peak is
+    a doctor bug (``above_peak``, ``problems``), its share withheld."""
+
+    bytes_per_s: float | None = None
+    bytes_per_s_with_activations: float | None = None
+    flops_per_s: float | None = None
+    bandwidth_share: float | None = None
+    compute_share: float | None = None
+    intensity: float | None = None
+    above_peak: bool = False
+    problems: list[str] = field(default_factory=list)
+    bound: str | None = field(default=None, metadata=_doc("compute or memory, where both peaks are known"))
+
+
+@dataclass(frozen=True)
+class RooflinePhase(Rates):
+    """One phase's mean step against the device's peaks."""
+
+    step_s: float | None = None
+    workload: RooflineWorkload = field(default_factory=RooflineWorkload)
+    bytes: StepBytes = field(default_factory=StepBytes)
+    flops: StepFlops = field(default_factory=StepFlops)
+
+
+@dataclass(frozen=True)
+class RooflineLayer(Rates):
+    """One timed decoder layer's call against the device's peaks."""
+
+    layer: int = 0
+    name: str | None = None
+    phase: str | None = None
+    time_s: float | None = None
+    bytes: StepBytes = field(default_factory=StepBytes)
+
+
+@dataclass(frozen=True)
+class Roofline(Record):
+    """The step against the device's physical limit (analysis.roofline), or why not."""
+
+    available: bool = False
+    reason: str | None = None
+    model: RooflineModel = field(default_factory=RooflineModel)
+    device: DevicePeaks = field(default_factory=DevicePeaks)
+    context: str | None = None
+    phases: dict[str, RooflinePhase] = field(default_factory=dict)
+    layers: list[RooflineLayer] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    above_peak: bool = False
+
+
+# ---- ranks ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankSummary(Record):
+    """One rank's own numbers; its steps and trace only where they are not the profile's own."""
+
+    rank: int | None = None
+    tp_rank: int | None = None
+    pp_rank: int | None = None
+    device: str | None = None
+    pid: int | None = None
+    phases: dict[str, PhaseSummary] = field(default_factory=dict)
+    by_layer: list[LayerTotal] = field(default_factory=list)
+    forward_total_s: float = 0.0
+    kv_storage_bytes: int | None = None
+    kv_num_blocks: int | None = None
+    steps: list[StepRow] | None = field(
+        default=None,
+        metadata={"doc": "absent for the primary rank: its steps are the profile's own", "omit_none": True},
+    )
+    trace: list[TraceStep] = field(default_factory=list)
+
+    def forward_s_mean(self, phase: str) -> float | None:
+        p = self.phases.get(phase)
+        return p.forward_s_mean if p is not None else None
+
+
+@dataclass(frozen=True)
+class RankImbalance(Record):
+    """Per phase, the slowest and the fastest rank (mean forward time, else mean step time)."""
+
+    slowest_rank: int | None = None
+    slowest_s: float = 0.0
+    fastest_rank: int | None = None
+    fastest_s: float = 0.0
+    ratio: float | None = None
+
+
+# ---- the whole profile ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineProfile(Record):
+    """``report.profiles["engine"]``: the primary rank's steps, phases, layers, KV usage, memory
+    of every rank, the roofline, the time accounting and the doctor's own cost."""
+
+    available: bool = False
+    reason: str | None = field(default=None, metadata=_doc("why there is no profile (no worker replied)"))
+    rank: int | None = None
+    device: str | None = None
+    clock: str | None = field(default=None, metadata=_doc("the step and forward times' clock (units.clock_name)"))
+    layers_on: bool | None = None
+    layers_reason: str | None = None
+    steps: list[StepRow] = field(default_factory=list)
+    step_count: int = 0
+    steps_error: str | None = None
+    dropped_steps: int = 0
+    phases: dict[str, PhaseSummary] = field(default_factory=dict)
+    layers: LayerTables = field(default_factory=LayerTables)
+    kv_usage: list[KvUsagePoint] = field(default_factory=list)
+    kv_num_blocks: int | None = None
+    kv_block_size: int | None = None
+    trace: list[TraceStep] = field(default_factory=list)
+    memory: list[MemoryBreakdown] = field(default_factory=list)
+    nvml: dict[str, Any] | None = None
+    crashes: list[dict[str, Any]] = field(default_factory=list)
+    idle_between_steps: IdleBetweenSteps | None = None
+    doctor_overhead: DoctorOverhead | None = None
+    roofline: Roofline | None = None
+    per_rank: list[RankSummary] = field(default_factory=list)
+    rank_imbalance: dict[str, RankImbalance] = field(default_factory=dict)
+    time_accounting: TimeAccounting | None = None
+
+    @property
+    def steps_recorded(self) -> int:
+        """Steps in the profile: ``step_count`` (an older report: the steps listed)."""
+        return self.step_count or len(self.steps)
+
+
+# ---- the engine's anatomy ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FrontEnd(Record):
+    """The process the doctor drives the engine from (``LLM``), or a served engine's API server."""
+
+    pid: int | None = None
+    url: str | None = None
+    llm_class: str | None = None
+    engine_class: str | None = None
+    core_client_class: str | None = None
+    engine_core_in_process: bool = False
+    executor_backend: str | None = None
+    executor_class: str | None = None
+    engine_core_pids: list[int] = field(default_factory=list)
+    worker_extension_cls: str | None = None
+    served_models: list[str] = field(default_factory=list)
+    server_version: str | None = None
+
+
+@dataclass(frozen=True)
+class ExecutorInfo(Record):
+    backend: str | None = None
+    class_name: str | None = field(default=None, metadata={"key": "class"})
+    pid: int | None = None
+
+
+@dataclass(frozen=True)
+class WorkerAnatomy(Record):
+    rank: int | None = None
+    local_rank: int | None = None
+    pid: int | None = None
+    ppid: int | None = None
+    device: str | None = None
+    worker_class: str | None = None
+    model_runner_class: str | None = None
+    model_runner_kind: str | None = None
+    model_class: str | None = None
+    model_module_file: str | None = None
+    compile: CompileState | None = None
+    process_title: str | None = None
+
+
+@dataclass(frozen=True)
+class ProcessBox(Record):
+    """One process of the engine and what it holds."""
+
+    role: str = ""
+    pid: int | None = None
+    rank: int | None = None
+    device: str | None = None
+    in_process_with: str | None = None
+    holds: list[str | None] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ModelInfo(Record):
+    class_name: str | None = field(default=None, metadata={"key": "class"})
+    origin: str | None = field(default=None, metadata=_doc("built-in, plugin, transformers-fallback or unknown"))
+    file: str | None = None
+
+
+@dataclass(frozen=True)
+class ModelRunnerInfo(Record):
+    class_name: str | None = field(default=None, metadata={"key": "class"})
+    kind: str | None = None
+
+
+@dataclass(frozen=True)
+class KvGroupSummary(Record):
+    """One KV-cache group: its layers and vLLM's spec, as far as vLLM exposes it (None: not)."""
+
+    layers: int = 0
+    type: str | None = None
+    block_size: int | None = None
+    num_kv_heads: int | None = None
+    head_size: int | None = None
+    head_size_v: int | None = None
+    sliding_window: int | None = None
+    attention_chunk_size: int | None = None
+    dtype: str | None = None
+    page_size_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class KvSummary(Record):
+    layout: str | None = None
+    num_blocks: int | None = None
+    block_size: int | None = None
+    num_layers: int | None = None
+    num_storages: int | None = None
+    storage_bytes: int | None = None
+    tensor_shape: list[int] | None = None
+    dtype: str | None = None
+    groups: list[KvGroupSummary] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class EngineAnatomy(Record):
+    """``report.facts["engine"]``: which process holds the front end, engine core, executor and
+    each worker; the model, its runner, the KV cache's layout and how vLLM runs the model."""
+
+    front_end: FrontEnd = field(default_factory=FrontEnd)
+    executor: ExecutorInfo = field(default_factory=ExecutorInfo)
+    workers: list[WorkerAnatomy] = field(default_factory=list)
+    processes: list[ProcessBox] = field(default_factory=list)
+    model: ModelInfo = field(default_factory=ModelInfo)
+    model_runner: ModelRunnerInfo = field(default_factory=ModelRunnerInfo)
+    kv_cache: KvSummary = field(default_factory=KvSummary)
+    compile: CompileState | None = None
+
+
+# ---- the twin A/B --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TwinMatchInfo(Record):
+    """How the twin was found (``auto`` / ``forced``) and whose weights both runs load."""
+
+    how: str | None = None
+    weights: str | None = field(default=None, metadata=_doc("same: the port's files; dummy: random weights on both"))
+    notes: list[str] = field(default_factory=list)
+    model_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class TwinRoofline(Record):
+    """A side's roofline of one phase, as the A/B carries it."""
+
+    bytes_per_s: float | None = None
+    bandwidth_share: float | None = None
+    peak_bytes_s: float | None = None
+    flops_per_s: float | None = None
+    compute_share: float | None = None
+    above_peak: bool = False
+
+
+@dataclass(frozen=True)
+class TwinPhase(Record):
+    """One phase, port against twin (ratios port / twin for times, twin / port for throughput)."""
+
+    port_steps: int | None = None
+    twin_steps: int | None = None
+    port_step_s: float | None = None
+    twin_step_s: float | None = None
+    step_ratio: float | None = None
+    port_forward_s: float | None = None
+    twin_forward_s: float | None = None
+    forward_ratio: float | None = None
+    port_forward_steps_step_s: float | None = field(
+        default=None, metadata=_doc("the port's mean step time of the steps its forward was timed on")
+    )
+    twin_forward_steps_step_s: float | None = None
+    port_tok_s: float | None = None
+    twin_tok_s: float | None = None
+    throughput_ratio: float | None = None
+    port_roofline: TwinRoofline | None = None
+    twin_roofline: TwinRoofline | None = None
+
+
+@dataclass(frozen=True)
+class TwinKindPhase(Record):
+    port_s: float = 0.0
+    twin_s: float = 0.0
+    ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class TwinKind(Record):
+    """One layer kind both sides can be compared on, per profiler bucket and over both."""
+
+    covers: str | None = None
+    phases: dict[str, TwinKindPhase] = field(default_factory=dict)
+    port_s: float = 0.0
+    twin_s: float = 0.0
+    ratio: float | None = None
+
+
+@dataclass(frozen=True)
+class TwinGap(Record):
+    """Where the port loses the most time against the twin over the workload."""
+
+    phase: str | None = None
+    kind: str | None = None
+    ratio: float | None = None
+    port_s: float | None = None
+    twin_s: float | None = None
+    excess_s: float | None = None
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class TwinFlags(Record):
+    port: bool | None = None
+    twin: bool | None = None
+
+
+@dataclass(frozen=True)
+class TwinExecution(Record):
+    port: CompileState | None = None
+    twin: CompileState | None = None
+
+
+@dataclass(frozen=True)
+class TwinClocks(Record):
+    port: str | None = None
+    twin: str | None = None
+
+
+@dataclass(frozen=True)
+class TwinWorkload(Record):
+    prompts: int | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+
+
+@dataclass(frozen=True)
+class TwinAB(Record):
+    """``report.profiles["twin"]``: the port against vLLM's in-tree twin, or why there is none
+    (``none``, one line)."""
+
+    architecture: str | None = None
+    none: str | None = field(
+        default=None, metadata={"doc": "why no A/B ran (one line); absent: it ran", "omit_none": True}
+    )
+    match: TwinMatchInfo = field(default_factory=TwinMatchInfo)
+    compiled: TwinFlags = field(default_factory=TwinFlags)
+    cuda_graphs: TwinFlags = field(default_factory=TwinFlags)
+    execution: TwinExecution = field(default_factory=TwinExecution)
+    clock: TwinClocks = field(default_factory=TwinClocks)
+    workload: TwinWorkload = field(default_factory=TwinWorkload)
+    port_tok_s: float | None = None
+    twin_tok_s: float | None = None
+    throughput_ratio: float | None = None
+    phases: dict[str, TwinPhase] = field(default_factory=dict)
+    kinds: dict[str, TwinKind] = field(default_factory=dict)
+    kinds_basis: str | None = None
+    kinds_per: str | None = None
+    not_separable: list[str] = field(default_factory=list)
+    largest_gap: TwinGap = field(default_factory=TwinGap)
+
+
+# ---- what a worker's profile reply holds ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProfileReply(Record):
+    """The parts of a worker's ``doctor_collect`` profile reply the summaries read (its step
+    records are :class:`vllm_doctor.facts.steps.StepTable`'s)."""
+
+    profiling: bool = False
+    clock: str | None = None
+    layers_on: bool | None = None
+    layers_reason: str | None = None
+    sample_every: int | None = None
+    dropped_steps: int = 0
+    num_blocks: int | None = None
+    layers: list[LayerModule] = field(default_factory=list)
+    trace: list[TraceStep] = field(default_factory=list)
+    doctor_host_s: dict[str, float] = field(default_factory=dict)
+    doctor_rpc_s: float | None = None
+    window_s: float | None = None
+    crashes: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WorkloadRun(Record):
+    """``report.profiles["workload"]``: the engine stage's workload and what it produced (the
+    doctor attached)."""
+
+    prompts: int | None = None
+    input_len: int | None = None
+    output_len: int | None = None
+    generated_tokens: int | None = None
+    wall_s: float | None = None
+    output_tokens_per_s: float | None = None
