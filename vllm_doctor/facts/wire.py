@@ -94,6 +94,43 @@ def without_none(data: dict[str, Any]) -> dict[str, Any]:
 
 _NONE = type(None)
 
+# A field's wire rules (its ``metadata``, made by :func:`rules`), for the replies whose shape
+# predates the declared records:
+_KEY = "wire_key"  # the reply's key for the field, where it is not the field's name
+_WHOLE = "wire_whole"  # a list is read only if every item is of its type (a shape: no holes)
+_EMPTY_NONE = "wire_empty_none"  # an optional record sent as {} reads as None (not sent)
+_INLINE = "wire_inline"  # a record whose fields sit in the reply beside its owner's
+_PREFIX = "wire_prefix"  # a dict whose entries sit in the reply as "<prefix><name>" keys
+_OMIT = "wire_omit"  # written only when it is not the field's default
+# a record class with this attribute true is written without its None fields (what vLLM exposed)
+SPARSE = "WIRE_SPARSE"
+
+
+def rules(
+    *,
+    key: str | None = None,
+    whole: bool = False,
+    empty_none: bool = False,
+    inline: bool = False,
+    prefix: str | None = None,
+    omit_default: bool = False,
+    doc: str | None = None,
+) -> dict[str, Any]:
+    """A field's ``metadata``: where :func:`read` and :func:`write` find it in a reply whose
+    shape is not the field's plain name and type (the flags above), and its schema ``doc``."""
+    given = {_KEY: key, _WHOLE: whole, _EMPTY_NONE: empty_none, _INLINE: inline, _PREFIX: prefix, _OMIT: omit_default}
+    return {k: v for k, v in (given | {"doc": doc}).items() if v}
+
+
+def _raw(f: dataclasses.Field[Any], data: Mapping[str, Any]) -> Any:
+    """The reply's value for field ``f`` as sent (``_MISSING`` where it has none)."""
+    if f.metadata.get(_INLINE):
+        return data
+    prefix = f.metadata.get(_PREFIX)
+    if prefix:
+        return {k[len(prefix) :]: v for k, v in data.items() if isinstance(k, str) and k.startswith(prefix)}
+    return data.get(f.metadata.get(_KEY) or f.name, _MISSING)
+
 
 @functools.cache
 def _hints(cls: Any) -> dict[str, Any]:
@@ -169,14 +206,24 @@ def read(cls: type[R], data: Any) -> R:
     """A record of dataclass ``cls`` from a decoded reply, leniently: each field by its
     annotation; a field that is missing or of another type reads as its default (or the type's
     empty value where it has none), an unknown key is ignored, a list or dict keeps the items
-    that are of its item type. ``data`` that is not a dict reads as ``{}``."""
+    that are of its item type. ``data`` that is not a dict reads as ``{}``. A field named
+    ``wire_version`` reads the reply's :func:`version`; a field's :func:`rules` say where its
+    value sits in a reply of another shape."""
     data = mapping(data)
     hints = _hints(cls)  # type: ignore[arg-type]
     kwargs: dict[str, Any] = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if not f.init:
             continue
-        value = _coerce(hints[f.name], data[f.name]) if f.name in data else _MISSING
+        if f.name == VERSION_KEY:  # the reply's version: 0 for a doctor that sent none
+            kwargs[f.name] = version(data)
+            continue
+        raw = _raw(f, data)
+        value = _MISSING if raw is _MISSING else _coerce(hints[f.name], raw)
+        if f.metadata.get(_WHOLE) and isinstance(value, (list, tuple)) and len(value) != len(raw):
+            value = _MISSING  # a list with an item of another type is not one
+        if f.metadata.get(_EMPTY_NONE) and raw == {}:
+            value = None
         if value is _MISSING:
             if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
                 continue  # the dataclass fills its own default
@@ -187,14 +234,38 @@ def read(cls: type[R], data: Any) -> R:
 
 def write(record: Any) -> Any:
     """A record (or a list or dict of them) as JSON-able data: ``dataclasses.asdict`` with
-    tuples as lists."""
+    tuples as lists, each field where its :func:`rules` put it, a :data:`SPARSE` record's None
+    fields left out."""
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        return {f.name: write(getattr(record, f.name)) for f in dataclasses.fields(record)}
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(record):
+            value = getattr(record, f.name)
+            if f.metadata.get(_OMIT) and value == _default(f):
+                continue
+            encoded = write(value)
+            if f.metadata.get(_INLINE) and isinstance(encoded, dict):
+                out.update(encoded)
+            elif f.metadata.get(_PREFIX) and isinstance(encoded, dict):
+                out.update({f.metadata[_PREFIX] + str(k): v for k, v in encoded.items()})
+            else:
+                out[f.metadata.get(_KEY) or f.name] = encoded
+        return without_none(out) if getattr(record, SPARSE, False) else out
     if isinstance(record, (list, tuple)):
         return [write(v) for v in record]
     if isinstance(record, dict):
         return {k: write(v) for k, v in record.items()}
     return record
+
+
+def versioned(record: Any, wire_version: int) -> dict[str, Any]:
+    """:func:`write`'s dict of ``record`` headed by ``wire_version`` (a reply's ``to_wire``)."""
+    return {VERSION_KEY: wire_version, **{k: v for k, v in write(record).items() if k != VERSION_KEY}}
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
 
 
 def json_schema(tp: Any) -> dict[str, Any]:
@@ -220,9 +291,14 @@ def json_schema(tp: Any) -> dict[str, Any]:
         props: dict[str, Any] = {}
         for f in dataclasses.fields(tp):
             prop = json_schema(hints[f.name])
+            if f.metadata.get(_INLINE):
+                props.update(prop["properties"])
+                continue
+            if f.metadata.get(_PREFIX):
+                continue  # keys made of a name (the schema cannot list them)
             if f.metadata.get("doc"):
                 prop = {**prop, "description": f.metadata["doc"]}
-            props[f.name] = prop
+            props[f.metadata.get(_KEY) or f.name] = prop
         out: dict[str, Any] = {"type": "object", "properties": props}
         doc = (tp.__doc__ or "").strip().split("\n\n")[0]
         if doc and not doc.startswith(tp.__name__ + "("):  # not the dataclass's generated signature
