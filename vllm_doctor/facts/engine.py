@@ -36,6 +36,20 @@ DECODERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
 }
 
 
+@dataclass(frozen=True)
+class RpcReply:
+    """One worker's envelope for an extension RPC (:mod:`vllm_doctor.engine.extension`): ``ok``
+    with the method's ``data``, or not with ``error`` (``{type, message, traceback}``). ``data``
+    and ``error`` are the very dicts the worker sent (a part is kept as it came)."""
+
+    ok: bool = False
+    method: str | None = None
+    rank: int | None = None
+    pid: int | None = None
+    data: dict | None = None  # type: ignore[type-arg]  # bare: kept as sent, not copied
+    error: dict | None = None  # type: ignore[type-arg]
+
+
 @dataclass
 class WorkerFacts:
     rank: int | None

@@ -37,6 +37,7 @@ from vllm_doctor.analysis.parity import (
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.anatomy import Anatomy
+from vllm_doctor.facts.engine import RpcReply
 from vllm_doctor.files import write_json_atomic
 from vllm_doctor.stages import tempdirs
 from vllm_doctor.stages.child import ChildJob
@@ -120,15 +121,6 @@ class EngineStart:
     max_model_len: int | None = None
     engine_args: dict[str, Any] = field(default_factory=dict)  # more EngineArgs, as given
     start_timeout: float = 600  # seconds the first answer may wait for the engine to start
-
-
-@dataclass(frozen=True)
-class RpcReply:
-    """One worker's reply to an extension RPC (the envelope: ``ok``, then ``data`` or ``error``)."""
-
-    ok: bool = False
-    error: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
 
 
 class ParityUnavailable(RuntimeError):
