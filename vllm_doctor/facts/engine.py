@@ -21,6 +21,7 @@ from vllm_doctor.facts.kv import KvCache
 from vllm_doctor.facts.memory import MemoryFacts
 from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.placement import Placement
+from vllm_doctor.facts.probe import ProfileProbe
 from vllm_doctor.facts.steps import StepTable
 
 PARTS = ("anatomy", "placement", "kv", "memory", "perf", "profile")
@@ -128,12 +129,10 @@ class WorkerFacts:
         record = self._record("perf", PerfAnatomy)
         if record is None:
             return None
-        counts = ((self.parts.get("profile") or {}).get("probe") or {}).get("op_counts")
-        if isinstance(counts, dict) and counts:
+        counts = wire.read(ProfileProbe, self.parts.get("profile")).probe.op_counts
+        if counts:
             phase = "decode" if "decode" in counts else next(iter(counts))
-            per_class = counts.get(phase)
-            if isinstance(per_class, dict):
-                return record.with_op_counts({str(k): v for k, v in per_class.items() if isinstance(v, int)}, phase)
+            return record.with_op_counts(counts[phase], phase)
         return record
 
     def steps(self) -> StepTable:
