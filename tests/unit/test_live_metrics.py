@@ -334,7 +334,7 @@ def test_a_recording_cut_short_reads_up_to_its_last_flushed_refresh(tmp_path: Pa
     data = path.read_bytes()
     (tmp_path / "cut.jsonl.gz").write_bytes(data[: len(data) - 30])  # no gzip trailer, as a killed top leaves it
     header, records, _ = read_recording(tmp_path / "cut.jsonl.gz")
-    assert header["url"] == "http://127.0.0.1:1" and len(records) >= 2
+    assert header.url == "http://127.0.0.1:1" and len(records) >= 2
 
 
 @pytest.mark.parametrize("content", [b"not gzip at all", gzip.compress(b'{"format": "other"}\n'), gzip.compress(b"")])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from typing import Any
 
 from vllm_doctor.analysis.engine import anatomy, memory_breakdown
@@ -18,6 +19,7 @@ from vllm_doctor.facts.kv import AttentionLayer, HfShape, KvCache, KvGroup, KvSp
 from vllm_doctor.facts.memory import CudaMemory, MemoryFacts
 from vllm_doctor.facts.placement import DevicePlace, Placement, PlacementCounts, Shard, TensorPlace
 from vllm_doctor.facts.wire import VERSION_KEY
+from vllm_doctor.facts.wire import rules as wire_rules
 from vllm_doctor.live.attach import merge_replies
 
 IDENTITY = WorkerIdentity(pid=7, ppid=1, rank=1, local_rank=1, device="cuda:1", model_class="m.M", tensor_parallel_size=2,
@@ -214,3 +216,33 @@ def test_a_none_the_record_omits_is_no_key_in_the_json() -> None:
     assert wire.write(_Optional()) == {"kept": None}
     assert wire.write(_Optional("why")) == {"none": "why", "kept": None}
     assert wire.read(_Optional, {"kept": "x"}) == _Optional(None, "x")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Shaped:
+    WIRE_SPARSE: typing.ClassVar[bool] = True
+
+    inner: _Inner = dataclasses.field(default_factory=_Inner, metadata=wire_rules(inline=True))
+    cls_name: str | None = dataclasses.field(default=None, metadata=wire_rules(key="class"))
+    shape: list[int] = dataclasses.field(default_factory=list, metadata=wire_rules(whole=True))
+    sub: _Inner | None = dataclasses.field(default=None, metadata=wire_rules(empty_none=True))
+    measures: dict[str, int] = dataclasses.field(default_factory=dict, metadata=wire_rules(prefix="m_"))
+    flag: bool = dataclasses.field(default=False, metadata=wire_rules(omit_default=True))
+    wire_version: int = 1
+
+
+def test_the_field_rules_map_a_record_onto_a_reply_of_an_older_shape() -> None:
+    from vllm_doctor.facts import wire
+
+    got = wire.read(_Shaped, {"n": 4, "class": "C", "shape": [2, "x"], "sub": {}, "m_a": 1, "m_b": "no", "flag": True})
+    assert got == _Shaped(_Inner(4), "C", [], None, {"a": 1}, True, wire_version=0)  # no version sent: 0
+    assert wire.read(_Shaped, {"shape": [2, 3], "sub": {"n": 1}, VERSION_KEY: 3}) == _Shaped(
+        shape=[2, 3], sub=_Inner(1), wire_version=3
+    )
+    # the inner fields beside the owner's, "class", "m_<name>"; None and a default flag left out
+    assert wire.write(_Shaped(_Inner(4), "C", measures={"a": 1})) == {
+        "n": 4, "values": [], "class": "C", "shape": [], "m_a": 1, "wire_version": 1
+    }
+    assert list(wire.versioned(_Shaped(flag=True), 2)) == ["wire_version", "values", "shape", "flag"]
+    assert wire.versioned(_Shaped(), 2)["wire_version"] == 2
+    assert set(wire.json_schema(_Shaped)["properties"]) == {"n", "values", "class", "shape", "sub", "flag", "wire_version"}

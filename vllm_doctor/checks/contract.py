@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
-from vllm_doctor.checks.base import Emit, check, gate
+from vllm_doctor.checks.base import Emit, check, gate, known
 from vllm_doctor.checks.registry import inspected_class
+from vllm_doctor.facts.import_pass import ClassContract
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
 
@@ -18,20 +18,20 @@ FORWARD_KWARGS = ("input_ids", "positions", "intermediate_tensors", "inputs_embe
 def _contract_inspected(facts: Facts, emit: Emit) -> Finding | None:
     """The import pass read the class's contract facts (after gate ``model-class``)."""
     _arch, target, record = inspected_class(facts)
-    if "contract" not in record:
-        why = "it could not be imported (see VD106)" if "import_error" in record else "it was not inspected"
+    if record.contract is None:
+        why = "it could not be imported (see VD106)" if record.import_error is not None else "it was not inspected"
         return emit.skip(f"{target}: {why}", target)
     return None
 
 
-def _contract(facts: Facts) -> tuple[str, dict[str, Any]]:
+def _contract(facts: Facts) -> tuple[str, ClassContract]:
     """(target, contract facts) of the class vLLM would build (gates ``model-class``, ``contract``)."""
     _arch, target, record = inspected_class(facts)
-    return target, record["contract"]
+    return target, known(record.contract)
 
 
-def _verdict(contract: dict[str, Any]) -> str:
-    ok = contract.get("vllm", {}).get("is_text_generation_model")
+def _verdict(contract: ClassContract) -> str:
+    ok = contract.vllm.is_text_generation_model
     return "" if ok is None else f" (vLLM's own check: is_text_generation_model = {ok})"
 
 
@@ -60,13 +60,13 @@ def _verdict(contract: dict[str, Any]) -> str:
 )
 def init_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
     target, c = _contract(facts)
-    params = c.get("init_params") or []
+    params = c.init_params or []
     missing = [p for p in ("vllm_config", "prefix") if p not in params]
     if missing:
         yield emit.fail(
             f"{target}.__init__ lacks {', '.join(missing)}: its parameters are ({', '.join(params)}){_verdict(c)}",
             f"{target}.__init__",
-            {"init_params": params, "missing": missing, "source": c.get("source"), "vllm_error": GENERIC},
+            {"init_params": params, "missing": missing, "source": c.source, "vllm_error": GENERIC},
             "def __init__(self, *, vllm_config, prefix: str = ''): config = vllm_config.model_config.hf_config",
         )
     else:
@@ -97,18 +97,16 @@ def init_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
 )
 def subclasses_pretrainedmodel(facts: Facts, emit: Emit) -> Iterable[Finding]:
     target, c = _contract(facts)
-    if c.get("is_pretrained_model"):
-        hf_base = next((m for m in c.get("mro", []) if m.startswith("transformers.")), "PreTrainedModel")
+    if c.is_pretrained_model:
+        hf_base = next((m for m in c.mro if m.startswith("transformers.")), "PreTrainedModel")
         yield emit.warn(
             f"{target} subclasses {hf_base}{_verdict(c)}",
             target,
-            {"mro": c.get("mro", []), "source": c.get("source")},
+            {"mro": c.mro, "source": c.source},
             "subclass torch.nn.Module and build the model from vLLM layers",
         )
-    elif not c.get("is_nn_module", True):
-        yield emit.fail(
-            f"{target} is not a torch.nn.Module", target, {"mro": c.get("mro", [])}, "subclass torch.nn.Module"
-        )
+    elif not c.is_nn_module:
+        yield emit.fail(f"{target} is not a torch.nn.Module", target, {"mro": c.mro}, "subclass torch.nn.Module")
     else:
         yield emit.ok(f"{target} is a plain nn.Module", target)
 
@@ -131,7 +129,7 @@ def subclasses_pretrainedmodel(facts: Facts, emit: Emit) -> Iterable[Finding]:
 )
 def forward_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
     target, c = _contract(facts)
-    if not c.get("forward_callable"):
+    if not c.forward_callable:
         yield emit.fail(
             f"{target} has no callable forward",
             f"{target}.forward",
@@ -139,17 +137,17 @@ def forward_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
             "define forward(self, input_ids, positions, ...)",
         )
         return
-    supports = c.get("forward_supports", {})
+    supports = c.forward_supports
     missing = [kw for kw in FORWARD_KWARGS if not supports.get(kw)]
     if missing:
         yield emit.fail(
             (
                 f"{target}.forward does not accept {', '.join(missing)}: its parameters are "
-                f"({', '.join(c.get('forward_params') or [])}){_verdict(c)}"
+                f"({', '.join(c.forward_params or [])}){_verdict(c)}"
             ),
             f"{target}.forward",
             {
-                "forward_params": c.get("forward_params"),
+                "forward_params": c.forward_params,
                 "missing": missing,
                 "vllm_error": GENERIC
                 if {"input_ids", "positions"} & set(missing)
@@ -179,7 +177,7 @@ def forward_signature(facts: Facts, emit: Emit) -> Iterable[Finding]:
 )
 def compute_logits_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
     target, c = _contract(facts)
-    if not c.get("compute_logits_callable"):
+    if not c.compute_logits_callable:
         yield emit.fail(
             f"{target} has no compute_logits{_verdict(c)}",
             f"{target}.compute_logits",
@@ -212,18 +210,18 @@ def compute_logits_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
 )
 def load_weights_contract(facts: Facts, emit: Emit) -> Iterable[Finding]:
     target, c = _contract(facts)
-    if not c.get("load_weights_callable"):
+    if not c.load_weights_callable:
         yield emit.fail(
             f"{target} has no load_weights",
             f"{target}.load_weights",
             {},
             "define load_weights(self, weights) -> set[str]",
         )
-    elif c.get("load_weights_returns_value") is False:
+    elif c.load_weights_returns_value is False:
         yield emit.warn(
             f"{target}.load_weights returns None: vLLM cannot tell which parameters were never loaded",
             f"{target}.load_weights",
-            {"source": c.get("source")},
+            {"source": c.source},
             "collect loaded parameter names in a set and return it",
             severity=Severity.WARN,
         )
@@ -249,19 +247,19 @@ def load_weights_contract(facts: Facts, emit: Emit) -> Iterable[Finding]:
 )
 def embed_input_ids_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
     target, c = _contract(facts)
-    if c.get("embed_input_ids_callable"):
+    if c.embed_input_ids_callable:
         yield emit.ok(f"{target}.embed_input_ids exists", f"{target}.embed_input_ids")
         return
-    required = bool(c.get("vllm", {}).get("requires_embed_input_ids"))
+    required = bool(c.vllm.requires_embed_input_ids)
     hint = (
         "rename get_input_embeddings to embed_input_ids"
-        if c.get("get_input_embeddings_callable")
+        if c.get_input_embeddings_callable
         else "def embed_input_ids(self, input_ids): return self.model.embed_tokens(input_ids)"
     )
     yield emit.fail(
         f"{target} has no embed_input_ids" + (" (required by this vLLM)" if required else ""),
         f"{target}.embed_input_ids",
-        {"required_by_installed_vllm": required, "has_get_input_embeddings": c.get("get_input_embeddings_callable")},
+        {"required_by_installed_vllm": required, "has_get_input_embeddings": c.get_input_embeddings_callable},
         hint,
         severity=Severity.ERROR if required else Severity.WARN,
     )
@@ -289,7 +287,7 @@ def embed_input_ids_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
 )
 def cuda_initialized_at_import(facts: Facts, emit: Emit) -> Iterable[Finding]:
     _arch, target, record = inspected_class(facts)
-    frames = record.get("cuda_init_at_import")
+    frames = record.cuda_init_at_import
     if frames:
         yield emit.fail(
             f"importing {target.split(':')[0]} initialises CUDA at {frames[-1]}",

@@ -10,36 +10,38 @@ from typing import Any
 
 from vllm_doctor.checks.base import Emit, check
 from vllm_doctor.checks.engine_base import profiles, subject
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.facts.probe import ProbeEvent, ProfileProbe
 from vllm_doctor.model import Finding, Severity, Stage
+
+Event = tuple[ProbeEvent, dict[str, Any]]  # the event read, and as the worker sent it (the evidence)
 
 
 def _probe_events(
     facts: EngineFacts, emit: Emit, kinds: set[str]
-) -> tuple[list[tuple[WorkerFacts, str, dict[str, Any] | None]], list[Finding]]:
+) -> tuple[list[tuple[WorkerFacts, str, Event | None]], list[Finding]]:
     """(worker, device, event or None when the worker's probe saw none of ``kinds``), and the
     findings for workers whose probe crashed or saw no step."""
     pairs, findings = profiles(facts, emit)
-    items: list[tuple[WorkerFacts, str, dict[str, Any] | None]] = []
+    items: list[tuple[WorkerFacts, str, Event | None]] = []
     for w, profile in pairs:
-        probe = profile.get("probe") or {}
-        dev = probe.get("worker_device") or ""
-        if not probe.get("steps") and not probe.get("events"):  # judge what was probed, even if incomplete
+        probe = wire.read(ProfileProbe, profile).probe
+        dev = probe.worker_device
+        if not probe.steps and not probe.events:  # judge what was probed, even if incomplete
             findings.append(
                 emit.skip(
-                    probe.get("reason")
-                    or f"the forward probe saw no step yet (waiting for {probe.get('waiting_for')})",
-                    subject(w),
+                    probe.reason or f"the forward probe saw no step yet (waiting for {probe.waiting_for})", subject(w)
                 )
             )
             continue
-        events = [e for e in probe.get("events", []) if e.get("kind") in kinds]
+        events = [(e, raw) for raw in probe.events if (e := wire.read(ProbeEvent, raw)).kind in kinds]
         items += [(w, dev, e) for e in events] or [(w, dev, None)]
     return items, findings
 
 
 def _probe_steps(w: WorkerFacts) -> list[Any]:
-    return list(((w.get("profile") or {}).get("probe") or {}).get("steps", []))
+    return wire.read(ProfileProbe, w.get("profile")).probe.steps
 
 
 @check(
@@ -68,26 +70,24 @@ def _probe_steps(w: WorkerFacts) -> list[Any]:
 def forward_wrong_device(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
     items, findings = _probe_events(facts, emit, {"wrong_device_create", "cross_device_copy", "wrong_device_compute"})
     yield from findings
-    for w, dev, e in items:
-        if e is None:
+    for w, dev, event in items:
+        if event is None:
             steps = _probe_steps(w)
             yield emit.ok(f"no op in {len(steps)} probed step(s) left {dev}", subject(w, dev), {"probed_steps": steps})
             continue
+        e, raw = event
         what = {
-            "wrong_device_create": f"creates a tensor on {e.get('device')}",
-            "cross_device_copy": f"copies a tensor from {e.get('from')} to {e.get('device')}",
-            "wrong_device_compute": f"computes on {e.get('device')}",
-        }[e["kind"]]
-        where = (e.get("where") or [""])[-1]
-        builtin = bool(e.get("vllm_builtin"))
+            "wrong_device_create": f"creates a tensor on {e.device}",
+            "cross_device_copy": f"copies a tensor from {e.from_device} to {e.device}",
+            "wrong_device_compute": f"computes on {e.device}",
+        }[e.kind]
+        where = (e.where or [""])[-1]
+        builtin = e.vllm_builtin
         yield emit.warn(
-            (
-                f"{e['module']} ({e['module_class']}) {what} ({e['op']}, {e['count']}x in the probed steps); the "
-                f"worker runs on {dev}"
-            )
+            (f"{e.module} ({e.module_class}) {what} ({e.op}, {e.count}x in the probed steps); the worker runs on {dev}")
             + (" [inside vLLM's own layer]" if builtin else ""),
-            e["module"],
-            {**e, "worker_device": dev, "rank": w.rank},
+            e.module,
+            {**raw, "worker_device": dev, "rank": w.rank},
             f"at {where}: build it once in __init__ (a buffer) or create it with device=x.device"
             if where
             else "build it once in __init__ (a buffer) or create it with device=x.device",
@@ -125,8 +125,8 @@ def forward_wrong_device(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
 def host_sync_in_forward(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
     items, findings = _probe_events(facts, emit, {"host_sync", "data_dependent"})
     yield from findings
-    for w, dev, e in items:
-        if e is None:
+    for w, dev, event in items:
+        if event is None:
             steps = _probe_steps(w)
             yield emit.ok(
                 f"no host read or data-dependent shape in {len(steps)} probed step(s)",
@@ -134,20 +134,21 @@ def host_sync_in_forward(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
                 {"probed_steps": steps},
             )
             continue
-        what = "reads a tensor value on the host" if e["kind"] == "host_sync" else "has a data-dependent output shape"
+        e, raw = event
+        what = "reads a tensor value on the host" if e.kind == "host_sync" else "has a data-dependent output shape"
         on_cpu = dev.startswith("cpu")
-        builtin = bool(e.get("vllm_builtin"))
+        builtin = e.vllm_builtin
         note = (
             " (a no-op on this CPU worker; on a GPU worker it waits for the GPU and breaks CUDA-graph capture)"
             if on_cpu
             else ""
         )
-        where = (e.get("where") or [""])[-1]
+        where = (e.where or [""])[-1]
         yield emit.warn(
-            f"{e['module']} ({e['module_class']}) {what}: {e['op']}, {e['count']}x in the probed steps{note}"
+            f"{e.module} ({e.module_class}) {what}: {e.op}, {e.count}x in the probed steps{note}"
             + (" [inside vLLM's own layer]" if builtin else ""),
-            e["module"],
-            {**e, "worker_device": dev, "rank": w.rank},
+            e.module,
+            {**raw, "worker_device": dev, "rank": w.rank},
             (f"at {where}: " if where else "")
             + "keep values on the device (masks, torch.where) or move the decision out of forward",
             severity=Severity.INFO if builtin else None,

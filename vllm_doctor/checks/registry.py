@@ -17,6 +17,7 @@ from vllm_doctor.checks.base import (
     known,
     shown,
 )
+from vllm_doctor.facts.import_pass import ClassRecord
 from vllm_doctor.facts.static import Facts, is_transformers_backend
 from vllm_doctor.model import Finding, Severity, Stage
 from vllm_doctor.units import clip
@@ -80,15 +81,15 @@ def _class_inspected(facts: Facts, emit: Emit) -> Finding | None:
     if resolved is None:
         return emit.not_applicable("no architecture of config.json is registered (see VD101)")
     arch, target = resolved
-    if facts.class_record(arch) is None:
+    if facts.class_info(arch) is None:
         return emit.skip(f"the import pass did not inspect {arch}", target)
     return None
 
 
-def inspected_class(facts: Facts) -> tuple[str, str, dict[str, Any]]:
+def inspected_class(facts: Facts) -> tuple[str, str, ClassRecord]:
     """(arch, target, import-pass record) of the class vLLM would build (gate ``model-class``)."""
     arch, target = known(resolved_target(facts))
-    return arch, target, known(facts.class_record(arch))
+    return arch, target, known(facts.class_info(arch))
 
 
 @gate("caller-registry")
@@ -356,19 +357,18 @@ def model_type_unknown(facts: Facts, emit: Emit) -> Iterable[Finding]:
             "set model_type to the string your config class declares (PretrainedConfig.model_type)",
         )
         return
-    verdict = (facts.import_pass or {}).get("config_verdict") or {}
-    if verdict.get("ok"):  # vLLM itself loaded config.json in a fresh process: its verdict wins
+    verdict = facts.imports.config_verdict if facts.imports else None
+    if verdict is not None and verdict.ok:  # vLLM itself loaded config.json in a fresh process: its verdict wins
         yield emit.ok(
-            f"model_type {mt!r} is known: vLLM loaded config.json in a fresh engine process "
-            f"({verdict.get('config_class')})",
+            f"model_type {mt!r} is known: vLLM loaded config.json in a fresh engine process ({verdict.config_class})",
             "config.json:model_type",
-            {"vllm_verdict": verdict},
+            {"vllm_verdict": _verdict_as_sent(facts)},
         )
         return
     known: set[str] = set()
     source = ""
-    if facts.import_pass and "transformers_model_types" in facts.import_pass:
-        known = set(facts.import_pass["transformers_model_types"])
+    if facts.imports and facts.imports.transformers_model_types is not None:
+        known = set(facts.imports.transformers_model_types)
         source = "AutoConfig in a fresh process after plugins"
     elif facts.transformers_model_types is not None:
         known = set(facts.transformers_model_types)
@@ -381,7 +381,7 @@ def model_type_unknown(facts: Facts, emit: Emit) -> Iterable[Finding]:
         yield emit.ok(f"model_type {mt!r} is known ({source})", "config.json:model_type")
         return
     vllm_types = set(facts.vllm_config_model_types) | set(
-        (facts.import_pass or {}).get("vllm_config_model_types") or []
+        facts.imports.vllm_config_model_types if facts.imports else ()
     )
     vllm_types.update(mt_ for p in facts.plugins if p.allowed for mt_, _ in p.vllm_config_registrations)
     if mt in vllm_types:
@@ -467,8 +467,8 @@ def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
     problems = len(missing)
     mt = facts.model_type
     known = facts.transformers_model_types or set()
-    if facts.import_pass and "transformers_model_types" in facts.import_pass:
-        known = set(facts.import_pass["transformers_model_types"])
+    if facts.imports and facts.imports.transformers_model_types is not None:
+        known = set(facts.imports.transformers_model_types)
     if not facts.trust_remote_code and any(k.startswith("AutoConfig") for k in auto_map) and mt not in known:
         problems += 1
         yield emit.fail(
@@ -510,14 +510,13 @@ def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
 )
 def model_class_import_fails(facts: Facts, emit: Emit) -> Iterable[Finding]:
     _arch, target, record = inspected_class(facts)
-    if "import_error" in record:
-        tb = record["import_error"]
+    if record.import_error is not None:
         yield emit.fail(
-            f"{target} cannot be imported: {record.get('import_error_summary', '')}",
+            f"{target} cannot be imported: {record.import_error_summary}",
             target,
             {
-                "traceback": tb,
-                "module_file": record.get("module_file"),
+                "traceback": record.import_error,
+                "module_file": record.module_file,
                 "vllm_error": (
                     f"Model architectures {shown(facts.architectures)} failed to be inspected. Please check the logs "
                     f"for more details."
@@ -588,19 +587,26 @@ def transformers_backend_fallback(facts: Facts, emit: Emit) -> Iterable[Finding]
 
 def _what_vllm_does(facts: Facts) -> tuple[str, dict[str, Any]]:
     """What this vLLM made of the config in the import pass (its own verdict), for VD108."""
-    verdict = (facts.import_pass or {}).get("config_verdict") or {}
-    version = (facts.import_pass or {}).get("vllm_version") or "this vLLM"
-    if verdict.get("ok") and verdict.get("architectures"):
+    verdict = facts.imports.config_verdict if facts.imports else None
+    if verdict is None:
+        return "", {}
+    version = (facts.imports.vllm_version if facts.imports else None) or "this vLLM"
+    if verdict.ok and verdict.architectures:
         return (
-            f"; vLLM {version} does not refuse it: it builds {verdict['architectures']} instead "
+            f"; vLLM {version} does not refuse it: it builds {verdict.architectures} instead "
             "(the model_type's base class, which may have no LM head)",
-            {"vllm_verdict": verdict},
+            {"vllm_verdict": _verdict_as_sent(facts)},
         )
-    if verdict and not verdict.get("ok"):
-        return f"; vLLM {version} refuses it: {clip(str(verdict.get('error')).splitlines()[0], 300)}", {
-            "vllm_verdict": verdict
+    if not verdict.ok:
+        return f"; vLLM {version} refuses it: {clip(str(verdict.error).splitlines()[0], 300)}", {
+            "vllm_verdict": _verdict_as_sent(facts)
         }
     return "", {}
+
+
+def _verdict_as_sent(facts: Facts) -> Any:
+    """The import pass's config verdict as the child sent it (findings show it so)."""
+    return (facts.import_pass or {})["config_verdict"]
 
 
 @check(
@@ -691,7 +697,7 @@ def plugin_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
 
 
 def _plugin_findings(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    live = {p["name"]: p for p in (facts.import_pass or {}).get("plugins", [])}
+    live = {p.name: p for p in facts.imports.plugins} if facts.imports else {}
     for plugin in facts.plugins:
         subject = f"entry point {plugin.name} = {plugin.value}" + (
             f" ({plugin.distribution})" if plugin.distribution else ""
@@ -705,9 +711,9 @@ def _plugin_findings(facts: Facts, emit: Emit) -> Iterable[Finding]:
             )
             continue
         record = live.get(plugin.name)
-        if record is not None and (record.get("loaded") is False or record.get("called") is False):
-            stage = "import" if record.get("loaded") is False else "call"
-            error = record.get("error", "")
+        if record is not None and (record.loaded is False or record.called is False):
+            stage = "import" if record.loaded is False else "call"
+            error = record.error
             last = error.strip().splitlines()[-1] if error.strip() else "unknown error"
             yield emit.fail(
                 f"plugin {plugin.name!r} fails to {stage}: {last}",
@@ -800,18 +806,18 @@ _EXPLAINED_REFUSALS = (
     requires=("import",),
 )
 def config_rejected_by_vllm(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    verdict = (facts.import_pass or {}).get("config_verdict")
-    if not verdict:
+    verdict = facts.imports.config_verdict if facts.imports else None
+    if verdict is None:
         yield emit.skip("the import pass did not load the config with vLLM")
         return
-    if verdict.get("ok"):
+    if verdict.ok:
         yield emit.ok(
-            f"vLLM loads config.json ({verdict.get('config_class')}, architectures {verdict.get('architectures')})",
+            f"vLLM loads config.json ({verdict.config_class}, architectures {verdict.architectures})",
             "config.json",
-            {"vllm_verdict": verdict},
+            {"vllm_verdict": _verdict_as_sent(facts)},
         )
         return
-    error = str(verdict.get("error") or "")
+    error = str(verdict.error or "")
     if any(text in error for text in _EXPLAINED_REFUSALS):
         yield emit.not_applicable(
             "vLLM refuses the architecture or the model_type, which VD101-VD108 explain", "config.json"
@@ -820,7 +826,7 @@ def config_rejected_by_vllm(facts: Facts, emit: Emit) -> Iterable[Finding]:
     yield emit.fail(
         f"vLLM refuses config.json: {informative_line(error, 500)}",
         "config.json",
-        {"vllm_error": error[:3000], "vllm_verdict": verdict},
+        {"vllm_error": error[:3000], "vllm_verdict": _verdict_as_sent(facts)},
         "make config.json agree with the config class; EngineArgs(model=DIR).create_model_config() reproduces it",
     )
 

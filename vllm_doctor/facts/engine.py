@@ -15,11 +15,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.anatomy import Anatomy
 from vllm_doctor.facts.kv import KvCache
 from vllm_doctor.facts.memory import MemoryFacts
 from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.placement import Placement
+from vllm_doctor.facts.probe import ProfileProbe
 from vllm_doctor.facts.steps import StepTable
 
 PARTS = ("anatomy", "placement", "kv", "memory", "perf", "profile")
@@ -35,6 +37,20 @@ DECODERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
 }
 
 
+@dataclass(frozen=True)
+class RpcReply:
+    """One worker's envelope for an extension RPC (:mod:`vllm_doctor.engine.extension`): ``ok``
+    with the method's ``data``, or not with ``error`` (``{type, message, traceback}``). ``data``
+    and ``error`` are the very dicts the worker sent (a part is kept as it came)."""
+
+    ok: bool = False
+    method: str | None = None
+    rank: int | None = None
+    pid: int | None = None
+    data: dict | None = None  # type: ignore[type-arg]  # bare: kept as sent, not copied
+    error: dict | None = None  # type: ignore[type-arg]
+
+
 @dataclass
 class WorkerFacts:
     rank: int | None
@@ -42,9 +58,9 @@ class WorkerFacts:
     errors: dict[str, dict[str, Any]] = field(default_factory=dict)  # part -> {type, message, traceback}
 
     # part -> (the reply it was read from, its record): read once per reply
-    _records: dict[str, tuple[dict[str, Any], Any]] = field(default_factory=dict, repr=False, compare=False)
+    _records: dict[str, tuple[dict[str, Any], Any]] = field(default_factory=dict, init=False, repr=False, compare=False)
     # (the profile reply it was read from, its step table): read once per reply
-    _steps: tuple[dict[str, Any], StepTable] | None = field(default=None, repr=False, compare=False)
+    _steps: tuple[dict[str, Any], StepTable] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for part, data in self.parts.items():
@@ -113,12 +129,10 @@ class WorkerFacts:
         record = self._record("perf", PerfAnatomy)
         if record is None:
             return None
-        counts = ((self.parts.get("profile") or {}).get("probe") or {}).get("op_counts")
-        if isinstance(counts, dict) and counts:
+        counts = wire.read(ProfileProbe, self.parts.get("profile")).probe.op_counts
+        if counts:
             phase = "decode" if "decode" in counts else next(iter(counts))
-            per_class = counts.get(phase)
-            if isinstance(per_class, dict):
-                return record.with_op_counts({str(k): v for k, v in per_class.items() if isinstance(v, int)}, phase)
+            return record.with_op_counts(counts[phase], phase)
         return record
 
     def steps(self) -> StepTable:
@@ -146,7 +160,7 @@ class EngineFacts:
     startup_phase: str | None = None  # where vLLM failed: "load", "profile run", "graph capture", ...
     startup_function: str | None = None  # the vLLM function that names the phase, with file:line
     # after a failure outside eager mode: the same model re-run eagerly with the op probe
-    diagnosis: EngineFacts | None = None
+    diagnosis: EngineFacts | None = field(default=None, metadata=wire.rules(empty_none=True))
     # each parameter's shape when built at tensor-parallel size 1 (the weights pass, `check --engine`)
     reference_shapes: dict[str, list[int]] | None = None
 
@@ -209,19 +223,5 @@ def facts_to_dict(facts: EngineFacts) -> dict[str, Any]:
 
 
 def facts_from_dict(data: dict[str, Any]) -> EngineFacts:
-    return EngineFacts(
-        front_end=dict(data.get("front_end") or {}),
-        workers=[
-            WorkerFacts(rank=w.get("rank"), parts=dict(w.get("parts") or {}), errors=dict(w.get("errors") or {}))
-            for w in data.get("workers") or []
-        ],
-        startup_error=data.get("startup_error"),
-        runtime_error=data.get("runtime_error"),
-        nvml=data.get("nvml"),
-        model_dir=data.get("model_dir"),
-        mode=dict(data.get("mode") or {}),
-        startup_phase=data.get("startup_phase"),
-        startup_function=data.get("startup_function"),
-        diagnosis=facts_from_dict(data["diagnosis"]) if data.get("diagnosis") else None,
-        reference_shapes=data.get("reference_shapes"),
-    )
+    """:func:`facts_to_dict`'s dict (report.json's engine facts) read back, leniently."""
+    return wire.read(EngineFacts, data)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.anatomy import CompileState
-from vllm_doctor.facts.wire import VERSION_KEY, int_map, mapping, opt_int, opt_str, version, without_none
 
 WIRE_VERSION = 1
 
@@ -44,26 +44,10 @@ class CudaMemory:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> CudaMemory:
-        return cls(
-            allocated=opt_int(data.get("allocated")) or 0,
-            reserved=opt_int(data.get("reserved")) or 0,
-            max_allocated=opt_int(data.get("max_allocated")) or 0,
-            max_reserved=opt_int(data.get("max_reserved")),
-            device_free=opt_int(data.get("device_free")) or 0,
-            device_total=opt_int(data.get("device_total")) or 0,
-            graph_pool_bytes=opt_int(data.get("graph_pool_bytes")),
-        )
+        return wire.read(cls, data)
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "allocated": self.allocated,
-            "reserved": self.reserved,
-            "max_allocated": self.max_allocated,
-            "max_reserved": self.max_reserved,
-            "device_free": self.device_free,
-            "device_total": self.device_total,
-            "graph_pool_bytes": self.graph_pool_bytes,
-        }
+        return wire.write(self)
 
 
 @dataclass(frozen=True)
@@ -78,11 +62,14 @@ class MemoryFacts:
     repacked_weight_bytes_estimate: int = 0
     repacked_layers: int = 0
     kv_bytes: int = 0
-    vllm: dict[str, int] = field(default_factory=dict)  # VLLM_MEASURES this vLLM exposes -> bytes
+    # VLLM_MEASURES this vLLM exposes -> bytes (wire keys "vllm_<name>")
+    vllm: dict[str, int] = field(default_factory=dict, metadata=wire.rules(prefix="vllm_"))
     host: dict[str, int] = field(default_factory=dict)  # /proc: "VmRSS", "VmHWM"
-    cuda: CudaMemory | None = None  # None on a CPU worker
+    cuda: CudaMemory | None = field(default=None, metadata=wire.rules(empty_none=True))  # None on a CPU worker
     compile: CompileState | None = None
     wire_version: int = WIRE_VERSION
+
+    WIRE_SPARSE: ClassVar[bool] = True  # sent without what the worker could not measure
 
     def measured(self, name: str) -> int | None:
         """What vLLM measured as ``name`` (one of :data:`VLLM_MEASURES`), None if it did not."""
@@ -90,38 +77,7 @@ class MemoryFacts:
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> MemoryFacts:
-        data = mapping(data)
-        cuda = mapping(data.get("cuda"))
-        vllm = {name: v for name in VLLM_MEASURES if (v := opt_int(data.get(f"vllm_{name}"))) is not None}
-        return cls(
-            pid=opt_int(data.get("pid")),
-            device=opt_str(data.get("device")),
-            parameter_bytes=opt_int(data.get("parameter_bytes")) or 0,
-            buffer_bytes=opt_int(data.get("buffer_bytes")) or 0,
-            repacked_weight_bytes_estimate=opt_int(data.get("repacked_weight_bytes_estimate")) or 0,
-            repacked_layers=opt_int(data.get("repacked_layers")) or 0,
-            kv_bytes=opt_int(data.get("kv_bytes")) or 0,
-            vllm=vllm,
-            host=int_map(data.get("host")),
-            cuda=CudaMemory.from_wire(cuda) if cuda else None,
-            compile=CompileState.read(data.get("compile")),
-            wire_version=version(data),
-        )
+        return wire.read(cls, data)
 
     def to_wire(self) -> dict[str, Any]:
-        return without_none(
-            {
-                VERSION_KEY: WIRE_VERSION,
-                "pid": self.pid,
-                "device": self.device,
-                "parameter_bytes": self.parameter_bytes,
-                "buffer_bytes": self.buffer_bytes,
-                "repacked_weight_bytes_estimate": self.repacked_weight_bytes_estimate,
-                "repacked_layers": self.repacked_layers,
-                "kv_bytes": self.kv_bytes,
-                **{f"vllm_{name}": value for name, value in self.vllm.items()},
-                "host": dict(self.host),
-                "cuda": self.cuda.to_wire() if self.cuda is not None else None,
-                "compile": self.compile.to_wire() if self.compile is not None else None,
-            }
-        )
+        return wire.versioned(self, WIRE_VERSION)

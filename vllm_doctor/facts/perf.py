@@ -11,10 +11,10 @@ measurement made later (the A/B against the in-tree twin) can re-run the checks 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vllm_doctor.facts.wire import VERSION_KEY, mapping, opt_int, opt_str, str_list, version
+from vllm_doctor.facts import wire
 
 WIRE_VERSION = 1
 
@@ -32,11 +32,11 @@ class SourceFinding:
     detail: str  # loop: what it walks ("heads", ...); float32: the cast; attention: the call
 
     def to_wire(self) -> dict[str, Any]:
-        return asdict(self)
+        return wire.write(self)
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> SourceFinding:
-        return cls(**{k: data.get(k, "" if k != "line" else 0) for k in cls.__dataclass_fields__})
+    def from_wire(cls, data: Mapping[str, Any]) -> SourceFinding:
+        return wire.read(cls, data)
 
 
 @dataclass(frozen=True)
@@ -67,25 +67,11 @@ class Projection:
         return self.kind.endswith("-linear")
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "cls": self.cls,
-            "kind": self.kind,
-            "in_features": self.in_features,
-            "out_features": self.out_features,
-            "dtype": self.dtype,
-        }
+        return wire.write(self)
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> Projection:
-        return cls(
-            name=opt_str(data.get("name")) or "",
-            cls=opt_str(data.get("cls")) or "",
-            kind=opt_str(data.get("kind")) or "",
-            in_features=opt_int(data.get("in_features")),
-            out_features=opt_int(data.get("out_features")),
-            dtype=opt_str(data.get("dtype")),
-        )
+        return wire.read(cls, data)
 
 
 @dataclass(frozen=True)
@@ -99,23 +85,11 @@ class ModelClass:
     source_error: str | None = None  # why its source could not be read
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            "cls": self.cls,
-            "file": self.file,
-            "instances": self.instances,
-            "first_instance": self.first_instance,
-            "source_error": self.source_error,
-        }
+        return wire.write(self)
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> ModelClass:
-        return cls(
-            cls=opt_str(data.get("cls")) or "",
-            file=opt_str(data.get("file")),
-            instances=opt_int(data.get("instances")) or 0,
-            first_instance=opt_str(data.get("first_instance")) or "",
-            source_error=opt_str(data.get("source_error")),
-        )
+        return wire.read(cls, data)
 
 
 @dataclass(frozen=True)
@@ -138,45 +112,11 @@ class PerfAnatomy:
     op_count_step: str | None = None  # the probed step's phase ("prefill", "decode", "mixed")
 
     def to_wire(self) -> dict[str, Any]:
-        return {
-            VERSION_KEY: WIRE_VERSION,
-            "root_class": self.root_class,
-            "dtype": self.dtype,
-            "hidden_size": self.hidden_size,
-            "vocab_size": self.vocab_size,
-            "num_hidden_layers": self.num_hidden_layers,
-            "source": self.source,
-            "projections": [p.to_wire() for p in self.projections],
-            "attention_layers": list(self.attention_layers),
-            "compiled_modules": list(self.compiled_modules),
-            "model_classes": [c.to_wire() for c in self.model_classes],
-            "source_findings": [f.to_wire() for f in self.source_findings],
-            "op_counts": dict(self.op_counts),
-            "op_count_step": self.op_count_step,
-        }
+        return wire.versioned(self, WIRE_VERSION)
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> PerfAnatomy:
-        data = mapping(data)
-        version(data)  # every version so far is read field by field
-        ops = mapping(data.get("op_counts"))
-        return cls(
-            root_class=opt_str(data.get("root_class")) or "",
-            dtype=opt_str(data.get("dtype")),
-            hidden_size=opt_int(data.get("hidden_size")),
-            vocab_size=opt_int(data.get("vocab_size")),
-            num_hidden_layers=opt_int(data.get("num_hidden_layers")),
-            source=opt_str(data.get("source")) or "",
-            projections=tuple(Projection.from_wire(mapping(p)) for p in _items(data.get("projections"))),
-            attention_layers=tuple(str_list(data.get("attention_layers"))),
-            compiled_modules=tuple(str_list(data.get("compiled_modules"))),
-            model_classes=tuple(ModelClass.from_wire(mapping(c)) for c in _items(data.get("model_classes"))),
-            source_findings=tuple(
-                SourceFinding.from_wire(mapping(f)) for f in _items(data.get("source_findings")) if isinstance(f, dict)
-            ),
-            op_counts={str(k): v for k, v in ops.items() if opt_int(v) is not None},
-            op_count_step=opt_str(data.get("op_count_step")),
-        )
+        return wire.read(cls, data)  # every version so far is read field by field
 
     @property
     def compiled(self) -> bool:
@@ -189,7 +129,3 @@ class PerfAnatomy:
 
     def with_op_counts(self, counts: dict[str, int], step: str | None) -> PerfAnatomy:
         return replace(self, op_counts=dict(counts), op_count_step=step)
-
-
-def _items(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else []

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from vllm_doctor.facts import wire
+
 __all__ = ["Frame", "ProcessDump", "ThreadStack", "threads_from_pyspy"]
 
 
@@ -71,10 +73,31 @@ class ProcessDump:
         return asdict(self)
 
 
-def _frame(raw: dict[str, Any]) -> Frame:
-    filename = str(raw.get("filename") or "")
-    short = str(raw.get("short_filename") or filename.rsplit("/", 1)[-1])
-    return Frame(name=str(raw.get("name") or "?"), filename=filename, short=short, line=int(raw.get("line") or 0))
+@dataclass(frozen=True)
+class _PySpyFrame:
+    """A frame as ``py-spy dump --json`` writes it."""
+
+    name: str = ""
+    filename: str = ""
+    short_filename: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class _PySpyThread:
+    """A thread as ``py-spy dump --json`` writes it."""
+
+    thread_id: int = 0
+    os_thread_id: int | None = None
+    thread_name: str | None = None
+    active: bool = False
+    owns_gil: bool = False
+    frames: list[_PySpyFrame] = field(default_factory=list)
+
+
+def _frame(raw: _PySpyFrame) -> Frame:
+    short = raw.short_filename or raw.filename.rsplit("/", 1)[-1]
+    return Frame(name=raw.name or "?", filename=raw.filename, short=short, line=raw.line)
 
 
 def threads_from_pyspy(data: Any) -> list[ThreadStack]:
@@ -85,14 +108,15 @@ def threads_from_pyspy(data: Any) -> list[ThreadStack]:
     for raw in data:
         if not isinstance(raw, dict) or not isinstance(raw.get("frames"), list):
             raise ValueError("py-spy JSON thread without frames")
+        thread = wire.read(_PySpyThread, raw)
         threads.append(
             ThreadStack(
-                thread_id=int(raw.get("thread_id") or 0),
-                os_thread_id=int(raw["os_thread_id"]) if raw.get("os_thread_id") is not None else None,
-                name=raw.get("thread_name"),
-                active=bool(raw.get("active")),
-                owns_gil=bool(raw.get("owns_gil")),
-                frames=tuple(_frame(f) for f in raw["frames"] if isinstance(f, dict)),
+                thread_id=thread.thread_id,
+                os_thread_id=thread.os_thread_id,
+                name=thread.thread_name,
+                active=thread.active,
+                owns_gil=thread.owns_gil,
+                frames=tuple(_frame(f) for f in thread.frames),
             )
         )
     return threads

@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.checkpoint import CheckpointFacts
+from vllm_doctor.facts.import_pass import ClassRecord, ImportPass
 from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.plugins import PluginInfo
 
@@ -59,6 +61,23 @@ class Facts:
     perf_error: str | None = None
     # passes that ran and did not complete (time-out, crash, no vLLM): {"pass", "error"}; VD100
     pass_failures: list[dict[str, str]] = field(default_factory=list)
+    # (the import pass reply it was read from, its record): read once per reply
+    _imports: tuple[dict[str, Any], ImportPass] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def imports(self) -> ImportPass | None:
+        """The import pass's reply (``import_pass``, kept as sent) as its record; None when it
+        did not run or failed."""
+        data = self.import_pass
+        if data is None:
+            return None
+        if self._imports is None or self._imports[0] is not data:
+            self._imports = (data, wire.read(ImportPass, data))
+        return self._imports[1]
+
+    def class_info(self, arch: str) -> ClassRecord | None:
+        """The import pass's record of the class registered under ``arch``."""
+        return self.imports.classes.get(arch) if self.imports is not None else None
 
     # ---- derived views ----
     @property

@@ -16,9 +16,11 @@ import binascii
 import math
 import sys
 from array import array
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.constants import STEP_COLUMN_TYPES, STEP_COLUMNS, STEP_COUNT_FIELDS
+from vllm_doctor.facts import wire
 
 ARRAY_CODES = frozenset("dqib")
 # the per-step dict's fields taken from the columns as they are
@@ -45,6 +47,34 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+@dataclass(frozen=True)
+class StepArrays:
+    """``step_arrays``: one packed array per field (``[array type code, base64 bytes]``)."""
+
+    n: int = 0  # steps
+    byteorder: str = sys.byteorder  # the worker's
+    columns: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ProfileSteps:
+    """The parts of a ``doctor_collect`` reply that hold its steps."""
+
+    clock: str | None = None  # what timed the steps ("cuda-events", "host", ...)
+    t0: float = 0.0  # the first step's host time (each row's ``t`` counts from it)
+    step_arrays: StepArrays | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)  # an older doctor's per-step dicts
+
+
+@dataclass(frozen=True)
+class _StepRow:
+    """The fields of an older doctor's per-step dict that the table reads by name."""
+
+    t: float | None = None
+    step_clock: str | None = "host"
+    phase: str | None = None
+
+
 class StepTable:
     """One worker's step records, a list per field (all the same length)."""
 
@@ -62,24 +92,24 @@ class StepTable:
     def of(cls, profile: dict[str, Any] | None) -> StepTable:
         """From a ``doctor_collect`` reply: its ``step_arrays``, else its per-step dicts. Arrays
         that do not decode to one value per step give an empty table that says why (``error``)."""
-        profile = profile or {}
-        clock = profile.get("clock")
-        packed = profile.get("step_arrays")
-        if isinstance(packed, dict):
+        reply = wire.read(ProfileSteps, profile)
+        clock = reply.clock
+        if reply.step_arrays is not None:
             try:
-                return cls(unpack(packed), clock, float(profile.get("t0") or 0.0))
+                return cls(_unpack(reply.step_arrays), clock, float(reply.t0))
             except (ValueError, TypeError) as exc:
-                empty = cls(unpack({}), clock)
+                empty = cls(_unpack(StepArrays()), clock)
                 empty.error = f"the worker's step records could not be read: {exc}"
                 return empty
-        rows = [s for s in profile.get("steps") or [] if isinstance(s, dict)]
+        rows = reply.steps
+        named = [wire.read(_StepRow, s) for s in rows]
         cols = {name: [s.get(name) for s in rows] for name in STEP_COLUMNS}
-        cols["host_start"] = [s.get("t") for s in rows]
-        cols["device_timed"] = [s.get("step_clock", "host") != "host" for s in rows]
+        cols["host_start"] = [s.t for s in named]
+        cols["device_timed"] = [s.step_clock != "host" for s in named]
         table = cls(_defaults(cols), clock, 0.0)
         table._rows = rows
         computed = table.phases
-        table._phases = [s.get("phase") or p for s, p in zip(rows, computed, strict=True)]
+        table._phases = [s.phase or p for s, p in zip(named, computed, strict=True)]
         return table
 
     def __len__(self) -> int:
@@ -125,10 +155,14 @@ def unpack(packed: dict[str, Any]) -> dict[str, list[Any]]:
 
     A field the reply leaves out (top's windows send :data:`STEP_SUMMARY_COLUMNS`) takes its
     :data:`DEFAULTS` value or None; a field this doctor does not know is ignored."""
-    n = int(packed.get("n") or 0)
-    swap = packed.get("byteorder", sys.byteorder) != sys.byteorder
+    return _unpack(wire.read(StepArrays, packed))
+
+
+def _unpack(packed: StepArrays) -> dict[str, list[Any]]:
+    n = packed.n
+    swap = packed.byteorder != sys.byteorder
     cols: dict[str, list[Any]] = {}
-    for name, item in (packed.get("columns") or {}).items():
+    for name, item in packed.columns.items():
         if name not in STEP_COLUMN_TYPES:
             continue
         code, data = item if isinstance(item, list) and len(item) == 2 else (None, None)

@@ -91,15 +91,54 @@ def without_none(data: dict[str, Any]) -> dict[str, Any]:
 # A frozen dataclass declares its fields once; ``read`` decodes a reply into it by the fields'
 # annotations with the same tolerance as the helpers above, ``write`` encodes it, and
 # ``json_schema`` declares it for docs/report-schema.json. No per-field key strings. A field
-# whose JSON key is not a Python name (``class``) names it in ``metadata={"key": ...}``; one
-# whose None is written as no key at all says ``metadata={"omit_none": True}``.
+# whose reply does not hold it under its plain name and type says where it is in its
+# ``metadata``, made by :func:`rules` (or written out: ``{"key": "class"}``, ``{"doc": ...}``).
 
 _NONE = type(None)
+
+# A field's rules (its ``metadata``), for JSON keys that are no Python name and for the replies
+# whose shape predates the declared records:
+_KEY = "key"  # the reply's key for the field, where it is not the field's name
+_WHOLE = "wire_whole"  # a list is read only if every item is of its type (a shape: no holes)
+_EMPTY_NONE = "wire_empty_none"  # an optional record sent as {} reads as None (not sent)
+_INLINE = "wire_inline"  # a record whose fields sit in the reply beside its owner's
+_PREFIX = "wire_prefix"  # a dict whose entries sit in the reply as "<prefix><name>" keys
+_OMIT = "wire_omit"  # written only when it is not the field's default
+_OMIT_NONE = "omit_none"  # a None is written as no key (a key whose presence readers test)
+_SPECIAL = (_WHOLE, _EMPTY_NONE, _INLINE, _PREFIX)  # read by _read_special, off the fast path
+# a record class with this attribute true is written without its None fields (what vLLM exposed)
+SPARSE = "WIRE_SPARSE"
+
+
+def rules(
+    *,
+    key: str | None = None,
+    whole: bool = False,
+    empty_none: bool = False,
+    inline: bool = False,
+    prefix: str | None = None,
+    omit_default: bool = False,
+    omit_none: bool = False,
+    doc: str | None = None,
+) -> dict[str, Any]:
+    """A field's ``metadata``: where :func:`read` and :func:`write` find it in a reply whose
+    shape is not the field's plain name and type (the flags above), and its schema ``doc``."""
+    given = {
+        _KEY: key,
+        _WHOLE: whole,
+        _EMPTY_NONE: empty_none,
+        _INLINE: inline,
+        _PREFIX: prefix,
+        _OMIT: omit_default,
+        _OMIT_NONE: omit_none,
+        "doc": doc,
+    }
+    return {k: v for k, v in given.items() if v}
 
 
 def key_of(f: dataclasses.Field[Any]) -> str:
     """The JSON key of a record's field: its name, or ``metadata["key"]``."""
-    return str(f.metadata.get("key", f.name))
+    return str(f.metadata.get(_KEY) or f.name)
 
 
 @functools.cache
@@ -199,9 +238,9 @@ def _decoder(tp: Any) -> Callable[[Any], Any]:
 
 
 @functools.cache
-def _plan(cls: Any) -> tuple[tuple[str, str, Callable[[Any], Any], bool], ...]:
-    """Per init field of a record: its name, JSON key, decoder, and whether the dataclass fills
-    its own default."""
+def _plan(cls: Any) -> tuple[tuple[str, str, Callable[[Any], Any], bool, dataclasses.Field[Any] | None], ...]:
+    """Per init field of a record: its name, JSON key, decoder, whether the dataclass fills its
+    own default, and the field itself where its rules take the slow path (else None)."""
     hints = _hints(cls)
     return tuple(
         (
@@ -209,10 +248,31 @@ def _plan(cls: Any) -> tuple[tuple[str, str, Callable[[Any], Any], bool], ...]:
             key_of(f),
             _decoder(hints[f.name]),
             f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING,
+            f if f.name == VERSION_KEY or any(f.metadata.get(k) for k in _SPECIAL) else None,
         )
         for f in dataclasses.fields(cls)
         if f.init
     )
+
+
+def _read_special(f: dataclasses.Field[Any], key: str, decode: Callable[[Any], Any], data: Mapping[str, Any]) -> Any:
+    """A field whose rules say where it sits in the reply, or the reply's version."""
+    if f.name == VERSION_KEY:  # the reply's version: 0 for a doctor that sent none
+        return version(data)
+    md = f.metadata
+    prefix = md.get(_PREFIX)
+    if md.get(_INLINE):
+        raw: Any = data
+    elif prefix:
+        raw = {k[len(prefix) :]: v for k, v in data.items() if isinstance(k, str) and k.startswith(prefix)}
+    else:
+        raw = data.get(key, _MISSING)
+    value = _MISSING if raw is _MISSING else decode(raw)
+    if md.get(_WHOLE) and isinstance(value, (list, tuple)) and len(value) != len(raw):
+        value = _MISSING  # a list with an item of another type is not one
+    if md.get(_EMPTY_NONE) and raw == {}:
+        value = None
+    return value
 
 
 def read(cls: type[R], data: Any) -> R:
@@ -220,13 +280,18 @@ def read(cls: type[R], data: Any) -> R:
     annotation; a field that is missing or of another type reads as its default (or the type's
     empty value where it has none), an unknown key is ignored, a list or dict keeps the items
     that are of its item type. ``data`` that is not a dict reads as ``{}``; a record of ``cls``
-    is returned as it is (a reader takes the record or the report's JSON of it alike)."""
+    is returned as it is (a reader takes the record or the report's JSON of it alike). A field
+    named ``wire_version`` reads the reply's :func:`version`; a field's :func:`rules` say where
+    its value sits in a reply of another shape."""
     if isinstance(data, cls):
         return data
     data = mapping(data)
     kwargs: dict[str, Any] = {}
-    for name, key, decode, has_default in _plan(cls):  # type: ignore[arg-type]
-        value = decode(data[key]) if key in data else _MISSING
+    for name, key, decode, has_default, special in _plan(cls):  # type: ignore[arg-type]
+        if special is None:
+            value = decode(data[key]) if key in data else _MISSING
+        else:
+            value = _read_special(special, key, decode, data)
         if value is _MISSING:
             if has_default:
                 continue  # the dataclass fills its own default
@@ -236,33 +301,62 @@ def read(cls: type[R], data: Any) -> R:
 
 
 _PLAIN = (str, int, float, bool, type(None))
+_KEEP = object()  # a field written whatever its value
+
+
+def _default(f: dataclasses.Field[Any]) -> Any:
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None if f.default is dataclasses.MISSING else f.default
 
 
 @functools.cache
-def _keys(cls: Any) -> tuple[tuple[str, str, bool], ...]:
-    """Per field: its JSON key, its name, and whether a None is left out (``metadata["omit_none"]``:
-    a key whose presence readers of report.json test, like the A/B's ``none``)."""
-    return tuple((key_of(f), f.name, bool(f.metadata.get("omit_none"))) for f in dataclasses.fields(cls))
+def _keys(cls: Any) -> tuple[tuple[str, str, bool, Any, bool, str | None], ...]:
+    """Per field: its JSON key, its name, whether a None is left out, the default it is left
+    out at (``_KEEP``: never), and where its rules put it (inline, a key prefix)."""
+    return tuple(
+        (
+            key_of(f),
+            f.name,
+            bool(f.metadata.get(_OMIT_NONE)),
+            _default(f) if f.metadata.get(_OMIT) else _KEEP,
+            bool(f.metadata.get(_INLINE)),
+            f.metadata.get(_PREFIX),
+        )
+        for f in dataclasses.fields(cls)
+    )
 
 
 def write(record: Any) -> Any:
     """A record (or a list or dict of them) as JSON-able data: ``dataclasses.asdict`` with
-    tuples as lists."""
+    tuples as lists, each field where its :func:`rules` put it, a :data:`SPARSE` record's None
+    fields left out."""
     if type(record) in _PLAIN:
         return record
     if dataclasses.is_dataclass(record) and not isinstance(record, type):
-        out = {}
-        for key, name, omit_none in _keys(type(record)):
+        out: dict[str, Any] = {}
+        for key, name, omit_none, omit_at, inline, prefix in _keys(type(record)):
             value = getattr(record, name)
-            if value is None and omit_none:
+            if (value is None and omit_none) or (omit_at is not _KEEP and value == omit_at):
                 continue
-            out[key] = value if type(value) in _PLAIN else write(value)
-        return out
+            encoded = value if type(value) in _PLAIN else write(value)
+            if inline and isinstance(encoded, dict):
+                out.update(encoded)
+            elif prefix and isinstance(encoded, dict):
+                out.update({prefix + str(k): v for k, v in encoded.items()})
+            else:
+                out[key] = encoded
+        return without_none(out) if getattr(record, SPARSE, False) else out
     if isinstance(record, (list, tuple)):
         return [v if type(v) in _PLAIN else write(v) for v in record]
     if isinstance(record, dict):
         return {k: v if type(v) in _PLAIN else write(v) for k, v in record.items()}
     return record
+
+
+def versioned(record: Any, wire_version: int) -> dict[str, Any]:
+    """:func:`write`'s dict of ``record`` headed by ``wire_version`` (a reply's ``to_wire``)."""
+    return {VERSION_KEY: wire_version, **{k: v for k, v in write(record).items() if k != VERSION_KEY}}
 
 
 def json_schema(tp: Any) -> dict[str, Any]:
@@ -288,6 +382,11 @@ def json_schema(tp: Any) -> dict[str, Any]:
         props: dict[str, Any] = {}
         for f in dataclasses.fields(tp):
             prop = json_schema(hints[f.name])
+            if f.metadata.get(_INLINE):
+                props.update(prop["properties"])
+                continue
+            if f.metadata.get(_PREFIX):
+                continue  # keys made of a name (the schema cannot list them)
             if f.metadata.get("doc"):
                 prop = {**prop, "description": f.metadata["doc"]}
             props[key_of(f)] = prop

@@ -29,7 +29,8 @@ from vllm_doctor.compat import nvml
 from vllm_doctor.compat.http import HttpEngineHandle
 from vllm_doctor.compat.llm import EngineHandle, ExtensionMissing, engine_kwargs
 from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
-from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.facts import wire
+from vllm_doctor.facts.engine import EngineFacts, RpcReply, WorkerFacts
 from vllm_doctor.model import Report, Stage
 from vllm_doctor.probes import environment
 
@@ -53,17 +54,17 @@ PART_METHODS = {
 
 def merge_replies(facts: EngineFacts, part: str, replies: list[dict[str, Any]]) -> None:
     """Put one part's per-worker envelopes into ``facts`` (rank order; errors kept apart)."""
-    for i, reply in enumerate(replies):
-        rank = reply.get("rank", i)
+    for i, raw in enumerate(replies):
+        reply = wire.read(RpcReply, raw)
         while len(facts.workers) <= i:
             facts.workers.append(WorkerFacts(rank=None))
         worker = facts.workers[i]
         if worker.rank is None:
-            worker.rank = rank
-        if reply.get("ok"):
-            worker.put(part, reply.get("data") or {})  # read into its record once, here
+            worker.rank = reply.rank if "rank" in raw else i
+        if reply.ok:
+            worker.put(part, reply.data or {})  # read into its record once, here
         else:
-            worker.errors[part] = reply.get("error") or {"type": "Unknown", "message": repr(reply)[:300]}
+            worker.errors[part] = reply.error or {"type": "Unknown", "message": repr(raw)[:300]}
 
 
 class EngineDoctor:
@@ -175,9 +176,10 @@ class EngineDoctor:
                 for part, error in before.errors.items():
                     if part not in wanted:
                         worker.errors[part] = error
-        for i, reply in enumerate(self.install_replies):
-            if not reply.get("ok") and i < len(facts.workers):
-                facts.workers[i].errors.setdefault("profile", reply.get("error") or {})
+        for i, raw in enumerate(self.install_replies):
+            reply = wire.read(RpcReply, raw)
+            if not reply.ok and i < len(facts.workers):
+                facts.workers[i].errors.setdefault("profile", reply.error or {})
         facts.nvml = nvml_for(facts) if previous is None else previous.nvml
         self.timings["gather_s"] = round(time.perf_counter() - t, 3)
         return facts
@@ -210,10 +212,10 @@ def attach(
 
 
 def nvml_for(facts: EngineFacts) -> dict[str, Any]:
-    cuda = any(str((w.get("anatomy") or {}).get("device", "")).startswith("cuda") for w in facts.workers)
-    if not cuda:
+    identities = [w.anatomy.identity for w in facts.workers if w.anatomy is not None]
+    if not any((who.device or "").startswith("cuda") for who in identities):
         return {"available": False, "reason": "no worker runs on an NVIDIA GPU"}
-    pids = sorted({int(pid) for w in facts.workers if (pid := (w.get("anatomy") or {}).get("pid")) is not None})
+    pids = sorted({who.pid for who in identities if who.pid is not None})
     return nvml.snapshot(pids=None) | {"worker_pids": pids}
 
 

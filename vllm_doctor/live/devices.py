@@ -12,11 +12,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vllm_doctor.compat.nvml import NvmlSession
+from vllm_doctor.facts import wire
 from vllm_doctor.procfs import PAGE_SIZE, stat_fields
 
 PidsProvider = Callable[[], list[tuple[int, str]]]  # -> [(pid, role)], e.g. (1234, "engine core")
@@ -78,17 +79,31 @@ class DevicesFrame:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> DevicesFrame:
-        gpus = tuple(
-            GpuSample(**{**g, "processes": tuple(GpuProcess(**p) for p in g.get("processes", ()))})
-            for g in d.get("gpus", ())
-        )
-        return cls(
-            t=float(d["t"]),
-            nvml_available=bool(d["nvml_available"]),
-            nvml_reason=str(d.get("nvml_reason", "")),
-            gpus=gpus,
-            processes=tuple(ProcSample(**p) for p in d.get("processes", ())),
-        )
+        return wire.read(cls, d)
+
+
+@dataclass(frozen=True)
+class _NvmlProcess:
+    pid: int = 0
+    used_memory: int | None = None  # None where the driver hides it
+
+
+@dataclass(frozen=True)
+class _NvmlReading:
+    """One GPU as :meth:`NvmlSession.read_device` reads it (a reading that failed is None)."""
+
+    name: str = ""
+    uuid: str = ""
+    util_gpu_pct: float | None = None
+    util_mem_pct: float | None = None
+    memory_used: int | None = None
+    memory_total: int | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    temp_c: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    processes: list[_NvmlProcess] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -180,25 +195,25 @@ class DeviceSampler:
         self.close()
 
     def _gpu(self, index: int, names: dict[int, str]) -> GpuSample:
-        dev = self._nvml.read_device(index)
+        dev = wire.read(_NvmlReading, self._nvml.read_device(index))
         procs = []
-        for p in dev.get("processes") or ():
-            if p["pid"] not in self._names:
-                self._names[p["pid"]] = names.get(p["pid"]) or _process_name(p["pid"], self._nvml)
-            procs.append(GpuProcess(pid=p["pid"], used_memory=p["used_memory"], name=self._names[p["pid"]]))
+        for p in dev.processes:
+            if p.pid not in self._names:
+                self._names[p.pid] = names.get(p.pid) or _process_name(p.pid, self._nvml)
+            procs.append(GpuProcess(pid=p.pid, used_memory=p.used_memory, name=self._names[p.pid]))
         return GpuSample(
             index=index,
-            name=dev.get("name") or "",
-            uuid=dev.get("uuid") or "",
-            util_gpu_pct=dev.get("util_gpu_pct"),
-            util_mem_pct=dev.get("util_mem_pct"),
-            mem_used=dev.get("memory_used"),
-            mem_total=dev.get("memory_total"),
-            power_w=dev.get("power_w"),
-            power_limit_w=dev.get("power_limit_w"),
-            temp_c=dev.get("temp_c"),
-            sm_clock_mhz=dev.get("sm_clock_mhz"),
-            mem_clock_mhz=dev.get("mem_clock_mhz"),
+            name=dev.name,
+            uuid=dev.uuid,
+            util_gpu_pct=dev.util_gpu_pct,
+            util_mem_pct=dev.util_mem_pct,
+            mem_used=dev.memory_used,
+            mem_total=dev.memory_total,
+            power_w=dev.power_w,
+            power_limit_w=dev.power_limit_w,
+            temp_c=dev.temp_c,
+            sm_clock_mhz=dev.sm_clock_mhz,
+            mem_clock_mhz=dev.mem_clock_mhz,
             processes=tuple(procs),
         )
 

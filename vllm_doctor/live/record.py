@@ -13,15 +13,42 @@ import gzip
 import json
 import os
 import zlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.facts import wire
 from vllm_doctor.live.derive import HISTORY_LEN, Deriver
 from vllm_doctor.live.sources import Frame
 
 FORMAT = "vllm-doctor-top"
 VERSION = 1
+
+
+@dataclass(frozen=True)
+class RecordingHeader:
+    """A recording's first line: what was recorded, and how often."""
+
+    format: str = ""  # FORMAT
+    version: int = 0
+    url: str = "?"
+    interval_s: float | None = None  # seconds between two refreshes
+    window_s: float | None = None  # the latency window top ran with
+    started: float | None = None  # seconds since the epoch
+
+
+@dataclass(frozen=True)
+class RecordedRefresh:
+    """One refresh of a recording (:meth:`Recorder.write`)."""
+
+    seq: int | None = None
+    t: float = 0.0
+    interval_s: float | None = None
+    raw: str | None = None  # the /metrics text as scraped
+    error: str | None = None  # why the scrape failed
+    devices: dict[str, Any] | None = None  # DevicesFrame.to_json()
+    model: dict[str, Any] | None = None  # the model panel's data
 
 
 class Recorder:
@@ -64,7 +91,7 @@ class Recorder:
             self._raw.close()
 
 
-def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+def read_recording(path: str | os.PathLike[str]) -> tuple[RecordingHeader, list[RecordedRefresh], int]:
     """(header, refreshes, unreadable lines). A file cut short reads up to its last whole line."""
     p = Path(path)
     if not p.is_file():
@@ -98,12 +125,12 @@ def read_recording(path: str | os.PathLike[str]) -> tuple[dict[str, Any], list[d
             records.append(rec)
         else:
             bad += 1
-    if not records or records[0].get("format") != FORMAT:
+    header = wire.read(RecordingHeader, records[0] if records else {})
+    if header.format != FORMAT:
         raise DoctorInputError(f"{p} is not a vllm-doctor recording (its first line is not a {FORMAT} header)")
-    header = records[0]
-    if int(header.get("version", 0)) > VERSION:
-        raise DoctorInputError(f"{p} is a version {header.get('version')} recording; this doctor reads {VERSION}")
-    return header, records[1:], bad
+    if header.version > VERSION:
+        raise DoctorInputError(f"{p} is a version {header.version} recording; this doctor reads {VERSION}")
+    return header, [wire.read(RecordedRefresh, r) for r in records[1:]], bad
 
 
 class ReplaySource:
@@ -114,10 +141,10 @@ class ReplaySource:
         self.header, self.records, self.unreadable = read_recording(path)
         if not self.records:
             raise DoctorInputError(f"{self.path} holds no refreshes (the recording was stopped before the first one)")
-        self.url = str(self.header.get("url", "?"))
-        self.recorded_interval_s = float(self.header.get("interval_s") or 1.0)
+        self.url = self.header.url
+        self.recorded_interval_s = float(self.header.interval_s or 1.0)
         self.speed = speed
-        self._window = float(window_s or self.header.get("window_s") or 60.0)
+        self._window = float(window_s or self.header.window_s or 60.0)
         self.index = 0
         self.deriver = Deriver(window_s=self._window)
         self._derived_upto = -1
@@ -157,17 +184,17 @@ class ReplaySource:
 
     def _frame(self, i: int) -> Frame:
         rec = self.records[i]
-        metrics = self.deriver.update(float(rec.get("t", 0.0)), rec.get("raw"), str(rec.get("error") or ""))
+        metrics = self.deriver.update(float(rec.t), rec.raw, rec.error or "")
         self._derived_upto = i
         return Frame(
-            seq=int(rec.get("seq", i + 1)),
-            t=float(rec.get("t", 0.0)),
+            seq=rec.seq if rec.seq is not None else i + 1,
+            t=float(rec.t),
             url=self.url,
-            interval_s=float(rec.get("interval_s") or self.recorded_interval_s),
+            interval_s=float(rec.interval_s or self.recorded_interval_s),
             metrics=metrics,
-            devices=rec.get("devices"),
-            model=rec.get("model"),
-            raw=rec.get("raw"),
+            devices=rec.devices,
+            model=rec.model,
+            raw=rec.raw,
             replay={"index": i, "count": len(self.records), "speed": self.speed},
         )
 

@@ -34,5 +34,5 @@ def collect(facts: Any = None) -> dict[str, Any]:
         "VLLM_PLUGINS": os.environ.get("VLLM_PLUGINS"),
     }
     if facts is not None and getattr(facts, "import_pass", None):
-        env["vllm_imported"] = facts.import_pass.get("vllm_version")
+        env["vllm_imported"] = facts.imports.vllm_version
     return env

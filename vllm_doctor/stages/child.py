@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from vllm_doctor.constants import SCRATCH_DIR_ENV
+from vllm_doctor.facts import wire
 from vllm_doctor.files import write_json_atomic
 from vllm_doctor.procfs import PAGE_SIZE, PROC, stat_fields
 from vllm_doctor.stages import tempdirs
@@ -346,10 +347,10 @@ class ChildJob:
         else:
             res.error = f"{self.what} exited with code {self._proc.returncode} and wrote no result"
         if res.ok and isinstance(res.data.get(INTERNAL_ERROR), dict):
-            err = res.data[INTERNAL_ERROR]
+            err = wire.read(InternalError, res.data[INTERNAL_ERROR])
             res.ok = False
-            res.error = f"{self.what} failed inside vllm-doctor: {err.get('type')}: {err.get('message')}"
-            res.log_tail = (res.log_tail + "\n" + str(err.get("traceback", "")))[-4000:]
+            res.error = f"{self.what} failed inside vllm-doctor: {err.type}: {err.message}"
+            res.log_tail = (res.log_tail + "\n" + err.traceback)[-4000:]
         self._result = res
         _live.discard(self)
         self._finalizer()
@@ -369,6 +370,15 @@ def run_child(task: str, request: dict[str, Any], *, timeout: float, what: str, 
 # ---- the child side ------------------------------------------------------------------------
 
 INTERNAL_ERROR = "vllm_doctor_internal_error"
+
+
+@dataclass(frozen=True)
+class InternalError:
+    """A child's answer when the doctor's own code failed in it (its ``INTERNAL_ERROR`` entry)."""
+
+    type: str | None = None  # the exception's class
+    message: str | None = None
+    traceback: str = ""
 
 
 def progress(msg: str) -> None:
@@ -428,22 +438,38 @@ def child_main(argv: list[str]) -> int:
     os._exit(0)
 
 
+@dataclass(frozen=True)
+class SelftestRequest:
+    """What the helper's tests ask the ``selftest`` task to do."""
+
+    progress: list[str] = field(default_factory=list)  # lines to say through the progress channel
+    print_line: str = field(default="", metadata=wire.rules(key="print"))  # printed to stdout
+    grandchildren: int = 0  # processes to spawn (each sleeps)
+    pid_file: str = ""  # where to write the child's and the grandchildren's pids
+    allocate_mib: int = 0  # memory to touch, 1 MiB at a time
+    allocate_pause: float = 0.0  # seconds between two MiB
+    sleep: float = 0
+    raise_message: str = field(default="", metadata=wire.rules(key="raise"))  # fail with this RuntimeError
+    echo: Any = None  # sent back as it came
+
+
 def selftest_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """What the helper's tests run: report sys.path, say progress, spawn, sleep or fail."""
-    for line in request.get("progress", []):
+    asked = wire.read(SelftestRequest, request)
+    for line in asked.progress:
         progress(line)
-    if request.get("print"):
-        print(request["print"], flush=True)
+    if asked.print_line:
+        print(asked.print_line, flush=True)
     pids = []
-    for _ in range(int(request.get("grandchildren", 0))):
+    for _ in range(asked.grandchildren):
         pids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid)
-    if request.get("pid_file"):
-        Path(request["pid_file"]).write_text(json.dumps({"child": os.getpid(), "grandchildren": pids}))
+    if asked.pid_file:
+        Path(asked.pid_file).write_text(json.dumps({"child": os.getpid(), "grandchildren": pids}))
     hog = []
-    for _ in range(int(request.get("allocate_mib", 0))):  # touch memory 1 MiB at a time
+    for _ in range(asked.allocate_mib):  # touch memory 1 MiB at a time
         hog.append(bytearray(2**20))
-        time.sleep(float(request.get("allocate_pause", 0.0)))
-    time.sleep(float(request.get("sleep", 0)))
-    if request.get("raise"):
-        raise RuntimeError(request["raise"])
-    return {"sys_path": sys.path, "cwd": os.getcwd(), "echo": request.get("echo")}
+        time.sleep(asked.allocate_pause)
+    time.sleep(asked.sleep)
+    if asked.raise_message:
+        raise RuntimeError(asked.raise_message)
+    return {"sys_path": sys.path, "cwd": os.getcwd(), "echo": asked.echo}

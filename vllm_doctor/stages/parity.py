@@ -35,6 +35,9 @@ from vllm_doctor.analysis.parity import (
     tolerances,
 )
 from vllm_doctor.errors import DoctorInputError
+from vllm_doctor.facts import wire
+from vllm_doctor.facts.anatomy import Anatomy
+from vllm_doctor.facts.engine import RpcReply
 from vllm_doctor.files import write_json_atomic
 from vllm_doctor.stages import tempdirs
 from vllm_doctor.stages.child import ChildJob
@@ -48,6 +51,76 @@ __all__ = [
     "DEFAULT_PROMPTS", "ParityEngine", "ParityOptions", "ParityResult", "ParityUnavailable", "engine_options",
     "run_parity",
 ]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class CapturedLayers:
+    """vLLM's side of a layer capture (the extension's ``doctor_collect_hidden`` data)."""
+
+    complete: bool = False  # the hooks saw the whole request (or the decode step)
+    layers: dict[str, list[Any]] = field(default_factory=dict)  # layer index -> rows of numbers
+    names: dict[str, str] = field(default_factory=dict)  # layer index -> module path
+
+
+@dataclass(frozen=True)
+class VllmAnswer:
+    """The vLLM engine child's answer to one request (``resp-N.json``)."""
+
+    error: str | None = None  # vLLM could not run the request
+    device: str | None = None  # "cuda" | "cpu"
+    model_class: str | None = None
+    prompt_token_ids: list[list[int]] | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # per prompt: token_ids, logprobs
+    hidden: CapturedLayers | None = None
+    capture_error: str | None = None  # why no layer outputs came
+    step_logprobs: dict[str, float] | None = None  # the capture step's, run alone
+
+
+@dataclass(frozen=True)
+class ReferenceAnswer:
+    """The Hugging Face reference child's answer (:func:`vllm_doctor.compat.hf.reference_run`)."""
+
+    error: str | None = None
+    model_class: str | None = None
+    prompt_token_ids: list[list[int]] | None = None
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    hidden: dict[str, list[Any]] | None = None  # layer index -> rows of numbers
+    path: str | None = None  # how the step was run ("its KV cache", "a full forward, ...")
+
+
+@dataclass(frozen=True)
+class CaptureStep:
+    """The second round's request: one step's layer outputs (the prefill of ``context``, or the
+    decode step that feeds ``token`` after it)."""
+
+    context: list[int] = field(default_factory=list)
+    token: int | None = None
+    top_k: int = 1
+
+
+@dataclass(frozen=True)
+class EngineRequest:
+    """One request to the vLLM engine child (``req-N.json``)."""
+
+    prompts: list[Any] = field(default_factory=list)  # text or token ids
+    max_tokens: int = 0
+    top_k: int = 1
+    capture: bool = False  # each layer's output on the first prompt's prefill
+    capture_step: CaptureStep | None = field(default=None, metadata=wire.rules(empty_none=True))
+
+
+@dataclass(frozen=True)
+class EngineStart:
+    """What the vLLM engine child is started with (:func:`engine_options`, plus its folder)."""
+
+    model: str = ""
+    dir: str = ""  # where the requests and answers are exchanged
+    dtype: str = "auto"
+    device: str = "auto"  # "auto" | "cuda" | "cpu"
+    trust_remote_code: bool = False
+    max_model_len: int | None = None
+    engine_args: dict[str, Any] = field(default_factory=dict)  # more EngineArgs, as given
+    start_timeout: float = 600  # seconds the first answer may wait for the engine to start
 
 
 class ParityUnavailable(RuntimeError):
@@ -127,7 +200,7 @@ class ParityEngine:
         write_json_atomic(self.dir / f"req-{self.asked}.json", request, exact_strings=True)
         # the first answer waits for the engine to start as well
         deadline = (
-            time.monotonic() + timeout + (float(self.options.get("start_timeout", 600)) if self.asked == 1 else 0)
+            time.monotonic() + timeout + (wire.read(EngineStart, self.options).start_timeout if self.asked == 1 else 0)
         )
         while time.monotonic() < deadline:
             if answer.is_file():
@@ -136,8 +209,9 @@ class ParityEngine:
             if self._job.done():
                 res = self._job.result()
                 self.closed = True
-                if res.ok and res.data.get("error"):
-                    raise ParityUnavailable(f"vLLM could not run {self.model}: {res.data['error']}")
+                failed = wire.read(VllmAnswer, res.data).error if res.ok else None
+                if failed:
+                    raise ParityUnavailable(f"vLLM could not run {self.model}: {failed}")
                 raise ParityUnavailable(
                     f"{res.error or 'the vLLM side of the parity check stopped'}\n{res.log_tail[-1500:]}"
                 )
@@ -192,24 +266,24 @@ def run_parity(
         engine = ParityEngine(model, engine_options(options), progress)
     try:
         side, ref = _both_sides(engine, model, request, ref_request, options, progress)
-        if ref.get("prompt_token_ids") != side.get("prompt_token_ids"):
+        if ref.prompt_token_ids != side.prompt_token_ids:
             raise ParityUnavailable(
                 "vLLM and transformers tokenize the prompts differently; pass token ids as prompts to compare the "
-                f"models alone (vLLM: {side.get('prompt_token_ids')}, transformers: {ref.get('prompt_token_ids')})"
+                f"models alone (vLLM: {side.prompt_token_ids}, transformers: {ref.prompt_token_ids})"
             )
-        mismatches, largest = compare_outputs(side["outputs"], ref["outputs"], atol, options.top_k)
+        mismatches, largest = compare_outputs(side.outputs, ref.outputs, atol, options.top_k)
         result = ParityResult(
             model=model,
-            reference=f"Hugging Face ({_short(options.hf_class) if options.hf_class else ref.get('model_class')})",
+            reference=f"Hugging Face ({_short(options.hf_class) if options.hf_class else ref.model_class})",
             dtype=options.dtype,
             atol=atol,
             hidden_rtol=rtol,
-            prompts=len(side["outputs"]),
+            prompts=len(side.outputs),
             max_tokens=options.max_tokens,
             top_k=options.top_k,
             mismatches=mismatches,
             max_logprob_diff=largest,
-            engine={"model_class": side.get("model_class"), "device": side.get("device")},
+            engine={"model_class": side.model_class, "device": side.device},
         )
         if options.layers:
             _compare_layers(result, side, ref, engine, model, ref_request, options, progress)
@@ -226,31 +300,33 @@ def _both_sides(
     ref_request: dict[str, Any],
     options: ParityOptions,
     progress: Progress | None,
-) -> tuple[dict[str, Any], dict[str, Any]]:
+) -> tuple[VllmAnswer, ReferenceAnswer]:
     """One request to the engine and one reference child; on CPU both run at once, on a GPU one
     after the other (vLLM sizes its KV cache from the memory it finds free)."""
     sequential = _gpu_visible() and options.device != "cpu"
-    side = engine.ask(request, options.timeout) if sequential else None
+    asked = engine.ask(request, options.timeout) if sequential else None
     theirs_job = ChildJob(
         "parity_hf", ref_request, timeout=options.timeout, what="the Hugging Face reference run",
         progress=progress, env=_env(),
     )  # fmt: skip
-    if side is None:
-        side = engine.ask(request, options.timeout)
+    if asked is None:
+        asked = engine.ask(request, options.timeout)
     theirs = theirs_job.result()
-    if side.get("error"):
-        raise ParityUnavailable(f"vLLM could not run {model}: {side['error']}")
+    side = wire.read(VllmAnswer, asked)
+    if side.error:
+        raise ParityUnavailable(f"vLLM could not run {model}: {side.error}")
     if not theirs.ok:
         raise ParityUnavailable(f"{theirs.error}\n{theirs.log_tail[-1500:]}")
-    if theirs.data.get("error"):
-        raise ParityUnavailable(f"the Hugging Face reference could not run {model}: {theirs.data['error']}")
-    return side, theirs.data
+    ref = wire.read(ReferenceAnswer, theirs.data)
+    if ref.error:
+        raise ParityUnavailable(f"the Hugging Face reference could not run {model}: {ref.error}")
+    return side, ref
 
 
 def _compare_layers(
     result: ParityResult,
-    side: dict[str, Any],
-    ref: dict[str, Any],
+    side: VllmAnswer,
+    ref: ReferenceAnswer,
     engine: ParityEngine,
     model: str,
     ref_request: dict[str, Any],
@@ -260,12 +336,12 @@ def _compare_layers(
     """The first prompt's prefill (captured with the outputs), then the diverging step when it is another."""
     checks: list[LayerCheck] = []
     rtol = result.hidden_rtol
-    hidden = side.get("hidden") or {}
-    if hidden.get("layers") and ref.get("hidden"):
-        rows, first = compare_hidden(hidden["layers"], ref["hidden"], hidden.get("names") or {}, rtol)
+    hidden = side.hidden or CapturedLayers()
+    if hidden.layers and ref.hidden:
+        rows, first = compare_hidden(hidden.layers, ref.hidden, hidden.names, rtol)
         checks.append(LayerCheck(0, 0, rows, first))
     else:
-        result.capture_note = side.get("capture_error") or "no layer outputs were captured"
+        result.capture_note = side.capture_error or "no layer outputs were captured"
     target = result.first_difference
     if target is not None and (target.prompt, target.step) != (0, 0):
         check, why = _compare_step(result, side, ref, target, engine, model, ref_request, options, progress)
@@ -278,8 +354,8 @@ def _compare_layers(
 
 def _compare_step(
     result: ParityResult,
-    side: dict[str, Any],
-    ref: dict[str, Any],
+    side: VllmAnswer,
+    ref: ReferenceAnswer,
     target: PromptMismatch,
     engine: ParityEngine,
     model: str,
@@ -289,11 +365,13 @@ def _compare_step(
 ) -> tuple[LayerCheck | None, str]:
     """Each layer's output on the step where the logprobs first differ (second round of both sides)."""
     p, s = target.prompt, target.step
-    ours, theirs = side["outputs"][p]["token_ids"][:s], ref["outputs"][p]["token_ids"][:s]
+    ours, theirs = side.outputs[p]["token_ids"][:s], ref.outputs[p]["token_ids"][:s]
     if ours != theirs:  # compare_outputs stops a prompt where the picks part, so this does not happen
         return None, f"the runs picked different tokens before that step ({ours} vs {theirs})"
-    ids = side["prompt_token_ids"][p]
-    step = {"context": ids, "token": None} if s == 0 else {"context": ids + ours[: s - 1], "token": ours[s - 1]}
+    ids = (side.prompt_token_ids or [])[p]
+    step: dict[str, Any] = (
+        {"context": ids, "token": None} if s == 0 else {"context": ids + ours[: s - 1], "token": ours[s - 1]}
+    )
     where = "prefill" if s == 0 else f"decode step {s}"
     if progress:
         progress(f"parity: comparing each layer's output on the {where} of prompt {p}, where the logprobs first differ")
@@ -304,14 +382,14 @@ def _compare_step(
         )  # fmt: skip
     except ParityUnavailable as exc:
         return None, f"the second capture could not run: {str(exc)[:500]}"
-    hidden = v.get("hidden") or {}
-    if v.get("capture_error") or not hidden.get("layers") or not r.get("hidden"):
-        return None, str(v.get("capture_error") or "no layer outputs were captured on that step")
+    hidden = v.hidden or CapturedLayers()
+    if v.capture_error or not hidden.layers or not r.hidden:
+        return None, str(v.capture_error or "no layer outputs were captured on that step")
     offset = 0 if s == 0 else len(step["context"])
-    rows, first = compare_hidden(hidden["layers"], r["hidden"], hidden.get("names") or {}, result.hidden_rtol, offset)
-    check = LayerCheck(p, s, rows, first, reference_path=str(r.get("path") or "a full forward"))
-    if s > 0 and v.get("step_logprobs") is not None:
-        check.note = _reproduction_note(v["step_logprobs"], side["outputs"][p]["logprobs"][s], result.atol)
+    rows, first = compare_hidden(hidden.layers, r.hidden, hidden.names, result.hidden_rtol, offset)
+    check = LayerCheck(p, s, rows, first, reference_path=str(r.path or "a full forward"))
+    if s > 0 and v.step_logprobs is not None:
+        check.note = _reproduction_note(v.step_logprobs, side.outputs[p]["logprobs"][s], result.atol)
     return check, ""
 
 
@@ -335,27 +413,28 @@ def vllm_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     from vllm_doctor.compat.common import describe_exception
     from vllm_doctor.compat.llm import EngineHandle, cuda_available, shutdown, start_engine
 
-    device = request.get("device") or "auto"
+    start = wire.read(EngineStart, request)
+    device = start.device or "auto"
     cuda = cuda_available() if device in ("auto", "cuda") else False
     kwargs: dict[str, Any] = {
-        "dtype": request["dtype"],
+        "dtype": start.dtype,
         "enforce_eager": True,  # the layer hooks need Python forwards
         "enable_prefix_caching": False,  # the capture request must run every token again
-        "max_model_len": int(request["max_model_len"]),
+        "max_model_len": start.max_model_len,
         "seed": 0,
     }
     if not cuda:
         kwargs["kv_cache_memory_bytes"] = 64 * 2**20
-    if request.get("trust_remote_code"):
+    if start.trust_remote_code:
         kwargs["trust_remote_code"] = True
-    kwargs.update(request.get("engine_args") or {})
-    progress(f"parity: starting vLLM on {request['model']} ({request['dtype']}, {'CUDA' if cuda else 'CPU'}, eager)")
+    kwargs.update(start.engine_args)
+    progress(f"parity: starting vLLM on {start.model} ({start.dtype}, {'CUDA' if cuda else 'CPU'}, eager)")
     try:
-        llm = start_engine(request["model"], single_process=True, **kwargs)
+        llm = start_engine(start.model, single_process=True, **kwargs)
     except Exception as exc:
         return {"error": describe_exception(exc)}
     handle = EngineHandle(llm)
-    folder = Path(request["dir"])
+    folder = Path(start.dir)
     served = 0
     try:
         while not (folder / "stop").exists():
@@ -378,17 +457,16 @@ def _answer(handle: Any, llm: Any, request: dict[str, Any]) -> dict[str, Any]:
     from vllm_doctor.compat.llm import greedy_logprobs, prompt_token_ids
 
     out: dict[str, Any] = {}
+    asked = wire.read(EngineRequest, request)
     try:
-        step = request.get("capture_step")
-        if step:  # the second round: one step's layer outputs only
-            context, token = [int(t) for t in step["context"]], step.get("token")
-            top_k = int(step.get("top_k") or 1)
-            out.update(_capture(handle, llm, context, None if token is None else int(token), top_k))
+        step = asked.capture_step
+        if step is not None:  # the second round: one step's layer outputs only
+            out.update(_capture(handle, llm, step.context, step.token, step.top_k or 1))
             return out
-        ids = prompt_token_ids(llm, list(request["prompts"]))
+        ids = prompt_token_ids(llm, asked.prompts)
         out["prompt_token_ids"] = ids
-        out["outputs"] = greedy_logprobs(llm, ids, int(request["max_tokens"]), int(request["top_k"]))
-        if request.get("capture") and ids:
+        out["outputs"] = greedy_logprobs(llm, ids, asked.max_tokens, asked.top_k)
+        if asked.capture and ids:
             out.update(_capture(handle, llm, ids[0]))
     except Exception as exc:
         out["error"] = describe_exception(exc)
@@ -402,8 +480,9 @@ def _capture(handle: Any, llm: Any, ids: list[int], token: int | None = None, to
 
     options = {"tokens": len(ids), "decode": token is not None}
     armed = handle.ensure_extension("doctor_ping") and handle.rpc("doctor_arm_hidden", options)
-    if not armed or not armed[0].get("ok"):
-        return {"capture_error": str((armed or [{}])[0].get("error"))}
+    first = wire.read(RpcReply, armed[0] if armed else {})
+    if not first.ok:
+        return {"capture_error": str(first.error)}
     out: dict[str, Any] = {}
     if token is None:
         greedy_logprobs(llm, [ids], 1, 1)
@@ -413,13 +492,12 @@ def _capture(handle: Any, llm: Any, ids: list[int], token: int | None = None, to
             handle.rpc("doctor_collect_hidden")
             return {"capture_error": f"vLLM did not feed token {token} into the decode step ({run['token_ids']})"}
         out["step_logprobs"] = run["logprobs"][1]
-    reply = handle.rpc("doctor_collect_hidden")[0]
-    anatomy = handle.rpc("doctor_anatomy")[0]
-    model_class = (anatomy.get("data") or {}).get("model_class")
-    if not reply.get("ok"):
-        return {"capture_error": str(reply.get("error")), "model_class": model_class}
-    data = reply["data"]
-    if not data.get("complete"):
+    reply = wire.read(RpcReply, handle.rpc("doctor_collect_hidden")[0])
+    model_class = wire.read(Anatomy, wire.read(RpcReply, handle.rpc("doctor_anatomy")[0]).data).identity.model_class
+    if not reply.ok:
+        return {"capture_error": str(reply.error), "model_class": model_class}
+    data = reply.data
+    if not wire.read(CapturedLayers, data).complete:
         what = "the decode step" if token is not None else "the whole request"
         return {"capture_error": f"the hooks did not see {what}", "hidden": data, "model_class": model_class}
     return {**out, "hidden": data, "model_class": model_class}

@@ -114,7 +114,7 @@ def add_import_facts(facts: Facts, options: CheckOptions) -> float:
         error = res.data["fatal"]
     if error is None:
         facts.import_pass = res.data
-        facts.registry = dict(res.data.get("registry", {}))
+        facts.registry = dict(facts.imports.registry) if facts.imports else {}
         facts.registry_source = "import"
     else:
         facts.import_pass = None

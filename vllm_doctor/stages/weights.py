@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.checks.base import codes_for, informative_line, needs_import
 from vllm_doctor.checks.config_sizes import config_size_problems
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.checkpoint import OUTSIDE_KINDS
 from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.static import Facts
@@ -97,6 +99,47 @@ def start_weights_pass(
     return job
 
 
+@dataclass(frozen=True)
+class WeightsPassError:
+    """Where the weights pass stopped (its reply's ``error``)."""
+
+    stage: str | None = None  # "import" | "config" | "build" | "load" | "internal"
+    summary: str | None = None
+
+
+@dataclass(frozen=True)
+class WeightsPassReply:
+    """The parts of the weights pass's reply that this stage reads (the VD3xx checks read the
+    rest from ``facts.weight_load``, the reply as sent); what the report shows as it came is Any."""
+
+    error: WeightsPassError | None = field(default=None, metadata=wire.rules(empty_none=True))
+    perf: PerfAnatomy | None = None  # the performance lint's module tree of the meta-device build
+    perf_error: str | None = None
+    model: Any = None
+    timings: dict[str, Any] = field(default_factory=dict)
+    load_weights: Any = None
+    tracer_errors: Any = None
+
+
+@dataclass(frozen=True)
+class _Handed:
+    shard: Any = None  # the shard id load_weights handed the tensor to (None: not sharded)
+
+
+@dataclass(frozen=True)
+class _LoadError:
+    error: Any = None
+    looked_up: Any = None  # the parameter name load_weights looked for
+
+
+@dataclass(frozen=True)
+class _TensorLoad:
+    """The parts of one checkpoint tensor's trace that the report's mapping summarises."""
+
+    handed_to: list[_Handed] = field(default_factory=list)
+    errors: list[_LoadError] = field(default_factory=list)
+
+
 def finish_weights_pass(facts: Facts, job: ChildJob | None) -> None:
     """Wait for the meta-device load and put its result (or why there is none) into ``facts``."""
     if job is None:
@@ -105,21 +148,22 @@ def finish_weights_pass(facts: Facts, job: ChildJob | None) -> None:
     facts.weight_load_seconds = round(res.seconds, 3)
     if res.ok:
         facts.weight_load = res.data
-        if isinstance(res.data.get("perf"), dict):
-            facts.perf = PerfAnatomy.from_wire(res.data["perf"])
+        reply = wire.read(WeightsPassReply, res.data)
+        if reply.perf is not None:
+            facts.perf = reply.perf
         else:
-            facts.perf_error = res.data.get("perf_error")
-        err = res.data.get("error")
-        if err:
+            facts.perf_error = reply.perf_error
+        err = reply.error
+        if err is not None:
             stage = {
                 "import": "importing vLLM",
                 "config": "building vLLM's config for this model directory",
                 "build": "building the model class on the meta device",
                 "load": "driving load_weights",
                 "internal": "the weights pass itself",
-            }.get(err.get("stage"), err.get("stage"))
-            facts.weight_load_error = f"failed while {stage}: {informative_line(str(err.get('summary')))}"
-            if err.get("stage") in ("import", "internal"):  # the pass itself, not the model, failed
+            }.get(err.stage or "", err.stage)
+            facts.weight_load_error = f"failed while {stage}: {informative_line(str(err.summary))}"
+            if err.stage in ("import", "internal"):  # the pass itself, not the model, failed
                 facts.pass_failures.append({"pass": "the weights pass", "error": facts.weight_load_error})
     else:
         error = res.error or "the weights pass failed"
@@ -142,26 +186,12 @@ def weights_report(facts: Facts) -> dict[str, Any] | None:
     if facts.weight_load_error:
         out["load_error"] = facts.weight_load_error
     if data is not None:
-        out["model"] = data.get("model")
-        out["timings"] = {**data.get("timings", {}), "probe_wall_s": facts.weight_load_seconds}
+        reply = wire.read(WeightsPassReply, data)
+        out["model"] = reply.model
+        out["timings"] = {**reply.timings, "probe_wall_s": facts.weight_load_seconds}
         if "tensors" in data:
-            out["load_weights"] = data.get("load_weights")
-            out["mapping"] = {
-                name: {
-                    "status": t["status"],
-                    "params": t["params"],
-                    "shards": sorted({str(h["shard"]) for h in t.get("handed_to", []) if h.get("shard") is not None}),
-                    "shape": t["shape"],
-                    "dtype": t["dtype"],
-                    **({"error": t["errors"][0]["error"]} if t.get("errors") else {}),
-                    **(
-                        {"looked_up": t["errors"][0].get("looked_up")}
-                        if t.get("errors") and t["errors"][0].get("looked_up")
-                        else {}
-                    ),
-                }
-                for name, t in data["tensors"].items()
-            }
+            out["load_weights"] = reply.load_weights
+            out["mapping"] = {name: _mapping_entry(t) for name, t in data["tensors"].items()}
             out["params"] = {
                 name: {
                     k: p[k]
@@ -181,6 +211,21 @@ def weights_report(facts: Facts) -> dict[str, Any] | None:
                 }
                 for name, p in data["params"].items()
             }
-            if data.get("tracer_errors"):
-                out["tracer_errors"] = data["tracer_errors"]
+            if reply.tracer_errors:
+                out["tracer_errors"] = reply.tracer_errors
     return out
+
+
+def _mapping_entry(t: dict[str, Any]) -> dict[str, Any]:
+    """report.facts["weights"]["mapping"][tensor]: where one checkpoint tensor went."""
+    load = wire.read(_TensorLoad, t)
+    first = load.errors[0] if load.errors else None
+    return {
+        "status": t["status"],
+        "params": t["params"],
+        "shards": sorted({str(h.shard) for h in load.handed_to if h.shard is not None}),
+        "shape": t["shape"],
+        "dtype": t["dtype"],
+        **({"error": first.error} if first is not None else {}),
+        **({"looked_up": first.looked_up} if first is not None and first.looked_up else {}),
+    }

@@ -1,0 +1,111 @@
+"""The import pass's reply (:mod:`vllm_doctor.probes.import_probe`): what vLLM made of the
+plugins, the registry, the model's classes and its config in a fresh process.
+
+A child process sends it as JSON; :attr:`vllm_doctor.facts.static.Facts.imports` reads it once
+into these records (leniently, as every reply: :mod:`vllm_doctor.facts.wire`), which the VD1xx
+and VD2xx checks read by attribute. ``Facts.import_pass`` keeps the reply as it came (the
+report shows its parts as sent). Producers: :mod:`vllm_doctor.compat.runtime`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_doctor.facts import wire
+
+
+@dataclass(frozen=True)
+class VllmVerdicts:
+    """vLLM's own interface checks on the class (None: this vLLM has no such check, or it raised)."""
+
+    is_vllm_model: bool | None = None
+    is_text_generation_model: bool | None = None
+    is_pooling_model: bool | None = None
+    supports_pp: bool | None = None
+    # does the installed vLLM require embed_input_ids for is_vllm_model? (0.32 does)
+    requires_embed_input_ids: bool | None = None
+
+
+@dataclass(frozen=True)
+class ClassContract:
+    """What the VD2xx checks need about a model class (``runtime.contract_facts``)."""
+
+    qualname: str | None = None
+    mro: list[str] = field(default_factory=list)
+    is_nn_module: bool = True
+    source: str | None = None  # "file:line"
+    is_pretrained_model: bool | None = None
+    init_params: list[str] | None = None  # None: no signature
+    init_accepts_vllm_config: bool | None = None
+    init_accepts_prefix: bool | None = None
+    forward_callable: bool | None = None
+    forward_params: list[str] | None = None
+    forward_supports: dict[str, bool] = field(default_factory=dict)  # keyword -> accepted
+    compute_logits_callable: bool | None = None
+    load_weights_callable: bool | None = None
+    load_weights_returns_value: bool | None = None  # None: no source to read
+    embed_input_ids_callable: bool | None = None
+    get_input_embeddings_callable: bool | None = None
+    vllm: VllmVerdicts = field(default_factory=VllmVerdicts)
+
+
+@dataclass(frozen=True)
+class ClassRecord:
+    """One architecture's class, imported under a CUDA-init watch (``runtime.load_class``)."""
+
+    target: str = ""  # "module:Class"
+    import_error: str | None = None  # the traceback; None: it imported
+    import_error_summary: str = ""
+    module_file: str | None = None
+    imported_before: bool | None = None
+    cuda_init_at_import: list[str] | None = None  # the frames that initialised CUDA on import
+    contract: ClassContract | None = None  # None: not inspected (no class, or contract_error)
+    contract_error: str | None = None
+    seconds: float | None = None
+
+
+@dataclass(frozen=True)
+class PluginLoad:
+    """One ``vllm.general_plugins`` entry point as vLLM loads it (None: that step did not run)."""
+
+    name: str = ""
+    value: str = ""
+    allowed: bool | None = None
+    loaded: bool | None = None
+    called: bool | None = None
+    error: str = ""  # the traceback of the step that failed
+
+
+@dataclass(frozen=True)
+class ConfigVerdict:
+    """vLLM's own verdict on config.json (``runtime.config_verdict``)."""
+
+    ok: bool = False
+    error: str | None = None  # why vLLM refused it
+    type: str | None = None  # the exception's class
+    model_type: str | None = None
+    config_class: str | None = None
+    architectures: list[str] = field(default_factory=list)  # what vLLM would build
+
+
+@dataclass(frozen=True)
+class ImportPass:
+    """The import pass's reply."""
+
+    vllm_version: str | None = None
+    fatal: str | None = None  # vLLM could not be imported
+    timings: dict[str, float] = field(default_factory=dict)
+    plugins: list[PluginLoad] = field(default_factory=list)
+    registry: dict[str, str] = field(default_factory=dict)  # arch -> "module:Class"
+    transformers_model_types: list[str] | None = None  # None: not read (see the error)
+    transformers_model_types_error: str | None = None
+    classes: dict[str, ClassRecord] = field(default_factory=dict)  # arch -> its class
+    vllm_config_model_types: list[str] = field(default_factory=list)
+    config_verdict: ConfigVerdict | None = field(default=None, metadata=wire.rules(empty_none=True))
+    cuda_initialized: bool | None = None
+
+    @classmethod
+    def from_wire(cls, data: Mapping[str, Any]) -> ImportPass:
+        return wire.read(cls, data)
