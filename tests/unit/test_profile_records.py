@@ -21,7 +21,7 @@ from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, PhaseSumm
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.facts.steps import StepTable
 from vllm_doctor.report.html import render_html
-from vllm_doctor.report.profile import render_profile
+from vllm_doctor.report.profile import render_profile, timing_cost_text
 from vllm_doctor.report.schema import COMMAND, schema_text
 from vllm_doctor.tui import report_sections as sec
 from vllm_doctor.tui.report_view import ViewApp
@@ -116,11 +116,34 @@ def test_steps_timed_per_layer_are_set_against_the_others_and_the_forward_beside
     assert PhaseSummary.of({"steps": 2}).timed_step_s_median is None  # an older report's phase
 
 
+def test_the_timing_cost_against_untimed_neighbours_leaves_out_the_runs_warm_up_and_drift() -> None:
+    """Eight slow warm-up steps, all timed, then every 4th step timed along a run whose steps
+    grow 1 % a step: the medians blame the doctor for the warm-up; the neighbours see its 5 %
+    (the layers' boundaries) and 20 % (also inside the layers, every 4th timed step)."""
+    rows, timed_seen = [], 0
+    for i in range(48):
+        on = i < 8 or i % 4 == 2
+        base = 0.050 if i < 8 else 0.010 * 1.01**i
+        detail = on and timed_seen % 4 == 0
+        timed_seen += on
+        cost = (1.20 if detail else 1.05) if on and i >= 8 else 1.0
+        rows.append({"index": i, "phase": "decode", "decode_tokens": 1, "total_tokens": 1, "decode_reqs": 1,
+                     "step_s": base * cost, "layers_timed": on, "layers_detail": detail})  # fmt: skip
+    decode = phase_summary(StepTable.of({"steps": rows, "clock": "cuda_events"}))["decode"]
+    assert decode.timing_cost is not None and decode.timing_cost > 0.3  # the warm-up and the drift
+    assert decode.neighbour_pairs == 11  # step 7 and the ten timed steps after the warm-up
+    assert decode.timed_vs_neighbours == pytest.approx(0.05, abs=0.01)
+    assert decode.detail_vs_neighbours == pytest.approx(0.20, abs=0.01)
+    text = timing_cost_text("decode", decode)
+    assert "against their untimed neighbours +5.0 % (11 step(s); those also timed inside their layers +20.0 %)" in text
+
+
 def test_the_text_the_html_and_view_name_the_per_layer_timings_cost() -> None:
     w = WorkerFacts(rank=0, parts={"profile": {"profiling": True, "clock": "cuda_events", "layers_on": True,
                                                "steps": _steps(4, 6).rows()}})  # fmt: skip
     profile = summarize(EngineFacts(workers=[w]))
-    line = "decode: steps timed per layer 17.60 ms median vs 13.90 ms untimed (+27 %, the doctor's per-layer timing)"
+    line = ("decode: steps timed per layer 17.60 ms median vs 13.90 ms untimed (+27 %); against their untimed "
+            "neighbours +26.6 % (1 step(s)): the doctor's per-layer timing")
     text = render_profile(profile)
     assert f"  timing cost   {line}" in text.splitlines()
     assert "forward 15.00 ms of 17.60 ms steps (85%)" in text

@@ -176,6 +176,7 @@ def phase_summary(steps: StepTable) -> dict[str, PhaseSummary]:
     out: dict[str, PhaseSummary] = {}
     step_s, forward_s, tokens_col = steps["step_s"], steps["forward_s"], steps["total_tokens"]
     prefill_reqs, decode_reqs, layers_timed = steps["prefill_reqs"], steps["decode_reqs"], steps["layers_timed"]
+    layers_detail = steps["layers_detail"]
     idle_col = _idle_column(steps)
     phases = steps.phases
     for phase in PHASES:
@@ -192,6 +193,9 @@ def phase_summary(steps: StepTable) -> dict[str, PhaseSummary]:
         paired_step = sum(s for _, s in paired)
         timed = [s for s, on in zip(compress(step_s, chosen), compress(layers_timed, chosen), strict=True) if on]
         untimed = [s for s, on in zip(compress(step_s, chosen), compress(layers_timed, chosen), strict=True) if not on]
+        against, against_detail, pairs = _against_neighbours(
+            list(compress(step_s, chosen)), list(compress(layers_timed, chosen)), list(compress(layers_detail, chosen))
+        )
         idle = [v for v in compress(idle_col, chosen) if v is not None]
         tokens = sum(compress(tokens_col, chosen))
         total = sum(times)
@@ -211,8 +215,42 @@ def phase_summary(steps: StepTable) -> dict[str, PhaseSummary]:
             timed_steps=len(timed),
             timed_step_s_median=_median(timed),
             untimed_step_s_median=_median(untimed),
+            neighbour_pairs=pairs,
+            timed_vs_neighbours=against,
+            detail_vs_neighbours=against_detail,
         )
     return out
+
+
+def _against_neighbours(
+    step_s: list[float], timed: list[bool], detail: list[bool]
+) -> tuple[float | None, float | None, int]:
+    """The steps timed per layer against the untimed steps next to them (one phase's steps in
+    order): per timed step with an untimed neighbour, its time over the mean of those neighbours;
+    the median of those ratios less 1, for all timed steps and for the ones also timed inside
+    their layers where some were not (eager mode's two grains; else None), and the count. Unlike
+    the two medians, this leaves out what changes along a run (the first steps' warm-up, contexts
+    that grow, batches that shrink), which the timed steps do not share evenly: the warm-up steps
+    are all timed."""
+    ratios: list[float] = []
+    detail_ratios: list[float] = []
+    for i, (s, on) in enumerate(zip(step_s, timed, strict=True)):
+        if not on:
+            continue
+        near = [step_s[j] for j in (i - 1, i + 1) if 0 <= j < len(step_s) and not timed[j]]
+        if not near or s <= 0 or min(near) <= 0:
+            continue
+        ratio = s * len(near) / sum(near)
+        ratios.append(ratio)
+        if detail[i]:
+            detail_ratios.append(ratio)
+    both = 0 < len(detail_ratios) < len(ratios)
+
+    def cost(values: list[float]) -> float | None:
+        med = _median(values)
+        return None if med is None else med - 1.0
+
+    return cost(ratios), cost(detail_ratios) if both else None, len(ratios)
 
 
 def _idle_column(steps: StepTable) -> list[float | None]:

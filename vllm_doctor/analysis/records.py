@@ -115,6 +115,18 @@ class PhaseSummary(Record):
     untimed_step_s_median: float | None = field(
         default=None, metadata=_doc("median step time of the steps not timed per layer (None: no such step)")
     )
+    neighbour_pairs: int = field(default=0, metadata=_doc("steps timed per layer next to an untimed step"))
+    timed_vs_neighbours: float | None = field(
+        default=None,
+        metadata=_doc(
+            "median over the steps timed per layer of their time over their untimed neighbours', less 1: "
+            "the doctor's per-layer cost without the run's drift and warm-up (None: no such pair)"
+        ),
+    )
+    detail_vs_neighbours: float | None = field(
+        default=None,
+        metadata=_doc("the same for the steps also timed inside their layers (eager mode's finer grain only)"),
+    )
 
     @property
     def timing_cost(self) -> float | None:

@@ -105,10 +105,16 @@ def timing_cost_text(phase: str, p: PhaseSummary) -> str:
     cost = p.timing_cost
     if cost is None or p.timed_step_s_median is None or p.untimed_step_s_median is None:
         return ""
-    return (
+    text = (
         f"{phase}: steps timed per layer {fmt_s(p.timed_step_s_median)} median vs "
-        f"{fmt_s(p.untimed_step_s_median)} untimed ({100 * cost:+.0f} %, the doctor's per-layer timing)"
+        f"{fmt_s(p.untimed_step_s_median)} untimed ({100 * cost:+.0f} %)"
     )
+    if p.timed_vs_neighbours is None:
+        return text + ", the doctor's per-layer timing and the run's drift"
+    text += f"; against their untimed neighbours {100 * p.timed_vs_neighbours:+.1f} % ({p.neighbour_pairs} step(s)"
+    if p.detail_vs_neighbours is not None:
+        text += f"; those also timed inside their layers {100 * p.detail_vs_neighbours:+.1f} %"
+    return text + "): the doctor's per-layer timing"
 
 
 def render_profile(
