@@ -1,7 +1,9 @@
 """``vllm-doctor profile`` and ``vllm-doctor check --engine`` end to end (real engines, subprocesses).
 
 The working example (examples/make_examples.py, "ok") runs on a real single-process engine
-started by the CLI's engine stage. The HTML report is opened in headless Chromium when
+started by the CLI's engine stage, eagerly (``--eager``): these tests need a fast engine whose
+every module is timed, and the example compiles in vLLM's default mode (that mode is
+tests/engine/test_engine_front_ends.py's). The HTML report is opened in headless Chromium when
 Debian's ``chromium`` is installed (rendered DOM, screenshot, Chromium's own network log);
 without it, only its structure is checked here.
 """
@@ -48,7 +50,7 @@ def doctor(example: Path, *args: str, timeout: float = 600) -> subprocess.Comple
 @pytest.fixture(scope="module")
 def profiled(example: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("profile")
-    proc = doctor(example, "profile", str(example / "model"), "--out", str(out),
+    proc = doctor(example, "profile", str(example / "model"), "--out", str(out), "--eager",
                   "--prompts", "3", "--input-len", "24", "--output-len", "6", "--deep")
     return out, proc
 
@@ -120,7 +122,7 @@ def test_html_report_renders_in_headless_chromium_without_network(profiled: tupl
 
 def test_check_engine_adds_engine_findings_and_prints_anatomy(example: Path, tmp_path: Path) -> None:
     out = tmp_path / "report.json"
-    proc = doctor(example, "check", str(example / "model"), "--engine", "--out", str(out))
+    proc = doctor(example, "check", str(example / "model"), "--engine", "--eager", "--out", str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "engine anatomy" in proc.stdout
     assert "model         tiny_doctor_model.model.TinyDoctorForCausalLM [plugin]" in proc.stdout
@@ -135,7 +137,7 @@ def test_check_engine_adds_engine_findings_and_prints_anatomy(example: Path, tmp
 
 
 def test_check_engine_reports_kv_cache_too_small_from_vllms_own_refusal(example: Path) -> None:
-    proc = doctor(example, "check", str(example / "model"), "--fast", "--engine", "--select", "VD501",
+    proc = doctor(example, "check", str(example / "model"), "--fast", "--engine", "--eager", "--select", "VD501",
                   "--max-model-len", "2048", "--kv-cache-memory", "300000")
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "FAIL  VD501 kv-cache-too-small" in proc.stdout

@@ -2,8 +2,9 @@
 pytest fixture run the same engine stage (stages/engine.py:diagnose_engine) with the same default
 (vLLM's own execution mode) and give the same engine-stage findings for the bundled example.
 
-Each front end starts its own real engine (three engines, vLLM's default mode: torch.compile on
-CPU); the test compares what they found and the mode they say they ran in.
+Each front end starts its own real engine (three engines, vLLM's default mode: the example carries
+``@support_torch_compile``, so each compiles its inner model with inductor on CPU); the test
+compares what they found, the mode they say they ran in, and what each compiled.
 """
 
 from __future__ import annotations
@@ -41,11 +42,13 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def engine_verdict(report: dict[str, Any]) -> dict[str, Any]:
-    """What must agree: each engine-stage finding's code, subject and outcome, and the mode."""
+    """What must agree: each engine-stage finding's code, subject and outcome, the mode, what was compiled."""
     findings = sorted(
         (f["code"], f["subject"], f["outcome"]) for f in report["findings"] if f["code"][:3] in ("VD4", "VD5")
     )
-    return {"findings": findings, "mode": report["facts"]["engine_mode"], "mode_text": report["facts"]["engine_mode_text"]}
+    compile_state = report["facts"]["engine"]["compile"]
+    return {"findings": findings, "mode": report["facts"]["engine_mode"], "mode_text": report["facts"]["engine_mode_text"],
+            "compiled": (compile_state["compiled_modules"], compile_state["eager"])}
 
 
 def via_cli(example: Path) -> dict[str, Any]:
@@ -92,6 +95,8 @@ def test_cli_api_and_pytest_fixture_give_the_same_engine_findings_in_vllms_defau
     assert cli["mode_text"].startswith("execution mode: ") and "(vLLM's default; --eager forces eager)" in cli["mode_text"]
     assert api["mode"] == cli["mode"] and fixture["mode"] == cli["mode"]
     assert api["mode_text"] == cli["mode_text"] == fixture["mode_text"]
+    # vLLM really compiled the example's inner model (@support_torch_compile), through every front end
+    assert cli["compiled"] == (["model"], False) and api["compiled"] == fixture["compiled"] == cli["compiled"]
     # the same checks, subjects and outcomes, whichever way in
     codes = {code for code, _, _ in cli["findings"]}
     assert {"VD401", "VD403", "VD404", "VD500", "VD501", "VD503"} <= codes, codes

@@ -30,7 +30,7 @@ def test_check_engine_keeps_only_the_engine_log_it_names(tmp_path: Path) -> None
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
     env.update(PYTHONPATH=os.pathsep.join([str(example / "site"), str(REPO)]), TMPDIR=str(tmp), HF_HUB_OFFLINE="1")
     proc = subprocess.run(
-        [sys.executable, "-m", "vllm_doctor", "check", str(example / "model"), "--engine", "--json", "-q"],
+        [sys.executable, "-m", "vllm_doctor", "check", str(example / "model"), "--engine", "--eager", "--json", "-q"],
         env=env, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

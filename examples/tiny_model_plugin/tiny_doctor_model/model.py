@@ -1,7 +1,10 @@
 """TinyDoctorForCausalLM: a small Llama-like decoder built from vLLM's own layers.
 
-Follows vLLM's `model_executor/models/llama.py`, minus pipeline parallelism, LoRA,
-quantization and torch.compile, to stay short enough to read in one sitting.
+Follows vLLM's `model_executor/models/llama.py`, minus pipeline parallelism, LoRA and
+quantization, to stay short enough to read in one sitting. Like vLLM's Llama, the inner model
+(the one that runs the decoder layers) carries `@support_torch_compile`: in its default mode
+vLLM compiles that forward (torch.compile, and CUDA graphs on a GPU); with `enforce_eager` it
+runs as plain Python.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.activation import SiluAndMul
@@ -128,6 +132,10 @@ class TinyDoctorDecoderLayer(nn.Module):
         return self.mlp(hidden_states), residual
 
 
+# Dimension 0 of each tensor argument is the step's number of tokens: marked dynamic, one compiled
+# graph serves every step. Named explicitly, as vLLM's Llama does: left out, vLLM infers them from
+# the annotations, which are strings under `from __future__ import annotations` and infer nothing.
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0})
 class TinyDoctorModel(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
