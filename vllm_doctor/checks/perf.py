@@ -341,7 +341,10 @@ def _phase_costs(twin: dict[str, Any]) -> str:
     fix=(
         "from vllm.compilation.decorators import support_torch_compile\n\n"
         "@support_torch_compile\nclass MyModel(nn.Module): ..."
-        "  # forward(input_ids, positions, intermediate_tensors, inputs_embeds) with tensors only"
+        "  # forward(input_ids, positions, intermediate_tensors, inputs_embeds) with tensors only\n"
+        "# in a module with `from __future__ import annotations` vLLM cannot read the tensor arguments'\n"
+        "# types and raises 'No dynamic dimensions found': name them (examples/tiny_model_plugin does)\n"
+        '@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": 0, "inputs_embeds": 0})'
     ),
     references=("vllm/compilation/decorators.py:support_torch_compile", REF_LLAMA),
     requires=("perf",),
@@ -366,7 +369,11 @@ def check_compiled(facts: Any, emit: Emit) -> Iterable[Finding]:
         f"in its default mode while its in-tree decoders compile{measured}",
         subject=perf.root_class,
         evidence=evidence,
-        hint="decorate the inner model class (the one that runs the decoder layers) with @support_torch_compile",
+        hint=(
+            "decorate the inner model class (the one that runs the decoder layers) with @support_torch_compile "
+            "(in a module with `from __future__ import annotations`: @support_torch_compile(dynamic_arg_dims="
+            '{"input_ids": 0, "positions": 0, "inputs_embeds": 0}), else vLLM raises "No dynamic dimensions found")'
+        ),
     )
 
 
