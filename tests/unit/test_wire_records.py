@@ -111,7 +111,9 @@ def test_the_report_keeps_the_kv_groups_as_vllm_exposed_them() -> None:
     are None (not exposed), never invented."""
     facts = EngineFacts(workers=[WorkerFacts(rank=0, parts={"kv": KV.to_wire(), "anatomy": Anatomy(IDENTITY).to_wire()})])
     kv = anatomy(facts).kv_cache
-    assert kv.groups == [KvGroupSummary(layers=2, type="FullAttentionSpec", block_size=16, num_kv_heads=2, head_size=32)]
+    assert kv.groups == [KvGroupSummary(2, KvSpec(type="FullAttentionSpec", block_size=16, num_kv_heads=2, head_size=32))]
+    assert kv.to_json()["groups"] == [{"layers": 2, "type": "FullAttentionSpec", "block_size": 16, "num_kv_heads": 2,
+                                       "head_size": 32}]  # fmt: skip
     assert (kv.block_size, kv.tensor_shape, kv.num_layers) == (16, [2, 11, 16, 2, 32], 2)
     assert anatomy(facts).workers[0].compile is None
 

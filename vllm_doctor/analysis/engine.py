@@ -126,21 +126,7 @@ def anatomy(facts: EngineFacts) -> EngineAnatomy:
         storage_bytes=kv.storage_bytes,
         tensor_shape=list(first_tensor.shape) if first_tensor is not None else None,
         dtype=first_tensor.dtype if first_tensor is not None else None,
-        groups=[
-            KvGroupSummary(
-                layers=len(g.layer_names),
-                type=g.spec.type,
-                block_size=g.spec.block_size,
-                num_kv_heads=g.spec.num_kv_heads,
-                head_size=g.spec.head_size,
-                head_size_v=g.spec.head_size_v,
-                sliding_window=g.spec.sliding_window,
-                attention_chunk_size=g.spec.attention_chunk_size,
-                dtype=g.spec.dtype,
-                page_size_bytes=g.spec.page_size_bytes,
-            )
-            for g in kv.groups
-        ],
+        groups=[KvGroupSummary(layers=len(g.layer_names), spec=g.spec) for g in kv.groups],
     )
     return EngineAnatomy(
         front_end=fe,

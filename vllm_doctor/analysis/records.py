@@ -19,6 +19,7 @@ from typing import Any, Self
 
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.anatomy import CompileState
+from vllm_doctor.facts.kv import KvSpec
 
 __all__ = ["CompileState", "Record"]  # and every record below
 
@@ -552,18 +553,11 @@ class ModelRunnerInfo(Record):
 
 @dataclass(frozen=True)
 class KvGroupSummary(Record):
-    """One KV-cache group: its layers and vLLM's spec, as far as vLLM exposes it (None: not)."""
+    """One KV-cache group: its layers and vLLM's spec, as far as vLLM exposes it (None: not), the
+    spec's fields beside ``layers`` in the JSON."""
 
     layers: int = 0
-    type: str | None = None
-    block_size: int | None = None
-    num_kv_heads: int | None = None
-    head_size: int | None = None
-    head_size_v: int | None = None
-    sliding_window: int | None = None
-    attention_chunk_size: int | None = None
-    dtype: str | None = None
-    page_size_bytes: int | None = None
+    spec: KvSpec = field(default_factory=KvSpec, metadata=wire.rules(inline=True))
 
 
 @dataclass(frozen=True)

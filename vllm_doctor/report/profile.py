@@ -70,8 +70,8 @@ def render_anatomy(anatomy: EngineAnatomy | dict[str, Any] | None) -> str:
         )
         for g in kv.groups:
             lines.append(
-                f"                group: {g.layers} layer(s), {g.type}, {g.num_kv_heads} KV "
-                f"heads x {g.head_size}, {g.dtype}"
+                f"                group: {g.layers} layer(s), {g.spec.type}, {g.spec.num_kv_heads} KV "
+                f"heads x {g.spec.head_size}, {g.spec.dtype}"
             )
     return "\n".join(lines)
 

@@ -264,7 +264,8 @@ def kv_text(report: dict[str, Any]) -> str:
         ]
         for g in kv.groups:
             lines.append(
-                f"group         {g.layers} layer(s), {g.type}, {g.num_kv_heads} KV heads x {g.head_size}, {g.dtype}"
+                f"group         {g.layers} layer(s), {g.spec.type}, {g.spec.num_kv_heads} KV heads x "
+                f"{g.spec.head_size}, {g.spec.dtype}"
             )
     else:
         lines.append(missing(report, "KV cache layout"))
