@@ -51,7 +51,7 @@ def doctor(example: Path, *args: str, timeout: float = 600) -> subprocess.Comple
 def profiled(example: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     out = tmp_path_factory.mktemp("profile")
     proc = doctor(example, "profile", str(example / "model"), "--out", str(out), "--eager",
-                  "--prompts", "3", "--input-len", "24", "--output-len", "6", "--deep")
+                  "--prompts", "3", "--input-len", "24", "--output-len", "24", "--deep")
     return out, proc
 
 
@@ -63,17 +63,38 @@ def test_profile_writes_report_trace_and_html(profiled: tuple[Path, Any]) -> Non
     data = json.loads((out / "report.json").read_text())
     report = Report.from_dict(data)  # the one schema
     engine = report.profiles["engine"]
-    assert [s["phase"] for s in engine["steps"]] == ["prefill"] + ["decode"] * 5
+    assert [s["phase"] for s in engine["steps"]] == ["prefill"] + ["decode"] * 23
     assert engine["steps"][0]["prefill_tokens"] == 3 * 24
-    assert report.profiles["workload"]["generated_tokens"] == 18
+    assert report.profiles["workload"]["generated_tokens"] == 72
     assert report.environment["vllm"] and report.environment["torch"]  # the versions the report was made with
     assert {"attention", "mlp", "norm", "embedding", "logits"} <= set(engine["layers"]["by_kind"])
     assert report.by_code("VD401")[0].outcome.value == "pass"
     trace = json.loads((out / "trace.json").read_text())["traceEvents"]
-    assert sum(e.get("cat") in ("prefill", "decode") for e in trace) == 6
+    assert sum(e.get("cat") in ("prefill", "decode") for e in trace) == 24
     assert any(e.get("cat") == "layer" and e["name"] == "model.layers.1.self_attn" for e in trace)
     assert report.profiles["torch_profiler"]["files"], "vLLM's torch profiler wrote no trace"
     assert not list(out.glob(".*.tmp"))  # atomic writes leave no temporaries
+
+
+def test_profile_eager_sets_the_steps_timed_per_layer_against_the_others(profiled: tuple[Path, Any]) -> None:
+    """23 decode steps: the first 8 and every 8th after them are timed per layer (10), the other 13
+    not; of the timed ones every 4th (the first included) also inside the layers. The report gives
+    both medians and the neighbour comparison per phase, and the text says what the timing cost."""
+    out, proc = profiled
+    engine = json.loads((out / "report.json").read_text())["profiles"]["engine"]
+    decode_steps = [s for s in engine["steps"] if s["phase"] == "decode"]
+    assert [s["layers_timed"] for s in decode_steps] == [True] * 9 + [False] * 7 + [True] + [False] * 6
+    assert [i for i, s in enumerate(decode_steps) if s["layers_detail"]] == [0, 4, 8]
+    decode = engine["phases"]["decode"]
+    assert (decode["timed_steps"], decode["neighbour_pairs"]) == (10, 2)
+    assert decode["timed_step_s_median"] > 0 and decode["untimed_step_s_median"] > 0
+    assert decode["timed_vs_neighbours"] is not None and decode["detail_vs_neighbours"] is not None
+    assert "  timing cost   decode: steps timed per layer " in proc.stdout
+    # an inner module was timed on the detailed steps only, its decoder layer on every timed one
+    modules = {m["name"]: m for m in engine["layers"]["modules"]}
+    assert (modules["model.layers.1"]["decode_steps"], modules["model.layers.1.self_attn"]["decode_steps"]) == (10, 3)
+    attn = modules["model.layers.1.self_attn"]
+    assert attn["total_s"] == pytest.approx(attn["prefill_s"] + attn["decode_s"] * 10 / 3)
 
 
 def test_html_report_is_self_contained(profiled: tuple[Path, Any]) -> None:

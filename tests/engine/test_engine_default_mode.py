@@ -118,10 +118,11 @@ def test_the_steps_and_the_idle_time_between_them_account_for_the_wall_time(defa
     for a, b in itertools.pairwise(steps):
         assert b["t"] - a["t"] == pytest.approx(a["step_s"] + b["idle_before_s"], abs=2e-3)
     acc = time_accounting(profile, {"wall_s": default_mode.wall_s})
-    assert acc is not None and acc["between_steps_s"] == pytest.approx(sum(s["idle_before_s"] for s in steps[1:]))
+    assert acc is not None and acc.between_steps_s == pytest.approx(sum(s["idle_before_s"] for s in steps[1:]))
     # measured, not capped: the steps and the gaps between them fit in the wall time
-    assert acc["steps_s"] + sum(s["idle_before_s"] for s in steps[1:]) <= default_mode.wall_s
-    assert 0 < acc["accounted_share"] <= 1.0 and acc["edges_s"] >= 0
+    assert acc.steps_s + sum(s["idle_before_s"] for s in steps[1:]) <= default_mode.wall_s
+    assert acc.accounted_share is not None and 0 < acc.accounted_share <= 1.0
+    assert acc.edges_s is not None and acc.edges_s >= 0
 
 
 def test_no_rate_above_a_peak_and_none_claimed_on_cpu(default_mode: Run) -> None:

@@ -112,6 +112,9 @@ def test_a_worker_that_fails_in_its_own_process_is_named_with_the_models_line(tm
     (f,) = [f for f in json.loads(proc.stdout)["findings"] if f["code"] == "VD500"]
     assert f["outcome"] == "fail" and f["subject"] == "engine start-up / load"
     assert f["message"].startswith("vLLM failed in load (eager): KeyError: 'factor' (in vLLM's Worker")
-    assert "tiny_doctor_model/model.py:62 in __init__" in f["message"]
+    # the line the fixture's bug sits on, in the model file the engine ran
+    source = (fx.site_dir / "tiny_doctor_model" / "model.py").read_text().splitlines()
+    line = next(i for i, text in enumerate(source, 1) if 'config.rope_scaling["factor"]' in text)
+    assert f"tiny_doctor_model/model.py:{line} in __init__" in f["message"]
     assert "<- reported as: RuntimeError: Engine core initialization failed" in f["evidence"]["vllm_error"]
-    assert f["hint"].startswith("fix the line named (") and "model.py:62 in __init__" in f["hint"]
+    assert f["hint"].startswith("fix the line named (") and f"model.py:{line} in __init__" in f["hint"]

@@ -22,6 +22,9 @@ class WallClock:
     def mark(self, refresh: bool = False) -> Any:
         return time.perf_counter()
 
+    def reserve(self, count: int) -> None:
+        """Nothing to create ahead: a mark is a float."""
+
     @staticmethod
     def capturing() -> bool:
         return False

@@ -142,9 +142,7 @@ class WorkerSession:
         if self.profiler is None:
             timed = select_modules(model)
             clock = clock_for(wv.device(self.worker))
-            reserve = getattr(clock, "reserve", None)
-            if reserve is not None:  # the marks of a batch of samples (resolved together), capped
-                reserve(RESOLVE_BATCH * (2 * len(timed) + 8))
+            clock.reserve(RESOLVE_BATCH * (2 * len(timed) + 8))  # a batch of samples' marks (capped)
             self.profiler = ForwardProfiler(clock, timed, trace_steps, sample_every)
             self.rpc_s, self.window_t0 = 0.0, time.perf_counter()
             self._wrap_runner()
