@@ -25,61 +25,13 @@ VERSION_KEY = "wire_version"  # each record's wire version, in its to_wire() dic
 
 def version(data: Mapping[str, Any]) -> int:
     """The reply's wire version: 0 for a reply of a doctor that sent none."""
-    return opt_int(data.get(VERSION_KEY)) or 0
+    value = data.get(VERSION_KEY)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def mapping(value: Any) -> dict[str, Any]:
     """``value`` if it is a dict, else an empty one."""
     return value if isinstance(value, dict) else {}
-
-
-def opt_int(value: Any) -> int | None:
-    """An integer (not a bool), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def opt_float(value: Any) -> float | None:
-    """A number (an int is kept as it is), else None."""
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def opt_str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def opt_bool(value: Any) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
-def int_list(value: Any) -> list[int]:
-    """A list of integers (a shape), else empty: a list with anything else in it is not one."""
-    if isinstance(value, (list, tuple)) and all(opt_int(v) is not None for v in value):
-        return list(value)
-    return []
-
-
-def str_list(value: Any) -> list[str]:
-    """The strings of a list (anything else in it dropped), else empty."""
-    return [v for v in value if isinstance(v, str)] if isinstance(value, (list, tuple)) else []
-
-
-def float_list(value: Any) -> list[float] | None:
-    """A list of numbers, else None."""
-    if isinstance(value, (list, tuple)) and all(opt_float(v) is not None for v in value):
-        return list(value)
-    return None
-
-
-def int_map(value: Any) -> dict[str, int]:
-    """The integer entries of a ``str -> int`` dict (counts by device, by dtype)."""
-    return {k: v for k, v in mapping(value).items() if isinstance(k, str) and opt_int(v) is not None}
-
-
-def records(value: Any, decode: Callable[[Mapping[str, Any]], R]) -> list[R]:
-    """Each dict of a list, decoded (anything else in the list dropped)."""
-    if not isinstance(value, (list, tuple)):
-        return []
-    return [decode(v) for v in value if isinstance(v, dict)]
 
 
 def without_none(data: dict[str, Any]) -> dict[str, Any]:
@@ -89,7 +41,7 @@ def without_none(data: dict[str, Any]) -> dict[str, Any]:
 
 # --- records read and written from their declaration --------------------------------------------
 # A frozen dataclass declares its fields once; ``read`` decodes a reply into it by the fields'
-# annotations with the same tolerance as the helpers above, ``write`` encodes it, and
+# annotations (a value of another type reads as the field's default), ``write`` encodes it, and
 # ``json_schema`` declares it for docs/report-schema.json. No per-field key strings. A field
 # whose reply does not hold it under its plain name and type says where it is in its
 # ``metadata``, made by :func:`rules` (or written out: ``{"key": "class"}``, ``{"doc": ...}``).
@@ -161,11 +113,6 @@ def _zero(tp: Any) -> Any:
 
 
 _MISSING = object()
-
-
-def _coerce(tp: Any, value: Any) -> Any:
-    """``value`` as ``tp``, or ``_MISSING`` where it is not one (a container keeps what is)."""
-    return _decoder(tp)(value)
 
 
 def _same(value: Any) -> Any:
