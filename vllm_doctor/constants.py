@@ -31,11 +31,11 @@ def env_switch(name: str) -> bool:
 DEFAULT_SAMPLE_EVERY = 8
 SAMPLE_WARMUP_STEPS = 8
 # eager mode's per-layer timing has two grains: every step timed per layer is timed at the decoder
-# layers' boundaries (each layer, the embedding, the final norm: one event pair per layer), and
-# every DEFAULT_DETAIL_EVERY-th of them per phase (the first included) also inside each layer (its
-# attention, MLP and norms: five pairs per layer). Every event is a host launch that an eager,
-# launch-bound step waits for: the finer split on every timed step made those steps +27 % slower
-# than the untimed ones (H200, 8B shape, eager); docs/engine-stage.md has the measurements
+# layers' boundaries (each layer, the embedding, the final norm: one event where each is entered),
+# and every DEFAULT_DETAIL_EVERY-th of them per phase (the first included) also inside each layer
+# (each module's entry and return: ten events per layer). Every event is a host launch that an
+# eager, launch-bound step waits for: the finer split on every timed step made those steps +27 %
+# slower than the untimed ones (H200, 8B shape, eager); docs/engine-stage.md has the measurements
 DEFAULT_DETAIL_EVERY = 4
 
 # a step's counts from the SchedulerOutput (vllm_doctor.engine.steps.StepTracker.observe)

@@ -94,7 +94,13 @@ def test_profile_eager_sets_the_steps_timed_per_layer_against_the_others(profile
     modules = {m["name"]: m for m in engine["layers"]["modules"]}
     assert (modules["model.layers.1"]["decode_steps"], modules["model.layers.1.self_attn"]["decode_steps"]) == (10, 3)
     attn = modules["model.layers.1.self_attn"]
-    assert attn["total_s"] == pytest.approx(attn["prefill_s"] + attn["decode_s"] * 10 / 3)
+    # the tables take the doctor's timing marks out of each module's measured time (eager mode)
+    (cost,) = [c for c in engine["layers"]["doctor_cost"] if c["bucket"] == "decode"]
+    assert cost["boundary_steps"] == 7 and cost["detail_steps"] == 3 and cost["pairs"] == 2
+    assert cost["per_mark_s"] is not None and cost["per_mark_s"] >= 0
+    left = attn["decode_s"] - attn.get("decode_cost_s", 0.0)
+    assert attn["total_s"] == pytest.approx(attn["prefill_s"] - attn.get("prefill_cost_s", 0.0) + left * 10 / 3)
+    assert "  per layer     per-layer figures less the doctor's timing marks: " in proc.stdout
 
 
 def test_html_report_is_self_contained(profiled: tuple[Path, Any]) -> None:

@@ -162,9 +162,15 @@ def _two_requests(steps: int, prompt: int = 3, restart_at: int | None = None) ->
     for i in range(steps):
         if i in (0, restart_at):
             finished = set(ids) if i else set()
-            ids, start = ((ids, 0) if not i else ((ids[0] + "'", ids[1] + "'"), i))
-            out.append(_so([_new(r, prompt, [10 * i + k + 1]) for k, r in enumerate(ids)], [], dict.fromkeys(ids, prompt),
-                           finished=finished))
+            ids, start = (ids, 0) if not i else ((ids[0] + "'", ids[1] + "'"), i)
+            out.append(
+                _so(
+                    [_new(r, prompt, [10 * i + k + 1]) for k, r in enumerate(ids)],
+                    [],
+                    dict.fromkeys(ids, prompt),
+                    finished=finished,
+                )
+            )
         else:
             out.append(_so([], [(r, prompt + i - start - 1, None) for r in ids], dict.fromkeys(ids, 1)))
     return out
@@ -186,7 +192,10 @@ def test_forward_profiler_aggregates_steps_and_layers_with_wall_clock() -> None:
         prof.after_sample(0.0005)
     snap = prof.snapshot()
     assert [s["phase"] for s in StepTable.of(snap).rows()] == ["prefill", "decode"]
-    assert [(s["prefill_tokens"], s["decode_tokens"], s["kv_blocks_used"]) for s in StepTable.of(snap).rows()] == [(6, 0, 2), (0, 2, 2)]
+    assert [(s["prefill_tokens"], s["decode_tokens"], s["kv_blocks_used"]) for s in StepTable.of(snap).rows()] == [
+        (6, 0, 2),
+        (0, 2, 2),
+    ]
     assert all(s["forward_s"] is not None and s["step_s"] >= s["forward_s"] for s in StepTable.of(snap).rows())
     layer0 = next(m for m in snap["layers"] if m["name"] == "model.layers.0")
     assert (layer0["prefill_calls"], layer0["decode_calls"]) == (1, 1)
@@ -208,7 +217,9 @@ def test_per_layer_timing_samples_the_first_steps_of_each_phase_then_every_nth()
     assert {i for i, t in timed.items() if t} == {0, 10} | expected_decode
     snap = prof.snapshot()
     assert [s["layers_timed"] for s in StepTable.of(snap).rows()] == [timed[i] for i in range(20)]
-    assert [s["phase"] for s in StepTable.of(snap).rows()] == ["decode" if i in decode_steps else "prefill" for i in range(20)]
+    assert [s["phase"] for s in StepTable.of(snap).rows()] == [
+        "decode" if i in decode_steps else "prefill" for i in range(20)
+    ]
     assert snap["sample_every"] == 4
 
 
@@ -246,6 +257,146 @@ def test_eager_per_layer_timing_splits_inside_the_layers_on_every_nth_timed_step
     assert scaled.total_s == pytest.approx(attn["prefill_s"] + attn["decode_s"] * 7 / 3)
     layer = next(m for m in tables.modules if m.name == "model.layers.0")
     assert layer.total_s == pytest.approx(stats["model.layers.0"]["prefill_s"] + stats["model.layers.0"]["decode_s"])
+
+
+class StepperClock:
+    """A device clock the test moves by hand: a mark is the time now (no events, no host)."""
+
+    kind = "cuda_events"
+    domain = "device"
+    one_stream = True
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def mark(self, refresh: bool = False) -> float:
+        return self.now
+
+    def reserve(self, count: int) -> None:
+        pass
+
+    @staticmethod
+    def capturing() -> bool:
+        return False
+
+    def ready(self, mark: Any) -> bool:
+        return True
+
+    def wait(self, mark: Any) -> None:
+        pass
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
+
+
+def test_eager_boundary_steps_mark_each_module_once_and_the_tables_take_the_marks_cost_out() -> None:
+    """Eager's two grains on a clock the test moves: a step timed at the boundaries marks each
+    boundary module once where it is entered (its span runs to the next mark, the last to the
+    forward's end), a detailed step marks every module's entry and return. Each of the doctor's
+    marks costs C on the device (the wrappers' Python and event between two launches), each
+    module W or w of work: the timed steps set against their untimed neighbours give C per mark,
+    and the layer tables give back the work alone."""
+    model = ToyForCausalLM()
+    timed_modules = select_modules(model)
+    clock = StepperClock()
+    prof = ForwardProfiler(clock, timed_modules, sample_every=2, detail_every=3)  # type: ignore[arg-type]
+    prof.layers_enabled = True
+    cost, layer_work, inner_work, embed_work, logits_work = 0.001, 0.010, 0.002, 0.0005, 0.003
+    boundary = [
+        m.name for m in timed_modules if m.kind in ("layer", "embedding") or (m.kind == "norm" and m.layer is None)
+    ]
+    inner = {m.name: m.layer for m in timed_modules if m.layer is not None and m.kind not in ("layer",)}
+    n_layers = sum(1 for m in timed_modules if m.kind == "layer")
+    per_layer = len(inner) // n_layers  # attention, MLP, a norm
+    assert per_layer == 3
+
+    def mark(fn: Any, *args: Any) -> None:
+        fn(*args)
+        clock.now += cost  # the doctor's cost right after its mark
+
+    def work(name: str) -> float:
+        if name in inner:
+            return inner_work
+        return embed_work if name in ("model.embed_tokens", "model.norm") else layer_work - per_layer * inner_work
+
+    kinds = []
+    for so in _two_requests(40):
+        step = prof.begin_step(so)
+        clock.now += 0.0001
+        if not isinstance(step, OpenStep):  # untimed: the work alone
+            clock.now += sum(work(n) for n in boundary) + n_layers * per_layer * inner_work + logits_work
+            prof.after_execute(0.0, output_is_final=True)
+            kinds.append("untimed")
+            continue
+        kinds.append("detail" if step.layers_detail else "boundary")
+        mark(prof.module_enter, "", True)
+        for name in boundary:
+            if not step.layers_detail:
+                mark(prof.module_mark, name)
+                clock.now += work(name)
+                if name.startswith("model.layers."):
+                    clock.now += per_layer * inner_work
+                continue
+            mark(prof.module_enter, name)
+            clock.now += work(name)
+            for sub in (n for n, layer in inner.items() if f"model.layers.{layer}" == name):
+                mark(prof.module_enter, sub)
+                clock.now += inner_work
+                mark(prof.module_exit, sub)
+            mark(prof.module_exit, name)
+        mark(prof.module_exit, "")
+        mark(prof.module_enter, "logits_processor")
+        clock.now += logits_work
+        mark(prof.module_exit, "logits_processor")
+        prof.after_execute(0.0, output_is_final=True)
+    assert {"untimed", "boundary", "detail"} <= set(kinds)
+    snap = prof.snapshot()
+    assert snap["boundary_marks"] == "entry"
+    steps = StepTable.of(snap)
+    tables = layer_tables(snap, steps)
+    (decode,) = [c for c in tables.doctor_cost if c.bucket == "decode"]
+    assert decode.per_mark_s == pytest.approx(cost)
+    assert decode.boundary_marks == len(boundary) + 4
+    assert decode.detail_marks == 2 * (len(boundary) + len(inner)) + 4
+    assert decode.boundary_steps and decode.detail_steps and decode.pairs
+    modules = {m.name: m for m in tables.modules}
+    layer0, attn0, norm = modules["model.layers.0"], modules["model.layers.0.self_attn"], modules["model.norm"]
+    # measured on the clock: a layer's span holds its marks' cost ...
+    assert layer0.decode_s > decode.boundary_steps * layer_work + decode.detail_steps * layer_work
+    # ... which the tables take out: the work per step is what is left
+    assert layer0.bucket_s("decode") == pytest.approx(layer_work * (decode.boundary_steps + decode.detail_steps))
+    assert attn0.bucket_s("decode") == pytest.approx(inner_work * decode.detail_steps)
+    assert norm.bucket_s("decode") == pytest.approx(embed_work * (decode.boundary_steps + decode.detail_steps))
+    assert modules["logits_processor"].bucket_s("decode") == pytest.approx(
+        logits_work * (decode.boundary_steps + decode.detail_steps)
+    )
+    # the record keeps what the clock read; the layer totals and the forward are the corrected ones
+    assert layer0.decode_cost_s > 0 and layer0.measured_s("decode") == layer0.decode_s
+    forward_per_step = sum(work(n) for n in boundary) + n_layers * per_layer * inner_work
+    rows = steps.rows()
+    prefill_forward = sum(r["forward_s"] for r in rows if r["phase"] == "prefill")  # no neighbour: as measured
+    decode_timed = sum(1 for r in rows if r["phase"] == "decode" and r["layers_timed"])
+    assert tables.forward_total_s == pytest.approx(forward_per_step * decode_timed + prefill_forward)
+
+
+def test_compiled_mode_profiles_and_old_reports_have_no_marks_correction() -> None:
+    """The correction needs the worker to say how it marked (this doctor's eager mode): a
+    profile without ``boundary_marks`` (compiled modes, a report from before) is read as measured."""
+    prof = ForwardProfiler(WallClock(), select_modules(ToyForCausalLM()), sample_every=1)
+    prof.layers_enabled = True
+    for so in _two_requests(4):
+        prof.begin_step(so)
+        prof.module_enter("")
+        prof.module_enter("model.layers.0")
+        prof.module_exit("model.layers.0")
+        prof.module_exit("")
+        prof.after_execute(0.0, output_is_final=True)
+    snap = prof.snapshot()
+    snap.pop("boundary_marks")
+    tables = layer_tables(snap, StepTable.of(snap))
+    assert tables.doctor_cost == []
+    layer = next(m for m in tables.modules if m.name == "model.layers.0")
+    assert layer.bucket_s("decode") == layer.decode_s and layer.decode_cost_s == 0.0
 
 
 def test_unsampled_steps_are_plain_records_and_empty_steps_still_free_blocks() -> None:
@@ -440,8 +591,10 @@ def test_gpu_steps_become_records_only_once_their_events_completed() -> None:
 
 def test_layer_tables_compare_layer_times_with_the_sampled_steps_only() -> None:
     steps = [{"forward_s": 1.0, "layers_timed": True}, {"forward_s": 5.0, "layers_timed": False}]
-    profile = {"layers": [{"name": "model.layers.0", "kind": "layer", "layer": 0, "decode_s": 0.9, "decode_calls": 1}],
-               "sample_every": 4}
+    profile = {
+        "layers": [{"name": "model.layers.0", "kind": "layer", "layer": 0, "decode_s": 0.9, "decode_calls": 1}],
+        "sample_every": 4,
+    }
     tables = layer_tables(profile, StepTable.of({"steps": steps}))
     assert tables.forward_total_s == 1.0 and tables.timed_fraction == pytest.approx(0.9)
     assert tables.timed_steps == 1 and tables.sample_every == 4
@@ -450,18 +603,29 @@ def test_layer_tables_compare_layer_times_with_the_sampled_steps_only() -> None:
 
 
 def _new(rid: str, prompt: int, blocks: list[int], computed: int = 0) -> Any:
-    return SimpleNamespace(req_id=rid, prompt_token_ids=list(range(prompt)), block_ids=(blocks,), num_computed_tokens=computed)
+    return SimpleNamespace(
+        req_id=rid, prompt_token_ids=list(range(prompt)), block_ids=(blocks,), num_computed_tokens=computed
+    )
 
 
-def _so(new: list[Any], cached: list[tuple[str, int, list[int] | None]], sched: dict[str, int], finished: set[str] = frozenset()) -> Any:  # type: ignore[assignment]
+def _so(
+    new: list[Any],
+    cached: list[tuple[str, int, list[int] | None]],
+    sched: dict[str, int],
+    finished: set[str] = frozenset(),
+) -> Any:  # type: ignore[assignment]
     return SimpleNamespace(
         scheduled_new_reqs=new,
         scheduled_cached_reqs=SimpleNamespace(
-            req_ids=[c[0] for c in cached], num_computed_tokens=[c[1] for c in cached],
-            new_block_ids=[(c[2],) if c[2] is not None else None for c in cached], resumed_req_ids=set(),
+            req_ids=[c[0] for c in cached],
+            num_computed_tokens=[c[1] for c in cached],
+            new_block_ids=[(c[2],) if c[2] is not None else None for c in cached],
+            resumed_req_ids=set(),
         ),
-        num_scheduled_tokens=sched, total_num_scheduled_tokens=sum(sched.values()),
-        scheduled_spec_decode_tokens={}, finished_req_ids=set(finished),
+        num_scheduled_tokens=sched,
+        total_num_scheduled_tokens=sum(sched.values()),
+        scheduled_spec_decode_tokens={},
+        finished_req_ids=set(finished),
     )
 
 
@@ -476,7 +640,16 @@ def test_step_tracker_splits_prefill_and_decode_and_counts_kv_blocks() -> None:
     assert (second["prefill_tokens"], second["decode_tokens"], second["num_reqs"]) == (4, 2, 3)
     assert second["kv_blocks_used"] == 5 and phase_of(raw) == "mixed"
     # a pure decode step takes the fast path (nothing new, finished or added; all past their prompt)
-    assert t.observe(_so([], [("a", 6, None), ("b", 4, None), ("c", 4, None)], {"a": 1, "b": 1, "c": 1})) == (0, 3, 0, 3, 3, 5, 0, 0)
+    assert t.observe(_so([], [("a", 6, None), ("b", 4, None), ("c", 4, None)], {"a": 1, "b": 1, "c": 1})) == (
+        0,
+        3,
+        0,
+        3,
+        3,
+        5,
+        0,
+        0,
+    )
     third = counts_dict(t.observe(_so([], [("c", 4, None)], {"c": 1}, finished={"a", "b"})))
     assert (third["decode_tokens"], third["kv_blocks_used"]) == (1, 2)
 
@@ -520,7 +693,9 @@ def test_extension_returns_crash_envelope_instead_of_raising() -> None:
 class FakeLLM:
     def __init__(self, error: Exception | None, ext: str = "") -> None:
         self.error = error
-        self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(worker_extension_cls=ext)))
+        self.llm_engine = SimpleNamespace(
+            vllm_config=SimpleNamespace(parallel_config=SimpleNamespace(worker_extension_cls=ext))
+        )
 
     def collective_rpc(self, method: str, timeout: Any = None, args: tuple[Any, ...] = ()) -> list[Any]:
         if self.error is not None:
@@ -546,18 +721,38 @@ def worker(rank: int = 0, **parts: Any) -> WorkerFacts:
 
 
 def placement(device: str = "cpu", misplaced: list[dict[str, Any]] | None = None, **dev: Any) -> dict[str, Any]:
-    dtype_mismatch = [{"name": "gain", "dtype": "torch.float32", "shape": [1], "module_class": "M", "vllm_builtin": False}]
+    dtype_mismatch = [
+        {"name": "gain", "dtype": "torch.float32", "shape": [1], "module_class": "M", "vllm_builtin": False}
+    ]
     return {
-        "model": "m.M", "model_dtype": "torch.bfloat16",
-        "device": {"device": device, "type": device.split(":")[0], "index": int(device.split(":")[1]) if ":" in device else None, **dev},
+        "model": "m.M",
+        "model_dtype": "torch.bfloat16",
+        "device": {
+            "device": device,
+            "type": device.split(":")[0],
+            "index": int(device.split(":")[1]) if ":" in device else None,
+            **dev,
+        },
         "counts": {"parameters": 3, "buffers": 1, "misplaced": len(misplaced or []), "dtype_mismatch": 1},
-        "misplaced": misplaced or [], "dtype_mismatch": dtype_mismatch,
+        "misplaced": misplaced or [],
+        "dtype_mismatch": dtype_mismatch,
     }
 
 
 def test_engine_checks_skip_without_an_engine_and_are_not_run_by_the_static_pass() -> None:
     engine_codes = [c for c in CATALOGUE if CATALOGUE[c].meta.stage is Stage.ENGINE]
-    assert set(engine_codes) >= {"VD208", "VD400", "VD401", "VD402", "VD403", "VD404", "VD405", "VD501", "VD503", "VD504"}
+    assert set(engine_codes) >= {
+        "VD208",
+        "VD400",
+        "VD401",
+        "VD402",
+        "VD403",
+        "VD404",
+        "VD405",
+        "VD501",
+        "VD503",
+        "VD504",
+    }
     for code in engine_codes:
         findings = run(code, object())
         assert [f.outcome for f in findings] == [Outcome.SKIP] and "--engine" in findings[0].message
@@ -565,18 +760,34 @@ def test_engine_checks_skip_without_an_engine_and_are_not_run_by_the_static_pass
 
 
 def test_vd401_names_each_misplaced_tensor_and_passes_when_none() -> None:
-    bad = [{"name": "model.layers.0.mlp.inv_freq", "kind": "buffer", "device": "cpu", "dtype": "torch.float32",
-            "shape": [4], "bytes": 16, "module_class": "MyMLP", "vllm_builtin": False}]
+    bad = [
+        {
+            "name": "model.layers.0.mlp.inv_freq",
+            "kind": "buffer",
+            "device": "cpu",
+            "dtype": "torch.float32",
+            "shape": [4],
+            "bytes": 16,
+            "module_class": "MyMLP",
+            "vllm_builtin": False,
+        }
+    ]
     findings = run("VD401", EngineFacts(workers=[worker(placement=placement("cuda:0", bad))]))
-    assert [(f.outcome, f.subject) for f in findings] == [(Outcome.FAIL, "rank 0 / cuda:0 / model.layers.0.mlp.inv_freq")]
+    assert [(f.outcome, f.subject) for f in findings] == [
+        (Outcome.FAIL, "rank 0 / cuda:0 / model.layers.0.mlp.inv_freq")
+    ]
     assert findings[0].evidence["expected"] == "cuda:0" and findings[0].evidence["actual"] == "cpu"
     ok = run("VD401", EngineFacts(workers=[worker(placement=placement("cpu"))]))
     assert [f.outcome for f in ok] == [Outcome.PASS]
 
 
 def test_vd402_flags_rank_device_mismatch_and_shared_gpu() -> None:
-    w0 = worker(0, placement=placement("cuda:0", local_rank=0, current_device=0, device_count=2, uuid="GPU-a", hostname="h"))
-    w1 = worker(1, placement=placement("cuda:0", local_rank=1, current_device=0, device_count=2, uuid="GPU-a", hostname="h"))
+    w0 = worker(
+        0, placement=placement("cuda:0", local_rank=0, current_device=0, device_count=2, uuid="GPU-a", hostname="h")
+    )
+    w1 = worker(
+        1, placement=placement("cuda:0", local_rank=1, current_device=0, device_count=2, uuid="GPU-a", hostname="h")
+    )
     findings = run("VD402", EngineFacts(workers=[w0, w1]))
     outcomes = [(f.outcome, f.subject) for f in findings]
     assert (Outcome.PASS, "rank 0 / cuda:0") in outcomes
@@ -587,27 +798,63 @@ def test_vd402_flags_rank_device_mismatch_and_shared_gpu() -> None:
 
 
 def _probe(events: list[dict[str, Any]], device: str = "cpu") -> dict[str, Any]:
-    return {"profiling": True, "crashes": [], "probe": {"complete": True, "worker_device": device, "steps": [{"phase": "prefill"}], "events": events}}
+    return {
+        "profiling": True,
+        "crashes": [],
+        "probe": {"complete": True, "worker_device": device, "steps": [{"phase": "prefill"}], "events": events},
+    }
 
 
 def test_vd403_vd404_report_probe_events_with_module_and_severity() -> None:
     ev = [
-        {"kind": "host_sync", "op": "Tensor.item", "module": "model.layers.1.mlp", "module_class": "MyMLP", "vllm_builtin": False, "count": 2, "where": ["m.py:3 in forward"]},
-        {"kind": "wrong_device_create", "op": "aten.zeros.default", "module": "model.layers.1.mlp", "module_class": "MyMLP", "vllm_builtin": False, "count": 1, "device": "cpu", "where": []},
-        {"kind": "host_sync", "op": "Tensor.cpu", "module": "model.layers.0.self_attn.attn", "module_class": "Attention", "vllm_builtin": True, "count": 1, "where": []},
+        {
+            "kind": "host_sync",
+            "op": "Tensor.item",
+            "module": "model.layers.1.mlp",
+            "module_class": "MyMLP",
+            "vllm_builtin": False,
+            "count": 2,
+            "where": ["m.py:3 in forward"],
+        },
+        {
+            "kind": "wrong_device_create",
+            "op": "aten.zeros.default",
+            "module": "model.layers.1.mlp",
+            "module_class": "MyMLP",
+            "vllm_builtin": False,
+            "count": 1,
+            "device": "cpu",
+            "where": [],
+        },
+        {
+            "kind": "host_sync",
+            "op": "Tensor.cpu",
+            "module": "model.layers.0.self_attn.attn",
+            "module_class": "Attention",
+            "vllm_builtin": True,
+            "count": 1,
+            "where": [],
+        },
     ]
     facts = EngineFacts(workers=[worker(profile=_probe(ev, "cuda:0"))])
     vd404 = run("VD404", facts)
-    assert [(f.subject, f.severity) for f in vd404] == [("model.layers.1.mlp", Severity.WARN), ("model.layers.0.self_attn.attn", Severity.INFO)]
+    assert [(f.subject, f.severity) for f in vd404] == [
+        ("model.layers.1.mlp", Severity.WARN),
+        ("model.layers.0.self_attn.attn", Severity.INFO),
+    ]
     assert "m.py:3" in vd404[0].hint
     vd403 = run("VD403", facts)
     assert [(f.outcome, f.subject) for f in vd403] == [(Outcome.WARN, "model.layers.1.mlp")]
     assert "creates a tensor on cpu" in vd403[0].message
     clean = EngineFacts(workers=[worker(profile=_probe([]))])
     assert [f.outcome for f in run("VD403", clean)] == [Outcome.PASS]
-    waiting = EngineFacts(workers=[worker(profile={"probe": {"complete": False, "events": [], "steps": [], "waiting_for": ["prefill"]}})])
+    waiting = EngineFacts(
+        workers=[worker(profile={"probe": {"complete": False, "events": [], "steps": [], "waiting_for": ["prefill"]}})]
+    )
     assert [f.outcome for f in run("VD404", waiting)] == [Outcome.SKIP]
-    half = EngineFacts(workers=[worker(profile={"probe": {"complete": False, "events": [], "steps": [{"phase": "prefill"}]}})])
+    half = EngineFacts(
+        workers=[worker(profile={"probe": {"complete": False, "events": [], "steps": [{"phase": "prefill"}]}})]
+    )
     assert [f.outcome for f in run("VD404", half)] == [Outcome.PASS]
 
 
@@ -629,12 +876,24 @@ def test_kv_capacity_math() -> None:
 
 
 def kv(**over: Any) -> dict[str, Any]:
-    layers = [{"prefix": f"model.layers.{i}.self_attn.attn", "num_kv_heads": 2, "head_size": 32,
-               "module_paths": [f"model.layers.{i}.self_attn.attn"]} for i in range(2)]
+    layers = [
+        {
+            "prefix": f"model.layers.{i}.self_attn.attn",
+            "num_kv_heads": 2,
+            "head_size": 32,
+            "module_paths": [f"model.layers.{i}.self_attn.attn"],
+        }
+        for i in range(2)
+    ]
     base = {
-        "num_blocks": 11, "max_model_len": 64, "storage_bytes": 1000, "planned_bytes": 1000, "num_storages": 1,
+        "num_blocks": 11,
+        "max_model_len": 64,
+        "storage_bytes": 1000,
+        "planned_bytes": 1000,
+        "num_storages": 1,
         "groups": [{"layer_names": [layer["prefix"] for layer in layers], **FULL}],
-        "attention_layers": layers, "tensor_parallel_size": 1,
+        "attention_layers": layers,
+        "tensor_parallel_size": 1,
         "hf_config": {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 2},
     }
     return {**base, **over}
@@ -646,9 +905,11 @@ def test_vd501_from_running_engine_and_from_vllms_startup_error() -> None:
     assert ok[0].evidence["full_length_requests_at_once"] == 2
     small = run("VD501", EngineFacts(workers=[worker(kv=kv(num_blocks=3))]))
     assert small[0].outcome is Outcome.FAIL and small[0].evidence["largest_length"] == 32
-    err = ("ValueError: To serve at least one request with the model's max seq len (2048), (0.03 GiB KV cache is "
-           "needed, which is larger than the available KV cache memory (0.01 GiB). Based on the available memory, "
-           "the estimated maximum model length is 672. Try increasing ...")
+    err = (
+        "ValueError: To serve at least one request with the model's max seq len (2048), (0.03 GiB KV cache is "
+        "needed, which is larger than the available KV cache memory (0.01 GiB). Based on the available memory, "
+        "the estimated maximum model length is 672. Try increasing ..."
+    )
     failed = run("VD501", EngineFacts(startup_error=err))
     assert failed[0].outcome is Outcome.FAIL and failed[0].evidence["largest_length"] == 672
     assert "max_model_len=672" in failed[0].hint
@@ -679,15 +940,25 @@ def test_probe_crash_becomes_crash_finding_of_dependent_checks() -> None:
     for code in ("VD501", "VD504", "VD208"):
         findings = run(code, EngineFacts(workers=[w]))
         assert [f.outcome for f in findings] == [Outcome.CRASH] and "boom" in findings[0].message
-    hook = {"crashes": [{"component": "layers", "type": "InjectedFault", "message": "x", "traceback": "", "step": 3}], "probe": {}}
+    hook = {
+        "crashes": [{"component": "layers", "type": "InjectedFault", "message": "x", "traceback": "", "step": 3}],
+        "probe": {},
+    }
     assert [f.outcome for f in run("VD400", EngineFacts(workers=[worker(profile=hook)]))] == [Outcome.CRASH]
 
 
 def test_memory_breakdown_adds_up_on_gpu_and_says_what_cpu_cannot_measure() -> None:
-    gpu = {"pid": 7, "device": "cuda:0", "parameter_bytes": 100, "buffer_bytes": 0, "kv_bytes": 500,
-           "vllm_model_memory_usage": 120, "vllm_peak_activation_memory": 50,
-           "cuda": {"allocated": 700, "reserved": 800, "max_allocated": 750, "device_total": 10_000, "device_free": 8_000},
-           "compile": {"cudagraphs": False}}
+    gpu = {
+        "pid": 7,
+        "device": "cuda:0",
+        "parameter_bytes": 100,
+        "buffer_bytes": 0,
+        "kv_bytes": 500,
+        "vllm_model_memory_usage": 120,
+        "vllm_peak_activation_memory": 50,
+        "cuda": {"allocated": 700, "reserved": 800, "max_allocated": 750, "device_total": 10_000, "device_free": 8_000},
+        "compile": {"cudagraphs": False},
+    }
     snap = {"available": True, "devices": [{"processes": [{"pid": 7, "used_memory": 1_000}]}]}
     b = memory_breakdown(MemoryFacts.from_wire(gpu), snap)
     assert b["total"] == 1_000 and b["total_source"].startswith("NVML")
@@ -695,8 +966,19 @@ def test_memory_breakdown_adds_up_on_gpu_and_says_what_cpu_cannot_measure() -> N
     assert b["parts"]["peak_activations"] == 50
     without = memory_breakdown(MemoryFacts.from_wire(gpu), {"available": False, "reason": "no driver"})
     assert without["total"] == 800 and any("NVML unavailable" in n for n in without["notes"])
-    cpu = memory_breakdown(MemoryFacts.from_wire({"device": "cpu", "parameter_bytes": 10, "buffer_bytes": 2, "repacked_weight_bytes_estimate": 30,
-                                                  "repacked_layers": 2, "kv_bytes": 100, "host": {"VmRSS": 1_000, "VmHWM": 1_100}}))
+    cpu = memory_breakdown(
+        MemoryFacts.from_wire(
+            {
+                "device": "cpu",
+                "parameter_bytes": 10,
+                "buffer_bytes": 2,
+                "repacked_weight_bytes_estimate": 30,
+                "repacked_layers": 2,
+                "kv_bytes": 100,
+                "host": {"VmRSS": 1_000, "VmHWM": 1_100},
+            }
+        )
+    )
     assert cpu["parts"]["weights"] == 42 and cpu["parts"]["peak_activations"] is None
     assert cpu["parts"]["other"] == 1_000 - 42 - 100 and not cpu["measurable"]
 
@@ -711,15 +993,51 @@ def test_nvml_gateway_never_raises() -> None:
 
 def test_summaries_and_anatomy_from_synthetic_facts() -> None:
     steps = [
-        {"index": 0, "t": 0.0, "phase": "prefill", "total_tokens": 8, "num_reqs": 2, "kv_blocks_used": 2, "step_s": 0.2, "forward_s": 0.1},
-        {"index": 1, "t": 0.2, "phase": "decode", "total_tokens": 2, "num_reqs": 2, "kv_blocks_used": 2, "step_s": 0.1, "forward_s": 0.05},
+        {
+            "index": 0,
+            "t": 0.0,
+            "phase": "prefill",
+            "total_tokens": 8,
+            "num_reqs": 2,
+            "kv_blocks_used": 2,
+            "step_s": 0.2,
+            "forward_s": 0.1,
+        },
+        {
+            "index": 1,
+            "t": 0.2,
+            "phase": "decode",
+            "total_tokens": 2,
+            "num_reqs": 2,
+            "kv_blocks_used": 2,
+            "step_s": 0.1,
+            "forward_s": 0.05,
+        },
     ]
-    profile = {"profiling": True, "clock": "wall_clock", "steps": steps, "num_blocks": 11, "crashes": [], "probe": {},
-               "layers": [{"name": "model.layers.0", "kind": "layer", "layer": 0, "prefill_s": 0.05, "decode_s": 0.02},
-                          {"name": "model.layers.0.self_attn", "kind": "attention", "layer": 0, "prefill_s": 0.03, "decode_s": 0.01}]}
-    anat = {"rank": 0, "pid": 5, "device": "cpu", "model_class": "my_pkg.model.MyLM", "worker_class": "W", "model_runner_class": "R"}
-    facts = EngineFacts(front_end={"pid": 5, "engine_core_in_process": True, "engine_core_pids": [5]},
-                        workers=[worker(profile=profile, anatomy=anat, kv=kv())])
+    profile = {
+        "profiling": True,
+        "clock": "wall_clock",
+        "steps": steps,
+        "num_blocks": 11,
+        "crashes": [],
+        "probe": {},
+        "layers": [
+            {"name": "model.layers.0", "kind": "layer", "layer": 0, "prefill_s": 0.05, "decode_s": 0.02},
+            {"name": "model.layers.0.self_attn", "kind": "attention", "layer": 0, "prefill_s": 0.03, "decode_s": 0.01},
+        ],
+    }
+    anat = {
+        "rank": 0,
+        "pid": 5,
+        "device": "cpu",
+        "model_class": "my_pkg.model.MyLM",
+        "worker_class": "W",
+        "model_runner_class": "R",
+    }
+    facts = EngineFacts(
+        front_end={"pid": 5, "engine_core_in_process": True, "engine_core_pids": [5]},
+        workers=[worker(profile=profile, anatomy=anat, kv=kv())],
+    )
     s = summarize(facts)
     assert s.phases["prefill"].tokens == 8 and s.phases["decode"].tokens_per_s == pytest.approx(20.0)
     assert s.kv_usage[0].usage == pytest.approx(0.2)
@@ -730,10 +1048,14 @@ def test_summaries_and_anatomy_from_synthetic_facts() -> None:
     assert a.model.origin == "plugin" and a.processes[1].in_process_with == "engine core"
     # report.json keeps its keys: the records written are the dicts of before
     data = wire.write(s)
-    assert data["phases"]["prefill"]["tokens"] == 8 and data["layers"]["by_layer"][0]["kinds"]["attention"] == pytest.approx(0.04)
+    assert data["phases"]["prefill"]["tokens"] == 8 and data["layers"]["by_layer"][0]["kinds"][
+        "attention"
+    ] == pytest.approx(0.04)
     assert wire.write(a)["model"] == {"class": "my_pkg.model.MyLM", "origin": "plugin", "file": None}
     assert model_origin("vllm.model_executor.models.llama.LlamaForCausalLM") == "built-in"
-    assert model_origin("vllm.model_executor.models.transformers.base.TransformersForCausalLM") == "transformers-fallback"
+    assert (
+        model_origin("vllm.model_executor.models.transformers.base.TransformersForCausalLM") == "transformers-fallback"
+    )
 
 
 def test_plugin_is_a_no_op_unless_opted_in(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -756,19 +1078,57 @@ def test_html_and_trace_render_from_a_report_dict_offline() -> None:
     from vllm_doctor.report.html import render_html
     from vllm_doctor.report.trace import chrome_trace
 
-    steps = [{"index": i, "t": 0.01 * i, "phase": "prefill" if i == 0 else "decode", "total_tokens": 4, "num_reqs": 2,
-              "prefill_tokens": 4 if i == 0 else 0, "decode_tokens": 0 if i == 0 else 2, "kv_blocks_used": 2,
-              "step_s": 0.01, "forward_s": 0.008} for i in range(4)]
-    profile = {"profiling": True, "clock": "wall_clock", "layers_on": True, "steps": steps, "num_blocks": 11, "crashes": [],
-               "probe": {"complete": True, "events": [], "steps": []},
-               "trace": [{"index": 0, "t": 0.0, "step_s": 0.01, "phase": "prefill", "forward": [{"offset_s": 0.0, "dur_s": 0.008}],
-                          "layers": [{"name": "model.layers.0", "offset_s": 0.001, "dur_s": 0.004}]}],
-               "layers": [{"name": "model.layers.0", "kind": "layer", "layer": 0, "prefill_s": 0.004, "decode_s": 0.01},
-                          {"name": "model.layers.0.mlp", "kind": "mlp", "layer": 0, "prefill_s": 0.002, "decode_s": 0.005}]}
+    steps = [
+        {
+            "index": i,
+            "t": 0.01 * i,
+            "phase": "prefill" if i == 0 else "decode",
+            "total_tokens": 4,
+            "num_reqs": 2,
+            "prefill_tokens": 4 if i == 0 else 0,
+            "decode_tokens": 0 if i == 0 else 2,
+            "kv_blocks_used": 2,
+            "step_s": 0.01,
+            "forward_s": 0.008,
+        }
+        for i in range(4)
+    ]
+    profile = {
+        "profiling": True,
+        "clock": "wall_clock",
+        "layers_on": True,
+        "steps": steps,
+        "num_blocks": 11,
+        "crashes": [],
+        "probe": {"complete": True, "events": [], "steps": []},
+        "trace": [
+            {
+                "index": 0,
+                "t": 0.0,
+                "step_s": 0.01,
+                "phase": "prefill",
+                "forward": [{"offset_s": 0.0, "dur_s": 0.008}],
+                "layers": [{"name": "model.layers.0", "offset_s": 0.001, "dur_s": 0.004}],
+            }
+        ],
+        "layers": [
+            {"name": "model.layers.0", "kind": "layer", "layer": 0, "prefill_s": 0.004, "decode_s": 0.01},
+            {"name": "model.layers.0.mlp", "kind": "mlp", "layer": 0, "prefill_s": 0.002, "decode_s": 0.005},
+        ],
+    }
     mem = {"device": "cpu", "parameter_bytes": 10, "buffer_bytes": 0, "kv_bytes": 100, "host": {"VmRSS": 1000}}
-    anat = {"rank": 0, "pid": 5, "device": "cpu", "model_class": "p.M", "worker_class": "w.W", "model_runner_class": "r.R"}
-    facts = EngineFacts(front_end={"pid": 5, "engine_core_in_process": True, "engine_core_pids": [5]},
-                        workers=[worker(profile=profile, anatomy=anat, kv=kv(), memory=mem, placement=placement())])
+    anat = {
+        "rank": 0,
+        "pid": 5,
+        "device": "cpu",
+        "model_class": "p.M",
+        "worker_class": "w.W",
+        "model_runner_class": "r.R",
+    }
+    facts = EngineFacts(
+        front_end={"pid": 5, "engine_core_in_process": True, "engine_core_pids": [5]},
+        workers=[worker(profile=profile, anatomy=anat, kv=kv(), memory=mem, placement=placement())],
+    )
     data = build_engine_report(facts, "/models/x").to_dict()
     html = render_html(data)
     assert html.startswith("<!DOCTYPE html>") and html.count("<svg") == 5
@@ -780,12 +1140,13 @@ def test_html_and_trace_render_from_a_report_dict_offline() -> None:
     json.dumps(trace)
 
 
-
 # ---- VD500: the engine did not start -------------------------------------------------------
 
 
 def test_vd500_passes_with_the_mode_when_the_engine_ran() -> None:
-    facts = EngineFacts(workers=[worker(placement=placement("cpu", []))], mode={"summary": "eager", "enforce_eager": True})
+    facts = EngineFacts(
+        workers=[worker(placement=placement("cpu", []))], mode={"summary": "eager", "enforce_eager": True}
+    )
     (f,) = run("VD500", facts)
     assert f.outcome is Outcome.PASS and "eager" in f.message
 
@@ -795,21 +1156,56 @@ def test_vd500_names_vllms_error_the_phase_and_the_cause_from_the_eager_rerun() 
 
     error = "RuntimeError: Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is pinned"
     events = [
-        {"kind": "host_sync", "op": "Tensor.item", "module": "model.layers.0", "module_class": "Foo", "vllm_builtin": False,
-         "where": ["/m/model.py:10 in forward"]},
-        {"kind": "cross_device_copy", "op": "aten._to_copy.default", "module": "<model>", "module_class": "MyLlama",
-         "vllm_builtin": False, "where": ["/m/model.py:42 in forward"]},
-        {"kind": "cross_device_copy", "op": "aten.copy_.default", "module": "model.layers.0.attn", "module_class": "Attention",
-         "vllm_builtin": True, "where": []},
+        {
+            "kind": "host_sync",
+            "op": "Tensor.item",
+            "module": "model.layers.0",
+            "module_class": "Foo",
+            "vllm_builtin": False,
+            "where": ["/m/model.py:10 in forward"],
+        },
+        {
+            "kind": "cross_device_copy",
+            "op": "aten._to_copy.default",
+            "module": "<model>",
+            "module_class": "MyLlama",
+            "vllm_builtin": False,
+            "where": ["/m/model.py:42 in forward"],
+        },
+        {
+            "kind": "cross_device_copy",
+            "op": "aten.copy_.default",
+            "module": "model.layers.0.attn",
+            "module_class": "Attention",
+            "vllm_builtin": True,
+            "where": [],
+        },
     ]
-    misplaced = [{"name": "gain", "kind": "buffer", "device": "cpu", "dtype": "torch.float64", "shape": [8], "bytes": 64,
-                  "module_class": "MyLlama", "vllm_builtin": False}]
-    eager = EngineFacts(workers=[worker(placement=placement("cuda:0", misplaced), profile={"probe": {"events": events, "steps": [1]}})])
-    failed = EngineFacts(startup_error=error, startup_phase="graph capture", mode={"requested": "vllm-default"},
-                         diagnosis=eager)
+    misplaced = [
+        {
+            "name": "gain",
+            "kind": "buffer",
+            "device": "cpu",
+            "dtype": "torch.float64",
+            "shape": [8],
+            "bytes": 64,
+            "module_class": "MyLlama",
+            "vllm_builtin": False,
+        }
+    ]
+    eager = EngineFacts(
+        workers=[worker(placement=placement("cuda:0", misplaced), profile={"probe": {"events": events, "steps": [1]}})]
+    )
+    failed = EngineFacts(
+        startup_error=error, startup_phase="graph capture", mode={"requested": "vllm-default"}, diagnosis=eager
+    )
     causes = start_failure_causes(error, eager)
     # the copy the error names first, the builtin vLLM module never
-    assert [c["kind"] for c in causes] == ["host tensor copied in forward", "tensor on another device", "host sync in forward"]
+    assert [c["kind"] for c in causes] == [
+        "host tensor copied in forward",
+        "tensor on another device",
+        "host sync in forward",
+    ]
     (f,) = run("VD500", failed)
     assert f.outcome is Outcome.FAIL and f.severity is Severity.ERROR
     assert f.subject == "engine start-up / graph capture"
@@ -822,10 +1218,16 @@ def test_vd500_names_vllms_error_the_phase_and_the_cause_from_the_eager_rerun() 
 
 
 def test_vd500_says_when_the_model_fails_in_eager_mode_too_and_points_at_vd501() -> None:
-    err = ("ValueError: To serve at least one request with the model's max seq len (2048), (0.03 GiB KV cache is needed, "
-           "which is larger than the available KV cache memory (0.01 GiB).")
-    facts = EngineFacts(startup_error=err, startup_phase="KV cache allocation", mode={"requested": "vllm-default"},
-                        diagnosis=EngineFacts(startup_error=err))
+    err = (
+        "ValueError: To serve at least one request with the model's max seq len (2048), (0.03 GiB KV cache is needed, "
+        "which is larger than the available KV cache memory (0.01 GiB)."
+    )
+    facts = EngineFacts(
+        startup_error=err,
+        startup_phase="KV cache allocation",
+        mode={"requested": "vllm-default"},
+        diagnosis=EngineFacts(startup_error=err),
+    )
     (f,) = run("VD500", facts)
     assert f.outcome is Outcome.FAIL and "(see VD501)" in f.message and "it fails in eager mode too" in f.message
     (ok,) = run("VD500", EngineFacts(runtime_error="RuntimeError: boom", workers=[worker()], mode={}))
@@ -850,9 +1252,16 @@ def test_startup_phase_reads_vllms_own_frames() -> None:
             return exc
         raise AssertionError("no exception")
 
-    got = startup_phase(raise_from(["_initialize_kv_caches", "compile_or_warm_up_model", "capture_model", "_dummy_run"]))
+    got = startup_phase(
+        raise_from(["_initialize_kv_caches", "compile_or_warm_up_model", "capture_model", "_dummy_run"])
+    )
     assert got["phase"] == "graph capture" and got["function"].startswith("capture_model (vllm/v1/worker/")
-    assert startup_phase(raise_from(["_initialize_kv_caches", "determine_available_memory", "profile_run", "_dummy_run"]))["phase"] == "profile run"
+    assert (
+        startup_phase(raise_from(["_initialize_kv_caches", "determine_available_memory", "profile_run", "_dummy_run"]))[
+            "phase"
+        ]
+        == "profile run"
+    )
     assert startup_phase(raise_from(["load_model", "load_weights"]))["phase"] == "load"
     assert startup_phase(RuntimeError("x"))["phase"] == "engine start-up"
 
@@ -900,11 +1309,15 @@ def test_vd406_compares_ranks_with_each_other_and_with_tensor_parallel_size_1() 
     norm = "model.norm.weight"
 
     def shards(fp: list[float], down_shape: list[int] | None = None) -> dict[str, Any]:
-        return {down: {"shape": down_shape or [128, 128], "dim": 1, "fingerprint": fp}, norm: {"shape": [128], "dim": None}}
+        return {
+            down: {"shape": down_shape or [128, 128], "dim": 1, "fingerprint": fp},
+            norm: {"shape": [128], "dim": None},
+        }
 
     reference = {down: [128, 256], norm: [128]}
-    good = EngineFacts(workers=[_tp_worker(0, shards([1.0, 2.0])), _tp_worker(1, shards([3.0, 4.0]))],
-                       reference_shapes=reference)
+    good = EngineFacts(
+        workers=[_tp_worker(0, shards([1.0, 2.0])), _tp_worker(1, shards([3.0, 4.0]))], reference_shapes=reference
+    )
     (ok,) = run("VD406", good)
     assert ok.outcome is Outcome.PASS and "shapes against tensor-parallel size 1" in ok.message
     # rank 1 holds rank 0's slice: the loader did not narrow by the rank
@@ -913,8 +1326,9 @@ def test_vd406_compares_ranks_with_each_other_and_with_tensor_parallel_size_1() 
     assert (f.outcome, f.subject) == (Outcome.FAIL, f"rank 1 / cpu / {down}")
     assert "the same values as on rank 0" in f.message and f.evidence["same_as_rank"] == 0
     # the loader replaced the parameter with the whole checkpoint tensor on every rank
-    whole = EngineFacts(workers=[_tp_worker(r, shards([r + 1.0, 0.5], [128, 256])) for r in (0, 1)],
-                        reference_shapes=reference)
+    whole = EngineFacts(
+        workers=[_tp_worker(r, shards([r + 1.0, 0.5], [128, 256])) for r in (0, 1)], reference_shapes=reference
+    )
     findings = run("VD406", whole)
     assert [f.subject for f in findings] == [f"rank 0 / cpu / {down}", f"rank 1 / cpu / {down}"]
     assert "split on dim 1 over 2 rank(s)" in findings[0].message and findings[0].evidence["expected"] == [128, 128]
@@ -934,11 +1348,14 @@ def test_vd406_compares_within_each_pipeline_stage() -> None:
     a = {"model.layers.0.w": {"shape": [4, 4], "dim": 0, "fingerprint": [1.0, 1.0]}}
     b = {"model.layers.1.w": {"shape": [4, 4], "dim": 0, "fingerprint": [1.0, 1.0]}}
     # TP=2 x PP=2: ranks 0,1 are stage 0 and 2,3 stage 1; equal values across stages are fine
-    facts = EngineFacts(workers=[
-        _tp_worker(0, a), _tp_worker(1, {"model.layers.0.w": {"shape": [4, 4], "dim": 0, "fingerprint": [2.0, 2.0]}}),
-        _tp_worker(2, b, pp_rank=1), _tp_worker(3, {"model.layers.1.w": {"shape": [4, 4], "dim": 0,
-                                                                           "fingerprint": [1.0, 1.0]}}, pp_rank=1),
-    ])
+    facts = EngineFacts(
+        workers=[
+            _tp_worker(0, a),
+            _tp_worker(1, {"model.layers.0.w": {"shape": [4, 4], "dim": 0, "fingerprint": [2.0, 2.0]}}),
+            _tp_worker(2, b, pp_rank=1),
+            _tp_worker(3, {"model.layers.1.w": {"shape": [4, 4], "dim": 0, "fingerprint": [1.0, 1.0]}}, pp_rank=1),
+        ]
+    )
     (f,) = run("VD406", facts)
     assert f.subject == "rank 3 / cpu / model.layers.1.w" and f.evidence["pp_rank"] == 1
 
@@ -947,21 +1364,44 @@ def test_rank_summaries_and_imbalance() -> None:
     from vllm_doctor.analysis.engine import rank_imbalance, summarize
 
     def prof(fwd: float, layer: int) -> dict[str, Any]:
-        steps = [{"index": i, "t": float(i), "phase": "decode", "step_s": fwd * 1.1, "forward_s": fwd,
-                  "total_tokens": 1, "num_reqs": 1} for i in range(3)]
-        layers = [{"name": f"model.layers.{layer}", "kind": "layer", "layer": layer, "decode_s": 3 * fwd,
-                   "decode_calls": 3}]
+        steps = [
+            {
+                "index": i,
+                "t": float(i),
+                "phase": "decode",
+                "step_s": fwd * 1.1,
+                "forward_s": fwd,
+                "total_tokens": 1,
+                "num_reqs": 1,
+            }
+            for i in range(3)
+        ]
+        layers = [
+            {"name": f"model.layers.{layer}", "kind": "layer", "layer": layer, "decode_s": 3 * fwd, "decode_calls": 3}
+        ]
         return {"profiling": True, "steps": steps, "layers": layers, "trace": [{"t": 0.0, "forward": [], "layers": []}]}
 
     workers = [
-        worker(0, profile=prof(0.010, 0), kv={"storage_bytes": 100}, placement={"worker": {"tp_rank": 0, "pp_rank": 0, "device": "cuda:0"}}),
-        worker(1, profile=prof(0.030, 1), kv={"storage_bytes": 100}, placement={"worker": {"tp_rank": 0, "pp_rank": 1, "device": "cuda:1"}}),
+        worker(
+            0,
+            profile=prof(0.010, 0),
+            kv={"storage_bytes": 100},
+            placement={"worker": {"tp_rank": 0, "pp_rank": 0, "device": "cuda:0"}},
+        ),
+        worker(
+            1,
+            profile=prof(0.030, 1),
+            kv={"storage_bytes": 100},
+            placement={"worker": {"tp_rank": 0, "pp_rank": 1, "device": "cuda:1"}},
+        ),
     ]
     out = summarize(EngineFacts(workers=workers))
     r0, r1 = out.per_rank
     assert (r0.pp_rank, r1.pp_rank, r1.device) == (0, 1, "cuda:1")
     assert [x.layer for x in r0.by_layer] == [0] and [x.layer for x in r1.by_layer] == [1]
-    assert r0.steps is None and r1.steps is not None and len(r1.steps) == 3  # the primary rank's timeline is the profile's own
+    assert (
+        r0.steps is None and r1.steps is not None and len(r1.steps) == 3
+    )  # the primary rank's timeline is the profile's own
     imb = out.rank_imbalance["decode"]
     assert (imb.slowest_rank, imb.fastest_rank) == (1, 0) and imb.ratio is not None and abs(imb.ratio - 3.0) < 1e-9
     assert rank_imbalance([RankSummary(rank=0)]) == {}
@@ -987,7 +1427,9 @@ def test_a_weight_the_cpu_backend_repacked_is_not_a_cross_rank_problem() -> None
 
     reference = {"down.weight": [128, 256], "up.weight": [256, 128]}
     packed = Shard([0], 1, repacked=True)
-    shards = {r: {"down.weight": packed, "up.weight": Shard([128, 128], 0, fingerprint=[float(r), 1.0])} for r in (0, 1)}
+    shards = {
+        r: {"down.weight": packed, "up.weight": Shard([128, 128], 0, fingerprint=[float(r), 1.0])} for r in (0, 1)
+    }
     assert rank_shard_problems(shards, reference, 2) == []
     shards[1]["up.weight"] = Shard([256, 128], 0, fingerprint=[5.0, 1.0])  # the whole tensor on rank 1
     problems = rank_shard_problems(shards, reference, 2)  # differs from rank 0, and from TP=1's half
@@ -1036,12 +1478,16 @@ def test_step_records_travel_as_packed_arrays_and_read_back_exactly() -> None:
     assert StepTable.of(prof.snapshot())["step_s"] == []  # reset: the next window starts empty
 
 
-@pytest.mark.parametrize("columns", [
-    {"step_s": ["d", "not base64!"]},
-    {"step_s": ["x", "AAAA"]},
-    {"step_s": ["d", "AAAAAAAAAAA="]},  # one float64 for two steps
-    {"step_s": "d"},
-], ids=["bad-base64", "bad-type", "short", "not-a-pair"])
+@pytest.mark.parametrize(
+    "columns",
+    [
+        {"step_s": ["d", "not base64!"]},
+        {"step_s": ["x", "AAAA"]},
+        {"step_s": ["d", "AAAAAAAAAAA="]},  # one float64 for two steps
+        {"step_s": "d"},
+    ],
+    ids=["bad-base64", "bad-type", "short", "not-a-pair"],
+)
 def test_step_arrays_that_do_not_decode_give_an_empty_table_that_says_why(columns: dict[str, Any]) -> None:
     table = StepTable.of({"step_arrays": {"n": 2, "byteorder": "little", "columns": columns}})
     assert len(table) == 0 and table.error and "step_arrays.step_s" in table.error
@@ -1053,8 +1499,12 @@ def test_doctor_overhead_counts_the_calls_served_between_steps_against_the_windo
     steps = StepTable.of({"steps": [
         {"index": i, "host_execute_s": 0.004, "host_sample_s": sample} for i, sample in enumerate([0.001, 0.001, None, 0.001])
     ]})  # fmt: skip
-    profile = {"doctor_host_s": {"wrappers": 0.0002, "timers": 0.0002, "layer_forwards": 0.0}, "dropped_steps": 0,
-               "doctor_rpc_s": 0.003, "window_s": 0.5}
+    profile = {
+        "doctor_host_s": {"wrappers": 0.0002, "timers": 0.0002, "layer_forwards": 0.0},
+        "dropped_steps": 0,
+        "doctor_rpc_s": 0.003,
+        "window_s": 0.5,
+    }
     over = doctor_overhead(profile, steps)
     assert over is not None
     assert over.per_step_s == pytest.approx(0.0001)
@@ -1165,11 +1615,21 @@ class FakeEvent:
 def test_events_captured_in_a_graph_are_read_as_the_steps_attention_bounds() -> None:
     from vllm_doctor.engine import graphs
 
-    marks = graphs.GraphMarks(marks=[(ATTN[0], True, FakeEvent(12.0)), (ATTN[0], False, FakeEvent(15.0)),
-                                     (ATTN[1], True, FakeEvent(17.0)), (ATTN[1], False, FakeEvent(20.0))])
+    marks = graphs.GraphMarks(
+        marks=[
+            (ATTN[0], True, FakeEvent(12.0)),
+            (ATTN[0], False, FakeEvent(15.0)),
+            (ATTN[1], True, FakeEvent(17.0)),
+            (ATTN[1], False, FakeEvent(20.0)),
+        ]
+    )
     step = OpenStep(0, 0.0, (0, 1, 0, 1, 1, 1, 0, 0), start=FakeEvent(10.0))
     marks.unread = (step, FakeEvent(21.0, done=False))
     assert graphs.read(marks, block=False) is False and not step.bounds  # the replay has not finished
     assert graphs.read(marks, block=True) is True and marks.unread is None
     assert [(n, e, b.s) for n, e, b in step.bounds] == [
-        (ATTN[0], True, 0.002), (ATTN[0], False, 0.005), (ATTN[1], True, 0.007), (ATTN[1], False, 0.01)]
+        (ATTN[0], True, 0.002),
+        (ATTN[0], False, 0.005),
+        (ATTN[1], True, 0.007),
+        (ATTN[1], False, 0.01),
+    ]

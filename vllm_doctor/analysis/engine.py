@@ -12,7 +12,9 @@ from itertools import compress
 from typing import Any
 
 from vllm_doctor.analysis.records import (
+    LOGITS_MARKS,
     PHASES,
+    ROOT_MARKS,
     DoctorOverhead,
     EngineAnatomy,
     EngineProfile,
@@ -22,6 +24,7 @@ from vllm_doctor.analysis.records import (
     KvGroupSummary,
     KvSummary,
     KvUsagePoint,
+    LayerModule,
     LayerTables,
     LayerTotal,
     MemoryBreakdown,
@@ -34,6 +37,7 @@ from vllm_doctor.analysis.records import (
     RankSummary,
     StepRow,
     TimeAccounting,
+    TimingMarkCost,
     WorkerAnatomy,
     WorkloadRun,
 )
@@ -275,7 +279,8 @@ def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> La
 
     Eager mode times the modules inside the decoder layers on every ``detail_every``-th step timed
     per layer only: their totals are scaled to all the steps timed per layer (a module's mean per
-    step on its own steps, times the timed steps), so they add up with the layers'."""
+    step on its own steps, times the timed steps), so they add up with the layers'. In eager mode
+    the doctor's own cost is taken out of each module's time (:func:`timing_mark_costs`)."""
     profile = ProfileReply.of(profile)
     timed_per_bucket = {"prefill": 0, "decode": 0}
     for phase, on in zip(steps.phases, steps["layers_timed"], strict=True):
@@ -286,13 +291,15 @@ def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> La
         every = timed_per_bucket[bucket]
         return seconds * every / own_steps if own_steps and every > own_steps else seconds
 
+    costs = timing_mark_costs(profile, steps)
     modules = [
         replace(
             m,
-            total_s=scaled(m.prefill_s, m.prefill_steps, "prefill") + scaled(m.decode_s, m.decode_steps, "decode"),
+            total_s=scaled(m.bucket_s("prefill"), m.prefill_steps, "prefill")
+            + scaled(m.bucket_s("decode"), m.decode_steps, "decode"),
             calls=m.prefill_calls + m.decode_calls,
         )
-        for m in profile.layers
+        for m in _less_mark_costs(profile.layers, costs)
     ]
     by_layer: dict[int, tuple[float, dict[str, float]]] = {}
     by_kind: dict[str, float] = {}
@@ -310,6 +317,8 @@ def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> La
     # layer times exist only for the per-layer samples: compare them with those steps' forwards
     timed = [f for f, on in zip(steps["forward_s"], steps["layers_timed"], strict=True) if on]
     forward_total = sum(float(f) for f in timed if f is not None)
+    if forward_total and costs:
+        forward_total = max(0.0, forward_total - sum(c.in_forwards_s() for c in costs))
     if modules and forward_total:
         inside = sum(v for k, v in by_kind.items() if k != "logits")
         by_kind["other"] = max(0.0, forward_total - inside)
@@ -326,7 +335,114 @@ def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> La
         forward_total_s=forward_total,
         timed_steps=len(timed) if modules else 0,
         sample_every=profile.sample_every,
+        doctor_cost=costs,
     )
+
+
+def _boundary_modules(layers: list[LayerModule]) -> tuple[list[LayerModule], dict[int, int]]:
+    """Eager mode's timed modules at the layers' boundaries (decoder layers, and the modules
+    outside the layers: embedding, final norm), and per layer index how many modules inside it
+    are timed on a detailed step."""
+    boundary = [m for m in layers if m.kind not in ("model", "logits") and (m.kind == "layer" or m.layer is None)]
+    inner: dict[int, int] = {}
+    for m in layers:
+        if m.kind not in ("model", "logits", "layer") and m.layer is not None:
+            inner[m.layer] = inner.get(m.layer, 0) + 1
+    return boundary, inner
+
+
+def timing_mark_costs(profile: ProfileReply, steps: StepTable) -> list[TimingMarkCost]:
+    """Eager mode: what one timing mark costs a step timed per layer, per bucket.
+
+    Each timed step next to an untimed one (same phase, on the step clock) is set against the
+    mean of those neighbours; the difference over the marks that step made is one reading, and
+    the median of the readings is the cost per mark. A step timed at the layers' boundaries makes
+    one mark per boundary module; a detailed one an entry and a return mark per timed module; both
+    the root model's and the logits processor's two. The host launches an eager step's kernels,
+    and every mark (a CUDA event and the doctor's Python around it) is launch time the device
+    waits for, so each module's span holds the marks made inside it: a boundary module's span one
+    (its entry's after-half, the next entry's before-half), a detailed module's one (its own
+    entry's after-half and return's before-half) plus two per timed module inside it.
+
+    Empty unless the worker says how it marked (``boundary_marks``, this doctor's eager mode):
+    compiled modes time the attention calls, whose cost stays within 2 % (bench/README.md).
+    """
+    if profile.boundary_marks != "entry" or not profile.layers:
+        return []
+    boundary, inner = _boundary_modules(profile.layers)
+    n_inner = sum(inner.values())
+    marks_b = len(boundary) + ROOT_MARKS + LOGITS_MARKS
+    marks_d = 2 * (len(boundary) + n_inner) + ROOT_MARKS + LOGITS_MARKS
+    readings: dict[str, list[float]] = {"prefill": [], "decode": []}
+    counts = {"prefill": [0, 0], "decode": [0, 0]}  # steps timed at the boundaries only, detailed
+    step_s, timed, detail, phases = steps["step_s"], steps["layers_timed"], steps["layers_detail"], steps.phases
+    for phase in PHASES:
+        bucket = "decode" if phase == "decode" else "prefill"
+        idx = [i for i, p in enumerate(phases) if p == phase]
+        for n, i in enumerate(idx):
+            if not timed[i]:
+                continue
+            counts[bucket][1 if detail[i] else 0] += 1
+            near = [step_s[idx[m]] for m in (n - 1, n + 1) if 0 <= m < len(idx) and not timed[idx[m]]]
+            s = step_s[i]
+            if near and s > 0 and min(near) > 0:
+                readings[bucket].append((s - sum(near) / len(near)) / (marks_d if detail[i] else marks_b))
+    out = []
+    for bucket in ("prefill", "decode"):
+        n_b, n_d = counts[bucket]
+        if not n_b + n_d:
+            continue
+        med = _median(readings[bucket])
+        per_mark = None if med is None else max(0.0, med)
+        out.append(
+            TimingMarkCost(
+                bucket=bucket,
+                per_mark_s=per_mark,
+                pairs=len(readings[bucket]),
+                boundary_steps=n_b,
+                boundary_marks=marks_b,
+                detail_steps=n_d,
+                detail_marks=marks_d,
+            )
+        )
+    return out
+
+
+def _less_mark_costs(layers: list[LayerModule], costs: list[TimingMarkCost]) -> list[LayerModule]:
+    """Each module with the doctor's estimated cost inside its measured time (``*_cost_s``), and
+    each bucket's :class:`TimingMarkCost` with the total taken out (``corrected_s``); unchanged
+    without costs. A boundary module (and the logits processor) holds one mark's cost on each
+    step of either grain and a decoder layer, on a detailed step, two more per timed module inside
+    it; a module inside a layer one, on detailed steps."""
+    if not costs:
+        return layers
+    boundary, inner = _boundary_modules(layers)
+    boundary_names = {m.name for m in boundary}
+    by_bucket = {c.bucket: c for c in costs}
+    taken = {"prefill": 0.0, "decode": 0.0}
+    out = []
+    for m in layers:
+        cost = {}
+        for bucket in ("prefill", "decode"):
+            c = by_bucket.get(bucket)
+            measured = m.measured_s(bucket)
+            if c is None or not c.per_mark_s or measured <= 0:
+                cost[bucket] = 0.0
+                continue
+            top = m.name in boundary_names or m.kind == "logits"  # not inside another timed module
+            if m.kind == "layer" and m.layer is not None:
+                held = c.boundary_steps + c.detail_steps * (1 + 2 * inner.get(m.layer, 0))
+            elif m.kind == "logits":  # from the forward's end: the root's return and its own entry and return
+                held = LOGITS_MARKS * (c.boundary_steps + c.detail_steps)
+            elif top:  # embedding, final norm: one mark's cost on every timed step
+                held = c.boundary_steps + c.detail_steps
+            else:  # inside a decoder layer: timed on the detailed steps
+                held = c.detail_steps
+            cost[bucket] = min(measured, c.per_mark_s * held)
+            taken[bucket] += cost[bucket] if top else 0.0
+        out.append(replace(m, prefill_cost_s=cost["prefill"], decode_cost_s=cost["decode"]))
+    costs[:] = [replace(c, corrected_s=taken[c.bucket]) for c in costs]
+    return out
 
 
 def time_accounting(

@@ -24,6 +24,10 @@ from vllm_doctor.facts.kv import KvSpec
 __all__ = ["CompileState", "Record"]  # and every record below
 
 PHASES = ("prefill", "decode", "mixed")
+# the timing marks of eager mode's per-layer timing outside the modules: the root model's timing
+# forward (entry and return) and the logits processor's (entry and return, after the forward)
+ROOT_MARKS = 2
+LOGITS_MARKS = 2
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -159,13 +163,35 @@ class LayerModule(Record):
     # timed per layer): an inner module's are the detailed ones only
     prefill_steps: int | None = None
     decode_steps: int | None = None
+    # the doctor's own cost estimated inside prefill_s / decode_s (LayerTables.doctor_cost): what
+    # bucket_s and total_s leave out
+    prefill_cost_s: float = field(
+        default=0.0, metadata=wire.rules(omit_default=True, doc="the doctor's estimated cost inside prefill_s")
+    )
+    decode_cost_s: float = field(
+        default=0.0, metadata=wire.rules(omit_default=True, doc="the doctor's estimated cost inside decode_s")
+    )
     total_s: float = field(
-        default=0.0, metadata=_doc("over every step timed per layer: an inner module's scaled from its own steps")
+        default=0.0,
+        metadata=_doc(
+            "over every step timed per layer, less the doctor's estimated cost "
+            "(an inner module's scaled from its own steps)"
+        ),
     )
     calls: int = 0
 
     def bucket_s(self, bucket: str) -> float:
+        """Seconds over this module's own steps of ``bucket``, less the doctor's estimated cost."""
+        if bucket == "decode":
+            return max(0.0, self.decode_s - self.decode_cost_s)
+        return max(0.0, self.prefill_s - self.prefill_cost_s)
+
+    def measured_s(self, bucket: str) -> float:
+        """Seconds over this module's own steps of ``bucket`` as the clock read them."""
         return self.decode_s if bucket == "decode" else self.prefill_s
+
+    def bucket_steps(self, bucket: str) -> int | None:
+        return self.decode_steps if bucket == "decode" else self.prefill_steps
 
     def bucket_calls(self, bucket: str) -> int:
         return self.decode_calls if bucket == "decode" else self.prefill_calls
@@ -181,6 +207,44 @@ class LayerTotal(Record):
 
 
 @dataclass(frozen=True)
+class TimingMarkCost(Record):
+    """What one of the doctor's timing marks costs the steps it times, in one profiler bucket
+    (decode; prefill = prefill and mixed steps), measured on the step clock: each step timed per
+    layer against its untimed neighbours, over the marks that step made. Eager mode only: there
+    the host launches every kernel, and the doctor's Python and events between two launches are
+    time the device waits."""
+
+    bucket: str = ""
+    per_mark_s: float | None = field(
+        default=None,
+        metadata=_doc(
+            "median over the timed steps with an untimed neighbour of (step - neighbours' mean) / marks "
+            "(0 where the steps came out no slower; None: no such step, nothing corrected)"
+        ),
+    )
+    pairs: int = field(default=0, metadata=_doc("timed steps next to an untimed step"))
+    boundary_steps: int = field(default=0, metadata=_doc("steps timed at the layers' boundaries only"))
+    boundary_marks: int = field(
+        default=0, metadata=_doc("marks on such a step (one per boundary module, and the root's and logits')")
+    )
+    detail_steps: int = field(default=0, metadata=_doc("steps timed inside the layers too"))
+    detail_marks: int = field(
+        default=0, metadata=_doc("marks on such a step (two per timed module, and the root's and logits')")
+    )
+    corrected_s: float = field(default=0.0, metadata=_doc("the estimated cost taken out of the timed modules, in all"))
+
+    def in_forwards_s(self) -> float:
+        """The estimated cost inside the forwards of the bucket's timed steps, in all: the
+        logits processor's marks are after the forward, and of the root's two the half after its
+        entry mark and the half before its return mark are inside (one mark's cost)."""
+        outside = LOGITS_MARKS + ROOT_MARKS - 1
+        per = self.per_mark_s or 0.0
+        return per * (
+            (self.boundary_marks - outside) * self.boundary_steps + (self.detail_marks - outside) * self.detail_steps
+        )
+
+
+@dataclass(frozen=True)
 class LayerTables(Record):
     """Per module, per decoder layer and per kind (``other``: the forward in no kind), over the
     steps timed per layer."""
@@ -191,9 +255,15 @@ class LayerTables(Record):
     modules: list[LayerModule] = field(default_factory=list)
     by_layer: list[LayerTotal] = field(default_factory=list)
     by_kind: dict[str, float] = field(default_factory=dict)
-    forward_total_s: float = 0.0
+    forward_total_s: float = field(
+        default=0.0, metadata=_doc("the forward of the steps timed per layer, less the doctor's estimated cost")
+    )
     timed_steps: int = 0
     sample_every: int | None = None
+    doctor_cost: list[TimingMarkCost] = field(
+        default_factory=list,
+        metadata=_doc("eager mode: the timing marks' measured cost per bucket, taken out of the modules' times"),
+    )
 
 
 # ---- time ----------------------------------------------------------------------------------------
@@ -731,6 +801,8 @@ class ProfileReply(Record):
     layers_on: bool | None = None
     layers_reason: str | None = None
     sample_every: int | None = None
+    detail_every: int | None = None
+    boundary_marks: str | None = None  # eager's boundary grain: "entry" (one mark per module)
     dropped_steps: int = 0
     num_blocks: int | None = None
     layers: list[LayerModule] = field(default_factory=list)

@@ -116,17 +116,20 @@ def per_step_kinds(engine: EngineProfile) -> dict[str, dict[str, float]]:
         n = len(timed) or max((m.bucket_calls(bucket) for m in modules if m.kind == "layer"), default=0)
         if not n:
             continue
-        kinds: dict[str, float] = {}
+        per_step: dict[str, float] = {}
         for m in modules:
             kind = m.kind
             if kind in ("layer", "model", None):
                 continue
-            kinds[kind] = kinds.get(kind, 0.0) + m.bucket_s(bucket)
+            # a module's mean over its own steps (eager's inner modules: the detailed ones only)
+            own = m.bucket_steps(bucket) or n
+            per_step[kind] = per_step.get(kind, 0.0) + m.bucket_s(bucket) / own
         forward = [float(s.forward_s) for s in timed if s.forward_s is not None]
-        per_step = {k: v / n for k, v in kinds.items()}
         if forward:
             inside = sum(v for k, v in per_step.items() if k != "logits")
-            mean = sum(forward) / len(forward)
+            cost = next((c for c in engine.layers.doctor_cost if c.bucket == bucket), None)
+            # the forward less the doctor's estimated cost in it (eager mode), like the kinds
+            mean = (sum(forward) - (cost.in_forwards_s() if cost else 0.0)) / len(forward)
             rest = mean - inside
             # a residue of float rounding (the spans tile the forward in compiled modes) is no time
             per_step["other"] = rest if rest > 1e-6 * mean else 0.0

@@ -20,9 +20,14 @@ step pays for counting (and on GPU two events) only.
 
 In eager mode per-layer timing has two grains (:data:`DEFAULT_DETAIL_EVERY`): a step timed per
 layer times the decoder layers' boundaries (``layers_timed``), and every ``detail_every``-th of
-them per phase the modules inside each layer too (``layers_detail``). Each module's statistics
-count the steps it was timed on (``prefill_steps`` / ``decode_steps``), so a reader scales the
-inner modules' totals to the steps timed per layer.
+them per phase the modules inside each layer too (``layers_detail``). At the boundaries one mark
+per module is enough (:meth:`ForwardProfiler.module_mark`, ``BOUNDARY_MARKS``): the embedding,
+each decoder layer and the final norm run one after the other, so each one's span ends where the
+next one's begins, the last one's where the model's forward returns; half the events and half the
+Python of an enter/exit pair. A detailed step times each module from its entry to its return
+(nested: a layer holds its attention, MLP and norms). Each module's statistics count the steps it
+was timed on (``prefill_steps`` / ``decode_steps``), so a reader scales the inner modules' totals
+to the steps timed per layer.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import time
 from array import array
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import pairwise
 from operator import itemgetter
 from typing import Any
 
@@ -53,6 +59,9 @@ NAN = float("nan")  # a time a step has not (not sampled), in a packed column
 # work after its attention (the name of the layer + this suffix)
 BEFORE_LAYERS = "[before the first attention]"
 DENSE_SUFFIX = " [after attention]"
+# how eager mode's boundary grain marks a module (the snapshot says it, for the reader's correction
+# of the doctor's own cost): "entry", one mark where each module is entered
+BOUNDARY_MARKS = "entry"
 
 
 @dataclass(slots=True)
@@ -77,6 +86,9 @@ class OpenStep:
     layers: list[tuple[str, Any, Any]] = field(default_factory=list)
     # compiled modes: (attention layer's name, entered?, mark) at each attention call
     bounds: list[tuple[str, bool, Any]] = field(default_factory=list)
+    # eager boundary grain: (module name, mark) where each boundary module was entered, then
+    # ("", the root forward's end mark): each span runs to the next mark
+    entries: list[tuple[str, Any]] = field(default_factory=list)
     graph_reads: list[Any] = field(default_factory=list)  # FULL graphs replayed (engine/graphs.py)
     host_execute_s: float = 0.0
     host_sample_s: float = 0.0
@@ -278,6 +290,13 @@ class ForwardProfiler:
                 step.start = mark  # type: ignore[union-attr]
             self._stack.append((name, mark))
 
+    def module_mark(self, name: str) -> None:
+        """Eager's boundary grain: module ``name`` is entered (its span ends at the next mark)."""
+        step = self.current
+        if step.__class__ is OpenStep:
+            self._after_forward = None
+            step.entries.append((name, self.clock.mark()))  # type: ignore[union-attr]
+
     def module_exit(self, name: str) -> None:
         step = self.current
         stack = self._stack
@@ -291,6 +310,9 @@ class ForwardProfiler:
                 if name == "":
                     step.forward.append((start, end))  # type: ignore[union-attr]
                     self._after_forward = end
+                    entries = step.entries  # type: ignore[union-attr]
+                    if entries and entries[-1][0]:
+                        entries.append(("", end))  # the last boundary module's span ends here
                     return
                 self._after_forward = None
                 if name in self._logits_names:
@@ -423,6 +445,8 @@ class ForwardProfiler:
             step.layers_timed = step.layers_timed and bool(step.bounds)
             if step.bounds:
                 step.layers.extend(self._segments(step))
+        if step.entries:
+            step.layers.extend(_entry_spans(step.entries))
         device_timed = origin is not None and step.end is not None
         forward_s = sum(t(b) - t(a) for a, b in fwd) if fwd else None
         logits_s = sum(t(b) - t(a) for a, b in logits) if logits else None
@@ -459,6 +483,7 @@ class ForwardProfiler:
             for _, a, b in step.layers:
                 marks.update((a, b))
             marks.update(m for _, _, m in step.bounds)
+            marks.update(m for _, m in step.entries)
             marks.discard(step.end)  # shared with the next step (its prev_end)
             release(*(m for m in marks if m.__class__ is not Fixed))
             self._give_back(step.end)
@@ -543,6 +568,7 @@ class ForwardProfiler:
             "sample_every": self.sample_every,
             "sample_warmup_steps": SAMPLE_WARMUP_STEPS,
             "detail_every": self.detail_every,
+            "boundary_marks": BOUNDARY_MARKS if self.layers_enabled and not self.boundary_layers else None,
             # unsampled steps are records when they finish, samples once resolved
             "t0": self.t0,
             "step_arrays": self.step_arrays(STEP_COLUMNS if timeline else STEP_SUMMARY_COLUMNS),
@@ -559,3 +585,9 @@ class ForwardProfiler:
             self.layer_trace.clear()
             self.dropped_steps = 0
         return out
+
+
+def _entry_spans(entries: list[tuple[str, Any]]) -> list[tuple[str, Any, Any]]:
+    """Eager's boundary grain: each module entered runs until the next mark (the next module's
+    entry, or the forward's end, ``("", mark)``); a module with no mark after it has no span."""
+    return [(name, a, b) for (name, a), (_, b) in pairwise(entries) if name]

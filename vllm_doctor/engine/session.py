@@ -165,15 +165,22 @@ class WorkerSession:
         if layers and not self.layers_on:
             if state["eager"]:
                 boundaries: list[Armed] = []
+                entries: list[Armed] = []
                 inner: list[Armed] = []
                 for tm in self.profiler.timed.values():
                     if tm.kind in ("model", "logits"):
                         continue
-                    armed = self._timing_forward(model.get_submodule(tm.name), tm.name, "layer_forwards", "layers")
-                    # a decoder layer, or a module outside the layers (embedding, final norm)
-                    (boundaries if tm.kind == "layer" or tm.layer is None else inner).append(armed)
+                    module = model.get_submodule(tm.name)
+                    armed = self._timing_forward(module, tm.name, "layer_forwards", "layers")
+                    # a decoder layer, or a module outside the layers (embedding, final norm): on a
+                    # detailed step timed from entry to return, on the others marked at entry only
+                    if tm.kind == "layer" or tm.layer is None:
+                        boundaries.append(armed)
+                        entries.append(self._entry_forward(module, tm.name))
+                    else:
+                        inner.append(armed)
                 self._layer_wrappers = boundaries + inner
-                self._boundary_wrappers_only = boundaries
+                self._boundary_wrappers_only = entries
                 self.layers_on = True
                 self.profiler.layers_enabled = True
                 every, detail = self.profiler.sample_every, self.profiler.detail_every
@@ -195,7 +202,8 @@ class WorkerSession:
                         if not inner
                         else "; the modules inside each layer (attention, MLP, norms) "
                         + ("on each of those" if detail == 1 else f"on every {detail}-th of those per phase")
-                        + " (each timed module is an event pair the eager step's host launches)"
+                        + " (a mark where each layer is entered; inside, marks at each module's entry and return:"
+                        + " each mark is host time an eager step's launches wait for, taken out of the figures)"
                     )
                 )
             else:
@@ -240,7 +248,7 @@ class WorkerSession:
     def detach(self) -> dict[str, Any]:
         restored = self._unwrap_runner()
         self._disarm()
-        removed = len(self._timers) + len(self._layer_wrappers)
+        removed = len(self._timers) + len(self._layer_wrappers)  # the entry marks shadow the same forwards
         self._timers = []
         self._layer_wrappers = []
         self._boundary_wrappers_only = []
@@ -295,6 +303,31 @@ class WorkerSession:
                     except Exception as exc:
                         self._crashed(component, exc)
                     own[part] += clock() - t
+
+        forward.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
+        return module, "forward", forward, previous
+
+    def _entry_forward(self, module: nn.Module, name: str) -> Armed:
+        """Eager's boundary grain: a ``forward`` that marks where ``module`` is entered and calls
+        the module's own (nothing after it returns: its span ends at the next mark, see
+        :meth:`ForwardProfiler.module_mark`). One event and one profiler call per module."""
+        prof = self.profiler
+        assert prof is not None
+        previous = module.__dict__.get("forward")
+        original = module.forward
+        disabled, faults, own, clock = self.disabled, self.faults, self.own_s, time.perf_counter
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            if prof.current.__class__ is OpenStep and "layers" not in disabled:
+                t = clock()
+                try:
+                    if faults:
+                        self.fault("layers")
+                    prof.module_mark(name)
+                except Exception as exc:
+                    self._crashed("layers", exc)
+                own["layer_forwards"] += clock() - t
+            return original(*args, **kwargs)
 
         forward.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return module, "forward", forward, previous

@@ -26,7 +26,14 @@ from vllm_doctor.analysis.records import (
 )
 from vllm_doctor.analysis.roofline import fmt_rate, fmt_si_bytes
 from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
-from vllm_doctor.report.profile import accounting_text, execution_text, forward_step, slowest_layer, timing_cost_text
+from vllm_doctor.report.profile import (
+    accounting_text,
+    execution_text,
+    forward_step,
+    marks_cost_text,
+    slowest_layer,
+    timing_cost_text,
+)
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
 COLORS = {
@@ -320,6 +327,9 @@ def phases_table(profile: EngineProfile | dict[str, Any], workload: WorkloadRun 
         cost = timing_cost_text(ph, p)
         if cost:
             html += f'<p class="note">{escape(cost)}</p>'
+    marks = marks_cost_text(prof.layers)
+    if marks:
+        html += f'<p class="note">{escape(marks)}</p>'
     if prof.time_accounting is not None:
         html += f'<p class="note">{escape(accounting_text(prof.time_accounting))}</p>'
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, LayerModule, WorkloadRun
 from vllm_doctor.checks import codes_for
-from vllm_doctor.report.profile import render_anatomy, timing_cost_text
+from vllm_doctor.report.profile import marks_cost_text, render_anatomy, timing_cost_text
 from vllm_doctor.units import fmt_bytes, fmt_s
 
 NOT_IN_REPORT = "not in this report"
@@ -196,7 +196,7 @@ def layer_rows(profile: EngineProfile, sort: str = "total") -> list[tuple[str, .
         share = f"{100 * t / total:.1f}%" if total else ""
         rows.append((
             m.name, str(m.kind or ""), "" if m.layer is None else str(m.layer), str(m.class_name or ""),
-            str(m.calls), fmt_s(m.prefill_s), fmt_s(m.decode_s), fmt_s(t), share,
+            str(m.calls), fmt_s(m.bucket_s("prefill")), fmt_s(m.bucket_s("decode")), fmt_s(t), share,
         ))  # fmt: skip
     return rows
 
@@ -215,6 +215,9 @@ def layers_summary(profile: EngineProfile, sort: str) -> str:
             f"timed modules cover {100 * layers.timed_fraction:.1f}% of the forward "
             f"({fmt_s(layers.forward_total_s)} over {layers.timed_steps} timed step(s))"
         )
+    marks = marks_cost_text(layers)
+    if marks:
+        lines.append(marks)
     lines.append(f"sorted by {sort} (o: next order; or click a column)")
     return "\n".join(lines)
 
