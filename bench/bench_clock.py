@@ -99,6 +99,20 @@ def observer_row(result: dict[str, Any]) -> str:
             continue
         diff = "" if name == "untimed" or not base else f" ({100 * (med / base - 1):+.1f} %)"
         cells.append(f"{len(groups[name])} × {1e3 * med:.2f} ms{diff}")
+    engine = result["report"]["profiles"]["engine"]
+    decode = (engine.get("phases") or {}).get("decode") or {}
+    near, near_detail = decode.get("timed_vs_neighbours"), decode.get("detail_vs_neighbours")
+    cells.append(
+        "n/a"
+        if near is None
+        else f"{100 * near:+.1f} %" + ("" if near_detail is None else f" / {100 * near_detail:+.1f} %")
+    )
+    cost = next((c for c in (engine.get("layers") or {}).get("doctor_cost") or [] if c.get("bucket") == "decode"), None)
+    cells.append(
+        "n/a"
+        if not cost or cost.get("per_mark_s") is None
+        else f"{1e6 * cost['per_mark_s']:.1f} µs × {cost['boundary_marks']} / {cost['detail_marks']} marks"
+    )
     return f"| {result['mode']} | " + " | ".join(cells) + " |"
 
 
@@ -123,8 +137,11 @@ def main() -> int:
     for result in results:
         print(row(result))
     print("\nDecode steps by how they were timed (median step time on the step clock; vs the untimed steps):\n")
-    print("| mode | per layer, inside the layers too | per layer, the layers' boundaries | not per layer |")
-    print("|---|---|---|---|")
+    print(
+        "| mode | per layer, inside the layers too | per layer, the layers' boundaries | not per layer "
+        "| against untimed neighbours (all timed / inside too) | a mark's cost (boundary / detailed step) |"
+    )
+    print("|---|---|---|---|---|---|")
     for result in results:
         print(observer_row(result))
     for result in results:

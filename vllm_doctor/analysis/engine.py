@@ -12,9 +12,7 @@ from itertools import compress
 from typing import Any
 
 from vllm_doctor.analysis.records import (
-    LOGITS_MARKS,
     PHASES,
-    ROOT_MARKS,
     DoctorOverhead,
     EngineAnatomy,
     EngineProfile,
@@ -318,7 +316,7 @@ def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> La
     timed = [f for f, on in zip(steps["forward_s"], steps["layers_timed"], strict=True) if on]
     forward_total = sum(float(f) for f in timed if f is not None)
     if forward_total and costs:
-        forward_total = max(0.0, forward_total - sum(c.in_forwards_s() for c in costs))
+        forward_total = max(0.0, forward_total - sum(c.in_forwards_s for c in costs))
     if modules and forward_total:
         inside = sum(v for k, v in by_kind.items() if k != "logits")
         by_kind["other"] = max(0.0, forward_total - inside)
@@ -337,6 +335,12 @@ def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> La
         sample_every=profile.sample_every,
         doctor_cost=costs,
     )
+
+
+# the timing marks of eager mode's per-layer timing outside the timed modules: the root model's
+# timing forward (entry and return) and the logits processor's (entry and return, after the forward)
+ROOT_MARKS = 2
+LOGITS_MARKS = 2
 
 
 def _boundary_modules(layers: list[LayerModule]) -> tuple[list[LayerModule], dict[int, int]]:
@@ -420,6 +424,7 @@ def _less_mark_costs(layers: list[LayerModule], costs: list[TimingMarkCost]) -> 
     boundary_names = {m.name for m in boundary}
     by_bucket = {c.bucket: c for c in costs}
     taken = {"prefill": 0.0, "decode": 0.0}
+    logits_taken = {"prefill": 0.0, "decode": 0.0}
     out = []
     for m in layers:
         cost = {}
@@ -440,8 +445,22 @@ def _less_mark_costs(layers: list[LayerModule], costs: list[TimingMarkCost]) -> 
                 held = c.detail_steps
             cost[bucket] = min(measured, c.per_mark_s * held)
             taken[bucket] += cost[bucket] if top else 0.0
+            logits_taken[bucket] += cost[bucket] if m.kind == "logits" else 0.0
         out.append(replace(m, prefill_cost_s=cost["prefill"], decode_cost_s=cost["decode"]))
-    costs[:] = [replace(c, corrected_s=taken[c.bucket]) for c in costs]
+    # the forward loses what its top modules lost, and the marks' cost between them: one mark's
+    # before the first module on every step (the root's entry mark's after half, the first
+    # entry's before half), and on a detailed step one after each boundary module (its return
+    # mark's after half, the next entry's before half)
+    costs[:] = [
+        replace(
+            c,
+            corrected_s=taken[c.bucket],
+            in_forwards_s=taken[c.bucket]
+            - logits_taken[c.bucket]
+            + (c.per_mark_s or 0.0) * (c.boundary_steps + c.detail_steps * (1 + len(boundary))),
+        )
+        for c in costs
+    ]
     return out
 
 

@@ -24,10 +24,6 @@ from vllm_doctor.facts.kv import KvSpec
 __all__ = ["CompileState", "Record"]  # and every record below
 
 PHASES = ("prefill", "decode", "mixed")
-# the timing marks of eager mode's per-layer timing outside the modules: the root model's timing
-# forward (entry and return) and the logits processor's (entry and return, after the forward)
-ROOT_MARKS = 2
-LOGITS_MARKS = 2
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -232,16 +228,13 @@ class TimingMarkCost(Record):
         default=0, metadata=_doc("marks on such a step (two per timed module, and the root's and logits')")
     )
     corrected_s: float = field(default=0.0, metadata=_doc("the estimated cost taken out of the timed modules, in all"))
-
-    def in_forwards_s(self) -> float:
-        """The estimated cost inside the forwards of the bucket's timed steps, in all: the
-        logits processor's marks are after the forward, and of the root's two the half after its
-        entry mark and the half before its return mark are inside (one mark's cost)."""
-        outside = LOGITS_MARKS + ROOT_MARKS - 1
-        per = self.per_mark_s or 0.0
-        return per * (
-            (self.boundary_marks - outside) * self.boundary_steps + (self.detail_marks - outside) * self.detail_steps
-        )
+    in_forwards_s: float = field(
+        default=0.0,
+        metadata=_doc(
+            "the estimated cost taken out of the timed steps' forwards: the modules' at the top (not the logits "
+            "processor's, after the forward) and one mark's per step before the first module (the root's entry)"
+        ),
+    )
 
 
 @dataclass(frozen=True)

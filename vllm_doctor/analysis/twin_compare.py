@@ -129,7 +129,7 @@ def per_step_kinds(engine: EngineProfile) -> dict[str, dict[str, float]]:
             inside = sum(v for k, v in per_step.items() if k != "logits")
             cost = next((c for c in engine.layers.doctor_cost if c.bucket == bucket), None)
             # the forward less the doctor's estimated cost in it (eager mode), like the kinds
-            mean = (sum(forward) - (cost.in_forwards_s() if cost else 0.0)) / len(forward)
+            mean = (sum(forward) - (cost.in_forwards_s if cost else 0.0)) / len(forward)
             rest = mean - inside
             # a residue of float rounding (the spans tile the forward in compiled modes) is no time
             per_step["other"] = rest if rest > 1e-6 * mean else 0.0
