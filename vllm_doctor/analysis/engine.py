@@ -315,16 +315,18 @@ def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> La
     # layer times exist only for the per-layer samples: compare them with those steps' forwards
     timed = [f for f, on in zip(steps["forward_s"], steps["layers_timed"], strict=True) if on]
     forward_total = sum(float(f) for f in timed if f is not None)
-    if forward_total and costs:
-        forward_total = max(0.0, forward_total - sum(c.in_forwards_s for c in costs))
-    if modules and forward_total:
-        inside = sum(v for k, v in by_kind.items() if k != "logits")
-        by_kind["other"] = max(0.0, forward_total - inside)
     # how much of the forward the per-layer timings account for: the decoder layers plus the
     # top-level embedding and final norm (the model's whole forward, minus glue between them)
     covered = sum(
         m.total_s for m in modules if m.kind == "layer" or (m.layer is None and m.kind in ("embedding", "norm"))
     )
+    if forward_total and costs:
+        # never below what the modules inside it keep (an estimate above the marks' real cost
+        # between the modules would make the spans outgrow their forward)
+        forward_total = max(forward_total - sum(c.in_forwards_s for c in costs), min(forward_total, covered))
+    if modules and forward_total:
+        inside = sum(v for k, v in by_kind.items() if k != "logits")
+        by_kind["other"] = max(0.0, forward_total - inside)
     return LayerTables(
         timed_fraction=covered / forward_total if modules and forward_total else None,
         modules=modules,
