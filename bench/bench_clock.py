@@ -108,11 +108,11 @@ def observer_row(result: dict[str, Any]) -> str:
         else f"{100 * near:+.1f} %" + ("" if near_detail is None else f" / {100 * near_detail:+.1f} %")
     )
     cost = next((c for c in (engine.get("layers") or {}).get("doctor_cost") or [] if c.get("bucket") == "decode"), None)
-    cells.append(
-        "n/a"
-        if not cost or cost.get("per_mark_s") is None
-        else f"{1e6 * cost['per_mark_s']:.1f} µs × {cost['boundary_marks']} / {cost['detail_marks']} marks"
-    )
+    def per_mark(key: str, marks: str) -> str:
+        value = (cost or {}).get(key)
+        return "n/a" if value is None else f"{1e6 * value:.1f} µs × {cost[marks]}"  # type: ignore[index]
+
+    cells.append(f"{per_mark('per_mark_s', 'boundary_marks')} / {per_mark('detail_per_mark_s', 'detail_marks')}")
     return f"| {result['mode']} | " + " | ".join(cells) + " |"
 
 

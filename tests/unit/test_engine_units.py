@@ -355,10 +355,10 @@ def test_eager_boundary_steps_mark_each_module_once_and_the_tables_take_the_mark
     steps = StepTable.of(snap)
     tables = layer_tables(snap, steps)
     (decode,) = [c for c in tables.doctor_cost if c.bucket == "decode"]
-    assert decode.per_mark_s == pytest.approx(cost)
+    assert decode.per_mark_s == pytest.approx(cost) and decode.detail_per_mark_s == pytest.approx(cost)
     assert decode.boundary_marks == len(boundary) + 4
     assert decode.detail_marks == 2 * (len(boundary) + len(inner)) + 4
-    assert decode.boundary_steps and decode.detail_steps and decode.pairs
+    assert decode.boundary_steps and decode.detail_steps and decode.pairs and decode.detail_pairs
     modules = {m.name: m for m in tables.modules}
     layer0, attn0, norm = modules["model.layers.0"], modules["model.layers.0.self_attn"], modules["model.norm"]
     # measured on the clock: a layer's span holds its marks' cost ...

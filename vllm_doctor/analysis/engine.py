@@ -362,13 +362,15 @@ def timing_mark_costs(profile: ProfileReply, steps: StepTable) -> list[TimingMar
 
     Each timed step next to an untimed one (same phase, on the step clock) is set against the
     mean of those neighbours; the difference over the marks that step made is one reading, and
-    the median of the readings is the cost per mark. A step timed at the layers' boundaries makes
-    one mark per boundary module; a detailed one an entry and a return mark per timed module; both
-    the root model's and the logits processor's two. The host launches an eager step's kernels,
-    and every mark (a CUDA event and the doctor's Python around it) is launch time the device
-    waits for, so each module's span holds the marks made inside it: a boundary module's span one
-    (its entry's after-half, the next entry's before-half), a detailed module's one (its own
-    entry's after-half and return's before-half) plus two per timed module inside it.
+    the median of the readings of each grain is its cost per mark (a detailed step's marks inside
+    a layer partly overlap the device's work there: on the H200 they cost about half as much).
+    A step timed at the layers' boundaries makes one mark per boundary module; a detailed one an
+    entry and a return mark per timed module; both the root model's and the logits processor's two.
+    The host launches an eager step's kernels, and every mark (a CUDA event and the doctor's
+    Python around it) is launch time the device waits for, so each module's span holds the marks
+    made inside it: a boundary module's span one (its entry's after-half, the next entry's
+    before-half), a detailed module's one (its own entry's after-half and return's before-half)
+    plus two per timed module inside it.
 
     Empty unless the worker says how it marked (``boundary_marks``, this doctor's eager mode):
     compiled modes time the attention calls, whose cost stays within 2 % (bench/README.md).
@@ -379,8 +381,9 @@ def timing_mark_costs(profile: ProfileReply, steps: StepTable) -> list[TimingMar
     n_inner = sum(inner.values())
     marks_b = len(boundary) + ROOT_MARKS + LOGITS_MARKS
     marks_d = 2 * (len(boundary) + n_inner) + ROOT_MARKS + LOGITS_MARKS
-    readings: dict[str, list[float]] = {"prefill": [], "decode": []}
-    counts = {"prefill": [0, 0], "decode": [0, 0]}  # steps timed at the boundaries only, detailed
+    # per bucket, per grain (0: at the boundaries only, 1: detailed): readings, steps
+    readings: dict[str, tuple[list[float], list[float]]] = {"prefill": ([], []), "decode": ([], [])}
+    counts = {"prefill": [0, 0], "decode": [0, 0]}
     step_s, timed, detail, phases = steps["step_s"], steps["layers_timed"], steps["layers_detail"], steps.phases
     for phase in PHASES:
         bucket = "decode" if phase == "decode" else "prefill"
@@ -388,23 +391,30 @@ def timing_mark_costs(profile: ProfileReply, steps: StepTable) -> list[TimingMar
         for n, i in enumerate(idx):
             if not timed[i]:
                 continue
-            counts[bucket][1 if detail[i] else 0] += 1
+            grain = 1 if detail[i] else 0
+            counts[bucket][grain] += 1
             near = [step_s[idx[m]] for m in (n - 1, n + 1) if 0 <= m < len(idx) and not timed[idx[m]]]
             s = step_s[i]
             if near and s > 0 and min(near) > 0:
-                readings[bucket].append((s - sum(near) / len(near)) / (marks_d if detail[i] else marks_b))
+                readings[bucket][grain].append((s - sum(near) / len(near)) / (marks_d if grain else marks_b))
+
+    def per_mark(values: list[float]) -> float | None:
+        med = _median(values)
+        return None if med is None else max(0.0, med)
+
     out = []
     for bucket in ("prefill", "decode"):
         n_b, n_d = counts[bucket]
         if not n_b + n_d:
             continue
-        med = _median(readings[bucket])
-        per_mark = None if med is None else max(0.0, med)
+        at_bounds, inside = readings[bucket]
         out.append(
             TimingMarkCost(
                 bucket=bucket,
-                per_mark_s=per_mark,
-                pairs=len(readings[bucket]),
+                per_mark_s=per_mark(at_bounds),
+                pairs=len(at_bounds),
+                detail_per_mark_s=per_mark(inside),
+                detail_pairs=len(inside),
                 boundary_steps=n_b,
                 boundary_marks=marks_b,
                 detail_steps=n_d,
@@ -433,19 +443,20 @@ def _less_mark_costs(layers: list[LayerModule], costs: list[TimingMarkCost]) -> 
         for bucket in ("prefill", "decode"):
             c = by_bucket.get(bucket)
             measured = m.measured_s(bucket)
-            if c is None or not c.per_mark_s or measured <= 0:
+            if c is None or not c.measured or measured <= 0:
                 cost[bucket] = 0.0
                 continue
+            at_bounds, inside = c.mark_s(False) * c.boundary_steps, c.mark_s(True) * c.detail_steps
             top = m.name in boundary_names or m.kind == "logits"  # not inside another timed module
             if m.kind == "layer" and m.layer is not None:
-                held = c.boundary_steps + c.detail_steps * (1 + 2 * inner.get(m.layer, 0))
+                held = at_bounds + inside * (1 + 2 * inner.get(m.layer, 0))
             elif m.kind == "logits":  # from the forward's end: the root's return and its own entry and return
-                held = LOGITS_MARKS * (c.boundary_steps + c.detail_steps)
+                held = LOGITS_MARKS * (at_bounds + inside)
             elif top:  # embedding, final norm: one mark's cost on every timed step
-                held = c.boundary_steps + c.detail_steps
+                held = at_bounds + inside
             else:  # inside a decoder layer: timed on the detailed steps
-                held = c.detail_steps
-            cost[bucket] = min(measured, c.per_mark_s * held)
+                held = inside
+            cost[bucket] = min(measured, held)
             taken[bucket] += cost[bucket] if top else 0.0
             logits_taken[bucket] += cost[bucket] if m.kind == "logits" else 0.0
         out.append(replace(m, prefill_cost_s=cost["prefill"], decode_cost_s=cost["decode"]))
@@ -459,7 +470,8 @@ def _less_mark_costs(layers: list[LayerModule], costs: list[TimingMarkCost]) -> 
             corrected_s=taken[c.bucket],
             in_forwards_s=taken[c.bucket]
             - logits_taken[c.bucket]
-            + (c.per_mark_s or 0.0) * (c.boundary_steps + c.detail_steps * (1 + len(boundary))),
+            + c.mark_s(False) * c.boundary_steps
+            + c.mark_s(True) * c.detail_steps * (1 + len(boundary)),
         )
         for c in costs
     ]

@@ -214,11 +214,19 @@ class TimingMarkCost(Record):
     per_mark_s: float | None = field(
         default=None,
         metadata=_doc(
-            "median over the timed steps with an untimed neighbour of (step - neighbours' mean) / marks "
-            "(0 where the steps came out no slower; None: no such step, nothing corrected)"
+            "steps timed at the layers' boundaries: the median over those with an untimed neighbour of "
+            "(step - neighbours' mean) / marks (0 where they came out no slower; None: no such step)"
         ),
     )
-    pairs: int = field(default=0, metadata=_doc("timed steps next to an untimed step"))
+    pairs: int = field(default=0, metadata=_doc("steps timed at the boundaries next to an untimed step"))
+    detail_per_mark_s: float | None = field(
+        default=None,
+        metadata=_doc(
+            "the same over the detailed steps (timed inside the layers too), whose marks partly overlap the "
+            "device's work inside a layer (None: no such step)"
+        ),
+    )
+    detail_pairs: int = field(default=0, metadata=_doc("detailed steps next to an untimed step"))
     boundary_steps: int = field(default=0, metadata=_doc("steps timed at the layers' boundaries only"))
     boundary_marks: int = field(
         default=0, metadata=_doc("marks on such a step (one per boundary module, and the root's and logits')")
@@ -235,6 +243,16 @@ class TimingMarkCost(Record):
             "processor's, after the forward) and one mark's per step before the first module (the root's entry)"
         ),
     )
+
+    def mark_s(self, detail: bool) -> float:
+        """One mark's cost on a step of that grain: the other grain's where this one has no
+        reading; 0 where neither has."""
+        mine, other = (self.detail_per_mark_s, self.per_mark_s) if detail else (self.per_mark_s, self.detail_per_mark_s)
+        return mine if mine is not None else other if other is not None else 0.0
+
+    @property
+    def measured(self) -> bool:
+        return self.per_mark_s is not None or self.detail_per_mark_s is not None
 
 
 @dataclass(frozen=True)
