@@ -99,8 +99,13 @@ def test_profile_eager_sets_the_steps_timed_per_layer_against_the_others(profile
     # steps 8 (detailed: the 9th timed) and 16 (at the boundaries only) have untimed neighbours
     assert (cost["boundary_steps"], cost["detail_steps"], cost["pairs"], cost["detail_pairs"]) == (7, 3, 1, 1)
     assert cost["per_mark_s"] >= 0 and cost["detail_per_mark_s"] >= 0
+    layer = modules["model.layers.1"]
+    # scaled to every timed decode step by its layer's time on them over the layer's on the detailed ones
+    by_layer = (layer["decode_s"] - layer.get("decode_cost_s", 0.0)) / (
+        layer["decode_detail_s"] - layer.get("decode_detail_cost_s", 0.0)
+    )
     left = attn["decode_s"] - attn.get("decode_cost_s", 0.0)
-    assert attn["total_s"] == pytest.approx(attn["prefill_s"] - attn.get("prefill_cost_s", 0.0) + left * 10 / 3)
+    assert attn["total_s"] == pytest.approx(attn["prefill_s"] - attn.get("prefill_cost_s", 0.0) + left * by_layer)
     assert "  per layer     per-layer figures less the doctor's timing marks: " in proc.stdout
 
 

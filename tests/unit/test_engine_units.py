@@ -238,7 +238,8 @@ def test_eager_per_layer_timing_splits_inside_the_layers_on_every_nth_timed_step
         prof.module_enter("model.layers.0")
         if step.layers_detail:  # what the session arms on a detailed step only
             prof.module_enter("model.layers.0.self_attn")
-            time.sleep(0.002)
+        time.sleep(0.002)  # the attention runs on every step, timed or not
+        if step.layers_detail:
             prof.module_exit("model.layers.0.self_attn")
         prof.module_exit("model.layers.0")
         prof.module_exit("")
@@ -251,12 +252,18 @@ def test_eager_per_layer_timing_splits_inside_the_layers_on_every_nth_timed_step
     assert [r["layers_detail"] for r in rows] == detail and all(r["layers_timed"] for r in rows)
     stats = {m["name"]: m for m in snap["layers"]}
     assert (stats["model.layers.0"]["decode_steps"], stats["model.layers.0.self_attn"]["decode_steps"]) == (7, 3)
-    attn = stats["model.layers.0.self_attn"]
+    attn, layer_stats = stats["model.layers.0.self_attn"], stats["model.layers.0"]
+    # the layer's time on the detailed steps: the prefill's (its only step) and three decode steps'
+    assert layer_stats["prefill_detail_s"] == layer_stats["prefill_s"]
+    assert 0 < layer_stats["decode_detail_s"] < layer_stats["decode_s"]
     tables = layer_tables(snap, StepTable.of(snap))
+    assert tables.doctor_cost[0].measured is False  # every step timed: no untimed neighbour, nothing taken out
     scaled = next(m for m in tables.modules if m.name == "model.layers.0.self_attn")
-    assert scaled.total_s == pytest.approx(attn["prefill_s"] + attn["decode_s"] * 7 / 3)
+    # scaled by its layer's time on all timed steps over its time on the detailed ones
+    by_layer = layer_stats["decode_s"] / layer_stats["decode_detail_s"]
+    assert scaled.total_s == pytest.approx(attn["prefill_s"] + attn["decode_s"] * by_layer)
     layer = next(m for m in tables.modules if m.name == "model.layers.0")
-    assert layer.total_s == pytest.approx(stats["model.layers.0"]["prefill_s"] + stats["model.layers.0"]["decode_s"])
+    assert layer.total_s == pytest.approx(layer_stats["prefill_s"] + layer_stats["decode_s"])
 
 
 class StepperClock:

@@ -276,28 +276,39 @@ def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> La
     records: the worker's reply is left as it came.
 
     Eager mode times the modules inside the decoder layers on every ``detail_every``-th step timed
-    per layer only: their totals are scaled to all the steps timed per layer (a module's mean per
-    step on its own steps, times the timed steps), so they add up with the layers'. In eager mode
-    the doctor's own cost is taken out of each module's time (:func:`timing_mark_costs`)."""
+    per layer only: their totals are scaled to all the steps timed per layer, so they add up with
+    the layers': by their decoder layer's time on all those steps over its time on the detailed
+    ones (steps of one bucket differ in size: the first prefill, always detailed, is the largest),
+    or, from a doctor that did not record the latter, by the steps' counts. In eager mode the
+    doctor's own cost is taken out of each module's time (:func:`timing_mark_costs`)."""
     profile = ProfileReply.of(profile)
     timed_per_bucket = {"prefill": 0, "decode": 0}
     for phase, on in zip(steps.phases, steps["layers_timed"], strict=True):
         if on:
             timed_per_bucket["decode" if phase == "decode" else "prefill"] += 1
-
-    def scaled(seconds: float, own_steps: int | None, bucket: str) -> float:
-        every = timed_per_bucket[bucket]
-        return seconds * every / own_steps if own_steps and every > own_steps else seconds
-
     costs = timing_mark_costs(profile, steps)
+    corrected = _less_mark_costs(profile.layers, costs)
+    # per decoder layer and bucket: its time on all timed steps over its time on the detailed ones
+    ratio: dict[tuple[int, str], float] = {}
+    for m in corrected:
+        if m.kind != "layer" or m.layer is None:
+            continue
+        for bucket in ("prefill", "decode"):
+            on_detail = m.detail_s(bucket)
+            if on_detail is not None and on_detail > 0:
+                ratio[(m.layer, bucket)] = m.bucket_s(bucket) / on_detail
+
+    def scaled(m: LayerModule, bucket: str) -> float:
+        seconds, own_steps = m.bucket_s(bucket), m.bucket_steps(bucket)
+        every = timed_per_bucket[bucket]
+        if not own_steps or every <= own_steps:  # timed on every step timed per layer
+            return seconds
+        by_layer = ratio.get((m.layer, bucket)) if m.layer is not None else None
+        return seconds * by_layer if by_layer is not None else seconds * every / own_steps
+
     modules = [
-        replace(
-            m,
-            total_s=scaled(m.bucket_s("prefill"), m.prefill_steps, "prefill")
-            + scaled(m.bucket_s("decode"), m.decode_steps, "decode"),
-            calls=m.prefill_calls + m.decode_calls,
-        )
-        for m in _less_mark_costs(profile.layers, costs)
+        replace(m, total_s=scaled(m, "prefill") + scaled(m, "decode"), calls=m.prefill_calls + m.decode_calls)
+        for m in corrected
     ]
     by_layer: dict[int, tuple[float, dict[str, float]]] = {}
     by_kind: dict[str, float] = {}
@@ -439,27 +450,37 @@ def _less_mark_costs(layers: list[LayerModule], costs: list[TimingMarkCost]) -> 
     logits_taken = {"prefill": 0.0, "decode": 0.0}
     out = []
     for m in layers:
-        cost = {}
+        cost: dict[str, float] = {}
+        detail_cost: dict[str, float] = {}
         for bucket in ("prefill", "decode"):
             c = by_bucket.get(bucket)
             measured = m.measured_s(bucket)
             if c is None or not c.measured or measured <= 0:
-                cost[bucket] = 0.0
+                cost[bucket] = detail_cost[bucket] = 0.0
                 continue
             at_bounds, inside = c.mark_s(False) * c.boundary_steps, c.mark_s(True) * c.detail_steps
             top = m.name in boundary_names or m.kind == "logits"  # not inside another timed module
             if m.kind == "layer" and m.layer is not None:
-                held = at_bounds + inside * (1 + 2 * inner.get(m.layer, 0))
+                on_detail = inside * (1 + 2 * inner.get(m.layer, 0))
             elif m.kind == "logits":  # from the forward's end: the root's return and its own entry and return
-                held = LOGITS_MARKS * (at_bounds + inside)
+                at_bounds, on_detail = LOGITS_MARKS * at_bounds, LOGITS_MARKS * inside
             elif top:  # embedding, final norm: one mark's cost on every timed step
-                held = at_bounds + inside
+                on_detail = inside
             else:  # inside a decoder layer: timed on the detailed steps
-                held = inside
-            cost[bucket] = min(measured, held)
+                at_bounds, on_detail = 0.0, inside
+            cost[bucket] = min(measured, at_bounds + on_detail)
+            detail_cost[bucket] = min(m.detail_s(bucket) or 0.0, on_detail)
             taken[bucket] += cost[bucket] if top else 0.0
             logits_taken[bucket] += cost[bucket] if m.kind == "logits" else 0.0
-        out.append(replace(m, prefill_cost_s=cost["prefill"], decode_cost_s=cost["decode"]))
+        out.append(
+            replace(
+                m,
+                prefill_cost_s=cost["prefill"],
+                decode_cost_s=cost["decode"],
+                prefill_detail_cost_s=detail_cost["prefill"],
+                decode_detail_cost_s=detail_cost["decode"],
+            )
+        )
     # the forward loses what its top modules lost, and the marks' cost between them: one mark's
     # before the first module on every step (the root's entry mark's after half, the first
     # entry's before half), and on a detailed step one after each boundary module (its return

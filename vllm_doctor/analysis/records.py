@@ -159,6 +159,10 @@ class LayerModule(Record):
     # timed per layer): an inner module's are the detailed ones only
     prefill_steps: int | None = None
     decode_steps: int | None = None
+    # its time on the detailed steps (None: a doctor from before); a decoder layer's scales the
+    # modules inside it to all the steps timed per layer
+    prefill_detail_s: float | None = None
+    decode_detail_s: float | None = None
     # the doctor's own cost estimated inside prefill_s / decode_s (LayerTables.doctor_cost): what
     # bucket_s and total_s leave out
     prefill_cost_s: float = field(
@@ -166,6 +170,12 @@ class LayerModule(Record):
     )
     decode_cost_s: float = field(
         default=0.0, metadata=wire.rules(omit_default=True, doc="the doctor's estimated cost inside decode_s")
+    )
+    prefill_detail_cost_s: float = field(
+        default=0.0, metadata=wire.rules(omit_default=True, doc="the doctor's estimated cost inside prefill_detail_s")
+    )
+    decode_detail_cost_s: float = field(
+        default=0.0, metadata=wire.rules(omit_default=True, doc="the doctor's estimated cost inside decode_detail_s")
     )
     total_s: float = field(
         default=0.0,
@@ -188,6 +198,15 @@ class LayerModule(Record):
 
     def bucket_steps(self, bucket: str) -> int | None:
         return self.decode_steps if bucket == "decode" else self.prefill_steps
+
+    def detail_s(self, bucket: str) -> float | None:
+        """Seconds on the detailed steps of ``bucket``, less the doctor's estimated cost there
+        (:attr:`detail_cost_s` of the bucket); None from a doctor that did not record them."""
+        seconds = self.decode_detail_s if bucket == "decode" else self.prefill_detail_s
+        if seconds is None:
+            return None
+        cost = self.decode_detail_cost_s if bucket == "decode" else self.prefill_detail_cost_s
+        return max(0.0, seconds - cost)
 
     def bucket_calls(self, bucket: str) -> int:
         return self.decode_calls if bucket == "decode" else self.prefill_calls

@@ -495,6 +495,7 @@ class ForwardProfiler:
         events = []
         bucket = "decode" if phase == "decode" else "prefill"
         steps_key = f"{bucket}_steps"
+        detail, detail_key = step.layers_detail, f"{bucket}_detail_s"
         counted: set[str] = set()
         for name, a, b in step.layers:
             dur = t(b) - t(a)
@@ -513,12 +514,18 @@ class ForwardProfiler:
                     # the steps it was timed on (eager's inner modules: the detailed ones only)
                     "prefill_steps": 0,
                     "decode_steps": 0,
+                    # its time on the detailed steps: a decoder layer's there against its time on
+                    # all timed steps scales the modules inside it (eager's two grains)
+                    "prefill_detail_s": 0.0,
+                    "decode_detail_s": 0.0,
                 }
             if name not in counted:
                 counted.add(name)
                 stats[steps_key] += 1
             stats[f"{bucket}_calls"] += 1
             stats[f"{bucket}_s"] += dur
+            if detail:
+                stats[detail_key] += dur
             if keep_trace:
                 events.append({"name": name, "offset_s": t(a) if device_timed else 0.0, "dur_s": dur})
         if keep_trace:
