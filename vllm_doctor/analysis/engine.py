@@ -448,6 +448,18 @@ def _less_mark_costs(layers: list[LayerModule], costs: list[TimingMarkCost]) -> 
     by_bucket = {c.bucket: c for c in costs}
     taken = {"prefill": 0.0, "decode": 0.0}
     logits_taken = {"prefill": 0.0, "decode": 0.0}
+    # per (layer, bucket): what the modules inside it keep of their time, which is all on detailed
+    # steps: a layer keeps at least that much of its own time there (an estimate too large for
+    # small modules is cut at their measured time, and must not make the layer outgrow them)
+    kept_inside: dict[tuple[int | None, str], float] = {}
+    for m in layers:
+        if m.name in boundary_names or m.kind in ("model", "logits", "layer") or m.layer is None:
+            continue
+        for bucket in ("prefill", "decode"):
+            c = by_bucket.get(bucket)
+            on = c.mark_s(True) * c.detail_steps if c is not None and c.measured else 0.0
+            kept = max(0.0, m.measured_s(bucket) - on)
+            kept_inside[(m.layer, bucket)] = kept_inside.get((m.layer, bucket), 0.0) + kept
     out = []
     for m in layers:
         cost: dict[str, float] = {}
@@ -462,6 +474,9 @@ def _less_mark_costs(layers: list[LayerModule], costs: list[TimingMarkCost]) -> 
             top = m.name in boundary_names or m.kind == "logits"  # not inside another timed module
             if m.kind == "layer" and m.layer is not None:
                 on_detail = inside * (1 + 2 * inner.get(m.layer, 0))
+                room = (m.detail_s(bucket) or 0.0) - kept_inside.get((m.layer, bucket), 0.0)
+                if m.detail_s(bucket) is not None:
+                    on_detail = max(0.0, min(on_detail, room))
             elif m.kind == "logits":  # from the forward's end: the root's return and its own entry and return
                 at_bounds, on_detail = LOGITS_MARKS * at_bounds, LOGITS_MARKS * inside
             elif top:  # embedding, final norm: one mark's cost on every timed step
