@@ -41,7 +41,7 @@ from make_examples import (
 
 EXAMPLES_DIR = Path(__file__).resolve().parent
 PLUGIN_SRC = EXAMPLES_DIR / "tiny_vl_plugin"
-BASE_PACKAGE = "tiny_doctor_vl"
+BASE_PACKAGE = "tiny_doctor_vl_model"
 VARIANTS_DIR = EXAMPLES_DIR / "multimodal"
 OK = "mm-ok"
 IMAGE_TOKEN = "<image>"

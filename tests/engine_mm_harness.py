@@ -7,8 +7,8 @@ prints one JSON line:
 
     {"start": PHASE, "text": PHASE, "image": PHASE, "image_other": PHASE,
      "vision_embeds_finite": bool | None, "warnings": [...]}
-    PHASE = {"ok": bool, "error_type", "error_message", "frames": [function names of the
-             traceback, outermost first], "token_ids": [...], "logprobs_finite": bool}
+    PHASE = {"ok": bool, "error_type", "error_message", "frames": ["file.py:function" of
+             the traceback, outermost first], "token_ids": [...], "logprobs_finite": bool}
 
 - start: `LLM(model=DIR, ...)` (eager, single process, small KV cache, one image per prompt);
   vLLM builds its dummy multimodal inputs and runs the profile pass in here.
@@ -86,7 +86,7 @@ def run_mm_variant(variant_dir: Path, work_dir: Path, timeout_s: float = 300) ->
 
 
 def _failed(exc: BaseException) -> dict[str, Any]:
-    frames = [frame.name for frame in traceback.extract_tb(exc.__traceback__)]
+    frames = [f"{Path(frame.filename).name}:{frame.name}" for frame in traceback.extract_tb(exc.__traceback__)]
     return {
         "ok": False,
         "error_type": f"{type(exc).__module__}.{type(exc).__qualname__}",

@@ -5,7 +5,9 @@
   settings are the model directory's `preprocessor_config.json`.
 - `TinyDoctorVLProcessingInfo`: what vLLM asks about the model's inputs (one image per prompt,
   how many placeholder tokens an image becomes).
-- `TinyDoctorVLDummyInputsBuilder`: the largest input, for vLLM's profile run at start-up.
+- `TinyDoctorVLDummyInputsBuilder`: the largest input. vLLM processes it at start-up (its
+  placeholder count is the encoder budget, as `get_mm_max_tokens_per_item` is not given) and
+  again in the renderer's "multi-modal warmup".
 - `TinyDoctorVLMultiModalProcessor`: turns an image into `pixel_values` and each `<image>`
   token of the prompt into `num_image_tokens` copies of it; vLLM records where they are and
   the model puts one image embedding on each.
@@ -96,11 +98,6 @@ class TinyDoctorVLProcessingInfo(BaseProcessingInfo):
         """Every image is resized to one size: always one token per patch."""
         config = self.get_hf_config()
         return (config.vision_image_size // config.vision_patch_size) ** 2
-
-    def get_mm_max_tokens_per_item(
-        self, seq_len: int, mm_counts: Mapping[str, int]
-    ) -> Mapping[str, int]:
-        return {"image": self.get_num_image_tokens()}
 
 
 class TinyDoctorVLDummyInputsBuilder(BaseDummyInputsBuilder[TinyDoctorVLProcessingInfo]):

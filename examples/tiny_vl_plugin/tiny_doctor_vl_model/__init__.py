@@ -21,5 +21,5 @@ def register() -> None:
 
     ModelRegistry.register_model(
         "TinyDoctorVLForConditionalGeneration",
-        "tiny_doctor_vl.model:TinyDoctorVLForConditionalGeneration",
+        "tiny_doctor_vl_model.model:TinyDoctorVLForConditionalGeneration",
     )
