@@ -71,13 +71,14 @@ def run_mm_variant(variant_dir: Path, work_dir: Path, timeout_s: float = 300) ->
         output, returncode = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
         output, returncode = f"{exc.stdout or ''}{exc.stderr or ''}\n[harness] timed out", None
-    log_path = work_dir / "engine.log"
-    log_path.write_text(output)
     result: dict[str, Any] = {"harness_error": f"no result line (exit code {returncode})"}
-    for line in reversed(proc.stdout.splitlines() if returncode is not None else []):
-        if line.startswith('{"start"'):
-            result = json.loads(line)
+    log_lines = output.splitlines()
+    for i in range(len(log_lines) - 1, -1, -1):
+        if log_lines[i].startswith('{"start"'):
+            result = json.loads(log_lines.pop(i))
             break
+    log_path = work_dir / "engine.log"  # everything the engine printed, less the result line
+    log_path.write_text("\n".join(log_lines) + "\n")
     result["log_path"] = str(log_path)
     return result
 

@@ -58,8 +58,3 @@ class TinyDoctorVLConfig(PretrainedConfig):
         self.vision_num_attention_heads = vision_num_attention_heads
         self.vision_layer_norm_eps = vision_layer_norm_eps
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
-
-    @property
-    def num_image_tokens(self) -> int:
-        """One placeholder token per patch: (image_size / patch_size) ** 2."""
-        return (self.vision_image_size // self.vision_patch_size) ** 2
