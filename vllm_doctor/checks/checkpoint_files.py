@@ -126,7 +126,8 @@ def tie_word_embeddings_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
     names = {t.name for t in checkpoint.tensors}
     index = checkpoint.index
     complete = checkpoint.complete
-    has_lm_head = "lm_head.weight" in names
+    # a multimodal checkpoint keeps the decoder's head under its prefix (language_model.lm_head.weight)
+    has_lm_head = any(n == "lm_head.weight" or n.endswith(".lm_head.weight") for n in names)
     if not has_lm_head and not complete:
         yield emit.skip("part of the checkpoint could not be read (see VD306/VD308); lm_head.weight may be in it")
         return

@@ -297,3 +297,124 @@ def cuda_initialized_at_import(facts: Facts, emit: Emit) -> Iterable[Finding]:
         )
     else:
         yield emit.ok(f"importing {target.split(':')[0]} does not touch CUDA", target)
+
+
+# config.json keys that make a checkpoint multimodal (transformers' vision-language and audio configs)
+MULTIMODAL_CONFIG_KEYS = (
+    "vision_config",
+    "audio_config",
+    "image_token_index",
+    "image_token_id",
+    "video_token_index",
+    "video_token_id",
+    "audio_token_index",
+    "audio_token_id",
+)
+TEXT_ONLY_ERROR = "Multi-modal processor not available for text-only models"
+
+
+def multimodal_config_keys(config: dict[str, object]) -> list[str]:
+    """The top-level keys of config.json that say the checkpoint takes images, video or audio."""
+    return [k for k in MULTIMODAL_CONFIG_KEYS if config.get(k) is not None]
+
+
+@check(
+    "VD209",
+    "multimodal-processor-not-registered",
+    "The class implements `SupportsMultiModal` but vLLM's multimodal registry has no processor for it.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    topic="contract",
+    what=(
+        "vLLM turns an image (video, audio) request into model inputs with the processor registered on the model "
+        "class: `@MULTIMODAL_REGISTRY.register_processor(Processor, info=ProcessingInfo, "
+        "dummy_inputs=DummyInputsBuilder)` on the class that the architecture resolves to."
+    ),
+    why=(
+        "vLLM starts with one warning (`... is treated as multimodal but has no registered multimodal processor; "
+        "running in text-only mode.`), serves text, and refuses every request with an image in the caller's input "
+        f"processing: `ValueError: {TEXT_ONLY_ERROR}`."
+    ),
+    example="class MyVLForConditionalGeneration(nn.Module, SupportsMultiModal): ...  # no decorator",
+    fix=(
+        "@MULTIMODAL_REGISTRY.register_processor(MyProcessor, info=MyProcessingInfo, "
+        "dummy_inputs=MyDummyInputsBuilder)\nclass MyVLForConditionalGeneration(nn.Module, SupportsMultiModal): ..."
+    ),
+    references=("vllm/config/model.py:_supports_multimodal_inputs", "vllm/multimodal/registry.py:register_processor"),
+    requires=("import", "model-class", "contract"),
+)
+def multimodal_processor_not_registered(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    target, c = _contract(facts)
+    if c.vllm.supports_multimodal is not True:
+        yield emit.not_applicable(f"{target} does not implement SupportsMultiModal", target)
+        return
+    if c.vllm.has_mm_processor is None:
+        yield emit.skip("this vLLM's multimodal registry could not be asked", target)
+        return
+    if c.vllm.has_mm_processor:
+        yield emit.ok(f"{target} has a multimodal processor registered", target)
+        return
+    yield emit.fail(
+        f"{target} implements SupportsMultiModal but has no multimodal processor registered: vLLM runs it in "
+        f"text-only mode and refuses image requests ({TEXT_ONLY_ERROR})",
+        target,
+        {"supports_multimodal": True, "has_mm_processor": False},
+        "decorate the class vLLM resolves with @MULTIMODAL_REGISTRY.register_processor(Processor, info=..., "
+        "dummy_inputs=...)",
+    )
+
+
+@check(
+    "VD210",
+    "multimodal-interface-missing",
+    "config.json describes a multimodal checkpoint but the class does not implement `SupportsMultiModal`.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    topic="contract",
+    what=(
+        "vLLM treats a model as multimodal only when its class implements `SupportsMultiModal` (the "
+        "`supports_multimodal` class flag); only then does it read `limit_mm_per_prompt`, build the multimodal "
+        "processor and call `embed_multimodal`."
+    ),
+    why=(
+        "vLLM starts with no warning, ignores `limit_mm_per_prompt`, serves text, and refuses every request with an "
+        f"image in the caller's input processing: `ValueError: {TEXT_ONLY_ERROR}`. (A class that says it is "
+        "multimodal for a config without a vision part is reported as a warning: its dummy-input build needs "
+        "what the config lacks.)"
+    ),
+    example="class MyVLForConditionalGeneration(nn.Module):  # config.json has vision_config, image_token_index",
+    fix=(
+        "from vllm.model_executor.models.interfaces import SupportsMultiModal\n"
+        "class MyVLForConditionalGeneration(nn.Module, SupportsMultiModal):\n"
+        "    def embed_multimodal(self, **kwargs): ...  # the image embeddings"
+    ),
+    references=("vllm/model_executor/models/interfaces.py:SupportsMultiModal",),
+    requires=("import", "model-class", "contract"),
+)
+def multimodal_interface_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    target, c = _contract(facts)
+    keys = multimodal_config_keys(facts.config)
+    says = c.vllm.supports_multimodal
+    if says is None:
+        yield emit.skip("this vLLM could not say whether the class is multimodal", target)
+    elif keys and not says:
+        yield emit.fail(
+            f"config.json is multimodal ({', '.join(keys)}) but {target} does not implement SupportsMultiModal: "
+            f"vLLM serves it text-only, silently, and refuses image requests ({TEXT_ONLY_ERROR})",
+            target,
+            {"config_keys": keys, "supports_multimodal": False},
+            "derive the class from vllm.model_executor.models.interfaces.SupportsMultiModal and implement "
+            "embed_multimodal",
+        )
+    elif says and not keys:
+        yield emit.fail(
+            f"{target} implements SupportsMultiModal but config.json has none of {', '.join(MULTIMODAL_CONFIG_KEYS)}",
+            target,
+            {"config_keys": [], "supports_multimodal": True},
+            "check that config.json is the multimodal checkpoint's (vision_config, the image token id)",
+            severity=Severity.WARN,
+        )
+    elif keys:
+        yield emit.ok(f"config.json is multimodal ({', '.join(keys)}); {target} implements SupportsMultiModal", target)
+    else:
+        yield emit.not_applicable("a text model: config.json names no vision, video or audio part", target)

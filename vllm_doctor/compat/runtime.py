@@ -201,6 +201,7 @@ def vllm_verdicts(cls: type) -> dict[str, Any]:
             out["supports_pp"] = bool(supports_pp(cls))
     except Exception as exc:
         out["supports_pp_error"] = repr(exc)
+    out.update(multimodal_verdicts(cls))
     # does the installed vLLM require embed_input_ids for is_vllm_model? (0.32 does)
     check = getattr(base, "is_vllm_model", None)
     if check is not None:
@@ -208,6 +209,32 @@ def vllm_verdicts(cls: type) -> dict[str, Any]:
             out["requires_embed_input_ids"] = "_check_vllm_model_embed_input_ids" in inspect.getsource(check)
         except (OSError, TypeError):
             out["requires_embed_input_ids"] = None
+    return out
+
+
+def multimodal_verdicts(cls: type) -> dict[str, Any]:
+    """Does vLLM treat the class as multimodal (``supports_multimodal``: it implements
+    ``SupportsMultiModal``), and does its multimodal registry hold a processor for it
+    (``MULTIMODAL_REGISTRY.register_processor`` on this class or a base)? Capability-detected:
+    vLLM 0.32 keeps the factories on the class (``_processor_factory``, what its registry's
+    lookup reads), older releases in a registry table keyed by class (``_processor_factories``)."""
+    out: dict[str, Any] = {}
+    try:
+        interfaces = importlib.import_module("vllm.model_executor.models.interfaces")
+        supports = getattr(interfaces, "supports_multimodal", None)
+        if callable(supports):
+            out["supports_multimodal"] = bool(supports(cls))
+    except Exception as exc:
+        out["supports_multimodal_error"] = repr(exc)
+    try:
+        registry = importlib.import_module("vllm.multimodal").MULTIMODAL_REGISTRY
+        table = getattr(registry, "_processor_factories", None)
+        if table is not None and callable(getattr(table, "contains", None)):
+            out["has_mm_processor"] = bool(table.contains(cls, strict=False))
+        elif callable(getattr(registry, "_get_model_cls", None)):
+            out["has_mm_processor"] = hasattr(cls, "_processor_factory")
+    except Exception as exc:
+        out["has_mm_processor_error"] = repr(exc)
     return out
 
 

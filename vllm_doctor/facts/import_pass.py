@@ -24,6 +24,9 @@ class VllmVerdicts:
     is_text_generation_model: bool | None = None
     is_pooling_model: bool | None = None
     supports_pp: bool | None = None
+    # multimodal: does it implement SupportsMultiModal, and has vLLM's registry a processor for it
+    supports_multimodal: bool | None = None
+    has_mm_processor: bool | None = None
     # does the installed vLLM require embed_input_ids for is_vllm_model? (0.32 does)
     requires_embed_input_ids: bool | None = None
 

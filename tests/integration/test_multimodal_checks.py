@@ -1,0 +1,62 @@
+"""The doctor on the vision-language example (examples/tiny_vl_plugin) and the variants whose
+mistake is in the class's multimodal registration: VD209 (no processor registered), VD210 (not
+SupportsMultiModal), and nothing of either on the working example, whose LM head sits under its
+decoder's prefix (``language_model.lm_head.weight``: no VD307). What the real engine does with the
+same variants: tests/engine/test_multimodal_ground_truth.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import REPO, doctor_json
+
+VARIANTS = ("mm-ok", "mm-processor-not-registered", "mm-not-supports-multimodal")
+CLS = "tiny_doctor_vl{}.model:TinyDoctorVLForConditionalGeneration"
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("mm-examples")
+    subprocess.run(
+        [sys.executable, str(REPO / "examples" / "make_multimodal.py"), str(out), "--only", *VARIANTS],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(VARIANTS, pool.map(lambda n: doctor_json(out, n), VARIANTS), strict=True))
+
+
+def _by_code(report: dict, code: str) -> dict:
+    (finding,) = [f for f in report["findings"] if f["code"] == code]
+    return finding
+
+
+def test_working_vision_language_example_passes_the_multimodal_and_lm_head_checks(reports: dict[str, dict]) -> None:
+    report = reports["mm-ok"]
+    assert _by_code(report, "VD209")["outcome"] == "pass"
+    assert _by_code(report, "VD210")["outcome"] == "pass"
+    assert _by_code(report, "VD307")["outcome"] == "pass"  # language_model.lm_head.weight is the head
+    errors = [f["code"] for f in report["findings"] if f["outcome"] == "fail" and f["severity"] == "error"]
+    assert errors == []
+
+
+def test_processor_not_registered_is_vd209(reports: dict[str, dict]) -> None:
+    finding = _by_code(reports["mm-processor-not-registered"], "VD209")
+    assert finding["outcome"] == "fail" and finding["severity"] == "error"
+    assert finding["subject"] == CLS.format("_processor_not_registered")
+    assert "Multi-modal processor not available for text-only models" in finding["message"]
+    assert "register_processor" in finding["hint"]
+    assert _by_code(reports["mm-processor-not-registered"], "VD210")["outcome"] == "pass"
+
+
+def test_class_without_supports_multimodal_is_vd210(reports: dict[str, dict]) -> None:
+    report = reports["mm-not-supports-multimodal"]
+    finding = _by_code(report, "VD210")
+    assert finding["outcome"] == "fail" and finding["severity"] == "error"
+    assert finding["subject"] == CLS.format("_not_supports_multimodal")
+    assert finding["evidence"]["config_keys"] == ["image_token_index"]
+    assert "SupportsMultiModal" in finding["hint"]
+    assert _by_code(report, "VD209")["outcome"] == "not_applicable"
