@@ -1,6 +1,7 @@
 """The doctor on the vision-language example (examples/tiny_vl_plugin) and the variants whose
-mistake is in the class's multimodal registration: VD209 (no processor registered), VD210 (not
-SupportsMultiModal), and nothing of either on the working example, whose LM head sits under its
+mistake is in the class's multimodal registration or its processor: VD209 (no processor
+registered), VD210 (not SupportsMultiModal), VD211 (the processor fails on vLLM's start-up dummy
+inputs: an image token id the prompt update does not find), and none of them on the working example, whose LM head sits under its
 decoder's prefix (``language_model.lm_head.weight``: no VD307). What the real engine does with the
 same variants: tests/engine/test_multimodal_ground_truth.py."""
 
@@ -14,7 +15,13 @@ import pytest
 
 from tests.conftest import REPO, doctor_json
 
-VARIANTS = ("mm-ok", "mm-processor-not-registered", "mm-not-supports-multimodal")
+VARIANTS = (
+    "mm-ok",
+    "mm-processor-not-registered",
+    "mm-not-supports-multimodal",
+    "mm-image-token-mismatch",
+    "mm-image-token-mismatch-precomputed",
+)
 CLS = "tiny_doctor_vl{}.model:TinyDoctorVLForConditionalGeneration"
 
 
@@ -38,6 +45,8 @@ def test_working_vision_language_example_passes_the_multimodal_and_lm_head_check
     report = reports["mm-ok"]
     assert _by_code(report, "VD209")["outcome"] == "pass"
     assert _by_code(report, "VD210")["outcome"] == "pass"
+    assert _by_code(report, "VD211")["outcome"] == "pass"
+    assert "image: 16 token(s)" in _by_code(report, "VD211")["message"]  # the processor's dummy image
     assert _by_code(report, "VD307")["outcome"] == "pass"  # language_model.lm_head.weight is the head
     errors = [f["code"] for f in report["findings"] if f["outcome"] == "fail" and f["severity"] == "error"]
     assert errors == []
@@ -60,3 +69,22 @@ def test_class_without_supports_multimodal_is_vd210(reports: dict[str, dict]) ->
     assert finding["evidence"]["config_keys"] == ["image_token_index"]
     assert "SupportsMultiModal" in finding["hint"]
     assert _by_code(report, "VD209")["outcome"] == "not_applicable"
+
+
+@pytest.mark.parametrize(
+    ("variant", "when"),
+    [
+        ("mm-image-token-mismatch", "vLLM fails at engine start, building its dummy inputs"),
+        # the processing info declares its tokens per item: vLLM skips the build at start, fails per request
+        ("mm-image-token-mismatch-precomputed", "vLLM starts (one warning: 'Multi-modal warmup failed')"),
+    ],
+)
+def test_image_token_the_prompt_update_does_not_find_is_vd211(reports: dict[str, dict], variant: str, when: str) -> None:
+    finding = _by_code(reports[variant], "VD211")
+    assert finding["outcome"] == "fail" and finding["severity"] == "error"
+    assert "AssertionError: Failed to apply prompt replacement for mm_items['image'][0]" in finding["message"]
+    assert when in finding["message"]
+    assert finding["evidence"]["stage"] == "dummy_inputs"
+    assert "get_dummy_mm_inputs" in finding["evidence"]["traceback"]  # vLLM's own frames
+    assert "image_token_index = 32000" in finding["hint"]
+    assert _by_code(reports[variant], "VD209")["outcome"] == "pass"

@@ -9,6 +9,7 @@ from vllm_doctor.checks.registry import inspected_class
 from vllm_doctor.facts.import_pass import ClassContract
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
+from vllm_doctor.units import clip
 
 GENERIC = "This model does not support `--runner generate`"
 FORWARD_KWARGS = ("input_ids", "positions", "intermediate_tensors", "inputs_embeds")
@@ -418,3 +419,80 @@ def multimodal_interface_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
         yield emit.ok(f"config.json is multimodal ({', '.join(keys)}); {target} implements SupportsMultiModal", target)
     else:
         yield emit.not_applicable("a text model: config.json names no vision, video or audio part", target)
+
+
+PROMPT_REPLACEMENT = "Failed to apply prompt replacement"
+
+
+@check(
+    "VD211",
+    "multimodal-dummy-inputs-fail",
+    "The multimodal processor cannot be built, or fails on the dummy inputs vLLM feeds it at start-up.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    topic="contract",
+    what=(
+        "At start-up vLLM builds the registered processor (processing info, dummy-inputs builder, the model "
+        "directory's processor files and tokenizer) and processes a dummy prompt with one dummy item per modality "
+        "to size its encoder budget; every request with an image runs the same processor and prompt update."
+    ),
+    why=(
+        "vLLM fails at engine start inside the dummy-input build (an image token id that the prompt update does not "
+        f"find: `AssertionError: {PROMPT_REPLACEMENT} for mm_items['image'][0]`); where the processing info gives "
+        "`get_mm_max_tokens_per_item` the engine starts with one warning (`Multi-modal warmup failed`, no reason) "
+        "and every image request fails with the same error."
+    ),
+    example='config.json "image_token_index": 32000 while the tokenizer\'s "<image>" is 3',
+    fix=(
+        "make config.json's image token id the tokenizer's id of the image token the prompt update targets; the "
+        "traceback shows where the processor failed"
+    ),
+    references=("vllm/multimodal/encoder_budget.py:get_mm_max_toks_per_item",),
+    requires=("import",),
+)
+def multimodal_dummy_inputs_fail(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    verdict = facts.imports.config_verdict if facts.imports else None
+    if verdict is None or not verdict.ok:
+        yield emit.not_applicable("vLLM did not load the config (see VD108)")
+        return
+    mm = verdict.multimodal
+    if mm is None:
+        yield emit.not_applicable("vLLM does not treat the model as multimodal")
+        return
+    if mm.ok:
+        per_item = ", ".join(f"{m}: {n} token(s)" for m, n in sorted(mm.tokens_per_item.items()))
+        yield emit.ok(f"the multimodal processor handles vLLM's dummy inputs ({per_item or 'no items'})")
+        return
+    if mm.stage == "doctor":
+        yield emit.skip(f"the doctor could not ask this vLLM's multimodal registry: {mm.error}")
+        return
+    if mm.stage == "processor" and "has no registered multimodal processor" in str(mm.error):
+        yield emit.not_applicable("no multimodal processor is registered (see VD209)")
+        return
+    first = str(mm.error).splitlines()[0] if mm.error else "?"
+    when = (
+        "vLLM starts (one warning: 'Multi-modal warmup failed') and fails every request with an image"
+        if mm.declares_max_tokens
+        else "vLLM fails at engine start, building its dummy inputs"
+    )
+    stage = {"processor": "building the processor", "info": "its processing info", "dummy_inputs": "the dummy inputs"}
+    token_keys = [k for k in MULTIMODAL_CONFIG_KEYS if k.endswith(("_index", "_id")) and k in facts.config]
+    ids = ", ".join(f"{k} = {facts.config[k]}" for k in token_keys)
+    hint = (
+        f"the image token id in config.json ({ids or 'none set'}) is not the one the prompt update finds in the "
+        "prompt: make config.json's image token id the tokenizer's id of the image token"
+        if PROMPT_REPLACEMENT in str(mm.error)
+        else "fix the processor where the traceback points (the processing info, the dummy-inputs builder, or the "
+        "model directory's processor files)"
+    )
+    yield emit.fail(
+        f"the multimodal processor fails on {stage.get(str(mm.stage), str(mm.stage))}: {clip(first, 300)}; {when}",
+        "config.json",
+        {
+            "stage": mm.stage,
+            "error": mm.error,
+            "traceback": mm.traceback,
+            "declares_max_tokens": mm.declares_max_tokens,
+        },
+        hint,
+    )

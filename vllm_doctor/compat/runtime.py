@@ -330,12 +330,68 @@ def config_verdict(model_dir: str, trust_remote_code: bool) -> dict[str, Any]:
     except Exception as exc:
         return {"ok": False, "error": describe_exception(exc, limit=3000), "type": type(exc).__name__}
     hf = getattr(model_config, "hf_config", None)
-    return {
+    out: dict[str, Any] = {
         "ok": True,
         "model_type": getattr(hf, "model_type", None),
         "config_class": None if hf is None else qualname(hf),
         "architectures": [str(a) for a in getattr(model_config, "architectures", None) or []],
     }
+    try:
+        mm = multimodal_dummy_inputs(model_config)
+    except Exception as exc:  # the doctor's own question failed: say so, keep the verdict
+        mm = {"ok": False, "stage": "doctor", "error": describe_exception(exc, limit=2000)}
+    if mm is not None:
+        out["multimodal"] = mm
+    return out
+
+
+def multimodal_dummy_inputs(model_config: Any) -> dict[str, Any] | None:
+    """For a model vLLM treats as multimodal: build its multimodal processor from the model
+    directory and feed it the dummy inputs vLLM feeds at start-up (one item per modality it
+    supports), as vLLM sizes its encoder budget (``vllm/multimodal/encoder_budget.py``): the
+    processor (processing info, dummy-inputs builder, the model dir's processor files and
+    tokenizer) and its prompt update run on the same code path. None for a text model.
+
+    ``{"ok", "stage", "error", "traceback", "modalities", "tokens_per_item", "declares_max_tokens"}``:
+    ``stage`` is where it failed (``processor``: building it; ``info``: its supported
+    modalities; ``dummy_inputs``: processing the dummy prompt and items); ``declares_max_tokens``
+    whether the processing info gives ``get_mm_max_tokens_per_item`` (then vLLM skips this build
+    at start-up and the same failure comes with every request instead)."""
+    from vllm_doctor.compat.common import describe_exception, format_exc
+
+    if not getattr(model_config, "is_multimodal_model", False):
+        return None
+    from vllm.multimodal import MULTIMODAL_REGISTRY
+
+    out: dict[str, Any] = {"ok": False, "modalities": [], "tokens_per_item": {}, "declares_max_tokens": None}
+
+    def failed(stage: str, exc: Exception) -> dict[str, Any]:
+        out.update(stage=stage, error=describe_exception(exc, limit=2000), traceback=format_exc(exc, limit=6000))
+        return out
+
+    try:
+        processor = MULTIMODAL_REGISTRY.create_processor(model_config)
+    except Exception as exc:
+        return failed("processor", exc)
+    try:
+        counts = {str(m): 1 for m in processor.info.get_supported_mm_limits()}
+        out["modalities"] = sorted(counts)
+    except Exception as exc:
+        return failed("info", exc)
+    try:
+        declared = processor.info.get_mm_max_tokens_per_item(seq_len=model_config.max_model_len, mm_counts=counts)
+        out["declares_max_tokens"] = declared is not None
+    except Exception as exc:
+        return failed("info", exc)
+    try:
+        inputs = processor.get_dummy_mm_inputs(counts)
+        out["tokens_per_item"] = {
+            str(m): sum(int(p.get_num_embeds()) for p in items) for m, items in inputs["mm_placeholders"].items()
+        }
+    except Exception as exc:
+        return failed("dummy_inputs", exc)
+    out["ok"] = True
+    return out
 
 
 def cuda_initialized() -> bool | None:

@@ -82,6 +82,20 @@ class PluginLoad:
 
 
 @dataclass(frozen=True)
+class MultimodalDummyInputs:
+    """A multimodal model's processor built and fed vLLM's start-up dummy inputs in the import
+    pass (``runtime.multimodal_dummy_inputs``)."""
+
+    ok: bool = False
+    stage: str | None = None  # where it failed: processor, info, dummy_inputs (doctor: the doctor's question)
+    error: str | None = None
+    traceback: str | None = None
+    modalities: list[str] = field(default_factory=list)
+    tokens_per_item: dict[str, int] = field(default_factory=dict)  # placeholder tokens of one dummy item
+    declares_max_tokens: bool | None = None  # the processing info gives get_mm_max_tokens_per_item
+
+
+@dataclass(frozen=True)
 class ConfigVerdict:
     """vLLM's own verdict on config.json (``runtime.config_verdict``)."""
 
@@ -91,6 +105,7 @@ class ConfigVerdict:
     model_type: str | None = None
     config_class: str | None = None
     architectures: list[str] = field(default_factory=list)  # what vLLM would build
+    multimodal: MultimodalDummyInputs | None = None  # None: a text model (or an older doctor)
 
 
 @dataclass(frozen=True)
