@@ -7,6 +7,7 @@ same variants: tests/engine/test_multimodal_ground_truth.py."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -88,3 +89,47 @@ def test_image_token_the_prompt_update_does_not_find_is_vd211(reports: dict[str,
     assert "get_dummy_mm_inputs" in finding["evidence"]["traceback"]  # vLLM's own frames
     assert "image_token_index = 32000" in finding["hint"]
     assert _by_code(reports[variant], "VD209")["outcome"] == "pass"
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
+    """The working example with bad input in its model directory: a processor file that is not
+    JSON, an image token id outside the vocabulary."""
+    import shutil
+
+    out = tmp_path_factory.mktemp("mm-bad")
+    subprocess.run(
+        [sys.executable, str(REPO / "examples" / "make_multimodal.py"), str(out), "--only", "mm-ok"],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    for name in ("not-json", "token-outside-vocab"):
+        shutil.copytree(out / "mm-ok", out / name)
+    (out / "not-json" / "model" / "preprocessor_config.json").write_text("{not json")
+    config_path = out / "token-outside-vocab" / "model" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["image_token_index"] = config["vocab_size"] + 1000
+    config_path.write_text(json.dumps(config))
+    from tests.conftest import run_doctor, variant_env
+
+    return {
+        name: run_doctor(["check", str(out / name / "model"), "--json", "-q"], variant_env(out, name))
+        for name in ("not-json", "token-outside-vocab")
+    }
+
+
+def test_a_processor_file_that_is_not_json_is_vllms_refusal_not_a_crash(bad_inputs: dict) -> None:
+    proc = bad_inputs["not-json"]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    finding = _by_code(json.loads(proc.stdout), "VD111")
+    assert finding["outcome"] == "fail"
+    assert "preprocessor_config.json' is not a valid JSON file" in finding["message"]
+
+
+def test_an_image_token_outside_the_vocabulary_is_vd211_with_the_vocabulary(bad_inputs: dict) -> None:
+    proc = bad_inputs["token-outside-vocab"]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    finding = _by_code(json.loads(proc.stdout), "VD211")
+    assert finding["outcome"] == "fail"
+    assert "image_token_index = 1512; outside the vocabulary of 512 token(s)" in finding["hint"]

@@ -478,6 +478,10 @@ def multimodal_dummy_inputs_fail(facts: Facts, emit: Emit) -> Iterable[Finding]:
     stage = {"processor": "building the processor", "info": "its processing info", "dummy_inputs": "the dummy inputs"}
     token_keys = [k for k in MULTIMODAL_CONFIG_KEYS if k.endswith(("_index", "_id")) and k in facts.config]
     ids = ", ".join(f"{k} = {facts.config[k]}" for k in token_keys)
+    vocab = facts.config.get("vocab_size", (facts.config.get("text_config") or {}).get("vocab_size"))
+    ids_given = [facts.config[k] for k in token_keys if isinstance(facts.config[k], int)]
+    if isinstance(vocab, int) and any(i >= vocab for i in ids_given):
+        ids += f"; outside the vocabulary of {vocab} token(s)"
     hint = (
         f"the image token id in config.json ({ids or 'none set'}) is not the one the prompt update finds in the "
         "prompt: make config.json's image token id the tokenizer's id of the image token"
