@@ -113,6 +113,7 @@ def profile(
     prompts: int = 8,
     input_len: int = 64,
     output_len: int = 32,
+    images: int | None = None,
     layers: bool = True,
     sample_every: int = DEFAULT_SAMPLE_EVERY,
     progress: Callable[[str], None] | None = None,
@@ -120,7 +121,9 @@ def profile(
     **options: Any,
 ) -> Report:
     """``vllm-doctor profile`` from Python: a greedy workload of ``prompts`` x ``input_len`` tokens in,
-    ``output_len`` out, on a real engine in vLLM's default mode (``eager=True`` to opt out).
+    ``output_len`` out, on a real engine in vLLM's default mode (``eager=True`` to opt out); for a
+    multimodal model ``images`` per prompt (None: 1; 0: text only), whose encoder time each phase
+    reports apart (``encoder_s``).
 
     The report holds the findings, ``profiles["engine"]`` (steps, per-layer time, KV usage,
     memory) and ``profiles["workload"]``; with ``out`` it is also written there as report.json,
@@ -137,7 +140,9 @@ def profile(
     """
     if min(prompts, input_len, output_len) < 1:
         raise DoctorInputError("prompts, input_len and output_len must be at least 1")
-    workload = Workload(prompts=prompts, input_len=input_len, output_len=output_len)
+    if images is not None and images < 0:
+        raise DoctorInputError("images must be 0 or more")
+    workload = Workload(prompts=prompts, input_len=input_len, output_len=output_len, images=images)
     engine = from_keywords(options, "profile", workload=workload, layers=layers, sample_every=sample_every)
     log_dir = str(out) if out is not None else None
     twin_report = None

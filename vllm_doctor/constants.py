@@ -72,6 +72,9 @@ STEP_COLUMNS = (
     # step's end mark to this step's start mark; NaN for the first step or after an aborted one):
     # the engine's scheduling and output processing where the device waits for the host
     "idle_before_s",
+    # a multimodal model's encoder (vision tower + projector: ``embed_multimodal``) inside the
+    # step, on the step clock (NaN: no encoder call in the step)
+    "encoder_s",
 )
 # what the summaries read (phases, layer shares, the doctor's overhead, VD502): top's model panel
 # asks for these only (``doctor_collect`` with ``timeline: false``)
@@ -93,6 +96,7 @@ STEP_COLUMN_TYPES = {
     "layers_timed": "b",
     "layers_detail": "b",
     "idle_before_s": "d",
+    "encoder_s": "d",
 }
 
 # set by stages/child.py for each child: the job's own directory, removed with the job (also when

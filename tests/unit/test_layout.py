@@ -69,7 +69,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 
 THIRD_PARTY: dict[str, set[str]] = {
-    "compat": {"vllm", "torch", "transformers", "pynvml"},
+    "compat": {"vllm", "torch", "transformers", "pynvml", "numpy", "PIL"},
     "engine": {"torch"},
     "probes": {"safetensors"},
     "pytest_plugin": {"pytest", "_pytest"},

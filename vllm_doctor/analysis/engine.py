@@ -165,6 +165,7 @@ def phase_summary(steps: StepTable) -> dict[str, PhaseSummary]:
     step_s, forward_s, tokens_col = steps["step_s"], steps["forward_s"], steps["total_tokens"]
     prefill_reqs, decode_reqs, layers_timed = steps["prefill_reqs"], steps["decode_reqs"], steps["layers_timed"]
     layers_detail = steps["layers_detail"]
+    encoder_col = steps["encoder_s"]
     idle_col = _idle_column(steps)
     phases = steps.phases
     for phase in PHASES:
@@ -185,6 +186,7 @@ def phase_summary(steps: StepTable) -> dict[str, PhaseSummary]:
             list(compress(step_s, chosen)), list(compress(layers_timed, chosen)), list(compress(layers_detail, chosen))
         )
         idle = [v for v in compress(idle_col, chosen) if v is not None]
+        encoded = [(e, s) for e, s in zip(compress(encoder_col, chosen), compress(step_s, chosen), strict=True) if e]
         tokens = sum(compress(tokens_col, chosen))
         total = sum(times)
         out[phase] = PhaseSummary(
@@ -200,6 +202,9 @@ def phase_summary(steps: StepTable) -> dict[str, PhaseSummary]:
             forward_share=sum(f for f, _ in paired) / paired_step if paired_step > 0 else None,
             tokens_per_s=tokens / total if total > 0 else None,
             idle_before_s_mean=sum(idle) / len(idle) if idle else None,
+            encoder_steps=len(encoded),
+            encoder_s=sum(e for e, _ in encoded) if encoded else None,
+            encoder_step_s=sum(s for _, s in encoded) if encoded else None,
             timed_steps=len(timed),
             timed_step_s_median=_median(timed),
             untimed_step_s_median=_median(untimed),

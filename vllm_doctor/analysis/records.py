@@ -81,6 +81,10 @@ class StepRow(Record):
     idle_before_s: float | None = field(
         default=None, metadata=_doc("the device's idle time since the previous step ended, on the step clock")
     )
+    encoder_s: float | None = field(
+        default=None,
+        metadata=_doc("a multimodal model's encoder (embed_multimodal) in this step, on the step clock (None: none)"),
+    )
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,14 @@ class PhaseSummary(Record):
     tokens_per_s: float | None = None
     idle_before_s_mean: float | None = field(
         default=None, metadata=_doc("mean idle time of the device before each step (since the previous step ended)")
+    )
+    encoder_steps: int = field(default=0, metadata=_doc("steps that ran a multimodal model's encoder"))
+    encoder_s: float | None = field(
+        default=None,
+        metadata=_doc("the encoder's time (embed_multimodal: vision tower, projector) over those steps, step clock"),
+    )
+    encoder_step_s: float | None = field(
+        default=None, metadata=_doc("the step time of those steps, in all: the encoder's share is encoder_s over it")
     )
     timed_steps: int = field(default=0, metadata=_doc("steps timed per layer"))
     timed_step_s_median: float | None = field(

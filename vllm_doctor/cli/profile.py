@@ -63,6 +63,13 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--input-len", type=int, default=64, metavar="L", help="prompt length in tokens (default 64)")
     p.add_argument("--output-len", type=int, default=32, metavar="M", help="tokens generated per prompt (default 32)")
     p.add_argument(
+        "--images",
+        type=int,
+        metavar="N",
+        help="images per prompt for a multimodal model (default 1; 0: text only): the processor's dummy image "
+        "size, random pixels per prompt; the encoder's time is reported apart from the decoder's",
+    )
+    p.add_argument(
         "--deep", action="store_true", help="also record vLLM's own torch profiler trace (slower) into DIR/torch"
     )
     p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer timing)")
@@ -88,7 +95,9 @@ def run(args: argparse.Namespace) -> int:
         if getattr(args, name) < 1:
             raise DoctorInputError(f"--{name.replace('_', '-')} must be at least 1")
     out = Path(args.out)
-    workload = Workload(prompts=args.prompts, input_len=args.input_len, output_len=args.output_len)
+    if args.images is not None and args.images < 0:
+        raise DoctorInputError("--images must be 0 or more")
+    workload = Workload(prompts=args.prompts, input_len=args.input_len, output_len=args.output_len, images=args.images)
     deep_dir = str((out / "torch").resolve()) if args.deep else None
     progress(f"profile: {args.model} -> {out}")
     options = engine_options(

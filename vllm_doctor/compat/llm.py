@@ -103,6 +103,53 @@ class EngineHandle:
         except Exception:
             return None
 
+    def multimodal_prompts(
+        self, prompts: int, input_len: int, images: int, seed: int
+    ) -> tuple[list[dict[str, Any]], dict[str, Any]] | None:
+        """Prompts with ``images`` images each for a model vLLM treats as multimodal, built the
+        way vLLM builds its start-up dummy inputs: the registered processor's dummy-inputs
+        builder gives the placeholder text (tokenized, then filled with random token ids to
+        ``input_len``) and an image at the processor's largest size; each prompt gets its own
+        random pixels of that size (vLLM caches an encoder's output per image content: the same
+        image twice is encoded once). ``(prompts, what was fed)``; None for a text model or one
+        that takes no images."""
+        mc: Any = getattr(self.vllm_config, "model_config", None)
+        if images <= 0 or not getattr(mc, "is_multimodal_model", False):
+            return None
+        import numpy as np
+        from PIL import Image
+        from vllm.multimodal import MULTIMODAL_REGISTRY
+
+        processor = MULTIMODAL_REGISTRY.create_processor(mc)
+        if "image" not in processor.info.get_supported_mm_limits():
+            return None
+        counts = {"image": images}
+        builder = processor.dummy_inputs
+        text = builder.get_dummy_text(counts)
+        mm_config = getattr(mc, "multimodal_config", None)
+        options: Any = getattr(mm_config, "limit_per_prompt", None)
+        data = builder.get_dummy_mm_data(mc.max_model_len, counts, options)
+        given: Any = data["image"]
+        template = given[0] if isinstance(given, list) else given
+        width, height = template.size
+        head = list(self.llm.get_tokenizer().encode(text, add_special_tokens=False))
+        rng = np.random.default_rng(seed)
+        vocab = self.vocab_size() or 1000
+        low = min(10, max(0, vocab - 1))
+        out = []
+        for _ in range(prompts):
+            pictures = [
+                Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)) for _ in range(images)
+            ]
+            filler = rng.integers(low, vocab, max(0, input_len - len(head))).tolist()
+            out.append(
+                {
+                    "prompt_token_ids": head + filler,
+                    "multi_modal_data": {"image": pictures if images > 1 else pictures[0]},
+                }
+            )
+        return out, {"images_per_prompt": images, "image_size": [width, height], "placeholder_text": text}
+
     # -- the front end: which process holds what ---------------------------------------------
     def front_end(self) -> dict[str, Any]:
         core = getattr(self.engine, "engine_core", None)

@@ -14,6 +14,7 @@ measured on vLLM 0.26 (CUDA, V1 and V2 runners) and 0.32 (CPU, V1 runner):
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import torch
@@ -134,6 +135,45 @@ def current_forward_layers() -> dict[str, Any] | None:
     context = getattr(fc, "_forward_context", None)
     layers = getattr(context, "no_compile_layers", None)
     return layers if isinstance(layers, dict) else None
+
+
+def encoder_method(m: nn.Module) -> str | None:
+    """The method through which vLLM's runner runs a multimodal model's encoder (vision tower,
+    projector) on a step with new images: ``embed_multimodal`` (vLLM >= 0.10), before it
+    ``get_multimodal_embeddings``; None for a text model."""
+    for name in ("embed_multimodal", "get_multimodal_embeddings"):
+        if callable(getattr(m, name, None)) and getattr(m, "supports_multimodal", False):
+            return name
+    return None
+
+
+def language_model(m: nn.Module) -> nn.Module | None:
+    """A multimodal model's language model (``SupportsMultiModal.get_language_model``), whose
+    modules the per-layer profiler times; None for a text model, or where it cannot say."""
+    get = getattr(m, "get_language_model", None)
+    if not getattr(m, "supports_multimodal", False) or not callable(get):
+        return None
+    try:
+        lm = get()
+    except Exception:
+        return None
+    return lm if isinstance(lm, nn.Module) and lm is not m else None
+
+
+_ENCODER_PART = re.compile(r"vision|visual|image|audio|video|projector|multi_modal|^mm_")
+
+
+def encoder_prefixes(m: nn.Module) -> tuple[str, ...]:
+    """A multimodal model's encoder parts by name, where it cannot name its language model: the
+    children (of the model, or of its ``model``) named like a tower or a projector
+    (``vision_tower``, ``visual``, ``multi_modal_projector``, ``audio_tower``, ...)."""
+    if not getattr(m, "supports_multimodal", False):
+        return ()
+    names = [n for n, _ in m.named_children()]
+    inner = getattr(m, "model", None)
+    if isinstance(inner, nn.Module):
+        names += [f"model.{n}" for n, _ in inner.named_children()]
+    return tuple(n for n in names if _ENCODER_PART.search(n.rsplit(".", 1)[-1]))
 
 
 def compiled_root(m: nn.Module) -> bool:

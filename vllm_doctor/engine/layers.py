@@ -66,13 +66,21 @@ class TimedModule:
     cls: str
 
 
-def select_modules(model: nn.Module) -> list[TimedModule]:
-    """Root, decoder layers and topmost kind modules, in model order."""
+def select_modules(model: nn.Module, within: nn.Module | None = None, skip: tuple[str, ...] = ()) -> list[TimedModule]:
+    """Root, decoder layers and topmost kind modules, in model order. ``within``: a multimodal
+    model's language model, the only part whose modules are timed (the vision tower's layers
+    are no decoder layers; the encoder is timed as one call, ``encoder_s``), the logits
+    processor wherever it sits; ``skip``: or the encoder's parts by name, left out."""
     chosen: list[TimedModule] = [TimedModule("", "model", None, type(model).__qualname__)]
     kind_roots: list[str] = []
     parents: dict[str, nn.Module] = {}
+    prefix = None if within is None else next((n for n, m in model.named_modules() if m is within), None)
     for name, mod in model.named_modules():
         if not name:
+            continue
+        if prefix and not (name == prefix or name.startswith(prefix + ".")) and module_kind(name, mod) != "logits":
+            continue
+        if skip and any(name == p or name.startswith(p + ".") for p in skip):
             continue
         parent_name = name.rsplit(".", 1)[0] if "." in name else ""
         parents[name] = mod

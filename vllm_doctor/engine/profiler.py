@@ -69,7 +69,8 @@ class OpenStep:
     """A sampled step while it runs and until its marks are resolved.
 
     Unsampled steps are plain lists ``[index, host_start, counts, host_execute_s,
-    host_sample_s, start mark, previous step's end mark]`` (a list costs less than an object):
+    host_sample_s, start mark, previous step's end mark, encoder marks or None]`` (a list costs
+    less than an object):
     on the wall clock they are records when they finish, on GPU once their end event has
     completed.
     """
@@ -95,6 +96,7 @@ class OpenStep:
     layers_timed: bool = False  # per-layer timing on this step (eager, layers on)
     layers_detail: bool = False  # and inside the decoder layers (eager's finer grain; compiled: always)
     prev_end: Any = None  # the previous step's end mark: the device's idle time before this step
+    encoder: list[tuple[Any, Any]] | None = None  # (start, end) marks of each encoder call (embed_multimodal)
 
 
 class ForwardProfiler:
@@ -154,7 +156,8 @@ class ForwardProfiler:
         index = self.step_index
         self.step_index = index + 1
         if n >= SAMPLE_WARMUP_STEPS and (n - SAMPLE_WARMUP_STEPS) % self.sample_every:
-            plain = [index, time.perf_counter(), counts, 0.0, 0.0, None if self._wall else self.clock.mark(True), prev]
+            start = None if self._wall else self.clock.mark(True)
+            plain = [index, time.perf_counter(), counts, 0.0, 0.0, start, prev, None]
             self.current = plain
             return plain
         self._stack.clear()
@@ -228,16 +231,47 @@ class ForwardProfiler:
 
     def _plain_record(self, step: list[Any], step_s: float, idle_s: float) -> None:
         steps = self.steps
+        index, host_start, counts, host_execute_s, host_sample_s, _, _, encoder = step
+        encoder_s = NAN if encoder is None else self._encoder_seconds(encoder)
         if len(steps) < MAX_STEP_RECORDS:
-            index, host_start, counts, host_execute_s, host_sample_s, _, _ = step
             steps.append(
                 (
                     index, host_start, counts, step_s, True, None, None, host_execute_s, host_sample_s,
-                    False, False, False, idle_s,
+                    False, False, False, idle_s, encoder_s,
                 )
             )  # fmt: skip
         else:
             self.dropped_steps += 1
+
+    def _encoder_seconds(self, marks: list[tuple[Any, Any]]) -> float:
+        """The encoder calls' time in a step (their marks given back on GPU)."""
+        sec = self.clock.seconds
+        total = sum(sec(a, b) for a, b in marks)
+        release = getattr(self.clock, "release", None)
+        if release is not None:
+            release(*(m for pair in marks for m in pair))
+        return total
+
+    # -- the multimodal encoder (session: a wrapper on the model's embed_multimodal) ----------
+    def encoder_enter(self) -> Any:
+        """An encoder call begins in the current step (any step, sampled or not): its start mark."""
+        if self.current is None:
+            return None
+        return self.clock.mark(True)
+
+    def encoder_exit(self, start: Any) -> None:
+        step = self.current
+        if start is None or step is None:
+            return
+        pair = (start, self.clock.mark())
+        if step.__class__ is list:
+            if step[7] is None:  # type: ignore[index]
+                step[7] = []  # type: ignore[index]
+            step[7].append(pair)  # type: ignore[index]
+        else:
+            if step.encoder is None:  # type: ignore[union-attr]
+                step.encoder = []  # type: ignore[union-attr]
+            step.encoder.append(pair)  # type: ignore[union-attr]
 
     def _idle(self, prev: Any, start: Any) -> float:
         """The device's idle time from the previous step's end mark to this step's start mark
@@ -469,6 +503,7 @@ class ForwardProfiler:
                     step.layers_timed,
                     step.layers_timed and step.layers_detail,
                     idle_s,
+                    sum(t(b) - t(a) for a, b in step.encoder) if step.encoder else NAN,
                 )
             )
         else:
@@ -484,6 +519,8 @@ class ForwardProfiler:
                 marks.update((a, b))
             marks.update(m for _, _, m in step.bounds)
             marks.update(m for _, m in step.entries)
+            for a, b in step.encoder or ():
+                marks.update((a, b))
             marks.discard(step.end)  # shared with the next step (its prev_end)
             release(*(m for m in marks if m.__class__ is not Fixed))
             self._give_back(step.end)

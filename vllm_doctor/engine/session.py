@@ -75,6 +75,9 @@ class WorkerSession:
         self._layer_wrappers: list[Armed] = []
         self._boundary_wrappers_only: list[Armed] = []
         self._armed: list[Armed] = []  # those on their objects now
+        # a multimodal model's encoder timer (its embed_multimodal), on the model while attached:
+        # every step that runs the encoder is timed (few steps, one event pair a call)
+        self._encoder: list[Armed] = []
         self._armed_layers: list[Armed] = []
         self.probe: ProbeRecorder | None = None
         self.probe_modes: ProbeModes | None = None
@@ -140,7 +143,8 @@ class WorkerSession:
             raise RuntimeError("the worker has no model loaded yet")
         state = wv.compile_state(self.worker)
         if self.profiler is None:
-            timed = select_modules(model)
+            lm = wv.language_model(model)
+            timed = select_modules(model, lm, () if lm is not None else wv.encoder_prefixes(model))
             clock = clock_for(wv.device(self.worker))
             clock.reserve(RESOLVE_BATCH * (2 * len(timed) + 8))  # a batch of samples' marks (capped)
             self.profiler = ForwardProfiler(clock, timed, trace_steps, sample_every)
@@ -161,6 +165,11 @@ class WorkerSession:
                 for tm in timed
                 if tm.kind == "logits"
             ]
+            encoder = wv.encoder_method(model)
+            if encoder is not None:
+                self._encoder = [self._encoder_call(model, encoder)]
+                for obj, attr, fn, _ in self._encoder:
+                    obj.__dict__[attr] = fn
         self.profiler.sample_every = max(1, int(sample_every))
         if layers and not self.layers_on:
             if state["eager"]:
@@ -248,6 +257,8 @@ class WorkerSession:
     def detach(self) -> dict[str, Any]:
         restored = self._unwrap_runner()
         self._disarm()
+        _restore(self._encoder)
+        self._encoder = []
         removed = len(self._timers) + len(self._layer_wrappers)  # the entry marks shadow the same forwards
         self._timers = []
         self._layer_wrappers = []
@@ -306,6 +317,42 @@ class WorkerSession:
 
         forward.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return module, "forward", forward, previous
+
+    def _encoder_call(self, model: nn.Module, attr: str) -> Armed:
+        """A multimodal model's encoder (``embed_multimodal``: vision tower and projector), which
+        the runner calls inside ``execute_model`` before the forward on a step with new images:
+        each call's span on the step clock, on any step (``encoder_s``)."""
+        prof = self.profiler
+        assert prof is not None
+        previous = model.__dict__.get(attr)
+        original = getattr(model, attr)
+        disabled, own, clock = self.disabled, self.own_s, time.perf_counter
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if "encoder" in disabled or prof.current is None:
+                return original(*args, **kwargs)
+            t = clock()
+            start = None
+            try:
+                if self.faults:
+                    self.fault("encoder")
+                start = prof.encoder_enter()
+            except Exception as exc:
+                self._crashed("encoder", exc)
+            own["timers"] += clock() - t
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if start is not None and "encoder" not in disabled:
+                    t = clock()
+                    try:
+                        prof.encoder_exit(start)
+                    except Exception as exc:
+                        self._crashed("encoder", exc)
+                    own["timers"] += clock() - t
+
+        call.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
+        return model, attr, call, previous
 
     def _entry_forward(self, module: nn.Module, name: str) -> Armed:
         """Eager's boundary grain: a ``forward`` that marks where ``module`` is entered and calls

@@ -33,6 +33,7 @@ ROW_FIELDS = (
     "layers_timed",
     "layers_detail",
     "idle_before_s",
+    "encoder_s",
 )
 
 

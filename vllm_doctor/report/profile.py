@@ -118,6 +118,19 @@ def timing_cost_text(phase: str, p: PhaseSummary) -> str:
     return text + "): the doctor's per-layer timing"
 
 
+def encoder_text(phase: str, p: PhaseSummary) -> str:
+    """A multimodal model's encoder in one phase, e.g. ``prefill: 29.07 ms in 1 step(s) = 27 %
+    of those steps (embed_multimodal: vision tower and projector); the decoder's forward and the
+    rest 77.26 ms``; '' where the phase ran no encoder."""
+    if not p.encoder_steps or p.encoder_s is None or not p.encoder_step_s:
+        return ""
+    return (
+        f"{phase}: {fmt_s(p.encoder_s)} in {p.encoder_steps} step(s) = {100 * p.encoder_s / p.encoder_step_s:.0f} % "
+        f"of those steps (embed_multimodal: the vision tower and projector); the decoder and the rest "
+        f"{fmt_s(p.encoder_step_s - p.encoder_s)}"
+    )
+
+
 def marks_cost_text(layers: LayerTables) -> str:
     """Eager mode's per-layer figures less the doctor's timing marks, in words, e.g. ``per-layer
     figures less the doctor's timing marks: decode 11.2 us per mark at the layers' boundaries (38
@@ -163,6 +176,10 @@ def render_profile(
             f"  {phase:<8}      {p.steps} step(s), {p.tokens} tokens, batch {p.mean_batch}, step "
             f"{fmt_s(p.step_s_mean)} mean (p90 {fmt_s(p.step_s_p90)}), forward {forward_text(p)}"
         )
+    for phase, p in prof.phases.items():
+        encoder = encoder_text(phase, p)
+        if encoder:
+            lines.append(f"  encoder       {encoder}")
     for phase, p in prof.phases.items():
         cost = timing_cost_text(phase, p)
         if cost:

@@ -242,13 +242,28 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     doc = EngineDoctor(llm, layers=options.layers, sample_every=options.sample_every, probe=options.probe).attach()
     handle = EngineHandle(llm)
     vocab = handle.vocab_size() or 1000
-    prompts = make_prompts(workload, vocab)
+    prompts: list[dict[str, Any]] = list(make_prompts(workload, vocab))
+    fed: dict[str, Any] = {}
+    images = 1 if workload.images is None else workload.images
+    if images > 0:
+        try:
+            made = handle.multimodal_prompts(workload.prompts, workload.input_len, images, workload.seed)
+        except Exception as exc:  # the processor's own failure (check: VD211): text prompts, and say so
+            made = None
+            fed["images_error"] = describe_exception(exc, limit=1000)
+            progress(f"engine stage: no image prompts (the multimodal processor failed: {str(exc)[:200]}); text only")
+        if made is not None:
+            prompts, fed = made
     params = greedy(workload.output_len, ignore_eos=True)
     if options.deep_dir:
         handle.start_torch_profile()
+    with_images = ""
+    if fed.get("images_per_prompt"):
+        width, height = fed["image_size"]
+        with_images = f", {fed['images_per_prompt']} image(s) each ({width}x{height})"
     progress(
         f"engine stage: workload {workload.prompts} prompt(s) x {workload.input_len} tokens in, "
-        f"{workload.output_len} out"
+        f"{workload.output_len} out{with_images}"
     )
     t = time.perf_counter()
     try:
@@ -275,6 +290,7 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
         "generated_tokens": generated,
         "wall_s": round(wall, 4),
         "output_tokens_per_s": round(generated / wall, 2) if wall else None,
+        **fed,
     }
     doc.detach()
     facts = doc.gather()

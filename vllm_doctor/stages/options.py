@@ -125,6 +125,8 @@ class Workload:
     input_len: int = 16
     output_len: int = 8
     seed: int = 0
+    # images per prompt for a multimodal model (None: 1; 0: text prompts only); a text model gets none
+    images: int | None = None
 
 
 @dataclass(frozen=True)
