@@ -96,7 +96,13 @@ def variant_names(spec_dirs: Sequence[Path] = (BROKEN_DIR,)) -> list[str]:
 
 def variant_sources(spec_dirs: Sequence[Path] = (BROKEN_DIR,)) -> dict[str, Path]:
     """Variant name -> its source dir (holding variant.py), from examples/broken and any extra dirs."""
-    return {p.name: p for d in spec_dirs for p in sorted(d.iterdir()) if (p / "variant.py").is_file()}
+    return {
+        p.name: p
+        for d in spec_dirs
+        if d.is_dir()
+        for p in sorted(d.iterdir())
+        if (p / "variant.py").is_file()
+    }
 
 
 def port_names() -> list[str]:

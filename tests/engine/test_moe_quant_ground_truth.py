@@ -1,0 +1,115 @@
+"""Ground truth for MoE and quantized custom models (issue 33, step 1): what the real vLLM CPU
+engine does with each example of examples/make_examples.py's MoE and quantized families.
+
+The variants are built once (module-scoped), then each runs on its own single-process eager
+engine, one at a time (tests/engine_tokens.py): three greedy prompts, 12 tokens each, with the
+chosen tokens' logprobs. Most of these mistakes do not fail; they compute something else, so
+the tests compare greedy tokens with the working example of the same family. No check of the
+doctor exists for them yet: these facts are what the checks will be judged against.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import make_examples
+from tests.engine_tokens import PROMPTS, run_tokens
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO_ROOT / "examples"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What vLLM 0.32 (CPU, eager, single process) was seen to do with a variant."""
+
+    phase: str  # "ran" | "engine start" | "load" | "first request"
+    error: str | None = None  # substring of the caller's exception chain
+    # for variants that run: the working example they are compared with, and per prompt the
+    # index of the first greedy token that differs from it (None: identical tokens)
+    compare_with: str | None = None
+    first_divergent_token: tuple[int | None, ...] | None = None
+    all_logprobs_nan: bool = False
+    model_class: str | None = None  # the class that ran, for the working examples
+
+
+EXPECTED: dict[str, Expected] = {
+    "moe-ok": Expected(phase="ran", model_class="tiny_moe_model.model.TinyMoeForCausalLM"),
+    # gate and up swapped in every expert: wrong from the first token of every prompt
+    "moe-swapped-w1-w3": Expected(phase="ran", compare_with="moe-ok", first_divergent_token=(0, 0, 0)),
+    # expert 3 of layer 1 stays zero (its fused parameter was filled by the other experts):
+    # tokens agree until a token is routed to it, then drift
+    "moe-missing-expert": Expected(phase="ran", compare_with="moe-ok", first_divergent_token=(4, 11, 7)),
+    # the router is never loaded: uninitialized memory; here every run gave NaN logprobs and
+    # token id 0 (<unk>, empty text) at every step
+    "moe-router-not-loaded": Expected(
+        phase="ran", compare_with="moe-ok", first_divergent_token=(0, 0, 0), all_logprobs_nan=True
+    ),
+}
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Build every variant once, run each on its own engine, one at a time."""
+    out = make_examples(tmp_path_factory.mktemp("moe-quant-examples"), *EXPECTED)
+    work = tmp_path_factory.mktemp("moe-quant-engines")
+    results = {name: run_tokens(name, out / name, work / name) for name in EXPECTED}
+    (work / "results.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+def _describe(result: dict[str, Any]) -> str:
+    shown = {k: v for k, v in result.items() if k != "log_tail"}
+    return json.dumps(shown, indent=2) + "\n--- log tail ---\n" + result["log_tail"][-3000:]
+
+
+def test_every_variant_has_an_expectation() -> None:
+    on_disk = {p.name for d in ("moe", "quant") if (EXAMPLES / d).is_dir() for p in (EXAMPLES / d).iterdir() if (p / "variant.py").is_file()}
+    assert on_disk | {"moe-ok"} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_vllm_behaviour(name: str, runs: dict[str, dict[str, Any]]) -> None:
+    result, expected = runs[name], EXPECTED[name]
+    assert result["error_type"] != "HarnessError", _describe(result)
+    assert result["phase"] == expected.phase, _describe(result)
+    if expected.phase != "ran":
+        assert expected.error is not None
+        assert expected.error in result["error_message"], _describe(result)
+        return
+    assert len(result["token_ids"]) == len(PROMPTS), _describe(result)
+    assert all(len(ids) > 0 for ids in result["token_ids"]), _describe(result)
+    # nothing in the log says a weight is missing
+    log = Path(result["log_path"]).read_text()
+    assert "were not initialized from checkpoint" not in log
+    if expected.model_class is not None:
+        assert result["model_class"] == expected.model_class, _describe(result)
+    nan = [math.isnan(lp) for lps in result["logprobs"] for lp in lps]
+    assert all(nan) if expected.all_logprobs_nan else not any(nan), _describe(result)
+    if expected.compare_with is not None:
+        reference = runs[expected.compare_with]
+        assert reference["phase"] == "ran", _describe(reference)
+        divergence = tuple(
+            first_divergence(ids, ref) for ids, ref in zip(result["token_ids"], reference["token_ids"], strict=True)
+        )
+        assert divergence == expected.first_divergent_token, (
+            f"first divergent token per prompt: {divergence}\n{_describe(result)}"
+        )
