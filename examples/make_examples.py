@@ -14,6 +14,8 @@ For each variant NAME this writes
                             an installed distribution: the package + <dist>-0.0.0.dist-info/
                             (METADATA, entry_points.txt), found by importlib.metadata
     OUT/NAME/variant.json   {"name", "expect_code", "description", "engine_mode", "script"}
+                            (+ "engine_kwargs", "engine_env" where the variant is served with
+                            extra LLM(...) arguments, e.g. tensor_parallel_size)
     OUT/NAME/<script>       only for engine_mode "script": the author's launch script
 
 "ok" is examples/tiny_model_plugin as it is. Two more families share the machinery (`Family`):
@@ -491,6 +493,11 @@ def build_variant(
             meta["expect_first_divergent_layer"] = spec.EXPECT_FIRST_DIVERGENT_LAYER
         if hasattr(spec, "EXPECT_PERF_CODES"):
             meta["expect_perf_codes"] = list(spec.EXPECT_PERF_CODES)
+        # extra LLM(...) arguments and environment the variant is served with (e.g. tensor parallel)
+        if hasattr(spec, "ENGINE_KWARGS"):
+            meta["engine_kwargs"] = dict(spec.ENGINE_KWARGS)
+        if hasattr(spec, "ENGINE_ENV"):
+            meta["engine_env"] = dict(spec.ENGINE_ENV)
     apply(ctx)
 
     (ctx.model_dir / "config.json").write_text(json.dumps(ctx.config, indent=2, sort_keys=True))

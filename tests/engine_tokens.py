@@ -6,7 +6,8 @@ port usually does both and computes something else. This runs
     python tests/engine_tokens.py --model DIR [--engine-kwargs JSON]
 
 in a fresh process (the environment of `engine_harness.engine_env`: the variant's site on the
-path, single-process engine) and prints one JSON line:
+path, the engine core in process unless a variant asks for more processes, e.g. tensor
+parallel workers) and prints one JSON line:
 
     {ok, error_type, error_message, generated_text, model_class,
      phase,        # "ran" | "engine start" | "load" | "first request"
@@ -81,8 +82,9 @@ def child_main(model: str, extra_kwargs: dict[str, Any]) -> dict[str, Any]:
             for c in completions
         ]
         result["generated_text"] = completions[0].text
-        worker = llm.llm_engine.model_executor.driver_worker.worker
-        result["model_class"] = qualified_class_name(worker.model_runner.model)
+        driver = getattr(llm.llm_engine.model_executor, "driver_worker", None)
+        if driver is not None:  # one worker in this process (not with tensor parallel workers)
+            result["model_class"] = qualified_class_name(driver.worker.model_runner.model)
         result["ok"] = True
         result["phase"] = "ran"
     except BaseException as exc:
@@ -92,18 +94,19 @@ def child_main(model: str, extra_kwargs: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def run_tokens(
-    name: str, variant_dir: Path, work_dir: Path, engine_kwargs: dict[str, Any] | None = None, timeout_s: float = 300
-) -> dict[str, Any]:
-    """Run one variant (OUT/NAME of make_examples.py) in a fresh single-process engine."""
+def run_tokens(name: str, variant_dir: Path, work_dir: Path, timeout_s: float = 300) -> dict[str, Any]:
+    """Run one variant (OUT/NAME of make_examples.py) in a fresh engine process, with the
+    extra LLM(...) arguments and environment its variant.json names."""
     work_dir.mkdir(parents=True, exist_ok=True)
+    meta = json.loads((variant_dir / "variant.json").read_text())
     job = EngineJob(name=name, model_dir=variant_dir / "model", site_dir=variant_dir / "site", engine_mode="inprocess")
+    env = engine_env(job, work_dir) | meta.get("engine_env", {})
     cmd = [sys.executable, str(Path(__file__).resolve()), "--model", str(job.model_dir)]
-    cmd += ["--engine-kwargs", json.dumps(engine_kwargs or {})]
+    cmd += ["--engine-kwargs", json.dumps(meta.get("engine_kwargs", {}))]
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            cmd, cwd=work_dir, env=engine_env(job, work_dir), stdin=subprocess.DEVNULL,
+            cmd, cwd=work_dir, env=env, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", timeout=timeout_s,
         )
         output, returncode = proc.stdout, proc.returncode

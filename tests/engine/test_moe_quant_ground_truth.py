@@ -1,8 +1,9 @@
 """Ground truth for MoE and quantized custom models (issue 33, step 1): what the real vLLM CPU
 engine does with each example of examples/make_examples.py's MoE and quantized families.
 
-The variants are built once (module-scoped), then each runs on its own single-process eager
-engine, one at a time (tests/engine_tokens.py): three greedy prompts, 12 tokens each, with the
+The variants are built once (module-scoped), then each runs on its own eager engine (engine
+core in process; the tensor-parallel variant adds two worker processes), one at a time
+(tests/engine_tokens.py): three greedy prompts, 12 tokens each, with the
 chosen tokens' logprobs. Most of these mistakes do not fail; they compute something else, so
 the tests compare greedy tokens with the working example of the same family. No check of the
 doctor exists for them yet: these facts are what the checks will be judged against.
@@ -42,6 +43,7 @@ class Expected:
     first_divergent_token: tuple[int | None, ...] | None = None
     all_logprobs_nan: bool = False
     model_class: str | None = None  # the class that ran, for the working examples
+    log: tuple[str, ...] = ()  # substrings of the engine's log
 
 
 EXPECTED: dict[str, Expected] = {
@@ -56,6 +58,9 @@ EXPECTED: dict[str, Expected] = {
     "moe-router-not-loaded": Expected(
         phase="ran", compare_with="moe-ok", first_divergent_token=(0, 0, 0), all_logprobs_nan=True
     ),
+    # 3 experts, tensor_parallel_size=2 (two CPU workers): runs; TP slices every expert, it does
+    # not divide the experts (expert parallelism would, and crashes on CPU: docs/moe.md)
+    "moe-experts-not-divisible-by-tp": Expected(phase="ran", log=("world_size=2 rank=0", "world_size=2 rank=1")),
 }
 
 
@@ -100,6 +105,8 @@ def test_vllm_behaviour(name: str, runs: dict[str, dict[str, Any]]) -> None:
     # nothing in the log says a weight is missing
     log = Path(result["log_path"]).read_text()
     assert "were not initialized from checkpoint" not in log
+    for needle in expected.log:
+        assert needle in log, f"{needle!r} not in the engine log\n" + _describe(result)
     if expected.model_class is not None:
         assert result["model_class"] == expected.model_class, _describe(result)
     nan = [math.isnan(lp) for lps in result["logprobs"] for lp in lps]
