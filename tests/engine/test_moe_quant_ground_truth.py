@@ -33,7 +33,7 @@ EXAMPLES = REPO_ROOT / "examples"
 
 @dataclass(frozen=True)
 class Expected:
-    """What vLLM 0.32 (CPU, eager, single process) was seen to do with a variant."""
+    """What vLLM 0.32 (CPU, eager, engine core in process) was seen to do with a variant."""
 
     phase: str  # "ran" | "engine start" | "load" | "first request"
     error: str | None = None  # substring of the caller's exception chain
@@ -41,7 +41,10 @@ class Expected:
     # index of the first greedy token that differs from it (None: identical tokens)
     compare_with: str | None = None
     first_divergent_token: tuple[int | None, ...] | None = None
-    all_logprobs_nan: bool = False
+    # the variant computes with parameters no tensor was loaded into (torch.empty memory): what
+    # it generates changes from run to run (zeros, NaN, garbage), so only "differs from the
+    # working example in some prompt" is pinned; logprobs may be NaN
+    uninitialized: bool = False
     model_class: str | None = None  # the class that ran, for the working examples
     log: tuple[str, ...] = ()  # substrings of the engine's log
 
@@ -50,14 +53,13 @@ EXPECTED: dict[str, Expected] = {
     "moe-ok": Expected(phase="ran", model_class="tiny_moe_model.model.TinyMoeForCausalLM"),
     # gate and up swapped in every expert: wrong from the first token of every prompt
     "moe-swapped-w1-w3": Expected(phase="ran", compare_with="moe-ok", first_divergent_token=(0, 0, 0)),
-    # expert 3 of layer 1 stays zero (its fused parameter was filled by the other experts):
-    # tokens agree until a token is routed to it, then drift
-    "moe-missing-expert": Expected(phase="ran", compare_with="moe-ok", first_divergent_token=(4, 11, 7)),
-    # the router is never loaded: uninitialized memory; here every run gave NaN logprobs and
-    # token id 0 (<unk>, empty text) at every step
-    "moe-router-not-loaded": Expected(
-        phase="ran", compare_with="moe-ok", first_divergent_token=(0, 0, 0), all_logprobs_nan=True
-    ),
+    # expert 3 of layer 1 keeps uninitialized memory (its fused parameter counts as loaded once
+    # the other experts filled it). Seen: zeros (tokens agree, then drift from tokens 4/11/7 of
+    # the three prompts) in 3 runs; NaN at every other step in 1 run
+    "moe-missing-expert": Expected(phase="ran", compare_with="moe-ok", uninitialized=True),
+    # the router is never loaded: uninitialized memory. Seen: NaN logprobs and token id 0
+    # (<unk>, empty text) at every step, in 5 runs out of 5
+    "moe-router-not-loaded": Expected(phase="ran", compare_with="moe-ok", uninitialized=True),
     # 3 experts, tensor_parallel_size=2 (two CPU workers): runs; TP slices every expert, it does
     # not divide the experts (expert parallelism would, and crashes on CPU: docs/moe.md)
     "moe-experts-not-divisible-by-tp": Expected(phase="ran", log=("world_size=2 rank=0", "world_size=2 rank=1")),
@@ -73,10 +75,9 @@ EXPECTED: dict[str, Expected] = {
         phase="load", error="builtins.KeyError: 'model.layers.0.mlp.down_proj.weight_scale'"
     ),
     # no weight_scale for layer 1: vLLM's missing-weight check is off for quantized models, the
-    # scales keep uninitialized memory; here every run gave NaN logprobs and token id 0
-    "quant-missing-scales": Expected(
-        phase="ran", compare_with="quant-ok", first_divergent_token=(0, 0, 0), all_logprobs_nan=True
-    ),
+    # scales keep uninitialized memory. Seen: NaN logprobs and token 0 at every step (2 runs),
+    # uniform logprobs -ln(512) and token 0 (1 run)
+    "quant-missing-scales": Expected(phase="ran", compare_with="quant-ok", uninitialized=True),
     # a probe, not a mistake: compressed-tensors W8A8 FP8 (per-channel) also runs on CPU
     "quant-fp8": Expected(
         phase="ran",
@@ -131,14 +132,17 @@ def test_vllm_behaviour(name: str, runs: dict[str, dict[str, Any]]) -> None:
         assert needle in log, f"{needle!r} not in the engine log\n" + _describe(result)
     if expected.model_class is not None:
         assert result["model_class"] == expected.model_class, _describe(result)
-    nan = [math.isnan(lp) for lps in result["logprobs"] for lp in lps]
-    assert all(nan) if expected.all_logprobs_nan else not any(nan), _describe(result)
+    if not expected.uninitialized:
+        assert not any(math.isnan(lp) for lps in result["logprobs"] for lp in lps), _describe(result)
     if expected.compare_with is not None:
         reference = runs[expected.compare_with]
         assert reference["phase"] == "ran", _describe(reference)
         divergence = tuple(
             first_divergence(ids, ref) for ids, ref in zip(result["token_ids"], reference["token_ids"], strict=True)
         )
-        assert divergence == expected.first_divergent_token, (
-            f"first divergent token per prompt: {divergence}\n{_describe(result)}"
-        )
+        if expected.uninitialized:
+            assert any(d is not None for d in divergence), f"same tokens as {expected.compare_with}\n{_describe(result)}"
+        else:
+            assert divergence == expected.first_divergent_token, (
+                f"first divergent token per prompt: {divergence}\n{_describe(result)}"
+            )
