@@ -84,6 +84,12 @@ EXPECTED: dict[str, Expected] = {
         model_class="tiny_doctor_quant_fp8.model.TinyDoctorForCausalLM",
         log=("Selected ChannelWiseTorchFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8",),
     ),
+    # a probe, not a mistake: compressed-tensors W4A16 (int4 groups, GPTQ-style packing) runs too
+    "quant-w4a16": Expected(
+        phase="ran",
+        model_class="tiny_doctor_quant_w4a16.model.TinyDoctorForCausalLM",
+        log=("Using CPUWNA16LinearKernel for CompressedTensorsWNA16",),
+    ),
 }
 
 
