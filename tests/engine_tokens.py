@@ -94,15 +94,21 @@ def child_main(model: str, extra_kwargs: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def run_tokens(name: str, variant_dir: Path, work_dir: Path, timeout_s: float = 300) -> dict[str, Any]:
+def run_tokens(
+    name: str,
+    variant_dir: Path,
+    work_dir: Path,
+    extra_kwargs: dict[str, Any] | None = None,
+    timeout_s: float = 300,
+) -> dict[str, Any]:
     """Run one variant (OUT/NAME of make_examples.py) in a fresh engine process, with the
-    extra LLM(...) arguments and environment its variant.json names."""
+    extra LLM(...) arguments and environment its variant.json names (and ``extra_kwargs``)."""
     work_dir.mkdir(parents=True, exist_ok=True)
     meta = json.loads((variant_dir / "variant.json").read_text())
     job = EngineJob(name=name, model_dir=variant_dir / "model", site_dir=variant_dir / "site", engine_mode="inprocess")
     env = engine_env(job, work_dir) | meta.get("engine_env", {})
     cmd = [sys.executable, str(Path(__file__).resolve()), "--model", str(job.model_dir)]
-    cmd += ["--engine-kwargs", json.dumps(meta.get("engine_kwargs", {}))]
+    cmd += ["--engine-kwargs", json.dumps(meta.get("engine_kwargs", {}) | (extra_kwargs or {}))]
     start = time.perf_counter()
     try:
         proc = subprocess.run(

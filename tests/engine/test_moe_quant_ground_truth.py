@@ -101,11 +101,16 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Build every variant once, run each on its own engine, one at a time."""
-    out = make_examples(tmp_path_factory.mktemp("moe-quant-examples"), *EXPECTED)
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every variant of EXPECTED, built once (examples/make_examples.py --only ...)."""
+    return make_examples(tmp_path_factory.mktemp("moe-quant-examples"), *EXPECTED)
+
+
+@pytest.fixture(scope="module")
+def runs(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Each variant on its own engine, one at a time."""
     work = tmp_path_factory.mktemp("moe-quant-engines")
-    results = {name: run_tokens(name, out / name, work / name) for name in EXPECTED}
+    results = {name: run_tokens(name, built / name, work / name) for name in EXPECTED}
     (work / "results.json").write_text(json.dumps(results, indent=2))
     return results
 
@@ -152,3 +157,18 @@ def test_vllm_behaviour(name: str, runs: dict[str, dict[str, Any]]) -> None:
             assert divergence == expected.first_divergent_token, (
                 f"first divergent token per prompt: {divergence}\n{_describe(result)}"
             )
+
+
+def test_weights_track_names_the_missing_scales(built: Path, tmp_path: Path) -> None:
+    """vLLM can see the missing scales: its loader's missing-weight check, off by default for
+    quantized models, names them at load when `enable_weights_track` is set."""
+    result = run_tokens(
+        "quant-missing-scales",
+        built / "quant-missing-scales",
+        tmp_path / "engine",
+        extra_kwargs={"model_loader_extra_config": {"enable_weights_track": True}},
+    )
+    assert result["phase"] == "load", _describe(result)
+    assert "ValueError: Following weights were not initialized from checkpoint: {" in result["error_message"]
+    named = {f"model.layers.1.{m}.weight_scale" for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}
+    assert all(f"'{n}'" in result["error_message"] for n in named), _describe(result)
