@@ -63,11 +63,15 @@ EXPECTED: dict[str, Expected] = {
     # 3 experts, tensor_parallel_size=2 (two CPU workers): runs; TP slices every expert, it does
     # not divide the experts (expert parallelism would, and crashes on CPU: docs/moe.md)
     "moe-experts-not-divisible-by-tp": Expected(phase="ran", log=("world_size=2 rank=0", "world_size=2 rank=1")),
-    # compressed-tensors W8A8 int8 runs on CPU
+    # the unquantized text example: quant-ok's reference
+    "ok": Expected(phase="ran", model_class="tiny_doctor_model.model.TinyDoctorForCausalLM"),
+    # compressed-tensors W8A8 int8 runs on CPU, and gives the unquantized model's greedy tokens
     "quant-ok": Expected(
         phase="ran",
         model_class="tiny_doctor_quant_ok.model.TinyDoctorForCausalLM",
         log=("Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8",),
+        compare_with="ok",
+        first_divergent_token=(None, None, None),
     ),
     # down_proj without quant_config: a bfloat16 layer with no weight_scale; the int8 weight is
     # copied into it (keys load in sorted order), then the author's params_dict lookup fails
@@ -122,7 +126,7 @@ def _describe(result: dict[str, Any]) -> str:
 
 def test_every_variant_has_an_expectation() -> None:
     on_disk = {p.name for d in ("moe", "quant") if (EXAMPLES / d).is_dir() for p in (EXAMPLES / d).iterdir() if (p / "variant.py").is_file()}
-    assert on_disk | {"moe-ok", "quant-ok"} == set(EXPECTED)
+    assert on_disk | {"moe-ok", "ok", "quant-ok"} == set(EXPECTED)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
