@@ -12,7 +12,8 @@ parallel workers) and prints one JSON line:
     {ok, error_type, error_message, generated_text, model_class,
      phase,        # "ran" | "engine start" | "load" | "first request"
      token_ids,    # per prompt: the greedy token ids
-     logprobs}     # per prompt: the logprob of each chosen token (NaN stays NaN)
+     logprobs,     # per prompt: the logprob of each chosen token (NaN stays NaN)
+     error_frames} # a failure's innermost frames, "file.py:line:function"
 
 `phase` of a failure: "load" when the traceback passes through a `load_weights` or
 `load_model` frame, "engine start" for any other failure while `LLM(...)` is built,
@@ -91,6 +92,9 @@ def child_main(model: str, extra_kwargs: dict[str, Any]) -> dict[str, Any]:
         result["error_type"] = f"{type(exc).__module__}.{type(exc).__qualname__}"
         result["error_message"] = describe_exception(exc)
         result["phase"] = failure_phase(exc, engine_built)
+        # where it was raised: the innermost frames of the outermost exception
+        frames = traceback.extract_tb(exc.__traceback__)[-4:]
+        result["error_frames"] = [f"{Path(f.filename).name}:{f.lineno}:{f.name}" for f in frames]
     return result
 
 
