@@ -22,8 +22,9 @@ For each variant NAME this writes
 "moe-ok" is examples/tiny_moe_plugin as it is (a Mixtral-like model, HF Mixtral tensor names),
 its broken variants are examples/moe/NAME/variant.py; "quant-ok" is the tiny model after
 examples/quant/base.py (linear layers given vLLM's quant_config, the checkpoint quantized to
-compressed-tensors W8A8 int8), and each examples/quant/NAME/variant.py is applied on top of it. Each broken variant is
-examples/broken/NAME/variant.py: module constants EXPECT_CODE, ENGINE_MODE, DESCRIPTION
+compressed-tensors W8A8 int8), and each examples/quant/NAME/variant.py is applied on top of it.
+
+Each broken variant is examples/broken/NAME/variant.py (or moe/, quant/): module constants EXPECT_CODE, ENGINE_MODE, DESCRIPTION
 (optionally SCRIPT) and `apply(ctx)`, a small edit of the working example through the
 `VariantContext` below. Every text edit must match exactly once, so a change to the working
 example that a variant depends on fails here loudly instead of silently building a fixture
