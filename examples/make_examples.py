@@ -2,8 +2,9 @@
 
     python examples/make_examples.py OUT [--only NAME ...] [--ports]
 
-(--ports adds the broken ports of pytest_for_model_authors/ports, --perf the slow ports of perf/;
---only may name them too.)
+(--ports adds the broken ports of pytest_for_model_authors/ports, --perf the slow ports of perf/,
+--moe the MoE family (moe-ok + examples/moe/NAME), --quant the quantized family (quant-ok +
+examples/quant/NAME); --only may name any of them too.)
 
 For each variant NAME this writes
 
@@ -13,10 +14,17 @@ For each variant NAME this writes
                             an installed distribution: the package + <dist>-0.0.0.dist-info/
                             (METADATA, entry_points.txt), found by importlib.metadata
     OUT/NAME/variant.json   {"name", "expect_code", "description", "engine_mode", "script"}
+                            (+ "engine_kwargs", "engine_env" where the variant is served with
+                            extra LLM(...) arguments, e.g. tensor_parallel_size)
     OUT/NAME/<script>       only for engine_mode "script": the author's launch script
 
-"ok" is examples/tiny_model_plugin as it is. Each broken variant is
-examples/broken/NAME/variant.py: module constants EXPECT_CODE, ENGINE_MODE, DESCRIPTION
+"ok" is examples/tiny_model_plugin as it is. Two more families share the machinery (`Family`):
+"moe-ok" is examples/tiny_moe_plugin as it is (a Mixtral-like model, HF Mixtral tensor names),
+its broken variants are examples/moe/NAME/variant.py; "quant-ok" is the tiny model after
+examples/quant/base.py (linear layers given vLLM's quant_config, the checkpoint quantized to
+compressed-tensors W8A8 int8), and each examples/quant/NAME/variant.py is applied on top of it.
+
+Each broken variant is examples/broken/NAME/variant.py (or moe/, quant/): module constants EXPECT_CODE, ENGINE_MODE, DESCRIPTION
 (optionally SCRIPT) and `apply(ctx)`, a small edit of the working example through the
 `VariantContext` below. Every text edit must match exactly once, so a change to the working
 example that a variant depends on fails here loudly instead of silently building a fixture
@@ -44,6 +52,9 @@ BROKEN_DIR = EXAMPLES_DIR / "broken"
 PORTS_DIR = EXAMPLES_DIR / "pytest_for_model_authors" / "ports"
 # slow ports: correct, and slower than they should be (the performance lint, `profile --twin`)
 PERF_DIR = EXAMPLES_DIR / "perf"
+MOE_PLUGIN_SRC = EXAMPLES_DIR / "tiny_moe_plugin"
+MOE_DIR = EXAMPLES_DIR / "moe"  # broken MoE variants
+QUANT_DIR = EXAMPLES_DIR / "quant"  # base.py (quant-ok) + broken quantized variants
 ENGINE_MODES = ("inprocess", "multiprocess", "script")
 SEED = 0
 
@@ -61,6 +72,22 @@ MODEL_DIMS: dict[str, Any] = dict(
     max_position_embeddings=2048,
     tie_word_embeddings=False,
 )
+# The tiny MoE model: Mixtral's fields, 4 experts, top-2 routing (intermediate_size: per expert).
+MOE_DIMS: dict[str, Any] = dict(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+)
 SPECIAL_TOKENS = {"unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 WORDS = ["the", "a", "of", "and", "to", "in", "is", "hello", "world", "my", "name", "doctor"]
 
@@ -72,7 +99,13 @@ def variant_names(spec_dirs: Sequence[Path] = (BROKEN_DIR,)) -> list[str]:
 
 def variant_sources(spec_dirs: Sequence[Path] = (BROKEN_DIR,)) -> dict[str, Path]:
     """Variant name -> its source dir (holding variant.py), from examples/broken and any extra dirs."""
-    return {p.name: p for d in spec_dirs for p in sorted(d.iterdir()) if (p / "variant.py").is_file()}
+    return {
+        p.name: p
+        for d in spec_dirs
+        if d.is_dir()
+        for p in sorted(d.iterdir())
+        if (p / "variant.py").is_file()
+    }
 
 
 def port_names() -> list[str]:
@@ -85,14 +118,40 @@ def perf_names() -> list[str]:
     return sorted(p.name for p in PERF_DIR.iterdir() if (p / "variant.py").is_file())
 
 
+def moe_names() -> list[str]:
+    """The MoE family: the working MoE example, then its broken variants (--moe)."""
+    return [MOE.ok_name, *sorted(variant_sources((MOE_DIR,)))]
+
+
+def quant_names() -> list[str]:
+    """The quantized family: the working quantized example, then its broken variants (--quant)."""
+    return [QUANT.ok_name, *sorted(variant_sources((QUANT_DIR,)))]
+
+
 def source_dir_of(name: str) -> Path:
     if name in port_names():
         return PORTS_DIR / name
+    for family in (MOE, QUANT):
+        if family.variants_dir is not None and (family.variants_dir / name / "variant.py").is_file():
+            return family.variants_dir / name
     return PERF_DIR / name if name in perf_names() else BROKEN_DIR / name
 
 
+def family_of(name: str) -> Family:
+    """The family a variant belongs to (its plugin, config, checkpoint and base edit)."""
+    for family in (MOE, QUANT):
+        if name == family.ok_name or (
+            family.variants_dir is not None and (family.variants_dir / name / "variant.py").is_file()
+        ):
+            return family
+    return TINY
+
+
 def package_name(variant: str) -> str:
-    return BASE_PACKAGE if variant == "ok" else "tiny_doctor_" + variant.replace("-", "_")
+    family = family_of(variant)
+    if variant == family.ok_name and family.base_apply is None:
+        return family.base_package
+    return "tiny_doctor_" + variant.replace("-", "_")
 
 
 @dataclass
@@ -220,18 +279,128 @@ def build_tokenizer(vocab_size: int) -> Any:
     )
 
 
+def moe_config() -> dict[str, Any]:
+    """config.json of the MoE family (TinyMoeConfig, without importing vLLM)."""
+    spec = importlib.util.spec_from_file_location(
+        "_tiny_moe_configuration", MOE_PLUGIN_SRC / "tiny_moe_model" / "configuration.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.TinyMoeConfig(
+        **MOE_DIMS, architectures=["TinyMoeForCausalLM"], bos_token_id=1, eos_token_id=2
+    ).to_diff_dict()
+    config["dtype"] = "bfloat16"
+    return config
+
+
+def random_mixtral_weights(dims: dict[str, Any], seed: int = SEED) -> dict[str, Any]:
+    """HF-Mixtral-named tensors: attention as Llama's, then per layer the router
+    `block_sparse_moe.gate.weight` [experts, hidden] and each expert's
+    `block_sparse_moe.experts.{e}.w1/w3.weight` [inter, hidden] (gate, up), `w2.weight` [hidden, inter]."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    hidden, inter, experts = dims["hidden_size"], dims["intermediate_size"], dims["num_local_experts"]
+    q_out = dims["num_attention_heads"] * dims["head_dim"]
+    kv_out = dims["num_key_value_heads"] * dims["head_dim"]
+
+    def rand(*shape: int, std: float = 0.05) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * std).to(torch.bfloat16)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    weights = {"model.embed_tokens.weight": rand(dims["vocab_size"], hidden, std=1.0)}
+    for i in range(dims["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        weights |= {
+            p + "self_attn.q_proj.weight": rand(q_out, hidden),
+            p + "self_attn.k_proj.weight": rand(kv_out, hidden),
+            p + "self_attn.v_proj.weight": rand(kv_out, hidden),
+            p + "self_attn.o_proj.weight": rand(hidden, q_out),
+            # a router with a spread of logits, so top-2 picks differ from token to token
+            p + "block_sparse_moe.gate.weight": rand(experts, hidden, std=0.5),
+            p + "input_layernorm.weight": ones(hidden),
+            p + "post_attention_layernorm.weight": ones(hidden),
+        }
+        for e in range(experts):
+            x = f"{p}block_sparse_moe.experts.{e}."
+            weights |= {
+                x + "w1.weight": rand(inter, hidden, std=0.3),
+                x + "w2.weight": rand(hidden, inter, std=0.3),
+                x + "w3.weight": rand(inter, hidden, std=0.3),
+            }
+    weights["model.norm.weight"] = ones(hidden)
+    weights["lm_head.weight"] = rand(dims["vocab_size"], hidden, std=0.5)
+    return weights
+
+
+@dataclass(frozen=True)
+class Family:
+    """A working example and the broken variants made from it."""
+
+    ok_name: str
+    ok_description: str
+    plugin_src: Path  # the plugin project (holds base_package/)
+    base_package: str
+    entry_point: str  # its name in vllm.general_plugins
+    variants_dir: Path | None  # NAME/variant.py of the broken variants
+    config: Callable[[], dict[str, Any]]
+    weights: Callable[[], dict[str, Any]]
+    base_apply: Path | None = None  # a module whose apply(ctx) runs first for every variant
+
+
+TINY = Family(
+    ok_name="ok",
+    ok_description="the working example: plugin entry point, registered config, "
+    "lazily registered TinyDoctorForCausalLM",
+    plugin_src=PLUGIN_SRC,
+    base_package=BASE_PACKAGE,
+    entry_point="tiny_doctor",
+    variants_dir=BROKEN_DIR,
+    config=lambda: base_config(),
+    weights=lambda: random_llama_weights(MODEL_DIMS),
+)
+MOE = Family(
+    ok_name="moe-ok",
+    ok_description="the working MoE example: TinyMoeForCausalLM, vLLM's FusedMoE experts "
+    "(4 experts, top-2), HF Mixtral tensor names",
+    plugin_src=MOE_PLUGIN_SRC,
+    base_package="tiny_moe_model",
+    entry_point="tiny_moe",
+    variants_dir=MOE_DIR,
+    config=lambda: moe_config(),
+    weights=lambda: random_mixtral_weights(MOE_DIMS),
+)
+QUANT = Family(
+    ok_name="quant-ok",
+    ok_description="the working quantized example: the tiny model's linear layers take "
+    "vLLM's quant_config, checkpoint in compressed-tensors W8A8 int8",
+    plugin_src=PLUGIN_SRC,
+    base_package=BASE_PACKAGE,
+    entry_point="tiny_doctor",
+    variants_dir=QUANT_DIR,
+    config=lambda: base_config(),
+    weights=lambda: random_llama_weights(MODEL_DIMS),
+    base_apply=QUANT_DIR / "base.py",
+)
+
+
 # --- writing a variant --------------------------------------------------------------------
 
 
-def copy_plugin_package(dest_site: Path, package: str) -> None:
-    """Copy tiny_doctor_model into site/ under `package`, renaming its self-references."""
+def copy_plugin_package(
+    dest_site: Path, package: str, plugin_src: Path = PLUGIN_SRC, base_package: str = BASE_PACKAGE
+) -> None:
+    """Copy the plugin package into site/ under `package`, renaming its self-references."""
     dest = dest_site / package
     shutil.copytree(
-        PLUGIN_SRC / BASE_PACKAGE, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        plugin_src / base_package, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
     )
-    if package != BASE_PACKAGE:
+    if package != base_package:
         for path in sorted(dest.rglob("*.py")):
-            path.write_text(path.read_text().replace(BASE_PACKAGE, package))
+            path.write_text(path.read_text().replace(base_package, package))
 
 
 def write_dist_info(site: Path, dist_name: str, entry_points: dict[str, str]) -> None:
@@ -260,12 +429,30 @@ def load_variant_spec(name: str, source_dir: Path | None = None) -> Any:
     return module
 
 
+def load_base_spec(path: Path) -> Any:
+    """A family's base edit: a module with DESCRIPTION and `apply(ctx)`."""
+    spec = importlib.util.spec_from_file_location(f"_base_{path.parent.name}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def build_variant(
-    name: str, out: Path, tokenizer: Any, weights: dict[str, Any], source_dir: Path | None = None
+    name: str,
+    out: Path,
+    tokenizer: Any,
+    weights: dict[str, Any],
+    source_dir: Path | None = None,
+    family: Family | None = None,
 ) -> Path:
-    """Build one variant; ``source_dir`` holds its variant.py (default: examples/broken/NAME)."""
+    """Build one variant; ``source_dir`` holds its variant.py (default: examples/broken/NAME).
+
+    ``family`` (default: the one `family_of(name)` finds) gives the plugin, config.json and the
+    edit every variant of the family starts from; ``weights`` must be that family's checkpoint."""
     from safetensors.torch import save_file
 
+    family = family or family_of(name)
     out_dir = out / name
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -276,20 +463,21 @@ def build_variant(
         out_dir=out_dir,
         package=package,
         dist_name=package.replace("_", "-"),
-        config=base_config(),
+        config=family.config(),
         weights=dict(weights),
-        entry_points={"tiny_doctor": f"{package}:register"},
+        entry_points={family.entry_point: f"{package}:register"},
     )
     ctx.model_dir.mkdir(parents=True)
     ctx.site_dir.mkdir()
-    copy_plugin_package(ctx.site_dir, package)
+    copy_plugin_package(ctx.site_dir, package, family.plugin_src, family.base_package)
+    if family.base_apply is not None:
+        load_base_spec(family.base_apply).apply(ctx)
 
-    if name == "ok":
+    if name == family.ok_name:
         apply: Callable[[VariantContext], None] = lambda ctx: None  # noqa: E731
         meta = {
             "expect_code": None,
-            "description": "the working example: plugin entry point, registered config, "
-            "lazily registered TinyDoctorForCausalLM",
+            "description": family.ok_description,
             "engine_mode": "inprocess",
             "script": None,
         }
@@ -306,6 +494,11 @@ def build_variant(
             meta["expect_first_divergent_layer"] = spec.EXPECT_FIRST_DIVERGENT_LAYER
         if hasattr(spec, "EXPECT_PERF_CODES"):
             meta["expect_perf_codes"] = list(spec.EXPECT_PERF_CODES)
+        # extra LLM(...) arguments and environment the variant is served with (e.g. tensor parallel)
+        if hasattr(spec, "ENGINE_KWARGS"):
+            meta["engine_kwargs"] = dict(spec.ENGINE_KWARGS)
+        if hasattr(spec, "ENGINE_ENV"):
+            meta["engine_env"] = dict(spec.ENGINE_ENV)
     apply(ctx)
 
     (ctx.model_dir / "config.json").write_text(json.dumps(ctx.config, indent=2, sort_keys=True))
@@ -324,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="build only these variants (or ports)")
     parser.add_argument("--ports", action="store_true", help="also build the broken ports of " + str(PORTS_DIR.name))
     parser.add_argument("--perf", action="store_true", help="also build the slow ports of examples/perf")
+    parser.add_argument("--moe", action="store_true", help="also build moe-ok and examples/moe/*")
+    parser.add_argument("--quant", action="store_true", help="also build quant-ok and examples/quant/*")
     parser.add_argument(
         "--variants-dir",
         type=Path,
@@ -337,19 +532,24 @@ def main(argv: list[str] | None = None) -> int:
     dirs = [BROKEN_DIR, *args.variants_dir]
     sources = variant_sources(dirs)
     names = variant_names(dirs) + (port_names() if args.ports else []) + (perf_names() if args.perf else [])
+    names += (moe_names() if args.moe else []) + (quant_names() if args.quant else [])
     if args.only:
-        names = variant_names(dirs) + port_names() + perf_names()
+        names = variant_names(dirs) + port_names() + perf_names() + moe_names() + quant_names()
         unknown = sorted(set(args.only) - set(names))
         if unknown:
             parser.error(f"unknown variant(s) {unknown}; known: {names}")
         names = [n for n in names if n in args.only]
 
     tokenizer = build_tokenizer(MODEL_DIMS["vocab_size"])
-    weights = random_llama_weights(MODEL_DIMS)
+    weights_by_family: dict[str, dict[str, Any]] = {}  # each family's checkpoint, made once
     args.out.mkdir(parents=True, exist_ok=True)
     for name in names:
         start = time.perf_counter()
-        build_variant(name, args.out, tokenizer, weights, sources.get(name))
+        family = family_of(name)
+        if family.ok_name not in weights_by_family:
+            weights_by_family[family.ok_name] = family.weights()
+        weights = weights_by_family[family.ok_name]
+        build_variant(name, args.out, tokenizer, weights, sources.get(name), family)
         print(f"{name}: {args.out / name} ({time.perf_counter() - start:.2f} s)")
     return 0
 

@@ -1,0 +1,185 @@
+"""Ground truth for MoE and quantized custom models (issue 33, step 1): what the real vLLM CPU
+engine does with each example of examples/make_examples.py's MoE and quantized families.
+
+The variants are built once (module-scoped), then each runs on its own eager engine (engine
+core in process; the tensor-parallel variant adds two worker processes), one at a time
+(tests/engine_tokens.py): three greedy prompts, 12 tokens each, with the
+chosen tokens' logprobs. Most of these mistakes do not fail; they compute something else, so
+the tests compare greedy tokens with the working example of the same family. No check of the
+doctor exists for them yet: these facts are what the checks will be judged against.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import make_examples
+from tests.engine_tokens import PROMPTS, run_tokens
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO_ROOT / "examples"
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What vLLM 0.32 (CPU, eager, engine core in process) was seen to do with a variant."""
+
+    phase: str  # "ran" | "engine start" | "load" | "first request"
+    error: str | None = None  # substring of the caller's exception chain
+    # for variants that run: the working example they are compared with, and per prompt the
+    # index of the first greedy token that differs from it (None: identical tokens)
+    compare_with: str | None = None
+    first_divergent_token: tuple[int | None, ...] | None = None
+    # the variant computes with parameters no tensor was loaded into (torch.empty memory): what
+    # it generates changes from run to run (zeros, NaN, garbage), so only "differs from the
+    # working example in some prompt" is pinned; logprobs may be NaN
+    uninitialized: bool = False
+    model_class: str | None = None  # the class that ran, for the working examples
+    log: tuple[str, ...] = ()  # substrings of the engine's log
+
+
+EXPECTED: dict[str, Expected] = {
+    "moe-ok": Expected(phase="ran", model_class="tiny_moe_model.model.TinyMoeForCausalLM"),
+    # gate and up swapped in every expert: wrong from the first token of every prompt
+    "moe-swapped-w1-w3": Expected(phase="ran", compare_with="moe-ok", first_divergent_token=(0, 0, 0)),
+    # expert 3 of layer 1 keeps uninitialized memory (its fused parameter counts as loaded once
+    # the other experts filled it). Seen: zeros (tokens agree, then drift from tokens 4/11/7 of
+    # the three prompts) in 3 runs; NaN at every other step in 1 run
+    "moe-missing-expert": Expected(phase="ran", compare_with="moe-ok", uninitialized=True),
+    # the router is never loaded: uninitialized memory. Seen: NaN logprobs and token id 0
+    # (<unk>, empty text) at every step, in 5 runs out of 5
+    "moe-router-not-loaded": Expected(phase="ran", compare_with="moe-ok", uninitialized=True),
+    # 3 experts, tensor_parallel_size=2 (two CPU workers): runs; TP slices every expert, it does
+    # not divide the experts (expert parallelism would, and crashes on CPU: docs/moe.md)
+    "moe-experts-not-divisible-by-tp": Expected(phase="ran", log=("world_size=2 rank=0", "world_size=2 rank=1")),
+    # the unquantized text example: quant-ok's reference
+    "ok": Expected(phase="ran", model_class="tiny_doctor_model.model.TinyDoctorForCausalLM"),
+    # compressed-tensors W8A8 int8 runs on CPU, and gives the unquantized model's greedy tokens
+    "quant-ok": Expected(
+        phase="ran",
+        model_class="tiny_doctor_quant_ok.model.TinyDoctorForCausalLM",
+        log=("Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8",),
+        compare_with="ok",
+        first_divergent_token=(None, None, None),
+    ),
+    # down_proj without quant_config: a bfloat16 layer with no weight_scale; the int8 weight is
+    # copied into it (keys load in sorted order), then the author's params_dict lookup fails
+    "quant-unquantized-down-proj": Expected(
+        phase="load", error="builtins.KeyError: 'model.layers.0.mlp.down_proj.weight_scale'"
+    ),
+    # no weight_scale for layer 1: vLLM's missing-weight check is off for quantized models, the
+    # scales keep uninitialized memory. Seen: NaN logprobs and token 0 at every step (2 runs),
+    # uniform logprobs -ln(512) and token 0 (1 run)
+    "quant-missing-scales": Expected(phase="ran", compare_with="quant-ok", uninitialized=True),
+    # a probe, not a mistake: compressed-tensors W8A8 FP8 (per-channel) also runs on CPU
+    "quant-fp8": Expected(
+        phase="ran",
+        model_class="tiny_doctor_quant_fp8.model.TinyDoctorForCausalLM",
+        log=("Selected ChannelWiseTorchFP8ScaledMMLinearKernel for CompressedTensorsW8A8Fp8",),
+    ),
+    # a probe, not a mistake: vLLM's native fp8 format does not load on CPU: a CPU op without a
+    # kernel (its schema declares no arguments)
+    "quant-native-fp8": Expected(
+        phase="load",
+        error="_C::static_scaled_fp8_quant() expected at most 0 argument(s) but received 4 argument(s)",
+        log=("Selected PerTensorTorchFP8ScaledMMLinearKernel for Fp8LinearMethod",),
+    ),
+    # a probe, not a mistake: compressed-tensors W4A16 (int4 groups, GPTQ-style packing) runs too
+    "quant-w4a16": Expected(
+        phase="ran",
+        model_class="tiny_doctor_quant_w4a16.model.TinyDoctorForCausalLM",
+        log=("Using CPUWNA16LinearKernel for CompressedTensorsWNA16",),
+    ),
+}
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every variant of EXPECTED, built once (examples/make_examples.py --only ...)."""
+    return make_examples(tmp_path_factory.mktemp("moe-quant-examples"), *EXPECTED)
+
+
+@pytest.fixture(scope="module")
+def runs(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
+    """Each variant on its own engine, one at a time."""
+    work = tmp_path_factory.mktemp("moe-quant-engines")
+    results = {name: run_tokens(name, built / name, work / name) for name in EXPECTED}
+    (work / "results.json").write_text(json.dumps(results, indent=2))
+    return results
+
+
+def _describe(result: dict[str, Any]) -> str:
+    shown = {k: v for k, v in result.items() if k != "log_tail"}
+    return json.dumps(shown, indent=2) + "\n--- log tail ---\n" + result["log_tail"][-3000:]
+
+
+def test_every_variant_has_an_expectation() -> None:
+    on_disk = {p.name for d in ("moe", "quant") if (EXAMPLES / d).is_dir() for p in (EXAMPLES / d).iterdir() if (p / "variant.py").is_file()}
+    assert on_disk | {"moe-ok", "ok", "quant-ok"} == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_vllm_behaviour(name: str, runs: dict[str, dict[str, Any]]) -> None:
+    result, expected = runs[name], EXPECTED[name]
+    assert result["error_type"] != "HarnessError", _describe(result)
+    assert result["phase"] == expected.phase, _describe(result)
+    if expected.phase != "ran":
+        assert expected.error is not None
+        assert expected.error in result["error_message"], _describe(result)
+        return
+    assert len(result["token_ids"]) == len(PROMPTS), _describe(result)
+    assert all(len(ids) > 0 for ids in result["token_ids"]), _describe(result)
+    # nothing in the log says a weight is missing
+    log = Path(result["log_path"]).read_text()
+    assert "were not initialized from checkpoint" not in log
+    for needle in expected.log:
+        assert needle in log, f"{needle!r} not in the engine log\n" + _describe(result)
+    if expected.model_class is not None:
+        assert result["model_class"] == expected.model_class, _describe(result)
+    if not expected.uninitialized:
+        assert not any(math.isnan(lp) for lps in result["logprobs"] for lp in lps), _describe(result)
+    if expected.compare_with is not None:
+        reference = runs[expected.compare_with]
+        assert reference["phase"] == "ran", _describe(reference)
+        divergence = tuple(
+            first_divergence(ids, ref) for ids, ref in zip(result["token_ids"], reference["token_ids"], strict=True)
+        )
+        if expected.uninitialized:
+            assert any(d is not None for d in divergence), f"same tokens as {expected.compare_with}\n{_describe(result)}"
+        else:
+            assert divergence == expected.first_divergent_token, (
+                f"first divergent token per prompt: {divergence}\n{_describe(result)}"
+            )
+
+
+def test_weights_track_names_the_missing_scales(built: Path, tmp_path: Path) -> None:
+    """vLLM can see the missing scales: its loader's missing-weight check, off by default for
+    quantized models, names them at load when `enable_weights_track` is set."""
+    result = run_tokens(
+        "quant-missing-scales",
+        built / "quant-missing-scales",
+        tmp_path / "engine",
+        extra_kwargs={"model_loader_extra_config": {"enable_weights_track": True}},
+    )
+    assert result["phase"] == "load", _describe(result)
+    assert "ValueError: Following weights were not initialized from checkpoint: {" in result["error_message"]
+    named = {f"model.layers.1.{m}.weight_scale" for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}
+    assert all(f"'{n}'" in result["error_message"] for n in named), _describe(result)
