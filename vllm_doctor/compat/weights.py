@@ -29,6 +29,7 @@ returned is JSON-able; no vLLM or torch object leaves this module.
 
 from __future__ import annotations
 
+import inspect
 import os
 import shutil
 import sys
@@ -109,6 +110,45 @@ def _storage_key(t: Any) -> int | None:
         return None
 
 
+def moe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, int | None]:
+    """(shard id, expert id) of a call to vLLM's fused-MoE weight loader, ``weight_loader(param,
+    loaded_weight, weight_name, shard_id, expert_id)`` (by keyword or position); (None, None) for
+    any other loader."""
+    expert = kwargs.get("expert_id")
+    shard = kwargs.get("shard_id")
+    if expert is None and len(args) >= 3 and isinstance(args[0], str) and isinstance(args[2], int):
+        shard, expert = args[1], args[2]
+    elif expert is not None and shard is None and len(args) >= 2 and isinstance(args[0], str):
+        shard = args[1]
+    if isinstance(expert, bool) or not isinstance(expert, int):
+        return None, None
+    return shard, expert
+
+
+def is_fused_moe(module: Any) -> bool:
+    """Does the module hold a fused-MoE layer's experts: vLLM's ``FusedMoE`` (``RoutedExperts``
+    since 0.31), or any module whose ``weight_loader`` takes an ``expert_id``?"""
+    if any(c.__name__ in ("FusedMoE", "RoutedExperts") for c in type(module).__mro__):
+        return True
+    loader = getattr(module, "weight_loader", None)
+    if not callable(loader):
+        return False
+    try:
+        return "expert_id" in inspect.signature(loader).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def num_experts(module: Any) -> int | None:
+    """A fused-MoE layer's experts on this rank (``local_num_experts``, else ``global_num_experts``);
+    None for any other module."""
+    for attr in ("local_num_experts", "global_num_experts", "num_experts"):
+        n = getattr(module, attr, None)
+        if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+            return n
+    return None
+
+
 def expected_shards(module: Any) -> list[Any] | None:
     """Shard ids a fused/stacked linear layer is loaded with, from vLLM's layer classes."""
     names = {c.__name__ for c in type(module).__mro__}
@@ -153,7 +193,9 @@ class LoadRecorder(Protocol):
     loaders: dict[str, str]  # parameter -> its weight loader's name
     tracer_errors: list[str]
 
-    def begin_call(self, param: str, shard: Any, origins: list[str], kind: str) -> dict[str, Any]: ...
+    def begin_call(
+        self, param: str, shard: Any, origins: list[str], kind: str, expert: int | None = None
+    ) -> dict[str, Any]: ...
     def end_call(self) -> None: ...
     def loader_failed(
         self,
@@ -300,15 +342,17 @@ class LoadTracer:
 
         def doctor_weight_loader(param: Any, loaded_weight: Any, *args: Any, **kwargs: Any) -> Any:
             pname = tracer.name_of.get(id(param), name)
-            shard = (
-                args[0]
-                if args and isinstance(args[0], str | int)
-                else kwargs.get("loaded_shard_id", kwargs.get("shard_id"))
-            )
+            shard, expert = moe_call(args, kwargs)
+            if expert is None:
+                shard = (
+                    args[0]
+                    if args and isinstance(args[0], str | int)
+                    else kwargs.get("loaded_shard_id", kwargs.get("shard_id"))
+                )
             if isinstance(shard, bool):
                 shard = None
             origins = sorted(tracer.origins_of(loaded_weight)) if hasattr(loaded_weight, "untyped_storage") else []
-            call = ledger.begin_call(pname, shard, origins, kind)
+            call = ledger.begin_call(pname, shard, origins, kind, expert=expert)
             try:
                 return loader(param, loaded_weight, *args, **kwargs)
             except Exception as exc:  # recorded; the load goes on so every problem is found
@@ -448,6 +492,7 @@ class LoadTracer:
                 "replaced_sources": sorted(self.origins_of(p)) if replaced else [],
                 "shards_expected": expected_shards(module) if module is not None else None,
                 "module": type(module).__name__ if module is not None else None,
+                "num_experts": num_experts(module) if module is not None and is_fused_moe(module) else None,
             }
         return out
 

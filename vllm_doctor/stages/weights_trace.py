@@ -180,6 +180,8 @@ class LoadLedger:
         self.fill_only: dict[str, bool] = {}
         self.sources: dict[str, set[str]] = {n: set() for n in params}
         self.shards: dict[str, list[Any]] = {n: [] for n in params}
+        # fused-MoE parameters: [expert id, shard id, checkpoint tensor] per loader call
+        self.expert_loads: dict[str, list[list[Any]]] = {}
         self.loaders: dict[str, str] = {}
         self.calls: list[dict[str, Any]] = []  # stack of active weight-loader calls
         self.tracer_errors: list[str] = []
@@ -192,11 +194,15 @@ class LoadLedger:
         self.current: str | None = None  # the checkpoint tensor being fed to load_weights
 
     # ---- weight-loader calls ----
-    def begin_call(self, param: str, shard: Any, origins: list[str], kind: str) -> dict[str, Any]:
+    def begin_call(
+        self, param: str, shard: Any, origins: list[str], kind: str, expert: int | None = None
+    ) -> dict[str, Any]:
         """A weight loader was called for ``param`` with data from the checkpoint tensors
-        ``origins`` (none known: the tensor being fed)."""
+        ``origins`` (none known: the tensor being fed); ``expert``: a fused-MoE loader's expert id."""
         tensor = origins[0] if len(origins) == 1 else (self.current if not origins else None)
         call = {"param": param, "tensor": tensor, "shard": shard, "writes": 0}
+        if expert is not None:
+            self.expert_loads.setdefault(param, []).append([expert, shard, tensor])
         for o in origins or ([tensor] if tensor else []):
             rec = self.tensors.get(o)
             if rec is not None:
@@ -366,6 +372,9 @@ class LoadLedger:
                 "in_returned": None if self.returned is None else name in self.returned,
                 "vllm_exempt": name in exempt,
             }
+            if p.get("num_experts"):
+                out_params[name]["num_experts"] = p["num_experts"]
+                out_params[name]["expert_loads"] = self.expert_loads.get(name, [])
         tensors: dict[str, Any] = {}
         for name in self.order:
             rec = self.tensors[name]

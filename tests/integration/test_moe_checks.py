@@ -1,0 +1,67 @@
+"""The doctor on the MoE example (examples/tiny_moe_plugin) and two of its broken variants: the
+weights pass records every call of vLLM's fused-MoE weight loader (expert id, shard id,
+checkpoint tensor), so a missing expert is named by layer and expert (VD311, where VD301 could
+only count elements) and a mapping that swaps gate and up, which writes every element, is named
+with both names (VD312). What the real engine does with the same variants:
+tests/engine/test_moe_quant_ground_truth.py (both run silently with other tokens)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.conftest import REPO, doctor_json
+
+VARIANTS = ("moe-ok", "moe-swapped-w1-w3", "moe-missing-expert")
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    out = tmp_path_factory.mktemp("moe-examples")
+    subprocess.run(
+        [sys.executable, str(REPO / "examples" / "make_examples.py"), str(out), "--only", *VARIANTS],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(VARIANTS, pool.map(lambda n: doctor_json(out, n), VARIANTS), strict=True))
+
+
+def _findings(report: dict, code: str) -> list[dict]:
+    return [f for f in report["findings"] if f["code"] == code]
+
+
+def test_working_moe_example_loads_every_expert_as_named(reports: dict[str, dict]) -> None:
+    report = reports["moe-ok"]
+    (loaded,) = _findings(report, "VD311")
+    (named,) = _findings(report, "VD312")
+    assert (loaded["outcome"], named["outcome"]) == ("pass", "pass")
+    assert "24 expert tensor(s)" in named["message"]  # 2 layers x 4 experts x w1, w2, w3
+    assert [f["code"] for f in report["findings"] if f["outcome"] == "fail" and f["severity"] == "error"] == []
+
+
+def test_gate_and_up_swapped_is_vd312_with_both_names(reports: dict[str, dict]) -> None:
+    report = reports["moe-swapped-w1-w3"]
+    swapped = _findings(report, "VD312")
+    assert [(f["outcome"], f["evidence"]["named"], f["evidence"]["loaded_as"]) for f in swapped] == [
+        ("fail", "w1", "w3"),
+        ("fail", "w3", "w1"),
+    ]
+    assert all(f["evidence"]["tensors"] == 8 for f in swapped)  # 2 layers x 4 experts each
+    assert "fused_moe_make_expert_params_mapping" in swapped[0]["hint"]
+    # every element is written: nothing for the element counts to find
+    assert [f["outcome"] for f in _findings(report, "VD301")] in ([], ["pass"])
+    assert _findings(report, "VD311")[0]["outcome"] == "pass"
+
+
+def test_a_missing_expert_is_vd311_by_layer_and_expert(reports: dict[str, dict]) -> None:
+    report = reports["moe-missing-expert"]
+    missing = [f for f in _findings(report, "VD311") if f["outcome"] == "fail"]
+    assert [(f["subject"], f["evidence"]["shards_missing"]) for f in missing] == [
+        ("layer 1, expert 3", ["w1", "w3", "w2"])
+    ]
+    assert "never loaded" in missing[0]["message"]
+    # VD301 leaves the fused experts to VD311 (no element counts of w13_weight / w2_weight)
+    assert not [f for f in _findings(report, "VD301") if f["outcome"] == "fail"]
