@@ -60,7 +60,8 @@ if [ -z "$wheel" ]; then
   work=$(mktemp -d "${TMPDIR:-/tmp}/cpu-torchvision.XXXXXX")
   trap 'rm -rf "$work"' EXIT
   # 1. the release wheel, for its Python files (pip finds it on PyPI, or on this machine's disk)
-  "$PY" -m pip download -q --no-deps "torchvision==$TV_VERSION" -d "$work/release"
+  "$PY" -m pip download -q --no-deps "torchvision==$TV_VERSION" -d "$work/release" ||
+    { echo "pip could not download the torchvision $TV_VERSION release wheel" >&2; exit 1; }
   release=$(find "$work/release" -name "torchvision-$TV_VERSION-*.whl" | head -1)
   # 2. the C++ sources, through apt-get with a private sources list (the system's is left alone)
   srcdir="$CACHE/src"
@@ -71,7 +72,7 @@ if [ -z "$wheel" ]; then
     echo "deb-src [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian $SRC_SUITE main" >"$apt/sources.list"
     aptopts=(-o "Dir::Etc::sourcelist=$apt/sources.list" -o Dir::Etc::sourceparts=/nonexistent
       -o "Dir::State::Lists=$apt/lists" -o "Dir::Cache=$apt/cache" -o Debug::NoLocking=1 -o APT::Sandbox::User=root)
-    apt-get "${aptopts[@]}" -qq update
+    apt-get "${aptopts[@]}" -qq update || { echo "apt-get could not read Debian's $SRC_SUITE source index" >&2; exit 1; }
     # the mirror serves the .orig tarball but not always Debian's packaging around it: only the tarball counts
     (cd "$apt/get" && apt-get "${aptopts[@]}" -qq source --download-only "$SRC_PACKAGE=$SRC_VERSION" >/dev/null 2>&1 || true)
     echo "$SRC_SHA256  $apt/get/$SRC_ORIG" | sha256sum -c --quiet - ||
