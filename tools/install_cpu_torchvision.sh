@@ -7,7 +7,7 @@
 #
 #   tools/install_cpu_torchvision.sh [VENV_BIN]      (default .venv/bin)
 #
-# The wheel is cached in ${VLLM_DOCTOR_CACHE:-~/.cache/vllm-doctor}/wheels/torch-<version>/: a
+# The wheel is cached in ${VLLM_DOCTOR_CACHE:-~/.cache/vllm-doctor}/wheels/torch-<version>/<build>/: a
 # second setup on this machine installs it in seconds. The first builds it (about 2
 # minutes on 2 cores; see the doc). Needs g++ and Python headers (on the machine), and apt-get
 # for the C++ sources (Debian's pytorch-vision source package; kept in the cache too).
@@ -16,7 +16,7 @@ BIN=${1:-.venv/bin}
 PY="$BIN/python"
 HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE=${VLLM_DOCTOR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-doctor}
-LABEL=cpu.vllmdoctor1  # the local version label of the wheels this makes; bump it when the build changes
+LABEL=cpu.vllmdoctor1  # the local version label of the wheels this makes
 
 # the C++ sources: Debian's pytorch-vision, the newest release whose source this machine's Debian
 # mirror serves; its ops are the ones torchvision 0.28's Python calls, and ops_shim.cpp adds the
@@ -53,7 +53,9 @@ if "$PY" -m pip install -q --no-deps "torchvision==$TV_VERSION+cpu" >/dev/null 2
   exit 0
 fi
 
-WHEELS="$CACHE/wheels/torch-$torch_version"
+# keyed by torch and by these build files: a change to the build makes a new wheel
+build_key=$(cat "$0" "$HERE"/cpu_torchvision/*.py "$HERE"/cpu_torchvision/*.cpp | sha256sum | cut -c1-12)
+WHEELS="$CACHE/wheels/torch-$torch_version/$build_key"
 wheel=$(find "$WHEELS" -name "torchvision-$TV_VERSION+$LABEL-*.whl" 2>/dev/null | head -1 || true)
 if [ -z "$wheel" ]; then
   t0=$SECONDS
