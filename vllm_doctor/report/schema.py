@@ -86,7 +86,9 @@ def report_schema() -> dict[str, Any]:
             "target": {"type": "string", "description": "the model directory (resolved) or engine checked"},
             "environment": {
                 "type": "object",
-                "description": "versions (vllm_doctor, python, vllm, torch, transformers), platform, devices",
+                "description": (
+                    "versions (vllm_doctor, python, vllm, torch, transformers, torchvision), platform, devices"
+                ),
             },
             "summary": {
                 "type": "object",
