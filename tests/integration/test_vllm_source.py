@@ -66,8 +66,15 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ),
     ("vllm.config.compilation", "CompilationConfig"): "static_forward_context mode|level cudagraph_mode",
     ("vllm.config.model", "ModelConfig"): (
-        "model dtype enforce_eager max_model_len architectures hf_config hf_text_config get_vocab_size get_head_size"
+        "model dtype enforce_eager max_model_len architectures hf_config hf_text_config get_vocab_size get_head_size "
+        "multimodal_config is_multimodal_model"
     ),
+    # multimodal models (compat/runtime.multimodal_verdicts, compat/llm.multimodal_prompts, compat/worker)
+    ("vllm.config.multimodal", "MultiModalConfig"): "limit_per_prompt",
+    ("vllm.model_executor.models.interfaces", "SupportsMultiModal"): (
+        "supports_multimodal embed_multimodal get_language_model"
+    ),
+    ("vllm.multimodal.registry", "MultiModalRegistry"): "_get_model_cls create_processor",
     ("vllm.config.cache", "CacheConfig"): (
         "block_size num_gpu_blocks cache_dtype kv_cache_memory_bytes gpu_memory_utilization enable_prefix_caching"
     ),
@@ -138,7 +145,7 @@ MODULE_NAMES: dict[str, str] = {
     "vllm.model_executor.models.interfaces_base": (
         "is_vllm_model is_text_generation_model is_pooling_model _check_vllm_model_embed_input_ids?"
     ),
-    "vllm.model_executor.models.interfaces": "supports_pp",
+    "vllm.model_executor.models.interfaces": "supports_pp supports_multimodal",
     "vllm.distributed.parallel_state": (
         "get_tp_group get_pp_group init_distributed_environment ensure_model_parallel_initialized "
         "model_parallel_is_initialized destroy_model_parallel destroy_distributed_environment"
@@ -149,6 +156,7 @@ MODULE_WRITES: dict[str, str] = {
     "vllm.compilation.decorators": "do_not_compile",  # @support_torch_compile, on the model
     "vllm.model_executor.layers.utils": "cpu_linear",  # the CPU backend's repacked GEMM, on a linear layer
     "vllm.model_executor.layers.linear": "input_dim output_dim",  # set_weight_attrs on the weights
+    "vllm.multimodal.registry": "_processor_factory",  # register_processor, on the model class
 }
 # names the scanned files read that are not vLLM's, and whose they are
 NOT_VLLM: dict[str, str] = {

@@ -216,8 +216,8 @@ def multimodal_verdicts(cls: type) -> dict[str, Any]:
     """Does vLLM treat the class as multimodal (``supports_multimodal``: it implements
     ``SupportsMultiModal``), and does its multimodal registry hold a processor for it
     (``MULTIMODAL_REGISTRY.register_processor`` on this class or a base)? Capability-detected:
-    vLLM 0.32 keeps the factories on the class (``_processor_factory``, what its registry's
-    lookup reads), older releases in a registry table keyed by class (``_processor_factories``)."""
+    vLLM keeps the factories on the class (``_processor_factory``, what its registry's
+    lookup, ``_get_model_cls``, reads; so since 0.26 at least)."""
     out: dict[str, Any] = {}
     try:
         interfaces = importlib.import_module("vllm.model_executor.models.interfaces")
@@ -228,10 +228,7 @@ def multimodal_verdicts(cls: type) -> dict[str, Any]:
         out["supports_multimodal_error"] = repr(exc)
     try:
         registry = importlib.import_module("vllm.multimodal").MULTIMODAL_REGISTRY
-        table = getattr(registry, "_processor_factories", None)
-        if table is not None and callable(getattr(table, "contains", None)):
-            out["has_mm_processor"] = bool(table.contains(cls, strict=False))
-        elif callable(getattr(registry, "_get_model_cls", None)):
+        if callable(getattr(registry, "_get_model_cls", None)):  # the lookup that reads the class's factories
             out["has_mm_processor"] = hasattr(cls, "_processor_factory")
     except Exception as exc:
         out["has_mm_processor_error"] = repr(exc)

@@ -139,11 +139,9 @@ def current_forward_layers() -> dict[str, Any] | None:
 
 def encoder_method(m: nn.Module) -> str | None:
     """The method through which vLLM's runner runs a multimodal model's encoder (vision tower,
-    projector) on a step with new images: ``embed_multimodal`` (vLLM >= 0.10), before it
-    ``get_multimodal_embeddings``; None for a text model."""
-    for name in ("embed_multimodal", "get_multimodal_embeddings"):
-        if callable(getattr(m, name, None)) and getattr(m, "supports_multimodal", False):
-            return name
+    projector) on a step with new images: ``embed_multimodal``; None for a text model."""
+    if callable(getattr(m, "embed_multimodal", None)) and getattr(m, "supports_multimodal", False):
+        return "embed_multimodal"
     return None
 
 
