@@ -215,6 +215,19 @@ def phase_summary(steps: StepTable) -> dict[str, PhaseSummary]:
     return out
 
 
+def _untimed_neighbours(step_s: list[float], timed: list[bool]) -> list[tuple[int, float, float]]:
+    """One phase's steps in order: (index, step time, the mean of its untimed neighbours) of each
+    step timed per layer next to an untimed one (every time positive)."""
+    out = []
+    for i, (s, on) in enumerate(zip(step_s, timed, strict=True)):
+        if not on:
+            continue
+        near = [step_s[j] for j in (i - 1, i + 1) if 0 <= j < len(step_s) and not timed[j]]
+        if near and s > 0 and min(near) > 0:
+            out.append((i, s, sum(near) / len(near)))
+    return out
+
+
 def _against_neighbours(
     step_s: list[float], timed: list[bool], detail: list[bool]
 ) -> tuple[float | None, float | None, int]:
@@ -227,16 +240,10 @@ def _against_neighbours(
     are all timed."""
     ratios: list[float] = []
     detail_ratios: list[float] = []
-    for i, (s, on) in enumerate(zip(step_s, timed, strict=True)):
-        if not on:
-            continue
-        near = [step_s[j] for j in (i - 1, i + 1) if 0 <= j < len(step_s) and not timed[j]]
-        if not near or s <= 0 or min(near) <= 0:
-            continue
-        ratio = s * len(near) / sum(near)
-        ratios.append(ratio)
+    for i, s, near in _untimed_neighbours(step_s, timed):
+        ratios.append(s / near)
         if detail[i]:
-            detail_ratios.append(ratio)
+            detail_ratios.append(s / near)
     both = 0 < len(detail_ratios) < len(ratios)
 
     def cost(values: list[float]) -> float | None:
@@ -404,15 +411,12 @@ def timing_mark_costs(profile: ProfileReply, steps: StepTable) -> list[TimingMar
     for phase in PHASES:
         bucket = "decode" if phase == "decode" else "prefill"
         idx = [i for i, p in enumerate(phases) if p == phase]
-        for n, i in enumerate(idx):
-            if not timed[i]:
-                continue
-            grain = 1 if detail[i] else 0
-            counts[bucket][grain] += 1
-            near = [step_s[idx[m]] for m in (n - 1, n + 1) if 0 <= m < len(idx) and not timed[idx[m]]]
-            s = step_s[i]
-            if near and s > 0 and min(near) > 0:
-                readings[bucket][grain].append((s - sum(near) / len(near)) / (marks_d if grain else marks_b))
+        for i in idx:
+            if timed[i]:
+                counts[bucket][1 if detail[i] else 0] += 1
+        for n, s, near in _untimed_neighbours([step_s[i] for i in idx], [timed[i] for i in idx]):
+            grain = 1 if detail[idx[n]] else 0
+            readings[bucket][grain].append((s - near) / (marks_d if grain else marks_b))
 
     def per_mark(values: list[float]) -> float | None:
         med = _median(values)
