@@ -36,6 +36,8 @@ def run_mode(model: str, mode: str, args: argparse.Namespace, out: Path) -> dict
         "--prompts", str(args.prompts), "--input-len", str(args.input_len), "--output-len", str(args.output_len),
         "--max-model-len", str(args.max_model_len),
     ]  # fmt: skip
+    if args.images is not None:
+        cmd += ["--images", str(args.images)]
     for extra in args.engine_arg:
         cmd += ["--engine-arg", extra]
     parts = mode.split("+")  # "eager", "default", and "+mp": the engine core in its own process, as served
@@ -67,12 +69,32 @@ def row(result: dict[str, Any]) -> str:
     idle = gaps.get("total_s")
     idle_text = "n/a" if idle is None else f"{idle:.3f} s ({1e3 * gaps['mean_s']:.2f} ms/step)"
     both = "n/a" if idle is None else f"{100 * (total + idle) / wall:.1f} %"
+    acc = engine.get("time_accounting") or {}
+    if acc.get("measured_share") is not None:  # the edges measured too, on the host's clock
+        both += (f" (+ {1e3 * acc['before_first_s']:.0f} ms before the first step, {1e3 * acc['after_last_s']:.0f} ms"
+                 f" after the last: {100 * acc['measured_share']:.1f} %)")  # fmt: skip
     return (
         f"| {result['mode']} | {engine.get('clock')} | {wall:.3f} s | {total:.3f} s | "
         f"{100 * total / wall:.1f} % | {idle_text} | {both} | {1e3 * (decode.get('step_s_mean') or 0):.2f} ms | "
         f"{1e3 * (decode.get('forward_s_mean') or 0):.2f} ms | "
         f"{'n/a' if frac is None else f'{100 * frac:.0f} %'} | {'n/a' if share is None else f'{100 * share:.0f} %'} |"
     )
+
+
+def encoder_row(result: dict[str, Any]) -> str:
+    """One line per phase that ran the encoder; '' for a text model."""
+    phases = result["report"]["profiles"]["engine"].get("phases") or {}
+    total = sum(p["steps"] * p["step_s_mean"] for p in phases.values())
+    lines = []
+    for name, p in phases.items():
+        enc, steps_s = p.get("encoder_s"), p.get("encoder_step_s")
+        if not p.get("encoder_steps") or enc is None or not steps_s:
+            continue
+        lines.append(
+            f"| {result['mode']} | {name} | {p['encoder_steps']} | {enc:.3f} s | {steps_s:.3f} s | "
+            f"{100 * enc / steps_s:.1f} % | {100 * enc / total:.1f} % |"
+        )
+    return "\n".join(lines)
 
 
 def _median(values: list[float]) -> float | None:
@@ -108,6 +130,7 @@ def observer_row(result: dict[str, Any]) -> str:
         else f"{100 * near:+.1f} %" + ("" if near_detail is None else f" / {100 * near_detail:+.1f} %")
     )
     cost = next((c for c in (engine.get("layers") or {}).get("doctor_cost") or [] if c.get("bucket") == "decode"), None)
+
     def per_mark(key: str, marks: str) -> str:
         value = (cost or {}).get(key)
         return "n/a" if value is None else f"{1e6 * value:.1f} µs × {cost[marks]}"  # type: ignore[index]
@@ -125,6 +148,7 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--engine-arg", action="append", default=[])
+    ap.add_argument("--images", type=int, help="images per prompt (a multimodal model; profile's default: 1)")
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--keep", metavar="DIR", help="keep each mode's report directory under DIR")
     args = ap.parse_args()
@@ -144,6 +168,14 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for result in results:
         print(observer_row(result))
+    encoder = [encoder_row(result) for result in results]
+    if any(encoder):
+        print("\nA multimodal model's encoder (embed_multimodal: vision tower + projector), on the step clock:\n")
+        print(
+            "| mode | phase | steps that ran it | encoder | those steps in all | encoder share of them | of all step time |"
+        )
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(line for line in encoder if line))
     for result in results:
         print(f"\n== {result['mode']}\n{result['text']}")
     return 0

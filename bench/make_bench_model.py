@@ -37,12 +37,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 VOCAB = 32000
 SIZES = {
-    "tiny": {"hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4, "num_attention_heads": 8,
-             "num_key_value_heads": 4, "head_dim": 64},
-    "1b": {"hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32,
-           "num_key_value_heads": 8, "head_dim": 64},
-    "8b": {"hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
-           "num_key_value_heads": 8, "head_dim": 128},
+    "tiny": {
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+    },
+    "1b": {
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+    },
+    "8b": {
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+    },
 }
 
 
@@ -70,6 +88,39 @@ def write(out: Path, size: str, port: bool = False) -> Path:
     # the words bench_top.py's clients send, then w0, w1, ...
     write_tokenizer(out, VOCAB, ["client", "request", "says", "hello", "the", "a", "of", "and", "to", "in", "is"])
     return out
+
+
+# LLaVA-1.5-7B's shape: CLIP ViT-L/14 at 336 px (576 patches) and a Llama-2-7B decoder
+VL_7B = {
+    "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 32, "head_dim": 128, "vocab_size": VOCAB,
+    "vision_image_size": 336, "vision_patch_size": 14, "vision_hidden_size": 1024, "vision_intermediate_size": 4096,
+    "vision_num_hidden_layers": 24, "vision_num_attention_heads": 16, "vision_layer_norm_eps": 1e-5,
+}  # fmt: skip
+
+
+def write_vl(out: Path) -> Path:
+    """The bundled vision-language port (``TinyDoctorVLForConditionalGeneration``) at LLaVA-1.5-7B's
+    shape: OUT/model (config.json, the image processor's config, a 32,000-entry tokenizer with
+    ``<image>``; no weights: load it with ``load_format=dummy``) and OUT/site (the plugin, with its
+    entry point: put it on PYTHONPATH)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    import make_multimodal as mm  # type: ignore[import-not-found]
+
+    model, site = out / "model", out / "site"
+    model.mkdir(parents=True, exist_ok=True)
+    site.mkdir(exist_ok=True)
+    if not (site / mm.BASE_PACKAGE).exists():
+        mm.copy_plugin_package(site, mm.BASE_PACKAGE)
+        mm.write_dist_info(site, mm.BASE_PACKAGE.replace("_", "-"), {"tiny_doctor_vl": f"{mm.BASE_PACKAGE}:register"})
+    config = mm.base_config() | VL_7B | {"max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+                                         "tie_word_embeddings": False}  # fmt: skip
+    (model / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    (model / "preprocessor_config.json").write_text(
+        json.dumps(mm.PREPROCESSOR | {"size": VL_7B["vision_image_size"]}, indent=2)
+    )
+    mm.build_tokenizer(VOCAB).save_pretrained(str(model))
+    return model
 
 
 def write_hole_checkpoint(path: Path, config: dict[str, Any]) -> None:
@@ -104,8 +155,11 @@ def main() -> None:
     ap.add_argument("out", type=Path)
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
     ap.add_argument("--port", action="store_true", help="the example port (TinyDoctorForCausalLM), HF Llama names")
+    ap.add_argument(
+        "--vl-7b", action="store_true", help="the vision-language port at LLaVA-1.5-7B's shape (OUT/model, OUT/site)"
+    )
     args = ap.parse_args()
-    print(write(args.out, args.size, args.port))
+    print(write_vl(args.out) if args.vl_7b else write(args.out, args.size, args.port))
 
 
 if __name__ == "__main__":

@@ -53,6 +53,7 @@ def test_prompts_carry_an_image_each_and_the_encoder_is_timed_apart(eager: tuple
     workload = report["profiles"]["workload"]
     assert (workload["images_per_prompt"], workload["image_size"]) == (1, [32, 32])
     assert "1 image(s) each (32x32)" in proc.stderr
+    assert " in + 1 image (32x32) / " in proc.stdout  # the workload line
     engine = report["profiles"]["engine"]
     steps = engine["steps"]
     # the encoder runs in the step that prefills the prompts (their images), inside the step
@@ -64,6 +65,21 @@ def test_prompts_carry_an_image_each_and_the_encoder_is_timed_apart(eager: tuple
     assert prefill["encoder_s"] == pytest.approx(sum(s["encoder_s"] for s in encoded if s["phase"] == "prefill"))
     assert engine["phases"]["decode"]["encoder_steps"] == 0
     assert "  encoder       prefill: " in proc.stdout and "of those steps (embed_multimodal" in proc.stdout
+
+
+def test_the_time_before_the_first_step_is_measured_not_left_over(eager: tuple[Any, dict]) -> None:
+    """The image processor runs before the first step (requests in): the report measures that
+    stretch and the one after the last step on the host's monotonic clock, so steps + the gaps
+    between them + both edges is a sum that can miss the wall time, and here does not."""
+    proc, report = eager
+    acc = report["profiles"]["engine"]["time_accounting"]
+    span = report["profiles"]["engine"]["host_span_s"]
+    start, wall = report["profiles"]["workload"]["host_start_s"], report["profiles"]["workload"]["wall_s"]
+    assert acc["before_first_s"] == pytest.approx(span[0] - start) and acc["before_first_s"] > 0
+    assert acc["after_last_s"] == pytest.approx(max(0.0, start + wall - span[1]), abs=1e-6)
+    assert acc["measured_share"] == pytest.approx(1.0, abs=0.05)
+    assert "before the first step (requests in: tokenizing, a multimodal processor)" in proc.stdout
+    assert "each measured on the host's clock" in proc.stdout
 
 
 def test_per_layer_tables_hold_the_language_models_modules_only(eager: tuple[Any, dict]) -> None:

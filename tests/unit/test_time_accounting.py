@@ -93,3 +93,33 @@ def test_reports_and_top_name_the_clock() -> None:
     assert model.clock == "cuda_events"
     panel = model_panel(type("F", (), {"model": model})(), 60).plain  # type: ignore[arg-type]
     assert "times on the device clock (CUDA events)" in panel and "p50 step 7.40 ms" in panel
+
+
+def test_the_edges_are_measured_on_the_hosts_clock_when_both_sides_carry_their_times() -> None:
+    """The workload's start (the driver's perf_counter) and the steps' host span (the worker's):
+    the time before the first step and after the last is measured, not what the steps leave, so the
+    sum of the four can be checked against the wall time (the H200 LLaVA-7B-shaped run: 0.41 s
+    before the first step, the image processor's)."""
+    steps = [{"phase": "prefill", "prefill_tokens": 9, "total_tokens": 9, "step_s": 0.3, "idle_before_s": None,
+              "t": 0.0}]
+    steps += [{"phase": "decode", "decode_tokens": 1, "total_tokens": 1, "step_s": 0.0156, "idle_before_s": 0.0021,
+               "t": 0.3021 + i * 0.0177} for i in range(255)]  # fmt: skip
+    table = StepTable.of({"steps": steps, "clock": "cuda_events"})
+    from vllm_doctor.analysis.engine import host_span
+
+    span = host_span(table)
+    assert span is not None and span[1] - span[0] == pytest.approx(0.3021 + 254 * 0.0177 + 0.0156)
+    span = [100.0 + span[0], 100.0 + span[1]]  # the rows count from the profile's origin; any origin will do
+    profile = {"clock": "cuda_events", "phases": phase_summary(table), "idle_between_steps": idle_between_steps(table),
+               "host_span_s": span}  # fmt: skip
+    wall = 0.4 + (span[1] - span[0]) + 0.02
+    acc = time_accounting(profile, {"wall_s": wall, "host_start_s": span[0] - 0.4})
+    assert acc is not None and acc.before_first_s == pytest.approx(0.4) and acc.after_last_s == pytest.approx(0.02)
+    assert acc.edges_s == pytest.approx(0.42) and acc.measured_share == pytest.approx(1.0, abs=1e-3)
+    text = accounting_text(acc)
+    assert "400.00 ms before the first step (requests in: tokenizing, a multimodal processor)" in text
+    assert "20.00 ms after the last (outputs out), each measured on the host's clock: 100.0% of the wall time" in text
+    # a worker on another host (its monotonic clock is not the driver's): not measured, the rest as before
+    far = time_accounting(profile, {"wall_s": wall, "host_start_s": span[0] + 50.0})
+    assert far is not None and far.measured_share is None and far.before_first_s is None
+    assert far.edges_s == pytest.approx(wall - far.steps_s - far.between_steps_s)  # type: ignore[operator]

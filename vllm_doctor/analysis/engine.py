@@ -523,6 +523,17 @@ def _less_mark_costs(layers: list[LayerModule], costs: list[TimingMarkCost]) -> 
     return out
 
 
+def host_span(steps: StepTable) -> list[float] | None:
+    """[the first step's host start, the last step's end] on the host's monotonic clock (the
+    worker's perf_counter: CLOCK_MONOTONIC, one clock for every process of a host). The last end
+    is its host start plus its step time (on GPU the device's: the step ends when its last kernel
+    does, which its sampling waits for)."""
+    starts, durations = steps["host_start"], steps["step_s"]
+    if not starts or starts[0] is None or starts[-1] is None:
+        return None
+    return [float(starts[0]), float(starts[-1]) + float(durations[-1])]
+
+
 def time_accounting(
     profile: EngineProfile | dict[str, Any], workload: WorkloadRun | dict[str, Any] | None
 ) -> TimeAccounting | None:
@@ -538,6 +549,10 @@ def time_accounting(
     outside = max(0.0, wall - total)
     idle = profile.idle_between_steps
     between = min(outside, idle.total_s) if idle is not None else None
+    before, after = _edges(profile, WorkloadRun.of(workload), wall)
+    measured = None
+    if before is not None and after is not None and between is not None:
+        measured = (total + between + before + after) / wall
     return TimeAccounting(
         clock=profile.clock,
         steps_s=total,
@@ -548,10 +563,27 @@ def time_accounting(
         # rest: before the first step and after the last (requests in, outputs out)
         between_steps_s=between,
         between_steps_mean_s=idle.mean_s if idle is not None else None,
-        edges_s=None if between is None else outside - between,
+        edges_s=(before + after) if measured is not None else (None if between is None else outside - between),  # type: ignore[operator]
+        before_first_s=before,
+        after_last_s=after,
+        measured_share=measured,
         accounted_share=None if between is None else (total + between) / wall,
         above_wall=total > wall * 1.01,
     )
+
+
+def _edges(profile: EngineProfile, workload: WorkloadRun, wall: float) -> tuple[float | None, float | None]:
+    """The workload's start to the first step, and the last step's end to the workload's end, both
+    on the host's monotonic clock; (None, None) where either side lacks its times, or where they
+    do not fit inside the wall time (a worker on another host: its clock is not this one's)."""
+    span, start = profile.host_span_s, workload.host_start_s
+    if span is None or start is None:
+        return None, None
+    before, after = span[0] - start, start + wall - span[1]
+    slack = 0.01 * wall  # the last step's end is estimated from its step time
+    if before < 0 or after < -slack or before + max(after, 0.0) > wall:
+        return None, None
+    return before, max(after, 0.0)
 
 
 def kv_usage_series(steps: StepTable, num_blocks: int | None) -> list[KvUsagePoint]:
@@ -737,6 +769,7 @@ def summarize(facts: EngineFacts, timeline: bool = True) -> EngineProfile:
         nvml=facts.nvml,
         crashes=[{**c, "rank": w.rank} for w in facts.workers for c in ProfileReply.of(w.get("profile")).crashes],
         idle_between_steps=idle_between_steps(steps),
+        host_span_s=host_span(steps) if not profile.dropped_steps else None,
         doctor_overhead=doctor_overhead(profile, steps),
         roofline=engine_roofline(primary, steps, phases, layers, kv.block_size),
         per_rank=per_rank,

@@ -335,7 +335,22 @@ class TimeAccounting(Record):
     outside_steps_s: float = 0.0
     between_steps_s: float | None = None
     between_steps_mean_s: float | None = None
-    edges_s: float | None = None
+    edges_s: float | None = field(
+        default=None,
+        metadata=_doc("before the first step and after the last: measured where the clocks allow, else the rest"),
+    )
+    before_first_s: float | None = field(
+        default=None,
+        metadata=_doc("from the workload's start to the first step's (the host's monotonic clock; requests in: "
+                      "tokenizing, a multimodal processor)"),
+    )  # fmt: skip
+    after_last_s: float | None = field(
+        default=None, metadata=_doc("from the last step's end to the workload's (outputs out)")
+    )
+    measured_share: float | None = field(
+        default=None,
+        metadata=_doc("steps + between steps + before the first + after the last, each measured, over the wall time"),
+    )
     accounted_share: float | None = None
     above_wall: bool = field(default=False, metadata=_doc("the steps add up to more than the wall time: a doctor bug"))
 
@@ -587,6 +602,11 @@ class EngineProfile(Record):
     per_rank: list[RankSummary] = field(default_factory=list)
     rank_imbalance: dict[str, RankImbalance] = field(default_factory=dict)
     time_accounting: TimeAccounting | None = None
+    host_span_s: list[float] | None = field(
+        default=None,
+        metadata=_doc("[first step's start, last step's end] on the host's monotonic clock (perf_counter; "
+                      "the last end is its host start plus its step time)"),
+    )  # fmt: skip
 
     @property
     def steps_recorded(self) -> int:
@@ -866,3 +886,8 @@ class WorkloadRun(Record):
     generated_tokens: int | None = None
     wall_s: float | None = None
     output_tokens_per_s: float | None = None
+    host_start_s: float | None = field(
+        default=None, metadata=_doc("the workload's start on the host's monotonic clock (perf_counter)")
+    )
+    images_per_prompt: int | None = field(default=None, metadata=_doc("a multimodal model's images in each prompt"))
+    image_size: list[int] | None = field(default=None, metadata=_doc("the images' [width, height]"))

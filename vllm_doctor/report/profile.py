@@ -118,6 +118,14 @@ def timing_cost_text(phase: str, p: PhaseSummary) -> str:
     return text + "): the doctor's per-layer timing"
 
 
+def images_text(w: WorkloadRun) -> str:
+    """`` + 1 image (336x336)`` for a multimodal workload; '' for text prompts."""
+    if not w.images_per_prompt:
+        return ""
+    size = f" ({w.image_size[0]}x{w.image_size[1]})" if w.image_size and len(w.image_size) == 2 else ""
+    return f" + {w.images_per_prompt} image{'s' if w.images_per_prompt > 1 else ''}{size}"
+
+
 def encoder_text(phase: str, p: PhaseSummary) -> str:
     """A multimodal model's encoder in one phase, e.g. ``prefill: 29.07 ms in 1 step(s) = 27 %
     of those steps (embed_multimodal: vision tower and projector); the decoder's forward and the
@@ -166,7 +174,7 @@ def render_profile(
     if workload:
         w = WorkloadRun.of(workload)
         lines.append(
-            f"  workload      {w.prompts} prompt(s) x {w.input_len} in / {w.output_len} out: "
+            f"  workload      {w.prompts} prompt(s) x {w.input_len} in{images_text(w)} / {w.output_len} out: "
             f"{w.generated_tokens} tokens in {fmt_s(w.wall_s)} ({w.output_tokens_per_s} tok/s)"
         )
     if prof.time_accounting is not None:
@@ -228,10 +236,24 @@ def accounting_text(acc: TimeAccounting | dict[str, Any]) -> str:
     text = (
         f"; between steps {idle}{fmt_s(between)} ({100 * between / a.wall_s:.0f}%, "
         f"{fmt_s(a.between_steps_mean_s)} a step on the {clock}: the engine's scheduling and output "
-        f"processing on the host), {fmt_s(a.edges_s)} before the first step and after the last "
-        f"(requests in, outputs out)"
+        f"processing on the host), "
     )
-    return head + text
+    if a.measured_share is None or a.before_first_s is None or a.after_last_s is None:
+        return head + text + f"{fmt_s(a.edges_s)} before the first step and after the last (requests in, outputs out)"
+    rest = a.wall_s * (1 - a.measured_share)
+    left = ""
+    if abs(rest) > 0.005 * a.wall_s:  # the device clock and the host's disagree, or time in none of them
+        why = "counted twice: the step clock runs ahead of the host" if rest < 0 else "in none of them"
+        left = f" ({fmt_s(abs(rest))} {why})"
+    return (
+        head
+        + text
+        + (
+            f"{fmt_s(a.before_first_s)} before the first step (requests in: tokenizing, a multimodal processor) and "
+            f"{fmt_s(a.after_last_s)} after the last (outputs out), each measured on the host's clock: "
+            f"{100 * a.measured_share:.1f}% of the wall time accounted for{left}"
+        )
+    )
 
 
 def slowest_layer(by_layer: list[LayerTotal]) -> LayerTotal | None:

@@ -289,6 +289,7 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
         "output_len": workload.output_len,
         "generated_tokens": generated,
         "wall_s": round(wall, 4),
+        "host_start_s": t,
         "output_tokens_per_s": round(generated / wall, 2) if wall else None,
         **fed,
     }

@@ -26,7 +26,6 @@ import numpy as np
 import torch
 from PIL import Image
 from transformers import BatchFeature
-from vllm.config.multimodal import MultiModalDummyOptions
 from vllm.inputs import MultiModalDataDict
 from vllm.multimodal.inputs import MultiModalFieldConfig, MultiModalKwargsItems
 from vllm.multimodal.parse import ImageSize, MultiModalDataItems
@@ -108,7 +107,7 @@ class TinyDoctorVLDummyInputsBuilder(BaseDummyInputsBuilder[TinyDoctorVLProcessi
         self,
         seq_len: int,
         mm_counts: Mapping[str, int],
-        mm_options: MultiModalDummyOptions,
+        mm_options: Mapping[str, Any],
     ) -> MultiModalDataDict:
         size = self.info.get_image_size()
         return {
@@ -122,14 +121,29 @@ class TinyDoctorVLDummyInputsBuilder(BaseDummyInputsBuilder[TinyDoctorVLProcessi
 
 
 class TinyDoctorVLMultiModalProcessor(BaseMultiModalProcessor[TinyDoctorVLProcessingInfo]):
-    def _call_hf_processor(
-        self, hf_data: Mapping[str, object], hf_kwargs: Mapping[str, object]
-    ) -> BatchFeature:
-        # vLLM tokenizes the prompt itself: only the images come here
+    def _call_hf_processor(self, *args: Any, **kwargs: Any) -> BatchFeature:
+        """The images -> `pixel_values`. vLLM changed this hook's signature: releases up to
+        0.2x call it with `(prompt, mm_data, mm_kwargs, tok_kwargs)` and expect the prompt's
+        `input_ids` back too; newer ones tokenize the prompt themselves and pass
+        `(hf_data, hf_kwargs)` with only the images."""
+        if "prompt" in kwargs or (args and isinstance(args[0], str)):
+            prompt = kwargs["prompt"] if "prompt" in kwargs else args[0]
+            mm_data = kwargs["mm_data"] if "mm_data" in kwargs else args[1]
+            tok_kwargs = dict(kwargs["tok_kwargs"] if "tok_kwargs" in kwargs else (args[3] if len(args) > 3 else {}))
+            out = BatchFeature({"input_ids": [self.info.get_tokenizer().encode(prompt, **tok_kwargs)]})
+            images = mm_data.get("images")
+            if images:
+                out["pixel_values"] = torch.from_numpy(self.info.get_hf_processor()(list(images)))
+            return out
+        hf_data = kwargs["hf_data"] if "hf_data" in kwargs else args[0]
         images = hf_data["images"]
         assert isinstance(images, list)
         pixel_values = self.info.get_hf_processor()(images)
         return BatchFeature({"pixel_values": torch.from_numpy(pixel_values)})
+
+    def _hf_processor_applies_updates(self, *args: Any, **kwargs: Any) -> bool:
+        # (releases that ask) the processor above never expands the placeholder: vLLM does
+        return False
 
     def _get_mm_fields_config(
         self, hf_inputs: BatchFeature, hf_processor_mm_kwargs: Mapping[str, object]
