@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -80,6 +81,20 @@ def test_the_time_before_the_first_step_is_measured_not_left_over(eager: tuple[A
     assert acc["measured_share"] == pytest.approx(1.0, abs=0.05)
     assert "before the first step (requests in: tokenizing, a multimodal processor)" in proc.stdout
     assert "each measured on the host's clock" in proc.stdout
+
+
+def test_the_roofline_is_the_decoders(eager: tuple[Any, dict]) -> None:
+    """The rates are the decoder's: the encoder's weights (the worker's own count of the parameters
+    outside the language model) and the encoder's time in the prefill steps are left out."""
+    _, report = eager
+    engine = report["profiles"]["engine"]
+    roof, prefill = engine["roofline"], engine["phases"]["prefill"]
+    assert roof["phases"]["prefill"]["step_s"] == pytest.approx(
+        prefill["step_s_mean"] - prefill["encoder_s"] / prefill["steps"]
+    )
+    assert roof["phases"]["decode"]["step_s"] == pytest.approx(engine["phases"]["decode"]["step_s_mean"])
+    # the tiny tower + projector: 1 layer of 64 wide, 64 -> 128 -> 128, in bf16
+    assert any(re.search(r"the encoder's 1[34]\d\.\d\d KiB of weights .* left out", note) for note in roof["notes"])
 
 
 def test_per_layer_tables_hold_the_language_models_modules_only(eager: tuple[Any, dict]) -> None:

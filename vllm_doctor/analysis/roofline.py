@@ -57,6 +57,7 @@ from vllm_doctor.analysis.records import (
 )
 from vllm_doctor.facts.engine import WorkerFacts
 from vllm_doctor.facts.steps import StepTable
+from vllm_doctor.units import fmt_bytes
 
 # model types whose MLP is one up and one down projection (no gate): 2 matrices, not 3
 UNGATED_MLP = frozenset({"gpt2", "gpt_neox", "gptj", "opt", "bloom", "falcon", "phi", "starcoder2", "gpt_bigcode"})
@@ -452,6 +453,14 @@ def _phase_entry(
     )
 
 
+def decoder_step_s(summary: PhaseSummary) -> float:
+    """The phase's mean step time less a multimodal encoder's share (its calls ran inside the
+    steps that fed new images: the decoder's rate is over the rest)."""
+    if not summary.encoder_s or not summary.steps:
+        return summary.step_s_mean
+    return max(0.0, summary.step_s_mean - summary.encoder_s / summary.steps)
+
+
 def engine_roofline(
     worker: WorkerFacts, steps: StepTable, phases: dict[str, PhaseSummary], layers: LayerTables, block_size: int | None
 ) -> Roofline:
@@ -474,7 +483,15 @@ def engine_roofline(
     config_read = (shape.layers * shape.layer_params + shape.hidden + shape.vocab * shape.hidden) * shape.weight_bytes
     weights_read, source = config_read, "config"
     mem = worker.memory
-    measured = (mem.parameter_bytes + mem.repacked_weight_bytes_estimate) if mem is not None else 0
+    # the decoder's: a multimodal model's encoder (vision tower, projector) runs in its own calls
+    measured = 0
+    if mem is not None:
+        measured = mem.parameter_bytes + mem.repacked_weight_bytes_estimate - mem.encoder_parameter_bytes
+    if mem is not None and mem.encoder_parameter_bytes:
+        notes.append(
+            f"the decoder's figures: the encoder's {fmt_bytes(mem.encoder_parameter_bytes)} of weights (vision tower, "
+            "projector) and its time in the steps that ran it are left out"
+        )
     if measured and abs(measured - shape.resident_weight_bytes) > MEASURED_TOLERANCE * shape.resident_weight_bytes:
         # the weights the worker holds (quantized, or layers the config does not describe)
         untied_table = 0.0 if shape.tied_embeddings else shape.embedding_params * shape.weight_bytes
@@ -488,7 +505,7 @@ def engine_roofline(
     for phase, summary in phases.items():
         work = workload(steps, [k == phase for k in kinds], block_size)
         if work is not None:
-            by_phase[phase] = _phase_entry(shape, work, summary.step_s_mean, peaks, weights_read)
+            by_phase[phase] = _phase_entry(shape, work, decoder_step_s(summary), peaks, weights_read)
     per_layer = layer_rates(shape, steps, layers, block_size, peaks, weights_read / config_read)
     return Roofline(
         available=True,

@@ -472,6 +472,19 @@ def _unique_bytes(tensors: list[torch.Tensor]) -> int:
     return sum(seen.values())
 
 
+def _encoder_bytes(model: nn.Module) -> int:
+    """A multimodal model's parameters outside its language model (vision tower, projector): what
+    a decode step never reads. 0 for a text model."""
+    lm = wv.language_model(model)
+    if lm is not None:
+        inside = {p.untyped_storage().data_ptr() for p in lm.parameters() if p.device.type != "meta"}
+        return _unique_bytes([p for p in model.parameters() if p.untyped_storage().data_ptr() not in inside])
+    parts = wv.encoder_prefixes(model)
+    if not parts:
+        return 0
+    return _unique_bytes([p for name, p in model.named_parameters() if name.startswith(tuple(f"{x}." for x in parts))])
+
+
 def _hidden_weight_bytes(model: nn.Module) -> tuple[int, int]:
     """Bytes of linear weights the CPU backend repacked out of sight (its ``weight`` is empty).
 
@@ -544,6 +557,7 @@ def memory_record(worker: Any) -> MemoryFacts:
             "buffer_bytes": _unique_bytes(list(model.buffers())),
             "repacked_weight_bytes_estimate": hidden,
             "repacked_layers": n_hidden,
+            "encoder_parameter_bytes": _encoder_bytes(model),
         }
     measured: dict[str, int] = {}
     for name in VLLM_MEASURES:

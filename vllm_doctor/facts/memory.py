@@ -61,6 +61,8 @@ class MemoryFacts:
     # linear weights vLLM's CPU backend packed out of sight (estimated from the layers' shapes)
     repacked_weight_bytes_estimate: int = 0
     repacked_layers: int = 0
+    # a multimodal model's parameters outside its language model (vision tower, projector)
+    encoder_parameter_bytes: int = 0
     kv_bytes: int = 0
     # VLLM_MEASURES this vLLM exposes -> bytes (wire keys "vllm_<name>")
     vllm: dict[str, int] = field(default_factory=dict, metadata=wire.rules(prefix="vllm_"))
