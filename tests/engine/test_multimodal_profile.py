@@ -83,6 +83,21 @@ def test_the_time_before_the_first_step_is_measured_not_left_over(eager: tuple[A
     assert "each measured on the host's clock" in proc.stdout
 
 
+def test_the_encoder_cache_use_is_reported(eager: tuple[Any, dict]) -> None:
+    """The doctor's wrapper on embed_multimodal counts what each call returned and the runner's
+    encoder cache at its fullest, against the budget vLLM sized it by: each prompt's image is its
+    own (random pixels), so each is encoded once, 16 rows each (32x32 px in 8x8 patches)."""
+    proc, report = eager
+    use = report["profiles"]["engine"]["encoder_cache"]
+    prompts = report["profiles"]["workload"]["prompts"]
+    assert use["items"] == prompts and use["rows"] == 16 * prompts and 1 <= use["calls"] <= prompts
+    assert 1 <= use["peak_entries"] <= prompts and use["peak_rows"] == 16 * use["peak_entries"]
+    assert use["peak_bytes"] == use["peak_rows"] * 128 * 2  # rows of the decoder's width (128), bf16
+    assert use["budget_rows"] and use["budget_rows"] >= use["peak_rows"]
+    assert use["budget_source"] in ("mm_budget.encoder_cache_size", "scheduler_config.encoder_cache_size")
+    assert f"  encoder cache {prompts} item(s) encoded in {use['calls']} call(s) ({16 * prompts} embedding rows, each fed image once)" in proc.stdout
+
+
 def test_the_roofline_is_the_decoders(eager: tuple[Any, dict]) -> None:
     """The rates are the decoder's: the encoder's weights (the worker's own count of the parameters
     outside the language model) and the encoder's time in the prefill steps are left out."""

@@ -51,9 +51,12 @@ CLASS_READS: dict[tuple[str, str], str] = {
     # the worker and its model runner (V1 and V2 runners, CUDA and CPU): compat/worker*.py, engine/session.py
     ("vllm.v1.worker.gpu_worker", "Worker"): WORKER,
     ("vllm.v1.worker.cpu_worker", "CPUWorker"): WORKER,
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"): RUNNER,
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"): RUNNER + " encoder_cache mm_budget",
     ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"): RUNNER,
-    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"): RUNNER + " cudagraph_manager",
+    ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"): RUNNER + " cudagraph_manager encoder_cache",
+    # a multimodal model's encoder cache and its budget (compat/worker.encoder_cache, encoder_cache_budget)
+    ("vllm.v1.worker.gpu.mm.encoder_cache", "EncoderCache"): "encoder_outputs",
+    ("vllm.multimodal.encoder_budget", "MultiModalBudget"): "encoder_cache_size",
     # the V2 runner's FULL-graph replay, timed as the forward (compat/worker.full_graph_replay)
     ("vllm.v1.worker.gpu.cudagraph_utils", "CudaGraphManager"): "run_fullgraph",
     # the forward context's layers: the attention implementations engine/graphs.py wraps at capture
@@ -82,7 +85,7 @@ CLASS_READS: dict[tuple[str, str], str] = {
         "tensor_parallel_size pipeline_parallel_size data_parallel_size world_size worker_extension_cls "
         "distributed_executor_backend assigned_physical_gpu_ids"
     ),
-    ("vllm.config.scheduler", "SchedulerConfig"): "max_num_seqs max_num_batched_tokens",
+    ("vllm.config.scheduler", "SchedulerConfig"): "max_num_seqs max_num_batched_tokens encoder_cache_size",
     ("vllm.config.profiler", "ProfilerConfig"): "profiler torch_profiler_dir",
     ("vllm.engine.arg_utils", "EngineArgs"): "create_engine_config create_model_config",
     # the KV cache plan and the attention layers (worker_facts.kv_cache)

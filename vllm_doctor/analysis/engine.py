@@ -770,6 +770,7 @@ def summarize(facts: EngineFacts, timeline: bool = True) -> EngineProfile:
         crashes=[{**c, "rank": w.rank} for w in facts.workers for c in ProfileReply.of(w.get("profile")).crashes],
         idle_between_steps=idle_between_steps(steps),
         host_span_s=host_span(steps) if not profile.dropped_steps else None,
+        encoder_cache=profile.encoder_cache,
         doctor_overhead=doctor_overhead(profile, steps),
         roofline=engine_roofline(primary, steps, phases, layers, kv.block_size),
         per_rank=per_rank,

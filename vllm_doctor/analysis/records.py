@@ -602,6 +602,7 @@ class EngineProfile(Record):
     per_rank: list[RankSummary] = field(default_factory=list)
     rank_imbalance: dict[str, RankImbalance] = field(default_factory=dict)
     time_accounting: TimeAccounting | None = None
+    encoder_cache: EncoderCacheUse | None = None
     host_span_s: list[float] | None = field(
         default=None,
         metadata=_doc("[first step's start, last step's end] on the host's monotonic clock (perf_counter; "
@@ -854,6 +855,21 @@ class TwinAB(Record):
 
 
 @dataclass(frozen=True)
+class EncoderCacheUse(Record):
+    """A multimodal model's encoder calls and the runner's encoder cache (its outputs kept for the
+    steps that place them), counted by the doctor's wrapper on ``embed_multimodal``."""
+
+    calls: int = 0
+    items: int = field(default=0, metadata=_doc("items (images) the encoder ran on"))
+    rows: int = field(default=0, metadata=_doc("embedding rows those calls returned"))
+    peak_entries: int = field(default=0, metadata=_doc("the most items the cache held at once"))
+    peak_rows: int = field(default=0, metadata=_doc("the most embedding rows it held at once"))
+    peak_bytes: int = 0
+    budget_rows: int | None = field(default=None, metadata=_doc("the cache's size in embedding rows"))
+    budget_source: str | None = field(default=None, metadata=_doc("where vLLM's budget was read"))
+
+
+@dataclass(frozen=True)
 class ProfileReply(Record):
     """The parts of a worker's ``doctor_collect`` profile reply the summaries read (its step
     records are :class:`vllm_doctor.facts.steps.StepTable`'s)."""
@@ -873,6 +889,7 @@ class ProfileReply(Record):
     doctor_rpc_s: float | None = None
     window_s: float | None = None
     crashes: list[dict[str, Any]] = field(default_factory=list)
+    encoder_cache: EncoderCacheUse | None = None
 
 
 @dataclass(frozen=True)

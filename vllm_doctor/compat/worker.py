@@ -158,6 +158,32 @@ def language_model(m: nn.Module) -> nn.Module | None:
     return lm if isinstance(lm, nn.Module) and lm is not m else None
 
 
+def encoder_cache(worker: Any) -> dict[str, Any] | None:
+    """The runner's encoder cache: multimodal item hash -> its encoder output (a tensor of
+    embedding rows). V1 runners hold the dict as ``encoder_cache``; the V2 runner an object whose
+    ``encoder_outputs`` is it. None where the runner has none (a text model on V2)."""
+    cache = getattr(runner(worker), "encoder_cache", None)
+    if isinstance(cache, dict):
+        return cache
+    outputs = getattr(cache, "encoder_outputs", None)
+    return outputs if isinstance(outputs, dict) else None
+
+
+def encoder_cache_budget(worker: Any) -> tuple[int | None, str | None]:
+    """The encoder cache's size in embedding rows and where it is read: the runner's multimodal
+    budget (``mm_budget.encoder_cache_size``, what vLLM's scheduler sizes it by), else the
+    scheduler config's ``encoder_cache_size`` (the floor vLLM starts from)."""
+    budget = getattr(runner(worker), "mm_budget", None)
+    size = getattr(budget, "encoder_cache_size", None)
+    if isinstance(size, int) and size > 0:
+        return size, "mm_budget.encoder_cache_size"
+    sched = getattr(getattr(worker, "vllm_config", None), "scheduler_config", None)
+    size = getattr(sched, "encoder_cache_size", None)
+    if isinstance(size, int) and size > 0:
+        return size, "scheduler_config.encoder_cache_size"
+    return None, None
+
+
 _ENCODER_PART = re.compile(r"vision|visual|image|audio|video|projector|multi_modal|^mm_")
 
 

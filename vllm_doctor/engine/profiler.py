@@ -54,6 +54,9 @@ DEFAULT_TRACE_STEPS = 64  # steps whose per-layer events are kept for trace.json
 # finished steps are turned into records in batches (one warm loop instead of a cold call per
 # step); on GPU a batch holds at most this many sampled steps' events
 RESOLVE_BATCH = 32
+# a multimodal model's encoder calls: items and embedding rows they returned, and the runner's
+# encoder cache at its fullest (entries, rows, bytes); the budget is the session's to set
+ENCODER_USE_ZERO = {"calls": 0, "items": 0, "rows": 0, "peak_entries": 0, "peak_rows": 0, "peak_bytes": 0}
 NAN = float("nan")  # a time a step has not (not sampled), in a packed column
 # compiled modes' timed names: the forward before the first attention call, and a decoder layer's
 # work after its attention (the name of the layer + this suffix)
@@ -129,6 +132,8 @@ class ForwardProfiler:
         self.boundary_layers: dict[str, tuple[str, int | None]] = {}
         self.steps: list[tuple[Any, ...]] = []  # a tuple per step: STEP_COLUMNS, the counts as one tuple
         self.dropped_steps = 0
+        self.encoder_use: dict[str, Any] = dict(ENCODER_USE_ZERO)
+        self.encoder_budget: dict[str, Any] = {}  # budget_rows, budget_source (the session's)
         self.layer_stats: dict[str, dict[str, Any]] = {}
         self.layer_trace: list[dict[str, Any]] = []
         self._stack: list[tuple[str, Any]] = []
@@ -258,6 +263,28 @@ class ForwardProfiler:
         if self.current is None:
             return None
         return self.clock.mark(True)
+
+    def encoder_output(self, output: Any, cache: dict[str, Any] | None) -> None:
+        """An encoder call returned ``output`` (one tensor of embedding rows per item): count the
+        items and rows, and the runner's encoder cache as it holds them once the runner stores
+        this call's (what it held, plus these: it only grows at these calls)."""
+        import torch  # the worker's (this module is also read where torch is not loaded)
+
+        use = self.encoder_use
+        items = [t for t in output if isinstance(t, torch.Tensor)] if isinstance(output, (list, tuple)) else []
+        rows = sum(t.size(0) for t in items if t.dim() >= 1)
+        nbytes = sum(t.numel() * t.element_size() for t in items)
+        use["calls"] += 1
+        use["items"] += len(items)
+        use["rows"] += rows
+        if cache is not None:
+            held = [t for t in list(cache.values()) if isinstance(t, torch.Tensor)]
+            entries = len(held) + len(items)
+            tokens = sum(t.size(0) for t in held if t.dim() >= 1) + rows
+            size = sum(t.numel() * t.element_size() for t in held) + nbytes
+            use["peak_entries"] = max(use["peak_entries"], entries)
+            use["peak_rows"] = max(use["peak_rows"], tokens)
+            use["peak_bytes"] = max(use["peak_bytes"], size)
 
     def encoder_exit(self, start: Any) -> None:
         step = self.current
@@ -617,6 +644,7 @@ class ForwardProfiler:
             "t0": self.t0,
             "step_arrays": self.step_arrays(STEP_COLUMNS if timeline else STEP_SUMMARY_COLUMNS),
             "dropped_steps": self.dropped_steps,
+            "encoder_cache": {**self.encoder_use, **self.encoder_budget} if self.encoder_use["calls"] else None,
             "layers": list(self.layer_stats.values()),
             "trace": list(self.layer_trace) if timeline else [],
             "timed_modules": [
@@ -628,6 +656,7 @@ class ForwardProfiler:
             self.layer_stats.clear()
             self.layer_trace.clear()
             self.dropped_steps = 0
+            self.encoder_use.update(ENCODER_USE_ZERO)
         return out
 
 

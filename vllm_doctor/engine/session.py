@@ -167,6 +167,8 @@ class WorkerSession:
             ]
             encoder = wv.encoder_method(model)
             if encoder is not None:
+                rows, source = wv.encoder_cache_budget(self.worker)
+                self.profiler.encoder_budget = {"budget_rows": rows, "budget_source": source}
                 self._encoder = [self._encoder_call(model, encoder)]
                 for obj, attr, fn, _ in self._encoder:
                     obj.__dict__[attr] = fn
@@ -326,7 +328,7 @@ class WorkerSession:
         assert prof is not None
         previous = model.__dict__.get(attr)
         original = getattr(model, attr)
-        disabled, own, clock = self.disabled, self.own_s, time.perf_counter
+        disabled, own, clock, worker = self.disabled, self.own_s, time.perf_counter, self.worker
 
         def call(*args: Any, **kwargs: Any) -> Any:
             if "encoder" in disabled or prof.current is None:
@@ -340,13 +342,16 @@ class WorkerSession:
             except Exception as exc:
                 self._crashed("encoder", exc)
             own["timers"] += clock() - t
+            output = None
             try:
-                return original(*args, **kwargs)
+                output = original(*args, **kwargs)
+                return output
             finally:
                 if start is not None and "encoder" not in disabled:
                     t = clock()
                     try:
                         prof.encoder_exit(start)
+                        prof.encoder_output(output, wv.encoder_cache(worker))
                     except Exception as exc:
                         self._crashed("encoder", exc)
                     own["timers"] += clock() - t

@@ -11,6 +11,7 @@ from typing import Any
 from vllm_doctor.analysis.records import (
     CompileState,
     DoctorOverhead,
+    EncoderCacheUse,
     EngineAnatomy,
     EngineProfile,
     LayerTables,
@@ -126,6 +127,29 @@ def images_text(w: WorkloadRun) -> str:
     return f" + {w.images_per_prompt} image{'s' if w.images_per_prompt > 1 else ''}{size}"
 
 
+def encoder_cache_text(use: EncoderCacheUse, workload: WorkloadRun | None) -> str:
+    """The encoder's items and the runner's encoder cache at its fullest, e.g. ``64 image(s)
+    encoded in 5 call(s) (36,864 embedding rows, each fed image once); cache at most 24 item(s),
+    13,824 of 16,384 rows (84%), 108.00 MiB``."""
+    fed = (workload.prompts or 0) * (workload.images_per_prompt or 0) if workload is not None else 0
+    reuse = ""
+    if fed and use.items == fed:
+        reuse = ", each fed image once"
+    elif fed and use.items < fed:
+        reuse = f", {fed - use.items} of {fed} fed images from the cache (the same image again)"
+    elif fed:
+        reuse = f" for {fed} fed images (some encoded again: a preempted request's)"
+    budget = ""
+    if use.budget_rows:
+        budget = f" of {use.budget_rows:,} rows ({100 * use.peak_rows / use.budget_rows:.0f}%, {use.budget_source})"
+    else:
+        budget = " rows"
+    return (
+        f"{use.items} item(s) encoded in {use.calls} call(s) ({use.rows:,} embedding rows{reuse}); "
+        f"cache at most {use.peak_entries} item(s), {use.peak_rows:,}{budget}, {fmt_bytes(use.peak_bytes)}"
+    )
+
+
 def encoder_text(phase: str, p: PhaseSummary) -> str:
     """A multimodal model's encoder in one phase, e.g. ``prefill: 29.07 ms in 1 step(s) = 27 %
     of those steps (embed_multimodal: vision tower and projector); the decoder's forward and the
@@ -188,6 +212,10 @@ def render_profile(
         encoder = encoder_text(phase, p)
         if encoder:
             lines.append(f"  encoder       {encoder}")
+    if prof.encoder_cache is not None:
+        lines.append(
+            f"  encoder cache {encoder_cache_text(prof.encoder_cache, WorkloadRun.of(workload) if workload else None)}"
+        )
     for phase, p in prof.phases.items():
         cost = timing_cost_text(phase, p)
         if cost:
