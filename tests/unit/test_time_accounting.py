@@ -123,3 +123,17 @@ def test_the_edges_are_measured_on_the_hosts_clock_when_both_sides_carry_their_t
     far = time_accounting(profile, {"wall_s": wall, "host_start_s": span[0] + 50.0})
     assert far is not None and far.measured_share is None and far.before_first_s is None
     assert far.edges_s == pytest.approx(wall - far.steps_s - far.between_steps_s)  # type: ignore[operator]
+
+
+def test_tops_model_panel_shows_the_encoders_time_where_a_phase_ran_it() -> None:
+    """The H200 LLaVA-7B-shaped port's default-mode run: the prefill step ran the vision tower
+    and projector for 225.74 ms of its 687.50 ms; decode never does (no line for it)."""
+    phases = {
+        "prefill": {"steps": 1, "step_s_mean": 0.6875, "encoder_steps": 1, "encoder_s": 0.22574, "encoder_step_s": 0.6875},
+        "decode": {"steps": 127, "step_s_mean": 0.01469},
+    }
+    model = model_summary({"profiles": {"engine": {"clock": "cuda_events", "phases": phases, "available": True}}})
+    lines = model_panel(type("F", (), {"model": model})(), 60).plain.splitlines()  # type: ignore[arg-type]
+    assert [x for x in lines if x.startswith("encoder ")] == ["encoder prefill 225.74 ms in 1 step(s) = 33 %"]
+    narrow = model_panel(type("F", (), {"model": model})(), 40).plain.splitlines()  # type: ignore[arg-type]
+    assert [x for x in narrow if x.startswith("encoder ")] == ["encoder prefill 225.74 ms in 1 step(s)"]

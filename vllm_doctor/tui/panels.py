@@ -247,6 +247,12 @@ def model_panel(frame: Frame, width: int) -> Text:
             out.append(f"{p.steps:>5} steps  fwd {fmt_s(p.forward_s_mean)} of {fmt_s(p.forward_steps_step_s_mean)}\n")
         else:
             out.append(f"{p.steps:>5} steps  fwd {fmt_s(p.forward_s_mean)}  p50 step {fmt_s(p.step_s_p50)}\n")
+    for phase, p in model.phases.items():  # a multimodal model's encoder, where a phase ran it
+        if p.encoder_steps and p.encoder_s is not None and p.encoder_step_s:
+            out.append("encoder ", style="cyan")
+            share = 100 * p.encoder_s / p.encoder_step_s
+            line = f"{phase} {fmt_s(p.encoder_s)} in {p.encoder_steps} step(s) = {share:.0f} %"
+            out.append((line if len(line) + 8 <= width else line.split(" = ")[0])[: width - 8] + "\n")
     if model.slowest_layers:
         out.append("slowest layers: ", style="cyan")
         out.append(" · ".join(f"#{x.layer} {fmt_s(x.total_s)}" for x in model.slowest_layers[:3]) + "\n")
