@@ -122,8 +122,17 @@ def test_per_layer_tables_hold_the_language_models_modules_only(eager: tuple[Any
     assert [row["layer"] for row in by_layer] == [0, 1]
 
 
-def test_images_zero_runs_text_prompts_without_encoder_time(example: Path, tmp_path: Path) -> None:
-    proc, report = _profile(example, tmp_path, "--eager", "--images", "0")
-    assert "images_per_prompt" not in report["profiles"]["workload"]
-    assert all(s["encoder_s"] is None for s in report["profiles"]["engine"]["steps"])
+def test_the_twin_of_a_multimodal_port_is_its_decoders_fed_text_prompts(example: Path, tmp_path: Path) -> None:
+    """``--twin auto`` on the vision-language port: vLLM's LlamaForCausalLM stands for the language
+    model (``language_model.*``); both runs get text prompts (images 0: the port's report has no
+    image and no encoder time) and random weights, and the A/B compares the decoders."""
+    proc, report = _profile(example, tmp_path, "--eager", "--twin", "auto")
+    for side in (report, json.loads((tmp_path / "twin" / "report.json").read_text())):
+        assert "images_per_prompt" not in side["profiles"]["workload"]
+        assert all(s["encoder_s"] is None for s in side["profiles"]["engine"]["steps"])
+        assert side["profiles"]["engine_kwargs"]["load_format"] == "dummy"
     assert "  encoder  " not in proc.stdout
+    twin = report["profiles"]["twin"]
+    assert twin["architecture"] == "LlamaForCausalLM" and twin["match"]["decoder_prefix"] == "language_model."
+    assert twin["phases"]["decode"]["port_steps"] == twin["phases"]["decode"]["twin_steps"] > 0
+    assert "the twin is its language model's (language_model.* as LlamaForCausalLM)" in proc.stdout

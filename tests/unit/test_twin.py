@@ -94,6 +94,35 @@ def test_own_module_names_and_fused_projections_match_by_shape_with_dummy_weight
     assert "load_format=dummy" in got.notes[0]
 
 
+def _vision_tensors() -> dict[str, list[int]]:
+    return {"vision_tower.embeddings.patch_embedding.weight": [64, 3, 8, 8],
+            "vision_tower.encoder.layers.0.self_attn.q_proj.weight": [64, 64],
+            "multi_modal_projector.linear_1.weight": [128, 64]}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("layout", "prefix"),
+    [
+        # transformers < 4.52: a causal LM under language_model.
+        ({f"language_model.{n}": s for n, s in llama_tensors().items()}, "language_model."),
+        # transformers >= 4.52: the decoder under model.language_model., the LM head at the root
+        ({(n if n == "lm_head.weight" else "model.language_model." + n.removeprefix("model.")): s
+          for n, s in llama_tensors().items()}, "model.language_model."),
+    ],
+)  # fmt: skip
+def test_a_multimodal_checkpoints_twin_is_its_decoders(layout: dict[str, list[int]], prefix: str) -> None:
+    """The tiny vision-language port's layouts: the language model's tensors under a text model's
+    names match LlamaForCausalLM; the tower and the projector are nobody's. Random weights on
+    both runs (the port's names are not the twin's) and a note that says what is compared."""
+    got = find_twin(layout | _vision_tensors(), CONFIG | {"vision_hidden_size": 64, "image_token_index": 3})
+    assert isinstance(got, TwinMatch) and got.architecture == "LlamaForCausalLM"
+    assert got.decoder_prefix == prefix and got.weights == "dummy"
+    assert any("the twin is its language model's" in n and "text prompts (no images)" in n for n in got.notes)
+    # a text checkpoint is its own decoder
+    text = find_twin(llama_tensors(), CONFIG)
+    assert isinstance(text, TwinMatch) and text.decoder_prefix is None and text.weights == "same"
+
+
 def test_config_aliases_are_read_as_the_usual_sizes() -> None:
     aliased = {k: v for k, v in CONFIG.items() if k not in ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")}
     aliased |= {"n_embd": 128, "n_layer": 2, "n_head": 4, "ffn_dim": 256}

@@ -732,6 +732,10 @@ class TwinMatchInfo(Record):
     weights: str | None = field(default=None, metadata=_doc("same: the port's files; dummy: random weights on both"))
     notes: list[str] = field(default_factory=list)
     model_dir: str | None = None
+    decoder_prefix: str | None = field(
+        default=None,
+        metadata=_doc("a multimodal port: the prefix of its language model, the part the twin stands for"),
+    )
 
 
 @dataclass(frozen=True)

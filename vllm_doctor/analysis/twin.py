@@ -281,9 +281,16 @@ class TwinMatch:
     weights: str
     sizes: Sizes
     notes: list[str] = field(default_factory=list)
+    # a multimodal checkpoint: the prefix its language model sat under (the twin is the decoder's)
+    decoder_prefix: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"how": self.how, "weights": self.weights, "notes": list(self.notes)}
+        return {
+            "how": self.how,
+            "weights": self.weights,
+            "notes": list(self.notes),
+            "decoder_prefix": self.decoder_prefix,
+        }
 
 
 @dataclass
@@ -528,6 +535,40 @@ def match_architecture(
     return by_name[0] if found >= 0.5 else structural
 
 
+_LAYER_GROUP = re.compile(r"^(.*?)layers\.\d+\.")
+
+
+def decoder_part(tensors: Mapping[str, Sequence[int]]) -> tuple[dict[str, Sequence[int]], str | None]:
+    """A multimodal checkpoint's language model under a text model's names, and the prefix it
+    sat under; (the tensors, None) for a text checkpoint. The language model is the prefix
+    before ``layers.N.`` that most tensors share: ``language_model.model.`` (the layout
+    transformers wrote before 4.52: ``language_model.`` is a causal LM) or
+    ``model.language_model.`` (after: the decoder itself, the LM head at the root)."""
+    groups: dict[str, int] = {}
+    for name in tensors:
+        m = _LAYER_GROUP.match(name)
+        if m is not None:
+            groups[m.group(1)] = groups.get(m.group(1), 0) + 1
+    if not groups:
+        return dict(tensors), None
+    group = max(groups, key=lambda g: groups[g])
+    if group in ("model.", "transformer.", ""):
+        return dict(tensors), None
+    out: dict[str, Sequence[int]] = {}
+    if group.endswith(".model."):  # a causal LM under a prefix (language_model.model.): strip the prefix
+        root = group[: -len("model.")]
+        for name, shape in tensors.items():
+            if name.startswith(root):
+                out[name[len(root) :]] = shape
+        return out, root
+    for name, shape in tensors.items():  # the decoder under a prefix, its head at the root
+        if name.startswith(group):
+            out["model." + name[len(group) :]] = shape
+        elif name == LM_HEAD.name:
+            out[name] = shape
+    return out, group
+
+
 def find_twin(
     tensors: Mapping[str, Sequence[int]], config: Mapping[str, Any], forced: str | None = None
 ) -> TwinMatch | NoTwin:
@@ -545,9 +586,31 @@ def find_twin(
             "(the doctor matches by tensor names and shapes)"
         )
         return NoTwin(empty, bad_input=forced is not None)
+    decoder, prefix = decoder_part(tensors)
+    if prefix is not None:  # a multimodal checkpoint: the twin is its decoder's
+        tensors = decoder
+        if not tensors:
+            return NoTwin(
+                "no in-tree twin: the checkpoint's language model holds no tensors", bad_input=forced is not None
+            )
     sizes, why = read_sizes(config, has_lm_head=LM_HEAD.name in tensors)
     if sizes is None:
         return NoTwin(f"no in-tree twin: {why}", bad_input=forced is not None)
+    got = _find(tensors, config, sizes, forced)
+    if prefix is not None and isinstance(got, TwinMatch):
+        got.decoder_prefix = prefix
+        got.weights = "dummy"  # the port's names are not the twin's: neither run loads the checkpoint
+        got.notes.append(
+            f"a multimodal checkpoint: the twin is its language model's ({prefix}* as {got.architecture}); the "
+            "vision tower and projector have no twin here; both runs get text prompts (no images) and random "
+            "weights (load_format=dummy): the A/B compares the decoders"
+        )
+    return got
+
+
+def _find(
+    tensors: Mapping[str, Sequence[int]], config: Mapping[str, Any], sizes: Sizes, forced: str | None
+) -> TwinMatch | NoTwin:
     candidates = [BY_NAME[forced]] if forced else [a for a in ARCHITECTURES if a.auto]
     tried: dict[str, str] = {}
     for spec in candidates:

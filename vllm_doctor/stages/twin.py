@@ -175,6 +175,8 @@ def profile_with_twin(
     info = TwinMatchInfo.of(match.to_dict())
     if match.weights == "dummy":
         options = replace(options, engine_args={**options.engine_args, "load_format": "dummy"})
+    if match.decoder_prefix is not None:  # the twin is the decoder's: text prompts on both runs
+        options = replace(options, workload=replace(options.workload, images=0))
     weights = "the same weights" if match.weights == "same" else "random weights on both (load_format=dummy)"
     say(f"twin A/B: vLLM's {arch} is the twin ({match.how}; {weights}); run 1 of 2: the port")
     report = diagnose_engine(model, options, progress=_prefixed(progress, "port"), log_dir=log_dir)
