@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,28 @@ def test_an_image_token_outside_the_vocabulary_is_vd211_with_the_vocabulary(bad_
     finding = _by_code(json.loads(proc.stdout), "VD211")
     assert finding["outcome"] == "fail"
     assert "image_token_index = 1512; outside the vocabulary of 512 token(s)" in finding["hint"]
+
+
+def test_a_registration_on_another_class_is_named_with_the_move(tmp_path: Path) -> None:
+    """The decorator put on the language model's class instead of the one the architecture
+    resolves to: vLLM's registry looks on the resolved class only (the same text-only run as no
+    registration at all); VD209 names the class that carries it and says where to move it."""
+    name = "mm-processor-not-registered"
+    subprocess.run(
+        [sys.executable, str(REPO / "examples" / "make_multimodal.py"), str(tmp_path), "--only", name],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    package = "tiny_doctor_vl_processor_not_registered"
+    model_py = tmp_path / name / "site" / package / "model.py"
+    source = model_py.read_text()
+    decorator = (
+        "@MULTIMODAL_REGISTRY.register_processor(\n    TinyDoctorVLMultiModalProcessor,\n"
+        "    info=TinyDoctorVLProcessingInfo,\n    dummy_inputs=TinyDoctorVLDummyInputsBuilder,\n)\n"
+    )
+    assert "class TinyLanguageModel(" in source and decorator not in source
+    model_py.write_text(source.replace("class TinyLanguageModel(", decorator + "class TinyLanguageModel(", 1))
+    finding = _by_code(doctor_json(tmp_path, name), "VD209")
+    assert finding["outcome"] == "fail"
+    assert f"the registration sits on {package}.model.TinyLanguageModel instead" in finding["message"]
+    assert finding["evidence"]["mm_processor_on"] == [f"{package}.model.TinyLanguageModel"]
+    assert "from TinyLanguageModel to TinyDoctorVLForConditionalGeneration" in finding["hint"]

@@ -355,14 +355,23 @@ def multimodal_processor_not_registered(facts: Facts, emit: Emit) -> Iterable[Fi
     if c.vllm.has_mm_processor:
         yield emit.ok(f"{target} has a multimodal processor registered", target)
         return
-    yield emit.fail(
-        f"{target} implements SupportsMultiModal but has no multimodal processor registered: vLLM runs it in "
-        f"text-only mode and refuses image requests ({TEXT_ONLY_ERROR})",
-        target,
-        {"supports_multimodal": True, "has_mm_processor": False},
-        "decorate the class vLLM resolves with @MULTIMODAL_REGISTRY.register_processor(Processor, info=..., "
-        "dummy_inputs=...)",
+    elsewhere = c.vllm.mm_processor_on
+    where = (
+        f"; the registration sits on {', '.join(elsewhere)} instead, a class the architecture does not resolve to"
+        if elsewhere
+        else ""
     )
+    yield emit.fail(
+        f"{target} implements SupportsMultiModal but has no multimodal processor registered{where}: vLLM runs it "
+        f"in text-only mode and refuses image requests ({TEXT_ONLY_ERROR})",
+        target,
+        {"supports_multimodal": True, "has_mm_processor": False, "mm_processor_on": list(elsewhere)},
+        (f"move the @MULTIMODAL_REGISTRY.register_processor(...) decorator from {elsewhere[0].rsplit('.', 1)[-1]} to "
+         f"{target.rsplit(':', 1)[-1].rsplit('.', 1)[-1]}, the class the architecture resolves to")
+        if elsewhere
+        else "decorate the class vLLM resolves with @MULTIMODAL_REGISTRY.register_processor(Processor, info=..., "
+        "dummy_inputs=...)",
+    )  # fmt: skip
 
 
 @check(

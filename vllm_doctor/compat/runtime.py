@@ -230,9 +230,28 @@ def multimodal_verdicts(cls: type) -> dict[str, Any]:
         registry = importlib.import_module("vllm.multimodal").MULTIMODAL_REGISTRY
         if callable(getattr(registry, "_get_model_cls", None)):  # the lookup that reads the class's factories
             out["has_mm_processor"] = hasattr(cls, "_processor_factory")
+            if not out["has_mm_processor"]:
+                out["mm_processor_on"] = _registered_elsewhere(cls)
     except Exception as exc:
         out["has_mm_processor_error"] = repr(exc)
     return out
+
+
+def _registered_elsewhere(cls: type) -> list[str]:
+    """Classes of ``cls``'s module (and of its package's modules already imported) that carry a
+    multimodal processor registration of their own: the decorator put on another class than the
+    one the architecture resolves to."""
+    package = cls.__module__.rsplit(".", 1)[0]
+    found = []
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == cls.__module__ or name.startswith(package + ".")):
+            continue
+        for value in list(vars(module).values()):
+            if isinstance(value, type) and value is not cls and "_processor_factory" in vars(value):
+                qual = f"{value.__module__}.{value.__qualname__}"
+                if value.__module__ == name and qual not in found:
+                    found.append(qual)
+    return found
 
 
 def contract_facts(cls: type) -> dict[str, Any]:

@@ -27,6 +27,8 @@ class VllmVerdicts:
     # multimodal: does it implement SupportsMultiModal, and has vLLM's registry a processor for it
     supports_multimodal: bool | None = None
     has_mm_processor: bool | None = None
+    # where it has none: the classes of its module that carry the registration instead
+    mm_processor_on: list[str] = field(default_factory=list)
     # does the installed vLLM require embed_input_ids for is_vllm_model? (0.32 does)
     requires_embed_input_ids: bool | None = None
 
