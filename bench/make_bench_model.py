@@ -102,8 +102,8 @@ VL_7B = {
 def write_vl(out: Path) -> Path:
     """The bundled vision-language port (``TinyDoctorVLForConditionalGeneration``) at LLaVA-1.5-7B's
     shape: OUT/model (config.json, the image processor's config, a 32,000-entry tokenizer with
-    ``<image>``; no weights: load it with ``load_format=dummy``) and OUT/site (the plugin, with its
-    entry point: put it on PYTHONPATH)."""
+    ``<image>``, a checkpoint of headers and a hole: load it with ``load_format=dummy``) and OUT/site
+    (the plugin, with its entry point: put it on PYTHONPATH)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
     import make_multimodal as mm  # type: ignore[import-not-found]
 
@@ -120,11 +120,53 @@ def write_vl(out: Path) -> Path:
         json.dumps(mm.PREPROCESSOR | {"size": VL_7B["vision_image_size"]}, indent=2)
     )
     mm.build_tokenizer(VOCAB).save_pretrained(str(model))
+    # the checkpoint's names and shapes with no bytes (a hole): what `profile --twin auto` matches the
+    # language model's twin by; every run loads it with load_format=dummy
+    write_hole_file(model / "model.safetensors", vl_shapes(config))
     return model
 
 
 def write_hole_checkpoint(path: Path, config: dict[str, Any]) -> None:
     """A safetensors file of HF Llama names and shapes (bf16) whose data region is a hole."""
+    write_hole_file(path, llama_shapes(config))
+
+
+def vl_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
+    """The vision-language port's checkpoint names (make_multimodal.py's layout) at ``config``'s sizes."""
+    h, inter, patch = config["vision_hidden_size"], config["vision_intermediate_size"], config["vision_patch_size"]
+    text, patches = config["hidden_size"], (config["vision_image_size"] // patch) ** 2
+    v, m = "vision_tower.", "multi_modal_projector."
+    shapes = {"language_model." + n: s for n, s in llama_shapes(config).items()}
+    shapes |= {
+        v + "embeddings.patch_embedding.weight": [h, 3, patch, patch],
+        v + "embeddings.position_embedding.weight": [patches, h],
+    }
+    for n in range(config["vision_num_hidden_layers"]):
+        p = f"{v}encoder.layers.{n}."
+        for proj in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            shapes |= {f"{p}self_attn.{proj}.weight": [h, h], f"{p}self_attn.{proj}.bias": [h]}
+        shapes |= {
+            p + "layer_norm1.weight": [h],
+            p + "layer_norm1.bias": [h],
+            p + "layer_norm2.weight": [h],
+            p + "layer_norm2.bias": [h],
+            p + "mlp.fc1.weight": [inter, h],
+            p + "mlp.fc1.bias": [inter],
+            p + "mlp.fc2.weight": [h, inter],
+            p + "mlp.fc2.bias": [h],
+        }
+    shapes |= {
+        v + "post_layernorm.weight": [h],
+        v + "post_layernorm.bias": [h],
+        m + "linear_1.weight": [text, h],
+        m + "linear_1.bias": [text],
+        m + "linear_2.weight": [text, text],
+        m + "linear_2.bias": [text],
+    }
+    return shapes
+
+
+def llama_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
     h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
     shapes: dict[str, list[int]] = {"model.embed_tokens.weight": [v, h]}
@@ -137,6 +179,10 @@ def write_hole_checkpoint(path: Path, config: dict[str, Any]) -> None:
             p + "input_layernorm.weight": [h], p + "post_attention_layernorm.weight": [h],
         }  # fmt: skip
     shapes |= {"model.norm.weight": [h], "lm_head.weight": [v, h]}
+    return shapes
+
+
+def write_hole_file(path: Path, shapes: dict[str, list[int]]) -> None:
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape in shapes.items():

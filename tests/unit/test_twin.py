@@ -95,9 +95,12 @@ def test_own_module_names_and_fused_projections_match_by_shape_with_dummy_weight
 
 
 def _vision_tensors() -> dict[str, list[int]]:
-    return {"vision_tower.embeddings.patch_embedding.weight": [64, 3, 8, 8],
-            "vision_tower.encoder.layers.0.self_attn.q_proj.weight": [64, 64],
-            "multi_modal_projector.linear_1.weight": [128, 64]}  # fmt: skip
+    """A tower with more layered tensors than the decoder (CLIP-L's 24 layers against a 2-layer
+    decoder here; 384 against 288 at LLaVA-1.5-7B's shape): the decoder is not the largest group."""
+    out = {"vision_tower.embeddings.patch_embedding.weight": [64, 3, 8, 8], "multi_modal_projector.linear_1.weight": [128, 64]}
+    for n in range(24):
+        out |= {f"vision_tower.encoder.layers.{n}.self_attn.{p}_proj.weight": [64, 64] for p in "qkv"}
+    return out
 
 
 @pytest.mark.parametrize(

@@ -536,12 +536,14 @@ def match_architecture(
 
 
 _LAYER_GROUP = re.compile(r"^(.*?)layers\.\d+\.")
+_ENCODER_GROUP = re.compile(r"vision|visual|image|audio|video|projector|encoder")
 
 
 def decoder_part(tensors: Mapping[str, Sequence[int]]) -> tuple[dict[str, Sequence[int]], str | None]:
     """A multimodal checkpoint's language model under a text model's names, and the prefix it
     sat under; (the tensors, None) for a text checkpoint. The language model is the prefix
-    before ``layers.N.`` that most tensors share: ``language_model.model.`` (the layout
+    before ``layers.N.`` that most tensors share, of those not named like an encoder's (a vision
+    tower's ``vision_tower.encoder.layers.N.``): ``language_model.model.`` (the layout
     transformers wrote before 4.52: ``language_model.`` is a causal LM) or
     ``model.language_model.`` (after: the decoder itself, the LM head at the root)."""
     groups: dict[str, int] = {}
@@ -549,9 +551,10 @@ def decoder_part(tensors: Mapping[str, Sequence[int]]) -> tuple[dict[str, Sequen
         m = _LAYER_GROUP.match(name)
         if m is not None:
             groups[m.group(1)] = groups.get(m.group(1), 0) + 1
-    if not groups:
+    decoders = {g: n for g, n in groups.items() if not _ENCODER_GROUP.search(g)}  # not a vision/audio encoder's
+    if not decoders:
         return dict(tensors), None
-    group = max(groups, key=lambda g: groups[g])
+    group = max(decoders, key=lambda g: decoders[g])
     if group in ("model.", "transformer.", ""):
         return dict(tensors), None
     out: dict[str, Sequence[int]] = {}
