@@ -265,8 +265,8 @@ def test_the_references_decode_step_through_its_cache_is_its_full_forwards_last_
                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
     model = LlamaForCausalLM(config).eval()
     context, token = [5, 9, 13, 40, 7], 21
-    cached, path = step_layer_outputs(model, context, token, "cpu")
-    full = layer_outputs(model, [*context, token], "cpu")
+    cached, path, _ = step_layer_outputs(model, context, token, "cpu")
+    full, _ = layer_outputs(model, [*context, token], "cpu")
     assert path == "its KV cache (past_key_values)" and sorted(cached) == ["0", "1"]
     for key in cached:
         assert len(cached[key]) == 1
@@ -280,6 +280,6 @@ def test_the_references_decode_step_through_its_cache_is_its_full_forwards_last_
         def forward(self, input_ids: torch.Tensor) -> object:
             return self.inner(input_ids=input_ids, use_cache=False)
 
-    plain, path = step_layer_outputs(NoCache(model), context, token, "cpu")
+    plain, path, _ = step_layer_outputs(NoCache(model), context, token, "cpu")
     assert path == "a full forward, its last position (it keeps no KV cache)"
     assert all(torch.allclose(torch.tensor(plain[k][0]), torch.tensor(full[k][-1]), atol=1e-6) for k in plain)

@@ -130,7 +130,6 @@ def text_config(config: TinyDoctorVLConfig) -> LlamaConfig:
 class TinyDoctorVLForConditionalGeneration(PreTrainedModel):
     config_class = TinyDoctorVLConfig
     base_model_prefix = ""
-    _no_split_modules = ["LlamaDecoderLayer", "TinyVisionEncoderLayer"]
 
     def __init__(self, config: TinyDoctorVLConfig) -> None:
         super().__init__(config)
