@@ -223,6 +223,11 @@ class ParityResult:
             )
         elif self.ok and self.layer_checks:
             worst = max((e.max_rel for c in self.layer_checks for e in c.layers), default=0.0)
+            parts = [e for c in self.layer_checks for e in c.encoder]
+            if parts:
+                worst_part = max(e.max_rel for e in parts)
+                names = " and ".join(dict.fromkeys(e.part for e in parts))
+                lines.append(f"the {names} outputs match within rtol {rtol:g} (worst {worst_part:.2g})")
             lines.append(f"every decoder layer's output matches within rtol {rtol:g} (worst {worst:.2g})")
         elif first is not None and self.layer_checks:
             lines.append(
