@@ -4,8 +4,9 @@ The tiny vision-language example (examples/tiny_vl_plugin, built by examples/mak
 against its Hugging Face class (tiny_doctor_vl_model/modeling.py), one seeded image per prompt:
 
 - the working example agrees, tower and projector included;
-- the same engine against a reference whose projector uses ReLU where the vLLM class uses GELU:
-  the verdict is "projector" (the tower's output matches on the same pixel values);
+- the same engine against a reference whose projector uses ReLU where the vLLM class uses GELU,
+  through the pytest plugin's assert_logprobs_close: the verdict is "projector" (the tower's
+  output matches on the same pixel values);
 - mm-vision-weights-skipped (vLLM's tower keeps its construction values): "vision tower".
 
 Two engines in all (one per model, module-scoped), each started with only its own plugin on
@@ -24,7 +25,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from vllm_doctor.api import compare_with_reference
+from vllm_doctor.api import compare_with_reference, parity_engine_key
+from vllm_doctor.pytest_plugin.fixtures import VllmDoctor
+from vllm_doctor.pytest_plugin.session import DoctorSession
+from vllm_doctor.stages.options import EngineOptions
 from vllm_doctor.stages.parity import ParityEngine, ParityOptions, engine_options, run_parity
 
 pytestmark = [
@@ -128,21 +132,6 @@ def test_the_working_example_matches_its_reference_with_images(built: Path, ok_e
     assert "the vision tower and projector outputs match" in result.message()
 
 
-def test_a_projector_that_differs_from_the_reference_is_named(built: Path, ok_engine: ParityEngine) -> None:
-    result = run_parity(
-        str(built / OK / "model"), _options(OK, "relu_reference:ReluProjectorReference"), engine=ok_engine
-    )
-    assert not result.ok, result.message()
-    assert result.first_divergent == "projector", result.message()
-    parts = {row.part: row for row in result.encoder}
-    assert parts["vision tower"].max_rel <= result.hidden_rtol < parts["projector"].max_rel
-    assert result.layers_on == {"prompt": 0, "step": 0, "phase": "prefill"}
-    text = result.message()
-    assert "prefill of prompt 0: the projector's output differs first" in text
-    assert "gelu vs relu" in text  # the fix names the activation
-    assert result.summary().startswith("first divergent: the projector (prefill of prompt 0)")
-
-
 def test_vision_weights_left_at_construction_values_are_named(built: Path, skipped_engine: ParityEngine) -> None:
     result = run_parity(str(built / SKIPPED / "model"), _options(SKIPPED), engine=skipped_engine)
     assert not result.ok, result.message()
@@ -153,3 +142,30 @@ def test_vision_weights_left_at_construction_values_are_named(built: Path, skipp
     assert "the vision tower's output differs first" in text
     assert "load_weights" in text
     assert result.to_dict()["first_divergent"] == "vision tower"
+
+
+def test_a_projector_that_differs_from_the_reference_is_named_by_the_pytest_plugin(
+    built: Path, ok_engine: ParityEngine
+) -> None:
+    """vllm_doctor.assert_logprobs_close(images=1) against a reference with ReLU in its projector:
+    it fails naming the projector (the tower matches exactly on the same pixel values). The
+    session's parity engine for those options is the module's: no engine is started here."""
+    model = str(built / OK / "model")
+    session = DoctorSession(engine=EngineOptions(device="cpu"))
+    session.engines[parity_engine_key(model, dtype="float32", device="cpu", images=1)] = ok_engine
+    doctor = VllmDoctor(session, "test_a_projector_that_differs_from_the_reference_is_named_by_the_pytest_plugin")
+    with pytest.raises(pytest.fail.Exception) as failed:
+        doctor.assert_logprobs_close(
+            model, hf_class="relu_reference:ReluProjectorReference", prompts=PROMPTS, max_tokens=4, images=1
+        )
+    text = str(failed.value)
+    assert "prefill of prompt 0: the projector's output differs first" in text
+    assert "gelu vs relu" in text  # the fix names the activation
+    assert session.runs.get("parity_engine", 0) == 0  # the module's engine served it
+    outcome = session.outcomes[-1]
+    assert not outcome.ok and outcome.summary.startswith("first divergent: the projector (prefill of prompt 0)")
+    parity = outcome.details["parity"]
+    assert parity["first_divergent"] == "projector" and parity["images"] == 1
+    parts = {row["part"]: row for row in parity["encoder"]}
+    assert parts["vision tower"]["max_rel"] <= parity["hidden_rtol"] < parts["projector"]["max_rel"]
+    assert parity["layers_on"] == {"prompt": 0, "step": 0, "phase": "prefill"}
