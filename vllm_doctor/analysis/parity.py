@@ -90,13 +90,12 @@ class LayerCheck:
     diverging: bool = False
     note: str | None = None  # a caveat about this comparison (the capture run did not reproduce the step)
     encoder: list[PartError] = field(default_factory=list)  # with images: tower, projector (on the same pixels)
+    rtol: float | None = None  # the hidden_rtol it was judged with (set by :func:`localise`)
 
     @property
     def first_divergent(self) -> str | None:
         """The first part that differs: "vision tower", "projector" or "decoder layer N"; None: none."""
         return first_divergent(self, self.rtol) if self.rtol is not None else None
-
-    rtol: float | None = None  # the hidden_rtol it was judged with (set by :func:`localise`)
 
     @property
     def phase(self) -> str:
