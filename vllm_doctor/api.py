@@ -179,6 +179,7 @@ def compare_with_reference(
     engine_args: dict[str, Any] | None = None,
     timeout: float = 600.0,
     engine: ParityEngine | None = None,
+    images: int = 0,
 ) -> ParityResult:
     """Greedy tokens and top-k logprobs of vLLM vs Hugging Face transformers on ``model``.
 
@@ -190,11 +191,23 @@ def compare_with_reference(
     side cannot run at all (the message says why). ``engine``: one from
     :func:`start_parity_engine` with the same model and engine options, kept across calls
     (otherwise each call starts and stops its own).
+
+    ``images``: for a multimodal model, that many images per prompt (0: text prompts). Each prompt
+    gets the placeholder text of the model's registered processor (after its BOS, as
+    ``profile --images`` builds its prompts) and seeded random images at the processor's size (the
+    same pixels on every run), given to vLLM as PIL images in ``multi_modal_data``. vLLM runs the
+    prompts one by one; its worker records the pixel values its vision tower received (what the
+    model's registered vLLM processor, i.e. the plugin's processing code, made of the images) and
+    the reference gets exactly those ``pixel_values`` with the token ids vLLM ran (placeholders
+    expanded): ``hf_class`` must then take ``forward(input_ids, pixel_values=...)``. On a
+    difference the vision tower's output, then the projector's, then each decoder layer's are
+    compared on the same inputs, and ``first_divergent`` names the first that differs ("vision
+    tower", "projector" or "decoder layer N"; ``encoder`` holds the tower's and projector's errors).
     """
     options = _parity_options(
         reference=reference, hf_class=hf_class, prompts=prompts, max_tokens=max_tokens, top_k=top_k, dtype=dtype,
         device=device, atol=atol, hidden_rtol=hidden_rtol, layers=layers, trust_remote_code=trust_remote_code,
-        max_model_len=max_model_len, engine_args=engine_args, timeout=timeout,
+        max_model_len=max_model_len, engine_args=engine_args, timeout=timeout, images=images,
     )  # fmt: skip
     return run_parity(model, options, engine=engine)
 
@@ -208,7 +221,8 @@ def parity_engine_key(model: str, **options: Any) -> str:
 
 def start_parity_engine(model: str, **options: Any) -> ParityEngine:
     """Start the vLLM engine for :func:`compare_with_reference` calls with the same keyword options
-    (dtype, device, trust_remote_code, max_model_len, engine_args, timeout); ``.close()`` it."""
+    (dtype, device, trust_remote_code, max_model_len, engine_args, timeout; ``images`` above 1
+    raises vLLM's one-image-per-prompt limit); ``.close()`` it."""
     return ParityEngine(model, engine_options(_parity_options(**options)))
 
 

@@ -114,7 +114,7 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ("vllm.v1.engine.utils", "CoreEngineProcManager"): "processes",
     ("vllm.v1.engine.core", "EngineCore"): "model_executor",
     ("vllm.sampling_params", "SamplingParams"): "max_tokens temperature logprobs ignore_eos",
-    ("vllm.outputs", "RequestOutput"): "outputs",
+    ("vllm.outputs", "RequestOutput"): "outputs prompt_token_ids",
     ("vllm.outputs", "CompletionOutput"): "token_ids logprobs",
     ("vllm.logprobs", "Logprob"): "logprob",
     # what the worker's step tracker reads from the scheduler's output (engine/steps.py)
@@ -201,6 +201,8 @@ NOT_VLLM: dict[str, str] = {
     "layers_timed": "the doctor's profiler step (engine/profiler.py)",
     "start": "the doctor's profiler step (engine/profiler.py)",
     "__dict__": "a Python object's instance attributes",
+    "bos_token_id": "the Hugging Face tokenizer (compat/llm.EngineHandle.image_prompt)",
+    "last_hidden_state": "a transformers model output (a vision tower's, engine/hidden.first_tensor)",
     "weight": "a torch module's parameter",
     "vllm.utils": "a module path (supports_kw's older home)",
     "vllm.utils.func_utils": "a module path (MODULE_NAMES checks supports_kw there)",

@@ -13,6 +13,7 @@ from vllm_doctor.analysis.parity import (
     PromptMismatch,
     compare_hidden,
     compare_outputs,
+    compare_parts,
     first_difference,
     hint_for,
     localise,
@@ -265,8 +266,8 @@ def test_the_references_decode_step_through_its_cache_is_its_full_forwards_last_
                          num_attention_heads=2, num_key_value_heads=1, head_dim=16)  # fmt: skip
     model = LlamaForCausalLM(config).eval()
     context, token = [5, 9, 13, 40, 7], 21
-    cached, path = step_layer_outputs(model, context, token, "cpu")
-    full = layer_outputs(model, [*context, token], "cpu")
+    cached, path, _ = step_layer_outputs(model, context, token, "cpu")
+    full, _ = layer_outputs(model, [*context, token], "cpu")
     assert path == "its KV cache (past_key_values)" and sorted(cached) == ["0", "1"]
     for key in cached:
         assert len(cached[key]) == 1
@@ -280,6 +281,75 @@ def test_the_references_decode_step_through_its_cache_is_its_full_forwards_last_
         def forward(self, input_ids: torch.Tensor) -> object:
             return self.inner(input_ids=input_ids, use_cache=False)
 
-    plain, path = step_layer_outputs(NoCache(model), context, token, "cpu")
+    plain, path, _ = step_layer_outputs(NoCache(model), context, token, "cpu")
     assert path == "a full forward, its last position (it keeps no KV cache)"
     assert all(torch.allclose(torch.tensor(plain[k][0]), torch.tensor(full[k][-1]), atol=1e-6) for k in plain)
+
+
+# ---- with images: the vision tower and the projector before the decoder layers ---------------
+
+TOWER = {"vision tower": [[1.0, 2.0], [3.0, 4.0]], "projector": [[5.0, 6.0]]}
+NAMES = {"vision tower": "vision_tower", "projector": "multi_modal_projector"}
+
+
+def with_parts(ours: dict) -> LayerCheck:
+    layers = check(0, 0, DECODE_BUG)  # layer 1 differs too: downstream of any encoder difference
+    layers.encoder = compare_parts(ours, TOWER, NAMES)
+    return layers
+
+
+def test_the_first_divergent_part_is_the_tower_then_the_projector_then_a_decoder_layer() -> None:
+    wrong_tower = {"vision tower": [[1.0, 2.0], [3.0, 5.0]], "projector": [[5.0, 7.0]]}
+    wrong_projector = {"vision tower": TOWER["vision tower"], "projector": [[5.0, 6.5]]}
+    cases = [(wrong_tower, "vision tower"), (wrong_projector, "projector"), (TOWER, "decoder layer 1")]
+    for ours, expected in cases:
+        result = result_with(mismatch(0, 0))
+        localise(result, [with_parts(ours)])
+        assert result.first_divergent == expected, result.message()
+    tower, projector = compare_parts(wrong_tower, TOWER, NAMES)
+    assert (tower.part, tower.name, tower.rows, tower.max_abs) == ("vision tower", "vision_tower", 2, 1.0)
+    assert tower.max_rel == 1.0 / 4.0 and projector.part == "projector"
+
+
+def test_a_tower_that_differs_is_the_verdict_with_its_table_and_fix() -> None:
+    result = result_with(mismatch(0, 0))
+    localise(result, [with_parts({"vision tower": [[1.0, 2.0], [3.0, 5.0]], "projector": [[5.0, 7.0]]})])
+    text = result.message()
+    assert "prefill of prompt 0: the vision tower's output differs first (max rel err 0.25 > rtol 0.001; " in text
+    assert "vision_tower  <-" in text and "first divergent layer" not in text  # the layers see another input
+    assert result.hint is not None and "load_weights" in result.hint
+    assert result.summary().startswith("first divergent: the vision tower (prefill of prompt 0)")
+    assert result.to_dict()["layer_checks"][0]["first_divergent"] == "vision tower"
+
+
+class ToyVL(nn.Module):
+    """A multimodal-looking model: a tower and a projector outside the language model's layers."""
+
+    supports_multimodal = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.vision_tower = nn.Linear(3, 2)
+        self.multi_modal_projector = nn.Linear(2, 3)
+        self.language_model = TwoLayers()
+
+    def get_language_model(self) -> nn.Module:
+        return self.language_model
+
+    def embed_multimodal(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.multi_modal_projector(self.vision_tower(pixel_values))
+
+
+def test_the_encoder_capture_records_the_towers_input_and_both_parts_outputs() -> None:
+    model = ToyVL()
+    capture = HiddenCapture(model, tokens=2, max_values=10_000, encoder=True, all_rows=True)
+    armed = capture.arm()
+    assert armed["encoder"] == NAMES
+    assert [t.name for t in capture.layers] == ["language_model.layers.0", "language_model.layers.1"]
+    pixels = torch.arange(6.0).reshape(2, 3)
+    embeds = model.embed_multimodal(pixels)
+    model.language_model(torch.ones(5, 3))  # the prefill, longer than the ids: every row kept
+    out = capture.result()
+    assert out["complete"] and out["encoder_complete"] and capture.handles == []
+    assert out["pixel_values"] == pixels.tolist()
+    assert out["encoder"]["projector"] == embeds.tolist() and len(out["layers"]["0"]) == 5

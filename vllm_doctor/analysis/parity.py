@@ -12,6 +12,11 @@ Two parts, both over JSON-able data the two runs returned:
   first layer whose relative error (max |a-b| / max |ref|) exceeds ``hidden_rtol`` is where the
   port diverges, with a hint when the error's shape is recognisable.
 
+With images (a multimodal model), a prefill's comparison starts earlier, on the same pixel
+values: the vision tower's output, then the projector's (:func:`compare_parts`); the first of
+"vision tower", "projector", "decoder layer N" that differs is where the port diverges
+(``ParityResult.first_divergent``): a wrong tower makes every later part differ too.
+
 Layer outputs are compared on a *step*: the prefill of a prompt (every prompt position), or one
 decode step (the one token fed through the KV cache after prefilling the prompt and the tokens
 before it). :func:`localise` rests the verdict only on the step where the logprobs first differ
@@ -58,6 +63,17 @@ class LayerError:
 
 
 @dataclass
+class PartError:
+    """A multimodal encoder part's output (every image's features, as rows) compared."""
+
+    part: str  # "vision tower" | "projector"
+    name: str  # the module's path in vLLM's model
+    max_abs: float
+    max_rel: float
+    rows: int
+
+
+@dataclass
 class LayerCheck:
     """Each decoder layer's output compared on one step of one prompt.
 
@@ -73,6 +89,13 @@ class LayerCheck:
     reference_path: str = "a full forward"  # how the reference computed it (a decode step: its KV cache)
     diverging: bool = False
     note: str | None = None  # a caveat about this comparison (the capture run did not reproduce the step)
+    encoder: list[PartError] = field(default_factory=list)  # with images: tower, projector (on the same pixels)
+    rtol: float | None = None  # the hidden_rtol it was judged with (set by :func:`localise`)
+
+    @property
+    def first_divergent(self) -> str | None:
+        """The first part that differs: "vision tower", "projector" or "decoder layer N"; None: none."""
+        return first_divergent(self, self.rtol) if self.rtol is not None else None
 
     @property
     def phase(self) -> str:
@@ -82,7 +105,7 @@ class LayerCheck:
         return describe_step(self.prompt, self.step)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "phase": self.phase}
+        return {**asdict(self), "phase": self.phase, "first_divergent": self.first_divergent}
 
 
 def describe_step(prompt: int, step: int) -> str:
@@ -113,6 +136,10 @@ class ParityResult:
     # the verdict rests on (``layers_on``): the diverging step's, or the prefill's when all agree
     layer_checks: list[LayerCheck] = field(default_factory=list)
     layers_on: dict[str, Any] | None = None
+    images: int = 0  # per prompt (0: text prompts)
+    encoder: list[PartError] = field(default_factory=list)  # the verdict's check's tower/projector rows
+    # the first of "vision tower", "projector", "decoder layer N" that differs on the verdict's step
+    first_divergent: str | None = None
 
     @property
     def ok(self) -> bool:
@@ -134,6 +161,9 @@ class ParityResult:
         diff = f"max |logprob diff| {self.max_logprob_diff:.2g}"
         if self.ok:
             return diff
+        if self.first_divergent in ENCODER_PARTS and self.layers_on is not None:
+            where = describe_step(int(self.layers_on["prompt"]), int(self.layers_on["step"]))
+            return f"first divergent: the {self.first_divergent} ({where}), {diff}"
         if self.first_divergent_layer is not None and self.layers_on is not None:
             where = describe_step(int(self.layers_on["prompt"]), int(self.layers_on["step"]))
             return f"first divergent layer {self.first_divergent_layer} ({where}), {diff}"
@@ -167,7 +197,11 @@ class ParityResult:
         others = [c for c in self.layer_checks if c is not chosen]
         first = self.first_difference
         lines: list[str] = []
-        if chosen is not None and chosen.first_divergent_layer is not None:
+        if chosen is not None and chosen.encoder:
+            lines.extend(_encoder_lines(chosen, rtol))
+        if chosen is not None and chosen.first_divergent in ENCODER_PARTS:
+            pass  # every later part sees another input: the encoder's lines say it all
+        elif chosen is not None and chosen.first_divergent_layer is not None:
             row = next(e for e in chosen.layers if e.layer == chosen.first_divergent_layer)
             how = "one decode step through its KV cache" if chosen.phase == "decode" else "the prefill"
             lines.append(
@@ -188,6 +222,11 @@ class ParityResult:
             )
         elif self.ok and self.layer_checks:
             worst = max((e.max_rel for c in self.layer_checks for e in c.layers), default=0.0)
+            parts = [e for c in self.layer_checks for e in c.encoder]
+            if parts:
+                worst_part = max(e.max_rel for e in parts)
+                names = " and ".join(dict.fromkeys(e.part for e in parts))
+                lines.append(f"the {names} outputs match within rtol {rtol:g} (worst {worst_part:.2g})")
             lines.append(f"every decoder layer's output matches within rtol {rtol:g} (worst {worst:.2g})")
         elif first is not None and self.layer_checks:
             lines.append(
@@ -224,6 +263,53 @@ class ParityResult:
         return "past that prompt's first difference"
 
 
+ENCODER_PARTS = ("vision tower", "projector")
+
+
+def _encoder_lines(check: LayerCheck, rtol: float) -> list[str]:
+    """The tower's and the projector's output on the same pixel values, the first that differs marked."""
+    first = check.first_divergent
+    lines = []
+    if first in ENCODER_PARTS:
+        row = next(e for e in check.encoder if e.part == first)
+        lines.append(
+            f"{check.where()}: the {first}'s output differs first (max rel err {row.max_rel:.3g} > rtol {rtol:g}; "
+            f"{row.name}) on the same pixel values"
+        )
+    lines.append(f"  {'part':>12}  {'max abs err':>11}  {'max rel err':>11}  rows  module")
+    for e in check.encoder:
+        mark = "  <-" if e.part == first else ""
+        lines.append(f"  {e.part:>12}  {e.max_abs:>11.3e}  {e.max_rel:>11.3e}  {e.rows:>4}  {e.name}{mark}")
+    return lines
+
+
+def first_divergent(check: LayerCheck, rtol: float) -> str | None:
+    """ "vision tower", "projector" (in that order) or "decoder layer N": the first beyond ``rtol``."""
+    for row in check.encoder:
+        if row.max_rel > rtol:
+            return row.part
+    return None if check.first_divergent_layer is None else f"decoder layer {check.first_divergent_layer}"
+
+
+def compare_parts(
+    vllm_parts: dict[str, list[list[float]]], ref_parts: dict[str, list[list[float]]], names: dict[str, str]
+) -> list[PartError]:
+    """Each encoder part's output (rows: every image's features, in order), vLLM vs the reference:
+    max abs error and that relative to the reference's largest value, in :data:`ENCODER_PARTS` order."""
+    rows = []
+    for part in [p for p in ENCODER_PARTS if p in vllm_parts and p in ref_parts]:
+        ours, ref = vllm_parts[part], ref_parts[part]
+        count = min(len(ours), len(ref))
+        if not count:
+            continue
+        if len(ours[0]) != len(ref[0]):
+            raise ValueError(f"the {part}'s output has {len(ours[0])} features in vLLM, {len(ref[0])} in the reference")
+        scale = max(max(abs(x) for x in row) for row in ref[:count]) or 1.0
+        worst = max(max(abs(a - b) for a, b in zip(ours[i], ref[i], strict=True)) for i in range(count))
+        rows.append(PartError(part, names.get(part, part), worst, worst / scale, count))
+    return rows
+
+
 def _table(rows: list[LayerError], first: int) -> list[str]:
     lines = [f"  {'layer':>5}  {'max abs err':>11}  {'max rel err':>11}  {'pos 0 rel':>9}  worst pos"]
     for e in rows:
@@ -256,17 +342,39 @@ def localise(result: ParityResult, checks: list[LayerCheck]) -> None:
     first = result.first_difference
     for check in checks:
         check.diverging = first is not None and (check.prompt, check.step) == (first.prompt, first.step)
+        check.rtol = result.hidden_rtol
     result.layer_checks = checks
     chosen = next((c for c in checks if c.diverging), None)
     if chosen is None and result.ok and checks:
         chosen = checks[0]
     if chosen is None:
         result.layers, result.first_divergent_layer, result.hint, result.layers_on = [], None, None, None
+        result.encoder, result.first_divergent = [], None
         return
     result.layers, result.first_divergent_layer = chosen.layers, chosen.first_divergent_layer
+    result.encoder, result.first_divergent = chosen.encoder, chosen.first_divergent
     result.layers_on = {"prompt": chosen.prompt, "step": chosen.step, "phase": chosen.phase}
     prefill = [c for c in checks if c.phase == "prefill" and c is not chosen]
-    result.hint = hint_for(chosen.layers, chosen.first_divergent_layer, result.hidden_rtol, chosen.phase, prefill)
+    if result.first_divergent in ENCODER_PARTS:
+        result.hint = ENCODER_HINTS[result.first_divergent]
+    else:
+        result.hint = hint_for(chosen.layers, chosen.first_divergent_layer, result.hidden_rtol, chosen.phase, prefill)
+
+
+ENCODER_HINTS = {
+    "vision tower": (
+        "the vision tower computes something else from the same pixel values: check that load_weights loads its "
+        "tensors (a load_weights that skips vision_tower.* and returns None leaves the tower at its construction "
+        "values and switches off vLLM's missing-weight check; `vllm-doctor check` compares the checkpoint with the "
+        "loaded parameters), the prefix mapping (hf_to_vllm_mapper), then its layers: patch embedding, position "
+        "embeddings, attention heads, layer norms (eps), activation, the feature layer selected"
+    ),
+    "projector": (
+        "the vision tower matches and the projector does not: its activation (gelu vs relu / gelu_tanh / quick_gelu, "
+        "compare with the config's projector_hidden_act), the order and weights of its linear layers (linear_1, "
+        "linear_2 and their biases), or a norm / reshape it applies to the tower's features"
+    ),
+}
 
 
 def _lp(step: dict[str, float], token: int) -> float | None:

@@ -113,11 +113,34 @@ class EngineHandle:
         random pixels of that size (vLLM caches an encoder's output per image content: the same
         image twice is encoded once). ``(prompts, what was fed)``; None for a text model or one
         that takes no images."""
+        layout = self.image_layout(images)
+        if layout is None:
+            return None
+        import numpy as np
+
+        head, (width, height), text = layout
+        rng = np.random.default_rng(seed)
+        vocab = self.vocab_size() or 1000
+        low = min(10, max(0, vocab - 1))
+        out = []
+        for _ in range(prompts):
+            pictures = random_images(rng, images, width, height)
+            filler = rng.integers(low, vocab, max(0, input_len - len(head))).tolist()
+            out.append(
+                {
+                    "prompt_token_ids": head + filler,
+                    "multi_modal_data": {"image": pictures if images > 1 else pictures[0]},
+                }
+            )
+        return out, {"images_per_prompt": images, "image_size": [width, height], "placeholder_text": text}
+
+    def image_layout(self, images: int) -> tuple[list[int], tuple[int, int], str] | None:
+        """What a prompt with ``images`` images needs, from the registered processor's dummy-inputs
+        builder: the placeholder text's token ids, the image size ``(width, height)`` (the
+        processor's largest) and the text. None for a text model or one that takes no images."""
         mc: Any = getattr(self.vllm_config, "model_config", None)
         if images <= 0 or not getattr(mc, "is_multimodal_model", False):
             return None
-        import numpy as np
-        from PIL import Image
         from vllm.multimodal import MULTIMODAL_REGISTRY
 
         processor = MULTIMODAL_REGISTRY.create_processor(mc)
@@ -131,24 +154,29 @@ class EngineHandle:
         data = builder.get_dummy_mm_data(mc.max_model_len, counts, options)
         given: Any = data["image"]
         template = given[0] if isinstance(given, list) else given
-        width, height = template.size
         head = list(self.llm.get_tokenizer().encode(text, add_special_tokens=False))
-        rng = np.random.default_rng(seed)
-        vocab = self.vocab_size() or 1000
-        low = min(10, max(0, vocab - 1))
-        out = []
-        for _ in range(prompts):
-            pictures = [
-                Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)) for _ in range(images)
-            ]
-            filler = rng.integers(low, vocab, max(0, input_len - len(head))).tolist()
-            out.append(
-                {
-                    "prompt_token_ids": head + filler,
-                    "multi_modal_data": {"image": pictures if images > 1 else pictures[0]},
-                }
-            )
-        return out, {"images_per_prompt": images, "image_size": [width, height], "placeholder_text": text}
+        return head, tuple(template.size), text
+
+    def image_prompt(self, ids: list[int], images: int, seed: int, prompt: int, tag: str) -> dict[str, Any]:
+        """Prompt ``prompt`` of a parity check with ``images`` seeded random images (the same
+        pixels for the same ``seed`` and ``prompt``, every time): the placeholder text's ids
+        after the prompt's BOS (before its first token when it has none), the images as PIL
+        images in ``multi_modal_data``. ``tag`` names the images (``multi_modal_uuids``): vLLM keys
+        its encoder cache by it, so a new tag makes the engine run the encoder again."""
+        layout = self.image_layout(images)
+        if layout is None:
+            raise ValueError("this model takes no images (vLLM does not treat it as a multimodal model)")
+        import numpy as np
+
+        head, (width, height), _ = layout
+        bos = getattr(self.llm.get_tokenizer(), "bos_token_id", None)
+        cut = 1 if ids and bos is not None and ids[0] == bos else 0
+        pictures = random_images(np.random.default_rng([seed, prompt]), images, width, height)
+        return {
+            "prompt_token_ids": ids[:cut] + head + ids[cut:],
+            "multi_modal_data": {"image": pictures},
+            "multi_modal_uuids": {"image": [f"{tag}-{prompt}-{i}" for i in range(images)]},
+        }
 
     # -- the front end: which process holds what ---------------------------------------------
     def front_end(self) -> dict[str, Any]:
@@ -184,6 +212,14 @@ class EngineHandle:
 
     def stop_torch_profile(self) -> None:
         self.llm.stop_profile()
+
+
+def random_images(rng: Any, count: int, width: int, height: int) -> list[Any]:
+    """``count`` PIL RGB images of uniformly random pixels from the numpy generator ``rng``."""
+    import numpy as np
+    from PIL import Image
+
+    return [Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)) for _ in range(count)]
 
 
 def torch_profiler_kwargs(out_dir: str) -> dict[str, Any]:
@@ -312,9 +348,11 @@ def prompt_token_ids(llm: Any, prompts: list[Any]) -> list[list[int]]:
 
 
 def greedy_logprobs(
-    llm: Any, prompts: list[list[int]], max_tokens: int, top_k: int, only_token: int | None = None
+    llm: Any, prompts: list[Any], max_tokens: int, top_k: int, only_token: int | None = None
 ) -> list[dict[str, Any]]:
-    """Greedy tokens and each step's top-k logprobs (``{"token_ids", "logprobs": [{id: lp}]}``).
+    """Greedy tokens and each step's top-k logprobs (``{"token_ids", "logprobs": [{id: lp}],
+    "prompt_token_ids"}``; the last: the ids the engine ran, a multimodal prompt's placeholders
+    expanded). A prompt: token ids, or a prompt dict (``prompt_token_ids``, ``multi_modal_data``, ...).
 
     ``only_token``: every step samples that token (``allowed_token_ids``; the logprobs reported
     are the raw ones, from before that mask), to feed a chosen token into the next decode step."""
@@ -322,13 +360,21 @@ def greedy_logprobs(
 
     extra: dict[str, Any] = {} if only_token is None else {"allowed_token_ids": [int(only_token)]}
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, logprobs=top_k, ignore_eos=True, **extra)
-    outputs = llm.generate([{"prompt_token_ids": ids} for ids in prompts], params, use_tqdm=False)
+    asked = [p if isinstance(p, dict) else {"prompt_token_ids": p} for p in prompts]
+    outputs = llm.generate(asked, params, use_tqdm=False)
     results = []
-    for output in outputs:
+    for prompt, output in zip(asked, outputs, strict=True):
         sample = output.outputs[0]
         steps = [
             {str(int(tok)): float(getattr(info, "logprob", info)) for tok, info in (step or {}).items()}
             for step in (sample.logprobs or [])
         ]
-        results.append({"token_ids": [int(t) for t in sample.token_ids], "logprobs": steps})
+        ran = getattr(output, "prompt_token_ids", None) or prompt["prompt_token_ids"]
+        results.append(
+            {
+                "token_ids": [int(t) for t in sample.token_ids],
+                "logprobs": steps,
+                "prompt_token_ids": [int(t) for t in ran],
+            }
+        )
     return results

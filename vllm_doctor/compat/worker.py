@@ -193,11 +193,41 @@ def encoder_prefixes(m: nn.Module) -> tuple[str, ...]:
     (``vision_tower``, ``visual``, ``multi_modal_projector``, ``audio_tower``, ...)."""
     if not getattr(m, "supports_multimodal", False):
         return ()
+    return encoder_children(m)
+
+
+def encoder_children(m: nn.Module) -> tuple[str, ...]:
+    """:func:`encoder_prefixes` of any module (a Hugging Face reference model too): the children
+    (of the model, or of its ``model``) named like a tower or a projector."""
     names = [n for n, _ in m.named_children()]
     inner = getattr(m, "model", None)
     if isinstance(inner, nn.Module):
         names += [f"model.{n}" for n, _ in inner.named_children()]
     return tuple(n for n in names if _ENCODER_PART.search(n.rsplit(".", 1)[-1]))
+
+
+_PROJECTOR_PART = re.compile(r"projector|multi_modal|connector|merger|aligner|mm_proj")
+VISION_TOWER, PROJECTOR = "vision tower", "projector"
+
+
+def encoder_parts(m: nn.Module) -> list[tuple[str, str]]:
+    """A multimodal model's encoder parts as ``(part, module name)``, the tower before the
+    projector: :func:`encoder_prefixes` (children named like a tower or a projector, outside the
+    language model where :func:`language_model` names it), each a :data:`PROJECTOR` when named like
+    one (``multi_modal_projector``, ``mm_projector``, ``merger``, ...), else a :data:`VISION_TOWER`."""
+    lm = language_model(m)
+    lm_name = None if lm is None else next((n for n, sub in m.named_modules() if sub is lm), None)
+    parts = []
+    for name in encoder_prefixes(m):
+        if lm_name and (name == lm_name or name.startswith(lm_name + ".")):
+            continue
+        parts.append((part_kind(name), name))
+    return sorted(parts, key=lambda part: part[0] != VISION_TOWER)
+
+
+def part_kind(name: str) -> str:
+    """:data:`PROJECTOR` for a module named like one, else :data:`VISION_TOWER`."""
+    return PROJECTOR if _PROJECTOR_PART.search(name.rsplit(".", 1)[-1]) else VISION_TOWER
 
 
 def compiled_root(m: nn.Module) -> bool:

@@ -198,14 +198,17 @@ class DoctorWorkerExtension:
     def doctor_arm_hidden(self, options: Any = None) -> dict[str, Any]:
         """Record each decoder layer's output on the next forward of >= ``tokens`` tokens (one
         request), then unhook. ``decode``: on the decode step right after that prefill instead.
-        ``max_values``: bound on the floats kept (default 4M)."""
+        ``max_values``: bound on the floats kept (default 4M). A multimodal model's encoder:
+        ``encoder`` (also the vision tower's input and output and the projector's output),
+        ``layers`` (False: the encoder parts only), ``all_rows`` (every row of that forward)."""
 
         def run() -> dict[str, Any]:
             from vllm_doctor.engine import hidden
 
             opts = _options(options)
             limit = int(opts.get("max_values", hidden.DEFAULT_MAX_VALUES))
-            return hidden.arm(self, int(opts["tokens"]), limit, decode=bool(opts.get("decode")))
+            flags = {k: bool(opts[k]) for k in ("layers", "encoder", "all_rows") if k in opts}
+            return hidden.arm(self, int(opts["tokens"]), limit, decode=bool(opts.get("decode")), **flags)
 
         return _envelope(self, "doctor_arm_hidden", run)
 

@@ -10,7 +10,15 @@ returns what was recorded as plain lists.
 
 vLLM decoder layers often return ``(hidden, residual)`` with the residual add deferred to the
 next layer's fused norm; the layer's real output (what a Hugging Face layer returns) is then
-``hidden + residual``. Size is bounded: at most ``max_values`` floats in all (tokens are dropped
+``hidden + residual``.
+
+A multimodal model's encoder (``encoder=True``): the vision tower's input (the pixel values the
+processor made) and output and the projector's output, on the first call of each after arming
+(:func:`vllm_doctor.compat.worker.encoder_parts` names them; the decoder layers are the language
+model's). ``layers=False`` hooks only those; ``all_rows``: every row of the recorded forward (a
+multimodal prompt's prefill is longer than its ids: the placeholders are expanded).
+
+Size is bounded: at most ``max_values`` floats in all (tokens are dropped
 from the end first). Needs eager mode: CUDA-graph replay skips Python hooks.
 """
 
@@ -40,26 +48,92 @@ def layer_output(output: Any) -> torch.Tensor | None:
     return None
 
 
+def first_tensor(output: Any) -> torch.Tensor | None:
+    """An encoder part's output tensor: itself, a tuple's first, a model output's ``last_hidden_state``."""
+    if isinstance(output, torch.Tensor):
+        return output
+    hidden = getattr(output, "last_hidden_state", None)
+    if isinstance(hidden, torch.Tensor):
+        return hidden
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    return None
+
+
 class HiddenCapture:
-    def __init__(self, model: nn.Module, tokens: int, max_values: int, decode: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokens: int,
+        max_values: int,
+        decode: bool = False,
+        *,
+        layers: bool = True,
+        encoder: bool = False,
+        all_rows: bool = False,
+    ) -> None:
         self.tokens = tokens
         self.max_values = max_values
         self.decode = decode
+        self.all_rows = all_rows
         self.prefilled: set[int] = set()  # decode mode: the layers that have seen the prefill
-        self.layers = [m for m in select_modules(model) if m.kind == "layer" and m.layer is not None]
+        lm = wv.language_model(model)
+        timed = select_modules(model, lm, () if lm is not None else wv.encoder_prefixes(model))
+        self.wants_layers = layers
+        self.layers = [m for m in timed if m.kind == "layer" and m.layer is not None] if layers else []
+        self.parts = wv.encoder_parts(model) if encoder else []
         self.modules = dict(model.named_modules())
         self.handles: list[Any] = []
         self.records: dict[int, torch.Tensor] = {}
+        self.encoder_records: dict[str, torch.Tensor] = {}
+        self.pixel_values: torch.Tensor | None = None
         self.skipped_forwards = 0
         self.done = False
 
     def arm(self) -> dict[str, Any]:
-        if not self.layers:
+        if self.wants_layers and not self.layers:
             raise RuntimeError("no decoder layers found (no ModuleList named layers, h or blocks)")
-        keep = max(1, self.max_values // max(1, len(self.layers)))
+        if not self.layers and not self.parts:
+            raise RuntimeError("no encoder parts found (no child named like a vision tower or a projector)")
+        keep = max(1, self.max_values // max(1, len(self.layers) + len(self.parts)))
         for timed in self.layers:
             self.handles.append(self.modules[timed.name].register_forward_hook(self._hook(timed.layer or 0, keep)))
-        return {"armed": True, "layers": [t.name for t in self.layers], "tokens": self.tokens, "decode": self.decode}
+        for part, name in self.parts:
+            module = self.modules[name]
+            if part == wv.VISION_TOWER:
+                self.handles.append(module.register_forward_pre_hook(self._pixels_hook(), with_kwargs=True))
+            self.handles.append(module.register_forward_hook(self._part_hook(part, keep)))
+        return {
+            "armed": True,
+            "layers": [t.name for t in self.layers],
+            "encoder": dict(self.parts),
+            "tokens": self.tokens,
+            "decode": self.decode,
+        }
+
+    def _pixels_hook(self) -> Any:
+        def hook(_module: nn.Module, args: Any, kwargs: Any) -> None:
+            given = args[0] if args else kwargs.get("pixel_values")
+            if self.pixel_values is None and isinstance(given, torch.Tensor):
+                self.pixel_values = given.detach().to(device="cpu", dtype=torch.float32).clone()
+
+        return hook
+
+    def _part_hook(self, part: str, keep_values: int) -> Any:
+        def hook(_module: nn.Module, _args: Any, output: Any) -> None:
+            out = first_tensor(output)
+            if self.done or part in self.encoder_records or out is None:
+                return
+            flat = out.reshape(-1, out.shape[-1])
+            rows = max(1, min(flat.shape[0], keep_values // max(1, flat.shape[-1])))
+            self.encoder_records[part] = flat[:rows].detach().to(device="cpu", dtype=torch.float32).clone()
+            self._maybe_done()
+
+        return hook
+
+    def _maybe_done(self) -> None:
+        if len(self.records) == len(self.layers) and len(self.encoder_records) == len(self.parts):
+            self.disarm()
 
     def _hook(self, index: int, keep_values: int) -> Any:
         def hook(_module: nn.Module, _args: Any, output: Any) -> None:
@@ -81,10 +155,10 @@ class HiddenCapture:
                 self.skipped_forwards += 1
                 return
             else:
-                rows = max(1, min(self.tokens, keep_values // max(1, flat.shape[-1])))
+                wanted = flat.shape[0] if self.all_rows else self.tokens
+                rows = max(1, min(wanted, keep_values // max(1, flat.shape[-1])))
             self.records[index] = flat[:rows].detach().to(device="cpu", dtype=torch.float32).clone()
-            if len(self.records) == len(self.layers):
-                self.disarm()
+            self._maybe_done()
 
         return hook
 
@@ -101,12 +175,26 @@ class HiddenCapture:
             "names": {str(t.layer): t.name for t in self.layers},
             "skipped_forwards": self.skipped_forwards,
             "decode": self.decode,
+            "encoder": {part: t.tolist() for part, t in self.encoder_records.items()},
+            "encoder_names": dict(self.parts),
+            "encoder_complete": len(self.encoder_records) == len(self.parts),
+            "pixel_values": None if self.pixel_values is None else self.pixel_values.tolist(),
         }
 
 
-def arm(worker: Any, tokens: int, max_values: int = DEFAULT_MAX_VALUES, decode: bool = False) -> dict[str, Any]:
+def arm(
+    worker: Any,
+    tokens: int,
+    max_values: int = DEFAULT_MAX_VALUES,
+    decode: bool = False,
+    *,
+    layers: bool = True,
+    encoder: bool = False,
+    all_rows: bool = False,
+) -> dict[str, Any]:
     """Hook the decoder layers for the next forward of >= ``tokens`` tokens (replaces an earlier arm);
-    ``decode``: for the decode step right after that prefill instead."""
+    ``decode``: for the decode step right after that prefill instead. ``encoder``, ``layers``,
+    ``all_rows``: see the module's docstring."""
     old = worker.__dict__.pop(STATE_ATTR, None)
     if old is not None:
         old.disarm()
@@ -116,7 +204,7 @@ def arm(worker: Any, tokens: int, max_values: int = DEFAULT_MAX_VALUES, decode: 
     mode = wv.compile_state(worker)
     if not mode.get("eager"):
         raise RuntimeError("hidden states need eager mode (enforce_eager=True): CUDA graphs skip Python hooks")
-    capture = HiddenCapture(model, tokens, max_values, decode)
+    capture = HiddenCapture(model, tokens, max_values, decode, layers=layers, encoder=encoder, all_rows=all_rows)
     worker.__dict__[STATE_ATTR] = capture
     return capture.arm()
 

@@ -200,12 +200,16 @@ class VllmDoctor:
         dtype: str = "float32",
         atol: float | None = None,
         hidden_rtol: float | None = None,
+        images: int = 0,
         **kwargs: Any,
     ) -> Any:
         """vLLM's greedy tokens AND logprob values match the reference (Hugging Face transformers).
 
         On failure the message names the first decoder layer whose output differs, with a table
         of max abs/rel error per layer and a fix when the error's shape is recognisable.
+        ``images``: for a multimodal model, that many seeded images per prompt, the same pixel
+        values in vLLM and in the reference (see :func:`vllm_doctor.compare_with_reference`); the
+        message then names the vision tower, the projector or the decoder layer that differs first.
         Returns the :class:`vllm_doctor.ParityResult`.
         """
         from vllm_doctor.api import DEFAULT_PROMPTS, ParityUnavailable, compare_with_reference
@@ -216,12 +220,14 @@ class VllmDoctor:
         _skip_without("transformers", "the Hugging Face reference runs on transformers")
         chosen = tuple(p if isinstance(p, str) else tuple(p) for p in (prompts or DEFAULT_PROMPTS))
         key = (
-            "parity", path, reference, hf_class, chosen, max_tokens, top_k, dtype, atol, hidden_rtol,
+            "parity", path, reference, hf_class, chosen, max_tokens, top_k, dtype, atol, hidden_rtol, images,
             self._session.device, frozen(kwargs),
         )  # fmt: skip
 
         def run() -> Any:
-            engine = self._session.parity_engine(path, dtype=dtype, device=self._session.device, **kwargs)
+            engine = self._session.parity_engine(
+                path, dtype=dtype, device=self._session.device, images=images, **kwargs
+            )
             return compare_with_reference(
                 path,
                 engine=engine,
@@ -234,6 +240,7 @@ class VllmDoctor:
                 device=self._session.device,
                 atol=atol,
                 hidden_rtol=hidden_rtol,
+                images=images,
                 **kwargs,
             )
 

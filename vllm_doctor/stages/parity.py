@@ -13,6 +13,13 @@
    (vLLM prefills the prompt and the tokens before the step, then decodes the last one through
    its KV cache with the hooks armed for that decode forward; the reference feeds the same token
    through ``past_key_values``). The verdict rests on that step only.
+5. With ``images`` (a multimodal model): each prompt gets that many seeded random images at the
+   processor's size and its placeholder text (:meth:`EngineHandle.image_prompt`, the pieces of the
+   profiler's multimodal prompts); vLLM runs the prompts one by one, and its worker records what
+   the vision tower received (the pixel values vLLM's registered processor, i.e. the plugin's
+   processing code, made from the PIL images), the tower's and the projector's outputs. Then
+   the reference runs on those same pixel values and the expanded token ids vLLM ran (one after
+   the other, not at once), and a prefill's comparison starts with the tower and the projector.
 """
 
 from __future__ import annotations
@@ -28,9 +35,11 @@ from typing import Any
 from vllm_doctor.analysis.parity import (
     LayerCheck,
     ParityResult,
+    PartError,
     PromptMismatch,
     compare_hidden,
     compare_outputs,
+    compare_parts,
     localise,
     tolerances,
 )
@@ -60,6 +69,10 @@ class CapturedLayers:
     complete: bool = False  # the hooks saw the whole request (or the decode step)
     layers: dict[str, list[Any]] = field(default_factory=dict)  # layer index -> rows of numbers
     names: dict[str, str] = field(default_factory=dict)  # layer index -> module path
+    encoder: dict[str, list[Any]] = field(default_factory=dict)  # "vision tower" | "projector" -> rows
+    encoder_names: dict[str, str] = field(default_factory=dict)  # part -> module path
+    encoder_complete: bool = False
+    pixel_values: Any = None  # what the vision tower received: [images, channels, height, width]
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,8 @@ class VllmAnswer:
     hidden: CapturedLayers | None = None
     capture_error: str | None = None  # why no layer outputs came
     step_logprobs: dict[str, float] | None = None  # the capture step's, run alone
+    given_token_ids: list[list[int]] | None = None  # with images: the prompts' ids before the placeholders
+    images: list[CapturedLayers] = field(default_factory=list)  # with images: per prompt, its encoder's capture
 
 
 @dataclass(frozen=True)
@@ -86,6 +101,7 @@ class ReferenceAnswer:
     outputs: list[dict[str, Any]] = field(default_factory=list)
     hidden: dict[str, list[Any]] | None = None  # layer index -> rows of numbers
     path: str | None = None  # how the step was run ("its KV cache", "a full forward, ...")
+    encoder: dict[str, list[Any]] = field(default_factory=dict)  # with images: part -> rows
 
 
 @dataclass(frozen=True)
@@ -96,6 +112,8 @@ class CaptureStep:
     context: list[int] = field(default_factory=list)
     token: int | None = None
     top_k: int = 1
+    images: int = 0  # the context is prompt ``prompt``'s ids (and tokens after it): its images go in again
+    prompt: int = 0
 
 
 @dataclass(frozen=True)
@@ -106,6 +124,7 @@ class EngineRequest:
     max_tokens: int = 0
     top_k: int = 1
     capture: bool = False  # each layer's output on the first prompt's prefill
+    images: int = 0  # per prompt (the prompts run one by one, each with its encoder's capture)
     capture_step: CaptureStep | None = field(default=None, metadata=wire.rules(empty_none=True))
 
 
@@ -143,6 +162,10 @@ class ParityOptions:
     max_model_len: int = 512
     engine_args: dict[str, Any] = field(default_factory=dict)
     timeout: float = 600.0
+    images: int = 0  # per prompt, for a multimodal model (0: text prompts)
+
+
+IMAGE_SEED = 0  # the images' pixels: numpy's generator seeded with (IMAGE_SEED, prompt index)
 
 
 def _gpu_visible() -> bool:
@@ -162,12 +185,15 @@ def _env() -> dict[str, str]:
 
 def engine_options(options: ParityOptions) -> dict[str, Any]:
     """What the vLLM engine of a parity check is started with (one engine per distinct dict)."""
+    engine_args = dict(options.engine_args)
+    if options.images > 1:  # vLLM's default limit is one image per prompt
+        engine_args.setdefault("limit_mm_per_prompt", {"image": options.images})
     return {
         "dtype": options.dtype,
         "device": options.device,
         "trust_remote_code": options.trust_remote_code,
         "max_model_len": options.max_model_len,
-        "engine_args": dict(options.engine_args),
+        "engine_args": engine_args,
         "start_timeout": options.timeout,
     }
 
@@ -244,11 +270,13 @@ def run_parity(
         raise DoctorInputError(f"reference must be 'hf' (Hugging Face transformers), not {options.reference!r}")
     if options.dtype not in ("float32", "float16", "bfloat16"):
         raise DoctorInputError(f"dtype must be float32, float16 or bfloat16, not {options.dtype!r}")
+    if options.images < 0:
+        raise DoctorInputError("images must be 0 or more")
     atol, rtol = tolerances(options.dtype)
     atol = options.atol if options.atol is not None else atol
     rtol = options.hidden_rtol if options.hidden_rtol is not None else rtol
     request = {"prompts": options.prompts, "max_tokens": options.max_tokens, "top_k": options.top_k,
-               "capture": options.layers}  # fmt: skip
+               "capture": options.layers, "images": options.images}  # fmt: skip
     ref_request = {
         "model": model,
         "hf_class": options.hf_class,
@@ -266,6 +294,8 @@ def run_parity(
         engine = ParityEngine(model, engine_options(options), progress)
     try:
         side, ref = _both_sides(engine, model, request, ref_request, options, progress)
+        if options.images:  # the reference ran on the ids and pixel values vLLM ran
+            ref_request = {**ref_request, "prompts": side.prompt_token_ids, "pixel_values": _pixels(side)}
         if ref.prompt_token_ids != side.prompt_token_ids:
             raise ParityUnavailable(
                 "vLLM and transformers tokenize the prompts differently; pass token ids as prompts to compare the "
@@ -284,6 +314,7 @@ def run_parity(
             mismatches=mismatches,
             max_logprob_diff=largest,
             engine={"model_class": side.model_class, "device": side.device},
+            images=options.images,
         )
         if options.layers:
             _compare_layers(result, side, ref, engine, model, ref_request, options, progress)
@@ -302,9 +333,20 @@ def _both_sides(
     progress: Progress | None,
 ) -> tuple[VllmAnswer, ReferenceAnswer]:
     """One request to the engine and one reference child; on CPU both run at once, on a GPU one
-    after the other (vLLM sizes its KV cache from the memory it finds free)."""
-    sequential = _gpu_visible() and options.device != "cpu"
+    after the other (vLLM sizes its KV cache from the memory it finds free). With images the
+    reference runs after vLLM, on the expanded ids and the pixel values vLLM's tower received."""
+    images = bool(options.images) and "capture_step" not in request
+    sequential = (_gpu_visible() and options.device != "cpu") or images
     asked = engine.ask(request, options.timeout) if sequential else None
+    if images and asked is not None:
+        side = wire.read(VllmAnswer, asked)
+        if side.error:
+            raise ParityUnavailable(f"vLLM could not run {model}: {side.error}")
+        pixels = _pixels(side)
+        if any(p is None for p in pixels):
+            why = side.capture_error or "the vision tower's hooks did not fire"
+            raise ParityUnavailable(f"the pixel values vLLM's vision tower received were not captured: {why}")
+        ref_request = {**ref_request, "prompts": side.prompt_token_ids, "pixel_values": pixels}
     theirs_job = ChildJob(
         "parity_hf", ref_request, timeout=options.timeout, what="the Hugging Face reference run",
         progress=progress, env=_env(),
@@ -339,7 +381,7 @@ def _compare_layers(
     hidden = side.hidden or CapturedLayers()
     if hidden.layers and ref.hidden:
         rows, first = compare_hidden(hidden.layers, ref.hidden, hidden.names, rtol)
-        checks.append(LayerCheck(0, 0, rows, first))
+        checks.append(LayerCheck(0, 0, rows, first, encoder=_parts(side.images[0] if side.images else None, ref)))
     else:
         result.capture_note = side.capture_error or "no layer outputs were captured"
     target = result.first_difference
@@ -365,21 +407,24 @@ def _compare_step(
 ) -> tuple[LayerCheck | None, str]:
     """Each layer's output on the step where the logprobs first differ (second round of both sides)."""
     p, s = target.prompt, target.step
-    ours, theirs = side.outputs[p]["token_ids"][:s], ref.outputs[p]["token_ids"][:s]
-    if ours != theirs:  # compare_outputs stops a prompt where the picks part, so this does not happen
-        return None, f"the runs picked different tokens before that step ({ours} vs {theirs})"
+    ours, picked = side.outputs[p]["token_ids"][:s], ref.outputs[p]["token_ids"][:s]
+    if ours != picked:  # compare_outputs stops a prompt where the picks part, so this does not happen
+        return None, f"the runs picked different tokens before that step ({ours} vs {picked})"
     ids = (side.prompt_token_ids or [])[p]
     step: dict[str, Any] = (
         {"context": ids, "token": None} if s == 0 else {"context": ids + ours[: s - 1], "token": ours[s - 1]}
     )
+    asked: dict[str, Any] = {**step, "top_k": options.top_k}
+    theirs: dict[str, Any] = {**ref_request, "capture_step": step}
+    if options.images:  # vLLM gets the prompt's own ids and its images again, the reference their pixel values
+        given = (side.given_token_ids or [])[p]
+        asked |= {"context": given + ours[: s - 1], "images": options.images, "prompt": p}
+        theirs = {**ref_request, "pixel_values": None, "capture_step": {**step, "pixel_values": _pixels(side)[p]}}
     where = "prefill" if s == 0 else f"decode step {s}"
     if progress:
         progress(f"parity: comparing each layer's output on the {where} of prompt {p}, where the logprobs first differ")
     try:
-        v, r = _both_sides(
-            engine, model, {"capture_step": {**step, "top_k": options.top_k}},
-            {**ref_request, "capture_step": step}, options, progress,
-        )  # fmt: skip
+        v, r = _both_sides(engine, model, {"capture_step": asked}, theirs, options, progress)
     except ParityUnavailable as exc:
         return None, f"the second capture could not run: {str(exc)[:500]}"
     hidden = v.hidden or CapturedLayers()
@@ -387,10 +432,23 @@ def _compare_step(
         return None, str(v.capture_error or "no layer outputs were captured on that step")
     offset = 0 if s == 0 else len(step["context"])
     rows, first = compare_hidden(hidden.layers, r.hidden, hidden.names, result.hidden_rtol, offset)
-    check = LayerCheck(p, s, rows, first, reference_path=str(r.path or "a full forward"))
+    encoder = _parts(hidden, r) if options.images else []
+    check = LayerCheck(p, s, rows, first, reference_path=str(r.path or "a full forward"), encoder=encoder)
     if s > 0 and v.step_logprobs is not None:
         check.note = _reproduction_note(v.step_logprobs, side.outputs[p]["logprobs"][s], result.atol)
     return check, ""
+
+
+def _pixels(side: VllmAnswer) -> list[Any]:
+    """Per prompt, the pixel values vLLM's vision tower received (None: not captured)."""
+    return [capture.pixel_values for capture in side.images]
+
+
+def _parts(capture: CapturedLayers | None, ref: ReferenceAnswer) -> list[PartError]:
+    """The tower's and the projector's outputs of one request, vLLM's vs the reference's."""
+    if capture is None or not capture.encoder or not ref.encoder:
+        return []
+    return compare_parts(capture.encoder, ref.encoder, capture.encoder_names)
 
 
 def _reproduction_note(again: dict[str, float], before: dict[str, float], atol: float) -> str | None:
@@ -443,7 +501,7 @@ def vllm_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
                 time.sleep(0.05)
                 continue
             served += 1
-            answer = _answer(handle, llm, json.loads(asked.read_text(encoding="utf-8")))
+            answer = _answer(handle, llm, json.loads(asked.read_text(encoding="utf-8")), f"parity-{served}")
             write_json_atomic(
                 folder / f"resp-{served}.json", {**answer, "device": "cuda" if cuda else "cpu"}, exact_strings=True
             )
@@ -452,7 +510,8 @@ def vllm_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     return {"served": served}
 
 
-def _answer(handle: Any, llm: Any, request: dict[str, Any]) -> dict[str, Any]:
+def _answer(handle: Any, llm: Any, request: dict[str, Any], tag: str) -> dict[str, Any]:
+    """``tag``: this request's own (names its images: vLLM's encoder cache must not answer for them)."""
     from vllm_doctor.compat.common import describe_exception
     from vllm_doctor.compat.llm import greedy_logprobs, prompt_token_ids
 
@@ -460,8 +519,15 @@ def _answer(handle: Any, llm: Any, request: dict[str, Any]) -> dict[str, Any]:
     asked = wire.read(EngineRequest, request)
     try:
         step = asked.capture_step
+        if step is not None and step.images:
+            prompt = handle.image_prompt(step.context, step.images, IMAGE_SEED, step.prompt, tag)
+            out.update(_capture(handle, llm, prompt, step.token, step.top_k or 1))
+            return out
         if step is not None:  # the second round: one step's layer outputs only
             out.update(_capture(handle, llm, step.context, step.token, step.top_k or 1))
+            return out
+        if asked.images:
+            out.update(_image_prompts(handle, llm, asked, tag))
             return out
         ids = prompt_token_ids(llm, asked.prompts)
         out["prompt_token_ids"] = ids
@@ -473,16 +539,63 @@ def _answer(handle: Any, llm: Any, request: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _capture(handle: Any, llm: Any, ids: list[int], token: int | None = None, top_k: int = 1) -> dict[str, Any]:
-    """Each decoder layer's output on the prefill of ``ids``; with ``token``: on the decode step
-    that feeds ``token`` after that prefill (its logprobs come back as ``step_logprobs``)."""
-    from vllm_doctor.compat.llm import greedy_logprobs
+def _image_prompts(handle: Any, llm: Any, asked: EngineRequest, tag: str) -> dict[str, Any]:
+    """The first round with images: each prompt alone (its encoder's capture is its own), with
+    its images; the first prompt's prefill also with each decoder layer's output."""
+    from vllm_doctor.compat.llm import greedy_logprobs, prompt_token_ids
 
-    options = {"tokens": len(ids), "decode": token is not None}
+    given = prompt_token_ids(llm, asked.prompts)
+    out: dict[str, Any] = {"given_token_ids": given, "prompt_token_ids": [], "outputs": [], "images": []}
+    for p, ids in enumerate(given):
+        prompt = handle.image_prompt(ids, asked.images, IMAGE_SEED, p, tag)
+        layers = asked.capture and p == 0
+        armed = _arm(handle, prompt, None, layers=layers)
+        (run,) = greedy_logprobs(llm, [prompt], asked.max_tokens, asked.top_k)
+        out["prompt_token_ids"].append(run.pop("prompt_token_ids"))
+        out["outputs"].append(run)
+        if armed is not None:
+            out["capture_error"] = armed
+            out["images"].append({})
+            continue
+        data = wire.read(RpcReply, handle.rpc("doctor_collect_hidden")[0]).data
+        captured = wire.read(CapturedLayers, data)
+        if not captured.encoder_complete:
+            out["capture_error"] = f"the encoder's hooks did not fire on prompt {p} ({captured.encoder_names})"
+        if layers:
+            out.update(_captured(handle, data, None))
+        out["images"].append(data)
+    return out
+
+
+def _arm(handle: Any, prompt: Any, token: int | None, layers: bool = True) -> str | None:
+    """Arm the worker's hooks for ``prompt`` (ids, or a prompt dict with images: also its encoder);
+    None, or why they could not be armed."""
+    images = isinstance(prompt, dict)
+    ids = prompt["prompt_token_ids"] if images else prompt
+    options = {"tokens": len(ids), "decode": token is not None, "layers": layers, "encoder": images,
+               "all_rows": images}  # fmt: skip
     armed = handle.ensure_extension("doctor_ping") and handle.rpc("doctor_arm_hidden", options)
     first = wire.read(RpcReply, armed[0] if armed else {})
-    if not first.ok:
-        return {"capture_error": str(first.error)}
+    return None if first.ok else str(first.error)
+
+
+def _captured(handle: Any, data: Any, token: int | None) -> dict[str, Any]:
+    model_class = wire.read(Anatomy, wire.read(RpcReply, handle.rpc("doctor_anatomy")[0]).data).identity.model_class
+    if not wire.read(CapturedLayers, data).complete:
+        what = "the decode step" if token is not None else "the whole request"
+        return {"capture_error": f"the hooks did not see {what}", "hidden": data, "model_class": model_class}
+    return {"hidden": data, "model_class": model_class}
+
+
+def _capture(handle: Any, llm: Any, ids: Any, token: int | None = None, top_k: int = 1) -> dict[str, Any]:
+    """Each decoder layer's output on the prefill of ``ids`` (token ids, or a prompt dict with
+    images: then also the encoder's parts); with ``token``: on the decode step that feeds ``token``
+    after that prefill (its logprobs come back as ``step_logprobs``)."""
+    from vllm_doctor.compat.llm import greedy_logprobs
+
+    failed = _arm(handle, ids, token)
+    if failed is not None:
+        return {"capture_error": failed}
     out: dict[str, Any] = {}
     if token is None:
         greedy_logprobs(llm, [ids], 1, 1)
@@ -493,14 +606,10 @@ def _capture(handle: Any, llm: Any, ids: list[int], token: int | None = None, to
             return {"capture_error": f"vLLM did not feed token {token} into the decode step ({run['token_ids']})"}
         out["step_logprobs"] = run["logprobs"][1]
     reply = wire.read(RpcReply, handle.rpc("doctor_collect_hidden")[0])
-    model_class = wire.read(Anatomy, wire.read(RpcReply, handle.rpc("doctor_anatomy")[0]).data).identity.model_class
     if not reply.ok:
+        model_class = wire.read(Anatomy, wire.read(RpcReply, handle.rpc("doctor_anatomy")[0]).data).identity.model_class
         return {"capture_error": str(reply.error), "model_class": model_class}
-    data = reply.data
-    if not wire.read(CapturedLayers, data).complete:
-        what = "the decode step" if token is not None else "the whole request"
-        return {"capture_error": f"the hooks did not see {what}", "hidden": data, "model_class": model_class}
-    return {**out, "hidden": data, "model_class": model_class}
+    return {**out, **_captured(handle, reply.data, token)}
 
 
 def hf_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
