@@ -253,6 +253,9 @@ def test_attention_inside_a_multimodal_encoder_is_pointed_at_vllms_encoder_atten
     assert vision.hint.startswith("build vllm's MMEncoderAttention(num_heads, head_dim, scale, prefix=")
     assert "not vLLM's Attention, which keeps a KV cache" in vision.hint
     assert text.hint == "build vllm's Attention(..., prefix=f'{prefix}.attn') in __init__ and call self.attn(q, k, v)"
+    projector = [lin("multi_modal_projector.linear_1", 1024, 4096), lin("multi_modal_projector.linear_2", 4096, 4096)]
+    (plain,) = findings(anatomy(fused_layers() + projector))["VD602"]
+    assert "linear_1: ColumnParallelLinear; linear_2: RowParallelLinear" in plain.hint  # as vLLM's llava.py
     (unfused,) = [f for f in got["VD601"] if f.outcome.value == "warn"]
     assert "vLLM's own vision encoders (clip.py, siglip.py) run them as one QKVParallelLinear" in unfused.message
     assert "clip.py" in unfused.hint

@@ -29,7 +29,8 @@ FUSABLE: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
     (("gate_proj", "up_proj"), "MergedColumnParallelLinear", "gate_up_proj", "mlp"),
     (("w1", "w3"), "MergedColumnParallelLinear", "gate_up_proj", "mlp"),
 )
-ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "dense", "wo", "w2", "fc2", "c_proj")
+# the second GEMM of a pair, which vLLM's layers split by rows (linear_2: the LLaVA projector's, llava.py)
+ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "dense", "wo", "w2", "fc2", "c_proj", "linear_2")
 ATTENTION_NAMES = (
     "attn",
     "attention",
