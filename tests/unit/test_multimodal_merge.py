@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from vllm_doctor.checks import run_checks
+from vllm_doctor.compat.runtime import MM_MERGE_KWARGS, _unread_params
 from vllm_doctor.engine.session import _compare_merge
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.model import Outcome
@@ -53,3 +54,24 @@ def test_vd213_reads_the_workers_calls() -> None:
     misshaped = [{"items": 2, "rows": 7, "expected_rows": 6, "rows_differ": None}]
     (shape,) = run_checks(_facts({"method": "embed_input_ids", "calls": misshaped}), ["VD213"])
     assert shape.outcome is Outcome.FAIL and "the mask marks 7 row(s), the 2 image embedding(s) have 6" in shape.message
+
+
+def _drops(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):  # type: ignore[no-untyped-def]
+    return self.embed_tokens(input_ids)
+
+
+def _merges(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):  # type: ignore[no-untyped-def]
+    embeds = self.embed_tokens(input_ids)
+    if multimodal_embeddings:
+        embeds[is_multimodal] = torch.cat(list(multimodal_embeddings))
+    return embeds
+
+
+def _passes_on(self, input_ids, **kwargs):  # type: ignore[no-untyped-def]
+    return super().embed_input_ids(input_ids, **kwargs)
+
+
+def test_vd212s_reader_judges_only_the_named_parameters_a_body_never_reads() -> None:
+    assert _unread_params(_drops, MM_MERGE_KWARGS) == ["multimodal_embeddings", "is_multimodal"]
+    assert _unread_params(_merges, MM_MERGE_KWARGS) == []
+    assert _unread_params(_passes_on, MM_MERGE_KWARGS) == []  # through **kwargs: not judged

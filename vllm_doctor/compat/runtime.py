@@ -285,7 +285,8 @@ MM_MERGE_KWARGS = ("multimodal_embeddings", "is_multimodal")
 
 
 def _unread_params(func: Callable[..., Any], names: tuple[str, ...]) -> list[str] | None:
-    """The parameters among ``names`` that the function's own body never reads (None: no source)."""
+    """The named parameters among ``names`` that the function's own body never reads (None: no
+    source). A name the function takes only through ``**kwargs`` is not judged."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
     except (OSError, TypeError, SyntaxError):
@@ -299,7 +300,9 @@ def _unread_params(func: Callable[..., Any], names: tuple[str, ...]) -> list[str
         for n in ast.walk(fn)
     ):
         return []  # reads its arguments by name
-    return [n for n in names if n not in read]
+    args = fn.args
+    named = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+    return [n for n in names if n in named and n not in read]
 
 
 def multimodal_methods(cls: type) -> dict[str, Any]:
