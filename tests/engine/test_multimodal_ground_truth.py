@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,10 @@ NO_PROCESSOR_WARNING = "is treated as multimodal but has no registered multimoda
 TEXT_ONLY_ERROR = "ValueError: Multi-modal processor not available for text-only models"
 REPLACEMENT_ERROR = "AssertionError: Failed to apply prompt replacement for mm_items['image'][0]"
 WARMUP_FAILED = "Multi-modal warmup failed"
+NONE_EMBEDDINGS_ERROR = (
+    "AssertionError: Expected multimodal embeddings to be a list/tuple of 2D tensors, or a single 3D tensor, but got "
+    "<class 'NoneType'> instead. This is most likely due to incorrect implementation of the model's `embed_multimodal`"
+)
 UNMAPPED_ERROR = "ValueError: There is no module or parameter named 'model' in TinyDoctorVLForConditionalGeneration."
 # where vLLM 0.32 processes a request's image (the caller's renderer, before the engine core)
 RENDERER_FRAME = "base.py:_process_multimodal"
@@ -68,6 +73,11 @@ def _log(result: dict[str, Any]) -> str:
     return Path(result["log_path"]).read_text()
 
 
+def _warnings(result: dict[str, Any]) -> set[str]:
+    """The engine log's warnings, without their time and source line."""
+    return set(re.findall(r"WARNING [\d-]+ [\d:]+ \[[^\]]*\] (.*)", _log(result)))
+
+
 def _assert_failed(phase: dict[str, Any] | None, error: str, frames: tuple[str, ...], result: dict[str, Any]) -> None:
     assert phase is not None and phase["ok"] is False, _describe(result)
     assert error in phase["error_message"], _describe(result)
@@ -93,6 +103,8 @@ def test_every_variant_is_pinned_here() -> None:
         "mm-image-token-mismatch-precomputed",
         "mm-vision-weights-skipped",
         "mm-unmapped-weight-prefix",
+        "mm-embeddings-not-merged",
+        "mm-no-embed-multimodal",
     }
 
 
@@ -178,3 +190,31 @@ def test_unmapped_weight_prefix_fails_loading_weights(mm_results: dict[str, dict
     frames = ("cpu_model_runner.py:load_model", "utils.py:_load_module")
     _assert_failed(result["start"], UNMAPPED_ERROR, frames, result)
     assert all(result[p] is None for p in PHASE_NAMES[1:])
+
+
+def test_embeddings_not_merged_ignores_the_image_silently(mm_results: dict[str, dict[str, Any]]) -> None:
+    """(f) no error, no warning: embed_input_ids drops the image embeddings, so the decoder sees
+    the <image> token's embedding on every placeholder: two different images give the same
+    tokens, which are not the working example's; text is identical."""
+    result, ok = _get(mm_results, "mm-embeddings-not-merged"), _get(mm_results, OK)
+    assert result["start"] == {"ok": True}, _describe(result)
+    assert _tokens(result, "text") == _tokens(ok, "text")
+    red, noise = _tokens(result, "image"), _tokens(result, "image_other")
+    assert red == noise, _describe(result)  # the image does not matter
+    assert red != _tokens(ok, "image") and noise != _tokens(ok, "image_other")
+    assert result["vision_embeds_finite"] is True  # the tower itself works
+    assert _warnings(result) == _warnings(ok)  # not one warning more than the working example's
+
+
+def test_no_embed_multimodal_fails_every_image_request_in_the_engine_core(mm_results: dict[str, dict[str, Any]]) -> None:
+    """(g) the encoder method under its pre-rename name (get_multimodal_embeddings): the engine
+    starts and serves text; SupportsMultiModal's empty embed_multimodal returns None, which vLLM's
+    sanity check of the encoder output refuses in the engine core (the runner's
+    _execute_mm_encoder), on every image request."""
+    result, ok = _get(mm_results, "mm-no-embed-multimodal"), _get(mm_results, OK)
+    assert result["start"] == {"ok": True}, _describe(result)
+    assert _tokens(result, "text") == _tokens(ok, "text")
+    frames = ("core.py:step", "gpu_model_runner.py:_execute_mm_encoder", "utils.py:sanity_check_mm_encoder_outputs")
+    for phase in ("image", "image_other"):
+        _assert_failed(result[phase], NONE_EMBEDDINGS_ERROR, frames, result)
+        assert RENDERER_FRAME not in result[phase]["frames"]  # past the caller's processing

@@ -23,16 +23,24 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 
 
 @pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("mm")
     subprocess.run(
-        [sys.executable, str(REPO / "examples" / "make_multimodal.py"), str(out), "--only", "mm-ok"],
+        [sys.executable, str(REPO / "examples" / "make_multimodal.py"), str(out), "--only", "mm-ok",
+         "mm-embeddings-not-merged"],
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip
-    return out / "mm-ok"
+    return out
 
 
-def _profile(example: Path, out: Path, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+@pytest.fixture(scope="module")
+def example(examples: Path) -> Path:
+    return examples / "mm-ok"
+
+
+def _profile(
+    example: Path, out: Path, *args: str, returncode: int = 0
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
     env["PYTHONPATH"] = os.pathsep.join([str(example / "site"), str(REPO)])
     proc = subprocess.run(
@@ -40,7 +48,7 @@ def _profile(example: Path, out: Path, *args: str) -> tuple[subprocess.Completed
          "--prompts", "3", "--input-len", "24", "--output-len", "8", *args],
         env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == returncode, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc, json.loads((out / "report.json").read_text())
 
 
@@ -136,3 +144,37 @@ def test_the_twin_of_a_multimodal_port_is_its_decoders_fed_text_prompts(example:
     assert twin["architecture"] == "LlamaForCausalLM" and twin["match"]["decoder_prefix"] == "language_model."
     assert twin["phases"]["decode"]["port_steps"] == twin["phases"]["decode"]["twin_steps"] > 0
     assert "the twin is its language model's (language_model.* as LlamaForCausalLM)" in proc.stdout
+
+
+def _finding(report: dict, code: str) -> dict:
+    (finding,) = [f for f in report["findings"] if f["code"] == code]
+    return finding
+
+
+def test_the_image_embeddings_are_on_the_placeholder_rows(eager: tuple[Any, dict]) -> None:
+    """VD213 on the working example: the first embed_input_ids calls with image embeddings put
+    every one of them on the rows the mask marks (16 per image)."""
+    _, report = eager
+    finding = _finding(report, "VD213")
+    assert finding["outcome"] == "pass", finding
+    # three prompts of one 32x32 image each: 3 x 16 placeholder rows in all, none differs
+    assert re.fullmatch(
+        r"the image embeddings are on the placeholder positions \(48 row\(s\) in [1-3] call\(s\)\)", finding["message"]
+    ), finding
+
+
+def test_embed_input_ids_that_drops_the_images_is_vd213(examples: Path, tmp_path: Path) -> None:
+    """mm-embeddings-not-merged: vLLM runs it silently (tests/engine/test_multimodal_ground_truth.py);
+    the doctor compares the merge's output rows with the image embeddings: none of them is there."""
+    proc, report = _profile(
+        examples / "mm-embeddings-not-merged", tmp_path, "--eager", "--prompts", "2", "--output-len", "2", returncode=1
+    )
+    finding = _finding(report, "VD213")
+    assert finding["outcome"] == "fail" and finding["severity"] == "error"
+    # two prompts of one 32x32 image each: 2 x 16 placeholder rows, prefilled in one step
+    assert finding["message"] == (
+        "image embeddings not merged at the placeholder positions: 32 of 32 rows differ (1 call(s) checked)"
+    )
+    assert finding["subject"] == "rank 0: embed_input_ids"
+    assert finding["evidence"]["calls"] == [{"items": 2, "rows": 32, "expected_rows": 32, "rows_differ": 32}]
+    assert "FAIL  VD213" in proc.stdout

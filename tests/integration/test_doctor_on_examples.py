@@ -69,8 +69,10 @@ def test_every_check_code_has_a_variant() -> None:
     # VD102: tests below; VD111 (vLLM refuses the config): tests/integration/test_real_plugins.py
     # (a real plugin's config class refuses the directory) and tests/unit/test_checks_pure.py
     # VD100 (a pass did not complete): tests/integration/test_passes_cut_short.py
-    # VD209-VD211 (multimodal): the vision-language variants, tests/integration/test_multimodal_checks.py
-    covered = {code for code, _, _ in EXPECTED.values()} | {"VD100", "VD102", "VD111", "VD209", "VD210", "VD211"}
+    # VD209-VD212 and VD112 (multimodal): the vision-language variants and bad inputs,
+    # tests/integration/test_multimodal_checks.py
+    multimodal = {"VD112", "VD209", "VD210", "VD211", "VD212"}
+    covered = {code for code, _, _ in EXPECTED.values()} | {"VD100", "VD102", "VD111"} | multimodal
     assert static <= covered
 
 

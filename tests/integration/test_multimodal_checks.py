@@ -1,9 +1,12 @@
 """The doctor on the vision-language example (examples/tiny_vl_plugin) and the variants whose
 mistake is in the class's multimodal registration or its processor: VD209 (no processor
 registered), VD210 (not SupportsMultiModal), VD211 (the processor fails on vLLM's start-up dummy
-inputs: an image token id the prompt update does not find), and none of them on the working example, whose LM head sits under its
-decoder's prefix (``language_model.lm_head.weight``: no VD307). What the real engine does with the
-same variants: tests/engine/test_multimodal_ground_truth.py."""
+inputs: an image token id the prompt update does not find), VD212 (the embedding contract:
+no ``embed_multimodal``, an ``embed_input_ids`` that cannot take or never reads the image
+embeddings), VD112 (no vision config), and none of them on the working example, whose LM head
+sits under its decoder's prefix (``language_model.lm_head.weight``: no VD307); the performance
+lint's advice for the vision tower (vLLM's encoder attention, not the decoder's). What the real
+engine does with the same variants: tests/engine/test_multimodal_ground_truth.py."""
 
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ VARIANTS = (
     "mm-not-supports-multimodal",
     "mm-image-token-mismatch",
     "mm-image-token-mismatch-precomputed",
+    "mm-no-embed-multimodal",
+    "mm-embeddings-not-merged",
 )
 CLS = "tiny_doctor_vl{}.model:TinyDoctorVLForConditionalGeneration"
 
@@ -50,6 +55,13 @@ def test_working_vision_language_example_passes_the_multimodal_and_lm_head_check
     assert _by_code(report, "VD211")["outcome"] == "pass"
     assert "image: 16 token(s)" in _by_code(report, "VD211")["message"]  # the processor's dummy image
     assert _by_code(report, "VD307")["outcome"] == "pass"  # language_model.lm_head.weight is the head
+    contract = _by_code(report, "VD212")
+    assert contract["outcome"] == "pass"
+    assert contract["message"] == (
+        f"{CLS.format('_model')} implements embed_multimodal; embed_input_ids: its own, taking multimodal_embeddings, "
+        "is_multimodal"
+    )
+    assert _by_code(report, "VD112")["outcome"] == "pass"  # the vision_* fields are in config.json
     errors = [f["code"] for f in report["findings"] if f["outcome"] == "fail" and f["severity"] == "error"]
     assert errors == []
 
@@ -92,10 +104,58 @@ def test_image_token_the_prompt_update_does_not_find_is_vd211(reports: dict[str,
     assert _by_code(reports[variant], "VD209")["outcome"] == "pass"
 
 
+def test_vision_tower_attention_is_pointed_at_vllms_encoder_attention(reports: dict[str, dict]) -> None:
+    """The performance lint on the example's plain-PyTorch vision tower: its SDPA is advised
+    vLLM's encoder attention layer (no KV cache), not the decoder's Attention; its separate
+    q/k/v cite vLLM's own vision encoders, which fuse them (QKVParallelLinear in clip.py)."""
+    report = reports["mm-ok"]
+    attention = _by_code(report, "VD606")
+    assert attention["outcome"] == "warn"
+    assert attention["message"].startswith(
+        "TinyVisionAttention.forward, in the multimodal encoder (vision_tower), computes attention with "
+        "scaled_dot_product_attention"
+    )
+    assert "not vLLM's encoder attention layer (MMEncoderAttention)" in attention["message"]
+    assert attention["evidence"]["encoder_modules"] == ["vision_tower", "multi_modal_projector"]
+    assert attention["evidence"]["vllm_encoder_attention"] == "vllm.model_executor.layers.attention.MMEncoderAttention"
+    assert attention["hint"].startswith("build vllm's MMEncoderAttention(")
+    unfused = _by_code(report, "VD601")
+    assert unfused["subject"] == "vision_tower.encoder.layers.*.self_attn"
+    assert "vLLM's own vision encoders (clip.py, siglip.py) run them as one QKVParallelLinear" in unfused["message"]
+
+
+def test_encoder_method_under_its_old_name_is_vd212(reports: dict[str, dict]) -> None:
+    finding = _by_code(reports["mm-no-embed-multimodal"], "VD212")
+    assert finding["outcome"] == "fail" and finding["severity"] == "error"
+    assert finding["subject"] == CLS.format("_no_embed_multimodal") + ".embed_multimodal"
+    assert finding["message"].startswith(
+        f"{CLS.format('_no_embed_multimodal')} does not implement embed_multimodal (it defines "
+        "get_multimodal_embeddings, vLLM's older name): vLLM calls SupportsMultiModal's empty one, which returns None"
+    )
+    # what vLLM 0.32 says (tests/engine/test_multimodal_ground_truth.py)
+    assert "but got <class 'NoneType'> instead" in finding["message"]
+    assert finding["hint"] == "rename get_multimodal_embeddings to embed_multimodal"
+    assert finding["evidence"]["defined_by"] == "vllm.model_executor.models.interfaces.SupportsMultiModal"
+
+
+def test_embed_input_ids_that_never_reads_the_image_embeddings_is_vd212(reports: dict[str, dict]) -> None:
+    finding = _by_code(reports["mm-embeddings-not-merged"], "VD212")
+    assert finding["outcome"] == "fail" and finding["severity"] == "error"
+    assert finding["subject"] == CLS.format("_embeddings_not_merged") + ".embed_input_ids"
+    assert finding["message"] == (
+        f"{CLS.format('_embeddings_not_merged')}.embed_input_ids takes multimodal_embeddings but never reads it: the "
+        "image embeddings are not merged at the placeholder positions, silently (the answer does not depend on the "
+        "image)"
+    )
+    assert finding["evidence"]["unread"] == ["multimodal_embeddings", "is_multimodal"]
+
+
 @pytest.fixture(scope="module")
 def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess.CompletedProcess[str]]:
     """The working example with bad input in its model directory: a processor file that is not
-    JSON, an image token id outside the vocabulary."""
+    JSON, an image token id outside the vocabulary, a config without its vision settings (the
+    example's flat vision_* fields; an in-tree LLaVA config without vision_config), and a class
+    whose embed_input_ids has the text model's signature."""
     import shutil
 
     out = tmp_path_factory.mktemp("mm-bad")
@@ -103,7 +163,7 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess
         [sys.executable, str(REPO / "examples" / "make_multimodal.py"), str(out), "--only", "mm-ok"],
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip
-    for name in ("not-json", "token-outside-vocab"):
+    for name in BAD_INPUTS:
         shutil.copytree(out / "mm-ok", out / name)
     (out / "not-json" / "model" / "preprocessor_config.json").write_text("{not json")
     config_path = out / "token-outside-vocab" / "model" / "config.json"
@@ -112,10 +172,32 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess
     config_path.write_text(json.dumps(config))
     from tests.conftest import run_doctor, variant_env
 
-    return {
-        name: run_doctor(["check", str(out / name / "model"), "--json", "-q"], variant_env(out, name))
-        for name in ("not-json", "token-outside-vocab")
-    }
+    config_path = out / "no-vision-fields" / "model" / "config.json"
+    config = {k: v for k, v in json.loads(config_path.read_text()).items() if not k.startswith("vision_")}
+    config_path.write_text(json.dumps(config))
+    config_path = out / "llava-no-vision-config" / "model" / "config.json"
+    config = json.loads(config_path.read_text())
+    text = {k: config[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                   "num_attention_heads", "num_key_value_heads", "head_dim", "rms_norm_eps")}  # fmt: skip
+    llava = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava", "image_token_index": 3}
+    config_path.write_text(json.dumps({**llava, "text_config": {"model_type": "llama", **text}}))
+    model_py = out / "text-signature" / "site" / "tiny_doctor_vl_model" / "model.py"
+    source = model_py.read_text()
+    start = source.index("    def embed_input_ids(")
+    end = source.index("    def forward(", start)
+    text_style = (
+        "    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:\n"
+        "        return self.language_model.model.embed_tokens(input_ids)\n\n"
+    )
+    model_py.write_text(source[:start] + text_style + source[end:])
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        procs = pool.map(
+            lambda n: run_doctor(["check", str(out / n / "model"), "--json", "-q"], variant_env(out, n)), BAD_INPUTS
+        )
+        return dict(zip(BAD_INPUTS, procs, strict=True))
+
+
+BAD_INPUTS = ("not-json", "token-outside-vocab", "no-vision-fields", "llava-no-vision-config", "text-signature")
 
 
 def test_a_processor_file_that_is_not_json_is_vllms_refusal_not_a_crash(bad_inputs: dict) -> None:
@@ -159,3 +241,46 @@ def test_a_registration_on_another_class_is_named_with_the_move(tmp_path: Path) 
     assert f"the registration sits on {package}.model.TinyLanguageModel instead" in finding["message"]
     assert finding["evidence"]["mm_processor_on"] == [f"{package}.model.TinyLanguageModel"]
     assert "from TinyLanguageModel to TinyDoctorVLForConditionalGeneration" in finding["hint"]
+
+
+def test_flat_vision_fields_missing_is_vd112_naming_the_defaults(bad_inputs: dict) -> None:
+    """config.json without the example's vision_* fields: the config class fills them from its
+    defaults (which fit this checkpoint): a warning that names them, no traceback."""
+    proc = bad_inputs["no-vision-fields"]
+    assert proc.returncode == 0, proc.stderr[-3000:]  # warnings only
+    assert "Traceback" not in proc.stderr
+    finding = _by_code(json.loads(proc.stdout), "VD112")
+    assert finding["outcome"] == "fail" and finding["severity"] == "warn"
+    assert finding["message"].startswith(
+        "config.json has none of tiny_doctor_vl_model.configuration.TinyDoctorVLConfig's vision_* fields: its "
+        "defaults are used (vision_image_size 32, vision_patch_size 8, vision_hidden_size 64"
+    )
+
+
+def test_llava_config_without_vision_config_is_vd112_naming_the_default_clip(bad_inputs: dict) -> None:
+    """model_type llava without vision_config: transformers' LlavaConfig builds a default CLIP
+    ViT (hidden 1024, 24 layers), which the checkpoint's tiny tower does not fit (VD302/VD303
+    follow); VD112 names the cause; no traceback."""
+    proc = bad_inputs["llava-no-vision-config"]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    report = json.loads(proc.stdout)
+    finding = _by_code(report, "VD112")
+    assert finding["outcome"] == "fail" and finding["severity"] == "warn"
+    assert finding["message"] == (
+        "config.json has no vision_config: transformers.models.llava.configuration_llava.LlavaConfig builds a default "
+        "CLIPVisionConfig (hidden_size 1024, num_hidden_layers 24, image_size 336, patch_size 14)"
+    )
+    assert {"VD302", "VD303"} <= {f["code"] for f in report["findings"] if f["outcome"] == "fail"}
+
+
+def test_embed_input_ids_with_the_text_models_signature_is_vd212(bad_inputs: dict) -> None:
+    proc = bad_inputs["text-signature"]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    finding = _by_code(json.loads(proc.stdout), "VD212")
+    assert finding["outcome"] == "fail" and finding["severity"] == "error"
+    assert finding["message"].startswith(
+        f"{CLS.format('_model')}.embed_input_ids(self, input_ids) does not accept multimodal_embeddings, "
+        "is_multimodal: vLLM's runner passes embed_input_ids(input_ids, multimodal_embeddings=..., is_multimodal=...)"
+    )
+    assert finding["evidence"]["not_accepted"] == ["multimodal_embeddings", "is_multimodal"]

@@ -75,7 +75,8 @@ CLASS_READS: dict[tuple[str, str], str] = {
     # multimodal models (compat/runtime.multimodal_verdicts, compat/llm.multimodal_prompts, compat/worker)
     ("vllm.config.multimodal", "MultiModalConfig"): "limit_per_prompt",
     ("vllm.model_executor.models.interfaces", "SupportsMultiModal"): (
-        "supports_multimodal embed_multimodal get_language_model"
+        "supports_multimodal embed_multimodal|get_multimodal_embeddings embed_input_ids|get_input_embeddings "
+        "get_language_model"
     ),
     ("vllm.multimodal.registry", "MultiModalRegistry"): "_get_model_cls create_processor",
     ("vllm.config.cache", "CacheConfig"): (
@@ -148,7 +149,9 @@ MODULE_NAMES: dict[str, str] = {
     "vllm.model_executor.models.interfaces_base": (
         "is_vllm_model is_text_generation_model is_pooling_model _check_vllm_model_embed_input_ids?"
     ),
-    "vllm.model_executor.models.interfaces": "supports_pp supports_multimodal",
+    "vllm.model_executor.models.interfaces": "supports_pp supports_multimodal SupportsMultiModal",
+    # the attention layer of vLLM's own multimodal encoders (compat/perf.encoder_attention_layer)
+    "vllm.model_executor.layers.attention": "MMEncoderAttention",
     "vllm.distributed.parallel_state": (
         "get_tp_group get_pp_group init_distributed_environment ensure_model_parallel_initialized "
         "model_parallel_is_initialized destroy_model_parallel destroy_distributed_environment"
@@ -174,6 +177,9 @@ NOT_VLLM: dict[str, str] = {
     "get_input_embeddings": "the user's model class (VD2xx)",
     "load_weights": "the user's model class (VD2xx)",
     "head_dim": "the Hugging Face config",
+    "vision_config": "the Hugging Face config (a vision-language model's)",
+    "encoder": "the doctor's own name of a multimodal method's role (compat/runtime.multimodal_methods)",
+    "merge": "the doctor's own name of a multimodal method's role (compat/runtime.multimodal_methods)",
     "hidden_size": "the Hugging Face config",
     "model_type": "the Hugging Face config",
     "num_attention_heads": "the Hugging Face config",

@@ -224,6 +224,43 @@ def test_attention_without_vllms_layer_is_reported_and_sdpa_is_named() -> None:
     assert "computes attention with scaled_dot_product_attention" in f.message and "no vLLM attention layer at all" in f.message
 
 
+def test_attention_inside_a_multimodal_encoder_is_pointed_at_vllms_encoder_attention() -> None:
+    """An encoder attends over each image's tokens without a KV cache: the advice is vLLM's encoder
+    attention layer (MMEncoderAttention), not the decoder's KV-cached Attention; a decoder's own
+    SDPA in the same model still gets the decoder advice; q/k/v in the tower cite vLLM's encoders."""
+    tower = "vision_tower.encoder.layers.0.self_attn"
+    classes = (
+        ModelClass("pkg.VisionAttn", "m.py", 1, tower, None, True),
+        ModelClass("pkg.TextAttn", "m.py", 2, "language_model.layers.0.self_attn", None, False),
+    )
+    sdpa = "o = F.scaled_dot_product_attention(q, k, v)"
+    calls = (
+        SourceFinding("attention", "pkg.VisionAttn", "forward", 9, "m.py", sdpa, "scaled_dot_product_attention"),
+        SourceFinding("attention", "pkg.TextAttn", "forward", 30, "m.py", sdpa, "scaled_dot_product_attention"),
+    )
+    qkv = [lin(f"{tower}.{n}", 64, 64) for n in ("q_proj", "k_proj", "v_proj")]
+    perf = anatomy(
+        fused_layers() + qkv,
+        source_findings=calls,
+        model_classes=classes,
+        encoder_modules=("vision_tower", "multi_modal_projector"),
+        encoder_attention="vllm.model_executor.layers.attention.MMEncoderAttention",
+    )
+    got = findings(perf)
+    vision, text = got["VD606"]
+    assert vision.message.startswith("VisionAttn.forward, in the multimodal encoder (vision_tower), computes attention")
+    assert "not vLLM's encoder attention layer (MMEncoderAttention)" in vision.message
+    assert vision.hint.startswith("build vllm's MMEncoderAttention(num_heads, head_dim, scale, prefix=")
+    assert "not vLLM's Attention, which keeps a KV cache" in vision.hint
+    assert text.hint == "build vllm's Attention(..., prefix=f'{prefix}.attn') in __init__ and call self.attn(q, k, v)"
+    projector = [lin("multi_modal_projector.linear_1", 1024, 4096), lin("multi_modal_projector.linear_2", 4096, 4096)]
+    (plain,) = findings(anatomy(fused_layers() + projector))["VD602"]
+    assert "linear_1: ColumnParallelLinear; linear_2: RowParallelLinear" in plain.hint  # as vLLM's llava.py
+    (unfused,) = [f for f in got["VD601"] if f.outcome.value == "warn"]
+    assert "vLLM's own vision encoders (clip.py, siglip.py) run them as one QKVParallelLinear" in unfused.message
+    assert "clip.py" in unfused.hint
+
+
 def test_without_a_module_tree_every_lint_skips_and_says_why() -> None:
     facts = LintFacts(None, perf_error="the model was not built: KeyError")
     got = run_checks(facts, codes_for("performance"))

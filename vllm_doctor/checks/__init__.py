@@ -4,8 +4,8 @@ Static stage: ``registry``, ``contract``, ``perf`` (the performance lint, also r
 stage's worker facts), and the checkpoint against the model (VD3xx), one module per topic:
 ``weight_loading``, ``parallel_sizes``, ``checkpoint_files``, ``config_sizes``, ``model_build``
 (their shared gates and helpers: ``weights_base``). Engine stage, one module per topic:
-``startup``, ``placement``, ``probe``, ``ranks``, ``kv_cache``, ``memory``, ``attention`` and
-``doctor`` (their shared gates and helpers: ``engine_base``).
+``startup``, ``placement``, ``probe``, ``ranks``, ``kv_cache``, ``memory``, ``attention``,
+``multimodal_merge`` and ``doctor`` (their shared gates and helpers: ``engine_base``).
 """
 
 from vllm_doctor.checks import (  # noqa: F401  (registers checks)
@@ -14,6 +14,7 @@ from vllm_doctor.checks import (  # noqa: F401  (registers checks)
     doctor,
     kv_cache,
     memory,
+    multimodal_merge,
     perf,
     placement,
     probe,

@@ -509,3 +509,109 @@ def multimodal_dummy_inputs_fail(facts: Facts, emit: Emit) -> Iterable[Finding]:
         },
         hint,
     )
+
+
+ENCODER_NONE_ERROR = (
+    "AssertionError: Expected multimodal embeddings to be a list/tuple of 2D tensors, or a single 3D tensor, but got "
+    "<class 'NoneType'> instead. This is most likely due to incorrect implementation of the model's `embed_multimodal` "
+    "method."
+)
+
+
+@check(
+    "VD212",
+    "multimodal-embedding-contract",
+    "A multimodal class lacks `embed_multimodal`, or its `embed_input_ids` cannot merge the image embeddings.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    topic="contract",
+    what=(
+        "On a step with images vLLM's runner calls `embed_multimodal(**pixel_inputs)` (one embedding per item, in "
+        "prompt order), then `embed_input_ids(input_ids, multimodal_embeddings=..., is_multimodal=mask)`, which must "
+        "write the items' embeddings on the placeholder positions of the mask. `SupportsMultiModal` gives an empty "
+        "`embed_multimodal` (it returns None) and a default `embed_input_ids` that merges through "
+        "`get_language_model()`. (Older vLLM: `get_multimodal_embeddings`, `get_input_embeddings`.)"
+    ),
+    why=(
+        "Measured on vLLM 0.32: without its own `embed_multimodal` (e.g. still named `get_multimodal_embeddings`) the "
+        "engine starts, serves text, and fails every image request in the engine core: "
+        f"`{ENCODER_NONE_ERROR}`. An `embed_input_ids` that takes the image embeddings and never reads them fails "
+        "nothing: the decoder sees the image token's own embedding on every placeholder, and the answer does not "
+        "depend on the image (see VD213 for the engine's evidence)."
+    ),
+    example=(
+        "def get_multimodal_embeddings(self, **kwargs): ...  # vLLM calls embed_multimodal\n"
+        "def embed_input_ids(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):\n"
+        "    return self.embed_tokens(input_ids)  # the image embeddings are dropped"
+    ),
+    fix=(
+        "def embed_multimodal(self, **kwargs): return list(self.projector(self.vision_tower(kwargs['pixel_values'])))\n"
+        "def embed_input_ids(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None):\n"
+        "    embeds = self.embed_tokens(input_ids)\n"
+        "    if multimodal_embeddings:\n"
+        "        embeds[is_multimodal] = torch.cat(list(multimodal_embeddings)).to(embeds.dtype)\n"
+        "    return embeds"
+    ),
+    references=(
+        "vllm/model_executor/models/interfaces.py:SupportsMultiModal",
+        "vllm/v1/worker/utils.py:sanity_check_mm_encoder_outputs",
+    ),
+    requires=("import", "model-class", "contract"),
+)
+def multimodal_embedding_contract(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    target, c = _contract(facts)
+    if c.vllm.supports_multimodal is not True:
+        yield emit.not_applicable(f"{target} does not implement SupportsMultiModal", target)
+        return
+    methods = c.multimodal_methods
+    if methods is None or methods.encoder is None or methods.merge is None:
+        yield emit.skip("the import pass did not read the class's multimodal methods", target)
+        return
+    encoder, merge = methods.encoder, methods.merge
+    problems = 0
+    if encoder.interface:
+        legacy = f" (it defines {', '.join(encoder.legacy)}, vLLM's older name)" if encoder.legacy else ""
+        problems += 1
+        yield emit.fail(
+            f"{target} does not implement {encoder.name}{legacy}: vLLM calls SupportsMultiModal's empty one, which "
+            f"returns None, and fails every image request in the engine core ({ENCODER_NONE_ERROR.split('. ')[0]})",
+            f"{target}.{encoder.name}",
+            {
+                "method": encoder.name,
+                "defined_by": encoder.owner,
+                "legacy_names": encoder.legacy,
+                "vllm_error": ENCODER_NONE_ERROR,
+            },
+            f"rename {encoder.legacy[0]} to {encoder.name}"
+            if encoder.legacy
+            else f"def {encoder.name}(self, **kwargs): one [num_tokens, hidden] tensor per item, in prompt order",
+        )
+    if not merge.interface:
+        refused = [kw for kw, ok in merge.accepts.items() if not ok]
+        unread = [kw for kw in merge.unread or () if kw not in refused]
+        where = f"{target}.{merge.name}"
+        evidence = {"method": merge.name, "defined_by": merge.owner, "params": merge.params}
+        if refused:
+            problems += 1
+            yield emit.fail(
+                f"{where}({', '.join(merge.params or [])}) does not accept {', '.join(refused)}: vLLM's runner passes "
+                f"{merge.name}(input_ids, multimodal_embeddings=..., is_multimodal=...) on a multimodal model's steps",
+                where,
+                {**evidence, "not_accepted": refused},
+                f"def {merge.name}(self, input_ids, multimodal_embeddings=None, *, is_multimodal=None): write the "
+                "embeddings on the positions is_multimodal marks",
+            )
+        elif "multimodal_embeddings" in unread:
+            problems += 1
+            yield emit.fail(
+                f"{where} takes multimodal_embeddings but never reads it: the image embeddings are not merged at the "
+                "placeholder positions, silently (the answer does not depend on the image)",
+                where,
+                {**evidence, "unread": unread},
+                "write them on the placeholder positions: embeds[is_multimodal] = "
+                "torch.cat(list(multimodal_embeddings)).to(embeds.dtype), or return "
+                "super().embed_input_ids(input_ids, multimodal_embeddings, is_multimodal=is_multimodal)",
+            )
+    if not problems:
+        how = "SupportsMultiModal's default" if merge.interface else f"its own, taking {', '.join(merge.accepts)}"
+        yield emit.ok(f"{target} implements {encoder.name}; {merge.name}: {how}", target)

@@ -29,7 +29,8 @@ FUSABLE: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
     (("gate_proj", "up_proj"), "MergedColumnParallelLinear", "gate_up_proj", "mlp"),
     (("w1", "w3"), "MergedColumnParallelLinear", "gate_up_proj", "mlp"),
 )
-ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "dense", "wo", "w2", "fc2", "c_proj")
+# the second GEMM of a pair, which vLLM's layers split by rows (linear_2: the LLaVA projector's, llava.py)
+ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "dense", "wo", "w2", "fc2", "c_proj", "linear_2")
 ATTENTION_NAMES = (
     "attn",
     "attention",
@@ -207,8 +208,11 @@ def check_unfused(facts: Any, emit: Emit) -> Iterable[Finding]:
     for (parent, layer), gs in seen.items():
         _, group, _, fused, kind = gs[0]
         names = ", ".join(p.leaf for p in group)
+        # a multimodal encoder's attention: vLLM's CLIP / SigLIP encoders fuse q/k/v the same way
+        encoder = perf.in_encoder(parent)
+        owners = "vision encoders (clip.py, siglip.py)" if encoder else "decoders"
         yield emit.warn(
-            f"{parent} runs {names} as {len(group)} separate GEMMs{_times(len(gs))}; vLLM's own decoders run "
+            f"{parent} runs {names} as {len(group)} separate GEMMs{_times(len(gs))}; vLLM's own {owners} run "
             f"them as one {layer} ({fused}){_kind_cost(facts, kind)}",
             subject=parent,
             evidence={
@@ -219,7 +223,11 @@ def check_unfused(facts: Any, emit: Emit) -> Iterable[Finding]:
                 **_kind_evidence(facts, kind),
             },
             hint=f"one {layer} named {fused} in {parent}; load the separate checkpoint tensors into it by shard id "
-            "in load_weights (see vLLM's llama.py stacked_params_mapping)",
+            + (
+                "(see how vLLM's clip.py maps q_proj/k_proj/v_proj onto qkv_proj)"
+                if encoder
+                else "in load_weights (see vLLM's llama.py stacked_params_mapping)"
+            ),
         )
 
 
@@ -528,6 +536,36 @@ def check_float32(facts: Any, emit: Emit) -> Iterable[Finding]:
 def check_attention(facts: Any, emit: Emit) -> Iterable[Finding]:
     perf = _anatomy(facts)
     calls = [f for f in perf.source_findings if f.kind == "attention"]
+    encoder_calls = [f for f in calls if perf.encoder_class(f.cls)]
+    for f in encoder_calls:
+        # an encoder attends over each image's tokens at once, without a KV cache: vLLM's own
+        # encoders use their own attention layer for it, not the decoder's KV-cached Attention
+        layer = (perf.encoder_attention or "vLLM's multimodal encoder attention").rsplit(".", 1)[-1]
+        parts = ", ".join(
+            p
+            for p in perf.encoder_modules
+            if any(
+                f.cls == c.cls and perf.in_encoder(c.first_instance) and c.first_instance.startswith(p)
+                for c in perf.model_classes
+            )
+        )
+        yield emit.warn(
+            f"{_cls_short(f.cls)}.{f.function}, in the multimodal encoder ({parts or 'encoder'}), computes attention "
+            f"with {f.detail} ({_short_file(f.file)}:{f.line}: {f.code}): correct without a KV cache, but not vLLM's "
+            f"encoder attention layer ({layer}), which picks vLLM's attention backend for the device",
+            subject=f"{f.file}:{f.line}",
+            evidence={
+                "class": f.cls,
+                "function": f.function,
+                "call": f.detail,
+                "encoder_modules": list(perf.encoder_modules),
+                "vllm_encoder_attention": perf.encoder_attention,
+            },
+            hint=f"build vllm's {layer}(num_heads, head_dim, scale, prefix=f'{{prefix}}.attn') in __init__ and call "
+            "self.attn(q, k, v) (as vLLM's clip.py CLIPAttention); not vLLM's Attention, which keeps a KV cache for "
+            "a decoder",
+        )
+    calls = [f for f in calls if f not in encoder_calls]
     for f in calls:
         yield emit.warn(
             f"{_cls_short(f.cls)}.{f.function} computes attention with {f.detail} ({_short_file(f.file)}:{f.line}: "
@@ -542,7 +580,7 @@ def check_attention(facts: Any, emit: Emit) -> Iterable[Finding]:
             },
             hint="build vllm's Attention(..., prefix=f'{prefix}.attn') in __init__ and call self.attn(q, k, v)",
         )
-    if calls:
+    if calls or encoder_calls:
         return
     if not perf.attention_layers and (perf.num_hidden_layers or 0) > 0:
         yield emit.warn(

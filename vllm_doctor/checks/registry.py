@@ -905,6 +905,58 @@ def config_rejected_by_vllm(facts: Facts, emit: Emit) -> Iterable[Finding]:
     )
 
 
+@check(
+    "VD112",
+    "vision-config-missing",
+    "config.json has no vision config, so the config class builds the vision tower from its defaults.",
+    severity=Severity.WARN,
+    stage=Stage.STATIC,
+    topic="config",
+    what=(
+        "For a multimodal model the doctor asks the config vLLM loaded (import pass) where the vision tower's "
+        "settings are, a `vision_config` sub-config or flat `vision_*` fields, and whether config.json holds them."
+    ),
+    why=(
+        "transformers' config classes fill a missing `vision_config` with a default (LLaVA's: a CLIP ViT-L/14, "
+        "hidden_size 1024, 24 layers) and say nothing; vLLM builds that tower, and the checkpoint's vision weights "
+        "do not fit it (VD302/VD303 by the dozen), or, where the defaults happen to fit, the model depends on "
+        "defaults that another version of the config class may change."
+    ),
+    example='{"model_type": "llava", "text_config": {...}, "image_token_index": 32000}   # no "vision_config"',
+    fix="Put the checkpoint's vision settings in config.json (`vision_config` as the original model's, or the "
+    "`vision_*` fields).",
+    references=("transformers/models/llava/configuration_llava.py:LlavaConfig",),
+    requires=("import",),
+)
+def vision_config_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    verdict = facts.imports.config_verdict if facts.imports else None
+    if verdict is None or not verdict.ok:
+        yield emit.not_applicable("vLLM did not load the config (see VD111)")
+        return
+    vision = verdict.vision
+    if vision is None or verdict.multimodal is None:
+        yield emit.not_applicable("vLLM does not treat the model as multimodal, or its config has no vision settings")
+        return
+    sizes = ", ".join(f"{k} {v}" for k, v in vision.values.items())
+    if vision.source == "vision_config":
+        present = isinstance(facts.config.get("vision_config"), dict)
+        sub = str(vision.config_class).rsplit(".", 1)[-1]
+        what = f"config.json has no vision_config: {verdict.config_class} builds a default {sub} ({sizes})"
+    else:
+        present = any(k in facts.config for k in vision.values)
+        what = f"config.json has none of {verdict.config_class}'s vision_* fields: its defaults are used ({sizes})"
+    if present:
+        yield emit.ok(f"config.json holds the vision settings ({sizes})", "config.json")
+        return
+    yield emit.fail(
+        what,
+        "config.json",
+        {"source": vision.source, "config_class": vision.config_class, "values_used": vision.values},
+        "put the checkpoint's vision settings in config.json"
+        + (" (its vision_config)" if vision.source == "vision_config" else " (the vision_* fields)"),
+    )
+
+
 @gate("passes-ran", after_import=True)
 def _passes_over(facts: Facts, emit: Emit) -> None:
     """Nothing to skip for: the check reads how the import and weights passes ended."""

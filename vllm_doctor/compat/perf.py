@@ -140,6 +140,47 @@ def _defining_class(cls: type) -> type:
     return cls
 
 
+def encoder_modules(model: nn.Module) -> tuple[str, ...]:
+    """A multimodal model's encoder parts, asked of the model: the top-level modules (of the
+    model, or of its ``model``) that are neither its language model
+    (``SupportsMultiModal.get_language_model``) nor hold it, nor a single vLLM layer or library
+    module (the LM head, the logits processor); where the model cannot name its language model,
+    its children named like a tower or projector (:func:`vllm_doctor.compat.worker.encoder_prefixes`).
+    Empty for a text model."""
+    from vllm_doctor.compat import worker as wv
+
+    lm = wv.language_model(model)
+    lm_path = None if lm is None else next((n for n, m in model.named_modules() if m is lm), None)
+    if lm_path is None:
+        return wv.encoder_prefixes(model)
+    scopes: list[tuple[str, nn.Module]] = [("", model)]
+    inner = getattr(model, "model", None)
+    if isinstance(inner, nn.Module) and lm_path.startswith("model."):
+        scopes.append(("model.", inner))
+    parts = []
+    for pre, scope in scopes:
+        for name, child in scope.named_children():
+            path = pre + name
+            if path == lm_path or lm_path.startswith(path + "."):
+                continue
+            if classify(child) is None and not _is_library(type(child)):
+                parts.append(path)
+    return tuple(parts)
+
+
+def encoder_attention_layer() -> str | None:
+    """The attention layer vLLM's own multimodal encoders (CLIP, SigLIP) use: non-causal, over
+    each item's tokens, no KV cache (``MMEncoderAttention``; older vLLM: ``MultiHeadAttention``).
+    Read from the modules the model's build loaded; None where this vLLM has neither."""
+    for module, name in (
+        ("vllm.model_executor.layers.attention", "MMEncoderAttention"),
+        ("vllm.attention.layer", "MultiHeadAttention"),
+    ):
+        if _vllm_base((module, name)):
+            return f"{module}.{name}"
+    return None
+
+
 def perf_anatomy(model: nn.Module, hf_config: Any, dtype: Any, source: str) -> PerfAnatomy:
     """Walk ``model`` once: projections, embeddings, attention layers, compiled classes, and the
     forward path of each model class."""
@@ -180,6 +221,11 @@ def perf_anatomy(model: nn.Module, hf_config: Any, dtype: Any, source: str) -> P
                         rows, cols = _sizes(child, ckind)
                         if (rows or 0) >= big and (cols or 0) >= big:
                             large_attrs.setdefault(owner, set()).add(child_name)
+    encoders = encoder_modules(model)
+
+    def inside(path: str) -> bool:
+        return any(path == p or path.startswith(p + ".") for p in encoders)
+
     model_classes: list[ModelClass] = []
     findings: list[SourceFinding] = []
     for owner, names in list(classes.items())[:MAX_CLASSES]:
@@ -200,7 +246,8 @@ def perf_anatomy(model: nn.Module, hf_config: Any, dtype: Any, source: str) -> P
                 projections=large_attrs.get(owner, set()),
             )
             findings.extend(replace(f, cls=qualname(owner)) for f in found)  # the class's full name
-        model_classes.append(ModelClass(qualname(owner), file, len(names), names[0], error))
+        in_encoder = bool(encoders) and all(inside(n) for n in names)
+        model_classes.append(ModelClass(qualname(owner), file, len(names), names[0], error, in_encoder))
     return PerfAnatomy(
         root_class=qualname(model),
         dtype=str(dtype).replace("torch.", "") if dtype is not None else None,
@@ -213,4 +260,6 @@ def perf_anatomy(model: nn.Module, hf_config: Any, dtype: Any, source: str) -> P
         compiled_modules=tuple(compiled),
         model_classes=tuple(model_classes),
         source_findings=tuple(findings),
+        encoder_modules=encoders,
+        encoder_attention=encoder_attention_layer() if encoders else None,
     )

@@ -292,7 +292,72 @@ def contract_facts(cls: type) -> dict[str, Any]:
     facts["embed_input_ids_callable"] = callable(getattr(cls, "embed_input_ids", None))
     facts["get_input_embeddings_callable"] = callable(getattr(cls, "get_input_embeddings", None))
     facts["vllm"] = vllm_verdicts(cls)
+    if facts["vllm"].get("supports_multimodal"):
+        facts["multimodal_methods"] = multimodal_methods(cls)
     return facts
+
+
+# SupportsMultiModal's methods by role, newest name first (vLLM renamed them; >= 0.26 has the first)
+MM_ENCODER_NAMES = ("embed_multimodal", "get_multimodal_embeddings")
+MM_MERGE_NAMES = ("embed_input_ids", "get_input_embeddings")
+MM_MERGE_KWARGS = ("multimodal_embeddings", "is_multimodal")
+
+
+def _unread_params(func: Callable[..., Any], names: tuple[str, ...]) -> list[str] | None:
+    """The named parameters among ``names`` that the function's own body never reads (None: no
+    source). A name the function takes only through ``**kwargs`` is not judged."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(func)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    fn = tree.body[0]
+    if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+        return None
+    read = {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    if any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("locals", "vars")
+        for n in ast.walk(fn)
+    ):
+        return []  # reads its arguments by name
+    args = fn.args
+    named = {a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)}
+    return [n for n in names if n in named and n not in read]
+
+
+def multimodal_methods(cls: type) -> dict[str, Any]:
+    """For a class vLLM treats as multimodal: who implements the two methods vLLM's runner calls
+    with images, named as the installed vLLM's ``SupportsMultiModal`` names them (capability:
+    the first of each ``*_NAMES`` it has): ``encoder`` (the image embeddings) and ``merge`` (the
+    token embeddings with the image embeddings written on the placeholder positions). ``owner``
+    is the class in the MRO that defines the method, ``interface`` whether that is vLLM's own
+    ``SupportsMultiModal`` (its ``embed_multimodal`` is an empty protocol method; its
+    ``embed_input_ids`` a working default that asks ``get_language_model``); ``legacy`` the
+    older names the class defines itself; for an overridden merge method, whether it accepts the
+    keywords vLLM passes and which of them its body never reads."""
+    interfaces = importlib.import_module("vllm.model_executor.models.interfaces")
+    protocol = interfaces.SupportsMultiModal
+    supports_kw = _supports_kw()
+    # the model's own classes (not vLLM's interfaces, torch's or transformers' bases)
+    model_classes = [
+        c for c in cls.__mro__ if not c.__module__.startswith((interfaces.__name__, "torch.", "transformers."))
+    ]
+    out: dict[str, Any] = {}
+    for role, names in (("encoder", MM_ENCODER_NAMES), ("merge", MM_MERGE_NAMES)):
+        name = next((n for n in names if callable(getattr(protocol, n, None))), names[0])
+        owner = next((c for c in cls.__mro__ if name in vars(c)), None)
+        method = getattr(cls, name, None)
+        entry: dict[str, Any] = {
+            "name": name,
+            "owner": None if owner is None else f"{owner.__module__}.{owner.__qualname__}",
+            "interface": owner is None or owner.__module__ == interfaces.__name__,
+            "legacy": [n for n in names if n != name and any(n in vars(c) for c in model_classes)],
+        }
+        if role == "merge" and callable(method) and not entry["interface"]:
+            entry["params"] = _params(method)
+            entry["accepts"] = {kw: bool(supports_kw(method, kw)) for kw in MM_MERGE_KWARGS}
+            entry["unread"] = _unread_params(method, MM_MERGE_KWARGS)
+        out[role] = entry
+    return out
 
 
 def load_class(target: str) -> tuple[type | None, dict[str, Any]]:
@@ -358,7 +423,33 @@ def config_verdict(model_dir: str, trust_remote_code: bool) -> dict[str, Any]:
         mm = {"ok": False, "stage": "doctor", "error": describe_exception(exc, limit=2000)}
     if mm is not None:
         out["multimodal"] = mm
+    if hf is not None:
+        vision = vision_config(hf)
+        if vision is not None:
+            out["vision"] = vision
     return out
+
+
+VISION_SIZES = ("hidden_size", "num_hidden_layers", "image_size", "patch_size")
+
+
+def vision_config(hf: Any) -> dict[str, Any] | None:
+    """Where the loaded HF config keeps its vision tower's settings, with their values: a
+    ``vision_config`` sub-config (transformers' LLaVA, Qwen-VL, ...), or flat ``vision_*``
+    fields. A config class fills either from its defaults when config.json lacks them (LLaVA's
+    builds a default CLIP ViT-L/14), which VD112 compares with config.json. None: neither."""
+
+    def plain(value: Any) -> Any:
+        return value if isinstance(value, int | float | str | bool) or value is None else repr(value)
+
+    sub = getattr(hf, "vision_config", None)
+    if sub is not None:
+        values = {k: plain(getattr(sub, k)) for k in VISION_SIZES if hasattr(sub, k)}
+        return {"source": "vision_config", "config_class": qualname(sub), "values": values}
+    flat = {k: plain(v) for k, v in vars(hf).items() if k.startswith("vision_") and not k.startswith("vision_config")}
+    if flat:
+        return {"source": "flat", "config_class": qualname(hf), "values": flat}
+    return None
 
 
 def multimodal_dummy_inputs(model_config: Any) -> dict[str, Any] | None:

@@ -145,6 +145,19 @@ def encoder_method(m: nn.Module) -> str | None:
     return None
 
 
+def merge_method(m: nn.Module) -> str | None:
+    """The method through which vLLM's runner writes a multimodal model's image embeddings into
+    its token embeddings, ``embed_input_ids(input_ids, multimodal_embeddings=..., is_multimodal=mask)``
+    (so in 0.26 to 0.33); None for a text model or where this vLLM's interface has no such method."""
+    if not getattr(m, "supports_multimodal", False) or not callable(getattr(m, "embed_input_ids", None)):
+        return None
+    try:
+        from vllm.model_executor.models.interfaces import SupportsMultiModal
+    except Exception:
+        return None
+    return "embed_input_ids" if callable(getattr(SupportsMultiModal, "embed_input_ids", None)) else None
+
+
 def language_model(m: nn.Module) -> nn.Module | None:
     """A multimodal model's language model (``SupportsMultiModal.get_language_model``), whose
     modules the per-layer profiler times; None for a text model, or where it cannot say."""

@@ -78,6 +78,10 @@ class WorkerSession:
         # a multimodal model's encoder timer (its embed_multimodal), on the model while attached:
         # every step that runs the encoder is timed (few steps, one event pair a call)
         self._encoder: list[Armed] = []
+        # a multimodal model's merge (its embed_input_ids), checked on its first calls with
+        # image embeddings: are they on the placeholder rows of the output? (VD213)
+        self._merge: list[Armed] = []
+        self.merge_calls: list[dict[str, Any]] = []
         self._armed_layers: list[Armed] = []
         self.probe: ProbeRecorder | None = None
         self.probe_modes: ProbeModes | None = None
@@ -172,6 +176,11 @@ class WorkerSession:
                 self._encoder = [self._encoder_call(model, encoder)]
                 for obj, attr, fn, _ in self._encoder:
                     obj.__dict__[attr] = fn
+            merge = wv.merge_method(model)
+            if merge is not None:
+                self._merge = [self._merge_call(model, merge)]
+                for obj, attr, fn, _ in self._merge:
+                    obj.__dict__[attr] = fn
         self.profiler.sample_every = max(1, int(sample_every))
         if layers and not self.layers_on:
             if state["eager"]:
@@ -261,6 +270,8 @@ class WorkerSession:
         self._disarm()
         _restore(self._encoder)
         self._encoder = []
+        _restore(self._merge)
+        self._merge = []
         removed = len(self._timers) + len(self._layer_wrappers)  # the entry marks shadow the same forwards
         self._timers = []
         self._layer_wrappers = []
@@ -355,6 +366,29 @@ class WorkerSession:
                     except Exception as exc:
                         self._crashed("encoder", exc)
                     own["timers"] += clock() - t
+
+        call.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
+        return model, attr, call, previous
+
+    def _merge_call(self, model: nn.Module, attr: str) -> Armed:
+        """A multimodal model's merge (``embed_input_ids(input_ids, multimodal_embeddings=...,
+        is_multimodal=mask)``): on its first :data:`MERGE_CALLS_CHECKED` calls with image
+        embeddings, one comparison of the output's masked rows with the embeddings, concatenated
+        in order (what vLLM's own default merge writes there); then vLLM's call only."""
+        previous = model.__dict__.get(attr)
+        original = getattr(model, attr)
+        calls, disabled = self.merge_calls, self.disabled
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            if len(calls) < MERGE_CALLS_CHECKED and "merge" not in disabled:
+                embeds = kwargs.get("multimodal_embeddings", args[1] if len(args) > 1 else None)
+                mask = kwargs.get("is_multimodal")
+                if embeds is not None and len(embeds) > 0 and mask is not None:
+                    record = self._safely("merge", _compare_merge, out, embeds, mask)
+                    if record is not None:
+                        calls.append(record)
+            return out
 
         call.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return model, attr, call, previous
@@ -701,7 +735,31 @@ class WorkerSession:
                 self.rpc_s, self.window_t0 = 0.0, now
         data["crashes"] = list(self.crashes)
         data["probe"] = self.probe_snapshot()
+        if self._merge or self.merge_calls:
+            data["mm_merge"] = {"method": self._merge[0][1] if self._merge else None, "calls": list(self.merge_calls)}
         return data
+
+
+MERGE_CALLS_CHECKED = 3
+
+
+def _compare_merge(out: Any, embeds: Any, mask: Any) -> dict[str, Any]:
+    """One merge call: do the output's rows at the masked positions equal the image embeddings,
+    concatenated in order? ``{"items", "rows" (masked), "expected_rows", "rows_differ"}``."""
+    import torch
+
+    expected = torch.cat([e.reshape(-1, e.shape[-1]) for e in embeds]) if isinstance(embeds, list | tuple) else embeds
+    expected = expected.reshape(-1, expected.shape[-1])
+    mask = mask.to(out.device).bool()
+    got = out[mask]
+    record: dict[str, Any] = {"items": len(embeds), "rows": int(got.shape[0]), "expected_rows": int(expected.shape[0])}
+    if got.shape != expected.shape:
+        record["rows_differ"] = None
+        return record
+    want = expected.to(device=got.device, dtype=got.dtype)
+    same = torch.isclose(got.float(), want.float(), rtol=1e-2, atol=1e-3).all(dim=-1)
+    record["rows_differ"] = int((~same).sum().item())
+    return record
 
 
 def _num_blocks(worker: Any) -> int | None:

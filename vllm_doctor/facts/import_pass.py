@@ -34,6 +34,26 @@ class VllmVerdicts:
 
 
 @dataclass(frozen=True)
+class MultimodalMethod:
+    """One of the two methods vLLM's runner calls on a multimodal model with images, under the
+    installed vLLM's name (``runtime.multimodal_methods``)."""
+
+    name: str = ""  # embed_multimodal / embed_input_ids (older vLLM: get_multimodal_embeddings / get_input_embeddings)
+    owner: str | None = None  # the class in the MRO that defines it
+    interface: bool = False  # that class is vLLM's SupportsMultiModal (not the model's own code)
+    legacy: list[str] = field(default_factory=list)  # older names of it that the model's classes define
+    params: list[str] | None = None  # an overridden merge method's parameters
+    accepts: dict[str, bool] = field(default_factory=dict)  # keyword vLLM passes -> accepted
+    unread: list[str] | None = None  # of those keywords, the ones its body never reads (None: no source)
+
+
+@dataclass(frozen=True)
+class MultimodalMethods:
+    encoder: MultimodalMethod | None = None  # embed_multimodal: pixels -> one embedding per item
+    merge: MultimodalMethod | None = None  # embed_input_ids: token embeddings + the items' on the placeholders
+
+
+@dataclass(frozen=True)
 class ClassContract:
     """What the VD2xx checks need about a model class (``runtime.contract_facts``)."""
 
@@ -54,6 +74,7 @@ class ClassContract:
     embed_input_ids_callable: bool | None = None
     get_input_embeddings_callable: bool | None = None
     vllm: VllmVerdicts = field(default_factory=VllmVerdicts)
+    multimodal_methods: MultimodalMethods | None = None  # only for a class vLLM treats as multimodal
 
 
 @dataclass(frozen=True)
@@ -98,6 +119,15 @@ class MultimodalDummyInputs:
 
 
 @dataclass(frozen=True)
+class VisionConfig:
+    """Where the HF config vLLM loaded keeps its vision tower's settings (``runtime.vision_config``)."""
+
+    source: str = ""  # "vision_config" (a sub-config) or "flat" (vision_* fields of the config itself)
+    config_class: str | None = None  # the sub-config's class, or the config's
+    values: dict[str, Any] = field(default_factory=dict)  # its main sizes (hidden_size, layers, image and patch size)
+
+
+@dataclass(frozen=True)
 class ConfigVerdict:
     """vLLM's own verdict on config.json (``runtime.config_verdict``)."""
 
@@ -108,6 +138,7 @@ class ConfigVerdict:
     config_class: str | None = None
     architectures: list[str] = field(default_factory=list)  # what vLLM would build
     multimodal: MultimodalDummyInputs | None = None  # None: a text model (or an older doctor)
+    vision: VisionConfig | None = None  # None: no vision settings on the config (or an older doctor)
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,7 @@ class ModelClass:
     instances: int = 0  # modules of this class in the tree
     first_instance: str = ""  # the first module's path
     source_error: str | None = None  # why its source could not be read
+    in_encoder: bool = False  # every instance sits in a multimodal encoder part (PerfAnatomy.encoder_modules)
 
     def to_wire(self) -> dict[str, Any]:
         return wire.write(self)
@@ -107,6 +108,10 @@ class PerfAnatomy:
     compiled_modules: tuple[str, ...] = ()  # modules of a class with @support_torch_compile
     model_classes: tuple[ModelClass, ...] = ()
     source_findings: tuple[SourceFinding, ...] = ()
+    # a multimodal model's encoder parts (vision tower, projector: the top-level modules outside
+    # its language model) and the attention layer vLLM's own encoders use (MMEncoderAttention)
+    encoder_modules: tuple[str, ...] = ()
+    encoder_attention: str | None = None
     # aten ops the op probe counted per module class in one probed step (engine stage only)
     op_counts: dict[str, int] = field(default_factory=dict)
     op_count_step: str | None = None  # the probed step's phase ("prefill", "decode", "mixed")
@@ -126,6 +131,14 @@ class PerfAnatomy:
     @property
     def low_precision(self) -> bool:
         return self.dtype in ("bfloat16", "float16")
+
+    def in_encoder(self, path: str) -> bool:
+        """Is the module at ``path`` (``*`` for layer indices allowed) inside an encoder part?"""
+        return any(path == p or path.startswith(p + ".") for p in self.encoder_modules)
+
+    def encoder_class(self, cls: str) -> bool:
+        """Is every instance of model class ``cls`` inside an encoder part?"""
+        return any(c.cls == cls and c.in_encoder for c in self.model_classes)
 
     def with_op_counts(self, counts: dict[str, int], step: str | None) -> PerfAnatomy:
         return replace(self, op_counts=dict(counts), op_count_step=step)
