@@ -49,6 +49,8 @@ def test_working_vision_language_example_passes_the_multimodal_and_lm_head_check
     assert _by_code(report, "VD211")["outcome"] == "pass"
     assert "image: 16 token(s)" in _by_code(report, "VD211")["message"]  # the processor's dummy image
     assert _by_code(report, "VD307")["outcome"] == "pass"  # language_model.lm_head.weight is the head
+    # every tower loads (the weights by tower: tests/integration/test_multimodal_weights.py)
+    assert [_by_code(report, c)["outcome"] for c in ("VD301", "VD302", "VD313")] == ["pass", "pass", "pass"]
     errors = [f["code"] for f in report["findings"] if f["outcome"] == "fail" and f["severity"] == "error"]
     assert errors == []
 

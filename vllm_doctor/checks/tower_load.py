@@ -123,6 +123,9 @@ def _cause(tower: str, count: int, unfilled: list[str], tensors: dict[str, Any],
     matched_same = sum(len(v) for v in same.values())
     if best is not None and len(best[1]) >= matched_same:
         (ck, pp), names = best
+        # the prefix's other failing tensors are the tower's too (q/k/v of a fused qkv_proj, layers
+        # it did not build): one mapper entry settles them all
+        names = [n for n, t in tensors.items() if n.startswith(ck) and t["status"] in ("raised", "skipped")]
         return Tower(tower, count, unfilled, "prefix", names, checkpoint_prefix=ck, parameter_prefix=pp)
     if same:
         raised = same["raised"] if "raised" in same else []
