@@ -91,7 +91,12 @@ def test_unmapped_checkpoint_prefixes_name_the_mapper_entry_per_tower(reports: d
             "model.language_model.": "language_model.model.",
             "lm_head.": "language_model.lm_head.",
         }
-        assert "Following weights were not initialized from checkpoint" in tower["message"]
+        # what the engine stops with (tests/engine/test_multimodal_ground_truth.py)
+        assert (
+            "vLLM fails at start-up, loading the weights: ValueError: There is no module or parameter named 'model'"
+            in (tower["message"])
+        )
+        assert tower["evidence"]["vllm_error"].startswith("ValueError: There is no module or parameter named 'model'")
     assert vision["evidence"]["checkpoint_tensors"] == 20 and projector["evidence"]["checkpoint_tensors"] == 4
     # no VD301 per parameter, no VD302 per tensor (lm_head.weight loads: it is not blamed for the
     # error vLLM's message lists 'language_model.lm_head.weight' in)

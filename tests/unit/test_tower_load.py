@@ -27,7 +27,9 @@ def tensor(status: str) -> dict[str, Any]:
 def weights_facts(params: dict[str, bool], tensors: dict[str, str], layout: dict[str, Any], config=None) -> Facts:
     f = Facts(model_dir="/nonexistent", config=config or {"architectures": ["X"]})
     headers = [TensorHeader(n, "BF16", [2, 2], "model.safetensors", (0, 8)) for n in tensors or {"x": ""}]
-    f.checkpoint = CheckpointFacts("/nonexistent", "safetensors", [FileHeader("model.safetensors", 8, 8, headers, ok=True)])
+    f.checkpoint = CheckpointFacts(
+        "/nonexistent", "safetensors", [FileHeader("model.safetensors", 8, 8, headers, ok=True)]
+    )
     f.weight_load = {
         "params": {n: param(w) for n, w in params.items()},
         "tensors": {n: tensor(s) for n, s in tensors.items()},
@@ -39,7 +41,10 @@ def weights_facts(params: dict[str, bool], tensors: dict[str, str], layout: dict
 
 def test_a_prefix_inside_the_name_is_the_mapper_entry() -> None:
     """transformers 5 saves a LLaVA's CLIP tower without its vision_model level."""
-    params = {**{f"vision_tower.vision_model.{n}": False for n in VISION}, **{f"language_model.{n}": True for n in TEXT}}
+    params = {
+        **{f"vision_tower.vision_model.{n}": False for n in VISION},
+        **{f"language_model.{n}": True for n in TEXT},
+    }
     tensors = {**{f"vision_tower.{n}": "raised" for n in VISION}, **{f"language_model.{n}": "loaded" for n in TEXT}}
     f = weights_facts(params, tensors, {"mapper": {"orig_to_new_prefix": {"model.vision_tower.": "vision_tower."}}})
     (tower,) = unloaded_towers(f)

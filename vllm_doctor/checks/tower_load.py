@@ -126,15 +126,34 @@ def _cause(tower: str, count: int, unfilled: list[str], tensors: dict[str, Any],
         # the prefix's other failing tensors are the tower's too (q/k/v of a fused qkv_proj, layers
         # it did not build): one mapper entry settles them all
         names = [n for n, t in tensors.items() if n.startswith(ck) and t["status"] in ("raised", "skipped")]
-        return Tower(tower, count, unfilled, "prefix", names, checkpoint_prefix=ck, parameter_prefix=pp)
+        return Tower(
+            tower,
+            count,
+            unfilled,
+            "prefix",
+            names,
+            checkpoint_prefix=ck,
+            parameter_prefix=pp,
+            error=_error(names, tensors),
+        )
     if same:
         raised = same["raised"] if "raised" in same else []
         skipped = same["skipped"] if "skipped" in same else []
         if len(raised) > len(skipped):
-            errors = tensors[raised[0]]["errors"]
-            return Tower(tower, count, unfilled, "raised", raised, error=errors[0]["error"] if errors else "")
+            return Tower(tower, count, unfilled, "raised", raised, error=_error(raised, tensors))
         return Tower(tower, count, unfilled, "filtered", skipped)
     return Tower(tower, count, unfilled, "absent", [])
+
+
+def _error(names: list[str], tensors: dict[str, Any]) -> str:
+    """The first error load_weights raised on one of ``names`` (what vLLM stops with), shortened
+    to its first sentence: vLLM's "no module or parameter named" lists every parameter after it."""
+    for name in names:
+        for err in tensors[name]["errors"]:
+            if err["kind"] == "raised":
+                text = str(err["error"]).splitlines()[0]
+                return text.split(". The available parameters")[0][:300]
+    return ""
 
 
 def _tower_pair(tensor: str, param: str, suffix: str, tower: str) -> tuple[str, str]:

@@ -61,11 +61,15 @@ def tower_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
     params = data["params"]
     for tower in towers:
         notices = any(params[n]["in_returned"] is False and not params[n]["vllm_exempt"] for n in tower.unfilled)
-        consequence = (
-            f"vLLM stops at start-up (`{NOT_INITIALIZED}`)"
-            if notices
-            else "vLLM's own missing-weight check does not catch it: the module runs on construction-time values"
-        )
+        if tower.error:
+            consequence = f"vLLM fails at start-up, loading the weights: {tower.error}"
+        elif notices:
+            consequence = f"vLLM stops at start-up (`{NOT_INITIALIZED}`)"
+        else:
+            consequence = (
+                "vLLM's own missing-weight check does not catch it: the module runs on construction-time values"
+            )
+        vllm_error = tower.error or (NOT_INITIALIZED if notices else "")
         message, hint = _explain(tower, mapper_text(mapper))
         yield emit.fail(
             f"{tower.name}: {len(tower.unfilled)} of {tower.params} parameters never loaded ({message}); {consequence}",
@@ -83,7 +87,7 @@ def tower_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 "hf_to_vllm_mapper": mapper,
                 "error": tower.error,
                 "vllm_notices": notices,
-                "vllm_error": NOT_INITIALIZED if notices else "",
+                "vllm_error": vllm_error,
             },
             hint,
         )
@@ -109,7 +113,7 @@ def _explain(tower: Tower, mapper: str) -> tuple[str, str]:
         )
     if tower.cause == "raised":
         return (
-            f"load_weights raises on its {n} checkpoint tensors: {tower.error.splitlines()[0] if tower.error else '?'}",
+            f"load_weights raises on its {n} checkpoint tensors, whose names map onto its parameters",
             "see the error: the tensors carry the parameters' names, so the fault is in load_weights",
         )
     return (
