@@ -38,9 +38,9 @@ MAX_LISTED = 50
         "(VD301, VD302, which defer to this one) cannot: which prefix to map."
     ),
     example=(
-        "checkpoint: model.vision_tower.encoder.layers.0.mlp.fc1.weight ...; class: vision_tower.encoder.layers.0"
-        ".mlp.fc1.weight ...; hf_to_vllm_mapper maps only model.language_model. -> vision_tower: 20 of 20 "
-        'parameters never loaded; add "model.vision_tower.": "vision_tower."'
+        "checkpoint: model.vision_tower.encoder.layers.0.mlp.fc1.weight, ...; model: vision_tower.encoder.layers.0"
+        ".mlp.fc1.weight, ...; hf_to_vllm_mapper maps only 'model.language_model.'. VD313: \"vision_tower: 20 of 20 "
+        'parameters never loaded", fix: add "model.vision_tower.": "vision_tower." to the mapper.'
     ),
     fix=(
         "Add the prefix pair to the class's `hf_to_vllm_mapper = WeightsMapper(orig_to_new_prefix={...})` (and pass "
