@@ -311,7 +311,7 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
             "(tensors not verifiable on the meta device)",
         )
     elif not findings:
-        rest = len(tensors) - len(deliberate) - len(deferred)
+        rest = len(tensors) - len(deliberate | deferred)
         yield emit.ok(
             f"load_weights loads all {rest} checkpoint tensors"
             + (" of the modules the model builds" if deliberate else "")
