@@ -105,6 +105,7 @@ def test_every_variant_is_pinned_here() -> None:
         "mm-unmapped-weight-prefix",
         "mm-embeddings-not-merged",
         "mm-no-embed-multimodal",
+        "mm-ok-truncated-tower",
     }
 
 
@@ -180,6 +181,19 @@ def test_vision_weights_skipped_answers_differently_without_error(mm_results: di
     for phase in ("image", "image_other"):
         assert _tokens(result, phase) != _tokens(ok, phase), _describe(result)
     assert result["vision_embeds_finite"] is True  # garbage, not NaN
+    assert "not initialized from checkpoint" not in _log(result)
+
+
+def test_truncated_tower_answers_as_the_working_example(mm_results: dict[str, dict[str, Any]]) -> None:
+    """The vision tower built up to vision_feature_layer (vLLM's LLaVA's rule) over a checkpoint
+    that holds one layer more, which its load_weights skips: starts without a word and answers
+    exactly as mm-ok (the built layer, post_layernorm and projector are mm-ok's). The doctor
+    reports nothing for it (tests/integration/test_multimodal_weights.py)."""
+    result, ok = _get(mm_results, "mm-ok-truncated-tower"), _get(mm_results, OK)
+    assert result["start"] == {"ok": True}, _describe(result)
+    for phase in PHASE_NAMES[1:]:
+        assert _tokens(result, phase) == _tokens(ok, phase), _describe(result)
+    assert result["vision_embeds_finite"] is True
     assert "not initialized from checkpoint" not in _log(result)
 
 

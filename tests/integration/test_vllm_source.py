@@ -132,6 +132,12 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ("vllm.model_executor.models.registry", "_ModelRegistry"): "models register_model get_supported_archs",
     ("vllm.model_executor.models.registry", "_LazyRegisteredModel"): "module_name class_name load_model_cls",
     ("vllm.model_executor.models.registry", "_RegisteredModel"): "model_cls load_model_cls",
+    # what the weights pass reads of a class's checkpoint-name mapper (compat/weights.py, VD313):
+    # the class attribute, its prefix/suffix/substring tables, and the renaming of one name
+    ("vllm.model_executor.models.interfaces", "SupportsQuant"): "hf_to_vllm_mapper",
+    ("vllm.model_executor.models.utils", "WeightsMapper"): (
+        "orig_to_new_prefix orig_to_new_suffix orig_to_new_substr map_name|_map_name"
+    ),
 }
 # module -> the names the doctor imports from it or reads on it
 MODULE_NAMES: dict[str, str] = {

@@ -110,11 +110,12 @@ def test_ok_example_has_full_coverage(reports: dict[str, Any]) -> None:
     assert report, stderr
     assert not vd3_problems(report)
     outcomes = {f["code"]: f["outcome"] for f in vd3(report)}
-    # VD301-VD310; the fused-MoE checks have no MoE layer here (tests/integration/test_moe_checks.py)
+    # VD301-VD310, VD313; the fused-MoE checks have no MoE layer here (tests/integration/test_moe_checks.py)
     assert outcomes == {
         **{f"VD3{i:02d}": "pass" for i in range(1, 11)},
         "VD311": "not_applicable",
         "VD312": "not_applicable",
+        "VD313": "pass",
     }
     weights = report["facts"]["weights"]
     mapping, params = weights["mapping"], weights["params"]

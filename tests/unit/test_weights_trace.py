@@ -109,6 +109,17 @@ def test_a_quoted_module_name_points_at_the_tensor_under_it() -> None:
     assert pick_culprit(ORDER, [0, 1, 2, 3], "KeyError", "model.layers.0.mlp.up_proj.weight_scale") == 2
 
 
+def test_a_name_inside_a_longer_one_is_not_the_culprit() -> None:
+    """vLLM's "no module or parameter named 'model'" lists the model's parameters: the checkpoint's
+    lm_head.weight is not named by 'language_model.lm_head.weight' in that list."""
+    order = ["lm_head.weight", "model.language_model.norm.weight", "model.vision_tower.x.weight"]
+    text = (
+        "There is no module or parameter named 'model' in Tiny. The available parameters belonging to  (Tiny) are: "
+        "{'language_model.lm_head.weight', 'vision_tower.x.weight'}"
+    )
+    assert pick_culprit(order, [0, 1, 2], text, None) == 2
+
+
 def test_without_a_name_the_culprit_is_the_last_tensor_fed_and_none_when_none_was() -> None:
     assert pick_culprit(ORDER, [2, 3], "something broke", None) == 3
     assert pick_culprit(ORDER, [], "model.embed.weight", None) is None

@@ -2,10 +2,11 @@
 
 Static stage: ``registry``, ``contract``, ``perf`` (the performance lint, also run on the engine
 stage's worker facts), and the checkpoint against the model (VD3xx), one module per topic:
-``weight_loading``, ``parallel_sizes``, ``checkpoint_files``, ``config_sizes``, ``model_build``
-(their shared gates and helpers: ``weights_base``). Engine stage, one module per topic:
-``startup``, ``placement``, ``probe``, ``ranks``, ``kv_cache``, ``memory``, ``attention``,
-``multimodal_merge`` and ``doctor`` (their shared gates and helpers: ``engine_base``).
+``weight_loading``, ``parallel_sizes``, ``checkpoint_files``, ``config_sizes``, ``model_build``,
+``moe``, ``towers`` (their shared gates and helpers: ``weights_base``, ``tower_load``). Engine
+stage, one module per topic: ``startup``, ``placement``, ``probe``, ``ranks``, ``kv_cache``,
+``memory``, ``attention``, ``multimodal_merge`` and ``doctor`` (their shared gates and helpers:
+``engine_base``).
 """
 
 from vllm_doctor.checks import (  # noqa: F401  (registers checks)
@@ -25,7 +26,7 @@ from vllm_doctor.checks import (  # noqa: F401  (registers checks)
 
 # isort: off
 # VD3xx in code order: the catalogue keeps the order the checks register in
-from vllm_doctor.checks import weight_loading, parallel_sizes, checkpoint_files, config_sizes, model_build, moe  # noqa: F401
+from vllm_doctor.checks import weight_loading, parallel_sizes, checkpoint_files, config_sizes, model_build, moe, towers  # noqa: F401
 
 # isort: on
 from vllm_doctor.checks.base import (

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from vllm_doctor.checks.base import Emit, capped_findings, check, known
+from vllm_doctor.checks.tower_load import tower_params, tower_tensors, unbuilt_groups
 from vllm_doctor.checks.weights_base import built_model, text_config
 from vllm_doctor.facts.checkpoint import FLOAT_DTYPES
 from vllm_doctor.facts.static import Facts
@@ -69,11 +70,14 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
     findings: list[Finding] = []
     unverifiable: list[str] = []
     meta_limited: list[str] = []
+    by_tower = tower_params(facts)
     for name, p in sorted(params.items()):
         if p["written"]:
             continue
         if p.get("num_experts") and p.get("expert_loads"):
             continue  # a fused-MoE layer that got some experts: VD311 names the missing ones
+        if name in by_tower:
+            continue  # its whole tower is unloaded: VD313 names it once, with the cause
         if _module_prefix(name) in unread_prefixes:
             unverifiable.append(name)
             continue
@@ -155,6 +159,9 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
             f"not verified: {', '.join(meta_limited[:5])}{' ...' if len(meta_limited) > 5 else ''}",
             "(parameters not verifiable on the meta device)",
         )
+    if by_tower and not findings and not unverifiable and not meta_limited:
+        yield emit.ok(f"every parameter is filled but the {len(by_tower)} of the tower(s) VD313 names", "model")
+        return
     if not findings and not unverifiable and not meta_limited:
         yield emit.ok(f"all {len(params)} parameters are filled from {len(tensors)} checkpoint tensors", "model")
         return
@@ -216,12 +223,15 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
                 "run load_weights on a small model in a debugger; the traceback shows where",
             )
         )
+    deferred = tower_tensors(facts)  # VD313 names their whole tower once
+    not_built = unbuilt_groups(facts, [n for n, t in tensors.items() if t["status"] == "skipped"])
+    deliberate = {n for g in not_built.values() for n in g["tensors"]}
     for name, t in tensors.items():
         status = t["status"]
         if status == "unverifiable":
             unverifiable.append(name)
             continue
-        if status not in ("raised", "skipped", "handed_not_written"):
+        if status not in ("raised", "skipped", "handed_not_written") or name in deferred or name in deliberate:
             continue
         evidence: dict[str, Any] = {"status": status, "shape": t["shape"], "dtype": t["dtype"]}
         if status == "raised":
@@ -291,6 +301,7 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
                     severity=Severity.WARN,
                 )
             )
+    yield from (_not_built(emit, group) for group in not_built.values())
     if unverifiable:
         yield emit.skip(
             (
@@ -300,9 +311,38 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
             "(tensors not verifiable on the meta device)",
         )
     elif not findings:
-        yield emit.ok(f"load_weights loads all {len(tensors)} checkpoint tensors", "checkpoint")
+        rest = len(tensors) - len(deliberate | deferred)
+        yield emit.ok(
+            f"load_weights loads all {rest} checkpoint tensors"
+            + (" of the modules the model builds" if deliberate else "")
+            + (f" (VD313 names the tower(s) of the other {len(deferred)})" if deferred else ""),
+            "checkpoint",
+        )
         return
     yield from capped_findings(findings, emit, "checkpoint tensors not consumed")
+
+
+def _not_built(emit: Emit, group: dict[str, Any]) -> Finding:
+    """A pass for the checkpoint tensors of a module the model deliberately does not build."""
+    module, names = group["module"], group["tensors"]
+    if group["kind"] == "layer":
+        indices = sorted(group["indices"])
+        span = str(indices[0]) if len(indices) == 1 else f"{{{indices[0]}..{indices[-1]}}}"
+        subject = f"{module}.{span}.*"
+        ((key, declared),) = group["declared"].items()
+        says = ", ".join(f"{k}={v}" for k, v in {key: declared, **group["feature_layer"]}.items())
+        message = (
+            f"{subject}: not built ({says}); the model builds {group['built']} of the {declared} layers and "
+            f"load_weights skips the {len(names)} checkpoint tensors of the others, as vLLM's own LLaVA does with "
+            "the CLIP/SigLIP layers past vision_feature_layer"
+        )
+    else:
+        subject = f"{module}.*"
+        message = (
+            f"{subject}: not built (the class sets {module} to None); load_weights skips its {len(names)} checkpoint "
+            "tensors, as vLLM's CLIP/SigLIP towers do with post_layernorm when LLaVA takes an earlier layer's features"
+        )
+    return emit.ok(message, subject, {**group, "tensors": names[:50], "tensor_count": len(names)})
 
 
 @check(

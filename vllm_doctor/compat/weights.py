@@ -504,6 +504,80 @@ class LoadTracer:
         return self.ledger.results(self.param_facts(), self.vllm_exempt(), self.expected_shape_of, self.moved_to_meta)
 
 
+def mapper_facts(model: Any) -> dict[str, Any] | None:
+    """The class's ``hf_to_vllm_mapper`` (vLLM's ``WeightsMapper``) as plain tables, or None
+    when the class has none: what it renames today, for a finding that suggests an entry."""
+    mapper = getattr(type(model), "hf_to_vllm_mapper", None)
+    if mapper is None:
+        return None
+    out: dict[str, Any] = {}
+    for key in ("orig_to_new_prefix", "orig_to_new_suffix", "orig_to_new_substr"):
+        table: Any = getattr(mapper, key, None)
+        if table is not None and hasattr(table, "items"):
+            out[key] = {str(k): (None if v is None else str(v)) for k, v in table.items()}
+    return out
+
+
+def mapped_names(model: Any, names: list[str]) -> dict[str, str | None]:
+    """Checkpoint name -> the name the class's ``hf_to_vllm_mapper`` gives it (None: the mapper
+    drops it), for the names it changes; empty without a mapper."""
+    mapper = getattr(type(model), "hf_to_vllm_mapper", None)
+    # map_name since vLLM 0.33 (0.26-0.32: _map_name, kept as an alias)
+    rename = getattr(mapper, "map_name", None) or getattr(mapper, "_map_name", None)
+    if not callable(rename):
+        return {}
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            new = rename(name)
+        except Exception:
+            continue
+        if new != name:
+            out[name] = None if new is None else str(new)
+    return out
+
+
+def unbuilt_parts(model: Any, names: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """Checkpoint tensors (``names``: checkpoint name -> the name the model's mapper gives it)
+    whose module the model deliberately did not build: a layer index past the end of the
+    ``ModuleList`` it built (vLLM's CLIP/SigLIP towers build only the layers up to LLaVA's
+    ``vision_feature_layer``), or a sub-module the class set to None (their ``post_layernorm``
+    then). Asked of the built module tree, never of a list of names."""
+    import torch
+
+    out: dict[str, dict[str, Any]] = {}
+    for name, mapped in names.items():
+        parts = mapped.split(".")
+        module = model
+        for i, part in enumerate(parts[:-1]):
+            if isinstance(module, torch.nn.ModuleList | torch.nn.Sequential) and part.isdigit():
+                if int(part) >= len(module):
+                    where = ".".join(parts[:i])
+                    out[name] = {"module": where, "kind": "layer", "index": int(part), "built": len(module)}
+                    break
+                module = module[int(part)]
+                continue
+            children = module._modules
+            if part in children and children[part] is not None:
+                module = children[part]
+                continue
+            if (part in children or part in module.__dict__) and getattr(module, part, 0) is None:
+                out[name] = {"module": ".".join(parts[: i + 1]), "kind": "none"}
+            break  # a parameter, or a name the model does not have: not ours to judge
+    return out
+
+
+def layout_facts(model: Any, checkpoint_names: list[str]) -> dict[str, Any]:
+    """What the tower checks (VD313, VD302) ask of the built model beyond the load itself."""
+    renamed = mapped_names(model, checkpoint_names)
+    targets = {n: renamed.get(n, n) for n in checkpoint_names if renamed.get(n, n) is not None}
+    return {
+        "mapper": mapper_facts(model),
+        "mapped": renamed,
+        "unbuilt": unbuilt_parts(model, {n: str(m) for n, m in targets.items()}),
+    }
+
+
 def _hf_facts(model_config: Any) -> dict[str, Any]:
     hf = hf_text_config(model_config)
     out: dict[str, Any] = {}
@@ -690,6 +764,10 @@ def _meta_load(request: dict[str, Any], tmp: str, new_ledger: NewLedger) -> dict
     except BaseException as exc:
         return fail("load", exc)
     lap("load_s", t)
+    try:  # the tower checks' view; its failure is not the model's
+        result["layout"] = layout_facts(model, [h["name"] for h in request["tensors"]])
+    except Exception as exc:
+        result["layout_error"] = f"reading the module tree failed: {_exc_summary(exc)}"
     result["nearest"] = tracer.ledger.nearest(result["tensors"], list(result["params"]))
     result["stage"] = "done"
     try:

@@ -97,7 +97,9 @@ def pick_culprit(order: list[str], yielded: list[int], text: str, key: str | Non
         return None
     names = quoted(text) + ([key] if key is not None else [])
     for i in reversed(yielded):
-        if order[i] in text:
+        # the name itself, not inside a longer one (vLLM's message lists the model's parameters:
+        # 'language_model.lm_head.weight' does not name the checkpoint's lm_head.weight)
+        if re.search(r"(?<![\w.])" + re.escape(order[i]) + r"(?![\w.])", text):
             return i
     for q in names:
         for i in reversed(yielded):

@@ -1,6 +1,6 @@
 """The checkpoint uses the transformers >= 4.52 LLaVA layout; the mapper maps only its text part."""
 
-EXPECT_CODE = None  # no check yet (issue 32, step 2)
+EXPECT_CODE = "VD313"  # vision_tower and multi_modal_projector, with the mapper entry
 ENGINE_MODE = "inprocess"
 DESCRIPTION = (
     "checkpoint re-saved with model.vision_tower.* / model.multi_modal_projector.* / "

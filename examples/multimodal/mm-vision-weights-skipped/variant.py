@@ -1,6 +1,6 @@
 """load_weights drops the vision tower's tensors and returns None."""
 
-EXPECT_CODE = None  # no check yet (issue 32, step 2)
+EXPECT_CODE = "VD313"  # the vision tower, once (VD301/VD302 defer to it)
 ENGINE_MODE = "inprocess"
 DESCRIPTION = (
     "load_weights() filters out vision_tower.* and returns None: vLLM's missing-weight check is "
