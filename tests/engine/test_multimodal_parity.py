@@ -54,12 +54,14 @@ class ReluProjectorReference(TinyDoctorVLForConditionalGeneration):
 '''
 
 
-def _options(variant: str, hf_class: str | None = None) -> ParityOptions:
+def _options(variant: str, hf_class: str | None = None, device: str = "cpu") -> ParityOptions:
     return ParityOptions(
         hf_class=hf_class or f"{PACKAGES[variant]}.modeling:TinyDoctorVLForConditionalGeneration",
         prompts=list(PROMPTS),
         max_tokens=4,
-        device="cpu",
+        device=device,
+        # on a GPU two engines of the module live at once: each takes a share of the memory
+        engine_args={"gpu_memory_utilization": 0.3} if device == "cuda" else {},
         images=1,
     )
 
@@ -83,10 +85,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield out
 
 
-def _engine(built: Path, variant: str) -> ParityEngine:
+def _engine(built: Path, variant: str, device: str = "cpu") -> ParityEngine:
     with pytest.MonkeyPatch.context() as mp:  # the engine's process: its own plugin only
         mp.setenv("PYTHONPATH", _path(built / variant / "site", REPO))
-        return ParityEngine(str(built / variant / "model"), engine_options(_options(variant)))
+        return ParityEngine(str(built / variant / "model"), engine_options(_options(variant, device=device)))
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,8 @@ def _profile(
     example: Path, out: Path, *args: str, returncode: int = 0
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
-    env["PYTHONPATH"] = os.pathsep.join([str(example / "site"), str(REPO)])
+    # what PYTHONPATH already holds stays after them (the GPU machine carries vLLM in that way)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(example / "site"), str(REPO), os.environ.get("PYTHONPATH")] if p)
     proc = subprocess.run(
         [sys.executable, "-m", "vllm_doctor", "profile", str(example / "model"), "--out", str(out),
          "--prompts", "3", "--input-len", "24", "--output-len", "8", *args],
