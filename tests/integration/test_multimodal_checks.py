@@ -103,6 +103,9 @@ def test_image_token_the_prompt_update_does_not_find_is_vd211(reports: dict[str,
     assert finding["evidence"]["stage"] == "dummy_inputs"
     assert "get_dummy_mm_inputs" in finding["evidence"]["traceback"]  # vLLM's own frames
     assert "image_token_index = 32000" in finding["hint"]
+    # which id is right: the tokenizer's id of the dummy prompt's placeholder
+    assert "('<image>' is token 3 in the tokenizer: set image_token_index to 3)" in finding["hint"]
+    assert finding["evidence"]["placeholder_ids"] == [3]
     assert _by_code(reports[variant], "VD209")["outcome"] == "pass"
 
 

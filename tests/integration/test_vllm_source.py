@@ -78,7 +78,14 @@ CLASS_READS: dict[tuple[str, str], str] = {
         "supports_multimodal embed_multimodal|get_multimodal_embeddings embed_input_ids|get_input_embeddings "
         "get_language_model"
     ),
+    # (0.26's processor has no get_dummy_mm_inputs: its registry's get_dummy_mm_inputs(model_config, ...) builds them)
     ("vllm.multimodal.registry", "MultiModalRegistry"): "_get_model_cls create_processor",
+    # the processor built in the import pass (compat/runtime.multimodal_dummy_inputs)
+    ("vllm.multimodal.processing.processor", "BaseMultiModalProcessor"): "info dummy_inputs get_dummy_mm_inputs?",
+    ("vllm.multimodal.processing.context", "BaseProcessingInfo"): (
+        "get_supported_mm_limits get_mm_max_tokens_per_item get_tokenizer"
+    ),
+    ("vllm.multimodal.processing.dummy_inputs", "BaseDummyInputsBuilder"): "get_dummy_text",
     ("vllm.config.cache", "CacheConfig"): (
         "block_size num_gpu_blocks cache_dtype kv_cache_memory_bytes gpu_memory_utilization enable_prefix_caching"
     ),

@@ -491,9 +491,16 @@ def multimodal_dummy_inputs_fail(facts: Facts, emit: Emit) -> Iterable[Finding]:
     ids_given = [facts.config[k] for k in token_keys if isinstance(facts.config[k], int)]
     if isinstance(vocab, int) and any(i >= vocab for i in ids_given):
         ids += f"; outside the vocabulary of {vocab} token(s)"
+    right = ""
+    if mm.placeholder_ids and token_keys and len(set(mm.placeholder_ids)) == 1:
+        # the placeholder text is one token: the id the config must name
+        right = (
+            f" ({mm.placeholder_text!r} is token {mm.placeholder_ids[0]} in the tokenizer: "
+            f"set {token_keys[0]} to {mm.placeholder_ids[0]})"
+        )
     hint = (
         f"the image token id in config.json ({ids or 'none set'}) is not the one the prompt update finds in the "
-        "prompt: make config.json's image token id the tokenizer's id of the image token"
+        f"prompt: make config.json's image token id the tokenizer's id of the image token{right}"
         if PROMPT_REPLACEMENT in str(mm.error)
         else "fix the processor where the traceback points (the processing info, the dummy-inputs builder, or the "
         "model directory's processor files)"
@@ -506,6 +513,8 @@ def multimodal_dummy_inputs_fail(facts: Facts, emit: Emit) -> Iterable[Finding]:
             "error": mm.error,
             "traceback": mm.traceback,
             "declares_max_tokens": mm.declares_max_tokens,
+            "placeholder_text": mm.placeholder_text,
+            "placeholder_ids": mm.placeholder_ids,
         },
         hint,
     )

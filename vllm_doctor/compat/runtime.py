@@ -485,13 +485,24 @@ def multimodal_dummy_inputs(model_config: Any) -> dict[str, Any] | None:
         out["modalities"] = sorted(counts)
     except Exception as exc:
         return failed("info", exc)
+    try:  # the placeholder as the tokenizer reads it (what the prompt update must find)
+        text = processor.dummy_inputs.get_dummy_text(counts)
+        out["placeholder_text"] = text
+        out["placeholder_ids"] = [int(i) for i in processor.info.get_tokenizer().encode(text, add_special_tokens=False)]
+    except Exception:
+        pass  # a builder or tokenizer that fails here fails below too, with the traceback
     try:
         declared = processor.info.get_mm_max_tokens_per_item(seq_len=model_config.max_model_len, mm_counts=counts)
         out["declares_max_tokens"] = declared is not None
     except Exception as exc:
         return failed("info", exc)
     try:
-        inputs = processor.get_dummy_mm_inputs(counts)
+        # vLLM >= 0.27 asks the processor; 0.26 its registry (encoder_budget.get_mm_max_toks_per_item)
+        if callable(getattr(processor, "get_dummy_mm_inputs", None)):
+            inputs = processor.get_dummy_mm_inputs(counts)
+        else:
+            registry: Any = MULTIMODAL_REGISTRY
+            inputs = registry.get_dummy_mm_inputs(model_config, mm_counts=counts, processor=processor)
         out["tokens_per_item"] = {
             str(m): sum(int(p.get_num_embeds()) for p in items) for m, items in inputs["mm_placeholders"].items()
         }

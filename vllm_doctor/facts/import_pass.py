@@ -116,6 +116,9 @@ class MultimodalDummyInputs:
     modalities: list[str] = field(default_factory=list)
     tokens_per_item: dict[str, int] = field(default_factory=dict)  # placeholder tokens of one dummy item
     declares_max_tokens: bool | None = None  # the processing info gives get_mm_max_tokens_per_item
+    # the dummy prompt's placeholder text (one item per modality) and the tokenizer's ids of it
+    placeholder_text: str | None = None
+    placeholder_ids: list[int] | None = None
 
 
 @dataclass(frozen=True)
