@@ -492,6 +492,9 @@ def multimodal_dummy_inputs_fail(facts: Facts, emit: Emit) -> Iterable[Finding]:
     if isinstance(vocab, int) and any(i >= vocab for i in ids_given):
         ids += f"; outside the vocabulary of {vocab} token(s)"
     right = ""
+    # the config names a token the placeholder is not (vLLM 0.32 then fails with "Failed to apply
+    # prompt replacement", 0.26 with "Expected there to be 1 prompt placeholders ...")
+    mismatch = bool(mm.placeholder_ids) and bool(ids_given) and not set(ids_given) & set(mm.placeholder_ids or ())
     if mm.placeholder_ids and token_keys and len(set(mm.placeholder_ids)) == 1:
         # the placeholder text is one token: the id the config must name
         right = (
@@ -501,7 +504,7 @@ def multimodal_dummy_inputs_fail(facts: Facts, emit: Emit) -> Iterable[Finding]:
     hint = (
         f"the image token id in config.json ({ids or 'none set'}) is not the one the prompt update finds in the "
         f"prompt: make config.json's image token id the tokenizer's id of the image token{right}"
-        if PROMPT_REPLACEMENT in str(mm.error)
+        if mismatch or PROMPT_REPLACEMENT in str(mm.error)
         else "fix the processor where the traceback points (the processing info, the dummy-inputs builder, or the "
         "model directory's processor files)"
     )
