@@ -65,3 +65,60 @@ def test_a_missing_expert_is_vd311_by_layer_and_expert(reports: dict[str, dict])
     assert "never loaded" in missing[0]["message"]
     # VD301 leaves the fused experts to VD311 (no element counts of w13_weight / w2_weight)
     assert not [f for f in _findings(report, "VD301") if f["outcome"] == "fail"]
+
+
+BAD_INPUTS = {
+    # (the example it edits, the config.json edit)
+    "quant-config-a-string": ("quant-ok", lambda c: c.__setitem__("quantization_config", "compressed-tensors")),
+    "quant-method-unknown": ("quant-ok", lambda c: c["quantization_config"].__setitem__("quant_method", "frobnicate")),
+    "moe-zero-experts": ("moe-ok", lambda c: c.__setitem__("num_local_experts", 0)),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], dict]]:
+    """config.json edits of the MoE and quantized examples a user can make: one finding each, with vLLM's words
+    where vLLM has any, exit 1, no traceback."""
+    import json
+    import shutil
+
+    from tests.conftest import run_doctor, variant_env
+
+    out = tmp_path_factory.mktemp("moe-quant-bad")
+    subprocess.run(
+        [sys.executable, str(REPO / "examples" / "make_examples.py"), str(out), "--only", "quant-ok", "moe-ok"],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    for name, (source, edit) in BAD_INPUTS.items():
+        shutil.copytree(out / source, out / name, symlinks=True)
+        config_path = out / name / "model" / "config.json"
+        config = json.loads(config_path.read_text())
+        edit(config)
+        config_path.write_text(json.dumps(config))
+
+    def run(name: str) -> tuple[subprocess.CompletedProcess[str], dict]:
+        proc = run_doctor(["check", str(out / name / "model"), "--json", "-q"], variant_env(out, name))
+        return proc, json.loads(proc.stdout) if proc.stdout else {}
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip(BAD_INPUTS, pool.map(run, BAD_INPUTS), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("name", "code", "says"),
+    [
+        ("quant-config-a-string", "VD111", "AttributeError: 'str' object has no attribute 'to_dict'"),
+        ("quant-method-unknown", "VD111", "Unknown quantization method: frobnicate. Must be one of"),
+        ("moe-zero-experts", "VD309", "num_local_experts = 0: must be at least 1"),
+    ],
+)
+def test_bad_moe_and_quantization_configs_are_one_finding(bad_inputs: dict, name: str, code: str, says: str) -> None:
+    proc, report = bad_inputs[name]
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    (finding,) = _findings(report, code)
+    assert finding["outcome"] == "fail" and finding["severity"] == "error"
+    assert says in finding["message"]
+    if code == "VD309":  # the model is not built on a size no model has: no cascade of weight findings
+        assert not [f for f in report["findings"] if f["code"].startswith("VD30") and f["code"] != "VD309"
+                    and f["outcome"] == "fail"]  # fmt: skip

@@ -524,3 +524,18 @@ def test_read_regular_never_opens_a_fifo(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setattr(os, "open", lambda *a, **k: pytest.fail("opened"))
     with pytest.raises(paths.NotRegular, match="is a FIFO"):
         paths.read_regular(tmp_path / "fifo", 100)
+
+
+def test_expert_counts_are_sizes_and_top_k_fits_in_them() -> None:
+    """A mixture-of-experts config's expert count, top-k and expert MLP size are VD309's sizes where
+    config.json sets them (zero experts: the model is not built); top-k over the count is named."""
+    from vllm_doctor.checks.config_sizes import config_size_problems
+
+    assert config_size_problems({"hidden_size": 64, "num_local_experts": 8, "num_experts_per_tok": 2}) == []
+    assert config_size_problems({"num_local_experts": 0}) == [
+        {"key": "num_local_experts", "value": "0", "why": "must be at least 1"}
+    ]
+    assert config_size_problems({"text_config": {"num_experts": 4, "num_experts_per_tok": 6}}) == [
+        {"key": "text_config.num_experts_per_tok", "value": "6", "why": "routes each token to more experts than the 4 there are"}
+    ]
+    assert config_size_problems({"moe_intermediate_size": 2.5})[0]["why"] == "is a float, not a whole number"

@@ -25,7 +25,14 @@ SIZE_LIMITS: dict[str, int] = {
     "num_key_value_heads": 1 << 16,
     "vocab_size": 1 << 24,
     "intermediate_size": 1 << 22,
+    # a mixture-of-experts decoder's (where config.json sets them): the experts and the top-k routed to
+    "num_local_experts": 1 << 16,
+    "num_experts": 1 << 16,
+    "n_routed_experts": 1 << 16,
+    "num_experts_per_tok": 1 << 16,
+    "moe_intermediate_size": 1 << 22,
 }
+EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 MAX_PARAMETERS = 10**15  # the largest published models have a few 10**12
 _JSON_TYPES = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
 
@@ -84,6 +91,16 @@ def config_size_problems(config: dict[str, Any]) -> list[dict[str, Any]]:
                 sizes[key] = value
             else:
                 out.append({"key": prefix + key, "value": _shown(value), "why": why})
+        experts = next((sizes[k] for k in EXPERT_COUNT_KEYS if k in sizes), None)
+        top_k = sizes.get("num_experts_per_tok")
+        if experts is not None and top_k is not None and top_k > experts:
+            out.append(
+                {
+                    "key": prefix + "num_experts_per_tok",
+                    "value": _shown(top_k),
+                    "why": f"routes each token to more experts than the {experts} there are",
+                }
+            )
         total = _parameter_estimate(sizes)
         if total is not None and total > MAX_PARAMETERS:
             out.append(
@@ -148,7 +165,10 @@ def config_sizes_present(config: dict[str, Any]) -> bool:
     topic="config",
     what=(
         "num_hidden_layers, hidden_size, num_attention_heads, num_key_value_heads, vocab_size and intermediate_size "
-        "(in config.json and in its text_config / llm_config / language_config) must be positive whole numbers. "
+        "(in config.json and in its text_config / llm_config / language_config) must be positive whole numbers, and "
+        "so must a mixture-of-experts decoder's expert count (num_local_experts / num_experts / n_routed_experts), "
+        "its top-k (num_experts_per_tok, at most the expert count) and moe_intermediate_size where config.json sets "
+        "them. "
         f"vllm-doctor also flags values over a plausibility limit (e.g. {SIZE_LIMITS['num_hidden_layers']:,} layers) "
         f"and sizes that multiply to more than {MAX_PARAMETERS:.0e} parameters; the model is not built (the weights "
         "pass and the engine stage are not started) when a size is wrong. Any other number of config.json that is "
