@@ -109,7 +109,10 @@ def test_5000_parameters_no_tensor_fills_give_20_vd301_findings_and_a_summary() 
         "written": False, "covered": 0, "numel": 4, "shape": [4], "dtype": "bfloat16", "shards_expected": None,
         "shards_loaded": [], "shards_missing": [], "sources": [], "in_returned": False, "vllm_exempt": False,
     }  # fmt: skip
-    weight_load = {"params": {f"model.p{i:04d}.weight": dict(param) for i in range(N)}, "tensors": {}}
+    params = {f"model.p{i:04d}.weight": dict(param) for i in range(N)}
+    # as many filled beside them: the module is not a tower never loaded (VD313 would name it once)
+    params |= {f"model.q{i:04d}.weight": dict(param, written=True, covered=4) for i in range(N)}
+    weight_load = {"params": params, "tensors": {}}
     facts = Facts(model_dir="/m", config=LLAMA, checkpoint=checkpoint(["x"]), weight_load=weight_load)
     findings = of(run_checks(facts, ["VD301"]), "VD301")
     s = assert_capped(findings, "parameters not loaded")

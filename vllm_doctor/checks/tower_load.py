@@ -68,9 +68,9 @@ def _module_prefix(name: str) -> str:
 def _unfilled(p: dict[str, Any]) -> bool:
     """Nothing was written into it and no load into it failed (VD303 has those); a fused-MoE
     parameter that got some experts is VD311's."""
-    if p["written"] or p["covered"] or p["failed_from"]:
+    if p.get("written") or p.get("covered") or p.get("failed_from"):  # a record of an older doctor lacks some
         return False
-    return not ("num_experts" in p and p["expert_loads"])
+    return not ("num_experts" in p and p.get("expert_loads"))
 
 
 def unloaded_towers(facts: Facts) -> list[Tower]:
