@@ -473,16 +473,13 @@ def _unique_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 def _encoder_bytes(model: nn.Module) -> int:
-    """A multimodal model's parameters outside its language model (vision tower, projector): what
+    """A multimodal model's encoder parameters (vision tower, projector: the modules the
+    performance lint takes for the encoder, :func:`vllm_doctor.compat.perf.encoder_modules`): what
     a decode step never reads. 0 for a text model."""
-    lm = wv.language_model(model)
-    if lm is not None:
-        inside = {p.untyped_storage().data_ptr() for p in lm.parameters() if p.device.type != "meta"}
-        return _unique_bytes([p for p in model.parameters() if p.untyped_storage().data_ptr() not in inside])
-    parts = wv.encoder_prefixes(model)
-    if not parts:
-        return 0
-    return _unique_bytes([p for name, p in model.named_parameters() if name.startswith(tuple(f"{x}." for x in parts))])
+    from vllm_doctor.compat.perf import encoder_modules
+
+    parts = tuple(f"{x}." for x in encoder_modules(model))
+    return _unique_bytes([p for name, p in model.named_parameters() if name.startswith(parts)]) if parts else 0
 
 
 def _hidden_weight_bytes(model: nn.Module) -> tuple[int, int]:
