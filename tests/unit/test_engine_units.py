@@ -29,7 +29,7 @@ from vllm_doctor.compat.llm import EngineHandle, ExtensionMissing, engine_kwargs
 from vllm_doctor.engine import EXTENSION_QUALNAME
 from vllm_doctor.engine.clock import WallClock
 from vllm_doctor.engine.extension import DoctorWorkerExtension
-from vllm_doctor.engine.layers import layer_index, module_kind, select_modules
+from vllm_doctor.engine.layers import layer_index, module_kind, moe_parts, select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
 from vllm_doctor.engine.profiler import ForwardProfiler, OpenStep
 from vllm_doctor.engine.steps import COUNT_FIELDS, StepTracker, counts_dict, phase_of
@@ -128,6 +128,55 @@ def test_module_kinds_and_selection_times_topmost_modules_only() -> None:
     assert module_kind("lm_head", nn.Linear(2, 2)) == "logits"
     assert layer_index("model.layers.12.mlp.down_proj") == 12
     assert layer_index("model.norm") is None
+
+
+class ToyExperts(nn.Module):
+    """Asked as vLLM's fused experts are: a ``weight_loader`` that takes an ``expert_id``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w13_weight = nn.Parameter(torch.zeros(4, 16, 8))
+
+    def weight_loader(self, param: Any, loaded_weight: Any, weight_name: str, shard_id: str, expert_id: int) -> None:
+        pass
+
+
+class ToyRunner(nn.Module):
+    """vLLM's MoERunner: holds the routed experts, and sometimes the gate and shared expert it runs."""
+
+    def __init__(self, held: tuple[nn.Module, ...] = ()) -> None:
+        super().__init__()
+        self.routed_experts = ToyExperts()
+        self.held = nn.ModuleList(held)
+
+
+class ToyMoeBlock(nn.Module):
+    def __init__(self, shared_inside: bool) -> None:
+        super().__init__()
+        self.gate = nn.Linear(8, 4)
+        self.shared_expert = ToyMLP()
+        self.shared_expert_gate = nn.Linear(8, 1)
+        self.experts = ToyRunner((self.gate, self.shared_expert) if shared_inside else ())
+
+
+def test_an_moe_block_is_split_into_router_and_experts_never_counted_twice() -> None:
+    model = ToyForCausalLM()
+    model.model.layers[0].mlp = ToyMoeBlock(shared_inside=False)  # type: ignore[assignment]
+    model.model.layers[1].mlp = ToyMoeBlock(shared_inside=True)  # type: ignore[assignment]
+    chosen = {m.name: m.kind for m in select_modules(model)}
+    assert "model.layers.0.mlp" not in chosen and "model.layers.1.mlp" not in chosen  # its parts are timed
+    assert chosen["model.layers.0.mlp.gate"] == "router"
+    assert chosen["model.layers.0.mlp.experts"] == "experts"
+    assert chosen["model.layers.0.mlp.shared_expert"] == "mlp"  # a shared expert the block runs itself
+    assert chosen["model.layers.0.self_attn"] == "attention"
+    # the runner holds the gate and the shared expert (vLLM runs them inside the fused op): in "experts" only
+    assert chosen["model.layers.1.mlp.experts"] == "experts"
+    assert "model.layers.1.mlp.gate" not in chosen and "model.layers.1.mlp.shared_expert" not in chosen
+    assert not any(n.startswith("model.layers.0.mlp.experts.") for n in chosen)
+    assert moe_parts(ToyForCausalLM()) == {}  # a dense model has no MoE parts
+    # "moe" in an MoE model's class names: the model and its decoder layers are no MLP
+    assert module_kind("model", type("TinyMoeModel", (nn.Module,), {})()) is None
+    assert module_kind("model.layers.0.block_sparse_moe", type("MixtralMoE", (nn.Module,), {})()) == "mlp"
 
 
 def test_probe_names_module_for_host_syncs_and_wrong_device_ops() -> None:

@@ -49,7 +49,8 @@ from vllm_doctor.facts.steps import StepTable
 
 WRAPPERS = "wrappers"  # the doctor's timer of its step wrappers (engine/session.py own_s)
 # "dense": compiled modes' per-layer work after the attention (projections, norms, MLP), engine/profiler.py
-KIND_ORDER = ("embedding", "attention", "dense", "mlp", "norm", "logits", "other")
+# "router" and "experts": an MoE block's parts in eager mode (engine/layers.py)
+KIND_ORDER = ("embedding", "attention", "dense", "router", "experts", "mlp", "norm", "logits", "other")
 
 
 def model_origin(model_class: str | None) -> str:

@@ -17,6 +17,7 @@ from torch import nn
 
 from vllm_doctor.compat import worker as wv
 from vllm_doctor.compat.common import hf_text_config, qualname
+from vllm_doctor.compat.weights import is_fused_moe
 from vllm_doctor.facts.anatomy import Anatomy
 from vllm_doctor.facts.kv import (
     AttentionLayer,
@@ -435,6 +436,8 @@ def attention_layers(worker: Any) -> list[AttentionLayer]:
     out = []
     for prefix, layer in sfc.items():
         impl = getattr(layer, "impl", None)
+        if impl is None and isinstance(layer, nn.Module) and any(is_fused_moe(m) for m in layer.modules()):
+            continue  # vLLM's fused MoE layers are in the forward context too (its op looks them up): no attention
         backend = getattr(layer, "attn_backend", None)
         kv = getattr(layer, "kv_cache", None)
         if isinstance(kv, (list, tuple)):

@@ -1,10 +1,18 @@
 """Which modules the per-layer profiler times, and what kind each one is.
 
-Kinds: attention, mlp, norm, embedding, logits. The profiler times the root model, each
-decoder layer (an element of a ``ModuleList`` named layers/h/blocks) and the *topmost* module
-of each kind (``self_attn``, not ``self_attn.qkv_proj``), so kind totals never double count.
-Forward time not inside any kind module is reported as "other" (residual adds, rotary
-embeddings outside attention, glue code).
+Kinds: attention, mlp, norm, embedding, logits, and in a mixture of experts router and
+experts. The profiler times the root model, each decoder layer (an element of a ``ModuleList``
+named layers/h/blocks) and the *topmost* module of each kind (``self_attn``, not
+``self_attn.qkv_proj``), so kind totals never double count. Forward time not inside any kind
+module is reported as "other" (residual adds, rotary embeddings outside attention, glue code).
+
+An MoE block (the decoder layer's child that holds vLLM's fused experts: ``FusedMoE`` /
+``RoutedExperts``, or any module whose ``weight_loader`` takes an ``expert_id``, asked of the
+model by :func:`vllm_doctor.compat.weights.is_fused_moe`) is not timed as one "mlp": its router
+(the block's ``gate``/``router`` child) is kind "router", the child that runs the experts
+(vLLM's ``MoERunner`` or ``FusedMoE``) kind "experts"; a shared expert the block calls itself
+stays "mlp". A module the experts' module also holds (a gate or shared expert vLLM runs inside
+the fused op) is not timed apart: its time is in "experts" (never counted twice).
 """
 
 from __future__ import annotations
@@ -14,7 +22,10 @@ from dataclasses import dataclass
 
 from torch import nn
 
-KINDS = ("embedding", "attention", "mlp", "norm", "logits")
+from vllm_doctor.compat.weights import is_fused_moe
+
+KINDS = ("embedding", "attention", "router", "experts", "mlp", "norm", "logits")
+ROUTER_NAMES = ("gate", "router")
 _LAYER_NAME = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)$")
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)(?:\.|$)")
 
@@ -30,12 +41,19 @@ def module_kind(name: str, module: nn.Module) -> str | None:
         return "embedding"
     if "attention" in cls or leaf in ("self_attn", "attn", "attention", "cross_attn"):
         return "attention"
-    if any(k in cls for k in ("mlp", "moe", "feedforward", "experts")) or leaf in (
-        "mlp",
-        "ffn",
-        "feed_forward",
-        "block_sparse_moe",
-        "experts",
+    # "moe" in a class name: the MoE block, not the model or decoder layer of an MoE model (TinyMoeModel)
+    moe_block = "moe" in cls and not any(k in cls for k in ("model", "layer", "decoder", "causallm"))
+    if (
+        moe_block
+        or any(k in cls for k in ("mlp", "feedforward", "experts"))
+        or leaf
+        in (
+            "mlp",
+            "ffn",
+            "feed_forward",
+            "block_sparse_moe",
+            "experts",
+        )
     ):
         return "mlp"
     if "norm" in cls or "norm" in leaf:
@@ -66,6 +84,42 @@ class TimedModule:
     cls: str
 
 
+def moe_parts(model: nn.Module) -> dict[str, str | None]:
+    """The parts of each MoE block: qualified name -> kind ("router", "experts", "mlp" for a
+    shared expert the block runs itself), "" for the block itself (not timed: its parts are),
+    None for a module the experts' module also holds (timed inside it, not apart). Empty for a
+    dense model."""
+    modules = dict(model.named_modules())
+    fused = [n for n, m in modules.items() if n and is_fused_moe(m)]
+    fused = [n for n in fused if not any(n.startswith(f + ".") for f in fused)]  # topmost only
+    out: dict[str, str | None] = {}
+    for name in fused:
+        match = _LAYER_PREFIX.match(name)
+        if match is None or name == match.group(1):
+            out[name] = "experts"
+            continue
+        layer = match.group(1)
+        rest = name[len(layer) + 1 :].split(".")
+        if len(rest) == 1:  # the fused module is the layer's child: the whole MoE is "experts"
+            out[name] = "experts"
+            continue
+        block, experts = f"{layer}.{rest[0]}", f"{layer}.{rest[0]}.{rest[1]}"
+        out[block] = ""
+        out[experts] = "experts"
+        inside = {id(m) for m in modules[experts].modules()}
+        for child_name, child in modules[block].named_children():
+            full = f"{block}.{child_name}"
+            if full == experts:
+                continue
+            if id(child) in inside:
+                out[full] = None  # run inside the experts' call (vLLM's runner holds it)
+            elif child_name in ROUTER_NAMES:
+                out[full] = "router"
+            elif "shared" in child_name and "gate" not in child_name:
+                out[full] = "mlp"
+    return out
+
+
 def select_modules(model: nn.Module, within: nn.Module | None = None, skip: tuple[str, ...] = ()) -> list[TimedModule]:
     """Root, decoder layers and topmost kind modules, in model order. ``within``: a multimodal
     model's language model, the only part whose modules are timed (the vision tower's layers
@@ -74,6 +128,7 @@ def select_modules(model: nn.Module, within: nn.Module | None = None, skip: tupl
     chosen: list[TimedModule] = [TimedModule("", "model", None, type(model).__qualname__)]
     kind_roots: list[str] = []
     parents: dict[str, nn.Module] = {}
+    moe = moe_parts(model)
     prefix = None if within is None else next((n for n, m in model.named_modules() if m is within), None)
     for name, mod in model.named_modules():
         if not name:
@@ -88,8 +143,18 @@ def select_modules(model: nn.Module, within: nn.Module | None = None, skip: tupl
         if _LAYER_NAME.search(name) and isinstance(parent, nn.ModuleList):
             chosen.append(TimedModule(name, "layer", layer_index(name), type(mod).__qualname__))
             continue
+        if any(name.startswith(root + ".") for root in kind_roots):
+            continue
+        if name in moe:
+            moe_kind = moe[name]
+            if moe_kind == "":
+                continue  # the MoE block itself: its parts are timed
+            kind_roots.append(name)  # (None: held by the experts' module, timed inside it)
+            if moe_kind is not None:
+                chosen.append(TimedModule(name, moe_kind, layer_index(name), type(mod).__qualname__))
+            continue
         kind = module_kind(name, mod)
-        if kind is None or any(name.startswith(root + ".") for root in kind_roots):
+        if kind is None:
             continue
         kind_roots.append(name)
         chosen.append(TimedModule(name, kind, layer_index(name), type(mod).__qualname__))

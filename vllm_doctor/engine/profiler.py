@@ -62,6 +62,8 @@ NAN = float("nan")  # a time a step has not (not sampled), in a packed column
 # work after its attention (the name of the layer + this suffix)
 BEFORE_LAYERS = "[before the first attention]"
 DENSE_SUFFIX = " [after attention]"
+# the class text of an MoE layer's span after its attention (the fused-MoE op splits no graph)
+MOE_SPAN = "projections, norms, MoE router and experts (the fused-MoE op) until the next attention"
 # how eager mode's boundary grain marks a module (the snapshot says it, for the reader's correction
 # of the doctor's own cost): "entry", one mark where each module is entered
 BOUNDARY_MARKS = "entry"
@@ -432,16 +434,22 @@ class ForwardProfiler:
             give_back(end)
 
     # -- compiled modes: the attention calls split the forward into layers ------------------
-    def set_boundaries(self, layers: list[tuple[str, str, int | None, str]]) -> None:
+    def set_boundaries(
+        self, layers: list[tuple[str, str, int | None, str]], moe_layers: frozenset[str] = frozenset()
+    ) -> None:
         """The attention layers whose calls are timed, in forward order: (attention layer's
         name, its decoder layer's name, layer index, attention class), and the timed names of
-        :meth:`_segments` with their kinds."""
+        :meth:`_segments` with their kinds; ``moe_layers``: the decoder layers whose span after
+        the attention holds an MoE block's router and experts (named so in its class text)."""
         self.boundary_layers = {attn: (layer, index) for attn, layer, index, _ in layers}
         self.timed[BEFORE_LAYERS] = TimedModule(BEFORE_LAYERS, "embedding", None, "embedding, layer 0's input work")
         for attn, layer, index, cls in layers:
             self.timed[attn] = TimedModule(attn, "attention", index, cls)
             self.timed[layer + DENSE_SUFFIX] = TimedModule(
-                layer + DENSE_SUFFIX, "dense", index, "projections, norms, MLP until the next attention"
+                layer + DENSE_SUFFIX,
+                "dense",
+                index,
+                MOE_SPAN if layer in moe_layers else "projections, norms, MLP until the next attention",
             )
             if layer not in self.timed:
                 self.timed[layer] = TimedModule(layer, "layer", index, "")

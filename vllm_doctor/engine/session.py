@@ -26,9 +26,15 @@ from vllm_doctor.compat import worker as wv
 from vllm_doctor.constants import GRAPH_TIMING_ENV, SWITCH_ON
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
 from vllm_doctor.engine.clock import clock_for
-from vllm_doctor.engine.layers import decoder_layer_name, layer_index, select_modules
+from vllm_doctor.engine.layers import decoder_layer_name, layer_index, moe_parts, select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
-from vllm_doctor.engine.profiler import DEFAULT_TRACE_STEPS, RESOLVE_BATCH, ForwardProfiler, OpenStep
+from vllm_doctor.engine.profiler import (
+    DEFAULT_TRACE_STEPS,
+    DENSE_SUFFIX,
+    RESOLVE_BATCH,
+    ForwardProfiler,
+    OpenStep,
+)
 from vllm_doctor.engine.steps import phase_of
 
 SESSION_ATTR = "_vllm_doctor_session"
@@ -201,6 +207,7 @@ class WorkerSession:
                         inner.append(armed)
                 self._layer_wrappers = boundaries + inner
                 self._boundary_wrappers_only = entries
+                moe = self._moe_layers()
                 self.layers_on = True
                 self.profiler.layers_enabled = True
                 every, detail = self.profiler.sample_every, self.profiler.detail_every
@@ -220,7 +227,9 @@ class WorkerSession:
                     + (
                         ""
                         if not inner
-                        else "; the modules inside each layer (attention, MLP, norms) "
+                        else "; the modules inside each layer ("
+                        + ("attention, MoE router and experts, norms" if moe else "attention, MLP, norms")
+                        + ") "
                         + ("on each of those" if detail == 1 else f"on every {detail}-th of those per phase")
                         + " (a mark where each layer is entered; inside, marks at each module's entry and return:"
                         + " each mark is host time an eager step's launches wait for, taken out of the figures)"
@@ -245,6 +254,13 @@ class WorkerSession:
                             "; steps that replay a FULL CUDA graph run no Python inside the forward: their "
                             "forward is timed, not their layers (events captured into the graphs need "
                             f"{GRAPH_TIMING_ENV}={SWITCH_ON} when the engine starts)"
+                        )
+                    moe = self._moe_layers()
+                    if moe:
+                        how += (
+                            f"; {len(moe)} MoE layer(s): the router and the experts (vLLM's fused-MoE op is no "
+                            "graph-splitting op) run inside each one's span after its attention "
+                            f"('{moe[0]}{DENSE_SUFFIX}'), not timed apart (eager mode times them apart)"
                         )
                     self.layers_reason = how
                 else:
@@ -436,8 +452,16 @@ class WorkerSession:
             if made:
                 wrappers += made
                 layers.append((name, decoder_layer_name(name), layer_index(name), type(impl).__name__))
-        prof.set_boundaries(layers)
+        prof.set_boundaries(layers, frozenset(self._moe_layers()))
         return wrappers
+
+    def _moe_layers(self) -> list[str]:
+        """The decoder layers (names) that hold an MoE block's experts, in model order."""
+        model = wv.model(self.worker)
+        if model is None:
+            return []
+        names = [decoder_layer_name(n) for n, kind in moe_parts(model).items() if kind == "experts"]
+        return list(dict.fromkeys(names))
 
     def _boundary_call(self, impl: Any, attr: str, name: str) -> Armed:
         prof = self.profiler

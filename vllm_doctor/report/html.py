@@ -40,6 +40,8 @@ COLORS = {
     "embedding": "#8e6c8a",
     "attention": "#4e79a7",
     "dense": "#edc948",
+    "router": "#9c755f",
+    "experts": "#ff9da7",
     "mlp": "#f28e2b",
     "norm": "#76b7b2",
     "logits": "#59a14f",
