@@ -18,6 +18,7 @@ from vllm_doctor.analysis.roofline import (
     StepWorkload,
     device_peaks,
     dtype_bytes,
+    expected_experts,
     phase_text,
     rates,
     step_bytes,
@@ -196,7 +197,7 @@ def test_a_model_without_its_sizes_says_why() -> None:
     w = _worker(7.5e-3, H200)
     w.put("kv", KvCache(hf_config=HfShape(num_hidden_layers=2, moe=True)).to_wire())
     assert summarize(EngineFacts(workers=[w])).roofline == Roofline(
-        available=False, reason="a mixture of experts: the dense decoder's byte count does not describe it"
+        available=False, reason="a mixture of experts whose config gives no expert count, top-k and expert MLP size"
     )
     w.put("kv", KvCache(hf_config=HfShape(num_hidden_layers=2)).to_wire())
     assert "does not give hidden_size" in str(summarize(EngineFacts(workers=[w])).roofline.reason)
@@ -233,3 +234,76 @@ def test_tops_model_panel_draws_a_roofline_line_that_fits_its_width() -> None:
         "roofline decode 54 % of 4.81 TB/s (2.58 TB/s)"
     ]
     assert "roofline decode 7.85 TB/s: above peak, step time wrong" in panel(2.46e-3, 60)
+
+
+# ---- a mixture of experts: the routed roofline -----------------------------------------------
+
+# Mixtral-8x7B's sizes: 8 experts of 3 x 4096 x 14336 = 176,160,768 parameters each, top-2,
+# a router of 4096 x 8 per layer, vocabulary 32000 (untied)
+MIXTRAL = HfShape(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128, hidden_size=4096,
+                  intermediate_size=14336, vocab_size=32000, tie_word_embeddings=False, model_type="mixtral",
+                  moe=True, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=14336)
+EXPERT_PARAMS = 3 * 4096 * 14336
+# per layer: attention 41,943,040 (as Llama-3-8B's), two norms 8,192, the router 32,768
+MIXTRAL_EVERY_STEP = 32 * (41_943_040 + 8_192 + 32_768) + 4_096 + 32000 * 4096  # + the LM head and final norm
+
+
+def test_expected_distinct_experts_under_uniform_routing() -> None:
+    assert expected_experts(8, 2, 1) == pytest.approx(2)  # one token: its top-k
+    assert expected_experts(4, 2, 2) == pytest.approx(4 * (1 - 0.5**2))  # 3 of 4
+    assert expected_experts(8, 2, 128) == pytest.approx(8)  # a prefill: all of them
+    assert expected_experts(8, 2, 0) == 0 and expected_experts(0, 2, 5) == 0
+    assert expected_experts(4, 6, 3) == pytest.approx(4)  # top-k above the count: all
+    assert all(expected_experts(8, 2, t) < expected_experts(8, 2, t + 1) for t in range(1, 40))
+
+
+def _moe_worker(memory: MemoryFacts) -> WorkerFacts:
+    kv = KvCache(groups=[KvGroup(["l0"], KvSpec(type="FullAttentionSpec", block_size=16, dtype="torch.bfloat16"))],
+                 hf_config=MIXTRAL, tensor_parallel_size=1)
+    steps = [{"index": 0, "t": 0.0, "phase": "prefill", "prefill_tokens": 128, "prefill_reqs": 1, "total_tokens": 128,
+              "kv_blocks_used": 8, "step_s": 0.05, "forward_s": 0.05, "layers_timed": True}]
+    steps += [{"index": i, "t": 0.01 * i, "phase": "decode", "decode_tokens": 1, "decode_reqs": 1, "total_tokens": 1,
+               "kv_blocks_used": 9, "step_s": 0.02, "forward_s": 0.02, "layers_timed": True} for i in range(1, 4)]
+    layer = {"name": "model.layers.0", "kind": "layer", "layer": 0, "decode_calls": 3, "decode_s": 3 * 0.02 / 40}
+    return WorkerFacts(rank=0, parts={
+        "kv": kv.to_wire(),
+        "placement": Placement(device=H200, model_dtype="torch.bfloat16").to_wire(),
+        "memory": memory.to_wire(),
+        "anatomy": Anatomy(WorkerIdentity(rank=0, tensor_parallel_size=1)).to_wire(),
+        "profile": {"profiling": True, "clock": "cuda_events", "steps": steps, "layers": [layer]},
+    })
+
+
+def test_a_mixtral_decode_step_of_one_sequence_reads_two_experts_a_prefill_all_eight() -> None:
+    roof = summarize(EngineFacts(workers=[_moe_worker(MemoryFacts(device="cuda:0"))])).roofline
+    assert roof.available and roof.model.weights_source == "routed experts, config"
+    experts = roof.model.experts
+    assert experts is not None and (experts.moe_layers, experts.experts, experts.top_k) == (32, 8, 2)
+    assert experts.expert_bytes == EXPERT_PARAMS * 2 and "uniform routing" in str(experts.assumption)
+    # Mixtral-8x7B: 46.7 B parameters resident, 12.9 B active for one token (with its embedding row)
+    assert 46.6e9 < roof.model.params < 46.8e9
+    decode, prefill = roof.phases["decode"], roof.phases["prefill"]
+    assert decode.routed_experts == pytest.approx(2) and prefill.routed_experts == pytest.approx(8, rel=1e-6)
+    embedding_row = 4096 * 2
+    assert decode.bytes.weights == pytest.approx((MIXTRAL_EVERY_STEP + 32 * 2 * EXPERT_PARAMS) * 2 + embedding_row)
+    assert 12.8e9 < (decode.bytes.weights - embedding_row) / 2 + 32000 * 4096 < 13.0e9
+    assert prefill.bytes.weights == pytest.approx((MIXTRAL_EVERY_STEP + 32 * 8 * EXPERT_PARAMS) * 2 + 128 * embedding_row)
+    assert 0 < decode.bandwidth_share < 1 and not roof.above_peak  # 25 GB in 20 ms: about a quarter of the H200's
+    # the FLOPs count the 2 experts each token runs, not all 8
+    assert decode.flops.gemm == pytest.approx(2 * 32 * (41_943_040 + 2 * EXPERT_PARAMS))
+    (layer,) = roof.layers
+    assert layer.bytes.weights == pytest.approx((41_943_040 + 8_192 + 32_768 + 2 * EXPERT_PARAMS) * 2)
+    text = render_roofline(summarize(EngineFacts(workers=[_moe_worker(MemoryFacts(device="cuda:0"))])))
+    assert "routed experts" in text and "of 8 (top-2; prefill 8, decode 2)" in text and "uniform routing" in text
+
+
+def test_the_routed_roofline_takes_one_experts_bytes_from_the_workers_fused_moe_parameters() -> None:
+    # the worker holds the experts in FP8 (half the config's bf16 count): its bytes are used
+    expert_bytes = 32 * 8 * EXPERT_PARAMS
+    total = (MIXTRAL_EVERY_STEP + 32000 * 4096) * 2 + expert_bytes  # + the input embedding table
+    mem = MemoryFacts(device="cuda:0", parameter_bytes=total, moe_layers=32, moe_experts=8,
+                      expert_parameter_bytes=expert_bytes)
+    roof = summarize(EngineFacts(workers=[_moe_worker(mem)])).roofline
+    assert roof.model.weights_source == "routed experts, measured" and roof.model.experts.expert_bytes == EXPERT_PARAMS
+    decode = roof.phases["decode"]
+    assert decode.bytes.weights == pytest.approx((MIXTRAL_EVERY_STEP * 2 + 2 * 32 * EXPERT_PARAMS) + 4096 * 2)

@@ -169,6 +169,36 @@ def test_a_qwen3_moe_checkpoint_with_its_config_is_qwen3_moe() -> None:
     assert (twin["model_type"], twin["num_experts"], twin["moe_intermediate_size"], twin["num_experts_per_tok"]) == ("qwen3_moe", 4, 64, 2)
 
 
+def _mixtral_tensors() -> dict[str, list[int]]:
+    """Mixtral's Hugging Face layout (the tiny MoE example's): block_sparse_moe.gate and each
+    expert's w1/w3 (gate/up, intermediate_size rows) and w2 (down)."""
+    tensors = llama_tensors()
+    for n in range(DIMS["layers"]):
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            del tensors[f"model.layers.{n}.mlp.{name}.weight"]
+        tensors[f"model.layers.{n}.block_sparse_moe.gate.weight"] = [4, 128]
+        for e in range(4):
+            p = f"model.layers.{n}.block_sparse_moe.experts.{e}."
+            tensors |= {p + "w1.weight": [256, 128], p + "w3.weight": [256, 128], p + "w2.weight": [128, 256]}
+    return tensors
+
+
+def test_a_mixtral_checkpoint_is_mixtral_with_its_expert_keys() -> None:
+    config = CONFIG | {"num_local_experts": 4, "num_experts_per_tok": 2, "model_type": "tiny_doctor_moe"}
+    got = find_twin(_mixtral_tensors(), config)
+    assert isinstance(got, TwinMatch) and (got.architecture, got.weights) == ("MixtralForCausalLM", "same"), got
+    twin = twin_config(got, config)
+    assert (twin["model_type"], twin["num_local_experts"], twin["intermediate_size"], twin["num_experts_per_tok"]) == (
+        "mixtral", 4, 256, 2)
+    assert "num_experts" not in twin and "moe_intermediate_size" not in twin
+    # the same layout under a port's own module names: the structure still fits, on dummy weights
+    renamed = {k.replace("block_sparse_moe", "moe").replace(".w1.", ".fc_gate."): v for k, v in _mixtral_tensors().items()}
+    got = find_twin(renamed, config)
+    assert isinstance(got, TwinMatch) and (got.architecture, got.weights) == ("MixtralForCausalLM", "dummy"), got
+    # a dense config: no expert count, no Mixtral
+    assert isinstance(find_twin(_mixtral_tensors(), CONFIG), NoTwin)
+
+
 def test_a_forced_architecture_still_checks_the_shapes_and_says_what_disagrees() -> None:
     wrong_heads = CONFIG | {"num_attention_heads": 8}  # q_proj would need 8 x 32 = 256 rows, it has 128
     got = find_twin(llama_tensors(), wrong_heads, forced="LlamaForCausalLM")

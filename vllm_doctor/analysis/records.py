@@ -439,6 +439,21 @@ class RooflineModel(Record):
     measured_weight_bytes: float | None = None
     weights_read_bytes: float = 0.0
     weights_source: str | None = None
+    experts: RooflineExperts | None = None  # a mixture of experts: what a step reads of them
+
+
+@dataclass(frozen=True)
+class RooflineExperts(Record):
+    """A mixture of experts' routed experts per rank: a step reads only those its tokens are
+    routed to (analysis.roofline.expected_experts), plus each layer's router and shared experts."""
+
+    moe_layers: int = 0
+    experts: int = 0  # routed experts per layer on this rank
+    top_k: int = 0
+    expert_bytes: float = 0.0  # one routed expert's weights in one layer
+    router_and_shared_bytes: float = 0.0  # one layer's router and shared experts, read every step
+    source: str | None = None  # "measured" (the worker's fused-MoE parameters) or "config"
+    assumption: str | None = None
 
 
 @dataclass(frozen=True)
@@ -501,6 +516,7 @@ class RooflinePhase(Rates):
     workload: RooflineWorkload = field(default_factory=RooflineWorkload)
     bytes: StepBytes = field(default_factory=StepBytes)
     flops: StepFlops = field(default_factory=StepFlops)
+    routed_experts: float | None = None  # MoE: distinct experts a layer reads per step (expected)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,16 @@ rank (sizes divided by the tensor-parallel size, layers by the pipeline-parallel
   PV products, ``4 x layers x heads x head_dim x q x (c - (q - 1) / 2)`` per sequence with
   ``q`` its new tokens and ``c`` its context (causal), from the per-step means.
 
+A mixture of experts (:func:`moe_shape_of`) reads only the experts its tokens are routed to:
+per MoE layer, the router and the shared experts every step, and of the ``n`` routed experts
+(top-``k``) the expected number of distinct ones ``T`` tokens route to,
+``n x (1 - (1 - k/n)^T)`` (:func:`expected_experts`), under **uniform routing** (each token's
+``k`` experts equally likely, tokens independent: real routers are skewed, which reads fewer
+distinct experts; a prefill of many tokens reads all ``n``, a decode step of one sequence ``k``).
+One expert's bytes are the worker's measured fused-MoE parameters over layers and experts
+(else the config's ``3 x hidden x moe_intermediate_size``); ``T`` is the phase's mean tokens per
+step. The FLOPs count ``k`` experts and the shared ones per token.
+
 The achieved bandwidth is the weights' and the KV cache's bytes over the phase's mean step
 time (what must cross the device's memory each step; the activations' upper bound is reported
 beside it, not in it), the achieved FLOP/s all FLOPs over it; the share is the rate over the
@@ -48,6 +58,7 @@ from vllm_doctor.analysis.records import (
     PhaseSummary,
     Rates,
     Roofline,
+    RooflineExperts,
     RooflineLayer,
     RooflineModel,
     RooflinePhase,
@@ -385,8 +396,8 @@ def shape_of(worker: WorkerFacts) -> tuple[DecoderShape | None, str | None]:
     if kv is None:
         return None, "the worker sent no KV record (the model's sizes)"
     hf = kv.hf_config
-    if hf.moe:
-        return None, "a mixture of experts: the dense decoder's byte count does not describe it"
+    if hf.moe and moe_shape_of(worker) is None:
+        return None, "a mixture of experts whose config gives no expert count, top-k and expert MLP size"
     head_dim = hf.head_dim or hf.vllm_head_size
     if head_dim is None and hf.hidden_size and hf.num_attention_heads:
         head_dim = hf.hidden_size // hf.num_attention_heads
@@ -398,6 +409,8 @@ def shape_of(worker: WorkerFacts) -> tuple[DecoderShape | None, str | None]:
         "intermediate_size": hf.intermediate_size,
         "vocab_size": hf.vocab_size,
     }
+    if hf.moe:  # the expert MLP's size stands for it (checked by moe_shape_of)
+        sizes["intermediate_size"] = _moe_intermediate(hf)
     missing = [k for k, v in sizes.items() if not v]
     if missing:
         return None, f"the config does not give {', '.join(missing)}"
@@ -412,7 +425,7 @@ def shape_of(worker: WorkerFacts) -> tuple[DecoderShape | None, str | None]:
         heads=int(hf.num_attention_heads or 0),
         kv_heads=int(hf.num_key_value_heads or hf.num_attention_heads or 0),
         head_dim=int(head_dim or 0),
-        intermediate=int(hf.intermediate_size or 0),
+        intermediate=int(hf.intermediate_size or 0) if not hf.moe else _moe_intermediate(hf),
         vocab=int(hf.vocab_size or 0),
         tied_embeddings=bool(hf.tie_word_embeddings),
         weight_bytes=wb,
@@ -480,6 +493,9 @@ def engine_roofline(
         model_dtype,
     )
     notes: list[str] = []
+    moe = moe_shape_of(worker, shape)
+    if moe is not None:
+        return moe_roofline(shape, moe, worker, steps, phases, layers, block_size, peaks, notes)
     config_read = (shape.layers * shape.layer_params + shape.hidden + shape.vocab * shape.hidden) * shape.weight_bytes
     weights_read, source = config_read, "config"
     mem = worker.memory
@@ -542,9 +558,11 @@ def layer_rates(
     block_size: int | None,
     peaks: Peaks,
     weights_scale: float = 1.0,
+    moe: MoeShape | None = None,
 ) -> list[RooflineLayer]:
     """Each timed decoder layer's bytes per call and rate, per bucket of the profiler (decode;
-    prefill = prefill and mixed steps), against the workload of the steps whose layers were timed."""
+    prefill = prefill and mixed steps), against the workload of the steps whose layers were timed
+    (``moe``: an MoE layer reads its router, shared and expected routed experts)."""
     timed = steps["layers_timed"]
     kinds = steps.phases
     buckets = {
@@ -561,8 +579,13 @@ def layer_rates(
             if work is None or not calls or total <= 0:
                 continue
             per_call = total / calls
+            layer_weights = shape.layer_params * shape.weight_bytes * weights_scale
+            if moe is not None:
+                layer_weights = (shape.attention_params + 2 * shape.hidden) * shape.weight_bytes + (
+                    moe_weights_read(one_layer, replace(moe, layers=1), work.tokens, 0.0)
+                )
             nbytes = _bytes(
-                shape.layer_params * shape.weight_bytes * weights_scale,
+                layer_weights,
                 work.context * one_layer.kv_bytes_per_token,
                 work.tokens * one_layer.kv_bytes_per_token,
                 work.tokens * activation_elems_per_token_layer(shape) * shape.weight_bytes,
@@ -580,6 +603,166 @@ def layer_rates(
                 )
             )
     return out
+
+
+# ---- a mixture of experts: the routed experts ------------------------------------------------
+
+UNIFORM_ROUTING = (
+    "uniform routing: each token's top-k experts equally likely and tokens independent, so a step of T "
+    "tokens reads n x (1 - (1 - k/n)^T) distinct experts per MoE layer (a skewed router reads fewer)"
+)
+
+
+@dataclass(frozen=True)
+class MoeShape:
+    """An MoE's routed experts on one rank, and what every step reads besides them."""
+
+    layers: int  # MoE layers on this rank
+    experts: int  # routed experts per layer on this rank
+    top_k: int
+    expert_bytes: float  # one routed expert's weights in one layer
+    router_and_shared_bytes: float  # one layer's router and shared experts
+    source: str  # "measured" or "config"
+
+
+def expected_experts(n: int, k: int, tokens: float) -> float:
+    """Distinct experts ``tokens`` tokens route to, each to ``k`` of ``n``, under uniform routing:
+    ``n x (1 - (1 - k/n)^T)`` (``k`` for one token, all ``n`` as ``T`` grows; 0 for no tokens)."""
+    if n <= 0 or k <= 0 or tokens <= 0:
+        return 0.0
+    k = min(k, n)
+    return n * (1.0 - (1.0 - k / n) ** tokens)
+
+
+def _moe_intermediate(hf: Any) -> int:
+    """The MLP a token passes through in an MoE layer, as a dense MLP's size: its k experts and
+    the shared experts (the FLOPs' and activations' count)."""
+    k, expert = hf.num_experts_per_tok or 0, hf.moe_intermediate_size or 0
+    return int(k * expert + (hf.shared_expert_intermediate_size or 0))
+
+
+def moe_shape_of(worker: WorkerFacts, shape: DecoderShape | None = None) -> MoeShape | None:
+    """The routed experts of an MoE worker (None for a dense model, or an MoE config without its
+    sizes): one expert's bytes from the worker's fused-MoE parameters where it measured them,
+    else from the config (``3 x hidden x moe_intermediate_size``, split over the TP size)."""
+    kv = worker.kv
+    hf = kv.hf_config if kv is not None else None
+    if hf is None or not hf.moe or not hf.num_experts or not hf.num_experts_per_tok or not hf.moe_intermediate_size:
+        return None
+    if shape is None:
+        return MoeShape(0, hf.num_experts, hf.num_experts_per_tok, 0.0, 0.0, "config")
+    tp = max(1, kv.tensor_parallel_size or 1) if kv is not None else 1
+    shared = 3 * shape.hidden * (hf.shared_expert_intermediate_size or 0) / tp
+    router = shape.hidden * hf.num_experts
+    mem = worker.memory
+    if mem is not None and mem.moe_layers and mem.moe_experts and mem.expert_parameter_bytes:
+        per_expert = mem.expert_parameter_bytes / (mem.moe_layers * mem.moe_experts)
+        return MoeShape(
+            mem.moe_layers,
+            mem.moe_experts,
+            hf.num_experts_per_tok,
+            per_expert,
+            (router + shared) * shape.weight_bytes,
+            "measured",
+        )
+    per_expert = 3 * shape.hidden * hf.moe_intermediate_size / tp * shape.weight_bytes
+    every_step = (router + shared) * shape.weight_bytes
+    return MoeShape(shape.layers, hf.num_experts, hf.num_experts_per_tok, per_expert, every_step, "config")
+
+
+def moe_resident_bytes(shape: DecoderShape, moe: MoeShape) -> float:
+    """Every weight of an MoE rank: attention, norms, embedding and LM head, and each MoE layer's
+    router, shared and routed experts (all of them)."""
+    lm_head = 0 if shape.tied_embeddings else shape.vocab * shape.hidden
+    dense = shape.layers * (shape.attention_params + 2 * shape.hidden) + shape.hidden + shape.embedding_params + lm_head
+    return dense * shape.weight_bytes + moe.layers * (moe.router_and_shared_bytes + moe.experts * moe.expert_bytes)
+
+
+def moe_weights_read(shape: DecoderShape, moe: MoeShape, tokens: float, rest: float | None = None) -> float:
+    """The weights one step of ``tokens`` tokens reads (the gathered embedding rows apart):
+    ``rest`` (attention, norms, LM head: the config's count when None) and each MoE layer's
+    router, shared experts and the expected routed experts."""
+    if rest is None:
+        dense = shape.layers * (shape.attention_params + 2 * shape.hidden) + shape.hidden + shape.vocab * shape.hidden
+        rest = dense * shape.weight_bytes
+    per_layer = moe.router_and_shared_bytes + expected_experts(moe.experts, moe.top_k, tokens) * moe.expert_bytes
+    return rest + moe.layers * per_layer
+
+
+def moe_roofline(
+    shape: DecoderShape,
+    moe: MoeShape,
+    worker: WorkerFacts,
+    steps: StepTable,
+    phases: dict[str, PhaseSummary],
+    layers: LayerTables,
+    block_size: int | None,
+    peaks: Peaks,
+    notes: list[str],
+) -> Roofline:
+    """:func:`engine_roofline` of a mixture of experts: the weights term per phase counts the
+    experts a step of the phase's mean tokens is expected to read (uniform routing)."""
+    mem = worker.memory
+    measured = 0
+    if mem is not None:
+        measured = mem.parameter_bytes + mem.repacked_weight_bytes_estimate - mem.encoder_parameter_bytes
+    rest: float | None = None
+    if moe.source == "measured" and mem is not None:
+        untied_table = 0.0 if shape.tied_embeddings else shape.embedding_params * shape.weight_bytes
+        # all but the routed experts: attention, norms, routers, shared experts, LM head
+        rest = max(0.0, measured - mem.expert_parameter_bytes - untied_table - moe.layers * moe.router_and_shared_bytes)
+    notes.append(
+        f"routed experts ({moe.source}): {moe.layers} MoE layer(s) x {moe.experts} experts of "
+        f"{fmt_si_bytes(moe.expert_bytes)}, top-{moe.top_k}; each step reads the experts its tokens are routed to, "
+        f"under {UNIFORM_ROUTING}"
+    )
+    kinds = steps.phases
+    by_phase: dict[str, RooflinePhase] = {}
+    for phase, summary in phases.items():
+        work = workload(steps, [k == phase for k in kinds], block_size)
+        if work is not None:
+            entry = _phase_entry(
+                shape, work, decoder_step_s(summary), peaks, moe_weights_read(shape, moe, work.tokens, rest)
+            )
+            by_phase[phase] = replace(entry, routed_experts=expected_experts(moe.experts, moe.top_k, work.tokens))
+    full = moe_weights_read(shape, moe, math.inf, rest)
+    per_layer = layer_rates(shape, steps, layers, block_size, peaks, 1.0, moe)
+    resident = moe_resident_bytes(shape, moe)
+    return Roofline(
+        available=True,
+        model=RooflineModel(
+            hidden=shape.hidden,
+            layers=shape.layers,
+            heads=shape.heads,
+            kv_heads=shape.kv_heads,
+            head_dim=shape.head_dim,
+            intermediate=shape.intermediate,
+            vocab=shape.vocab,
+            tied_embeddings=shape.tied_embeddings,
+            weight_bytes_per_element=shape.weight_bytes,
+            kv_bytes_per_element=shape.kv_bytes,
+            params=int(resident / shape.weight_bytes),
+            resident_weight_bytes=resident,
+            measured_weight_bytes=measured or None,
+            weights_read_bytes=full,
+            weights_source=f"routed experts, {moe.source}",
+            experts=RooflineExperts(
+                moe_layers=moe.layers,
+                experts=moe.experts,
+                top_k=moe.top_k,
+                expert_bytes=moe.expert_bytes,
+                router_and_shared_bytes=moe.router_and_shared_bytes,
+                source=moe.source,
+                assumption=UNIFORM_ROUTING,
+            ),
+        ),
+        device=peaks.to_record(),
+        context="upper bound: kv_blocks_used x block_size",
+        phases=by_phase,
+        layers=per_layer,
+        notes=notes,
+        above_peak=any(p.above_peak for p in by_phase.values()) or any(x.above_peak for x in per_layer),
+    )
 
 
 # ---- in words ----------------------------------------------------------------------------------

@@ -72,6 +72,8 @@ class ArchSpec:
     # config values the architecture supports: a port config that sets another cannot be its twin
     supports: Mapping[str, tuple[Any, ...]] = field(default_factory=dict)
     note: str = ""
+    # the twin config's keys for the expert count and the expert MLP size (None: intermediate_size)
+    expert_keys: tuple[str, str | None] = ("num_experts", "moe_intermediate_size")
 
 
 GLOBAL = (
@@ -107,6 +109,13 @@ _MOE = (
     TensorSpec("mlp.experts.{e}.up_proj.weight", ("m", "h"), "expert up projection", "gate_up"),
     TensorSpec("mlp.experts.{e}.down_proj.weight", ("h", "m"), "expert down projection"),
 )
+# Mixtral's experts: the expert MLP is intermediate_size, w1 the gate, w3 the up, w2 the down projection
+_MIXTRAL_MOE = (
+    TensorSpec("block_sparse_moe.gate.weight", ("e", "h"), "router"),
+    TensorSpec("block_sparse_moe.experts.{e}.w1.weight", ("i", "h"), "expert gate projection (w1)", "gate_up"),
+    TensorSpec("block_sparse_moe.experts.{e}.w3.weight", ("i", "h"), "expert up projection (w3)", "gate_up"),
+    TensorSpec("block_sparse_moe.experts.{e}.w2.weight", ("h", "i"), "expert down projection (w2)"),
+)
 _NORMS = (
     TensorSpec("input_layernorm.weight", ("h",), "input norm"),
     TensorSpec("post_attention_layernorm.weight", ("h",), "post-attention norm"),
@@ -134,6 +143,15 @@ ARCHITECTURES: tuple[ArchSpec, ...] = (
         config={"attention_bias": False, "decoder_sparse_step": 1, "mlp_only_layers": []},
         copy=("num_experts_per_tok", "norm_topk_prob"),
         supports=SILU,
+    ),
+    ArchSpec(
+        "MixtralForCausalLM",
+        "mixtral",
+        _ATTN + _MIXTRAL_MOE + _NORMS,
+        needs=("e",),
+        copy=("num_experts_per_tok", "sliding_window"),
+        supports=SILU,
+        expert_keys=("num_local_experts", None),
     ),
     ArchSpec(
         "MistralForCausalLM",
@@ -667,8 +685,10 @@ def twin_config(match: TwinMatch, config: Mapping[str, Any]) -> dict[str, Any]:
     if s.intermediate is not None:
         out["intermediate_size"] = s.intermediate
     if "e" in spec.needs:
-        out["num_experts"] = s.experts
-        out["moe_intermediate_size"] = s.moe_intermediate
+        experts_key, mlp_key = spec.expert_keys
+        out[experts_key] = s.experts
+        if mlp_key is not None:
+            out[mlp_key] = s.moe_intermediate
     if s.eps is not None:
         out["rms_norm_eps"] = s.eps
     if s.max_positions is not None:

@@ -53,6 +53,8 @@ KINDS_BOTH_MODULES: KindTable = (
     ("embedding", ("embedding",), "the token embedding"),
     ("attention", ("attention",), "the self-attention module: q/k/v and output projections, rotary, the attention op"),
     ("mlp", ("mlp",), "the MLP module"),
+    ("router", ("router",), "an MoE block's router (its gate)"),
+    ("experts", ("experts",), "an MoE block's experts: vLLM's fused-MoE op (top-k routing and the experts' GEMMs)"),
     ("norms", ("norm",), "every RMSNorm (per layer and the final one)"),
     ("other", ("other",), "forward time outside the timed modules (residual adds, glue)"),
     ("logits", ("logits",), "the logits processor (LM head)"),
@@ -64,12 +66,18 @@ KINDS_BOTH_CALLS: KindTable = (
     ("other", ("other",), "forward time outside the timed spans"),
     ("logits", ("logits",), "the logits processor (LM head)"),
 )
-DECODER = ("embedding", "attention", "mlp", "norm", "dense", "other")
+DECODER = ("embedding", "attention", "router", "experts", "mlp", "norm", "dense", "other")
 KINDS_MIXED: KindTable = (
     ("decoder", DECODER, "the forward before the logits: embedding, every decoder layer, the final norm"),
     ("logits", ("logits",), "the logits processor (LM head)"),
 )
-LABELS = {"mlp": "MLP", "decoder": "decoder stack", "dense": "dense span (projections, norms, MLP)"}
+LABELS = {
+    "mlp": "MLP",
+    "router": "MoE router",
+    "experts": "MoE experts",
+    "decoder": "decoder stack",
+    "dense": "dense span (projections, norms, MLP or MoE experts)",
+}
 
 
 def fmt_ratio(ratio: float | None) -> str:

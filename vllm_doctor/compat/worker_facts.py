@@ -17,7 +17,7 @@ from torch import nn
 
 from vllm_doctor.compat import worker as wv
 from vllm_doctor.compat.common import hf_text_config, qualname
-from vllm_doctor.compat.weights import is_fused_moe
+from vllm_doctor.compat.weights import is_fused_moe, num_experts
 from vllm_doctor.facts.anatomy import Anatomy
 from vllm_doctor.facts.kv import (
     AttentionLayer,
@@ -415,6 +415,8 @@ def _hf_config(model_config: Any) -> HfShape:
     # experts: a dense decoder's byte count does not describe them (the roofline says so)
     experts = [getattr(cfg, a, None) for a in ("num_local_experts", "n_routed_experts", "num_experts")]
     out["moe"] = any(isinstance(e, int) and not isinstance(e, bool) and e > 1 for e in experts)
+    if out["moe"]:
+        out.update(_moe_sizes(cfg))
     model_type = getattr(cfg, "model_type", None)
     get_head_size = getattr(model_config, "get_head_size", None)
     if callable(get_head_size):
@@ -423,6 +425,32 @@ def _hf_config(model_config: Any) -> HfShape:
         except Exception:
             pass
     return HfShape(model_type=model_type if isinstance(model_type, str) else None, **out)
+
+
+def _moe_sizes(cfg: Any) -> dict[str, int]:
+    """An MoE config's sizes under Mixtral's, Qwen2-MoE's and DeepSeek's keys: routed experts,
+    experts per token, one expert's MLP size, the shared experts' MLP size (Qwen2-MoE's
+    ``shared_expert_intermediate_size``, DeepSeek's ``n_shared_experts x moe_intermediate_size``)."""
+
+    def whole(*keys: str) -> int | None:
+        for key in keys:
+            value = getattr(cfg, key, None)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+        return None
+
+    expert_mlp = whole("moe_intermediate_size", "intermediate_size")
+    shared = whole("shared_expert_intermediate_size")
+    n_shared = whole("n_shared_experts")
+    if shared is None and n_shared and expert_mlp:
+        shared = n_shared * expert_mlp
+    sizes = {
+        "num_experts": whole("num_local_experts", "n_routed_experts", "num_experts"),
+        "num_experts_per_tok": whole("num_experts_per_tok", "moe_top_k", "top_k"),
+        "moe_intermediate_size": expert_mlp,
+        "shared_expert_intermediate_size": shared,
+    }
+    return {k: v for k, v in sizes.items() if v is not None}
 
 
 def attention_layers(worker: Any) -> list[AttentionLayer]:
@@ -545,6 +573,21 @@ def private_pool_bytes(dev: torch.device) -> int | None:
     return total
 
 
+def _expert_bytes(model: nn.Module) -> dict[str, int]:
+    """An MoE's routed experts as the worker holds them: its fused-MoE layers, the experts each
+    holds on this rank, their parameters' bytes (all layers); nothing for a dense model."""
+    fused = [(n, m) for n, m in model.named_modules() if n and is_fused_moe(m)]
+    fused = [(n, m) for n, m in fused if not any(n.startswith(f + ".") for f, _ in fused)]  # topmost only
+    if not fused:
+        return {}
+    counts = [num_experts(m) for _, m in fused]
+    return {
+        "moe_layers": len(fused),
+        "moe_experts": max((c for c in counts if c), default=0),
+        "expert_parameter_bytes": _unique_bytes([p for _, m in fused for p in m.parameters()]),
+    }
+
+
 def memory_record(worker: Any) -> MemoryFacts:
     model = wv.model(worker)
     mr = wv.runner(worker)
@@ -558,6 +601,7 @@ def memory_record(worker: Any) -> MemoryFacts:
             "repacked_weight_bytes_estimate": hidden,
             "repacked_layers": n_hidden,
             "encoder_parameter_bytes": _encoder_bytes(model),
+            **_expert_bytes(model),
         }
     measured: dict[str, int] = {}
     for name in VLLM_MEASURES:

@@ -134,6 +134,12 @@ class HfShape:
     tie_word_embeddings: bool | None = None
     # a mixture of experts (num_local_experts, n_routed_experts or num_experts above 1)
     moe: bool | None = None
+    # its sizes (the routed roofline): routed experts per layer, experts per token, one expert's
+    # MLP size (moe_intermediate_size, else intermediate_size), the shared experts' MLP size
+    num_experts: int | None = None
+    num_experts_per_tok: int | None = None
+    moe_intermediate_size: int | None = None
+    shared_expert_intermediate_size: int | None = None
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> HfShape:

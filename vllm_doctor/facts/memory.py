@@ -63,6 +63,11 @@ class MemoryFacts:
     repacked_layers: int = 0
     # a multimodal model's parameters outside its language model (vision tower, projector)
     encoder_parameter_bytes: int = 0
+    # a mixture of experts: its fused-MoE layers, routed experts per layer on this rank, and
+    # their parameters' bytes (all layers; the routed roofline's per-expert bytes)
+    moe_layers: int = 0
+    moe_experts: int = 0
+    expert_parameter_bytes: int = 0
     kv_bytes: int = 0
     # VLLM_MEASURES this vLLM exposes -> bytes (wire keys "vllm_<name>")
     vllm: dict[str, int] = field(default_factory=dict, metadata=wire.rules(prefix="vllm_"))

@@ -21,7 +21,7 @@ from vllm_doctor.analysis.records import (
     TwinAB,
     WorkloadRun,
 )
-from vllm_doctor.analysis.roofline import fmt_rate, phase_text
+from vllm_doctor.analysis.roofline import fmt_rate, fmt_si_bytes, phase_text
 from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
@@ -343,6 +343,17 @@ def render_roofline(profile: EngineProfile | dict[str, Any]) -> str:
     lines: list[str] = []
     for phase, entry in roof.phases.items():
         lines.append(f"  {'roofline' if not lines else '':<14}{phase_text(phase, entry, roof.device)}")
+    experts = roof.model.experts
+    if experts is not None:
+        read = ", ".join(
+            f"{phase} {e.routed_experts:.3g}" for phase, e in roof.phases.items() if e.routed_experts is not None
+        )
+        lines.append(
+            f"                routed experts: the weights count per MoE layer its router, shared experts and the "
+            f"experts a step's tokens route to, of {experts.experts} (top-{experts.top_k}; {read}): "
+            f"{experts.moe_layers} layer(s), {fmt_si_bytes(experts.expert_bytes)} an expert ({experts.source}); "
+            "assumes uniform routing"
+        )
     for bucket in ("prefill", "decode"):
         timed = [x for x in roof.layers if x.phase == bucket and x.bytes_per_s is not None]
         if not timed:
