@@ -199,6 +199,30 @@ def test_a_mixtral_checkpoint_is_mixtral_with_its_expert_keys() -> None:
     assert isinstance(find_twin(_mixtral_tensors(), CONFIG), NoTwin)
 
 
+def test_a_qwen2_moe_checkpoint_with_a_shared_expert_is_qwen2_moe() -> None:
+    config = CONFIG | {"num_experts": 4, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 96,
+                       "num_experts_per_tok": 2, "model_type": "my_qwen_moe"}
+    tensors = llama_tensors(bias=True)
+    for n in range(DIMS["layers"]):
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            del tensors[f"model.layers.{n}.mlp.{name}.weight"]
+        tensors[f"model.layers.{n}.mlp.gate.weight"] = [4, 128]
+        for e in range(4):
+            p = f"model.layers.{n}.mlp.experts.{e}."
+            tensors |= {p + "gate_proj.weight": [64, 128], p + "up_proj.weight": [64, 128], p + "down_proj.weight": [128, 64]}
+        p = f"model.layers.{n}.mlp.shared_expert."
+        tensors |= {p + "gate_proj.weight": [96, 128], p + "up_proj.weight": [96, 128], p + "down_proj.weight": [128, 96]}
+        tensors[f"model.layers.{n}.mlp.shared_expert_gate.weight"] = [1, 128]
+    got = find_twin(tensors, config)
+    assert isinstance(got, TwinMatch) and (got.architecture, got.weights) == ("Qwen2MoeForCausalLM", "same"), got
+    twin = twin_config(got, config)
+    assert (twin["model_type"], twin["num_experts"], twin["moe_intermediate_size"],
+            twin["shared_expert_intermediate_size"], twin["num_experts_per_tok"]) == ("qwen2_moe", 4, 64, 96, 2)
+    # without the shared expert's size in config.json there is no Qwen2-MoE twin
+    no_shared = {k: v for k, v in config.items() if k != "shared_expert_intermediate_size"}
+    assert isinstance(find_twin(tensors, no_shared), NoTwin)
+
+
 def test_a_forced_architecture_still_checks_the_shapes_and_says_what_disagrees() -> None:
     wrong_heads = CONFIG | {"num_attention_heads": 8}  # q_proj would need 8 x 32 = 256 rows, it has 128
     got = find_twin(llama_tensors(), wrong_heads, forced="LlamaForCausalLM")

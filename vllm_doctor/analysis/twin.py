@@ -41,6 +41,8 @@ SYMBOLS = {
     "v": "vocab_size",
     "e": "num_experts",
     "m": "moe_intermediate_size",
+    "s": "shared_expert_intermediate_size",
+    "1": "1",
 }
 
 
@@ -116,6 +118,14 @@ _MIXTRAL_MOE = (
     TensorSpec("block_sparse_moe.experts.{e}.w3.weight", ("i", "h"), "expert up projection (w3)", "gate_up"),
     TensorSpec("block_sparse_moe.experts.{e}.w2.weight", ("h", "i"), "expert down projection (w2)"),
 )
+# Qwen2-MoE's: the routed experts as Qwen3-MoE's, plus one shared expert and its sigmoid gate
+_QWEN2_MOE = (
+    *_MOE,
+    TensorSpec("mlp.shared_expert.gate_proj.weight", ("s", "h"), "shared expert gate projection", "shared_gate_up"),
+    TensorSpec("mlp.shared_expert.up_proj.weight", ("s", "h"), "shared expert up projection", "shared_gate_up"),
+    TensorSpec("mlp.shared_expert.down_proj.weight", ("h", "s"), "shared expert down projection"),
+    TensorSpec("mlp.shared_expert_gate.weight", ("1", "h"), "shared expert gate"),
+)
 _NORMS = (
     TensorSpec("input_layernorm.weight", ("h",), "input norm"),
     TensorSpec("post_attention_layernorm.weight", ("h",), "post-attention norm"),
@@ -141,6 +151,15 @@ ARCHITECTURES: tuple[ArchSpec, ...] = (
         _ATTN + _QK_NORM + _MOE + _NORMS,
         needs=("e", "m"),
         config={"attention_bias": False, "decoder_sparse_step": 1, "mlp_only_layers": []},
+        copy=("num_experts_per_tok", "norm_topk_prob"),
+        supports=SILU,
+    ),
+    ArchSpec(
+        "Qwen2MoeForCausalLM",
+        "qwen2_moe",
+        _ATTN + _QKV_BIAS + _QWEN2_MOE + _NORMS,
+        needs=("e", "m", "s"),
+        config={"decoder_sparse_step": 1, "mlp_only_layers": []},
         copy=("num_experts_per_tok", "norm_topk_prob"),
         supports=SILU,
     ),
@@ -181,6 +200,7 @@ SIZE_KEYS: dict[str, tuple[str, ...]] = {
     "vocab_size": ("vocab_size", "n_vocab", "padded_vocab_size"),
     "num_experts": ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts"),
     "moe_intermediate_size": ("moe_intermediate_size", "expert_intermediate_size", "moe_ffn_dim"),
+    "shared_expert_intermediate_size": ("shared_expert_intermediate_size",),
 }
 EPS_KEYS = ("rms_norm_eps", "norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rms_eps")
 POSITION_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
@@ -214,6 +234,7 @@ class Sizes:
     tie: bool
     experts: int | None = None
     moe_intermediate: int | None = None
+    shared_intermediate: int | None = None  # Qwen2-MoE's shared expert
     eps: float | None = None
     max_positions: int | None = None
     sources: Mapping[str, str] = field(default_factory=dict)
@@ -228,6 +249,8 @@ class Sizes:
             "v": self.vocab,
             "e": self.experts,
             "m": self.moe_intermediate,
+            "s": self.shared_intermediate,
+            "1": 1,
         }
 
 
@@ -278,6 +301,7 @@ def read_sizes(config: Mapping[str, Any], has_lm_head: bool) -> tuple[Sizes | No
         tie=(not has_lm_head) if tie is None else tie,
         experts=got["num_experts"],
         moe_intermediate=got["moe_intermediate_size"],
+        shared_intermediate=got["shared_expert_intermediate_size"],
         eps=eps,
         max_positions=positions,
         sources=sources,
@@ -689,6 +713,8 @@ def twin_config(match: TwinMatch, config: Mapping[str, Any]) -> dict[str, Any]:
         out[experts_key] = s.experts
         if mlp_key is not None:
             out[mlp_key] = s.moe_intermediate
+    if "s" in spec.needs:
+        out["shared_expert_intermediate_size"] = s.shared_intermediate
     if s.eps is not None:
         out["rms_norm_eps"] = s.eps
     if s.max_positions is not None:
