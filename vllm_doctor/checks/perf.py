@@ -95,7 +95,7 @@ def _twin(facts: Any) -> dict[str, Any] | None:
 # span; an eager port against a compiled twin compares only the whole decoder.
 MEASURED_AS: dict[str, tuple[str, ...]] = {
     "attention": ("attention", "decoder"),  # an eager comparison's attention module, projections included
-    "mlp": ("mlp", "dense", "decoder"),
+    "mlp": ("mlp", "experts", "dense", "decoder"),  # an MoE's MLP is its experts
     "norms": ("norms", "dense", "decoder"),
     "embedding": ("embedding",),
     "logits": ("logits",),
