@@ -31,7 +31,7 @@ from vllm_doctor.engine.clock import WallClock
 from vllm_doctor.engine.extension import DoctorWorkerExtension
 from vllm_doctor.engine.layers import layer_index, module_kind, moe_parts, select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
-from vllm_doctor.engine.profiler import ForwardProfiler, OpenStep
+from vllm_doctor.engine.profiler import MOE_SPAN, ForwardProfiler, OpenStep
 from vllm_doctor.engine.steps import COUNT_FIELDS, StepTracker, counts_dict, phase_of
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
@@ -1607,6 +1607,17 @@ def _compiled_profiler() -> ForwardProfiler:
     prof.layers_enabled = True
     prof.set_boundaries([(a, a.rsplit(".self_attn", 1)[0], i, "FlashAttentionImpl") for i, a in enumerate(ATTN)])
     return prof
+
+
+def test_compiled_mode_names_the_span_that_holds_an_moe_layers_experts() -> None:
+    prof = ForwardProfiler(TickClock(), [], sample_every=1)  # type: ignore[arg-type]
+    prof.set_boundaries(
+        [(a, a.rsplit(".self_attn", 1)[0], i, "FlashAttentionImpl") for i, a in enumerate(ATTN)],
+        frozenset({"model.layers.1"}),
+    )
+    assert prof.timed["model.layers.1 [after attention]"].cls == MOE_SPAN
+    assert "router and experts" in MOE_SPAN and prof.timed["model.layers.1 [after attention]"].kind == "dense"
+    assert prof.timed["model.layers.0 [after attention]"].cls == "projections, norms, MLP until the next attention"
 
 
 def test_compiled_mode_layers_are_cut_at_the_attention_calls() -> None:
