@@ -164,7 +164,8 @@ def kind_table(port: EngineProfile, twin: EngineProfile) -> tuple[dict[str, Twin
     elif tp == tt == TIMING_CALLS:
         table = KINDS_BOTH_CALLS
         not_sep = [
-            "mlp, norms: inside the span between two attention ops on both sides (kind dense)",
+            "mlp, norms: inside the span between two attention ops on both sides (kind dense; an MoE's router "
+            "and experts too: vLLM's fused-MoE op splits no graph)",
             "rotary: inside the span before each attention op on both sides",
         ]
         basis = "both timed at their attention calls (torch.compile or CUDA graphs)"
