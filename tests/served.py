@@ -196,9 +196,17 @@ class ServedEngine:
             from tests.fixtures.entry_points import doctor_entry_point_site
 
             paths.insert(0, str(doctor_entry_point_site(self.tmp / "ep")))
+        # an audit hook in each of the server's processes records the sockets the doctor's code
+        # opens (tests/fixtures/audit_site/sitecustomize.py): the channel is a Unix socket only
+        self.audit_dir = self.tmp / "socket-audit"
+        self.audit_dir.mkdir(exist_ok=True)
+        paths.append(str(REPO_ROOT / "tests" / "fixtures" / "audit_site"))
         paths.append(env.get("PYTHONPATH", ""))
+        # the doctor's plugin only: no dev mode (the doctor reads the workers through its private
+        # channel, a Unix socket in procs_dir, which the plugin creates 0700)
+        env.pop("VLLM_SERVER_DEV_MODE", None)
         env.update(PYTHONPATH=os.pathsep.join(p for p in paths if p), VLLM_DOCTOR="1",
-                   VLLM_DOCTOR_DIR=str(self.procs_dir), VLLM_SERVER_DEV_MODE="1")
+                   VLLM_DOCTOR_DIR=str(self.procs_dir), VLLM_DOCTOR_TEST_AUDIT=str(self.audit_dir))
         self.env = env
 
     def start(self, timeout: float = 300) -> None:
@@ -236,5 +244,12 @@ class ServedEngine:
             **extra,
         })
 
-    def rpc(self, method: str, *args: str) -> list[dict[str, Any]]:
-        return post_json(f"{self.base}/collective_rpc", {"method": method, "args": list(args)})["results"]
+    def rpc(self, method: str, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The doctor's worker method on every worker, through the private channel."""
+        from vllm_doctor.live.channel import ChannelHandle
+
+        handle = ChannelHandle(self.base, timeout=60)
+        try:
+            return handle.rpc(method, options)
+        finally:
+            handle.close()

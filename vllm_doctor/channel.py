@@ -128,7 +128,9 @@ def validate(request: Any) -> tuple[str, dict[str, Any]]:
     table = VERBS[method]
     for key, value in options.items():
         if key not in table:
-            raise ChannelError(f"{method}: unknown option {str(key)[:80]!r} (known: {', '.join(sorted(table)) or 'none'})")
+            raise ChannelError(
+                f"{method}: unknown option {str(key)[:80]!r} (known: {', '.join(sorted(table)) or 'none'})"
+            )
         kind, low, high = table[key]
         if kind is bool:
             if not isinstance(value, bool):

@@ -22,7 +22,9 @@ from vllm_doctor.errors import DoctorInputError
 
 # the dev endpoint is the fallback where no private channel is found (vllm_doctor.live.channel):
 # the fix is the channel, never dev mode
-DEV_MODE_HINT = "start the server with VLLM_DOCTOR=1 as this user: the doctor then reads its workers through a private channel"
+DEV_MODE_HINT = (
+    "start the server with VLLM_DOCTOR=1 as this user: the doctor then reads its workers through a private channel"
+)
 EXTENSION_HINT = (
     "start the server with VLLM_DOCTOR=1 (the doctor's plugin adds its worker extension), or pass "
     f"--worker-extension-cls {EXTENSION_QUALNAME}"
@@ -73,7 +75,8 @@ class HttpEngineHandle:
             detail = exc.read()[:2000].decode(errors="replace")
             if exc.code == 404 and path == "/collective_rpc":
                 why = f"{self.fallback_reason}; " if self.fallback_reason else ""
-                raise ServerError(f"{why}{self.url} has no /collective_rpc endpoint either (HTTP 404)", DEV_MODE_HINT) from None
+                missing = f"{why}{self.url} has no /collective_rpc endpoint either (HTTP 404)"
+                raise ServerError(missing, DEV_MODE_HINT) from None
             raise ServerError(f"{self.url}{path} answered HTTP {exc.code}: {_detail(detail)}") from None
         except OSError as exc:  # URLError, timeouts, refused connections
             reason = getattr(exc, "reason", exc)

@@ -148,7 +148,7 @@ class ChannelServer:
             self._left(key)
 
     def _run(self, key: int, method: str, options: dict[str, Any]) -> bytes:
-        from vllm_doctor.engine.session import worker_lock
+        from vllm_doctor.engine.session import settle, worker_lock
 
         if method == "doctor_detach":
             with self._state:
@@ -157,6 +157,8 @@ class ChannelServer:
             if others:
                 return _ok({"ok": True, "method": method, "pid": os.getpid(), "data": {"kept_for_readers": others}})
         self._use_worker_device()
+        if method == "doctor_collect":
+            settle(self.worker)  # the device's pending events, waited for outside the lock
         lock = worker_lock(self.worker)
         if not lock.acquire(timeout=LOCK_TIMEOUT_S):
             return _error("Busy", f"the worker did not finish its step within {LOCK_TIMEOUT_S:.0f} s")

@@ -48,6 +48,8 @@ def worker_lock(worker: Any) -> threading.RLock:
         with _LOCK_GUARD:
             lock = worker.__dict__.setdefault(LOCK_ATTR, threading.RLock())
     return lock
+
+
 # a timing wrapper: (object, attribute it shadows, the wrapper, the previous instance attribute or None)
 Armed = tuple[Any, str, Any, Any]
 WRAPPED_METHODS = ("execute_model", "sample_tokens")
@@ -55,6 +57,21 @@ WRAPPED_METHODS = ("execute_model", "sample_tokens")
 
 class InjectedFault(RuntimeError):
     """Raised on purpose by a test (``doctor_inject_fault``) to prove crashes are contained."""
+
+
+def settle(worker: Any) -> None:
+    """Wait, without the worker's doctor lock, until the device has run what the profiler
+    recorded so far: a collect from the channel's thread then resolves its events under the
+    lock without waiting on the device, so the worker's next step never waits for the device
+    on the reader's behalf."""
+    session = worker.__dict__.get(SESSION_ATTR)
+    if session is None or session.profiler is None:
+        return
+    with worker_lock(worker):
+        profiler = session.profiler
+        mark = profiler.newest_end() if profiler is not None else None
+    if mark is not None:
+        profiler.clock.wait(mark)  # type: ignore[union-attr]
 
 
 def session_for(worker: Any) -> WorkerSession:

@@ -25,7 +25,7 @@ from vllm_doctor import channel as wire
 from vllm_doctor.compat.http import HttpEngineHandle, ServerError, normalize_url
 from vllm_doctor.compat.llm import ExtensionMissing
 from vllm_doctor.errors import DoctorInputError
-from vllm_doctor.live.proctree import PROC, ProcInfo, discover, port_of
+from vllm_doctor.live.proctree import PROC, discover, port_of
 
 CHANNEL_HINT = "start the server with VLLM_DOCTOR=1 as this user: its workers then open the doctor's private channel"
 
@@ -38,6 +38,7 @@ class ChannelHandle:
     """The workers of the engine at ``url`` (or around ``pid``), through their channel sockets."""
 
     def __init__(self, url: str, timeout: float = 60.0, pid: int | None = None) -> None:
+        self._conns: dict[int, socket.socket] = {}
         self.http = HttpEngineHandle(url, timeout=timeout)
         self.url = self.http.url
         self.timeout = timeout
@@ -46,17 +47,19 @@ class ChannelHandle:
         self.paths: dict[int, str] = {}
         bases = channel_dirs(procs[0].pid if procs else None)
         for base in bases:
-            self.paths = {p.pid: wire.socket_path(p.pid, base) for p in procs if os.path.exists(wire.socket_path(p.pid, base))}
+            self.paths = {
+                p.pid: wire.socket_path(p.pid, base) for p in procs if os.path.exists(wire.socket_path(p.pid, base))
+            }
             if self.paths:
                 self.base = base
                 break
         if not self.paths:
+            where = " or ".join(bases) or "a private directory of this user's"
             raise NoChannel(
                 f"no process of the engine at {self.url} ({len(procs)} processes: "
-                f"{', '.join(p.label() for p in procs[:6])}) has a vllm-doctor channel in {' or '.join(bases) or 'a private directory'}",
+                f"{', '.join(p.label() for p in procs[:6])}) has a vllm-doctor channel in {where}",
                 CHANNEL_HINT,
             )
-        self._conns: dict[int, socket.socket] = {}
 
     # -- transport ----------------------------------------------------------------------------
     def _conn(self, pid: int) -> socket.socket:
@@ -119,7 +122,9 @@ class ChannelHandle:
     def ensure_extension(self, method: str = "doctor_ping") -> list[dict[str, Any]]:
         replies = self.rpc(method)
         if not replies or not all(r.get("ok") for r in replies):
-            raise ExtensionMissing(f"the vllm-doctor channel of the server at {self.url} answered {method} with {str(replies)[:300]}")
+            raise ExtensionMissing(
+                f"the vllm-doctor channel of the server at {self.url} answered {method} with {str(replies)[:300]}"
+            )
         return replies
 
     def served_models(self) -> list[str]:
@@ -203,7 +208,7 @@ def served_engine(url: str, timeout: float = 60.0) -> ChannelHandle | HttpEngine
     except DoctorInputError as exc:  # discover's: a remote host, nobody listening, another user's server
         if isinstance(exc, ServerError):
             raise
-        raise ServerError(exc.message, exc.hint or CHANNEL_HINT) from None
+        raise ServerError(f"cannot reach the vLLM server at {url}: {exc.message}", exc.hint or CHANNEL_HINT) from None
     exposed = exposed_addresses(port_of(url))
     if exposed:
         raise ServerError(
