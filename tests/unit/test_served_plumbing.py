@@ -8,6 +8,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from typing import ClassVar
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -99,7 +100,7 @@ def test_attach_rejects_bad_urls(url: str) -> None:
 
 
 class _NotFound(http.server.BaseHTTPRequestHandler):
-    paths: list[str] = []  # every path asked for, by any instance
+    paths: ClassVar[list[str]] = []  # every path asked for, by any instance
 
     def do_POST(self) -> None:
         self.paths.append(self.path)
