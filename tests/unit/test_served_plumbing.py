@@ -8,9 +8,9 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from typing import ClassVar
 from pathlib import Path
 from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 
