@@ -91,7 +91,8 @@ class ChannelHandle:
         if not isinstance(reply, dict):
             return _failed(method, pid, "BadReply", repr(reply)[:300])
         if not reply.get("ok"):
-            error = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+            raw = reply.get("error")
+            error: dict[str, Any] = raw if isinstance(raw, dict) else {}
             return _failed(method, pid, str(error.get("type", "ChannelError")), str(error.get("message", ""))[:1000])
         envelope = reply.get("reply")
         return envelope if isinstance(envelope, dict) else _failed(method, pid, "BadReply", repr(envelope)[:300])
