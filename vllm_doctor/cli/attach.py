@@ -89,6 +89,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vllm_doctor.live.attach import EngineDoctor, ExtensionMissing, served_engine
+    from vllm_doctor.live.channel import ChannelHandle
     from vllm_doctor.report.profile import render_anatomy, render_profile
 
     progress = progress_printer(args.quiet)
@@ -118,6 +119,14 @@ def run(args: argparse.Namespace) -> int:
             f"attached to {workers} worker(s) of {handle.model_name()} at {handle.url}"
             + (f"; {layers[0]}" if layers and layers[0] else "")
         )
+        unreachable = handle.unreachable_ranks() if isinstance(handle, ChannelHandle) else []
+        if unreachable:  # another node's workers (Ray): their channels are on their own machines
+            names = ", ".join(map(str, unreachable))
+            progress(
+                (f"ranks {names} have" if len(unreachable) > 1 else f"rank {names} has")
+                + f" no channel on this machine (workers on other nodes): the report covers {workers} worker(s) "
+                "reached here; run vllm-doctor on each node for the others"
+            )
         progress(f"profiling the server's traffic for {args.duration:g} s (Ctrl-C to stop early)")
         start = time.monotonic()
         last_note = start

@@ -128,6 +128,18 @@ class ChannelHandle:
             )
         return replies
 
+    def unreachable_ranks(self) -> list[int]:
+        """Ranks of the engine (its world size, as the reachable workers report it) that no
+        channel on this machine answers for: workers on other nodes (Ray), each publishing on
+        its own machine."""
+        replies = [r for r in self.rpc("doctor_anatomy") if r.get("ok") and isinstance(r.get("data"), dict)]
+        if not replies:
+            return []
+        sizes = [r["data"].get("world_size") for r in replies]
+        world = max((s for s in sizes if isinstance(s, int)), default=0)
+        seen = {r["data"].get("rank") for r in replies}
+        return [rank for rank in range(world) if rank not in seen]
+
     def served_models(self) -> list[str]:
         return self.http.served_models()
 
