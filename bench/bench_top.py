@@ -3,9 +3,11 @@
     python bench/bench_top.py [--seconds 60] [--clients 2] [--max-tokens 32] [--out DIR]
     python bench/bench_top.py --url http://127.0.0.1:8011 --clients 64 --max-tokens 128   # a server you run
 
-Without --url it starts one real vLLM server (the example model, ``VLLM_DOCTOR=1
-VLLM_SERVER_DEV_MODE=1``, tests/served.py); with --url it uses that server (start it with the
-same two variables to measure the model panel). ``--clients`` client threads keep sending
+Without --url it starts one real vLLM server (the example model, ``VLLM_DOCTOR=1``, no dev mode:
+the model panel reads the workers through the doctor's private channel; tests/served.py); with
+--url it uses that server (start it with ``VLLM_DOCTOR=1`` to measure the model panel). Each
+phase also reads the CPU time of every engine process by role (API server, engine core,
+workers): a model panel that costs the engine core nothing shows no change in its column. ``--clients`` client threads keep sending
 completions (``ignore_eos``, ``--max-tokens`` each), and three phases of ``--seconds`` each run
 ``--rounds`` times, the order rotated each round (A B C, B C A, C A B, ...: drift and a phase's
 place in the round hit all alike):
@@ -257,7 +259,7 @@ def serve_model(model: Path, extra: list[str], out: Path, timeout: float) -> Any
         paths.insert(0, str(doctor_entry_point_site(out / "ep")))
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
     env.update(PYTHONPATH=os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               VLLM_DOCTOR="1", VLLM_SERVER_DEV_MODE="1")
+               VLLM_DOCTOR="1")
     print(f"serving {model} {' '.join(extra)} (log: {out / 'server.log'})", flush=True)
     return serve(model, out / "server.log", env, extra, timeout=timeout)
 
@@ -374,7 +376,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the first phase")
     ap.add_argument("--serve", type=Path, default=None,
                     help="start `python -m vllm.entrypoints.openai.api_server --model SERVE` with the doctor's "
-                         "plugin (VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1) and use it (bench/make_bench_model.py "
+                         "plugin (VLLM_DOCTOR=1) and use it (bench/make_bench_model.py "
                          "writes one); stopped with its children at the end")
     ap.add_argument("--serve-args", default="", help="more arguments for --serve's server, one string")
     ap.add_argument("--serve-timeout", type=float, default=600.0, help="seconds --serve's server may take to start")

@@ -11,7 +11,7 @@ process. Its RSS is read from /proc/PID/status every 10 s. Prints the RSS after 
 minute (imports and caches are warm) and at the end, and the difference.
 
 With --url, top runs against that real server instead, with the model panel on (start the
-server with ``VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1``) and ``--clients`` threads sending
+server with ``VLLM_DOCTOR=1``) and ``--clients`` threads sending
 completions, so the model channel gathers windows with steps in them all along.
 """
 

@@ -68,15 +68,30 @@ def wait_for_health(base: str, proc: subprocess.Popen[bytes], log_path: Path, ti
 
 
 @contextmanager
-def serve(model: Path, log_path: Path, env: dict[str, str], args: Sequence[str] = SMALL_ENGINE,
-          timeout: float = 300) -> Iterator[Served]:
+def serve(
+    model: Path, log_path: Path, env: dict[str, str], args: Sequence[str] = SMALL_ENGINE, timeout: float = 300
+) -> Iterator[Served]:
     """Start the server, wait for /health, yield it; SIGTERM (then SIGKILL) its process group at the end."""
     port = free_port()
     with open(log_path, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-             "--host", "127.0.0.1", "--port", str(port), *args],
-            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                *args,
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         base = f"http://127.0.0.1:{port}"
         try:
             wait_for_health(base, proc, log_path, timeout)
@@ -112,12 +127,23 @@ def blocking_engine(tmp: Path, args: Sequence[str] = SMALL_ENGINE) -> Iterator[B
     example = build_example(tmp, "forward-blocks", VARIANTS)
     source = example / "site" / "tiny_doctor_forward_blocks" / "model.py"
     line = next(i for i, text in enumerate(source.read_text().splitlines(), 1) if "time.sleep(0.05)" in text)
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DOCTOR")}
-    env.update(PYTHONPATH=os.pathsep.join(p for p in [str(example / "site"), str(REPO_ROOT), env.get("PYTHONPATH", "")] if p),
-               TINY_DOCTOR_BLOCK_FILE=str(tmp / "block"))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DOCTOR")
+    }
+    env.update(
+        PYTHONPATH=os.pathsep.join(p for p in [str(example / "site"), str(REPO_ROOT), env.get("PYTHONPATH", "")] if p),
+        TINY_DOCTOR_BLOCK_FILE=str(tmp / "block"),
+    )
     with serve(example / "model", tmp / "server.log", env, args) as served:
-        yield BlockingEngine(served.base, served.proc.pid, str(example / "model"), tmp / "block",
-                             f"tiny_doctor_forward_blocks/model.py:{line}")
+        yield BlockingEngine(
+            served.base,
+            served.proc.pid,
+            str(example / "model"),
+            tmp / "block",
+            f"tiny_doctor_forward_blocks/model.py:{line}",
+        )
 
 
 def stacks_json(*args: str) -> tuple[int, dict[str, Any]]:
@@ -137,8 +163,11 @@ def by_role(report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 
 def complete(engine: BlockingEngine, max_tokens: int = 4) -> dict[str, Any]:
-    return post_json(f"{engine.base}/v1/completions",
-                     {"model": engine.model, "prompt": "the doctor is in", "max_tokens": max_tokens}, timeout=300)
+    return post_json(
+        f"{engine.base}/v1/completions",
+        {"model": engine.model, "prompt": "the doctor is in", "max_tokens": max_tokens},
+        timeout=300,
+    )
 
 
 @contextmanager
@@ -179,6 +208,8 @@ class ServedEngine:
 
     tmp: Path
     extra_args: list[str] = field(default_factory=list)
+    # the engine's arguments (the small eager CPU engine by default; a GPU test passes its own)
+    engine_args: list[str] = field(default_factory=lambda: list(SMALL_ENGINE))
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
@@ -196,19 +227,45 @@ class ServedEngine:
             from tests.fixtures.entry_points import doctor_entry_point_site
 
             paths.insert(0, str(doctor_entry_point_site(self.tmp / "ep")))
+        # an audit hook in each of the server's processes records the sockets the doctor's code
+        # opens (tests/fixtures/audit_site/sitecustomize.py): the channel is a Unix socket only
+        self.audit_dir = self.tmp / "socket-audit"
+        self.audit_dir.mkdir(exist_ok=True)
+        paths.append(str(REPO_ROOT / "tests" / "fixtures" / "audit_site"))
         paths.append(env.get("PYTHONPATH", ""))
-        env.update(PYTHONPATH=os.pathsep.join(p for p in paths if p), VLLM_DOCTOR="1",
-                   VLLM_DOCTOR_DIR=str(self.procs_dir), VLLM_SERVER_DEV_MODE="1")
+        # the doctor's plugin only: no dev mode (the doctor reads the workers through its private
+        # channel, a Unix socket in procs_dir, which the plugin creates 0700)
+        env.pop("VLLM_SERVER_DEV_MODE", None)
+        env.update(
+            PYTHONPATH=os.pathsep.join(p for p in paths if p),
+            VLLM_DOCTOR="1",
+            VLLM_DOCTOR_DIR=str(self.procs_dir),
+            VLLM_DOCTOR_TEST_AUDIT=str(self.audit_dir),
+        )
         self.env = env
 
     def start(self, timeout: float = 300) -> None:
         self.starts += 1
         self._log = open(self.log, "a")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", self.model,
-             "--host", "127.0.0.1", "--port", str(self.port), "--enforce-eager", "--max-model-len", "256",
-             "--kv-cache-memory-bytes", str(64 * 2**20), *self.extra_args],
-            env=self.env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "vllm.entrypoints.openai.api_server",
+                "--model",
+                self.model,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                *self.engine_args,
+                *self.extra_args,
+            ],
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             wait_for_health(self.base, self.proc, self.log, timeout)
         except RuntimeError:
@@ -231,10 +288,24 @@ class ServedEngine:
             self._log = None
 
     def complete(self, prompt: str, max_tokens: int, **extra: Any) -> dict[str, Any]:
-        return post_json(f"{self.base}/v1/completions", {
-            "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            **extra,
-        })
+        return post_json(
+            f"{self.base}/v1/completions",
+            {
+                "model": self.model,
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                **extra,
+            },
+        )
 
-    def rpc(self, method: str, *args: str) -> list[dict[str, Any]]:
-        return post_json(f"{self.base}/collective_rpc", {"method": method, "args": list(args)})["results"]
+    def rpc(self, method: str, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        """The doctor's worker method on every worker, through the private channel."""
+        from vllm_doctor.live.channel import ChannelHandle
+
+        handle = ChannelHandle(self.base, timeout=60)
+        try:
+            return handle.rpc(method, options)
+        finally:
+            handle.close()

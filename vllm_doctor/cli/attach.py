@@ -26,19 +26,24 @@ from vllm_doctor.model import Severity
 from vllm_doctor.report.write import write_reports
 
 EPILOG = """\
-the server must run with the doctor's plugin and vLLM's dev endpoints (loopback only!):
-  VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1 vllm serve ./my-model --host 127.0.0.1 --enforce-eager
+the server must run with the doctor's plugin, started by the user who runs the doctor, on this
+machine:
+  VLLM_DOCTOR=1 vllm serve ./my-model
 VLLM_DOCTOR=1 makes the plugin add the doctor's worker extension (kept beside any extension of
-your own); VLLM_SERVER_DEV_MODE=1 enables /collective_rpc, through which the doctor reaches the
-workers. Per-layer timing needs --enforce-eager; with CUDA graphs it is per step only.
+your own), and each process that holds a worker opens the doctor's private channel: a Unix socket
+in $TMPDIR/vllm-doctor-<uid> (mode 0700; VLLM_DOCTOR_DIR moves it) that only this user can open.
+No dev mode, no extra port. vLLM's dev endpoint /collective_rpc (VLLM_SERVER_DEV_MODE=1) is used
+only where no channel is found and the server listens on loopback alone; on any other address it
+is refused (anyone who reaches the port could call worker methods). Per-layer timing is finest
+with --enforce-eager; under CUDA graphs it is per piecewise span (docs/engine-stage.md).
 
 While attached, the engine's own traffic is profiled; the first prefill and decode steps are
 probed op by op (VD403/VD404; --no-probe to skip). On exit (after --duration, Ctrl-C, kill or a
 closed terminal) every hook is removed from the workers and the report is printed; --out DIR also writes
 report.json, report.html and trace.json (as `profile`).
 
-exit codes: 0 nothing at or above --fail-on, 1 findings, 2 server unreachable / no extension /
-no /collective_rpc, 3 vllm-doctor failed
+exit codes: 0 nothing at or above --fail-on, 1 findings, 2 server unreachable / no channel (no
+VLLM_DOCTOR=1, another user's server) / dev endpoint refused off loopback, 3 vllm-doctor failed
 
 examples:
   vllm-doctor attach --url http://127.0.0.1:8000 --duration 60 --out prof
@@ -50,8 +55,8 @@ def add_parser(sub: Any) -> None:
     p = sub.add_parser(
         "attach",
         help="attach to a served engine (vllm serve) and profile its traffic",
-        description="Attach to a running `vllm serve` through vLLM's /collective_rpc endpoint, profile the "
-        "forward pass of its real traffic, run the engine-stage checks, detach.",
+        description="Attach to a running `vllm serve` (started with VLLM_DOCTOR=1) through the doctor's private "
+        "channel, profile the forward pass of its real traffic, run the engine-stage checks, detach.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -84,6 +89,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vllm_doctor.live.attach import EngineDoctor, ExtensionMissing, served_engine
+    from vllm_doctor.live.channel import ChannelHandle
     from vllm_doctor.report.profile import render_anatomy, render_profile
 
     progress = progress_printer(args.quiet)
@@ -113,6 +119,14 @@ def run(args: argparse.Namespace) -> int:
             f"attached to {workers} worker(s) of {handle.model_name()} at {handle.url}"
             + (f"; {layers[0]}" if layers and layers[0] else "")
         )
+        unreachable = handle.unreachable_ranks() if isinstance(handle, ChannelHandle) else []
+        if unreachable:  # another node's workers (Ray): their channels are on their own machines
+            names = ", ".join(map(str, unreachable))
+            progress(
+                (f"ranks {names} have" if len(unreachable) > 1 else f"rank {names} has")
+                + f" no channel on this machine (workers on other nodes): the report covers {workers} worker(s) "
+                "reached here; run vllm-doctor on each node for the others"
+            )
         progress(f"profiling the server's traffic for {args.duration:g} s (Ctrl-C to stop early)")
         start = time.monotonic()
         last_note = start

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,9 @@ from vllm_doctor.files import write_text_atomic
 EPILOG = """\
 panels: engine state, throughput, latency (percentiles over --window with n), KV cache, GPUs
 (NVML; on a CPU host the engine processes' CPU%, RSS and threads) and, when the server runs
-with VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1, the model from inside (forward time per step,
-slowest layers, KV bytes, live VD4xx/VD5xx findings). --no-model leaves the model alone.
+with VLLM_DOCTOR=1 (started by this user, on this machine: the doctor's private channel, no dev
+mode), the model from inside (forward time per step, slowest layers, KV bytes, live VD4xx/VD5xx
+findings). --no-model leaves the model alone.
 
 keys: ? what every number is (metric, formula)  p pause  +/- interval  w latency window
       z zoom a panel  r record on/off  q quit
@@ -158,7 +160,7 @@ def _exit_app(app: Any, done: threading.Event) -> None:
 
 
 def run_once(url: str, args: argparse.Namespace) -> int:
-    from vllm_doctor.live.sources import EnginePids, LiveSource
+    from vllm_doctor.live.sources import EnginePids, LiveSource, ModelWindow
 
     source = LiveSource(
         url,
@@ -171,25 +173,29 @@ def run_once(url: str, args: argparse.Namespace) -> int:
         print(f"vllm-doctor: error: {first.metrics.error}", file=sys.stderr)
         source.close()
         return 2
-    time.sleep(args.interval)
-    frame = source.poll()
-    source.close()
+    # the model from inside over the same interval (the private channel; attached, then detached)
+    window = None if args.no_model else ModelWindow(url).open()
+    try:
+        time.sleep(args.interval)
+        frame = source.poll()
+    finally:
+        source.close()
+        model = window.read() if window is not None else None
     if not frame.metrics.ok:
         print(f"vllm-doctor: error: {frame.metrics.error}", file=sys.stderr)
         return 2
     if args.json:
-        print(
-            json.dumps(
-                {"url": url, "interval_s": args.interval, **frame.metrics.to_json(), "devices": frame.devices},
-                indent=2,
-                default=str,
-            )
-        )
+        body = {"url": url, "interval_s": args.interval, **frame.metrics.to_json(), "devices": frame.devices}
+        if model is not None:
+            body["model"] = model
+        print(json.dumps(body, indent=2, default=str))
         return 0
     from vllm_doctor.tui.panels import PANELS
 
+    if model is not None:
+        frame = replace(frame, model=model)
     for key, (title, draw) in PANELS.items():
-        if key in ("model", "history"):
+        if key == "history" or (key == "model" and model is None):
             continue
         print(f"== {title}")
         print(draw(frame, 78).plain.rstrip())

@@ -20,7 +20,11 @@ from vllm_doctor.compat.llm import ExtensionMissing
 from vllm_doctor.constants import EXTENSION_QUALNAME
 from vllm_doctor.errors import DoctorInputError
 
-DEV_MODE_HINT = "start the server with VLLM_SERVER_DEV_MODE=1 (it enables vLLM's /collective_rpc endpoint)"
+# the dev endpoint is the fallback where no private channel is found (vllm_doctor.live.channel):
+# the fix is the channel, never dev mode
+DEV_MODE_HINT = (
+    "start the server with VLLM_DOCTOR=1 as this user: the doctor then reads its workers through a private channel"
+)
 EXTENSION_HINT = (
     "start the server with VLLM_DOCTOR=1 (the doctor's plugin adds its worker extension), or pass "
     f"--worker-extension-cls {EXTENSION_QUALNAME}"
@@ -48,9 +52,11 @@ def normalize_url(url: str) -> str:
 class HttpEngineHandle:
     """A served vLLM engine at ``url`` (``http://host:port``)."""
 
-    def __init__(self, url: str, timeout: float = 60.0) -> None:
+    def __init__(self, url: str, timeout: float = 60.0, fallback_reason: str | None = None) -> None:
         self.url = normalize_url(url)
         self.timeout = timeout
+        # why the doctor uses this endpoint (no private channel found), said in errors and front_end
+        self.fallback_reason = fallback_reason
         self._models: list[str] | None = None
 
     # -- transport ----------------------------------------------------------------------------
@@ -68,7 +74,9 @@ class HttpEngineHandle:
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:2000].decode(errors="replace")
             if exc.code == 404 and path == "/collective_rpc":
-                raise ServerError(f"{self.url} has no /collective_rpc endpoint (HTTP 404)", DEV_MODE_HINT) from None
+                why = f"{self.fallback_reason}; " if self.fallback_reason else ""
+                missing = f"{why}{self.url} has no /collective_rpc endpoint either (HTTP 404)"
+                raise ServerError(missing, DEV_MODE_HINT) from None
             raise ServerError(f"{self.url}{path} answered HTTP {exc.code}: {_detail(detail)}") from None
         except OSError as exc:  # URLError, timeouts, refused connections
             reason = getattr(exc, "reason", exc)

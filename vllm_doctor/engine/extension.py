@@ -74,6 +74,13 @@ TIMED_RPCS = frozenset(
 
 def _envelope(worker: Any, method: str, fn: Callable[[], Any]) -> dict[str, Any]:
     head = {"method": method, "rank": getattr(worker, "rank", None), "pid": os.getpid()}
+    from vllm_doctor.engine.session import worker_lock
+
+    with worker_lock(worker):  # never in the middle of the wrappers' bookkeeping of a step
+        return _call(worker, method, fn, head)
+
+
+def _call(worker: Any, method: str, fn: Callable[[], Any], head: dict[str, Any]) -> dict[str, Any]:
     try:
         from vllm_doctor.engine.session import session_for
 
@@ -98,7 +105,26 @@ def _envelope(worker: Any, method: str, fn: Callable[[], Any]) -> dict[str, Any]
 
 
 class DoctorWorkerExtension:
-    """Methods the doctor calls inside each vLLM worker through ``collective_rpc``."""
+    """Methods the doctor calls inside each vLLM worker through ``collective_rpc`` or the
+    private channel (:mod:`vllm_doctor.engine.channel`)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        """vLLM appends this class to its worker class's bases, so this runs when vLLM creates
+        the worker: with ``VLLM_DOCTOR=1`` the process opens the doctor's private channel to it
+        (a Unix socket in the user's private directory). Never raises for the doctor's sake."""
+        worker = super().__new__(cls)
+        if env_switch("VLLM_DOCTOR"):
+            try:
+                from vllm_doctor.engine import channel
+
+                channel.serve(worker)
+            except Exception as exc:  # the channel is optional; vLLM's start-up is not
+                import logging
+
+                logging.getLogger("vllm_doctor").warning(
+                    "vllm-doctor: no private channel in pid %d: %s: %s", os.getpid(), type(exc).__name__, exc
+                )
+        return worker
 
     def doctor_ping(self) -> dict[str, Any]:
         from vllm_doctor import __version__

@@ -6,8 +6,10 @@ Without ``VLLM_DOCTOR=1`` it returns at once and imports nothing. With it, each 
 - logs one line naming itself (pid, parent, command), so ``vllm serve`` logs show the process
   tree the doctor will talk to;
 - records itself as ``proc-<pid>.json`` in ``VLLM_DOCTOR_DIR`` (default
-  ``$TMPDIR/vllm-doctor-<uid>``), written atomically: the anatomy of a served engine, readable
-  by ``vllm-doctor`` from outside.
+  ``$TMPDIR/vllm-doctor-<uid>``, mode 0700), written atomically: the anatomy of a served
+  engine, readable by ``vllm-doctor`` run by the same user;
+- in a process that holds a worker, opens the doctor's private channel (a Unix socket in the
+  same directory; :mod:`vllm_doctor.engine.channel`), created with the worker.
 
 - in the process that builds the engine config (the ``vllm serve`` API server, or the script
   that creates ``vllm.LLM``), gives every config it builds the doctor's worker extension: if
@@ -18,8 +20,8 @@ Without ``VLLM_DOCTOR=1`` it returns at once and imports nothing. With it, each 
   (``EngineArgs.create_engine_config``), and only with the opt-in set.
 
 It never changes what vLLM computes: the extension only adds ``doctor_*`` methods, idle until
-called. A served engine's workers are then reachable through vLLM's dev endpoint
-``/collective_rpc`` (``VLLM_SERVER_DEV_MODE=1``): ``vllm-doctor attach http://HOST:PORT``.
+called. A served engine's workers are then reachable through the private channel, by the same
+OS user on the same machine: ``vllm-doctor attach http://127.0.0.1:PORT``; no dev mode.
 """
 
 from __future__ import annotations
@@ -38,12 +40,12 @@ def active() -> bool:
 
 
 def record_dir() -> str:
-    base = os.environ.get("VLLM_DOCTOR_DIR")
-    if base:
-        return base
-    import tempfile
+    """The user's private directory (mode 0700, created if missing; refused if anyone else can
+    read it: :func:`vllm_doctor.channel.private_dir`), where each process records itself and
+    the processes that hold a worker put their channel's socket."""
+    from vllm_doctor.channel import private_dir
 
-    return os.path.join(tempfile.gettempdir(), f"vllm-doctor-{os.getuid()}")
+    return private_dir(create=True)
 
 
 _extension_state = "not-tried"  # "installed" | "unsupported" once decided in this process

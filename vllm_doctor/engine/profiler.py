@@ -384,6 +384,15 @@ class ForwardProfiler:
                 return
 
     # -- resolution ----------------------------------------------------------------------------
+    def newest_end(self) -> Any:
+        """The end mark of the newest recorded sample or unsampled step (None if none): once it
+        completed, every earlier one has too (one stream). Called under the worker's doctor lock."""
+        if self.pending:
+            return self.pending[-1].end
+        if self.pending_plain:
+            return self.pending_plain[-1][1]
+        return None
+
     def resolve(self, block: bool) -> None:
         """Turn finished samples into records, in order; on GPU stop at one whose events are
         still running unless ``block``. Events recorded on one stream complete in order: when

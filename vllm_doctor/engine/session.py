@@ -16,6 +16,7 @@ recorded as a crash, that piece is switched off, and vLLM's own call goes on unt
 
 from __future__ import annotations
 
+import threading
 import time
 import traceback
 from typing import Any
@@ -38,6 +39,23 @@ from vllm_doctor.engine.profiler import (
 from vllm_doctor.engine.steps import phase_of
 
 SESSION_ATTR = "_vllm_doctor_session"
+LOCK_ATTR = "_vllm_doctor_lock"
+_LOCK_GUARD = threading.Lock()
+
+
+def worker_lock(worker: Any) -> threading.RLock:
+    """The worker's doctor lock: held by the doctor's ``execute_model`` / ``sample_tokens``
+    wrappers while they run, and by every doctor call into the worker (``collective_rpc`` on the
+    worker's own thread, the private channel's thread), so a call from the channel never reads
+    or changes the session in the middle of a step's bookkeeping. Kept on the worker, not the
+    session: a detach drops the session, the lock stays the one the wrappers hold."""
+    lock = worker.__dict__.get(LOCK_ATTR)
+    if lock is None:
+        with _LOCK_GUARD:
+            lock = worker.__dict__.setdefault(LOCK_ATTR, threading.RLock())
+    return lock
+
+
 # a timing wrapper: (object, attribute it shadows, the wrapper, the previous instance attribute or None)
 Armed = tuple[Any, str, Any, Any]
 WRAPPED_METHODS = ("execute_model", "sample_tokens")
@@ -45,6 +63,21 @@ WRAPPED_METHODS = ("execute_model", "sample_tokens")
 
 class InjectedFault(RuntimeError):
     """Raised on purpose by a test (``doctor_inject_fault``) to prove crashes are contained."""
+
+
+def settle(worker: Any) -> None:
+    """Wait, without the worker's doctor lock, until the device has run what the profiler
+    recorded so far: a collect from the channel's thread then resolves its events under the
+    lock without waiting on the device, so the worker's next step never waits for the device
+    on the reader's behalf."""
+    session = worker.__dict__.get(SESSION_ATTR)
+    if session is None or session.profiler is None:
+        return
+    with worker_lock(worker):
+        profiler = session.profiler
+        mark = profiler.newest_end() if profiler is not None else None
+    if mark is not None:
+        profiler.clock.wait(mark)  # type: ignore[union-attr]
 
 
 def session_for(worker: Any) -> WorkerSession:
@@ -578,8 +611,13 @@ class WorkerSession:
         # after_sample do for a list), a call fewer on each side, measured in bench_engine.py
         own, disabled, clock, prof = self.own_s, self.disabled, time.perf_counter, self.profiler
         assert prof is not None
+        lock = worker_lock(self.worker)
 
         def execute_model(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return step(*args, **kwargs)
+
+        def step(*args: Any, **kwargs: Any) -> Any:
             t0 = clock()
             if "steps" not in disabled:
                 try:
@@ -621,8 +659,13 @@ class WorkerSession:
     def _sample_wrapper(self, original: Any) -> Any:
         own, disabled, clock, prof = self.own_s, self.disabled, time.perf_counter, self.profiler
         assert prof is not None
+        lock = worker_lock(self.worker)
 
         def sample_tokens(*args: Any, **kwargs: Any) -> Any:
+            with lock:
+                return sample(*args, **kwargs)
+
+        def sample(*args: Any, **kwargs: Any) -> Any:
             t = clock()
             try:
                 return original(*args, **kwargs)

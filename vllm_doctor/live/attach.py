@@ -11,9 +11,11 @@ mode) and, for the first prefill and the first decode step, the forward probe. L
 hook and wrapper from the workers.
 
 A served engine is attached the same way by URL (``attach("http://127.0.0.1:8000")``) when it
-runs with ``VLLM_DOCTOR=1`` (the plugin adds the worker extension) and
-``VLLM_SERVER_DEV_MODE=1`` (vLLM's ``/collective_rpc`` endpoint): while attached, the engine's
-real traffic is profiled.
+runs with ``VLLM_DOCTOR=1``: the plugin adds the worker extension, and each process that holds
+a worker opens the doctor's private channel (a Unix socket only this user can open:
+:mod:`vllm_doctor.live.channel`); while attached, the engine's real traffic is profiled. vLLM's
+dev endpoint ``/collective_rpc`` is a fallback for a server without the channel that listens on
+loopback alone.
 """
 
 from __future__ import annotations
@@ -31,15 +33,18 @@ from vllm_doctor.compat.llm import EngineHandle, ExtensionMissing, engine_kwargs
 from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.engine import EngineFacts, RpcReply, WorkerFacts
+from vllm_doctor.live import channel
+from vllm_doctor.live.channel import ChannelHandle
 from vllm_doctor.model import Report, Stage
 from vllm_doctor.probes import environment
 
 __all__ = ["EngineDoctor", "ExtensionMissing", "attach", "build_engine_report", "engine_kwargs", "served_engine"]
 
 
-def served_engine(url: str, timeout: float = 60.0) -> HttpEngineHandle:
-    """A served engine (``vllm serve``) at ``url``; raises ServerError (an input error) for a bad URL."""
-    return HttpEngineHandle(url, timeout=timeout)
+def served_engine(url: str, timeout: float = 60.0) -> ChannelHandle | HttpEngineHandle:
+    """A served engine (``vllm serve``) at ``url``, through its private channel (or the dev
+    endpoint on a loopback-only server); raises ServerError (an input error) with the fix."""
+    return channel.served_engine(url, timeout=timeout)
 
 
 PART_METHODS = {
@@ -81,11 +86,11 @@ class EngineDoctor:
         select: Iterable[str] = (),
         ignore: Iterable[str] = (),
     ) -> None:
-        self.handle: EngineHandle | HttpEngineHandle
-        if isinstance(engine, (EngineHandle, HttpEngineHandle)):
+        self.handle: EngineHandle | HttpEngineHandle | ChannelHandle
+        if isinstance(engine, (EngineHandle, HttpEngineHandle, ChannelHandle)):
             self.handle = engine
         else:
-            self.handle = HttpEngineHandle(engine) if isinstance(engine, str) else EngineHandle(engine)
+            self.handle = served_engine(engine) if isinstance(engine, str) else EngineHandle(engine)
         self.layers = layers
         self.sample_every = sample_every
         self.probe = probe
@@ -201,8 +206,8 @@ def attach(
     """Attach to ``engine``; use as a context manager.
 
     ``engine`` is a ``vllm.LLM`` built with the doctor's worker extension, or the URL of a
-    served engine (``"http://127.0.0.1:8000"``, started with ``VLLM_DOCTOR=1`` and
-    ``VLLM_SERVER_DEV_MODE=1``). Raises :class:`ExtensionMissing` (with the fix) if the engine
+    served engine (``"http://127.0.0.1:8000"``, started with ``VLLM_DOCTOR=1`` by this user: its
+    private channel). Raises :class:`ExtensionMissing` (with the fix) if the engine
     lacks the extension, and :class:`vllm_doctor.compat.http.ServerError` if a URL cannot be
     reached or has no ``/collective_rpc``.
     """

@@ -60,7 +60,7 @@ def glossary() -> list[tuple[str, str, str, str]]:
         (
             "model",
             "fwd per step (prefill/decode)",
-            "doctor_collect via /collective_rpc (worker extension)",
+            "doctor_collect on the private channel (worker extension)",
             "mean forward time of the profiled steps of each phase",
         ),
         (

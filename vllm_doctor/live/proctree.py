@@ -200,7 +200,7 @@ def _tree(root: int, procs: dict[int, RawProc]) -> list[RawProc]:
     return order
 
 
-def _port_of(url: str) -> int:
+def port_of(url: str) -> int:
     text = url if "://" in url else f"http://{url}"
     try:
         parts = urlsplit(text)
@@ -272,7 +272,7 @@ def discover(url: str | None = None, pid: int | None = None) -> list[ProcInfo]:
         raise DoctorInputError("give either a URL or a pid", "--url http://127.0.0.1:8000 or --pid PID")
     procs = _all_procs()
     if url is not None:
-        port = _port_of(url)
+        port = port_of(url)
         holders, hidden = listening_pids(port)
         holders = [p for p in holders if p in procs]
         if not holders and hidden:

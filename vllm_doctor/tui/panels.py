@@ -226,7 +226,7 @@ def devices_panel(frame: Frame, width: int) -> Text:
 def model_panel(frame: Frame, width: int) -> Text:
     out = Text()
     if frame.model is None:
-        out.append("model channel off (start the server with VLLM_DOCTOR=1 VLLM_SERVER_DEV_MODE=1)\n", style="dim")
+        out.append("model channel off (start the server with VLLM_DOCTOR=1, as this user)\n", style="dim")
         return out
     model = ModelSummary.of(frame.model)
     if not model.available and not model.steps:

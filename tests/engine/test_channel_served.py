@@ -1,0 +1,203 @@
+"""The doctor's private channel on a real ``vllm serve`` (the session's server: VLLM_DOCTOR=1, no
+dev mode): hostile and broken readers never reach vLLM or change its outputs; another OS user
+cannot reach it; the doctor's code in the server opens Unix sockets only.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.served import ServedEngine
+from vllm_doctor import channel as wire
+from vllm_doctor.live.proctree import discover
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
+]
+PROMPTS = ["the channel is private", "nobody else gets in"]
+
+
+def _outputs(server: ServedEngine) -> list[tuple[str, list[float]]]:
+    out = []
+    for prompt in PROMPTS:
+        choice = server.complete(prompt, 6, logprobs=1)["choices"][0]
+        out.append((choice["text"], choice["logprobs"]["token_logprobs"]))
+    return out
+
+
+def _sockets(server: ServedEngine) -> list[Path]:
+    paths = sorted(server.procs_dir.glob(f"{wire.SOCKET_PREFIX}*{wire.SOCKET_SUFFIX}"))
+    assert paths, f"no channel socket in {server.procs_dir}: {sorted(p.name for p in server.procs_dir.iterdir())}"
+    return paths
+
+
+def _talk(path: Path, payload: bytes, read: bool = True) -> Any:
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(30)
+        s.connect(str(path))
+        s.sendall(payload)
+        if not read:
+            return None
+        try:
+            return wire.recv_frame(s, wire.MAX_REPLY)
+        except EOFError:
+            return "closed"
+
+
+def _wait_detached(server: ServedEngine, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        (status,) = server.rpc("doctor_status")
+        if not status["data"]["profiling"] or time.monotonic() > deadline:
+            return status["data"]
+        time.sleep(0.2)
+
+
+def test_the_channel_is_private_to_the_servers_user(served_engine: ServedEngine) -> None:
+    mode = served_engine.procs_dir.stat().st_mode & 0o777
+    assert mode == 0o700, oct(mode)
+    for path in _sockets(served_engine):
+        assert path.is_socket() and path.stat().st_mode & 0o777 == 0o600
+    # the socket belongs to a process of the server's tree (a worker holder), named by its pid
+    pids = {p.pid for p in discover(url=served_engine.base)}
+    assert {int(p.name[len(wire.SOCKET_PREFIX) : -len(wire.SOCKET_SUFFIX)]) for p in _sockets(served_engine)} <= pids
+
+
+def test_hostile_messages_and_a_killed_reader_leave_the_engine_serving_the_same_outputs(
+    served_engine: ServedEngine,
+) -> None:
+    before = _outputs(served_engine)
+    path = _sockets(served_engine)[0]
+    replies = {
+        "unknown verb": _talk(path, wire.encode({"v": 1, "method": "load_model"})),
+        "test hook": _talk(path, wire.encode({"v": 1, "method": "doctor_inject_fault", "options": {"where": "steps"}})),
+        "bad option": _talk(path, wire.encode({"v": 1, "method": "doctor_install", "options": {"sample_every": -3}})),
+        "unknown option": _talk(path, wire.encode({"v": 1, "method": "doctor_collect", "options": {"path": "/etc"}})),
+        "not an object": _talk(path, wire.encode([1, 2])),  # type: ignore[arg-type]
+        "not JSON": _talk(path, struct.pack(">I", 6) + b"\x00\xffnope"),
+        "oversized": _talk(path, struct.pack(">I", 2**31) + b"x" * 100),
+        "old protocol": _talk(path, wire.encode({"v": 0, "method": "doctor_ping"})),
+    }
+    for name, reply in replies.items():
+        assert isinstance(reply, dict) and reply["ok"] is False and reply["error"]["type"] == "BadRequest", (
+            name,
+            reply,
+        )
+    assert "over the limit" in replies["oversized"]["error"]["message"]
+    assert "unknown verb 'doctor_inject_fault'" in replies["test hook"]["error"]["message"]
+    # half a frame, then silence: the server gives up on it (it never reaches the worker)
+    _talk(path, struct.pack(">I", 100) + b'{"v": 1', read=False)
+    # a reader that attaches, asks for the profile and is killed before it reads the reply
+    reader = textwrap.dedent(f"""
+        import os, signal, socket, sys
+        sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+        from vllm_doctor import channel as wire
+        s = socket.socket(socket.AF_UNIX); s.connect({str(path)!r})
+        s.sendall(wire.encode({{"v": 1, "method": "doctor_install", "options": {{"layers": True, "sample_every": 1}}}}))
+        assert wire.recv_frame(s, wire.MAX_REPLY)["reply"]["ok"]
+        print("attached", flush=True)
+        sys.stdin.readline()
+        s.sendall(wire.encode({{"v": 1, "method": "doctor_collect", "options": {{"timeline": True}}}}))
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", reader], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdin is not None
+    assert proc.stdout.readline().strip() == "attached"
+    (status,) = served_engine.rpc("doctor_status")
+    assert status["data"]["profiling"] is True  # the killed reader had attached
+    during = _outputs(served_engine)  # served while attached, per layer on every step
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    assert proc.wait(timeout=60) == -signal.SIGKILL
+    # the reader is gone: the server detaches it, nothing of the doctor stays in the worker
+    status = _wait_detached(served_engine)
+    assert status["profiling"] is False and status["wrapped_methods"] == [], status
+    assert status["model_hook_counts"] == {"forward_pre_hooks": 0, "forward_hooks": 0}
+    after = _outputs(served_engine)
+    assert before == during == after  # the same tokens and logprobs
+    # nine readers at once: the ninth is refused, the others served
+    held = [socket.socket(socket.AF_UNIX) for _ in range(8)]
+    try:
+        for s in held:
+            s.connect(str(path))
+        refused = _talk(path, wire.encode({"v": 1, "method": "doctor_ping"}))
+        assert refused["ok"] is False and refused["error"]["type"] == "Refused", refused
+    finally:
+        for s in held:
+            s.close()
+    deadline = time.monotonic() + 30
+    while True:  # the held connections' threads notice the close
+        reply = _talk(path, wire.encode({"v": 1, "method": "doctor_ping"}))
+        if reply["ok"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert reply["ok"] and reply["reply"]["ok"], reply
+
+
+def test_another_os_user_cannot_reach_the_channel(served_engine: ServedEngine) -> None:
+    """``nobody`` gets EACCES on the socket (the directory is 0700), and cannot attach."""
+    if os.geteuid() != 0:
+        pytest.skip(f"running a reader as another user needs root (this test runs as uid {os.geteuid()})")
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if python is None:
+        pytest.skip("no system python3 that the user nobody can run")
+    import pwd
+
+    nobody = pwd.getpwnam("nobody")
+    paths = [str(p) for p in _sockets(served_engine)]
+    probe = textwrap.dedent(f"""
+        import json, socket
+        out = {{}}
+        for path in {paths!r}:
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(path)
+                s.sendall(b"\\x00\\x00\\x00\\x20" + b'{{"v": 1, "method": "doctor_ping"}}')
+                out[path] = "connected: " + repr(s.recv(200))
+            except OSError as exc:
+                out[path] = type(exc).__name__
+        print(json.dumps(out))
+    """)
+
+    def as_nobody() -> None:
+        os.setgroups([])
+        os.setgid(nobody.pw_gid)
+        os.setuid(nobody.pw_uid)
+
+    proc = subprocess.run([python, "-c", probe], preexec_fn=as_nobody, capture_output=True, text=True,
+                          timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin", "HOME": "/"})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert set(json.loads(proc.stdout).values()) == {"PermissionError"}, proc.stdout
+    (status,) = served_engine.rpc("doctor_status")
+    assert status["data"]["profiling"] is False
+
+
+def test_the_doctor_opens_unix_sockets_only_in_the_server(served_engine: ServedEngine) -> None:
+    """Every socket the doctor's code created or bound in the server's processes (recorded by an
+    audit hook in each: tests/fixtures/audit_site) is a Unix socket: the channel adds no TCP
+    listener to what vLLM opens."""
+    served_engine.rpc("doctor_ping")
+    pids = {p.pid for p in discover(url=served_engine.base)}
+    records = []
+    for pid in pids:
+        path = served_engine.audit_dir / f"{pid}.jsonl"
+        if path.exists():
+            records += [json.loads(line) for line in path.read_text().splitlines()]
+    binds = [r for r in records if r["event"] == "socket.bind"]
+    assert binds, f"no socket bound by the doctor's code in {sorted(pids)}: the audit hook saw {records}"
+    assert {r["family"] for r in records} == {int(socket.AF_UNIX)}, records
+    assert all(wire.SOCKET_PREFIX in r["address"] for r in binds), binds
