@@ -238,6 +238,8 @@ def render_profile(
     for m in prof.memory:
         parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in m.parts.items())
         lines.append(f"  memory (rank {m.rank}) {parts} of {fmt_bytes(m.total)} ({m.total_source})")
+    if prof.quantization is not None and prof.quantization.text:
+        lines.append(f"  quantization  {prof.quantization.text}")
     roofline = render_roofline(prof)
     if roofline:
         lines.append(roofline)
@@ -343,6 +345,8 @@ def render_roofline(profile: EngineProfile | dict[str, Any]) -> str:
     lines: list[str] = []
     for phase, entry in roof.phases.items():
         lines.append(f"  {'roofline' if not lines else '':<14}{phase_text(phase, entry, roof.device)}")
+    if roof.model is not None and roof.model.weights_quantized:
+        lines.append(f"                weights: {roof.model.weights_quantized}")
     for bucket in ("prefill", "decode"):
         timed = [x for x in roof.layers if x.phase == bucket and x.bytes_per_s is not None]
         if not timed:
