@@ -440,7 +440,7 @@ class RooflineModel(Record):
     weights_read_bytes: float = 0.0
     weights_source: str | None = None
     weights_quantized: str | None = field(
-        default=None, metadata=_doc("the quantized weights in words (dtype, method, layers, bytes); None: not quantized")
+        default=None, metadata=_doc("the quantized weights in words (dtype, method, layers, bytes); None: none")
     )
 
 
@@ -877,6 +877,15 @@ class TwinWorkload(Record):
 
 
 @dataclass(frozen=True)
+class TwinQuant(Record):
+    """Which layers run quantized on each side of the A/B, in words (None: that side is not quantized)."""
+
+    port: str | None = None
+    twin: str | None = None
+    same: bool = field(default=False, metadata=_doc("both sides run the same methods with the same weight storage"))
+
+
+@dataclass(frozen=True)
 class TwinAB(Record):
     """``report.profiles["twin"]``: the port against vLLM's in-tree twin, or why there is none
     (``none``, one line)."""
@@ -900,6 +909,9 @@ class TwinAB(Record):
     kinds_per: str | None = None
     not_separable: list[str] = field(default_factory=list)
     largest_gap: TwinGap = field(default_factory=TwinGap)
+    quantization: TwinQuant | None = field(
+        default=None, metadata=_doc("each side's quantization (profiles.engine.quantization); None: neither side's")
+    )
 
 
 # ---- what a worker's profile reply holds ---------------------------------------------------------

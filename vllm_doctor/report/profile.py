@@ -396,6 +396,12 @@ def render_twin(twin: TwinAB | dict[str, Any] | None) -> str:
     ]
     lines += [f"  note          {n}" for n in ab.match.notes]
     lines.append(f"  execution     port {execution_text(ab.execution.port)}, twin {execution_text(ab.execution.twin)}")
+    q = ab.quantization
+    if q is not None:
+        same = "the same on both sides" if q.same else "NOT the same on both sides: the A/B compares different weights"
+        lines.append(f"  quantization  {same}")
+        lines.append(f"    port        {q.port or 'not quantized'}")
+        lines.append(f"    twin        {q.twin or 'not quantized'}")
     lines.append(
         f"  throughput    port {_tok(ab.port_tok_s)} tok/s, twin {_tok(ab.twin_tok_s)} tok/s "
         f"(output tokens over the whole workload): twin/port = {fmt_ratio(ab.throughput_ratio)}"
