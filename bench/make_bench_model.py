@@ -21,6 +21,15 @@ with ``--engine-arg load_format=dummy`` by both runs.
 
     python bench/make_bench_model.py /tmp/port-8b --size 8b --port
     PYTHONPATH=/tmp/ex/ok/site vllm-doctor profile /tmp/port-8b --out prof --twin auto --engine-arg load_format=dummy
+
+``--fp8-8b`` writes the quantized example port (examples/quant: ``TinyDoctorForCausalLM`` with
+``quant_config`` on its linear layers) at Llama-3-8B's shape with quant-fp8's compressed-tensors
+W8A8 FP8 config (float8_e4m3fn weights, per-channel scales, dynamic per-token activations):
+OUT/model (config.json and a tokenizer, no checkpoint: load it with ``load_format=dummy``) and
+OUT/site (the plugin: put it on PYTHONPATH).
+
+    python bench/make_bench_model.py /tmp/fp8-8b --fp8-8b
+    PYTHONPATH=/tmp/fp8-8b/site vllm-doctor profile /tmp/fp8-8b/model --out prof --engine-arg load_format=dummy
 """
 
 from __future__ import annotations
@@ -126,6 +135,45 @@ def write_vl(out: Path) -> Path:
     return model
 
 
+def write_fp8_8b(out: Path) -> Path:
+    """The quantized example port at Llama-3-8B's shape with an FP8 quantization_config (see the module
+    docstring): OUT/model (config.json, tokenizer) and OUT/site (the plugin as make_examples.py builds it)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from tests.fixtures.engine_models import write_tokenizer
+
+    model, site = out / "model", out / "site"
+    model.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="fp8-8b-") as tmp:
+        repo = Path(__file__).resolve().parent.parent
+        cmd = [sys.executable, str(repo / "examples" / "make_examples.py"), tmp, "--only", "quant-fp8"]
+        subprocess.run(cmd, check=True, capture_output=True)
+        built = Path(tmp) / "quant-fp8"
+        if site.exists():
+            shutil.rmtree(site)
+        shutil.copytree(built / "site", site)
+        tiny = json.loads((built / "model" / "config.json").read_text())
+    config = {
+        "architectures": tiny["architectures"],
+        "model_type": tiny["model_type"],
+        **SIZES["8b"],
+        "vocab_size": VOCAB,
+        "max_position_embeddings": 4096,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
+        "quantization_config": tiny["quantization_config"],
+    }
+    (model / "config.json").write_text(json.dumps(config, indent=2))
+    write_tokenizer(model, VOCAB, ["client", "request", "says", "hello", "the", "a", "of", "and", "to", "in", "is"])
+    return model
+
+
 def write_hole_checkpoint(path: Path, config: dict[str, Any]) -> None:
     """A safetensors file of HF Llama names and shapes (bf16) whose data region is a hole."""
     write_hole_file(path, llama_shapes(config))
@@ -204,8 +252,16 @@ def main() -> None:
     ap.add_argument(
         "--vl-7b", action="store_true", help="the vision-language port at LLaVA-1.5-7B's shape (OUT/model, OUT/site)"
     )
+    ap.add_argument(
+        "--fp8-8b",
+        action="store_true",
+        help="the quantized example port at Llama-3-8B's shape, compressed-tensors W8A8 FP8 (OUT/model, OUT/site)",
+    )
     args = ap.parse_args()
-    print(write_vl(args.out) if args.vl_7b else write(args.out, args.size, args.port))
+    if args.fp8_8b:
+        print(write_fp8_8b(args.out))
+    else:
+        print(write_vl(args.out) if args.vl_7b else write(args.out, args.size, args.port))
 
 
 if __name__ == "__main__":

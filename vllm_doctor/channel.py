@@ -48,6 +48,7 @@ VERBS: dict[str, dict[str, tuple[type, int | None, int | None]]] = {
     "doctor_placement": {},
     "doctor_kv": {},
     "doctor_memory": {},
+    "doctor_quant": {},
     "doctor_install": {
         "layers": (bool, None, None),
         "sample_every": (int, 1, 100_000),

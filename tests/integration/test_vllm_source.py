@@ -65,7 +65,7 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ("vllm.compilation.cuda_graph", "CUDAGraphWrapper"): "unwrap",
     # configs
     ("vllm.config.vllm", "VllmConfig"): (
-        "model_config cache_config parallel_config scheduler_config compilation_config profiler_config"
+        "model_config cache_config parallel_config scheduler_config compilation_config profiler_config quant_config"
     ),
     ("vllm.config.compilation", "CompilationConfig"): "static_forward_context mode|level cudagraph_mode",
     ("vllm.config.model", "ModelConfig"): (
@@ -110,7 +110,23 @@ CLASS_READS: dict[tuple[str, str], str] = {
         "kv_sharing_target_layer_name"
     ),
     # parallel layers (worker_facts: shard dimensions, repacked CPU weights)
-    ("vllm.model_executor.layers.linear", "LinearBase"): "tp_size params_dtype",
+    ("vllm.model_executor.layers.linear", "LinearBase"): "tp_size params_dtype quant_method",
+    # each layer's quantization method and weights (compat/quant.py, doctor_quant)
+    ("vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding"): "quant_method",
+    ("vllm.model_executor.layers.quantization.base_config", "QuantizationConfig"): "get_name",
+    ("vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors", "CompressedTensorsConfig"): (
+        "ignore"
+    ),
+    ("vllm.model_executor.layers.quantization.fp8", "Fp8Config"): "ignored_layers",
+    ("vllm.model_executor.layers.quantization.auto_awq", "AutoAWQConfig"): "modules_to_not_convert",
+    (
+        "vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_wNa16",
+        "CompressedTensorsWNA16",
+    ): ("num_bits"),
+    (
+        "vllm.model_executor.layers.quantization.compressed_tensors.schemes.compressed_tensors_w8a8_fp8",
+        "CompressedTensorsW8A8Fp8",
+    ): ("weight_quant"),
     ("vllm.model_executor.layers.linear", "ColumnParallelLinear"): "input_size_per_partition output_size_per_partition",
     ("vllm.model_executor.layers.linear", "RowParallelLinear"): "input_size_per_partition output_size_per_partition",
     # the engine as the doctor's own process sees it (compat/llm.py)
@@ -141,7 +157,7 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ("vllm.model_executor.models.registry", "_RegisteredModel"): "model_cls load_model_cls",
     # what the weights pass reads of a class's checkpoint-name mapper (compat/weights.py, VD313):
     # the class attribute, its prefix/suffix/substring tables, and the renaming of one name
-    ("vllm.model_executor.models.interfaces", "SupportsQuant"): "hf_to_vllm_mapper",
+    ("vllm.model_executor.models.interfaces", "SupportsQuant"): "hf_to_vllm_mapper packed_modules_mapping",
     ("vllm.model_executor.models.utils", "WeightsMapper"): (
         "orig_to_new_prefix orig_to_new_suffix orig_to_new_substr map_name|_map_name"
     ),
@@ -173,7 +189,9 @@ MODULE_NAMES: dict[str, str] = {
 # module -> attributes its code sets on objects of other classes (and weight attributes)
 MODULE_WRITES: dict[str, str] = {
     "vllm.compilation.decorators": "do_not_compile",  # @support_torch_compile, on the model
-    "vllm.model_executor.layers.utils": "cpu_linear",  # the CPU backend's repacked GEMM, on a linear layer
+    "vllm.model_executor.layers.utils": "cpu_linear",
+    # compressed-tensors' scheme, on each layer it quantizes (compat/quant.py)
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors": "scheme",  # the CPU backend's repacked GEMM, on a linear layer
     "vllm.model_executor.layers.linear": "input_dim output_dim",  # set_weight_attrs on the weights
     "vllm.multimodal.registry": "_processor_factory",  # register_processor, on the model class
 }
@@ -183,6 +201,7 @@ NOT_VLLM: dict[str, str] = {
     "__name__": "a Python function or class",
     "__vllm_doctor_wrapper__": "the doctor's mark on its own wrappers",
     "_doctor_perf": "the doctor's cache of the module tree on its own extension (engine/extension.py)",
+    "_doctor_quant": "the doctor's cache of the layers' quantization on its own extension (engine/extension.py)",
     "_extra_content": "transformers' CONFIG_MAPPING (AutoConfig.register)",
     "compute_logits": "the user's model class (VD2xx)",
     "embed_input_ids": "the user's model class (VD2xx)",
@@ -226,7 +245,14 @@ NOT_VLLM: dict[str, str] = {
     "vllm.utils": "a module path (supports_kw's older home)",
     "vllm.utils.func_utils": "a module path (MODULE_NAMES checks supports_kw there)",
 }
-SCANNED = ["compat/worker.py", "compat/worker_facts.py", "compat/llm.py", "compat/runtime.py", "compat/common.py"]
+SCANNED = [
+    "compat/worker.py",
+    "compat/worker_facts.py",
+    "compat/quant.py",
+    "compat/llm.py",
+    "compat/runtime.py",
+    "compat/common.py",
+]
 SCANNED_DIRS = ["engine"]
 # where vLLM's start-up functions live (compat/startup.PHASE_OF_FUNCTION names them)
 STARTUP_PACKAGES = ("vllm/v1/worker/", "vllm/v1/engine/", "vllm/v1/executor/", "vllm/v1/core/")

@@ -33,7 +33,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     # gateways to foreign APIs (vLLM, torch, transformers, NVML); worker-side readers of vLLM
     "compat": {"constants", "errors", "model", "facts"},
     # runs INSIDE vLLM's processes: reads vLLM objects only through the worker-side gateways
-    "engine": {"constants", "files", "channel", "compat.common", "compat.worker", "compat.worker_facts"},
+    "engine": {"constants", "files", "channel", "compat.common", "compat.worker", "compat.worker_facts", "compat.quant"},
     # collectors (in process or in a child)
     "probes": {"constants", "errors", "model", "facts", "compat", "files"},
     # pure logic over facts
@@ -217,11 +217,12 @@ def test_package_root_is_lazy() -> None:
 
 
 # the worker-side records of facts/: the worker imports them (compat.worker_facts builds them)
-WIRE_RECORDS = ("wire", "anatomy", "placement", "kv", "memory", "perf")
+WIRE_RECORDS = ("wire", "anatomy", "placement", "kv", "memory", "perf", "quant")
 # the engine stage's check modules, one per topic (attention: VD208, the model's contract seen in the engine)
 ENGINE_CHECK_MODULES = {
     "startup": "start-up",
     "placement": "placement",
+    "quant_layers": "placement",
     "probe": "probe",
     "ranks": "ranks",
     "kv_cache": "kv-cache",

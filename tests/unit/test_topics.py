@@ -24,7 +24,8 @@ def test_the_assertions_fail_on_the_same_codes_as_their_old_lists() -> None:
     assert assertion_codes(WEIGHT_TOPICS) == {
         "VD301", "VD302", "VD303", "VD306", "VD307", "VD308", "VD311", "VD312", "VD313",
     }  # fmt: skip
-    assert assertion_codes(PLACEMENT_TOPICS) == {"VD401", "VD402", "VD500"}
+    # and VD407 (a linear layer left unquantized in a quantized model) since it came
+    assert assertion_codes(PLACEMENT_TOPICS) == {"VD401", "VD402", "VD407", "VD500"}
     assert assertion_codes(KV_TOPICS) == {"VD500", "VD501", "VD504"}
 
 

@@ -11,6 +11,7 @@ from dataclasses import fields, replace
 from itertools import compress
 from typing import Any
 
+from vllm_doctor.analysis.quant import quant_summary
 from vllm_doctor.analysis.records import (
     PHASES,
     DoctorOverhead,
@@ -774,6 +775,7 @@ def summarize(facts: EngineFacts, timeline: bool = True) -> EngineProfile:
         encoder_cache=profile.encoder_cache,
         doctor_overhead=doctor_overhead(profile, steps),
         roofline=engine_roofline(primary, steps, phases, layers, kv.block_size),
+        quantization=quant_summary(primary.quant),
         per_rank=per_rank,
         rank_imbalance=rank_imbalance(per_rank) if per_rank else {},
     )

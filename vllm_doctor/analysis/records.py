@@ -440,6 +440,9 @@ class RooflineModel(Record):
     weights_read_bytes: float = 0.0
     weights_source: str | None = None
     experts: RooflineExperts | None = None  # a mixture of experts: what a step reads of them
+    weights_quantized: str | None = field(
+        default=None, metadata=_doc("the quantized weights in words (dtype, method, layers, bytes); None: none")
+    )
 
 
 @dataclass(frozen=True)
@@ -588,6 +591,49 @@ class RankImbalance(Record):
 
 
 @dataclass(frozen=True)
+class QuantGroup(Record):
+    """The linear layers that run one quantization method with one weight storage."""
+
+    method: str = ""  # the scheme ("W8A8Int8") or the method ("Fp8Linear")
+    weight_dtype: str | None = field(
+        default=None, metadata=_doc("what a weight element is: int8, float8_e4m3fn, int4 packed in int32")
+    )
+    layers: int = 0
+    weight_bytes: int = 0
+    other_bytes: int = field(default=0, metadata=_doc("scales, zero points and biases of those layers"))
+    in_kernel: bool = field(
+        default=False, metadata=_doc("vLLM's CPU kernel holds the weights: bytes from shape x bits")
+    )
+
+
+@dataclass(frozen=True)
+class QuantUnquantized(Record):
+    """A layer that runs without the checkpoint's quantization."""
+
+    name: str = ""
+    kind: str | None = None  # "linear", "lm_head", "embedding", "experts"
+    method: str | None = None  # "UnquantizedLinearMethod"
+    weight_dtype: str | None = None
+    weight_bytes: int | None = None
+    ignored: bool = field(default=False, metadata=_doc("the quantization config's ignore list names it"))
+
+
+@dataclass(frozen=True)
+class QuantSummary(Record):
+    """``profiles["engine"]["quantization"]``: which layers run quantized (the worker's doctor_quant)."""
+
+    method: str | None = field(
+        default=None, metadata=_doc("the quantization config's name: compressed-tensors, fp8, ...")
+    )
+    linear_layers: int = 0
+    quantized_linear_layers: int = 0
+    groups: list[QuantGroup] = field(default_factory=list)
+    unquantized: list[QuantUnquantized] = field(default_factory=list)
+    ignore: list[str] = field(default_factory=list, metadata=_doc("the config's list of modules left unquantized"))
+    text: str = ""
+
+
+@dataclass(frozen=True)
 class EngineProfile(Record):
     """``report.profiles["engine"]``: the primary rank's steps, phases, layers, KV usage, memory
     of every rank, the roofline, the time accounting and the doctor's own cost."""
@@ -619,6 +665,7 @@ class EngineProfile(Record):
     rank_imbalance: dict[str, RankImbalance] = field(default_factory=dict)
     time_accounting: TimeAccounting | None = None
     encoder_cache: EncoderCacheUse | None = None
+    quantization: QuantSummary | None = None
     host_span_s: list[float] | None = field(
         default=None,
         metadata=_doc("[first step's start, last step's end] on the host's monotonic clock (perf_counter; "
@@ -846,6 +893,15 @@ class TwinWorkload(Record):
 
 
 @dataclass(frozen=True)
+class TwinQuant(Record):
+    """Which layers run quantized on each side of the A/B, in words (None: that side is not quantized)."""
+
+    port: str | None = None
+    twin: str | None = None
+    same: bool = field(default=False, metadata=_doc("both sides run the same methods with the same weight storage"))
+
+
+@dataclass(frozen=True)
 class TwinAB(Record):
     """``report.profiles["twin"]``: the port against vLLM's in-tree twin, or why there is none
     (``none``, one line)."""
@@ -869,6 +925,9 @@ class TwinAB(Record):
     kinds_per: str | None = None
     not_separable: list[str] = field(default_factory=list)
     largest_gap: TwinGap = field(default_factory=TwinGap)
+    quantization: TwinQuant | None = field(
+        default=None, metadata=_doc("each side's quantization (profiles.engine.quantization); None: neither side's")
+    )
 
 
 # ---- what a worker's profile reply holds ---------------------------------------------------------

@@ -503,6 +503,11 @@ def engine_roofline(
     measured = 0
     if mem is not None:
         measured = mem.parameter_bytes + mem.repacked_weight_bytes_estimate - mem.encoder_parameter_bytes
+    held, quantized = quantized_weights(worker)
+    if measured and held:  # quantized weights a CPU kernel holds outside the parameters
+        measured += held
+    if quantized:
+        notes.append(f"the weights are quantized: {quantized}")
     if mem is not None and mem.encoder_parameter_bytes:
         notes.append(
             f"the decoder's figures: the encoder's {fmt_bytes(mem.encoder_parameter_bytes)} of weights (vision tower, "
@@ -541,6 +546,7 @@ def engine_roofline(
             measured_weight_bytes=measured or None,
             weights_read_bytes=weights_read,
             weights_source=source,
+            weights_quantized=quantized,
         ),
         device=peaks.to_record(),
         context="upper bound: kv_blocks_used x block_size",
@@ -549,6 +555,31 @@ def engine_roofline(
         notes=notes,
         above_peak=any(p.above_peak for p in by_phase.values()) or any(x.above_peak for x in per_layer),
     )
+
+
+def quantized_weights(worker: WorkerFacts) -> tuple[int, str | None]:
+    """The quantized weights the roofline reads (the worker's ``doctor_quant``): the bytes that vLLM's
+    CPU kernels hold outside the model's parameters (no parameter count sees them), and the weights
+    in words: ``int8 (compressed-tensors W8A8Int8) in 8 of 8 linear layers, 295 kB + 16.4 kB of
+    scales; the other weights torch.bfloat16``. (0, None) for a model that is not quantized."""
+    q = worker.quant
+    if q is None or not q.method:
+        return 0, None
+    quantized = [x for x in q.layers if x.quantized]
+    if not quantized:
+        return 0, None
+    storages = sorted({x.storage or "?" for x in quantized})
+    methods = sorted({f"{q.method} {x.method_text}" for x in quantized})
+    weights = sum(x.weight_bytes or 0 for x in quantized)
+    scales = sum(x.other_bytes for x in quantized)
+    held = q.kernel_held_bytes()
+    text = (
+        f"{'/'.join(storages)} ({', '.join(methods)}) in {len(quantized)} of {len(q.linear)} linear layers, "
+        f"{fmt_si_bytes(weights)} + {fmt_si_bytes(scales)} of scales"
+        + (f" ({fmt_si_bytes(held)} held by vLLM's CPU kernel, counted from shape x bits)" if held else "")
+        + f"; the other weights {(q.model_dtype or 'the model dtype').removeprefix('torch.')}"
+    )
+    return held, text
 
 
 def layer_rates(

@@ -614,6 +614,47 @@ def decoder_part(tensors: Mapping[str, Sequence[int]]) -> tuple[dict[str, Sequen
     return out, group
 
 
+# a quantized checkpoint's tensors beside each weight (compressed-tensors, fp8, GPTQ-style packing)
+QUANT_AUX_SUFFIXES = (
+    ".weight_scale",
+    ".weight_zero_point",
+    ".weight_g_idx",
+    ".weight_shape",
+    ".weight_global_scale",
+    ".input_scale",
+    ".input_zero_point",
+    ".input_global_scale",
+    ".output_scale",
+)
+
+
+def unquantized_layout(
+    tensors: Mapping[str, Sequence[int]], config: Mapping[str, Any]
+) -> tuple[dict[str, Sequence[int]], str | None]:
+    """A quantized checkpoint's tensors as the unquantized model's layout (what the architectures
+    are matched by): scales, zero points and shapes left out, a packed weight (``weight_packed``,
+    int32 holding 32 / bits values per element) at its unpacked shape; and the quantization method
+    (None, the tensors as they are, for a checkpoint without ``quantization_config``)."""
+    qc = _text_config(config).get("quantization_config") or config.get("quantization_config")
+    if not isinstance(qc, Mapping):
+        return dict(tensors), None
+    bits = 4
+    for group in (qc.get("config_groups") or {}).values():
+        weights = group.get("weights") if isinstance(group, Mapping) else None
+        if isinstance(weights, Mapping) and isinstance(weights.get("num_bits"), int) and weights["num_bits"] > 0:
+            bits = weights["num_bits"]
+            break
+    out: dict[str, Sequence[int]] = {}
+    for name, shape in tensors.items():
+        if name.endswith(QUANT_AUX_SUFFIXES):
+            continue
+        if name.endswith(".weight_packed") and len(shape) == 2:
+            out[name.removesuffix("_packed")] = [shape[0], shape[1] * (32 // bits)]
+        else:
+            out[name] = shape
+    return out, str(qc.get("quant_method") or "quantized")
+
+
 def find_twin(
     tensors: Mapping[str, Sequence[int]], config: Mapping[str, Any], forced: str | None = None
 ) -> TwinMatch | NoTwin:
@@ -622,6 +663,7 @@ def find_twin(
     ``tensors``: checkpoint tensor name -> shape; ``config``: config.json. Architectures are
     tried in :data:`ARCHITECTURES` order (``auto`` entries only unless forced)."""
     tensors = {n: list(s) for n, s in tensors.items() if not n.endswith(IGNORED_SUFFIXES)}
+    tensors, quantized = unquantized_layout(tensors, config)
     if forced is not None and forced not in BY_NAME:
         known = ", ".join(BY_NAME)
         return NoTwin(f"--twin {forced}: the doctor has no checkpoint layout for it (it knows {known})", bad_input=True)
@@ -642,6 +684,11 @@ def find_twin(
     if sizes is None:
         return NoTwin(f"no in-tree twin: {why}", bad_input=forced is not None)
     got = _find(tensors, config, sizes, forced)
+    if quantized is not None and isinstance(got, TwinMatch):
+        got.notes.append(
+            f"a quantized checkpoint ({quantized}): the twin gets the same quantization_config, so both runs "
+            "quantize the same layers the same way"
+        )
     if prefix is not None and isinstance(got, TwinMatch):
         got.decoder_prefix = prefix
         got.weights = "dummy"  # the port's names are not the twin's: neither run loads the checkpoint

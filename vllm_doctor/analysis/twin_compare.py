@@ -26,6 +26,7 @@ from typing import Any
 
 from vllm_doctor.analysis.records import (
     EngineProfile,
+    QuantSummary,
     Record,
     TwinAB,
     TwinClocks,
@@ -36,6 +37,7 @@ from vllm_doctor.analysis.records import (
     TwinKindPhase,
     TwinMatchInfo,
     TwinPhase,
+    TwinQuant,
     TwinRoofline,
     TwinWorkload,
     WorkloadRun,
@@ -340,6 +342,24 @@ def compare_runs(
         "prefill holds prefill and mixed steps",
         not_separable=not_separable,
         largest_gap=largest_gap(phases, kinds, architecture),
+        quantization=quantization_sides(pe, te),
+    )
+
+
+def quantization_sides(port: EngineProfile, twin: EngineProfile) -> TwinQuant | None:
+    """Each side's quantization line: the twin gets the port's ``quantization_config``, so both should
+    run the same methods with the same weight storage (None when neither side is quantized)."""
+    p, t = port.quantization, twin.quantization
+    if p is None and t is None:
+        return None
+
+    def kinds(s: QuantSummary | None) -> list[tuple[str, str | None, int]]:
+        return sorted((g.method, g.weight_dtype, g.layers) for g in s.groups) if s is not None else []
+
+    return TwinQuant(
+        port=p.text if p is not None else None,
+        twin=t.text if t is not None else None,
+        same=p is not None and t is not None and p.method == t.method and kinds(p) == kinds(t),
     )
 
 

@@ -5,7 +5,7 @@ stage's worker facts), and the checkpoint against the model (VD3xx), one module 
 ``weight_loading``, ``parallel_sizes``, ``checkpoint_files``, ``config_sizes``, ``model_build``,
 ``moe``, ``towers`` (their shared gates and helpers: ``weights_base``, ``tower_load``). Engine
 stage, one module per topic: ``startup``, ``placement``, ``probe``, ``ranks``, ``kv_cache``,
-``memory``, ``attention``, ``multimodal_merge`` and ``doctor`` (their shared gates and helpers:
+``memory``, ``attention``, ``multimodal_merge``, ``quant_layers`` and ``doctor`` (their shared gates and helpers:
 ``engine_base``).
 """
 
@@ -19,6 +19,7 @@ from vllm_doctor.checks import (  # noqa: F401  (registers checks)
     perf,
     placement,
     probe,
+    quant_layers,
     ranks,
     registry,
     startup,

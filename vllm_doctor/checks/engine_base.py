@@ -19,6 +19,7 @@ from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.facts.kv import KvCache
 from vllm_doctor.facts.memory import MemoryFacts
 from vllm_doctor.facts.placement import Placement
+from vllm_doctor.facts.quant import QuantFacts
 from vllm_doctor.model import Finding, Outcome, Severity
 
 R = TypeVar("R")
@@ -81,6 +82,11 @@ def _workers(
 def placements(facts: EngineFacts, emit: Emit) -> tuple[list[tuple[WorkerFacts, Placement]], list[Finding]]:
     """Each worker's :class:`Placement`, and the crash findings of workers whose probe failed."""
     return _workers(facts, emit, "placement", lambda w: w.placement)
+
+
+def quants(facts: EngineFacts, emit: Emit) -> tuple[list[tuple[WorkerFacts, QuantFacts]], list[Finding]]:
+    """Each worker's :class:`QuantFacts` (``doctor_quant``), and the crash findings of workers whose probe failed."""
+    return _workers(facts, emit, "quant", lambda w: w.quant)
 
 
 def kv_caches(facts: EngineFacts, emit: Emit) -> tuple[list[tuple[WorkerFacts, KvCache]], list[Finding]]:

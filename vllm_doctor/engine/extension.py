@@ -63,6 +63,7 @@ TIMED_RPCS = frozenset(
         "doctor_ping",
         "doctor_anatomy",
         "doctor_perf",
+        "doctor_quant",
         "doctor_placement",
         "doctor_kv",
         "doctor_memory",
@@ -148,6 +149,19 @@ class DoctorWorkerExtension:
             return cached
 
         return _envelope(self, "doctor_perf", read)
+
+    def doctor_quant(self) -> dict[str, Any]:
+        """Which modules run a quantization method, and their weights (once: they do not change)."""
+        from vllm_doctor.compat.quant import quantization
+
+        def read() -> dict[str, Any]:
+            cached = getattr(self, "_doctor_quant", None)
+            if cached is None:
+                cached = quantization(self)
+                self._doctor_quant = cached
+            return cached
+
+        return _envelope(self, "doctor_quant", read)
 
     def doctor_placement(self) -> dict[str, Any]:
         from vllm_doctor.compat.worker_facts import placement

@@ -22,9 +22,10 @@ from vllm_doctor.facts.memory import MemoryFacts
 from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.placement import Placement
 from vllm_doctor.facts.probe import ProfileProbe
+from vllm_doctor.facts.quant import QuantFacts
 from vllm_doctor.facts.steps import StepTable
 
-PARTS = ("anatomy", "placement", "kv", "memory", "perf", "profile")
+PARTS = ("anatomy", "placement", "kv", "memory", "perf", "quant", "profile")
 R = TypeVar("R")
 
 # the parts read into a record (the profile is read into its StepTable by WorkerFacts.steps)
@@ -34,6 +35,7 @@ DECODERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
     "kv": KvCache.from_wire,
     "memory": MemoryFacts.from_wire,
     "perf": PerfAnatomy.from_wire,
+    "quant": QuantFacts.from_wire,
 }
 
 
@@ -121,6 +123,12 @@ class WorkerFacts:
     def memory(self) -> MemoryFacts | None:
         """``doctor_memory``'s record; None when the worker did not answer it."""
         return self._record("memory", MemoryFacts)
+
+    @property
+    def quant(self) -> QuantFacts | None:
+        """``doctor_quant``'s record (each module's quantization method); None when the worker did not
+        answer it (a doctor without the method, or an engine that did not start)."""
+        return self._record("quant", QuantFacts)
 
     @property
     def perf(self) -> PerfAnatomy | None:

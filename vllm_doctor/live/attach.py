@@ -53,6 +53,7 @@ PART_METHODS = {
     "kv": "doctor_kv",
     "memory": "doctor_memory",
     "perf": "doctor_perf",
+    "quant": "doctor_quant",
     "profile": "doctor_collect",
 }
 

@@ -238,6 +238,8 @@ def render_profile(
     for m in prof.memory:
         parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in m.parts.items())
         lines.append(f"  memory (rank {m.rank}) {parts} of {fmt_bytes(m.total)} ({m.total_source})")
+    if prof.quantization is not None and prof.quantization.text:
+        lines.append(f"  quantization  {prof.quantization.text}")
     roofline = render_roofline(prof)
     if roofline:
         lines.append(roofline)
@@ -354,6 +356,8 @@ def render_roofline(profile: EngineProfile | dict[str, Any]) -> str:
             f"{experts.moe_layers} layer(s), {fmt_si_bytes(experts.expert_bytes)} an expert ({experts.source}); "
             "assumes uniform routing"
         )
+    if roof.model is not None and roof.model.weights_quantized:
+        lines.append(f"                weights: {roof.model.weights_quantized}")
     for bucket in ("prefill", "decode"):
         timed = [x for x in roof.layers if x.phase == bucket and x.bytes_per_s is not None]
         if not timed:
@@ -403,6 +407,12 @@ def render_twin(twin: TwinAB | dict[str, Any] | None) -> str:
     ]
     lines += [f"  note          {n}" for n in ab.match.notes]
     lines.append(f"  execution     port {execution_text(ab.execution.port)}, twin {execution_text(ab.execution.twin)}")
+    q = ab.quantization
+    if q is not None:
+        same = "the same on both sides" if q.same else "NOT the same on both sides: the A/B compares different weights"
+        lines.append(f"  quantization  {same}")
+        lines.append(f"    port        {q.port or 'not quantized'}")
+        lines.append(f"    twin        {q.twin or 'not quantized'}")
     lines.append(
         f"  throughput    port {_tok(ab.port_tok_s)} tok/s, twin {_tok(ab.twin_tok_s)} tok/s "
         f"(output tokens over the whole workload): twin/port = {fmt_ratio(ab.throughput_ratio)}"
