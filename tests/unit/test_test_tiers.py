@@ -314,8 +314,9 @@ def test_the_unit_tier_fails_a_test_that_imports_vllm(pytester: pytest.Pytester)
     assert result.stdout.str().count("tests/unit imports no vLLM") >= 2
 
 
-def test_make_test_runs_the_tiers_cheapest_first() -> None:
-    """``make test`` names the tier folders in order and nothing above them: given ``tests`` too,
+def test_make_test_runs_every_tier_once_cheapest_first_in_two_streams() -> None:
+    """``make test`` runs the engine tier in one stream and the other tiers, cheapest first, in
+    another, side by side; it names the tier folders and nothing above them: given ``tests`` too,
     pytest collects the tiers alphabetically and the unit tier runs last, after the engine tier's
     session fixtures exist (CI failed that way: an engine fixture's shutdown at the session's end
     imported vLLM inside the last unit test's teardown)."""
@@ -323,7 +324,11 @@ def test_make_test_runs_the_tiers_cheapest_first() -> None:
     tiers = re.search(r"^TIERS := (.+)$", make, re.M)
     assert tiers is not None and tiers.group(1).split() == [f"tests/{t}" for t in TIERS]
     recipe = re.search(r"^test: .*\n\t(.+)$", make, re.M)
-    assert recipe is not None and recipe.group(1).split() == ["$(PYTEST)", "$(TIERS)"]
+    assert recipe is not None and "test-stream-engine test-stream-rest" in recipe.group(1) and "-j2" in recipe.group(1)
+    engine = re.search(r"^test-stream-engine: .*\n\t(.+)$", make, re.M)
+    rest = re.search(r"^test-stream-rest: .*\n\t(.+)$", make, re.M)
+    assert engine is not None and engine.group(1).split()[-1] == "tests/engine"
+    assert rest is not None and rest.group(1).split()[-1] == "$(filter-out tests/engine,$(TIERS))"
 
 
 def test_the_sessions_last_teardown_is_not_the_unit_tiers() -> None:
