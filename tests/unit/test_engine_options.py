@@ -151,6 +151,18 @@ def test_check_engine_passes_every_option(stage_calls: list[EngineOptions], monk
             check.trust_remote_code) == (2, 3, True, None, True)  # fmt: skip
 
 
+def test_api_check_takes_the_parallel_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """api.check's static checks get the split VD305 checks, as the command line's flags give it."""
+    import vllm_doctor.api
+    from vllm_doctor.stages.static import CheckOptions
+
+    static: list[CheckOptions] = []
+    monkeypatch.setattr(vllm_doctor.api, "diagnose", lambda model, options: static.append(options) or Report(target=model))
+    vllm_doctor.api.check("/m", fast=True, tensor_parallel_size=2, pipeline_parallel_size=3, enable_expert_parallel=True)
+    (check,) = static
+    assert (check.tensor_parallel_size, check.pipeline_parallel_size, check.enable_expert_parallel) == (2, 3, True)
+
+
 def test_profile_passes_every_option(
     stage_calls: list[EngineOptions], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
