@@ -361,7 +361,9 @@ def test_moe_expert_parallel_divides_experts_unevenly_without_an_error() -> None
     (uneven,) = [p for p in tp_problems(cfg, 2, ep=True) if p["key"] == "num_local_experts"]
     assert uneven["severity"] == "info" and "(2 + 1," in uneven["why"]
     (idle,) = [p for p in tp_problems(cfg, 4, ep=True) if p["key"] == "num_local_experts"]
-    assert idle["severity"] == "warn" and "ranks 3 to 3 hold no expert" in idle["why"]
+    assert idle["severity"] == "warn" and "rank 3 holds no expert" in idle["why"] and "1 + 1 + 1 + 0)" in idle["why"]
+    (idle,) = [p for p in tp_problems(cfg, 8, ep=True) if p["key"] == "num_local_experts"]
+    assert "ranks 3 to 7 hold no expert" in idle["why"]
     assert not [p for p in tp_problems(MIXTRAL, 8, ep=True) if p["key"] == "num_local_experts"]
     # the experts are not sliced: an expert MLP size that TP could not split is fine with EP
     assert not [p for p in tp_problems(dict(MIXTRAL, intermediate_size=14335), 2, ep=True) if p["severity"] == "error"]
@@ -392,8 +394,13 @@ def test_vd305_says_what_expert_parallelism_does(tmp_path: Path) -> None:
     (info,) = problems(run_checks(facts, ["VD305"]))
     assert (info.severity, info.subject) == (Severity.INFO, "config.json:num_local_experts")
     assert info.evidence["enable_expert_parallel"] is True
+    assert info.hint == "expert-parallel sizes that divide the 3 experts evenly: 1"  # 3 does not divide 32 heads
     ok = [f for f in run_checks(facts, ["VD305"]) if f.outcome is Outcome.PASS]
     assert "3 experts divided 2 + 1 (expert parallelism)" in ok[0].message
+    # without expert parallelism: nothing to fix, and what --enable-expert-parallel would need
+    facts.enable_expert_parallel = False
+    (info,) = problems(run_checks(facts, ["VD305"]))
+    assert info.hint.startswith("nothing to fix for tensor parallelism") and info.evidence["working_sizes"][:4] == [1, 2, 4, 8]
 
 
 def test_load_checks_skip_with_the_reason_when_the_model_was_not_built(tmp_path: Path) -> None:

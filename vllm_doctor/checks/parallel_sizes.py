@@ -124,9 +124,10 @@ def moe_problems(config: dict[str, Any], tp: int, ep: bool) -> list[dict[str, An
                     "key": count_key,
                     "value": experts,
                     "severity": "warn",
-                    "why": f"expert parallelism over {tp} ranks with {experts} experts: ranks {experts} to {tp - 1} "
-                    "hold no expert at all (vLLM's determine_expert_map gives each rank "
-                    f"{' + '.join(map(str, split))}), so their MoE work is idle while the others route every token",
+                    "why": f"expert parallelism over {tp} ranks with {experts} experts: "
+                    + (f"rank {experts} holds" if experts == tp - 1 else f"ranks {experts} to {tp - 1} hold")
+                    + " no expert at all (vLLM's determine_expert_map gives each rank "
+                    f"{' + '.join(map(str, split))}): the other ranks do all the MoE work",
                     "vllm_error": "",
                 }
             )
@@ -371,10 +372,19 @@ def not_divisible_by_tp(facts: Facts, emit: Emit) -> Iterable[Finding]:
             "vllm_error": p["vllm_error"],
         }
         subject = f"config.json:{p['key']}"
+        advice = hint
+        if p["key"] in EXPERT_COUNT_KEYS:  # the experts' split: the sizes that divide them evenly
+            even = ", ".join(str(n) for n in working_tp_sizes(facts.config, ep=True) if not p["value"] % n)
+            advice = (
+                f"expert-parallel sizes that divide the {p['value']} experts evenly: {even}"
+                if ep
+                else "nothing to fix for tensor parallelism (every rank holds a slice of every expert); with "
+                f"--enable-expert-parallel, the sizes that divide the {p['value']} experts evenly: {even}"
+            )
         if severity is Severity.ERROR:
-            yield emit.fail(f"{p['key']} = {p['value']}: {p['why']}", subject, evidence, hint)
+            yield emit.fail(f"{p['key']} = {p['value']}: {p['why']}", subject, evidence, advice)
         else:
-            yield emit.warn(f"{p['key']} = {p['value']}: {p['why']}", subject, evidence, hint, severity=severity)
+            yield emit.warn(f"{p['key']} = {p['value']}: {p['why']}", subject, evidence, advice, severity=severity)
     if not any(p["severity"] == "error" for p in problems):
         moe = moe_sizes(facts.config)
         experts = ""
