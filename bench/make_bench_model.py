@@ -30,6 +30,15 @@ OUT/site (the plugin: put it on PYTHONPATH).
 
     python bench/make_bench_model.py /tmp/fp8-8b --fp8-8b
     PYTHONPATH=/tmp/fp8-8b/site vllm-doctor profile /tmp/fp8-8b/model --out prof --engine-arg load_format=dummy
+
+``--mixtral`` writes the tiny MoE example's out-of-tree class (``TinyMoeForCausalLM``, model_type
+``tiny_doctor_moe``, examples/tiny_moe_plugin) at Mixtral-8x7B's shape (32 layers, hidden 4096, 8
+experts top-2 of intermediate 14336, 32 heads / 8 KV heads, vocabulary 32,000; about 47 B
+parameters, 93 GB in bfloat16): OUT/model (config.json and the tokenizer, no checkpoint: serve it
+with load_format=dummy) and OUT/site (the plugin with its entry point: put it on PYTHONPATH).
+
+    python bench/make_bench_model.py /tmp/mixtral --mixtral
+    PYTHONPATH=/tmp/mixtral/site vllm-doctor profile /tmp/mixtral/model --out prof --engine-arg load_format=dummy
 """
 
 from __future__ import annotations
@@ -132,6 +141,35 @@ def write_vl(out: Path) -> Path:
     # the checkpoint's names and shapes with no bytes (a hole): what `profile --twin auto` matches the
     # language model's twin by; every run loads it with load_format=dummy
     write_hole_file(model / "model.safetensors", vl_shapes(config))
+    return model
+
+
+# Mixtral-8x7B's config.json (mistralai/Mixtral-8x7B-v0.1), the fields TinyMoeConfig reads
+MIXTRAL_8X7B = {
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+    "num_key_value_heads": 8, "head_dim": 128, "num_local_experts": 8, "num_experts_per_tok": 2, "vocab_size": VOCAB,
+    "max_position_embeddings": 32768, "rope_theta": 1e6, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+}  # fmt: skip
+
+
+def write_mixtral(out: Path) -> Path:
+    """The tiny MoE example (``TinyMoeForCausalLM``) at Mixtral-8x7B's shape: OUT/model (config.json,
+    a 32,000-entry tokenizer; no checkpoint: load it with ``load_format=dummy``) and OUT/site (the
+    plugin package ``tiny_moe_model`` with its ``vllm.general_plugins`` entry point)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    import make_examples as mx  # type: ignore[import-not-found]
+
+    from tests.fixtures.engine_models import write_tokenizer
+
+    model, site = out / "model", out / "site"
+    model.mkdir(parents=True, exist_ok=True)
+    site.mkdir(exist_ok=True)
+    if not (site / mx.MOE.base_package).exists():
+        mx.copy_plugin_package(site, mx.MOE.base_package, mx.MOE_PLUGIN_SRC, mx.MOE.base_package)
+        mx.write_dist_info(site, "tiny-moe-model", {mx.MOE.entry_point: f"{mx.MOE.base_package}:register"})
+    config = mx.moe_config() | MIXTRAL_8X7B
+    (model / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    write_tokenizer(model, VOCAB, ["client", "request", "says", "hello", "the", "a", "of", "and", "to", "in", "is"])
     return model
 
 
@@ -257,9 +295,16 @@ def main() -> None:
         action="store_true",
         help="the quantized example port at Llama-3-8B's shape, compressed-tensors W8A8 FP8 (OUT/model, OUT/site)",
     )
+    ap.add_argument(
+        "--mixtral",
+        action="store_true",
+        help="the tiny MoE example (TinyMoeForCausalLM) at Mixtral-8x7B's shape (OUT/model, OUT/site; load_format=dummy)",
+    )
     args = ap.parse_args()
     if args.fp8_8b:
         print(write_fp8_8b(args.out))
+    elif args.mixtral:
+        print(write_mixtral(args.out))
     else:
         print(write_vl(args.out) if args.vl_7b else write(args.out, args.size, args.port))
 

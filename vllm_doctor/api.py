@@ -65,8 +65,14 @@ def check(
     select: Iterable[str] = (),
     ignore: Iterable[str] = (),
     import_timeout: float = 180.0,
+    tensor_parallel_size: int = 1,
+    pipeline_parallel_size: int = 1,
+    enable_expert_parallel: bool = False,
 ) -> Report:
     """Run the static checks on a model directory and return the :class:`Report`.
+
+    ``tensor_parallel_size``, ``pipeline_parallel_size`` and ``enable_expert_parallel`` are the
+    split VD305 checks (as the command line's ``--tensor-parallel-size`` ...).
 
     Called from the script that registers your model, it also compares this process's
     registry with a fresh engine process's (VD102: registration invisible to the engine).
@@ -79,6 +85,9 @@ def check(
         ignore=set(ignore),
         caller_registry=caller_registry(),
         import_timeout=import_timeout,
+        tensor_parallel_size=tensor_parallel_size,
+        pipeline_parallel_size=pipeline_parallel_size,
+        enable_expert_parallel=enable_expert_parallel,
     )
     return diagnose(model, options)
 

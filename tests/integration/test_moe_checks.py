@@ -1,12 +1,15 @@
-"""The doctor on the MoE example (examples/tiny_moe_plugin) and two of its broken variants: the
+"""The doctor on the MoE example (examples/tiny_moe_plugin) and its broken variants: the
 weights pass records every call of vLLM's fused-MoE weight loader (expert id, shard id,
 checkpoint tensor), so a missing expert is named by layer and expert (VD311, where VD301 could
 only count elements) and a mapping that swaps gate and up, which writes every element, is named
-with both names (VD312). What the real engine does with the same variants:
-tests/engine/test_moe_quant_ground_truth.py (both run silently with other tokens)."""
+with both names (VD312); a router load_weights skips is VD301 per layer; three experts at
+--tensor-parallel-size 2 are an info of VD305 (vLLM slices every expert: it runs). What the real
+engine does with the same variants: tests/engine/test_moe_quant_ground_truth.py. Each variant's
+EXPECT_CODE (examples/moe/NAME/variant.py) is the code asserted here."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -15,7 +18,15 @@ import pytest
 
 from tests.conftest import REPO, doctor_json
 
-VARIANTS = ("moe-ok", "moe-swapped-w1-w3", "moe-missing-expert")
+VARIANTS = (
+    "moe-ok",
+    "moe-swapped-w1-w3",
+    "moe-missing-expert",
+    "moe-router-not-loaded",
+    "moe-experts-not-divisible-by-tp",
+)
+# the doctor's flags for a variant (the engine_kwargs it is served with, as the command line spells them)
+ARGS = {"moe-experts-not-divisible-by-tp": ("--tensor-parallel-size", "2")}
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +37,10 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         check=True, capture_output=True, timeout=600,
     )  # fmt: skip
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(VARIANTS, pool.map(lambda n: doctor_json(out, n), VARIANTS), strict=True))
+        reports = dict(zip(VARIANTS, pool.map(lambda n: doctor_json(out, n, *ARGS.get(n, ())), VARIANTS), strict=True))
+    for name, report in reports.items():
+        report["expect_code"] = json.loads((out / name / "variant.json").read_text())["expect_code"]
+    return reports
 
 
 def _findings(report: dict, code: str) -> list[dict]:
@@ -65,6 +79,36 @@ def test_a_missing_expert_is_vd311_by_layer_and_expert(reports: dict[str, dict])
     assert "never loaded" in missing[0]["message"]
     # VD301 leaves the fused experts to VD311 (no element counts of w13_weight / w2_weight)
     assert not [f for f in _findings(report, "VD301") if f["outcome"] == "fail"]
+
+
+def _problems(report: dict) -> list[dict]:
+    return [f for f in report["findings"] if f["outcome"] in ("fail", "warn", "crash")]
+
+
+def test_each_variant_gets_its_expect_code(reports: dict[str, dict]) -> None:
+    for name, report in reports.items():
+        codes = {f["code"] for f in _problems(report)}
+        assert (report["expect_code"] in codes) if report["expect_code"] else not codes, (name, codes)
+
+
+def test_a_router_never_loaded_is_vd301_per_layer(reports: dict[str, dict]) -> None:
+    report = reports["moe-router-not-loaded"]
+    assert {(f["code"], f["subject"]) for f in _problems(report)} == {
+        (code, f"model.layers.{layer}.block_sparse_moe.gate.weight") for code in ("VD301", "VD302") for layer in (0, 1)
+    }
+    assert all("uninitialised memory" in f["message"] for f in _findings(report, "VD301"))
+    # the experts themselves are all loaded, as their names say
+    assert [f["outcome"] for f in _findings(report, "VD311") + _findings(report, "VD312")] == ["pass", "pass"]
+
+
+def test_three_experts_at_tp_2_run_sliced_an_info_not_a_failure(reports: dict[str, dict]) -> None:
+    """vLLM's FusedMoE slices every expert over the TP ranks (the engine runs it: test_moe_quant_ground_truth);
+    only --enable-expert-parallel divides experts, 2 + 1 here."""
+    report = reports["moe-experts-not-divisible-by-tp"]
+    (info,) = _problems(report)
+    assert (info["code"], info["severity"], info["subject"]) == ("VD305", "info", "config.json:num_local_experts")
+    assert "each rank holds a 1/2 slice of every expert" in info["message"] and "2 + 1" in info["message"]
+    assert info["evidence"]["tensor_parallel_size"] == 2 and info["evidence"]["enable_expert_parallel"] is False
 
 
 BAD_INPUTS = {

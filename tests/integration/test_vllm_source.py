@@ -91,7 +91,9 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ),
     ("vllm.config.parallel", "ParallelConfig"): (
         "tensor_parallel_size pipeline_parallel_size data_parallel_size world_size worker_extension_cls "
-        "distributed_executor_backend assigned_physical_gpu_ids"
+        "distributed_executor_backend assigned_physical_gpu_ids "
+        # the engine stage passes --enable-expert-parallel to LLM(...) as this field's keyword
+        "enable_expert_parallel"
     ),
     ("vllm.config.scheduler", "SchedulerConfig"): "max_num_seqs max_num_batched_tokens encoder_cache_size",
     ("vllm.config.profiler", "ProfilerConfig"): "profiler torch_profiler_dir",

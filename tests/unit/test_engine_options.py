@@ -40,6 +40,7 @@ NOT_DEFAULT: dict[str, Any] = {
     "max_memory": None,  # --max-memory none: no limit (a value, not "not given")
     "tensor_parallel_size": 2,
     "pipeline_parallel_size": 3,
+    "enable_expert_parallel": True,
     "trust_remote_code": True,
 }
 # ... and the same as command-line words (the pytest plugin's: the same with --vllm-doctor- in front)
@@ -55,6 +56,7 @@ WORDS: dict[str, list[str]] = {
     "max_memory": ["--max-memory", "none"],
     "tensor_parallel_size": ["--tensor-parallel-size", "2"],
     "pipeline_parallel_size": ["--pipeline-parallel-size", "3"],
+    "enable_expert_parallel": ["--enable-expert-parallel"],
     "trust_remote_code": ["--trust-remote-code"],
 }
 CLI_ARGS = [word for words in WORDS.values() for word in words]
@@ -145,9 +147,20 @@ def test_check_engine_passes_every_option(stage_calls: list[EngineOptions], monk
     assert given(options) == NOT_DEFAULT
     # the options that also govern the static passes reach them too
     (check,) = static
-    assert (check.tensor_parallel_size, check.pipeline_parallel_size, check.max_memory, check.trust_remote_code) == (
-        2, 3, None, True,
-    )  # fmt: skip
+    assert (check.tensor_parallel_size, check.pipeline_parallel_size, check.enable_expert_parallel, check.max_memory,
+            check.trust_remote_code) == (2, 3, True, None, True)  # fmt: skip
+
+
+def test_api_check_takes_the_parallel_split(monkeypatch: pytest.MonkeyPatch) -> None:
+    """api.check's static checks get the split VD305 checks, as the command line's flags give it."""
+    import vllm_doctor.api
+    from vllm_doctor.stages.static import CheckOptions
+
+    static: list[CheckOptions] = []
+    monkeypatch.setattr(vllm_doctor.api, "diagnose", lambda model, options: static.append(options) or Report(target=model))
+    vllm_doctor.api.check("/m", fast=True, tensor_parallel_size=2, pipeline_parallel_size=3, enable_expert_parallel=True)
+    (check,) = static
+    assert (check.tensor_parallel_size, check.pipeline_parallel_size, check.enable_expert_parallel) == (2, 3, True)
 
 
 def test_profile_passes_every_option(

@@ -21,6 +21,14 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 MOE = ["moe-ok", *sorted(p.name for p in (EXAMPLES / "moe").iterdir() if (p / "variant.py").is_file())]
 QUANT = ["quant-ok", *sorted(p.name for p in (EXAMPLES / "quant").iterdir() if (p / "variant.py").is_file())]
+# the finding each MoE variant is built to get (tests/integration/test_moe_checks.py asserts it)
+MOE_CODES = {
+    "moe-ok": None,
+    "moe-missing-expert": "VD311",
+    "moe-swapped-w1-w3": "VD312",
+    "moe-router-not-loaded": "VD301",
+    "moe-experts-not-divisible-by-tp": "VD305",  # an info, at --tensor-parallel-size 2
+}
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -42,7 +50,10 @@ def test_layout_and_entry_point(built: Path, name: str) -> None:
     out = built / name
     meta = json.loads((out / "variant.json").read_text())
     assert meta["name"] == name
-    assert meta["expect_code"] is None  # no check yet (issue 33)
+    if name in MOE:
+        assert meta["expect_code"] == MOE_CODES[name]
+    else:
+        assert meta["expect_code"] is None  # no check yet (issue 33)
     if not name.endswith("-ok"):
         family = "moe" if name in MOE else "quant"
         assert (EXAMPLES / family / name / "README.md").read_text().strip()

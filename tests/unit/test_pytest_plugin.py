@@ -18,7 +18,7 @@ pytest_plugins = ["pytester"]
 ENGINE_DEFAULTS = {
     "device": "auto", "eager": False, "diagnose": True, "max_model_len": None, "kv_cache_memory_bytes": None,
     "multiprocess": False, "engine_timeout": 600.0, "max_memory": "default", "tensor_parallel_size": 1,
-    "pipeline_parallel_size": 1, "trust_remote_code": False,
+    "pipeline_parallel_size": 1, "enable_expert_parallel": False, "trust_remote_code": False,
 }  # fmt: skip
 
 

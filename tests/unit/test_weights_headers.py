@@ -326,6 +326,83 @@ def test_vd305_subjects_and_nested_text_config(tmp_path: Path) -> None:
     assert not problems(run("VD305", d, tp=2))
 
 
+# Mixtral-8x7B's, Qwen1.5-MoE-A2.7B's and DeepSeek-V2-Lite's config.json (the sizes VD305 reads)
+MIXTRAL = {"num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096, "intermediate_size": 14336,
+           "vocab_size": 32000, "num_local_experts": 8, "num_experts_per_tok": 2}  # fmt: skip
+QWEN2_MOE = {"num_attention_heads": 16, "num_key_value_heads": 16, "hidden_size": 2048, "intermediate_size": 5632,
+             "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632, "vocab_size": 151936,
+             "num_experts": 60, "num_experts_per_tok": 4}  # fmt: skip
+DEEPSEEK_V2_LITE = {"num_attention_heads": 16, "num_key_value_heads": 16, "hidden_size": 2048, "intermediate_size": 10944,
+                    "moe_intermediate_size": 1408, "n_shared_experts": 2, "n_routed_experts": 64, "vocab_size": 102400,
+                    "num_experts_per_tok": 6}  # fmt: skip
+
+
+def test_moe_tensor_parallel_only_slices_every_expert() -> None:
+    """FusedMoE without expert parallelism: each rank holds a slice of every expert (FusedMoEConfig asserts
+    intermediate_size % tp_size == 0); the expert count need not divide."""
+    assert [n for n in working_tp_sizes(MIXTRAL) if n <= 8] == [1, 2, 4, 8]
+    # Qwen1.5-MoE: 16 heads, experts 1408 wide (1408 = 2^7 * 11), shared expert 5632
+    assert working_tp_sizes(QWEN2_MOE) == [1, 2, 4, 8, 16]
+    (expert,) = [p for p in tp_problems(dict(QWEN2_MOE, num_attention_heads=12, num_key_value_heads=12), 3)
+                 if p["key"] == "moe_intermediate_size"]  # fmt: skip
+    assert expert["severity"] == "error" and "FusedMoEConfig" in expert["vllm_error"]
+    # 60 experts on 8 ranks: not an error, an explanation (each rank holds 1/8 of every expert)
+    (count,) = [p for p in tp_problems(QWEN2_MOE, 8) if p["key"] == "num_experts"]
+    assert count["severity"] == "info" and "7 + 7 + 7 + 7 + 8" not in count["why"] and "8 + 8 + 8 + 8 + 7" in count["why"]
+    # Mixtral's experts are intermediate_size wide: one finding, worded for the experts
+    (inter,) = [p for p in tp_problems(dict(MIXTRAL, intermediate_size=14335), 2) if p["severity"] == "error"]
+    assert inter["key"] == "intermediate_size" and "every expert's 14335" in inter["why"]
+
+
+def test_moe_expert_parallel_divides_experts_unevenly_without_an_error() -> None:
+    """--enable-expert-parallel: determine_expert_map gives each rank num_experts // ep (the first
+    num_experts % ep one more) and does not slice them."""
+    cfg = dict(MIXTRAL, num_local_experts=3)
+    (uneven,) = [p for p in tp_problems(cfg, 2, ep=True) if p["key"] == "num_local_experts"]
+    assert uneven["severity"] == "info" and "(2 + 1," in uneven["why"]
+    (idle,) = [p for p in tp_problems(cfg, 4, ep=True) if p["key"] == "num_local_experts"]
+    assert idle["severity"] == "warn" and "rank 3 holds no expert" in idle["why"] and "1 + 1 + 1 + 0)" in idle["why"]
+    (idle,) = [p for p in tp_problems(cfg, 8, ep=True) if p["key"] == "num_local_experts"]
+    assert "ranks 3 to 7 hold no expert" in idle["why"]
+    assert not [p for p in tp_problems(MIXTRAL, 8, ep=True) if p["key"] == "num_local_experts"]
+    # the experts are not sliced: an expert MLP size that TP could not split is fine with EP
+    assert not [p for p in tp_problems(dict(MIXTRAL, intermediate_size=14335), 2, ep=True) if p["severity"] == "error"]
+    # a shared expert is a dense MLP: sliced by TP either way (DeepSeek: n_shared_experts * moe_intermediate_size)
+    (shared,) = [p for p in tp_problems(dict(DEEPSEEK_V2_LITE, moe_intermediate_size=1407), 4, ep=True)
+                 if p["severity"] == "error"]  # fmt: skip
+    assert shared["key"] == "n_shared_experts" and shared["vllm_error"] == "AssertionError: 2814 is not divisible by 4"
+
+
+def test_moe_wna16_groups_must_not_cross_a_tensor_parallel_slice() -> None:
+    quant = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}, "input_activations": None}}}  # fmt: skip
+    cfg = dict(QWEN2_MOE, quantization_config=quant)
+    assert not [p for p in tp_problems(cfg, 1) if p["severity"] == "error"]
+    # 1408 / 2 = 704 = 5.5 groups of 128: vLLM's compressed-tensors WNA16 MoE refuses it
+    (groups,) = [p for p in tp_problems(cfg, 2) if p["severity"] == "error"]
+    assert groups["vllm_error"].startswith("ValueError: CompressedTensors WNA16 MoE with static group scales")
+    assert "(704) to be divisible by group_size (128)" in groups["vllm_error"]
+    assert not [p for p in tp_problems(cfg, 2, ep=True) if p["severity"] == "error"]
+
+
+def test_vd305_says_what_expert_parallelism_does(tmp_path: Path) -> None:
+    cfg = {"architectures": ["X"], **dict(MIXTRAL, num_local_experts=3)}
+    d = model_dir(tmp_path, cfg)
+    write_raw_safetensors(d / "model.safetensors", TENSORS)
+    facts = Facts(model_dir=str(d), config=cfg, checkpoint=read_checkpoint(d), tensor_parallel_size=2,
+                  enable_expert_parallel=True)  # fmt: skip
+    (info,) = problems(run_checks(facts, ["VD305"]))
+    assert (info.severity, info.subject) == (Severity.INFO, "config.json:num_local_experts")
+    assert info.evidence["enable_expert_parallel"] is True
+    assert info.hint == "expert-parallel sizes that divide the 3 experts evenly: 1"  # 3 does not divide 32 heads
+    ok = [f for f in run_checks(facts, ["VD305"]) if f.outcome is Outcome.PASS]
+    assert "3 experts divided 2 + 1 (expert parallelism)" in ok[0].message
+    # without expert parallelism: nothing to fix, and what --enable-expert-parallel would need
+    facts.enable_expert_parallel = False
+    (info,) = problems(run_checks(facts, ["VD305"]))
+    assert info.hint.startswith("nothing to fix for tensor parallelism") and info.evidence["working_sizes"][:4] == [1, 2, 4, 8]
+
+
 def test_load_checks_skip_with_the_reason_when_the_model_was_not_built(tmp_path: Path) -> None:
     d = model_dir(tmp_path)
     write_raw_safetensors(d / "model.safetensors", TENSORS)

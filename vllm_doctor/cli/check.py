@@ -96,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         import_timeout=args.import_timeout,
         tensor_parallel_size=engine.tensor_parallel_size,
         pipeline_parallel_size=engine.pipeline_parallel_size,
+        enable_expert_parallel=engine.enable_expert_parallel,
         max_memory=engine.max_memory,
     )
     report = diagnose(args.model, options, progress)

@@ -52,6 +52,7 @@ class Facts:
     # meta-device load_weights run (a child beside the import pass), collected before checks run
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    enable_expert_parallel: bool = False
     checkpoint: CheckpointFacts | None = None
     weight_load: dict[str, Any] | None = None
     weight_load_error: str | None = None

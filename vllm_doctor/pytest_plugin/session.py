@@ -99,9 +99,22 @@ class DoctorSession:
 
         trust = self.engine.trust_remote_code if trust_remote_code is None else trust_remote_code
         select, ignore = tuple(sorted(select)), tuple(sorted(ignore))
-        key = ("check", str(model), trust, select, ignore, self.fast)
+        # the session's parallel sizes govern the static checks too (VD305), as on the command line
+        tp, pp = self.engine.tensor_parallel_size, self.engine.pipeline_parallel_size
+        ep = self.engine.enable_expert_parallel
+        key = ("check", str(model), trust, select, ignore, self.fast, tp, pp, ep)
         return self.cached(
-            key, lambda: check(str(model), trust_remote_code=trust, fast=self.fast, select=select, ignore=ignore)
+            key,
+            lambda: check(
+                str(model),
+                trust_remote_code=trust,
+                fast=self.fast,
+                select=select,
+                ignore=ignore,
+                tensor_parallel_size=tp,
+                pipeline_parallel_size=pp,
+                enable_expert_parallel=ep,
+            ),
         )
 
     def options_record(self) -> dict[str, Any]:

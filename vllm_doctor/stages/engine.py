@@ -67,6 +67,8 @@ def engine_kwargs_for(options: EngineOptions, cuda: bool) -> dict[str, Any]:
         kwargs["tensor_parallel_size"] = options.tensor_parallel_size
     if options.pipeline_parallel_size > 1:
         kwargs["pipeline_parallel_size"] = options.pipeline_parallel_size
+    if options.enable_expert_parallel:
+        kwargs["enable_expert_parallel"] = True
     kwargs.update(options.engine_args)
     return kwargs
 
@@ -356,6 +358,7 @@ def _guard_report(model: str, options: EngineOptions, progress: Progress | None)
         select=codes,
         tensor_parallel_size=options.tensor_parallel_size,
         pipeline_parallel_size=options.pipeline_parallel_size,
+        enable_expert_parallel=options.enable_expert_parallel,
         max_memory=options.max_memory,
     )
     return diagnose(model, check, progress)

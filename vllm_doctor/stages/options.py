@@ -204,6 +204,13 @@ class EngineOptions:
         engine_group=False,
         help="vLLM's flag: split the layers over M pipeline stages (VD305 before launch; default 1)",
     )
+    enable_expert_parallel: bool = option(
+        False,
+        kind=SWITCH,
+        engine_group=False,
+        help="vLLM's flag: split a mixture-of-experts model's experts over the ranks instead of slicing every "
+        "expert (VD305 checks the split before anything starts; default off)",
+    )
     trust_remote_code: bool = option(
         False,
         kind=SWITCH,

@@ -44,6 +44,7 @@ class CheckOptions:
     import_timeout: float = 180.0
     tensor_parallel_size: int = 1  # VD305: can the model be split this many ways?
     pipeline_parallel_size: int = 1  # VD305: can its layers be split over this many stages?
+    enable_expert_parallel: bool = False  # VD305: experts divided over the ranks, not sliced
     max_memory: int | str | None = "default"  # per child process group; "default": stages.child.default_memory_limit
 
 

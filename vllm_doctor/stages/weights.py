@@ -51,6 +51,7 @@ def start_weights_pass(
     codes = set(codes)
     facts.tensor_parallel_size = int(getattr(options, "tensor_parallel_size", 1) or 1)
     facts.pipeline_parallel_size = int(getattr(options, "pipeline_parallel_size", 1) or 1)
+    facts.enable_expert_parallel = bool(getattr(options, "enable_expert_parallel", False))
     if not codes & {*WEIGHT_CODES, *PERF_CODES}:
         return None
     facts.checkpoint = read_checkpoint(facts.model_dir)

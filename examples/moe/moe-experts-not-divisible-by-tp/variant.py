@@ -1,9 +1,10 @@
 """Three experts, served with tensor_parallel_size=2: the expert count is not divisible by the
 tensor-parallel size. vLLM's FusedMoE does not divide experts over TP ranks (each rank holds a
 slice of every expert's intermediate dimension), so this runs; only expert parallelism splits
-experts (2 + 1 here), and on CPU that crashes for an even split as well (docs/moe.md)."""
+experts (2 + 1 here), and on CPU that crashes for an even split as well (docs/moe.md).
+`vllm-doctor check --tensor-parallel-size 2` says so (VD305, info): nothing fails."""
 
-EXPECT_CODE = None  # no check yet (issue 33)
+EXPECT_CODE = "VD305"  # an info at --tensor-parallel-size 2: the experts are sliced, not divided
 ENGINE_MODE = "inprocess"  # the engine core; the two TP workers are processes of their own
 DESCRIPTION = "num_local_experts=3 served with tensor_parallel_size=2"
 # what the author passes to LLM(...) on top of the harness's small engine settings

@@ -3,7 +3,7 @@ script that wrote range(num_experts - 1). The experts' parameters are fused ([ex
 the parameter counts as loaded once any expert filled it: vLLM's missing-weight check cannot see
 the hole."""
 
-EXPECT_CODE = None  # no check yet (issue 33)
+EXPECT_CODE = "VD311"  # layer 1, expert 3: w1, w3, w2 never loaded
 ENGINE_MODE = "inprocess"
 DESCRIPTION = "checkpoint without layer 1's expert 3 (w1, w2, w3)"
 MISSING_LAYER = 1

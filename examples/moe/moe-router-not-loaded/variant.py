@@ -2,7 +2,7 @@
 `block_sparse_moe.gate.weight`. The router keeps the memory it was created with, and the
 parameter is not in the returned set."""
 
-EXPECT_CODE = None  # no check yet (issue 33)
+EXPECT_CODE = "VD301"  # block_sparse_moe.gate.weight of each layer never filled (and VD302)
 ENGINE_MODE = "inprocess"
 DESCRIPTION = "load_weights never loads block_sparse_moe.gate.weight (the router)"
 

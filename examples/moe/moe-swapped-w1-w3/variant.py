@@ -2,7 +2,7 @@
 w1 (gate) lands in the up half of w13_weight and w3 (up) in the gate half. Same shapes, so
 nothing fails; silu is applied to the wrong projection."""
 
-EXPECT_CODE = None  # no check yet (issue 33)
+EXPECT_CODE = "VD312"  # experts.<e>.w1 loaded as shard w3 and w3 as w1
 ENGINE_MODE = "inprocess"
 DESCRIPTION = "fused_moe_make_expert_params_mapping called with w1 and w3 swapped (gate <-> up)"
 

@@ -8,6 +8,9 @@ softmax routing, renormalized. The checkpoint uses Hugging Face Mixtral's tensor
 `block_sparse_moe.gate.weight` and `block_sparse_moe.experts.{e}.w1/w2/w3.weight` (w1 the gate
 projection, w3 the up projection, w2 the down projection), which
 `fused_moe_make_expert_params_mapping` translates into (parameter, expert id, shard id).
+
+Runs on vLLM 0.26 and later: the fused-MoE constructor is `FusedMoEFactory` in 0.32 and 0.33,
+`FusedMoE` in 0.26 (same arguments; imported by whichever name this vLLM has).
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.fused_moe import (
-    FusedMoEFactory,
     GateLinear,
     fused_moe_make_expert_params_mapping,
 )
+
+try:  # vLLM 0.32, 0.33: the fused-MoE layer is built by FusedMoEFactory
+    from vllm.model_executor.layers.fused_moe import FusedMoEFactory
+except ImportError:  # vLLM 0.26: the same function with the same arguments, named FusedMoE
+    from vllm.model_executor.layers.fused_moe import FusedMoE as FusedMoEFactory
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
