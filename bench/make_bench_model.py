@@ -169,6 +169,8 @@ def write_mixtral(out: Path) -> Path:
         mx.write_dist_info(site, "tiny-moe-model", {mx.MOE.entry_point: f"{mx.MOE.base_package}:register"})
     config = mx.moe_config() | MIXTRAL_8X7B
     (model / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    # the checkpoint's layout (HF Mixtral names, headers over a hole): what --twin auto matches
+    write_hole_file(model / "model.safetensors", mixtral_shapes(config))
     write_tokenizer(model, VOCAB, ["client", "request", "says", "hello", "the", "a", "of", "and", "to", "in", "is"])
     return model
 
@@ -208,6 +210,8 @@ def write_fp8_8b(out: Path) -> Path:
         "quantization_config": tiny["quantization_config"],
     }
     (model / "config.json").write_text(json.dumps(config, indent=2))
+    # the checkpoint's layout (float8 weights and their scales, headers over a hole): what --twin auto matches
+    write_hole_file(model / "model.safetensors", *fp8_layout(config))
     write_tokenizer(model, VOCAB, ["client", "request", "says", "hello", "the", "a", "of", "and", "to", "in", "is"])
     return model
 
@@ -252,6 +256,39 @@ def vl_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
     return shapes
 
 
+def mixtral_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
+    """HF Mixtral's tensor names and shapes (block_sparse_moe.gate, experts.E.w1/w2/w3)."""
+    h, i, v, e = config["hidden_size"], config["intermediate_size"], config["vocab_size"], config["num_local_experts"]
+    q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
+    shapes: dict[str, list[int]] = {"model.embed_tokens.weight": [v, h]}
+    for n in range(config["num_hidden_layers"]):
+        p = f"model.layers.{n}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": [q, h], p + "self_attn.k_proj.weight": [kv, h],
+            p + "self_attn.v_proj.weight": [kv, h], p + "self_attn.o_proj.weight": [h, q],
+            p + "block_sparse_moe.gate.weight": [e, h],
+            p + "input_layernorm.weight": [h], p + "post_attention_layernorm.weight": [h],
+        }  # fmt: skip
+        for x in range(e):
+            m = f"{p}block_sparse_moe.experts.{x}."
+            shapes |= {m + "w1.weight": [i, h], m + "w3.weight": [i, h], m + "w2.weight": [h, i]}
+    shapes |= {"model.norm.weight": [h], "lm_head.weight": [v, h]}
+    return shapes
+
+
+def fp8_layout(config: dict[str, Any]) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """HF Llama's names with compressed-tensors W8A8 FP8 per-channel weights: each projection's
+    weight float8_e4m3fn and its weight_scale [out, 1] float32; embeddings, norms, lm_head bfloat16."""
+    shapes, dtypes = {}, {}
+    for name, shape in llama_shapes(config).items():
+        shapes[name] = shape
+        if name.startswith("model.layers.") and name.endswith("_proj.weight"):
+            dtypes[name] = "F8_E4M3"
+            scale = name[: -len("weight")] + "weight_scale"
+            shapes[scale], dtypes[scale] = [shape[0], 1], "F32"
+    return shapes, dtypes
+
+
 def llama_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
     h, i, v = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     q, kv = config["num_attention_heads"] * config["head_dim"], config["num_key_value_heads"] * config["head_dim"]
@@ -268,12 +305,18 @@ def llama_shapes(config: dict[str, Any]) -> dict[str, list[int]]:
     return shapes
 
 
-def write_hole_file(path: Path, shapes: dict[str, list[int]]) -> None:
+DTYPE_BYTES = {"BF16": 2, "F32": 4, "F8_E4M3": 1}
+
+
+def write_hole_file(path: Path, shapes: dict[str, list[int]], dtypes: dict[str, str] | None = None) -> None:
+    """A safetensors file of these names and shapes (BF16 unless ``dtypes`` names another) whose
+    data region is a hole: the layout a twin search reads, no data (load it with load_format=dummy)."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
     for name, shape in shapes.items():
-        n = 2 * math.prod(shape)
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + n]}
+        dtype = (dtypes or {}).get(name, "BF16")
+        n = DTYPE_BYTES[dtype] * math.prod(shape)
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + n]}
         offset += n
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
