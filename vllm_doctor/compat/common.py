@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import traceback
 from typing import Any
 
@@ -72,3 +73,17 @@ def user_frame(exc: BaseException) -> str | None:
 def describe_exception(exc: BaseException, limit: int = 4000) -> str:
     """``Type: message`` of ``exc`` and of each cause under it, outermost first."""
     return "\n<- caused by ".join(f"{type(e).__name__}: {e}" for e in exception_chain(exc))[:limit]
+
+
+def is_fused_moe(module: Any) -> bool:
+    """Does the module hold a fused-MoE layer's experts: vLLM's ``FusedMoE`` (``RoutedExperts``
+    since 0.31), or any module whose ``weight_loader`` takes an ``expert_id``?"""
+    if any(c.__name__ in ("FusedMoE", "RoutedExperts") for c in type(module).__mro__):
+        return True
+    loader = getattr(module, "weight_loader", None)
+    if not callable(loader):
+        return False
+    try:
+        return "expert_id" in inspect.signature(loader).parameters
+    except (TypeError, ValueError):
+        return False

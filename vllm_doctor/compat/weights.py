@@ -29,7 +29,6 @@ returned is JSON-able; no vLLM or torch object leaves this module.
 
 from __future__ import annotations
 
-import inspect
 import os
 import shutil
 import sys
@@ -38,7 +37,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from vllm_doctor.compat.common import format_exc, hf_text_config, user_frame
+from vllm_doctor.compat.common import format_exc, hf_text_config, is_fused_moe, user_frame
 from vllm_doctor.constants import SCRATCH_DIR_ENV
 
 MAX_RESTARTS = 10_000
@@ -123,20 +122,6 @@ def moe_call(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, int | 
     if isinstance(expert, bool) or not isinstance(expert, int):
         return None, None
     return shard, expert
-
-
-def is_fused_moe(module: Any) -> bool:
-    """Does the module hold a fused-MoE layer's experts: vLLM's ``FusedMoE`` (``RoutedExperts``
-    since 0.31), or any module whose ``weight_loader`` takes an ``expert_id``?"""
-    if any(c.__name__ in ("FusedMoE", "RoutedExperts") for c in type(module).__mro__):
-        return True
-    loader = getattr(module, "weight_loader", None)
-    if not callable(loader):
-        return False
-    try:
-        return "expert_id" in inspect.signature(loader).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 def num_experts(module: Any) -> int | None:

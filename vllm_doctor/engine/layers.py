@@ -8,7 +8,7 @@ module is reported as "other" (residual adds, rotary embeddings outside attentio
 
 An MoE block (the decoder layer's child that holds vLLM's fused experts: ``FusedMoE`` /
 ``RoutedExperts``, or any module whose ``weight_loader`` takes an ``expert_id``, asked of the
-model by :func:`vllm_doctor.compat.weights.is_fused_moe`) is not timed as one "mlp": its router
+model by :func:`vllm_doctor.compat.common.is_fused_moe`) is not timed as one "mlp": its router
 (the block's ``gate``/``router`` child) is kind "router", the child that runs the experts
 (vLLM's ``MoERunner`` or ``FusedMoE``) kind "experts"; a shared expert the block calls itself
 stays "mlp". A module the experts' module also holds (a gate or shared expert vLLM runs inside
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from vllm_doctor.compat.weights import is_fused_moe
+from vllm_doctor.compat.common import is_fused_moe
 
 KINDS = ("embedding", "attention", "router", "experts", "mlp", "norm", "logits")
 ROUTER_NAMES = ("gate", "router")
