@@ -93,10 +93,8 @@ def layer_built_without_quant_config(facts: Facts, emit: Emit) -> Iterable[Findi
         parts = []
         if first.quantized_tensors:
             tensor, dtype = first.quantized_tensors[0]
-            parts.append(
-                f"the checkpoint's {DTYPE_WORDS.get(dtype, dtype)} {tensor.rsplit('.', 1)[-1]} is copied into its {first.param_dtype} weight "
-                "as if the integers were values"
-            )
+            stored = f"{DTYPE_WORDS.get(dtype, dtype)} {tensor.rsplit('.', 1)[-1]}"
+            parts.append(f"the checkpoint's {stored} is copied into its {first.param_dtype} weight as plain values")
         if first.unloadable:
             leaves = sorted({n.rsplit(".", 1)[-1] for n in first.unloadable})
             parts.append(

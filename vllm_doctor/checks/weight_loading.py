@@ -174,8 +174,8 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
         )
     unfilled_defaults = sorted(n for n in defaulted if not params.get(n, {"written": True})["written"])
     also = (
-        f" ({len(unfilled_defaults)} KV-cache/query scale(s) and zero point(s) the checkpoint lacks, e.g. {unfilled_defaults[0]}: "
-        "vLLM uses 1.0)"
+        f" ({len(unfilled_defaults)} KV-cache/query scale(s) and zero point(s) the checkpoint lacks, e.g. "
+        f"{unfilled_defaults[0]}: vLLM fills them itself)"
         if unfilled_defaults
         else ""
     )
