@@ -70,7 +70,7 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ("vllm.config.compilation", "CompilationConfig"): "static_forward_context mode|level cudagraph_mode",
     ("vllm.config.model", "ModelConfig"): (
         "model dtype enforce_eager max_model_len architectures hf_config hf_text_config get_vocab_size get_head_size "
-        "multimodal_config is_multimodal_model"
+        "multimodal_config is_multimodal_model quantization"
     ),
     # multimodal models (compat/runtime.multimodal_verdicts, compat/llm.multimodal_prompts, compat/worker)
     ("vllm.config.multimodal", "MultiModalConfig"): "limit_per_prompt",
@@ -110,7 +110,7 @@ CLASS_READS: dict[tuple[str, str], str] = {
         "kv_sharing_target_layer_name"
     ),
     # parallel layers (worker_facts: shard dimensions, repacked CPU weights)
-    ("vllm.model_executor.layers.linear", "LinearBase"): "tp_size params_dtype",
+    ("vllm.model_executor.layers.linear", "LinearBase"): "tp_size params_dtype quant_method",
     ("vllm.model_executor.layers.linear", "ColumnParallelLinear"): "input_size_per_partition output_size_per_partition",
     ("vllm.model_executor.layers.linear", "RowParallelLinear"): "input_size_per_partition output_size_per_partition",
     # the engine as the doctor's own process sees it (compat/llm.py)
@@ -165,6 +165,10 @@ MODULE_NAMES: dict[str, str] = {
     "vllm.model_executor.models.interfaces": "supports_pp supports_multimodal SupportsMultiModal",
     # the attention layer of vLLM's own multimodal encoders (compat/perf.encoder_attention_layer)
     "vllm.model_executor.layers.attention": "MMEncoderAttention",
+    # each layer's quantization method as vLLM picked it (compat/quant.quant_facts, VD301/VD314/VD315)
+    "vllm.model_executor.layers.quantization.kv_cache": "BaseKVCacheMethod",
+    "vllm.model_executor.layers.linear": "UnquantizedLinearMethod",
+    "vllm.model_executor.layers.vocab_parallel_embedding": "UnquantizedEmbeddingMethod",
     "vllm.distributed.parallel_state": (
         "get_tp_group get_pp_group init_distributed_environment ensure_model_parallel_initialized "
         "model_parallel_is_initialized destroy_model_parallel destroy_distributed_environment"
@@ -175,6 +179,8 @@ MODULE_WRITES: dict[str, str] = {
     "vllm.compilation.decorators": "do_not_compile",  # @support_torch_compile, on the model
     "vllm.model_executor.layers.utils": "cpu_linear",  # the CPU backend's repacked GEMM, on a linear layer
     "vllm.model_executor.layers.linear": "input_dim output_dim",  # set_weight_attrs on the weights
+    # the scheme compressed-tensors picked, on each linear layer (compat/quant.quant_facts)
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors": "scheme",
     "vllm.multimodal.registry": "_processor_factory",  # register_processor, on the model class
 }
 # names the scanned files read that are not vLLM's, and whose they are

@@ -21,6 +21,8 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 MOE = ["moe-ok", *sorted(p.name for p in (EXAMPLES / "moe").iterdir() if (p / "variant.py").is_file())]
 QUANT = ["quant-ok", *sorted(p.name for p in (EXAMPLES / "quant").iterdir() if (p / "variant.py").is_file())]
+# the quantized variants the checks catch (tests/integration/test_quant_checks.py); the others: no check yet
+EXPECT_CODES = {"quant-unquantized-down-proj": "VD314", "quant-missing-scales": "VD315", "quant-method-mismatch": "VD316"}
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -42,7 +44,7 @@ def test_layout_and_entry_point(built: Path, name: str) -> None:
     out = built / name
     meta = json.loads((out / "variant.json").read_text())
     assert meta["name"] == name
-    assert meta["expect_code"] is None  # no check yet (issue 33)
+    assert meta["expect_code"] == EXPECT_CODES.get(name)
     if not name.endswith("-ok"):
         family = "moe" if name in MOE else "quant"
         assert (EXAMPLES / family / name / "README.md").read_text().strip()

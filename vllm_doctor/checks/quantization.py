@@ -31,8 +31,8 @@ REFS = (
 )
 DTYPE_WORDS = {"I8": "int8", "I32": "int32", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U8": "uint8"}
 NO_CHECK = (
-    "vLLM's own missing-weight check is off for quantized models (model_config.quantization is set): it runs with "
-    "uninitialised scales (NaN or garbage output, different from run to run)"
+    "vLLM's own missing-weight check is off for quantized models: it runs with uninitialised scales, NaN or garbage "
+    "output that changes from run to run"
 )
 
 
@@ -75,7 +75,7 @@ def layer_built_without_quant_config(facts: Facts, emit: Emit) -> Iterable[Findi
     found = unquantized_layers(facts)
     if not found:
         quantized = sum(1 for q in layers.modules.values() if q.quantized)
-        yield emit.ok(f"{quantized} layer(s) are built with {ckq.method}'s method for the checkpoint's tensors")
+        yield emit.ok(f"{quantized} layer(s) are built with the {ckq.method} method for the checkpoint's tensors")
         return
     groups: dict[str, list] = {}
     for layer in found:
