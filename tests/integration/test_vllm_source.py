@@ -65,8 +65,10 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ("vllm.compilation.cuda_graph", "CUDAGraphWrapper"): "unwrap",
     # configs
     ("vllm.config.vllm", "VllmConfig"): (
-        "model_config cache_config parallel_config scheduler_config compilation_config profiler_config"
+        "model_config cache_config parallel_config scheduler_config compilation_config profiler_config quant_config"
     ),
+    # the checkpoint tensors a quantization method discards (compat/quant.dropped_by_method, VD302)
+    ("vllm.model_executor.layers.quantization.base_config", "QuantizationConfig"): "get_checkpoint_weight_mapper?",
     ("vllm.config.compilation", "CompilationConfig"): "static_forward_context mode|level cudagraph_mode",
     ("vllm.config.model", "ModelConfig"): (
         "model dtype enforce_eager max_model_len architectures hf_config hf_text_config get_vocab_size get_head_size "

@@ -22,7 +22,11 @@ EXAMPLES = REPO / "examples"
 MOE = ["moe-ok", *sorted(p.name for p in (EXAMPLES / "moe").iterdir() if (p / "variant.py").is_file())]
 QUANT = ["quant-ok", *sorted(p.name for p in (EXAMPLES / "quant").iterdir() if (p / "variant.py").is_file())]
 # the quantized variants the checks catch (tests/integration/test_quant_checks.py); the others: no check yet
-EXPECT_CODES = {"quant-unquantized-down-proj": "VD314", "quant-missing-scales": "VD315", "quant-method-mismatch": "VD316"}
+EXPECT_CODES = {
+    "quant-unquantized-down-proj": "VD314",
+    "quant-missing-scales": "VD315",
+    "quant-method-mismatch": "VD316",
+}
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

@@ -44,6 +44,7 @@ class QuantLayers:
     method: str | None = None
     modules: dict[str, QuantModule] = field(default_factory=dict)
     defaulted: dict[str, str] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)  # checkpoint tensors the method's mapper discards
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,13 @@ def defaulted_params(facts: Facts) -> dict[str, str]:
     """Parameters vLLM fills itself when the checkpoint has none (VD301 does not report them)."""
     layers = quant_layers(facts)
     return dict(layers.defaulted) if layers is not None else {}
+
+
+def dropped_by_method(facts: Facts) -> set[str]:
+    """Checkpoint tensors the quantization method tells vLLM's AutoWeightsLoader to discard
+    (GPTQ's g_idx): VD302 does not report them as skipped."""
+    layers = quant_layers(facts)
+    return set(layers.dropped) if layers is not None else set()
 
 
 def _targets(t: dict[str, Any]) -> set[str]:

@@ -15,6 +15,7 @@ from typing import Any
 from vllm_doctor.checks.base import Emit, capped_findings, check, known
 from vllm_doctor.checks.quant_load import (
     defaulted_params,
+    dropped_by_method,
     missing_quant_params,
     unquantized_modules,
     unquantized_tensors,
@@ -258,6 +259,8 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
     deferred = tower_tensors(facts) | unquantized_tensors(facts)  # VD313 names their tower, VD314 their layer
     not_built = unbuilt_groups(facts, [n for n, t in tensors.items() if t["status"] == "skipped"])
     deliberate = {n for g in not_built.values() for n in g["tensors"]}
+    discarded = dropped_by_method(facts) & {n for n, t in tensors.items() if t["status"] == "skipped"}
+    deliberate |= discarded  # the quantization method's checkpoint mapper drops them (GPTQ's g_idx)
     for name, t in tensors.items():
         status = t["status"]
         if status == "unverifiable":
@@ -346,8 +349,14 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
         rest = len(tensors) - len(deliberate | deferred)
         yield emit.ok(
             f"load_weights loads all {rest} checkpoint tensors"
-            + (" of the modules the model builds" if deliberate else "")
-            + (f" (VD313/VD314 name the tower(s) or layer(s) of the other {len(deferred)})" if deferred else ""),
+            + (" of the modules the model builds" if deliberate - discarded else "")
+            + (f" (VD313/VD314 name the tower(s) or layer(s) of the other {len(deferred)})" if deferred else "")
+            + (
+                f"; {len(discarded)} tensor(s) the quantization method discards (e.g. {sorted(discarded)[0]}: vLLM's "
+                "loader drops them, its kernels do not use them)"
+                if discarded
+                else ""
+            ),
             "checkpoint",
         )
         return

@@ -12,8 +12,9 @@ returns plain data only. vLLM is asked, not second-guessed:
   ``BaseKVCacheMethod``: vLLM creates them at -1 and its ``process_weights_after_loading``
   puts 1.0 where the checkpoint had none (KV-cache and query scales of checkpoints that carry
   no calibrated ones);
-- a parameter whose ``weight_loader`` has nothing to load has no entry in the checkpoint
-  either: what the ledger records already.
+- checkpoint tensors the method's own checkpoint mapper drops (``get_checkpoint_weight_mapper``,
+  vLLM >= 0.32: GPTQ's ``g_idx``, activation-order metadata its kernels do not use): vLLM's
+  ``AutoWeightsLoader`` never hands them to a layer, deliberately.
 """
 
 from __future__ import annotations
@@ -37,11 +38,36 @@ def _is_unquantized(method: Any, unquantized: tuple[type, ...]) -> bool:
     return any(c.__name__.startswith("Unquantized") for c in type(method).__mro__)
 
 
-def quant_facts(model: Any, model_config: Any) -> dict[str, Any]:
+def dropped_by_method(quant_config: Any, names: list[str]) -> list[str]:
+    """The checkpoint names the quantization method's checkpoint mapper maps to None."""
+    get = getattr(quant_config, "get_checkpoint_weight_mapper", None)
+    if not callable(get):
+        return []
+    try:
+        mapper = get()
+    except Exception:
+        return []
+    rename = getattr(mapper, "map_name", None) or getattr(mapper, "_map_name", None)
+    if not callable(rename):
+        return []
+    out = []
+    for name in names:
+        try:
+            if rename(name) is None:
+                out.append(name)
+        except Exception:
+            continue
+    return out
+
+
+def quant_facts(
+    model: Any, model_config: Any, quant_config: Any = None, names: list[str] | None = None
+) -> dict[str, Any]:
     """``method``: vLLM's quantization method name for the model (None: unquantized);
     ``modules``: per module that owns parameters and is a vLLM quantizable layer or a plain
     ``nn.Linear``, its quant method's class, the compressed-tensors scheme, whether vLLM
-    quantizes it and its own parameters; ``defaulted``: parameter -> why vLLM fills it itself."""
+    quantizes it and its own parameters; ``defaulted``: parameter -> why vLLM fills it itself;
+    ``dropped``: the checkpoint ``names`` the method's checkpoint mapper discards."""
     import torch
 
     method = getattr(model_config, "quantization", None)
@@ -81,4 +107,9 @@ def quant_facts(model: Any, model_config: Any) -> dict[str, Any]:
             "quantized": qm is not None and not kv and not _is_unquantized(qm, unquantized),
             "params": own,
         }
-    return {"method": method if isinstance(method, str) else None, "modules": modules, "defaulted": defaulted}
+    return {
+        "method": method if isinstance(method, str) else None,
+        "modules": modules,
+        "defaulted": defaulted,
+        "dropped": dropped_by_method(quant_config, names or []) if quant_config is not None else [],
+    }

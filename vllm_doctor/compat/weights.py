@@ -767,7 +767,8 @@ def _meta_load(request: dict[str, Any], tmp: str, new_ledger: NewLedger) -> dict
     try:  # the quantization checks' view (VD314-VD317); its failure is not the model's
         from vllm_doctor.compat.quant import quant_facts
 
-        result["quant"] = quant_facts(model, model_config)
+        names = [h["name"] for h in request["tensors"]]
+        result["quant"] = quant_facts(model, model_config, getattr(vllm_config, "quant_config", None), names)
     except Exception as exc:
         result["quant_error"] = f"reading the layers' quantization methods failed: {_exc_summary(exc)}"
     try:  # the tower checks' view; its failure is not the model's
