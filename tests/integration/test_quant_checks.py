@@ -7,8 +7,8 @@ under each quantization method this vLLM builds on the meta device (issue 33, pa
 - VD316: a checkpoint quantized in another format than its quantization_config says;
 - no weights finding on correct quantized ports: the attention layer's q/k/v_scale and zero points
   of the KV-cache methods, which vLLM fills itself, are not VD301 (quant-ok, quant-fp8,
-  quant-w4a16, and vLLM's LlamaForCausalLM in compressed-tensors int8/fp8/w4a16 and native fp8:
-  tests/fixtures/in_tree_quant.py).
+  quant-w4a16, and vLLM's LlamaForCausalLM in compressed-tensors int8/fp8/w4a16, native fp8 and
+  GPTQ: tests/fixtures/in_tree_quant.py); GPTQ's g_idx, which vLLM's loader drops, is no VD302.
 
 Weights-pass runs only (``--select VD3``); what the real engine does with the same variants:
 tests/engine/test_moe_quant_ground_truth.py.
@@ -67,12 +67,18 @@ def test_correct_quantized_ports_get_no_weights_finding(reports: dict[str, dict]
     report = reports[name]
     assert _problems(report) == []
     (loaded,) = _of(report, "VD301")
-    if name in IN_TREE_QUANT:  # vLLM's Llama passes quant_config to its Attention: q/k/v scales + zero points
+    if name in IN_TREE_QUANT and name != "llama-gptq":  # vLLM's Llama's Attention gets q/k/v scales (+ zero points)
         assert "KV-cache/query scale(s) and zero point(s) the checkpoint lacks" in loaded["message"]
         assert any(n.endswith("self_attn.attn.k_scale") for n in loaded["evidence"]["defaulted_by_vllm"])
     assert [f["outcome"] for f in _of(report, "VD314")] == ["pass"]
     assert [f["outcome"] for f in _of(report, "VD315")] == ["pass"]
     assert [f["outcome"] for f in _of(report, "VD316")] == ["pass"]
+    if name == "llama-gptq":
+        (loaded,) = _of(report, "VD302")
+        assert (
+            "14 tensor(s) the quantization method discards (e.g. model.layers.0.mlp.down_proj.g_idx"
+            in loaded["message"]
+        )
 
 
 def test_layer_built_without_quant_config_is_one_vd314_naming_the_cause(reports: dict[str, dict]) -> None:
