@@ -26,6 +26,7 @@ from tests.conftest import REPO, doctor_json
 from tests.fixtures.in_tree_quant import IN_TREE_QUANT, build_in_tree_quant
 
 VARIANTS = (
+    "quant-gptq-names",
     "quant-ok",
     "quant-fp8",
     "quant-w4a16",
@@ -122,3 +123,24 @@ def test_fp8_tensors_under_an_int8_config_are_vd316(reports: dict[str, dict]) ->
         "float8 weights"
     )
     assert found["evidence"]["checkpoint_formats"].keys() == {"fp8"}
+
+
+def test_gptq_module_names_the_model_does_not_use_are_vd317(reports: dict[str, dict]) -> None:
+    report = reports["quant-gptq-names"]
+    (found,) = _of(report, "VD317")
+    assert (found["outcome"], found["subject"]) == ("fail", "model.layers.*.feed_forward.down_proj")
+    assert found["message"].startswith(
+        "auto_gptq quantizes layers by module name and the model's model.layers.*.feed_forward.down_proj, "
+        "model.layers.*.feed_forward.gate_up_proj match none of the checkpoint's (model.layers.*.mlp.down_proj, "
+    )
+    assert found["message"].endswith(
+        "vLLM builds them unquantized (UnquantizedLinearMethod) although quant_config is passed, and loading stops "
+        "with KeyError: 'model.layers.0.feed_forward.down_proj.g_idx'"
+    )
+    assert "model.layers.0.mlp.down_proj" in found["evidence"]["modules_in_block_to_quantize"]
+    # VD314 leaves those layers to it; the quantized attention layers' g_idx, which this hand-written
+    # load_weights does not drop as vLLM's AutoWeightsLoader would, is VD302 with that hint
+    assert [f["outcome"] for f in _of(report, "VD314")] == ["pass"]
+    raised = [f for f in _of(report, "VD302") if f["outcome"] == "fail"]
+    assert raised and all(f["subject"].endswith(".g_idx") and "self_attn" in f["subject"] for f in raised)
+    assert all("AutoWeightsLoader" in f["hint"] for f in raised)

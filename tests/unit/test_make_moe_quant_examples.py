@@ -26,6 +26,7 @@ EXPECT_CODES = {
     "quant-unquantized-down-proj": "VD314",
     "quant-missing-scales": "VD315",
     "quant-method-mismatch": "VD316",
+    "quant-gptq-names": "VD317",
 }
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -23,6 +23,7 @@ def test_the_assertions_fail_on_the_same_codes_as_their_old_lists() -> None:
     # and the fused-MoE experts' (VD311, VD312) and the towers' (VD313), in the weights topic since they came
     assert assertion_codes(WEIGHT_TOPICS) == {
         "VD301", "VD302", "VD303", "VD306", "VD307", "VD308", "VD311", "VD312", "VD313", "VD314", "VD315", "VD316",
+        "VD317",
     }  # fmt: skip
     assert assertion_codes(PLACEMENT_TOPICS) == {"VD401", "VD402", "VD500"}
     assert assertion_codes(KV_TOPICS) == {"VD500", "VD501", "VD504"}
@@ -32,10 +33,10 @@ def test_the_weights_pass_and_the_kv_pane_take_their_codes_from_the_catalogue() 
     from vllm_doctor.stages.weights import LOAD_CODES, WEIGHT_CODES
     from vllm_doctor.tui.report_sections import KV_CODES
 
-    assert LOAD_CODES == ("VD301", "VD302", "VD303", "VD304", "VD311", "VD312", "VD313", "VD314", "VD315")
+    assert LOAD_CODES == ("VD301", "VD302", "VD303", "VD304", "VD311", "VD312", "VD313", "VD314", "VD315", "VD317")
     assert WEIGHT_CODES == (
         "VD301", "VD302", "VD303", "VD304", "VD305", "VD306", "VD307", "VD308", "VD311", "VD312", "VD313", "VD314",
-        "VD315", "VD316",
+        "VD315", "VD316", "VD317",
     )  # fmt: skip
     assert KV_CODES == ("VD501", "VD502", "VD504")
 

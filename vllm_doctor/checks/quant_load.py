@@ -45,6 +45,7 @@ class QuantLayers:
     modules: dict[str, QuantModule] = field(default_factory=dict)
     defaulted: dict[str, str] = field(default_factory=dict)
     dropped: list[str] = field(default_factory=list)  # checkpoint tensors the method's mapper discards
+    by_name: list[str] | None = None  # the module names a method quantizes by name (GPTQ); None: not by name
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class UnquantizedLayer:
     unloadable: list[str]  # its scales etc. that have no parameter
     error: str = ""  # what load_weights raised for them
     ignored_by: str | None = None  # the config's ignore entry that names it
+    unmatched: bool = False  # the method quantizes by name and no name it quantizes matches this layer (VD317)
 
 
 def quant_layers(facts: Facts) -> QuantLayers | None:
@@ -137,6 +139,7 @@ def unquantized_layers(facts: Facts) -> list[UnquantizedLayer]:
                 unloadable=rec["unloadable"],
                 error=rec["error"],
                 ignored_by=ckq.ignored(module),
+                unmatched=bool(layers.by_name) and not any(n in module for n in layers.by_name or []),
             )
         )
     return out

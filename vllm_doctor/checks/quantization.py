@@ -72,10 +72,13 @@ def layer_built_without_quant_config(facts: Facts, emit: Emit) -> Iterable[Findi
     if layers is None or not ckq.quantized:
         yield emit.not_applicable("the checkpoint is not quantized (config.json's quantization_config and its tensors)")
         return
-    found = unquantized_layers(facts)
+    found = [layer for layer in unquantized_layers(facts) if not layer.unmatched]  # unmatched: VD317
     if not found:
         quantized = sum(1 for q in layers.modules.values() if q.quantized)
-        yield emit.ok(f"{quantized} layer(s) are built with the {ckq.method} method for the checkpoint's tensors")
+        yield emit.ok(
+            f"{quantized} layer(s) are built with the {ckq.method} method for the checkpoint's tensors"
+            + (" (VD317 names the layers the method does not quantize by name)" if unquantized_layers(facts) else "")
+        )
         return
     groups: dict[str, list] = {}
     for layer in found:
@@ -265,4 +268,63 @@ def quantization_method_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
         },
         "write the quantization_config of the tool that produced these tensors (or re-export the checkpoint as "
         f"{ckq.method})",
+    )
+
+
+@check(
+    "VD317",
+    "quantized-module-names-differ",
+    "A method that quantizes layers by module name (GPTQ) finds none of the checkpoint's names in the model's layers.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    topic="weights",
+    what=(
+        "vLLM's GPTQ quantizes a layer only when its `prefix` contains one of `modules_in_block_to_quantize`, which "
+        "vLLM fills from the checkpoint's names (the modules with integer tensors) when the config has none. "
+        "vllm-doctor reads the names vLLM settled on and each layer's method from the model built on the meta "
+        "device."
+    ),
+    why=(
+        "A model that names its modules differently from the checkpoint (feed_forward for mlp, w2 for down_proj) gets "
+        "those layers built unquantized although it passes quant_config: load_weights then looks for `qweight`, "
+        "`g_idx` ... on a bfloat16 layer and fails with a bare KeyError."
+    ),
+    example="checkpoint: model.layers.0.mlp.down_proj.qweight; model: model.layers.0.feed_forward.down_proj",
+    fix=(
+        "name the model's modules as the checkpoint does (the `prefix` passed to each layer), or list the model's "
+        "names in quantization_config's `modules_in_block_to_quantize` (vLLM's models map them through "
+        "hf_to_vllm_mapper with `apply_vllm_mapper`)"
+    ),
+    references=(
+        "vllm/model_executor/layers/quantization/utils/gptq_utils.py:is_layer_gptq_quantized",
+        "vllm/model_executor/layers/quantization/auto_gptq.py:maybe_update_config",
+    ),
+    requires=("checkpoint", "weights-load"),
+)
+def quantized_module_names_differ(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    layers = quant_layers(facts)
+    if layers is None or not layers.by_name:
+        yield emit.not_applicable("the quantization method does not pick its layers by module name")
+        return
+    found = [layer for layer in unquantized_layers(facts) if layer.unmatched]
+    if not found:
+        yield emit.ok(f"every layer the checkpoint quantizes matches one of the {len(layers.by_name)} module names")
+        return
+    patterns = sorted({layer_pattern(layer.module) for layer in found})
+    names = sorted({layer_pattern(n) for n in layers.by_name})
+    first = next((layer for layer in found if layer.error), found[0])
+    yield emit.fail(
+        f"{layers.method} quantizes layers by module name and the model's {', '.join(patterns)} match none of the "
+        f"checkpoint's ({', '.join(names[:8])}{' ...' if len(names) > 8 else ''}): vLLM builds them unquantized "
+        f"({first.quant_method}) although quant_config is passed"
+        + (f", and loading stops with {first.error.splitlines()[0]}" if first.error else ""),
+        patterns[0],
+        {
+            "method": layers.method,
+            "modules": [layer.module for layer in found],
+            "modules_in_block_to_quantize": layers.by_name[:50],
+            "vllm_error": first.error,
+        },
+        "name the model's modules as the checkpoint does (the prefix each layer is built with), or map them in "
+        "load_weights and list the model's names in modules_in_block_to_quantize",
     )

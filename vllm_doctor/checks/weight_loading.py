@@ -259,7 +259,8 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
     deferred = tower_tensors(facts) | unquantized_tensors(facts)  # VD313 names their tower, VD314 their layer
     not_built = unbuilt_groups(facts, [n for n, t in tensors.items() if t["status"] == "skipped"])
     deliberate = {n for g in not_built.values() for n in g["tensors"]}
-    discarded = dropped_by_method(facts) & {n for n, t in tensors.items() if t["status"] == "skipped"}
+    discardable = dropped_by_method(facts)
+    discarded = discardable & {n for n, t in tensors.items() if t["status"] == "skipped"}
     deliberate |= discarded  # the quantization method's checkpoint mapper drops them (GPTQ's g_idx)
     for name, t in tensors.items():
         status = t["status"]
@@ -287,6 +288,12 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
                 if near
                 else "map the name in load_weights or drop the tensor"
             )
+            if name in discardable:
+                hint = (
+                    "the quantization method does not use this tensor (vLLM's AutoWeightsLoader drops it through "
+                    "quant_config.get_checkpoint_weight_mapper()): skip it in load_weights, or load through "
+                    "AutoWeightsLoader"
+                )
             findings.append(
                 emit.fail(
                     f"load_weights raises {err['error'].splitlines()[0]} for checkpoint tensor {name}{lookup}",

@@ -12,6 +12,9 @@ returns plain data only. vLLM is asked, not second-guessed:
   ``BaseKVCacheMethod``: vLLM creates them at -1 and its ``process_weights_after_loading``
   puts 1.0 where the checkpoint had none (KV-cache and query scales of checkpoints that carry
   no calibrated ones);
+- GPTQ quantizes a layer only when its prefix contains one of ``modules_in_block_to_quantize``
+  (``is_layer_gptq_quantized``; vLLM's ``maybe_update_config`` fills it from the checkpoint's
+  names): read as ``by_name``;
 - checkpoint tensors the method's own checkpoint mapper drops (``get_checkpoint_weight_mapper``,
   vLLM >= 0.32: GPTQ's ``g_idx``, activation-order metadata its kernels do not use): vLLM's
   ``AutoWeightsLoader`` never hands them to a layer, deliberately.
@@ -112,4 +115,21 @@ def quant_facts(
         "modules": modules,
         "defaulted": defaulted,
         "dropped": dropped_by_method(quant_config, names or []) if quant_config is not None else [],
+        "by_name": quantized_by_name(quant_config),
     }
+
+
+def quantized_by_name(quant_config: Any) -> list[str] | None:
+    """The module names a method quantizes by name (GPTQ's ``modules_in_block_to_quantize``,
+    which vLLM fills from the checkpoint's non-float tensors when the config has none), or None
+    when the method does not decide by name."""
+    names = getattr(quant_config, "modules_in_block_to_quantize", None)
+    if not isinstance(names, list | tuple):
+        return None
+    flat: list[str] = []
+    for item in names:
+        if isinstance(item, list | tuple):
+            flat.extend(str(n) for n in item)
+        else:
+            flat.append(str(item))
+    return flat

@@ -31,7 +31,9 @@ FORMAT_WORDS = {
     "int8": "int8 weights",
     "fp8": "float8 weights",
 }
-GPTQ_AWQ_METHODS = frozenset({"gptq", "awq", "gptq_marlin", "awq_marlin", "moe_wna16", "gptq_bitblas", "awq_triton"})
+GPTQ_AWQ_METHODS = frozenset(
+    {"gptq", "awq", "auto_gptq", "auto_awq", "gptq_marlin", "awq_marlin", "moe_wna16", "gptq_bitblas", "awq_triton"}
+)
 
 
 def tensor_format(name: str, dtype: str) -> str | None:
