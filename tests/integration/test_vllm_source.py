@@ -67,6 +67,8 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ("vllm.config.vllm", "VllmConfig"): (
         "model_config cache_config parallel_config scheduler_config compilation_config profiler_config quant_config"
     ),
+    # the module names GPTQ quantizes by (compat/quant.quantized_by_name, VD317)
+    ("vllm.model_executor.layers.quantization.auto_gptq", "AutoGPTQConfig"): "modules_in_block_to_quantize",
     # the checkpoint tensors a quantization method discards (compat/quant.dropped_by_method, VD302)
     ("vllm.model_executor.layers.quantization.base_config", "QuantizationConfig"): "get_checkpoint_weight_mapper?",
     ("vllm.config.compilation", "CompilationConfig"): "static_forward_context mode|level cudagraph_mode",
