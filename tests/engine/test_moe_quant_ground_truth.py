@@ -86,6 +86,23 @@ EXPECTED: dict[str, Expected] = {
     # scales keep uninitialized memory. Seen: NaN logprobs and token 0 at every step (2 runs),
     # uniform logprobs -ln(512) and token 0 (1 run)
     "quant-missing-scales": Expected(phase="ran", compare_with="quant-ok", uninitialized=True),
+    # float8 tensors under quant-ok's W8A8 int8 config: vLLM builds int8 weights, casts the float8
+    # values into them without a word and runs the int8 kernel: wrong from the first token (VD316)
+    "quant-method-mismatch": Expected(
+        phase="ran",
+        log=("Selected CPUInt8ScaledMMLinearKernel for CompressedTensorsW8A8Int8",),
+        compare_with="quant-ok",
+        first_divergent_token=(0, 0, 0),
+    ),
+    # GPTQ checkpoint named mlp.*, model's MLP named feed_forward.*: vLLM's GPTQ quantizes by name
+    # (modules_in_block_to_quantize from the checkpoint), builds the MLP unquantized although it gets
+    # quant_config (the attention layers run CPUWNA16LinearKernel), and the author's params_dict
+    # lookup fails on the first MLP tensor in sorted order (VD317)
+    "quant-gptq-names": Expected(
+        phase="load",
+        error="builtins.KeyError: 'model.layers.0.feed_forward.down_proj.g_idx'",
+        log=("Using CPUWNA16LinearKernel for AutoGPTQLinearMethod",),
+    ),
     # a probe, not a mistake: compressed-tensors W8A8 FP8 (per-channel) also runs on CPU
     "quant-fp8": Expected(
         phase="ran",

@@ -67,10 +67,12 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ("vllm.config.vllm", "VllmConfig"): (
         "model_config cache_config parallel_config scheduler_config compilation_config profiler_config quant_config"
     ),
+    # the module names GPTQ quantizes by (compat/quant_build.quantized_by_name, VD317)
+    ("vllm.model_executor.layers.quantization.auto_gptq", "AutoGPTQConfig"): "modules_in_block_to_quantize",
     ("vllm.config.compilation", "CompilationConfig"): "static_forward_context mode|level cudagraph_mode",
     ("vllm.config.model", "ModelConfig"): (
         "model dtype enforce_eager max_model_len architectures hf_config hf_text_config get_vocab_size get_head_size "
-        "multimodal_config is_multimodal_model"
+        "multimodal_config is_multimodal_model quantization"
     ),
     # multimodal models (compat/runtime.multimodal_verdicts, compat/llm.multimodal_prompts, compat/worker)
     ("vllm.config.multimodal", "MultiModalConfig"): "limit_per_prompt",
@@ -115,7 +117,8 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ("vllm.model_executor.layers.linear", "LinearBase"): "tp_size params_dtype quant_method",
     # each layer's quantization method and weights (compat/quant.py, doctor_quant)
     ("vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding"): "quant_method",
-    ("vllm.model_executor.layers.quantization.base_config", "QuantizationConfig"): "get_name",
+    # ... and the checkpoint tensors a quantization method discards (compat/quant_build.dropped_by_method, VD302)
+    ("vllm.model_executor.layers.quantization.base_config", "QuantizationConfig"): "get_name get_checkpoint_weight_mapper?",
     ("vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors", "CompressedTensorsConfig"): (
         "ignore"
     ),
@@ -183,6 +186,10 @@ MODULE_NAMES: dict[str, str] = {
     "vllm.model_executor.models.interfaces": "supports_pp supports_multimodal SupportsMultiModal",
     # the attention layer of vLLM's own multimodal encoders (compat/perf.encoder_attention_layer)
     "vllm.model_executor.layers.attention": "MMEncoderAttention",
+    # each layer's quantization method as vLLM picked it (compat/quant_build.quant_facts, VD301/VD314/VD315)
+    "vllm.model_executor.layers.quantization.kv_cache": "BaseKVCacheMethod",
+    "vllm.model_executor.layers.linear": "UnquantizedLinearMethod",
+    "vllm.model_executor.layers.vocab_parallel_embedding": "UnquantizedEmbeddingMethod",
     "vllm.distributed.parallel_state": (
         "get_tp_group get_pp_group init_distributed_environment ensure_model_parallel_initialized "
         "model_parallel_is_initialized destroy_model_parallel destroy_distributed_environment"
@@ -191,10 +198,10 @@ MODULE_NAMES: dict[str, str] = {
 # module -> attributes its code sets on objects of other classes (and weight attributes)
 MODULE_WRITES: dict[str, str] = {
     "vllm.compilation.decorators": "do_not_compile",  # @support_torch_compile, on the model
-    "vllm.model_executor.layers.utils": "cpu_linear",
-    # compressed-tensors' scheme, on each layer it quantizes (compat/quant.py)
-    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors": "scheme",  # the CPU backend's repacked GEMM, on a linear layer
+    "vllm.model_executor.layers.utils": "cpu_linear",  # the CPU backend's repacked GEMM, on a linear layer
     "vllm.model_executor.layers.linear": "input_dim output_dim",  # set_weight_attrs on the weights
+    # the scheme compressed-tensors picked, on each linear layer (compat/quant.py, compat/quant_build.py)
+    "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors": "scheme",
     "vllm.multimodal.registry": "_processor_factory",  # register_processor, on the model class
 }
 # names the scanned files read that are not vLLM's, and whose they are

@@ -22,7 +22,8 @@ def test_the_assertions_fail_on_the_same_codes_as_their_old_lists() -> None:
     """The pytest plugin kept these lists by hand; the topic queries give the same sets."""
     # and the fused-MoE experts' (VD311, VD312) and the towers' (VD313), in the weights topic since they came
     assert assertion_codes(WEIGHT_TOPICS) == {
-        "VD301", "VD302", "VD303", "VD306", "VD307", "VD308", "VD311", "VD312", "VD313",
+        "VD301", "VD302", "VD303", "VD306", "VD307", "VD308", "VD311", "VD312", "VD313", "VD314", "VD315", "VD316",
+        "VD317",
     }  # fmt: skip
     # and VD407 (a linear layer left unquantized in a quantized model) since it came
     assert assertion_codes(PLACEMENT_TOPICS) == {"VD401", "VD402", "VD407", "VD500"}
@@ -33,9 +34,10 @@ def test_the_weights_pass_and_the_kv_pane_take_their_codes_from_the_catalogue() 
     from vllm_doctor.stages.weights import LOAD_CODES, WEIGHT_CODES
     from vllm_doctor.tui.report_sections import KV_CODES
 
-    assert LOAD_CODES == ("VD301", "VD302", "VD303", "VD304", "VD311", "VD312", "VD313")
+    assert LOAD_CODES == ("VD301", "VD302", "VD303", "VD304", "VD311", "VD312", "VD313", "VD314", "VD315", "VD317")
     assert WEIGHT_CODES == (
-        "VD301", "VD302", "VD303", "VD304", "VD305", "VD306", "VD307", "VD308", "VD311", "VD312", "VD313",
+        "VD301", "VD302", "VD303", "VD304", "VD305", "VD306", "VD307", "VD308", "VD311", "VD312", "VD313", "VD314",
+        "VD315", "VD316", "VD317",
     )  # fmt: skip
     assert KV_CODES == ("VD501", "VD502", "VD504")
 

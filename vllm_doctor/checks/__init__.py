@@ -28,6 +28,7 @@ from vllm_doctor.checks import (  # noqa: F401  (registers checks)
 # isort: off
 # VD3xx in code order: the catalogue keeps the order the checks register in
 from vllm_doctor.checks import weight_loading, parallel_sizes, checkpoint_files, config_sizes, model_build, moe, towers  # noqa: F401
+from vllm_doctor.checks import quantization  # noqa: F401
 
 # isort: on
 from vllm_doctor.checks.base import (

@@ -13,6 +13,13 @@ from collections.abc import Iterable
 from typing import Any
 
 from vllm_doctor.checks.base import Emit, capped_findings, check, known
+from vllm_doctor.checks.quant_load import (
+    defaulted_params,
+    dropped_by_method,
+    missing_quant_params,
+    unquantized_modules,
+    unquantized_tensors,
+)
 from vllm_doctor.checks.tower_load import tower_params, tower_tensors, unbuilt_groups
 from vllm_doctor.checks.weights_base import built_model, text_config
 from vllm_doctor.facts.checkpoint import FLOAT_DTYPES
@@ -71,8 +78,15 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
     unverifiable: list[str] = []
     meta_limited: list[str] = []
     by_tower = tower_params(facts)
+    defaulted = defaulted_params(facts)  # vLLM fills them itself (KV-cache scales)
+    scales = {f"{m}.{leaf}" for m, leaves in missing_quant_params(facts).items() for leaf in leaves}
+    unquantized = unquantized_modules(facts)
+    deferred_quant: list[str] = []
     for name, p in sorted(params.items()):
-        if p["written"]:
+        if p["written"] or name in defaulted:
+            continue
+        if name in scales or name.rsplit(".", 1)[0] in unquantized:
+            deferred_quant.append(name)  # VD315 names a layer's missing scales, VD314 a layer built unquantized
             continue
         if p.get("num_experts") and p.get("expert_loads"):
             continue  # a fused-MoE layer that got some experts: VD311 names the missing ones
@@ -159,11 +173,30 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
             f"not verified: {', '.join(meta_limited[:5])}{' ...' if len(meta_limited) > 5 else ''}",
             "(parameters not verifiable on the meta device)",
         )
+    unfilled_defaults = sorted(n for n in defaulted if not params.get(n, {"written": True})["written"])
+    also = (
+        f" ({len(unfilled_defaults)} KV-cache/query scale(s) and zero point(s) the checkpoint lacks, e.g. "
+        f"{unfilled_defaults[0]}: vLLM fills them itself)"
+        if unfilled_defaults
+        else ""
+    )
+    if deferred_quant and not findings and not unverifiable and not meta_limited:
+        yield emit.ok(
+            f"every parameter is filled but the {len(deferred_quant)} of the quantized layers VD314/VD315 name{also}",
+            "model",
+            {"defaulted_by_vllm": unfilled_defaults[:20]},
+        )
+        return
     if by_tower and not findings and not unverifiable and not meta_limited:
-        yield emit.ok(f"every parameter is filled but the {len(by_tower)} of the tower(s) VD313 names", "model")
+        yield emit.ok(f"every parameter is filled but the {len(by_tower)} of the tower(s) VD313 names{also}", "model")
         return
     if not findings and not unverifiable and not meta_limited:
-        yield emit.ok(f"all {len(params)} parameters are filled from {len(tensors)} checkpoint tensors", "model")
+        yield emit.ok(
+            f"all {len(params) - len(unfilled_defaults)} parameters are filled from {len(tensors)} checkpoint "
+            f"tensors{also}",
+            "model",
+            {"defaulted_by_vllm": unfilled_defaults[:20]},
+        )
         return
     yield from capped_findings(findings, emit, "parameters not loaded")
 
@@ -223,9 +256,12 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
                 "run load_weights on a small model in a debugger; the traceback shows where",
             )
         )
-    deferred = tower_tensors(facts)  # VD313 names their whole tower once
+    deferred = tower_tensors(facts) | unquantized_tensors(facts)  # VD313 names their tower, VD314 their layer
     not_built = unbuilt_groups(facts, [n for n, t in tensors.items() if t["status"] == "skipped"])
     deliberate = {n for g in not_built.values() for n in g["tensors"]}
+    discardable = dropped_by_method(facts)
+    discarded = discardable & {n for n, t in tensors.items() if t["status"] == "skipped"}
+    deliberate |= discarded  # the quantization method's checkpoint mapper drops them (GPTQ's g_idx)
     for name, t in tensors.items():
         status = t["status"]
         if status == "unverifiable":
@@ -252,6 +288,12 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
                 if near
                 else "map the name in load_weights or drop the tensor"
             )
+            if name in discardable:
+                hint = (
+                    "the quantization method does not use this tensor (vLLM's AutoWeightsLoader drops it through "
+                    "quant_config.get_checkpoint_weight_mapper()): skip it in load_weights, or load through "
+                    "AutoWeightsLoader"
+                )
             findings.append(
                 emit.fail(
                     f"load_weights raises {err['error'].splitlines()[0]} for checkpoint tensor {name}{lookup}",
@@ -314,8 +356,14 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
         rest = len(tensors) - len(deliberate | deferred)
         yield emit.ok(
             f"load_weights loads all {rest} checkpoint tensors"
-            + (" of the modules the model builds" if deliberate else "")
-            + (f" (VD313 names the tower(s) of the other {len(deferred)})" if deferred else ""),
+            + (" of the modules the model builds" if deliberate - discarded else "")
+            + (f" (VD313/VD314 name the tower(s) or layer(s) of the other {len(deferred)})" if deferred else "")
+            + (
+                f"; {len(discarded)} tensor(s) the quantization method discards (e.g. {sorted(discarded)[0]}: vLLM's "
+                "loader drops them, its kernels do not use them)"
+                if discarded
+                else ""
+            ),
             "checkpoint",
         )
         return
@@ -483,7 +531,10 @@ def lossy_checkpoint_dtype(facts: Facts, emit: Emit) -> Iterable[Finding]:
     source = "the parameters the tensors load into"
     if data is not None:
         params = data["params"]
+        deferred = unquantized_tensors(facts)  # VD314 names the layer built unquantized
         for name, t in data["tensors"].items():
+            if name in deferred:
+                continue
             for pname in t["params"][:1]:
                 p = params.get(pname)
                 if p is None:

@@ -749,6 +749,13 @@ def _meta_load(request: dict[str, Any], tmp: str, new_ledger: NewLedger) -> dict
     except BaseException as exc:
         return fail("load", exc)
     lap("load_s", t)
+    try:  # the quantization checks' view (VD314-VD317); its failure is not the model's
+        from vllm_doctor.compat.quant_build import quant_facts
+
+        names = [h["name"] for h in request["tensors"]]
+        result["quant"] = quant_facts(model, model_config, getattr(vllm_config, "quant_config", None), names)
+    except Exception as exc:
+        result["quant_error"] = f"reading the layers' quantization methods failed: {_exc_summary(exc)}"
     try:  # the tower checks' view; its failure is not the model's
         result["layout"] = layout_facts(model, [h["name"] for h in request["tensors"]])
     except Exception as exc:
