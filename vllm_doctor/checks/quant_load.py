@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.facts import wire
-from vllm_doctor.facts.quant_checkpoint import FP8_DTYPES, INT_DTYPES, WEIGHT_LEAVES, CheckpointQuant, checkpoint_quant, is_scale
+from vllm_doctor.facts.quant_checkpoint import (
+    FP8_DTYPES,
+    INT_DTYPES,
+    WEIGHT_LEAVES,
+    CheckpointQuant,
+    checkpoint_quant,
+    is_scale,
+)
 from vllm_doctor.facts.static import Facts
 
 LAYER = re.compile(r"(?<=\.)(\d+)(?=\.)")
