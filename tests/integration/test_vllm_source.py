@@ -207,6 +207,10 @@ MODULE_WRITES: dict[str, str] = {
 # names the scanned files read that are not vLLM's, and whose they are
 NOT_VLLM: dict[str, str] = {
     "__file__": "a Python module",
+    # compat/common.is_fused_moe asks any module whether its loader takes an expert_id: the
+    # method lives on a different vLLM class in each release (FusedMoE, RoutedExperts) and on
+    # authors' own layers, so it is asked as a capability, not owned by one class
+    "weight_loader": "a module's weight loader (vLLM's fused-MoE classes, or the model author's own layer)",
     "__name__": "a Python function or class",
     "__vllm_doctor_wrapper__": "the doctor's mark on its own wrappers",
     "_doctor_perf": "the doctor's cache of the module tree on its own extension (engine/extension.py)",
