@@ -614,7 +614,7 @@ def gemm_dtype(worker: WorkerFacts) -> str | None:
     q = worker.quant
     if q is None:
         return None
-    kinds = set()
+    kinds: set[str | None] = set()
     for layer in q.layers:
         if not layer.quantized:
             continue
