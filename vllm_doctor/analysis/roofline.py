@@ -577,6 +577,26 @@ def engine_roofline(
         if work is not None:
             by_phase[phase] = _phase_entry(shape, work, decoder_step_s(summary), peaks, weights_read)
     per_layer = layer_rates(shape, steps, layers, block_size, peaks, weights_read / config_read)
+    return _roofline_record(
+        shape, peaks, by_phase, per_layer, notes,
+        params=shape.params,
+        resident_weight_bytes=shape.resident_weight_bytes,
+        measured_weight_bytes=measured or None,
+        weights_read_bytes=weights_read,
+        weights_source=source,
+        weights_quantized=quantized,
+    )  # fmt: skip
+
+
+def _roofline_record(
+    shape: DecoderShape,
+    peaks: Peaks,
+    by_phase: dict[str, RooflinePhase],
+    per_layer: list[RooflineLayer],
+    notes: list[str],
+    **model: Any,
+) -> Roofline:
+    """The roofline record of a dense or MoE decoder: the shape's sizes, ``model``'s weight figures."""
     return Roofline(
         available=True,
         model=RooflineModel(
@@ -590,12 +610,7 @@ def engine_roofline(
             tied_embeddings=shape.tied_embeddings,
             weight_bytes_per_element=shape.weight_bytes,
             kv_bytes_per_element=shape.kv_bytes,
-            params=shape.params,
-            resident_weight_bytes=shape.resident_weight_bytes,
-            measured_weight_bytes=measured or None,
-            weights_read_bytes=weights_read,
-            weights_source=source,
-            weights_quantized=quantized,
+            **model,
         ),
         device=peaks.to_record(),
         context="upper bound: kv_blocks_used x block_size",
@@ -830,41 +845,24 @@ def moe_roofline(
     full = moe_weights_read(shape, moe, math.inf, rest)
     per_layer = layer_rates(shape, steps, layers, block_size, peaks, 1.0, moe)
     resident = moe_resident_bytes(shape, moe)
-    return Roofline(
-        available=True,
-        model=RooflineModel(
-            hidden=shape.hidden,
-            layers=shape.layers,
-            heads=shape.heads,
-            kv_heads=shape.kv_heads,
-            head_dim=shape.head_dim,
-            intermediate=shape.intermediate,
-            vocab=shape.vocab,
-            tied_embeddings=shape.tied_embeddings,
-            weight_bytes_per_element=shape.weight_bytes,
-            kv_bytes_per_element=shape.kv_bytes,
-            params=int(resident / shape.weight_bytes),
-            resident_weight_bytes=resident,
-            measured_weight_bytes=measured or None,
-            weights_read_bytes=full,
-            weights_source=f"routed experts, {moe.source}",
-            experts=RooflineExperts(
-                moe_layers=moe.layers,
-                experts=moe.experts,
-                top_k=moe.top_k,
-                expert_bytes=moe.expert_bytes,
-                router_and_shared_bytes=moe.router_and_shared_bytes,
-                source=moe.source,
-                assumption=UNIFORM_ROUTING,
-            ),
+    return _roofline_record(
+        shape, peaks, by_phase, per_layer, notes,
+        params=int(resident / shape.weight_bytes),
+        resident_weight_bytes=resident,
+        measured_weight_bytes=measured or None,
+        weights_read_bytes=full,
+        weights_source=f"routed experts, {moe.source}",
+        weights_quantized=quantized_weights(worker)[1],
+        experts=RooflineExperts(
+            moe_layers=moe.layers,
+            experts=moe.experts,
+            top_k=moe.top_k,
+            expert_bytes=moe.expert_bytes,
+            router_and_shared_bytes=moe.router_and_shared_bytes,
+            source=moe.source,
+            assumption=UNIFORM_ROUTING,
         ),
-        device=peaks.to_record(),
-        context="upper bound: kv_blocks_used x block_size",
-        phases=by_phase,
-        layers=per_layer,
-        notes=notes,
-        above_peak=any(p.above_peak for p in by_phase.values()) or any(x.above_peak for x in per_layer),
-    )
+    )  # fmt: skip
 
 
 # ---- in words ----------------------------------------------------------------------------------
