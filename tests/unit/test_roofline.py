@@ -307,3 +307,37 @@ def test_the_routed_roofline_takes_one_experts_bytes_from_the_workers_fused_moe_
     assert roof.model.weights_source == "routed experts, measured" and roof.model.experts.expert_bytes == EXPERT_PARAMS
     decode = roof.phases["decode"]
     assert decode.bytes.weights == pytest.approx((MIXTRAL_EVERY_STEP * 2 + 2 * 32 * EXPERT_PARAMS) + 4096 * 2)
+
+
+def test_w8a8_gemms_are_held_to_the_8_bit_peak_weight_only_ones_to_the_models_dtype() -> None:
+    """An FP8 W8A8 8B prefill on the H200 computes ~1.3 PFLOP/s: above the bf16 dense peak (989.5
+    TFLOP/s), below the fp8 one (1,979). Seen on the H200 before the fix as "ABOVE the device's peak"."""
+    import json
+    from pathlib import Path
+
+    from vllm_doctor.analysis.roofline import gemm_dtype
+    from vllm_doctor.facts.quant import QuantFacts, QuantLayer
+
+    assert device_peaks("NVIDIA H200", "cuda", None, None, "fp8").flops == 1979e12
+    assert device_peaks("NVIDIA H200", "cuda", None, None, "int8").flops == 1979e12
+    assert device_peaks("NVIDIA A100-SXM4-80GB", "cuda", None, None, "fp8").flops is None  # no fp8 tensor cores
+
+    def worker(*layers: QuantLayer) -> WorkerFacts:
+        w = WorkerFacts(rank=0)
+        w.put("quant", QuantFacts(method="compressed-tensors", layers=list(layers)).to_wire())
+        return w
+
+    fp8 = QuantLayer(name="model.layers.0.mlp.down_proj", method="CompressedTensorsLinearMethod",
+                     scheme="CompressedTensorsW8A8Fp8", quantized=True)  # fmt: skip
+    int8 = QuantLayer(name="model.layers.0.mlp.down_proj", method="CompressedTensorsLinearMethod",
+                      scheme="CompressedTensorsW8A8Int8", quantized=True)  # fmt: skip
+    native = QuantLayer(name="model.layers.0.mlp.down_proj", method="Fp8LinearMethod", quantized=True)
+    lm_head = QuantLayer(name="lm_head", method="UnquantizedLinearMethod", quantized=False)
+    assert gemm_dtype(worker(fp8, lm_head)) == "fp8" and gemm_dtype(worker(native)) == "fp8"
+    assert gemm_dtype(worker(int8, lm_head)) == "int8"
+    assert gemm_dtype(worker(fp8, int8)) is None  # mixed: no single 8-bit column
+    recorded = Path(__file__).resolve().parents[1] / "data" / "quant" / "quant-w4a16.doctor_quant.json"
+    w4a16 = WorkerFacts(rank=0)
+    w4a16.put("quant", json.loads(recorded.read_text()))
+    assert gemm_dtype(w4a16) is None  # weight-only: the GEMMs run in the model's dtype
+    assert gemm_dtype(WorkerFacts(rank=0)) is None

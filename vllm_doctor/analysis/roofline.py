@@ -89,15 +89,55 @@ class DevicePeak:
 # Dense figures from NVIDIA's datasheets (the sparse ones, printed first there, are twice these).
 # Order matters: the first pattern that matches the device's name wins (H100 NVL before H100).
 DENSE_PEAKS: tuple[tuple[str, DevicePeak], ...] = (
-    (r"H200 NVL", DevicePeak("H200 NVL", {"bf16": 835e12, "fp16": 835e12, "fp32": 60e12}, 4.8e12)),
-    (r"H200", DevicePeak("H200 SXM", {"bf16": 989.5e12, "fp16": 989.5e12, "fp32": 67e12}, 4.8e12)),
-    (r"H100 NVL", DevicePeak("H100 NVL", {"bf16": 835.5e12, "fp16": 835.5e12, "fp32": 60e12}, 3.9e12)),
-    (r"H100 PCIe", DevicePeak("H100 PCIe", {"bf16": 756.5e12, "fp16": 756.5e12, "fp32": 51e12}, 2.0e12)),
-    (r"H100", DevicePeak("H100 SXM", {"bf16": 989.5e12, "fp16": 989.5e12, "fp32": 67e12}, 3.35e12)),
-    (r"A100", DevicePeak("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12})),
-    (r"L40S", DevicePeak("L40S", {"bf16": 362.05e12, "fp16": 362.05e12, "fp32": 91.6e12}, 864e9)),
-    (r"\bL4\b", DevicePeak("L4", {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12}, 300e9)),
-    (r"\bA10\b", DevicePeak("A10", {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12}, 600e9)),
+    # fp8 / int8: the tensor cores' dense 8-bit figures, where a quantized model's W8A8 GEMMs run
+    (
+        r"H200 NVL",
+        DevicePeak(
+            "H200 NVL", {"bf16": 835e12, "fp16": 835e12, "fp32": 60e12, "fp8": 1670e12, "int8": 1670e12}, 4.8e12
+        ),
+    ),
+    (
+        r"H200",
+        DevicePeak(
+            "H200 SXM", {"bf16": 989.5e12, "fp16": 989.5e12, "fp32": 67e12, "fp8": 1979e12, "int8": 1979e12}, 4.8e12
+        ),
+    ),
+    (
+        r"H100 NVL",
+        DevicePeak(
+            "H100 NVL", {"bf16": 835.5e12, "fp16": 835.5e12, "fp32": 60e12, "fp8": 1670.5e12, "int8": 1670.5e12}, 3.9e12
+        ),
+    ),
+    (
+        r"H100 PCIe",
+        DevicePeak(
+            "H100 PCIe", {"bf16": 756.5e12, "fp16": 756.5e12, "fp32": 51e12, "fp8": 1513e12, "int8": 1513e12}, 2.0e12
+        ),
+    ),
+    (
+        r"H100",
+        DevicePeak(
+            "H100 SXM", {"bf16": 989.5e12, "fp16": 989.5e12, "fp32": 67e12, "fp8": 1979e12, "int8": 1979e12}, 3.35e12
+        ),
+    ),
+    (
+        r"A100",
+        DevicePeak("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12, "int8": 624e12}),
+    ),
+    (
+        r"L40S",
+        DevicePeak(
+            "L40S", {"bf16": 362.05e12, "fp16": 362.05e12, "fp32": 91.6e12, "fp8": 733e12, "int8": 733e12}, 864e9
+        ),
+    ),
+    (
+        r"\bL4\b",
+        DevicePeak("L4", {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12, "fp8": 242.5e12, "int8": 242.5e12}, 300e9),
+    ),
+    (
+        r"\bA10\b",
+        DevicePeak("A10", {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12, "int8": 250e12}, 600e9),
+    ),
 )
 
 DTYPE_BYTES = {
@@ -128,8 +168,11 @@ def dtype_bytes(dtype: str | None) -> int | None:
 
 
 def compute_dtype(dtype: str | None) -> str | None:
-    """The datasheet column a model dtype runs its GEMMs in: bf16, fp16 or fp32."""
+    """The datasheet column a model dtype runs its GEMMs in: bf16, fp16 or fp32 (fp8 and int8:
+    a quantized model's W8A8 GEMMs, :func:`gemm_dtype`)."""
     name = (dtype or "").rsplit(".", 1)[-1].lower()
+    if name in ("fp8", "int8"):
+        return name
     if name in ("float16", "half", "fp16"):
         return "fp16"
     if name in ("bfloat16", "bf16"):
@@ -485,14 +528,20 @@ def engine_roofline(
     place = worker.placement.device if worker.placement is not None else None
     dev_type = place.type if place is not None else None
     model_dtype = worker.placement.model_dtype if worker.placement is not None else None
+    gemm = gemm_dtype(worker)
     peaks = device_peaks(
         place.name if place is not None else None,
         dev_type,
         place.memory_bus_width_bits if place is not None else None,
         place.memory_clock_khz if place is not None else None,
-        model_dtype,
+        gemm or model_dtype,
     )
     notes: list[str] = []
+    if gemm is not None and peaks.flops is not None:
+        notes.append(
+            f"the compute peak is the device's dense {gemm} figure: the quantized linear layers' GEMMs run in {gemm} "
+            "(W8A8); attention and the LM head run in the model's dtype, so the share is a lower bound there"
+        )
     moe = moe_shape_of(worker, shape)
     if moe is not None:
         return moe_roofline(shape, moe, worker, steps, phases, layers, block_size, peaks, notes)
@@ -528,6 +577,26 @@ def engine_roofline(
         if work is not None:
             by_phase[phase] = _phase_entry(shape, work, decoder_step_s(summary), peaks, weights_read)
     per_layer = layer_rates(shape, steps, layers, block_size, peaks, weights_read / config_read)
+    return _roofline_record(
+        shape, peaks, by_phase, per_layer, notes,
+        params=shape.params,
+        resident_weight_bytes=shape.resident_weight_bytes,
+        measured_weight_bytes=measured or None,
+        weights_read_bytes=weights_read,
+        weights_source=source,
+        weights_quantized=quantized,
+    )  # fmt: skip
+
+
+def _roofline_record(
+    shape: DecoderShape,
+    peaks: Peaks,
+    by_phase: dict[str, RooflinePhase],
+    per_layer: list[RooflineLayer],
+    notes: list[str],
+    **model: Any,
+) -> Roofline:
+    """The roofline record of a dense or MoE decoder: the shape's sizes, ``model``'s weight figures."""
     return Roofline(
         available=True,
         model=RooflineModel(
@@ -541,12 +610,7 @@ def engine_roofline(
             tied_embeddings=shape.tied_embeddings,
             weight_bytes_per_element=shape.weight_bytes,
             kv_bytes_per_element=shape.kv_bytes,
-            params=shape.params,
-            resident_weight_bytes=shape.resident_weight_bytes,
-            measured_weight_bytes=measured or None,
-            weights_read_bytes=weights_read,
-            weights_source=source,
-            weights_quantized=quantized,
+            **model,
         ),
         device=peaks.to_record(),
         context="upper bound: kv_blocks_used x block_size",
@@ -555,6 +619,28 @@ def engine_roofline(
         notes=notes,
         above_peak=any(p.above_peak for p in by_phase.values()) or any(x.above_peak for x in per_layer),
     )
+
+
+def gemm_dtype(worker: WorkerFacts) -> str | None:
+    """``fp8`` or ``int8`` where every quantized linear layer of the worker runs a W8A8 scheme of
+    that type (compressed-tensors ``W8A8Fp8`` / ``W8A8Int8``, vLLM's native ``Fp8LinearMethod``):
+    their GEMMs run on the tensor cores' 8-bit rate. None otherwise (weight-only schemes such as
+    W4A16 dequantize to the model's dtype; a model that is not quantized)."""
+    q = worker.quant
+    if q is None:
+        return None
+    kinds: set[str | None] = set()
+    for layer in q.layers:
+        if not layer.quantized:
+            continue
+        text = f"{layer.scheme or ''} {layer.method or ''}"
+        if "W8A8Fp8" in text or "Fp8LinearMethod" in text:
+            kinds.add("fp8")
+        elif "W8A8Int8" in text:
+            kinds.add("int8")
+        else:
+            kinds.add(None)
+    return kinds.pop() if len(kinds) == 1 else None
 
 
 def quantized_weights(worker: WorkerFacts) -> tuple[int, str | None]:
@@ -759,41 +845,24 @@ def moe_roofline(
     full = moe_weights_read(shape, moe, math.inf, rest)
     per_layer = layer_rates(shape, steps, layers, block_size, peaks, 1.0, moe)
     resident = moe_resident_bytes(shape, moe)
-    return Roofline(
-        available=True,
-        model=RooflineModel(
-            hidden=shape.hidden,
-            layers=shape.layers,
-            heads=shape.heads,
-            kv_heads=shape.kv_heads,
-            head_dim=shape.head_dim,
-            intermediate=shape.intermediate,
-            vocab=shape.vocab,
-            tied_embeddings=shape.tied_embeddings,
-            weight_bytes_per_element=shape.weight_bytes,
-            kv_bytes_per_element=shape.kv_bytes,
-            params=int(resident / shape.weight_bytes),
-            resident_weight_bytes=resident,
-            measured_weight_bytes=measured or None,
-            weights_read_bytes=full,
-            weights_source=f"routed experts, {moe.source}",
-            experts=RooflineExperts(
-                moe_layers=moe.layers,
-                experts=moe.experts,
-                top_k=moe.top_k,
-                expert_bytes=moe.expert_bytes,
-                router_and_shared_bytes=moe.router_and_shared_bytes,
-                source=moe.source,
-                assumption=UNIFORM_ROUTING,
-            ),
+    return _roofline_record(
+        shape, peaks, by_phase, per_layer, notes,
+        params=int(resident / shape.weight_bytes),
+        resident_weight_bytes=resident,
+        measured_weight_bytes=measured or None,
+        weights_read_bytes=full,
+        weights_source=f"routed experts, {moe.source}",
+        weights_quantized=quantized_weights(worker)[1],
+        experts=RooflineExperts(
+            moe_layers=moe.layers,
+            experts=moe.experts,
+            top_k=moe.top_k,
+            expert_bytes=moe.expert_bytes,
+            router_and_shared_bytes=moe.router_and_shared_bytes,
+            source=moe.source,
+            assumption=UNIFORM_ROUTING,
         ),
-        device=peaks.to_record(),
-        context="upper bound: kv_blocks_used x block_size",
-        phases=by_phase,
-        layers=per_layer,
-        notes=notes,
-        above_peak=any(p.above_peak for p in by_phase.values()) or any(x.above_peak for x in per_layer),
-    )
+    )  # fmt: skip
 
 
 # ---- in words ----------------------------------------------------------------------------------
