@@ -211,6 +211,9 @@ class ServedEngine:
     # the engine's arguments (the small eager CPU engine by default; a GPU test passes its own)
     engine_args: list[str] = field(default_factory=lambda: list(SMALL_ENGINE))
     port: int = field(default_factory=free_port)
+    # the doctor's series in /metrics (vllm_doctor.live.exporter): off on the session's server,
+    # where top's scrapes would otherwise attach the exporter beside the tests' own readers
+    metrics: bool = False
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
     _log: IO[str] | None = None
@@ -241,6 +244,7 @@ class ServedEngine:
             VLLM_DOCTOR="1",
             VLLM_DOCTOR_DIR=str(self.procs_dir),
             VLLM_DOCTOR_TEST_AUDIT=str(self.audit_dir),
+            VLLM_DOCTOR_METRICS="1" if self.metrics else "0",
         )
         self.env = env
 

@@ -72,7 +72,7 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ("vllm.config.compilation", "CompilationConfig"): "static_forward_context mode|level cudagraph_mode",
     ("vllm.config.model", "ModelConfig"): (
         "model dtype enforce_eager max_model_len architectures hf_config hf_text_config get_vocab_size get_head_size "
-        "multimodal_config is_multimodal_model quantization"
+        "multimodal_config is_multimodal_model quantization served_model_name"
     ),
     # multimodal models (compat/runtime.multimodal_verdicts, compat/llm.multimodal_prompts, compat/worker)
     ("vllm.config.multimodal", "MultiModalConfig"): "limit_per_prompt",

@@ -1700,3 +1700,45 @@ def test_events_captured_in_a_graph_are_read_as_the_steps_attention_bounds() -> 
         (ATTN[1], True, 0.007),
         (ATTN[1], False, 0.01),
     ]
+
+
+def _run_steps(prof: ForwardProfiler, sos: list[Any]) -> None:
+    for so in sos:
+        prof.begin_step(so)
+        prof.module_enter("")
+        prof.module_enter("model.layers.0")
+        prof.module_exit("model.layers.0")
+        prof.module_exit("")
+        prof.after_execute(0.001, output_is_final=True)
+
+
+def test_each_reader_has_its_own_window_and_a_reset_takes_nothing_from_another() -> None:
+    """top resets its window every second while attach (or the /metrics exporter) reads its own:
+    each reader sees every step since its own last reset; what no reader needs is let go."""
+    prof = ForwardProfiler(WallClock(), select_modules(ToyForCausalLM()), sample_every=1)
+    prof.layers_enabled = True
+    sos = _two_requests(10)
+    prof.open_window("top")
+    _run_steps(prof, sos[:4])
+    prof.open_window("attach")  # opens after four steps: sees none of them
+    _run_steps(prof, sos[4:6])
+
+    def seen(reader: str, reset: bool = False) -> tuple[list[int], int]:
+        snap = prof.snapshot(reset=reset, reader=reader)
+        layer0 = next((m for m in snap["layers"] if m["name"] == "model.layers.0"), None)
+        return [r["index"] for r in StepTable.of(snap).rows()], layer0["decode_calls"] if layer0 else 0
+
+    first = seen("top", reset=True)
+    assert first[0] == [0, 1, 2, 3, 4, 5] and first[1] == 5  # step 0 is the prefill
+    _run_steps(prof, sos[6:8])
+    assert seen("top", reset=True) == ([6, 7], 2)
+    assert seen("attach") == ([4, 5, 6, 7], 4)  # top's two resets took nothing from it
+    assert len(prof.steps) == 4  # steps 0-3: no window holds them any more
+    _run_steps(prof, sos[8:])
+    assert seen("attach", reset=True) == ([4, 5, 6, 7, 8, 9], 6)
+    assert seen("top") == ([8, 9], 2)
+    prof.close_window("top")  # top went away: attach's window is the only one, and it is empty
+    assert prof.steps == [] and prof.steps_base == 10
+    assert seen("attach") == ([], 0)
+    # a reader with no window of its own (vLLM's collective_rpc, before install) sees what is held
+    assert prof.snapshot(reader="unknown")["dropped_steps"] == 0

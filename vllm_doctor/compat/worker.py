@@ -70,6 +70,16 @@ def sub_config(worker: Any, name: str) -> Any:
     return found
 
 
+def served_model_name(worker: Any) -> str | None:
+    """The name the server serves the model as (``--served-model-name``, else the model's path):
+    vLLM's own metrics label the model with it (``model_name``)."""
+    model_config = sub_config(worker, "model_config")
+    name = getattr(model_config, "served_model_name", None) or getattr(model_config, "model", None)
+    if isinstance(name, (list, tuple)):
+        name = name[0] if name else None
+    return str(name) if name else None
+
+
 def kv_caches(worker: Any) -> list[torch.Tensor]:
     """Per-layer KV tensors, whatever container the runner keeps them in."""
     kv = getattr(runner(worker), "kv_caches", None)

@@ -13,8 +13,10 @@ queue or its HTTP server. What keeps the engine safe from the channel:
 - a request frame is at most :data:`~vllm_doctor.channel.MAX_REQUEST` bytes and must arrive
   within :data:`BODY_TIMEOUT_S` once it starts; at most :data:`MAX_CONNECTIONS` readers at once;
 - peers of another uid are refused (``SO_PEERCRED``), beside the directory's and socket's modes;
+- each reader has its own window of the step and layer records (the reader option of install
+  and collect, set here per connection: a reader's reset never takes records from another);
 - a reader that attached and goes away (closed, killed, timed out) is detached: the hooks come
-  off when the last reader that attached leaves;
+  off when the last reader that attached leaves, and the records only its window held go;
 - nothing raised here reaches vLLM: each connection's thread catches everything.
 """
 
@@ -30,6 +32,7 @@ import time
 from typing import Any
 
 from vllm_doctor import channel as wire
+from vllm_doctor.engine.extension import READER_OPTION
 
 MAX_CONNECTIONS = 8
 BODY_TIMEOUT_S = 10.0
@@ -155,7 +158,10 @@ class ChannelServer:
                 self._attached.discard(key)
                 others = len(self._attached)
             if others:
+                self._forget(key)
                 return _ok({"ok": True, "method": method, "pid": os.getpid(), "data": {"kept_for_readers": others}})
+        if method in ("doctor_install", "doctor_collect"):
+            options = {**options, READER_OPTION: key}  # each reader its own window of the records
         self._use_worker_device()
         if method == "doctor_collect":
             settle(self.worker)  # the device's pending events, waited for outside the lock
@@ -181,6 +187,22 @@ class ChannelServer:
         if last:  # the last reader that attached is gone: the hooks come off
             with contextlib.suppress(Exception):
                 self._run(key, "doctor_detach", {})
+        elif was_attached:  # the others keep the hooks; what only this reader's window held goes
+            self._forget(key)
+
+    def _forget(self, key: int) -> None:
+        from vllm_doctor.engine.session import SESSION_ATTR, worker_lock
+
+        lock = worker_lock(self.worker)
+        if not lock.acquire(timeout=LOCK_TIMEOUT_S):
+            return
+        try:
+            session = self.worker.__dict__.get(SESSION_ATTR)
+            if session is not None:
+                with contextlib.suppress(Exception):
+                    session.forget(key)
+        finally:
+            lock.release()
 
     def _use_worker_device(self) -> None:
         """CUDA's current device is per thread: this one's is the worker's before it records or

@@ -57,6 +57,9 @@ def _options(options: Any) -> dict[str, Any]:
 
 
 # the calls a watcher repeats while the engine serves (top's model panel, attach): their time in
+# the reader whose window install opens and collect reads: set by the private channel's server
+# (one per connection; vllm_doctor.channel refuses it from the wire); absent: the one shared window
+READER_OPTION = "reader"
 # the worker is the doctor's, between two steps, and is counted in the next collect's reply
 TIMED_RPCS = frozenset(
     {
@@ -129,8 +132,13 @@ class DoctorWorkerExtension:
 
     def doctor_ping(self) -> dict[str, Any]:
         from vllm_doctor import __version__
+        from vllm_doctor.compat.worker import served_model_name
 
-        return _envelope(self, "doctor_ping", lambda: {"protocol": PROTOCOL, "version": __version__})
+        return _envelope(
+            self,
+            "doctor_ping",
+            lambda: {"protocol": PROTOCOL, "version": __version__, "served_model_name": served_model_name(self)},
+        )
 
     def doctor_anatomy(self) -> dict[str, Any]:
         from vllm_doctor.compat.worker_facts import anatomy
@@ -195,6 +203,7 @@ class DoctorWorkerExtension:
                 layers=bool(opts.get("layers", True)),
                 trace_steps=int(opts.get("trace_steps", DEFAULT_TRACE_STEPS)),
                 sample_every=int(opts.get("sample_every", DEFAULT_SAMPLE_EVERY)),
+                reader=opts.get(READER_OPTION),
             )
 
         return _envelope(self, "doctor_install", run)
@@ -219,7 +228,9 @@ class DoctorWorkerExtension:
 
             opts = _options(options)
             return session_for(self).collect(
-                reset=bool(opts.get("reset", False)), timeline=bool(opts.get("timeline", True))
+                reset=bool(opts.get("reset", False)),
+                timeline=bool(opts.get("timeline", True)),
+                reader=opts.get(READER_OPTION),
             )
 
         return _envelope(self, "doctor_collect", run)

@@ -136,8 +136,15 @@ class ForwardProfiler:
         self.dropped_steps = 0
         self.encoder_use: dict[str, Any] = dict(ENCODER_USE_ZERO)
         self.encoder_budget: dict[str, Any] = {}  # budget_rows, budget_source (the session's)
+        # cumulative since the profiler started (never reset): each reader's window is the
+        # difference from where it last reset (``windows``)
         self.layer_stats: dict[str, dict[str, Any]] = {}
         self.layer_trace: list[dict[str, Any]] = []
+        # the readers' windows: several readers (top, attach, the /metrics exporter) each see the
+        # steps since their own last reset; records no reader still needs are let go
+        self.windows: dict[Any, Window] = {}
+        self.steps_base = 0  # the sequence number of steps[0] (steps held since the oldest window)
+        self.trace_base = 0  # ... and of layer_trace[0]
         self._stack: list[tuple[str, Any]] = []
         self._after_forward: Any = None  # the root forward's end mark, until another module is timed
         # the newest finished step's end mark, until the next step takes it as its prev_end; on GPU
@@ -622,7 +629,7 @@ class ForwardProfiler:
                 }
             )
 
-    def step_arrays(self, names: tuple[str, ...] = STEP_COLUMNS) -> dict[str, Any]:
+    def step_arrays(self, names: tuple[str, ...] = STEP_COLUMNS, steps: Any = None) -> dict[str, Any]:
         """The step records in step order, each field (``names`` of :data:`STEP_COLUMNS`) one
         packed array: ``{"n", "byteorder", "columns": {name: [type code, base64 bytes]}}``.
 
@@ -631,7 +638,7 @@ class ForwardProfiler:
         thousand steps (and the API server as long again to write them as JSON numbers).
         :class:`vllm_doctor.facts.steps.StepTable` reads them.
         """
-        rows = sorted(self.steps, key=itemgetter(0))
+        rows = sorted(self.steps if steps is None else steps, key=itemgetter(0))
         columns: Any = ((name, ()) for name in STEP_COLUMNS)
         if rows:
             index, host_start, counts, *rest = zip(*rows, strict=True)
@@ -646,11 +653,56 @@ class ForwardProfiler:
             packed[name] = [code, base64.b64encode(array(code, values)).decode("ascii")]
         return {"n": len(rows), "byteorder": sys.byteorder, "columns": packed}
 
-    def snapshot(self, reset: bool = False, timeline: bool = True) -> dict[str, Any]:
-        """Everything recorded (since the last reset). ``timeline=False`` leaves out the
-        per-layer trace and the step columns only a timeline needs (top's windows draw none):
-        :data:`STEP_SUMMARY_COLUMNS`; the trace is still reset."""
+    def open_window(self, reader: Any = None) -> None:
+        """``reader``'s window starts now, after the steps finished so far (a reader that has one
+        keeps it)."""
+        if reader not in self.windows:
+            self.resolve(block=True)
+            self.windows[reader] = self._window_now()
+
+    def close_window(self, reader: Any) -> None:
+        """``reader`` is gone: the records only it still needed are let go."""
+        if self.windows.pop(reader, None) is not None:
+            self._trim()
+
+    def _window_now(self) -> Window:
+        return Window(
+            step=self.steps_base + len(self.steps),
+            trace=self.trace_base + len(self.layer_trace),
+            dropped=self.dropped_steps,
+            layers={name: {k: stats[k] for k in LAYER_SUMS} for name, stats in self.layer_stats.items()},
+            encoder={k: self.encoder_use[k] for k in ENCODER_SUMS},
+        )
+
+    def _trim(self) -> None:
+        ends = (self.steps_base + len(self.steps), self.trace_base + len(self.layer_trace))
+        step = min((w.step for w in self.windows.values()), default=ends[0])
+        trace = min((w.trace for w in self.windows.values()), default=ends[1])
+        if step > self.steps_base:
+            del self.steps[: step - self.steps_base]
+            self.steps_base = step
+        if trace > self.trace_base:
+            del self.layer_trace[: trace - self.trace_base]
+            self.trace_base = trace
+
+    def snapshot(self, reset: bool = False, timeline: bool = True, reader: Any = None) -> dict[str, Any]:
+        """What was recorded in ``reader``'s window: since its last reset, or since its window
+        opened (:meth:`open_window`; one that has none opens at the profiler's start).
+        ``timeline=False`` leaves out the per-layer trace and the step columns only a timeline
+        needs (top's windows draw none): :data:`STEP_SUMMARY_COLUMNS`. ``reset``: this reader's
+        window starts again after this snapshot; the other readers' windows are theirs."""
         self.resolve(block=True)
+        window = self.windows.get(reader) or Window()
+        steps = self.steps[max(0, window.step - self.steps_base) :]
+        trace = self.layer_trace[max(0, window.trace - self.trace_base) :] if timeline else []
+        layers = []
+        for name, stats in self.layer_stats.items():
+            base = window.layers.get(name)
+            if base is None:
+                layers.append(dict(stats))
+            elif stats["prefill_calls"] + stats["decode_calls"] > base["prefill_calls"] + base["decode_calls"]:
+                layers.append({**stats, **{k: stats[k] - base[k] for k in LAYER_SUMS}})
+        encoder = {**self.encoder_use, **{k: self.encoder_use[k] - window.encoder.get(k, 0) for k in ENCODER_SUMS}}
         out = {
             "clock": self.clock.kind,
             "sample_every": self.sample_every,
@@ -659,22 +711,39 @@ class ForwardProfiler:
             "boundary_marks": BOUNDARY_MARKS if self.layers_enabled and not self.boundary_layers else None,
             # unsampled steps are records when they finish, samples once resolved
             "t0": self.t0,
-            "step_arrays": self.step_arrays(STEP_COLUMNS if timeline else STEP_SUMMARY_COLUMNS),
-            "dropped_steps": self.dropped_steps,
-            "encoder_cache": {**self.encoder_use, **self.encoder_budget} if self.encoder_use["calls"] else None,
-            "layers": list(self.layer_stats.values()),
-            "trace": list(self.layer_trace) if timeline else [],
+            "step_arrays": self.step_arrays(STEP_COLUMNS if timeline else STEP_SUMMARY_COLUMNS, steps),
+            "dropped_steps": self.dropped_steps - window.dropped,
+            "encoder_cache": {**encoder, **self.encoder_budget} if encoder["calls"] else None,
+            "layers": layers,
+            "trace": trace,
             "timed_modules": [
                 {"name": m.name, "kind": m.kind, "layer": m.layer, "class": m.cls} for m in self.timed.values()
             ],
         }
-        if reset:  # the records start again; the sampling cadence goes on (no second warm-up)
-            self.steps.clear()
-            self.layer_stats.clear()
-            self.layer_trace.clear()
-            self.dropped_steps = 0
-            self.encoder_use.update(ENCODER_USE_ZERO)
+        if reset:  # this reader's records start again; the sampling cadence goes on (no second warm-up)
+            self.windows[reader] = self._window_now()
+            self._trim()
         return out
+
+
+@dataclass
+class Window:
+    """Where one reader's window starts: the sequence numbers of its first step record and trace
+    entry, and the cumulative sums as they were then (its window is the difference)."""
+
+    step: int = 0
+    trace: int = 0
+    dropped: int = 0
+    layers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    encoder: dict[str, Any] = field(default_factory=dict)
+
+
+# a layer's sums and the encoder's counts (its peaks are the profiler's, not per window)
+LAYER_SUMS = (
+    "prefill_calls", "prefill_s", "decode_calls", "decode_s",
+    "prefill_steps", "decode_steps", "prefill_detail_s", "decode_detail_s",
+)  # fmt: skip
+ENCODER_SUMS = ("calls", "items", "rows")
 
 
 def _entry_spans(entries: list[tuple[str, Any]]) -> list[tuple[str, Any, Any]]:

@@ -95,12 +95,13 @@ class WorkerSession:
         self.crashes: list[dict[str, Any]] = []
         self.disabled: set[str] = set()
         self.profiler: ForwardProfiler | None = None
-        # the doctor's own host time while attached (measured inside its wrappers and hooks)
+        # the doctor's own host time while attached (measured inside its wrappers and hooks) ...
         self.own_s: dict[str, float] = {"wrappers": 0.0, "timers": 0.0, "layer_forwards": 0.0}
-        # ... and in the watcher's calls between steps (extension.TIMED_RPCS), over the window
-        # since the last reset (the first window starts at install)
+        # ... and in the watchers' calls between steps (extension.TIMED_RPCS); both cumulative:
+        # each reader's window is the difference from where it last reset (``windows``)
         self.rpc_s = 0.0
-        self.window_t0 = time.perf_counter()
+        # reader -> (its window's start: perf_counter, own_s then, rpc_s then)
+        self.windows: dict[Any, tuple[float, dict[str, float], float]] = {}
         self.layers_on = False
         self.layers_reason = ""
         self._saved_methods: dict[str, Any] = {}  # name -> previous instance attribute or None
@@ -179,8 +180,15 @@ class WorkerSession:
         }
 
     def install(
-        self, layers: bool = True, trace_steps: int = DEFAULT_TRACE_STEPS, sample_every: int = DEFAULT_SAMPLE_EVERY
+        self,
+        layers: bool = True,
+        trace_steps: int = DEFAULT_TRACE_STEPS,
+        sample_every: int = DEFAULT_SAMPLE_EVERY,
+        reader: Any = None,
     ) -> dict[str, Any]:
+        """Start the profiler (or keep the one running), and open ``reader``'s window: what it
+        collects counts from here (each reader of the private channel has its own; callers
+        through vLLM's ``collective_rpc`` share the one of ``None``)."""
         model = wv.model(self.worker)
         if model is None:
             raise RuntimeError("the worker has no model loaded yet")
@@ -191,7 +199,6 @@ class WorkerSession:
             clock = clock_for(wv.device(self.worker))
             clock.reserve(RESOLVE_BATCH * (2 * len(timed) + 8))  # a batch of samples' marks (capped)
             self.profiler = ForwardProfiler(clock, timed, trace_steps, sample_every)
-            self.rpc_s, self.window_t0 = 0.0, time.perf_counter()
             self._wrap_runner()
             # the root model's forward where it runs Python: eager mode, or a root class that
             # vLLM does not compile (vLLM's own models compile their inner model: the root's
@@ -221,6 +228,9 @@ class WorkerSession:
                 for obj, attr, fn, _ in self._merge:
                     obj.__dict__[attr] = fn
         self.profiler.sample_every = max(1, int(sample_every))
+        self.profiler.open_window(reader)
+        if reader not in self.windows:
+            self.windows[reader] = (time.perf_counter(), dict(self.own_s), self.rpc_s)
         if layers and not self.layers_on:
             if state["eager"]:
                 boundaries: list[Armed] = []
@@ -783,28 +793,35 @@ class WorkerSession:
         return {**self.probe_result, "complete": True}
 
     # -- collection -----------------------------------------------------------------------------
-    def collect(self, reset: bool = False, timeline: bool = True) -> dict[str, Any]:
+    def collect(self, reset: bool = False, timeline: bool = True, reader: Any = None) -> dict[str, Any]:
+        """``reader``'s window (:meth:`install`); ``reset``: its next window starts after this."""
         data: dict[str, Any] = {
             "profiling": self.profiler is not None,
             "layers_on": self.layers_on,
             "layers_reason": self.layers_reason,
         }
         if self.profiler is not None:
-            data.update(self._safely("collect", self.profiler.snapshot, reset, timeline) or {})
+            data.update(self._safely("collect", self.profiler.snapshot, reset, timeline, reader) or {})
             data["num_blocks"] = _num_blocks(self.worker)
-            data["doctor_host_s"] = dict(self.own_s)
             now = time.perf_counter()
-            data["doctor_rpc_s"] = self.rpc_s
-            data["window_s"] = now - self.window_t0
+            t0, own0, rpc0 = self.windows.get(reader) or (self.profiler.t0, {}, 0.0)
+            data["doctor_host_s"] = {k: v - own0.get(k, 0.0) for k, v in self.own_s.items()}
+            data["doctor_rpc_s"] = self.rpc_s - rpc0
+            data["window_s"] = now - t0
             if reset:
-                for key in self.own_s:
-                    self.own_s[key] = 0.0
-                self.rpc_s, self.window_t0 = 0.0, now
+                self.windows[reader] = (now, dict(self.own_s), self.rpc_s)
         data["crashes"] = list(self.crashes)
         data["probe"] = self.probe_snapshot()
         if self._merge or self.merge_calls:
             data["mm_merge"] = {"method": self._merge[0][1] if self._merge else None, "calls": list(self.merge_calls)}
         return data
+
+    def forget(self, reader: Any) -> None:
+        """``reader`` went away without detaching the hooks (other readers still use them): the
+        records only its window still held are let go."""
+        self.windows.pop(reader, None)
+        if self.profiler is not None:
+            self.profiler.close_window(reader)
 
 
 MERGE_CALLS_CHECKED = 3

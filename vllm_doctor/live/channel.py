@@ -37,10 +37,14 @@ class NoChannel(ServerError):
 class ChannelHandle:
     """The workers of the engine at ``url`` (or around ``pid``), through their channel sockets."""
 
-    def __init__(self, url: str, timeout: float = 60.0, pid: int | None = None) -> None:
+    def __init__(self, url: str | None, timeout: float = 60.0, pid: int | None = None, name: str | None = None) -> None:
+        """``url``: the server's (its process tree found from the port; the model's name and
+        vLLM's version asked of its public routes); or ``url=None``, ``pid`` and ``name``: the
+        engine around ``pid`` serving ``name`` (the ``/metrics`` exporter, in the API server)."""
         self._conns: dict[int, socket.socket] = {}
-        self.http = HttpEngineHandle(url, timeout=timeout)
-        self.url = self.http.url
+        self.http = HttpEngineHandle(url, timeout=timeout) if url is not None else None
+        self.url = self.http.url if self.http is not None else f"pid {pid}"
+        self.name = name
         self.timeout = timeout
         procs = discover(url=None if pid is not None else self.url, pid=pid)
         self.procs = procs
@@ -141,13 +145,20 @@ class ChannelHandle:
         return [rank for rank in range(world) if rank not in seen]
 
     def served_models(self) -> list[str]:
+        if self.http is None:
+            return [self.name] if self.name else []
         return self.http.served_models()
 
     def model_name(self) -> str:
+        if self.http is None:
+            return self.name or self.url
         return self.http.model_name()
 
     def front_end(self) -> dict[str, Any]:
-        return {**self.http.front_end(), "channel": {"dir": self.base, "pids": sorted(self.paths)}}
+        channel = {"channel": {"dir": self.base, "pids": sorted(self.paths)}}
+        if self.http is None:
+            return {"pid": self.procs[0].pid if self.procs else None, "url": None, **channel}
+        return {**self.http.front_end(), **channel}
 
 
 def channel_dirs(server_pid: int | None, proc: Path = PROC) -> list[str]:

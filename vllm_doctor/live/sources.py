@@ -81,6 +81,7 @@ class ModelSummary(Record):
     steps: int = 0
     phases: dict[str, PhaseSummary] = field(default_factory=dict)
     slowest_layers: list[LayerTotal] = field(default_factory=list)
+    layers_forward_s: float | None = None  # the forward of the steps timed per layer (the layers' whole)
     timed_fraction: float | None = None
     kv: KvSummary = field(default_factory=KvSummary)
     findings: list[PanelFinding] = field(default_factory=list)
@@ -182,10 +183,10 @@ class ModelChannel:
     Works when the server runs with ``VLLM_DOCTOR=1`` (started by this user, on this machine:
     :mod:`vllm_doctor.live.channel`). A
     background thread attaches once (the sampled forward profiler, as ``vllm-doctor attach``),
-    gathers every ``every_s`` seconds one window: the steps since the last gather (the workers'
-    records reset each time, so a reply is bounded by one window, never by the hours since the
-    attach; the workers only copy what they recorded, never block a step on the doctor), and
-    detaches on :meth:`close`. A window without steps keeps the last one that had some.
+    gathers every ``every_s`` seconds one window (:class:`WindowReader`: the steps since the
+    last gather, so a reply is bounded by one window, never by the hours since the attach; the
+    workers only copy what they recorded, never block a step on the doctor), and detaches on
+    :meth:`close`. A window without steps keeps the last one that had some.
     """
 
     def __init__(self, url: str, every_s: float = MODEL_EVERY_S, timeout: float = 10.0) -> None:
@@ -199,31 +200,15 @@ class ModelChannel:
 
     def _run(self) -> None:
         from vllm_doctor.errors import DoctorInputError
-        from vllm_doctor.live.attach import EngineDoctor, ExtensionMissing, build_engine_report, served_engine
+        from vllm_doctor.live.attach import ExtensionMissing, served_engine
 
-        doc = None
+        reader = None
         try:
             # no op-by-op probe (attach's VD403/VD404): it slows the probed steps, and top watches
             # a server that serves; the sampled profiler and the checks on its facts stay
-            doc = EngineDoctor(
-                served_engine(self.url, timeout=self.timeout), probe=False, sample_every=MODEL_SAMPLE_EVERY
-            )
-            doc.attach()
-            since = time.time()
-            full, full_at = None, 0.0
+            reader = WindowReader(served_engine(self.url, timeout=self.timeout))
             while not self._stop.is_set():
-                # one window: what ran since the last gather (the workers' records reset each time);
-                # the parts that do not change while serving are asked for once a minute
-                if full is None or time.monotonic() - full_at >= MODEL_FULL_EVERY_S:
-                    facts = full = doc.gather(reset=True, timeline=False)
-                    full_at = time.monotonic()
-                else:
-                    facts = doc.gather(reset=True, parts=("profile",), previous=full, timeline=False)
-                # the panel draws summaries: no per-step records, no per-layer trace
-                report = build_engine_report(facts, doc.handle.model_name(), timeline=False)
-                now = time.time()
-                summary = replace(model_summary(report.to_dict()), window_s=round(now - since, 1), as_of=now)
-                since = now
+                summary = reader.read()
                 last = ModelSummary.of(self.latest)
                 if summary.steps and not summary.slowest_layers:
                     # no step of this window was sampled per layer: the last sampled ones stand
@@ -231,6 +216,7 @@ class ModelChannel:
                 if summary.steps or not last.steps:
                     self.latest = summary.to_json()
                 else:  # an idle window: keep the last window that ran steps, say how old it is
+                    now = summary.as_of or time.time()
                     self.latest = replace(last, quiet_s=round(now - (last.as_of or now), 1)).to_json()
                 self._stop.wait(self.every_s)
         except (ExtensionMissing, DoctorInputError) as exc:
@@ -239,15 +225,54 @@ class ModelChannel:
             reason = clip(f"model channel failed: {type(exc).__name__}: {exc}", 300)
             self.latest = ModelSummary(reason=reason).to_json()
         finally:
-            if doc is not None and doc.attached:
-                try:
-                    doc.detach()
-                except Exception:  # the server may be gone; nothing is left to undo then
-                    pass
+            if reader is not None:
+                reader.close()
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(timeout=self.timeout + 5)
+
+
+class WindowReader:
+    """The model from inside, one window at a time: attaches to the workers behind ``handle``
+    (the sampled forward profiler, as ``vllm-doctor attach`` without its op-by-op probe) and
+    :meth:`read` gives what ran since the previous read, as a :class:`ModelSummary`. Each reader
+    of the private channel has its own window in the workers: ``top``'s panel and the ``/metrics``
+    exporter read the same server without taking steps from each other. The parts that do not
+    change while serving (anatomy, KV cache, placement) are asked for once a minute."""
+
+    def __init__(self, handle: Any, sample_every: int = MODEL_SAMPLE_EVERY) -> None:
+        from vllm_doctor.live.attach import EngineDoctor
+
+        self.doc = EngineDoctor(handle, probe=False, sample_every=sample_every)
+        self.doc.attach()
+        self.since = time.time()
+        self._full: Any = None
+        self._full_at = 0.0
+
+    def read(self) -> ModelSummary:
+        from vllm_doctor.live.attach import build_engine_report
+
+        doc = self.doc
+        if self._full is None or time.monotonic() - self._full_at >= MODEL_FULL_EVERY_S:
+            facts = self._full = doc.gather(reset=True, timeline=False)
+            self._full_at = time.monotonic()
+        else:
+            facts = doc.gather(reset=True, parts=("profile",), previous=self._full, timeline=False)
+        # the panel draws summaries: no per-step records, no per-layer trace
+        report = build_engine_report(facts, doc.handle.model_name(), timeline=False)
+        now = time.time()
+        summary = replace(model_summary(report.to_dict()), window_s=round(now - self.since, 2), as_of=now)
+        self.since = now
+        return summary
+
+    def close(self) -> None:
+        doc = self.doc
+        if doc.attached:
+            try:
+                doc.detach()
+            except Exception:  # the server may be gone; nothing is left to undo then
+                pass
 
 
 class ModelWindow:
@@ -315,6 +340,7 @@ def model_summary(report: dict[str, Any], top_layers: int = 5) -> ModelSummary:
         steps=profile.steps_recorded,
         phases=profile.phases,
         slowest_layers=[LayerTotal(layer=x.layer, total_s=x.total_s) for x in slow],
+        layers_forward_s=profile.layers.forward_total_s if slow else None,
         timed_fraction=profile.layers.timed_fraction,
         kv=replace(anatomy.kv_cache, groups=[]),
         findings=[

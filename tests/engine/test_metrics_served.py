@@ -1,0 +1,124 @@
+"""The doctor's series in vLLM's own ``/metrics`` on a real ``vllm serve`` (VLLM_DOCTOR=1, no dev
+mode; vllm_doctor.live.exporter): the first scrape attaches the API server to its workers
+through the private channel, and the series count what the engine ran, beside vLLM's own.
+
+The exporter is a reader with its own window of the workers' records: ``top --once`` attaching,
+reading and detaching in the middle takes no step from it (the decode tokens it counts equal
+vLLM's own count exactly). The server is this module's own (the session's has the series off,
+so that the other tests' scrapes do not attach the exporter beside their readers).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.served import ServedEngine
+from vllm_doctor.live.proctree import discover
+from vllm_doctor.live.prom import Exposition, parse
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
+]
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def metrics_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedEngine]:
+    served = ServedEngine(tmp_path_factory.mktemp("metrics"), metrics=True)
+    try:
+        served.start()
+        yield served
+    finally:
+        served.stop()
+
+
+def _scrape(server: ServedEngine) -> Exposition:
+    with urllib.request.urlopen(f"{server.base}/metrics", timeout=60) as resp:
+        return parse(resp.read().decode())
+
+
+def _value(expo: Exposition, family: str, **labels: str) -> float:
+    fam = expo.families.get(family)
+    if fam is None:
+        return 0.0
+    return sum(s.value for s in fam.samples if all(s.label(k) == v for k, v in labels.items()))
+
+
+def _until(server: ServedEngine, ok: object, timeout: float = 120) -> Exposition:
+    deadline = time.monotonic() + timeout
+    while True:
+        expo = _scrape(server)
+        if ok(expo) or time.monotonic() > deadline:  # type: ignore[operator]
+            return expo
+        time.sleep(1.0)
+
+
+def test_metrics_carry_the_doctors_series_and_they_count_what_vllm_counts(
+    metrics_server: ServedEngine, tmp_path: Path
+) -> None:
+    server = metrics_server
+    first = _until(server, lambda e: _value(e, "vllm_doctor_up") == 1.0)
+    info = first.families["vllm_doctor_info"].samples[0]
+    assert _value(first, "vllm_doctor_up") == 1.0, info
+    # labelled as vLLM labels its own series: the served model's name
+    vllm_names = {s.label("model_name") for s in first.families["vllm:num_requests_running"].samples}
+    assert info.label("model_name") in vllm_names, (info, vllm_names)
+    assert info.label("clock") and (info.label("model_class") or "").endswith("TinyDoctorForCausalLM"), info
+    before = {
+        "doctor_decode": _value(first, "vllm_doctor_tokens", phase="decode"),
+        "doctor_prefill_steps": _value(first, "vllm_doctor_steps", phase="prefill"),
+        "generated": _value(first, "vllm:generation_tokens"),
+    }
+    # requests one at a time (a prefill step, then decode steps: no mixed step), while top --once
+    # attaches, reads its own window and detaches; then two more
+    env = {k: v for k, v in server.env.items() if k != "VLLM_DOCTOR"}
+    top = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "top", "--url", server.base, "--once", "--json",
+                            "--interval", "6", "--no-devices"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)  # fmt: skip
+    requests, deadline = 0, time.monotonic() + 120
+    while top.poll() is None and time.monotonic() < deadline:
+        server.complete(f"count me {requests}", MAX_TOKENS)
+        requests += 1
+    stdout, stderr = top.communicate(timeout=120)
+    assert top.returncode == 0, stderr[-2000:]
+    model = json.loads(stdout).get("model") or {}
+    assert model.get("available") and model.get("steps"), model  # top's window had steps of its own
+    for _ in range(2):
+        server.complete(f"count me {requests}", MAX_TOKENS)
+        requests += 1
+    generated = _value(_scrape(server), "vllm:generation_tokens") - before["generated"]
+    assert generated == requests * MAX_TOKENS
+    # each request's first token comes from its prefill step, the others from one decode step each
+    want_decode = generated - requests
+    after = _until(
+        server, lambda e: _value(e, "vllm_doctor_tokens", phase="decode") - before["doctor_decode"] >= want_decode
+    )
+    assert _value(after, "vllm_doctor_tokens", phase="decode") - before["doctor_decode"] == want_decode
+    assert _value(after, "vllm_doctor_steps", phase="prefill") - before["doctor_prefill_steps"] == requests
+    for phase in ("prefill", "decode"):
+        steps = _value(after, "vllm_doctor_steps", phase=phase)
+        seconds = _value(after, "vllm_doctor_step_seconds", phase=phase)
+        forward = _value(after, "vllm_doctor_forward_seconds", phase=phase)
+        forward_steps = _value(after, "vllm_doctor_forward_steps", phase=phase)
+        assert steps > 0 and seconds > 0 and 0 < forward_steps <= steps, (phase, steps, seconds, forward_steps)
+        assert 0 < forward / forward_steps <= seconds / steps * 1.05, (phase, forward, seconds)
+    assert _value(after, "vllm_doctor_own_seconds") > 0  # the doctor's own cost is counted
+    assert after.families["vllm_doctor_own_ratio"].samples, "the doctor's share of the workers' time"
+    # the counters are Prometheus counters (the _total suffix on the wire), typed as such
+    assert after.families["vllm_doctor_steps"].type == "counter"
+    # the exporter opened no TCP socket: only the channel's Unix sockets (audit hook in each process)
+    records = []
+    for proc in discover(url=server.base):
+        path = server.audit_dir / f"{proc.pid}.jsonl"
+        if path.exists():
+            records += [json.loads(line) for line in path.read_text().splitlines()]
+    assert records and {r["family"] for r in records} == {1}, records  # AF_UNIX

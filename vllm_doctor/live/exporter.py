@@ -1,0 +1,271 @@
+"""The doctor's series in vLLM's own ``/metrics`` (``VLLM_DOCTOR=1``).
+
+A second ``vllm.general_plugins`` entry point: vLLM calls :func:`register` in each process it
+starts; with ``VLLM_DOCTOR=1`` (and ``VLLM_DOCTOR_METRICS`` not ``0``) it adds a collector to
+``prometheus_client``'s default registry, the one a ``vllm serve`` API server answers ``/metrics``
+from. Nothing runs until the first scrape: then a thread in the API server attaches to the
+engine's workers through the doctor's private channel (the process tree below this process;
+:class:`~vllm_doctor.live.channel.ChannelHandle`) with its own window of their records
+(:class:`~vllm_doctor.live.sources.WindowReader`, the reader ``top``'s model panel uses), reads
+one window every :data:`WINDOW_S` seconds and adds it to the counters below. A scrape only
+copies what the last window left: it never waits for the engine. With no scrape for
+:data:`IDLE_S` seconds the thread detaches (the workers' hooks come off) and waits for the next.
+
+The series (``model_name`` is the label vLLM's own series carry; ``phase`` is prefill, decode or
+mixed; times on the doctor's step clock, named in ``vllm_doctor_info``'s ``clock``):
+
+- ``vllm_doctor_steps_total``, ``vllm_doctor_tokens_total``: steps and tokens, per phase;
+- ``vllm_doctor_step_seconds_total``: their step time (the device clock on a GPU: CUDA events);
+- ``vllm_doctor_forward_seconds_total`` over ``vllm_doctor_forward_steps_total``: the model's
+  forward on the steps whose forward was timed;
+- ``vllm_doctor_roofline_bandwidth_ratio``, ``vllm_doctor_roofline_compute_ratio``: the last
+  window's mean step against the device's peak memory bandwidth and compute, per phase;
+- ``vllm_doctor_layer_forward_ratio{layer}``: the slowest decoder layers' share of the forward
+  (the last window timed per layer, five layers);
+- ``vllm_doctor_own_seconds_total{part}``: the doctor's own host time in the workers (its
+  wrappers, timers, per-layer marks, and the channel's calls); ``vllm_doctor_own_ratio``: the
+  last window's share of the workers' wall time;
+- ``vllm_doctor_up``: 1 while attached and reading; ``vllm_doctor_info``: the clock, the model
+  class, and why the doctor reads nothing (empty when it does).
+
+With several API servers (``--api-server-count`` > 1, ``PROMETHEUS_MULTIPROC_DIR`` set) vLLM
+answers ``/metrics`` from files its processes write, not from this registry: the doctor logs
+that its series are not exported there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm_doctor.constants import env_switch
+
+METRICS_ENV = "VLLM_DOCTOR_METRICS"  # "0": no series in /metrics
+WINDOW_S = 5.0  # one window of the workers' records per this many seconds
+IDLE_S = 300.0  # no scrape for this long: detach until the next
+RETRY_S = 5.0  # the workers not reachable yet (still loading): try again after this
+TOP_LAYERS = 5
+PREFIX = "vllm_doctor_"
+_log = logging.getLogger("vllm_doctor")
+_collector: DoctorCollector | None = None
+_guard = threading.Lock()
+
+
+def register() -> None:
+    """Entry point called by vLLM's ``load_general_plugins`` (in every process, maybe often)."""
+    global _collector
+    if not env_switch("VLLM_DOCTOR") or os.environ.get(METRICS_ENV, "1").strip() in ("0", "false", "no", "off"):
+        return
+    with _guard:
+        if _collector is not None:
+            return
+        try:
+            from prometheus_client import REGISTRY
+        except ImportError:  # vLLM depends on it; a process without it serves no /metrics either
+            return
+        _collector = DoctorCollector()
+        try:
+            REGISTRY.register(_collector)
+        except Exception as exc:  # never break vLLM's start-up for the doctor
+            _log.warning("vllm-doctor: no series in /metrics: %s: %s", type(exc).__name__, exc)
+            return
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            _log.warning(
+                "vllm-doctor: PROMETHEUS_MULTIPROC_DIR is set (several API servers): vLLM answers /metrics "
+                "from its processes' files, without the doctor's series; `vllm-doctor top` reads the model"
+            )
+
+
+@dataclass
+class ExportState:
+    """What the collector publishes: counters summed over the windows read, and the last
+    window's ratios."""
+
+    model_name: str = ""
+    up: bool = False
+    reason: str = "no scrape yet"
+    clock: str = ""
+    model_class: str = ""
+    windows: int = 0
+    counters: dict[tuple[str, str], float] = field(default_factory=dict)  # (series, label value) -> total
+    phase_ratios: dict[tuple[str, str], float] = field(default_factory=dict)  # (series, phase) -> ratio
+    layer_ratios: dict[int, float] = field(default_factory=dict)
+    own_ratio: float | None = None
+
+    def add(self, summary: Any) -> None:
+        """One window (a :class:`~vllm_doctor.live.sources.ModelSummary`): its sums onto the
+        counters, its ratios in place of the last ones (a window without steps keeps them)."""
+        self.windows += 1
+        self.clock = summary.clock or self.clock
+        self.model_class = summary.model_class or self.model_class
+        add = self._add
+        for phase, p in summary.phases.items():
+            add("steps_total", phase, p.steps)
+            add("tokens_total", phase, p.tokens)
+            add("step_seconds_total", phase, p.steps * p.step_s_mean)
+            if p.forward_s_mean is not None and p.forward_steps:
+                add("forward_seconds_total", phase, p.forward_steps * p.forward_s_mean)
+                add("forward_steps_total", phase, p.forward_steps)
+        roof = summary.roofline
+        if roof is not None and roof.available:
+            for phase, rp in roof.phases.items():
+                for series, value in (
+                    ("roofline_bandwidth_ratio", rp.bandwidth_share),
+                    ("roofline_compute_ratio", rp.compute_share),
+                ):
+                    if value is not None:
+                        self.phase_ratios[(series, phase)] = value
+        total = summary.layers_forward_s
+        if summary.slowest_layers and total:  # the slowest layers' share of the forward timed per layer
+            self.layer_ratios = {x.layer: x.total_s / total for x in summary.slowest_layers[:TOP_LAYERS]}
+        doctor = summary.doctor
+        if doctor is not None:
+            for part, seconds in (doctor.host_s or {}).items():
+                add("own_seconds_total", part, seconds)
+            if doctor.rpc_s is not None:
+                add("own_seconds_total", "channel", doctor.rpc_s)
+            share = doctor.worker_share if doctor.worker_share is not None else doctor.share
+            if share is not None and summary.steps:
+                self.own_ratio = share
+
+    def _add(self, series: str, label: str, value: float | int | None) -> None:
+        if value:
+            key = (series, label)
+            self.counters[key] = self.counters.get(key, 0.0) + float(value)
+
+
+COUNTERS = {
+    "steps_total": ("phase", "Steps the engine ran, per phase, as the doctor's step records count them"),
+    "tokens_total": ("phase", "Tokens those steps scheduled, per phase"),
+    "step_seconds_total": ("phase", "Their step time on the doctor's step clock (vllm_doctor_info's clock)"),
+    "forward_seconds_total": ("phase", "The model's forward time on the steps whose forward was timed"),
+    "forward_steps_total": ("phase", "Steps whose forward was timed (vllm_doctor_forward_seconds_total's steps)"),
+    "own_seconds_total": ("part", "The doctor's own host time in the workers: its wrappers, timers, marks, channel"),
+}
+RATIOS = {
+    "roofline_bandwidth_ratio": "The last window's mean step against the device's peak memory bandwidth, per phase",
+    "roofline_compute_ratio": "The last window's mean step against the device's peak compute, per phase",
+}
+
+
+def families(state: ExportState) -> list[Any]:
+    """The Prometheus metric families of ``state`` (prometheus_client's)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    model = state.model_name
+    out: list[Any] = []
+    up = GaugeMetricFamily(
+        PREFIX + "up", "1 while the doctor reads the workers through its channel", labels=["model_name"]
+    )
+    up.add_metric([model], 1.0 if state.up else 0.0)
+    out.append(up)
+    info = GaugeMetricFamily(
+        PREFIX + "info",
+        "The doctor's clock, the model's class, and why it reads nothing (empty while it does)",
+        labels=["model_name", "clock", "model_class", "reason"],
+    )
+    info.add_metric([model, state.clock, state.model_class, "" if state.up else state.reason], 1.0)
+    out.append(info)
+    for series, (label, text) in COUNTERS.items():
+        fam = CounterMetricFamily(PREFIX + series.removesuffix("_total"), text, labels=["model_name", label])
+        for (name, value), total in sorted(state.counters.items()):
+            if name == series:
+                fam.add_metric([model, value], total)
+        out.append(fam)
+    for series, text in RATIOS.items():
+        gauge = GaugeMetricFamily(PREFIX + series, text, labels=["model_name", "phase"])
+        for (name, phase), ratio in sorted(state.phase_ratios.items()):
+            if name == series:
+                gauge.add_metric([model, phase], ratio)
+        out.append(gauge)
+    layers = GaugeMetricFamily(
+        PREFIX + "layer_forward_ratio",
+        f"The {TOP_LAYERS} slowest decoder layers' share of the forward (the last window timed per layer)",
+        labels=["model_name", "layer"],
+    )
+    for layer, ratio in sorted(state.layer_ratios.items()):
+        layers.add_metric([model, str(layer)], ratio)
+    out.append(layers)
+    own = GaugeMetricFamily(
+        PREFIX + "own_ratio", "The doctor's own time in the workers over their wall time (the last window)",
+        labels=["model_name"],
+    )  # fmt: skip
+    if state.own_ratio is not None:
+        own.add_metric([model], state.own_ratio)
+    out.append(own)
+    return out
+
+
+class DoctorCollector:
+    """A ``prometheus_client`` collector: :meth:`collect` publishes :class:`ExportState`, and
+    starts (or wakes) the reader thread that fills it."""
+
+    def __init__(self, pid: int | None = None, window_s: float = WINDOW_S, idle_s: float = IDLE_S) -> None:
+        self.pid = pid if pid is not None else os.getpid()
+        self.window_s, self.idle_s = window_s, idle_s
+        self.state = ExportState()
+        self._lock = threading.Lock()
+        self._scraped = time.monotonic()
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def describe(self) -> list[Any]:
+        return []  # registration asks nothing of the engine
+
+    def collect(self) -> Iterator[Any]:
+        self._scraped = time.monotonic()
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="vllm-doctor-metrics", daemon=True)
+            self._thread.start()
+        with self._lock:
+            fams = families(self.state)
+        yield from fams
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    def _set(self, **changes: Any) -> None:
+        with self._lock:
+            for key, value in changes.items():
+                setattr(self.state, key, value)
+
+    def _run(self) -> None:
+        from vllm_doctor.live.channel import ChannelHandle
+        from vllm_doctor.live.sources import WindowReader
+
+        reader = None
+        try:
+            while not self._stop.is_set():
+                if time.monotonic() - self._scraped > self.idle_s:
+                    self._set(up=False, reason=f"detached: no scrape for {self.idle_s:.0f} s")
+                    return  # the next scrape starts a new thread (and a new attach)
+                try:
+                    if reader is None:
+                        handle = ChannelHandle(None, pid=self.pid, timeout=30.0)
+                        pings = handle.rpc("doctor_ping")
+                        names = [(p.get("data") or {}).get("served_model_name") for p in pings if p.get("ok")]
+                        handle.name = next((n for n in names if n), None)
+                        reader = WindowReader(handle)
+                        self._set(model_name=handle.name or "", up=True, reason="")
+                    summary = reader.read()
+                    with self._lock:
+                        self.state.add(summary)
+                        self.state.up = True
+                    self._stop.wait(self.window_s)
+                except Exception as exc:  # the workers not up yet, gone, or restarted: try again
+                    why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
+                    self._set(up=False, reason=str(why)[:300])
+                    if reader is not None:
+                        reader.close()
+                        reader = None
+                    self._stop.wait(RETRY_S)
+        finally:
+            if reader is not None:
+                reader.close()
