@@ -248,8 +248,10 @@ def phase(server: Server, load: Load, seconds: float, top: str | None, out: Path
     return result
 
 
-def serve_model(model: Path, extra: list[str], out: Path, timeout: float) -> Any:
-    """``--serve``: the model served on 127.0.0.1 with the doctor's plugin, as tests/served.py serves."""
+def serve_model(model: Path, extra: list[str], out: Path, timeout: float, metrics: bool = False) -> Any:
+    """``--serve``: the model served on 127.0.0.1 with the doctor's plugin, as tests/served.py serves
+    (the doctor's /metrics series off unless ``metrics``: this bench reads /metrics in every phase,
+    which would attach the exporter in all of them)."""
     from tests.served import doctor_plugin_installed, serve
 
     paths = [str(REPO)]
@@ -259,7 +261,7 @@ def serve_model(model: Path, extra: list[str], out: Path, timeout: float) -> Any
         paths.insert(0, str(doctor_entry_point_site(out / "ep")))
     env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
     env.update(PYTHONPATH=os.pathsep.join([*paths, env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-               VLLM_DOCTOR="1")
+               VLLM_DOCTOR="1", VLLM_DOCTOR_METRICS="1" if metrics else "0")
     print(f"serving {model} {' '.join(extra)} (log: {out / 'server.log'})", flush=True)
     return serve(model, out / "server.log", env, extra, timeout=timeout)
 
@@ -379,6 +381,9 @@ def main() -> None:
                          "plugin (VLLM_DOCTOR=1) and use it (bench/make_bench_model.py "
                          "writes one); stopped with its children at the end")
     ap.add_argument("--serve-args", default="", help="more arguments for --serve's server, one string")
+    ap.add_argument("--metrics", action="store_true",
+                    help="--serve with the doctor's series in /metrics on (the exporter, attached from the first "
+                         "scrape: every phase then runs with it, the 'none' phase measures the server with it)")
     ap.add_argument("--serve-timeout", type=float, default=600.0, help="seconds --serve's server may take to start")
     ap.add_argument("--pool", type=Path, nargs="+", metavar="LOG",
                     help="no run: the paired tables over the saved output of earlier runs (their rounds pooled)")
@@ -396,7 +401,7 @@ def main() -> None:
         server = Server(args.url)
     elif args.serve:
         server = Server(stack.enter_context(serve_model(args.serve, shlex.split(args.serve_args), out,
-                                                        args.serve_timeout)).base)
+                                                        args.serve_timeout, args.metrics)).base)
     else:
         from tests.served import ServedEngine
 

@@ -31,7 +31,9 @@ PROMPTS = ["the channel on a GPU", "events from another thread"]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedEngine]:
-    served = ServedEngine(tmp_path_factory.mktemp("channel-gpu"), engine_args=GPU_DEFAULT)
+    # the doctor's /metrics series on: the module's last test scrapes them (the exporter attaches
+    # at the first scrape; nothing before it scrapes)
+    served = ServedEngine(tmp_path_factory.mktemp("channel-gpu"), engine_args=GPU_DEFAULT, metrics=True)
     try:
         served.start(timeout=600)
         yield served
@@ -90,3 +92,29 @@ def test_top_once_reads_the_model_on_the_gpu_without_dev_mode(server: ServedEngi
     model = data["model"]
     assert model["available"] and model["steps"] > 0 and "CUDA events" in str(model["clock"]), model
     assert data["devices"], data  # NVML on the GPU machine
+
+
+def test_metrics_carry_the_step_time_on_cuda_events(server: ServedEngine) -> None:
+    """The API server's exporter reads the GPU worker through the channel: vllm_doctor_* series in
+    /metrics, step and forward time on the device clock, the roofline against the device's peaks."""
+    from tests.engine.test_metrics_served import _scrape, _until, _value
+
+    first = _until(server, lambda e: _value(e, "vllm_doctor_up") == 1.0)
+    assert _value(first, "vllm_doctor_up") == 1.0, first.families.get("vllm_doctor_info")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        server.complete("metrics on a GPU", 16)
+    after = _until(server, lambda e: _value(e, "vllm_doctor_forward_steps", phase="decode") > 0)
+    info = after.families["vllm_doctor_info"].samples[0]
+    assert info.label("clock") == "cuda_events", info
+    steps = _value(after, "vllm_doctor_steps", phase="decode")
+    step_s = _value(after, "vllm_doctor_step_seconds", phase="decode") / steps
+    forward_s = _value(after, "vllm_doctor_forward_seconds", phase="decode") / _value(
+        after, "vllm_doctor_forward_steps", phase="decode"
+    )
+    assert 0 < forward_s <= step_s < 1, (forward_s, step_s)
+    ratios = {s.label("phase"): s.value for s in after.families["vllm_doctor_roofline_bandwidth_ratio"].samples}
+    assert 0 < ratios.get("decode", 0) <= 1, ratios
+    print(f"GPU /metrics: {steps:.0f} decode steps, step {step_s * 1e3:.3f} ms, forward {forward_s * 1e3:.3f} ms, "
+          f"decode bandwidth {ratios['decode']:.1%}, own ratio {_value(after, 'vllm_doctor_own_ratio'):.4f}")  # fmt: skip
+    assert _scrape(server).families["vllm_doctor_own_seconds"].samples

@@ -34,7 +34,8 @@ your own), and each process that holds a worker opens the doctor's private chann
 in $TMPDIR/vllm-doctor-<uid> (mode 0700; VLLM_DOCTOR_DIR moves it) that only this user can open.
 No dev mode, no extra port. vLLM's dev endpoint /collective_rpc (VLLM_SERVER_DEV_MODE=1) is used
 only where no channel is found and the server listens on loopback alone; on any other address it
-is refused (anyone who reaches the port could call worker methods). Per-layer timing is finest
+is refused (anyone who reaches the port could call worker methods). The API server's /metrics
+then also carries the doctor's vllm_doctor_* series (VLLM_DOCTOR_METRICS=0: off). Per-layer timing is finest
 with --enforce-eager; under CUDA graphs it is per piecewise span (docs/engine-stage.md).
 
 While attached, the engine's own traffic is profiled; the first prefill and decode steps are

@@ -23,8 +23,9 @@ mixed; times on the doctor's step clock, named in ``vllm_doctor_info``'s ``clock
 - ``vllm_doctor_layer_forward_ratio{layer}``: the slowest decoder layers' share of the forward
   (the last window timed per layer, five layers);
 - ``vllm_doctor_own_seconds_total{part}``: the doctor's own host time in the workers (its
-  wrappers, timers, per-layer marks, and the channel's calls); ``vllm_doctor_own_ratio``: the
-  last window's share of the workers' wall time;
+  wrappers, timers, per-layer marks, and the channel's calls), and the exporter thread's CPU
+  time in the API server (``part="exporter"``: reading and analysing each window);
+  ``vllm_doctor_own_ratio``: the last window's share of the workers' wall time;
 - ``vllm_doctor_up``: 1 while attached and reading; ``vllm_doctor_info``: the clock, the model
   class, and why the doctor reads nothing (empty when it does).
 
@@ -133,6 +134,9 @@ class ExportState:
             if share is not None and summary.steps:
                 self.own_ratio = share
 
+    def add_own(self, part: str, seconds: float) -> None:
+        self._add("own_seconds_total", part, seconds)
+
     def _add(self, series: str, label: str, value: float | int | None) -> None:
         if value:
             key = (series, label)
@@ -145,7 +149,11 @@ COUNTERS = {
     "step_seconds_total": ("phase", "Their step time on the doctor's step clock (vllm_doctor_info's clock)"),
     "forward_seconds_total": ("phase", "The model's forward time on the steps whose forward was timed"),
     "forward_steps_total": ("phase", "Steps whose forward was timed (vllm_doctor_forward_seconds_total's steps)"),
-    "own_seconds_total": ("part", "The doctor's own host time in the workers: its wrappers, timers, marks, channel"),
+    "own_seconds_total": (
+        "part",
+        "The doctor's own host time in the workers (wrappers, timers, marks, channel) and the exporter's CPU time "
+        "in the API server (exporter)",
+    ),
 }
 RATIOS = {
     "roofline_bandwidth_ratio": "The last window's mean step against the device's peak memory bandwidth, per phase",
@@ -254,10 +262,13 @@ class DoctorCollector:
                         handle.name = next((n for n in names if n), None)
                         reader = WindowReader(handle)
                         self._set(model_name=handle.name or "", up=True, reason="")
+                    cpu0 = time.thread_time()
                     summary = reader.read()
                     with self._lock:
                         self.state.add(summary)
                         self.state.up = True
+                        # this thread's CPU in the API server (reading and analysing the window)
+                        self.state.add_own("exporter", time.thread_time() - cpu0)
                     self._stop.wait(self.window_s)
                 except Exception as exc:  # the workers not up yet, gone, or restarted: try again
                     why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"

@@ -277,51 +277,39 @@ class WindowReader:
 
 class ModelWindow:
     """One window of the model from inside, for ``top --once``: attach through the private
-    channel at :meth:`open`, gather what ran until :meth:`read` and detach. A server without the
-    channel gives a summary that says why (never an error: the rest of ``--once`` stands)."""
+    channel at :meth:`open`, read what ran until :meth:`read` (a :class:`WindowReader`'s one
+    window) and detach. A server without the channel gives a summary that says why (never an
+    error: the rest of ``--once`` stands)."""
 
     def __init__(self, url: str, timeout: float = 10.0) -> None:
         self.url, self.timeout = url, timeout
-        self.doc: Any = None
+        self.reader: WindowReader | None = None
         self.reason = ""
-        self.t0 = time.time()
 
     def open(self) -> ModelWindow:
         from vllm_doctor.errors import DoctorInputError
-        from vllm_doctor.live.attach import EngineDoctor, ExtensionMissing, served_engine
+        from vllm_doctor.live.attach import ExtensionMissing, served_engine
 
         try:
-            doc = EngineDoctor(
-                served_engine(self.url, timeout=self.timeout), probe=False, sample_every=MODEL_SAMPLE_EVERY
-            )
-            doc.attach()
-            self.doc, self.t0 = doc, time.time()
+            self.reader = WindowReader(served_engine(self.url, timeout=self.timeout))
         except (ExtensionMissing, DoctorInputError) as exc:
             self.reason = clip(str(getattr(exc, "message", exc)), 300)
         return self
 
     def read(self) -> dict[str, Any]:
-        from vllm_doctor.live.attach import build_engine_report
-
-        if self.doc is None:
+        if self.reader is None:
             return ModelSummary(reason=self.reason or "not attached").to_json()
         try:
-            facts = self.doc.gather(timeline=False)
-            report = build_engine_report(facts, self.doc.handle.model_name(), timeline=False)
-            now = time.time()
-            return replace(model_summary(report.to_dict()), window_s=round(now - self.t0, 2), as_of=now).to_json()
+            return self.reader.read().to_json()
         except Exception as exc:  # the model is optional in --once: say why it is missing
             return ModelSummary(reason=clip(f"model channel failed: {type(exc).__name__}: {exc}", 300)).to_json()
         finally:
             self.close()
 
     def close(self) -> None:
-        doc, self.doc = self.doc, None
-        if doc is not None and doc.attached:
-            try:
-                doc.detach()
-            except Exception:  # the server may be gone; nothing is left to undo then
-                pass
+        reader, self.reader = self.reader, None
+        if reader is not None:
+            reader.close()
 
 
 def model_summary(report: dict[str, Any], top_layers: int = 5) -> ModelSummary:
