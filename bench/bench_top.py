@@ -18,7 +18,8 @@ place in the round hit all alike):
 
 top runs headless (Textual's headless driver, the same app and panels, built as
 ``vllm-doctor top URL`` builds them) in its own process; its CPU is read from /proc/PID/stat
-(utime + stime) once a second after its first 2 s, its RSS from /proc/PID/status. "first
+(utime + stime) once a second once it is ready (its first data: the measured span starts there,
+after the imports and the attach), its RSS from /proc/PID/status. "first
 paint" is the wall time from starting top's process (interpreter start and imports included)
 to the first frame with data drawn; it is also measured before the load starts ("idle").
 Throughput is generated tokens / s as the server counts them (``vllm:generation_tokens``, read
@@ -57,14 +58,38 @@ sys.path.insert(0, str(REPO))
 CHILD = """
 import json, sys, time
 url, seconds, mode, record, svg, out = sys.argv[1], float(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
+# each mode prints "ready" once it has its first data, then runs `seconds` more: the parent
+# measures that steady state, not the start (imports, attach) that precedes it
 if mode == "scrape":  # only what top asks of the server: /metrics once a second
     from vllm_doctor.live.sources import Scraper
-    scrape, n, end = Scraper(url), 0, time.monotonic() + seconds
-    while time.monotonic() < end:
+    scrape, n, end = Scraper(url), 0, None
+    while end is None or time.monotonic() < end:
         scrape(2.0)
+        if end is None:
+            print("ready", flush=True)
+            end = time.monotonic() + seconds
         n += 1
         time.sleep(1.0)
     json.dump({"first_data_wall": None, "frames": n}, open(out, "w"))
+    sys.exit(0)
+if mode in ("channel", "attached"):  # only what the model panel asks of the workers: a window through the channel at 1 Hz
+    from vllm_doctor.live.attach import served_engine
+    from vllm_doctor.live.sources import WindowReader
+    reader, n, first, end, summary = WindowReader(served_engine(url)), 0, None, None, None
+    while end is None or time.monotonic() < end:
+        if end is not None and mode == "attached":  # attached (one read), the hooks on, nothing more read
+            time.sleep(1.0)
+            continue
+        summary = reader.read()
+        if end is None:
+            first = time.time()
+            print("ready", flush=True)
+            end = time.monotonic() + seconds
+        n += 1
+        time.sleep(1.0)
+    reader.close()
+    doctor = summary.doctor.to_json() if summary is not None and summary.doctor is not None else None
+    json.dump({"first_data_wall": first, "frames": n, "doctor": doctor}, open(out, "w"))
     sys.exit(0)
 from vllm_doctor.cli.top import live_source  # as `vllm-doctor top URL` builds it
 source = live_source(url, 1.0, 60.0, model=mode == "model", devices=mode != "nodevices")
@@ -74,7 +99,17 @@ def finish():
     if svg:
         open(svg, "w").write(app.export_screenshot(title="vllm-doctor top"))
     app.exit()
-app.call_later(lambda: app.set_timer(seconds, finish))
+started = []
+def ready():
+    if started:
+        return
+    if app.first_data_at is not None and (mode != "model" or (app.frame is not None and app.frame.model
+                                                              and app.frame.model.get("available"))):
+        started.append(time.monotonic())
+        print("ready", flush=True)
+        app.set_timer(seconds, finish)
+app.call_later(lambda: app.set_interval(0.2, ready))
+app.call_later(lambda: app.set_timer(seconds + 120, finish))  # never ready: give up
 app.run(headless=True, size=(160, 48))
 first = None if app.first_data_at is None else time.time() - (time.monotonic() - app.started_at - app.first_data_at)
 model = (app.frame.model or {}) if app.frame is not None else {}
@@ -187,8 +222,19 @@ def start_top(base: str, seconds: float, mode: str, out: Path, tag: str, keep: b
     spawned = time.time()
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, base, str(seconds), mode, record, svg, str(out / f"{tag}.json")],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return child, spawned
+
+
+def wait_ready(child: subprocess.Popen, timeout: float = 120.0) -> float:
+    """Wait for the child's "ready" (its first data); the seconds it took."""
+    import select
+
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout and child.poll() is None:
+        if select.select([child.stdout], [], [], 1.0)[0] and child.stdout.readline().strip() == b"ready":
+            break
+    return time.monotonic() - t0
 
 
 def finish_top(child: subprocess.Popen, spawned: float, out: Path, tag: str) -> dict:
@@ -215,16 +261,16 @@ def engine_cpu(pids: list[tuple[int, str]]) -> dict[str, float]:
 def phase(server: Server, load: Load, seconds: float, top: str | None, out: Path, tag: str) -> dict:
     result: dict = {"phase": top or "none"}
     child = None
-    engine0, e0 = engine_cpu(server.pids), time.monotonic()
     if top is not None:
         child, spawned = start_top(server.base, seconds, top, out, tag, keep=top == "model")
-        time.sleep(2.0)  # imports and attach: not part of the steady state measured below
+        result["ready_s"] = wait_ready(child)  # imports, attach, first data: not the steady state measured below
+    engine0, e0 = engine_cpu(server.pids), time.monotonic()
     served0, tokens0, t0 = server.generated(), load.count(), time.monotonic()
     cpu: list[float] = []
     rss: list[int] = []
     if child is not None:
         last_cpu, last_t = proc_cpu_s(child.pid), time.monotonic()
-    while time.monotonic() - t0 < seconds - (2.0 if child is not None else 0.0):
+    while time.monotonic() - t0 < seconds - (1.0 if child is not None else 0.0):
         time.sleep(1.0)
         if child is not None and child.poll() is None:
             now_cpu, now_t = proc_cpu_s(child.pid), time.monotonic()
@@ -277,7 +323,8 @@ def idle_first_paint(server: Server, out: Path, runs: int) -> list[float]:
     return times
 
 
-LABELS = {"none": "none", "scrape": "/metrics only, 1 Hz (no app)", "nodevices": "1 Hz, no devices, no model",
+LABELS = {"none": "none", "scrape": "/metrics only, 1 Hz (no app)", "channel": "model window only, 1 Hz (no app)",
+          "attached": "attached, nothing read (no app)", "nodevices": "1 Hz, no devices, no model",
           "plain": "1 Hz, model panel off", "model": "1 Hz, model panel on"}
 T95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26, 11: 2.23, 12: 2.20,
        13: 2.18, 14: 2.16, 15: 2.14, 16: 2.13, 17: 2.12, 18: 2.11, 19: 2.10, 20: 2.09, 25: 2.06, 30: 2.05,
@@ -373,7 +420,9 @@ def main() -> None:
     ap.add_argument("--idle-runs", type=int, default=3, help="first-paint runs before the load starts")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--phases", default="none,plain,model",
-                    help="phases per round, from: none, scrape (only /metrics at 1 Hz), nodevices (top without "
+                    help="phases per round, from: none, scrape (only /metrics at 1 Hz), channel (only the model panel's "
+                         "window through the private channel at 1 Hz, no app), attached (the same reader attached, "
+                         "reading nothing after its first window), nodevices (top without "
                          "NVML and /proc sampling), plain (top, model panel off), model (top, model panel on)")
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds of load before the first phase")
     ap.add_argument("--serve", type=Path, default=None,

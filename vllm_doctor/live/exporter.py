@@ -226,11 +226,11 @@ class DoctorCollector:
         return []  # registration asks nothing of the engine
 
     def collect(self) -> Iterator[Any]:
-        self._scraped = time.monotonic()
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._run, name="vllm-doctor-metrics", daemon=True)
-            self._thread.start()
         with self._lock:
+            self._scraped = time.monotonic()
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="vllm-doctor-metrics", daemon=True)
+                self._thread.start()
             fams = families(self.state)
         yield from fams
 
@@ -257,10 +257,14 @@ class DoctorCollector:
                 try:
                     if reader is None:
                         handle = ChannelHandle(None, pid=self.pid, timeout=30.0)
-                        pings = handle.rpc("doctor_ping")
-                        names = [(p.get("data") or {}).get("served_model_name") for p in pings if p.get("ok")]
-                        handle.name = next((n for n in names if n), None)
-                        reader = WindowReader(handle)
+                        try:
+                            pings = handle.rpc("doctor_ping")
+                            names = [(p.get("data") or {}).get("served_model_name") for p in pings if p.get("ok")]
+                            handle.name = next((n for n in names if n), None)
+                            reader = WindowReader(handle)
+                        except BaseException:
+                            handle.close()
+                            raise
                         self._set(model_name=handle.name or "", up=True, reason="")
                     cpu0 = time.thread_time()
                     summary = reader.read()

@@ -267,12 +267,17 @@ class WindowReader:
         return summary
 
     def close(self) -> None:
+        """Detach (the workers' hooks come off when their last reader leaves) and close the
+        connections."""
         doc = self.doc
-        if doc.attached:
-            try:
+        try:
+            if doc.attached:
                 doc.detach()
-            except Exception:  # the server may be gone; nothing is left to undo then
-                pass
+        except Exception:  # the server may be gone; nothing is left to undo then
+            pass
+        close = getattr(doc.handle, "close", None)
+        if close is not None:
+            close()
 
 
 class ModelWindow:
