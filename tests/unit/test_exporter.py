@@ -61,7 +61,7 @@ def _exposition(state: ExportState) -> str:
 
 
 def test_windows_add_up_to_counters_and_the_last_window_sets_the_ratios() -> None:
-    state = ExportState(model_name="my-model", up=True, reason="")
+    state = ExportState(model_name="my-model", up=True, reason="", ranks={"read": 2, "unreachable": 2})
     state.add(_window(10, 0.010, 0.008))
     state.add(_window(20, 0.012, 0.009, share=None))  # a window without a roofline share keeps the last
     state.add(ModelSummary(available=True))  # an idle window adds nothing
@@ -83,6 +83,7 @@ def test_windows_add_up_to_counters_and_the_last_window_sets_the_ratios() -> Non
     assert value("vllm_doctor_own_seconds", part="channel") == pytest.approx(0.001)
     assert value("vllm_doctor_own_ratio") == pytest.approx(0.0035)
     assert value("vllm_doctor_up") == 1
+    assert (value("vllm_doctor_ranks", state="read"), value("vllm_doctor_ranks", state="unreachable")) == (2, 2)
     assert expo.families["vllm_doctor_steps"].type == "counter"
     assert {s.label("model_name") for f in expo.families.values() for s in f.samples} == {"my-model"}
     (info,) = expo.families["vllm_doctor_info"].samples

@@ -27,7 +27,9 @@ mixed; times on the doctor's step clock, named in ``vllm_doctor_info``'s ``clock
   time in the API server (``part="exporter"``: reading and analysing each window);
   ``vllm_doctor_own_ratio``: the last window's share of the workers' wall time;
 - ``vllm_doctor_up``: 1 while attached and reading; ``vllm_doctor_info``: the clock, the model
-  class, and why the doctor reads nothing (empty when it does).
+  class, and why the doctor reads nothing (empty when it does); ``vllm_doctor_ranks{state}``: the
+  engine's ranks it reads, and those it cannot (a Ray engine's workers on other nodes: each
+  node's channel serves its own processes only).
 
 With several API servers (``--api-server-count`` > 1, ``PROMETHEUS_MULTIPROC_DIR`` set) vLLM
 answers ``/metrics`` from files its processes write, not from this registry: the doctor logs
@@ -97,6 +99,9 @@ class ExportState:
     phase_ratios: dict[tuple[str, str], float] = field(default_factory=dict)  # (series, phase) -> ratio
     layer_ratios: dict[int, float] = field(default_factory=dict)
     own_ratio: float | None = None
+    # the engine's ranks the exporter reads (their workers' channels are on this machine), and
+    # those it cannot (a Ray engine's workers on other nodes: each node's channel is its own)
+    ranks: dict[str, int] = field(default_factory=dict)
 
     def add(self, summary: Any) -> None:
         """One window (a :class:`~vllm_doctor.live.sources.ModelSummary`): its sums onto the
@@ -206,6 +211,14 @@ def families(state: ExportState) -> list[Any]:
     if state.own_ratio is not None:
         own.add_metric([model], state.own_ratio)
     out.append(own)
+    ranks = GaugeMetricFamily(
+        PREFIX + "ranks",
+        "The engine's ranks the exporter reads (state=read) and those it cannot: workers on other nodes (unreachable)",
+        labels=["model_name", "state"],
+    )
+    for state_name, count in sorted(state.ranks.items()):
+        ranks.add_metric([model, state_name], float(count))
+    out.append(ranks)
     return out
 
 
@@ -262,10 +275,17 @@ class DoctorCollector:
                             names = [(p.get("data") or {}).get("served_model_name") for p in pings if p.get("ok")]
                             handle.name = next((n for n in names if n), None)
                             reader = WindowReader(handle)
+                            unreachable = handle.unreachable_ranks()
                         except BaseException:
                             handle.close()
                             raise
-                        self._set(model_name=handle.name or "", up=True, reason="")
+                        read = len([r for r in pings if r.get("ok")])
+                        self._set(
+                            model_name=handle.name or "",
+                            up=True,
+                            reason="",
+                            ranks={"read": read, "unreachable": len(unreachable)},
+                        )
                     cpu0 = time.thread_time()
                     summary = reader.read()
                     with self._lock:
