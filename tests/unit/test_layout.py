@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "vllm_doctor"
 
@@ -33,7 +36,15 @@ MAY_IMPORT: dict[str, set[str]] = {
     # gateways to foreign APIs (vLLM, torch, transformers, NVML); worker-side readers of vLLM
     "compat": {"constants", "errors", "model", "facts"},
     # runs INSIDE vLLM's processes: reads vLLM objects only through the worker-side gateways
-    "engine": {"constants", "files", "channel", "compat.common", "compat.worker", "compat.worker_facts", "compat.quant"},
+    "engine": {
+        "constants",
+        "files",
+        "channel",
+        "compat.common",
+        "compat.worker",
+        "compat.worker_facts",
+        "compat.quant",
+    },
     # collectors (in process or in a child)
     "probes": {"constants", "errors", "model", "facts", "compat", "files"},
     # pure logic over facts
@@ -83,7 +94,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 
 THIRD_PARTY: dict[str, set[str]] = {
-    "compat": {"vllm", "torch", "transformers", "pynvml", "numpy", "PIL"},
+    "compat": {"vllm", "torch", "transformers", "pynvml", "numpy", "PIL", "prometheus_client"},
     "engine": {"torch"},
     "probes": {"safetensors"},
     "pytest_plugin": {"pytest", "_pytest"},
@@ -180,14 +191,18 @@ def test_the_table_catches_an_offender(tmp_path: Path) -> None:
     assert allowed("engine", "compat.worker") and not allowed("engine", "compat.llm")
 
 
-def test_engine_plugin_imports_nothing_beyond_the_standard_library() -> None:
-    """vLLM imports the plugin in every engine process: at most 6 of our modules, no third party."""
+@pytest.mark.parametrize("plugin", ["vllm_doctor.engine.plugin", "vllm_doctor.live.exporter"])
+def test_engine_plugin_imports_nothing_beyond_the_standard_library(plugin: str) -> None:
+    """vLLM imports the plugins (the worker side's, /metrics') in every engine process, and calls
+    them: at most 6 of our modules, no third party, without VLLM_DOCTOR=1."""
     code = (
         "import sys, json; before = set(sys.modules)\n"
-        "import vllm_doctor.engine.plugin\n"
+        f"import {plugin} as p; p.register()\n"
         "print(json.dumps(sorted(set(sys.modules) - before)))"
     )
-    new = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_DOCTOR"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    new = json.loads(out)
     ours = [m for m in new if m.split(".")[0] == "vllm_doctor"]
     others = [m for m in new if m.split(".")[0] not in sys.stdlib_module_names and m not in ours]
     assert len(ours) <= 6, ours

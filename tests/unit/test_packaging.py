@@ -43,7 +43,10 @@ def test_the_distribution_is_vllm_model_doctor_with_both_commands() -> None:
 def test_the_entry_points_keep_their_names() -> None:
     entry_points = PYPROJECT["project"]["entry-points"]
     assert entry_points["pytest11"] == {"vllm_doctor": "vllm_doctor.pytest_plugin.plugin"}
-    assert entry_points["vllm.general_plugins"] == {"vllm_doctor": "vllm_doctor.engine.plugin:register"}
+    assert entry_points["vllm.general_plugins"] == {
+        "vllm_doctor": "vllm_doctor.engine.plugin:register",
+        "vllm_doctor_metrics": "vllm_doctor.live.exporter:register",  # the doctor's series in /metrics
+    }
 
 
 def test_the_version_is_written_once_in_the_package() -> None:

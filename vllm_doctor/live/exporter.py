@@ -46,6 +46,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_doctor.compat.prometheus import Family
 from vllm_doctor.constants import env_switch
 
 METRICS_ENV = "VLLM_DOCTOR_METRICS"  # "0": no series in /metrics
@@ -67,21 +68,15 @@ def register() -> None:
     with _guard:
         if _collector is not None:
             return
-        try:
-            from prometheus_client import REGISTRY
-        except ImportError:  # vLLM depends on it; a process without it serves no /metrics either
-            return
+        from vllm_doctor.compat.prometheus import register as add
+
         _collector = DoctorCollector()
         try:
-            REGISTRY.register(_collector)
+            why_not = add(_collector)
         except Exception as exc:  # never break vLLM's start-up for the doctor
-            _log.warning("vllm-doctor: no series in /metrics: %s: %s", type(exc).__name__, exc)
-            return
-        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-            _log.warning(
-                "vllm-doctor: PROMETHEUS_MULTIPROC_DIR is set (several API servers): vLLM answers /metrics "
-                "from its processes' files, without the doctor's series; `vllm-doctor top` reads the model"
-            )
+            why_not = f"{type(exc).__name__}: {exc}"
+        if why_not:
+            _log.warning("vllm-doctor: no doctor series in /metrics: %s (`vllm-doctor top` reads the model)", why_not)
 
 
 @dataclass
@@ -166,60 +161,59 @@ RATIOS = {
 }
 
 
+def rows(state: ExportState) -> list[Family]:
+    """The metric families of ``state``, as plain rows (:mod:`vllm_doctor.compat.prometheus`)."""
+    model = state.model_name
+    out = [
+        Family(PREFIX + "up", "gauge", "1 while the doctor reads the workers through its channel", ["model_name"],
+               [([model], 1.0 if state.up else 0.0)]),
+        Family(PREFIX + "info", "gauge",
+               "The doctor's clock, the model's class, and why it reads nothing (empty while it does)",
+               ["model_name", "clock", "model_class", "reason"],
+               [([model, state.clock, state.model_class, "" if state.up else state.reason], 1.0)]),
+    ]  # fmt: skip
+    for series, (label, text) in COUNTERS.items():
+        samples = [([model, value], total) for (name, value), total in sorted(state.counters.items()) if name == series]
+        out.append(Family(PREFIX + series.removesuffix("_total"), "counter", text, ["model_name", label], samples))
+    for series, text in RATIOS.items():
+        samples = [([model, phase], r) for (name, phase), r in sorted(state.phase_ratios.items()) if name == series]
+        out.append(Family(PREFIX + series, "gauge", text, ["model_name", "phase"], samples))
+    out.append(
+        Family(
+            PREFIX + "layer_forward_ratio",
+            "gauge",
+            f"The {TOP_LAYERS} slowest decoder layers' share of the forward (the last window timed per layer)",
+            ["model_name", "layer"],
+            [([model, str(layer)], ratio) for layer, ratio in sorted(state.layer_ratios.items())],
+        )
+    )
+    out.append(
+        Family(
+            PREFIX + "own_ratio",
+            "gauge",
+            "The doctor's own time in the workers over their wall time (the last window)",
+            ["model_name"],
+            [([model], state.own_ratio)] if state.own_ratio is not None else [],
+        )
+    )
+    out.append(
+        Family(
+            PREFIX + "ranks",
+            "gauge",
+            "The engine's ranks the exporter reads (state=read) and those it cannot: workers on other nodes "
+            "(unreachable)",
+            ["model_name", "state"],
+            [([model, name], float(count)) for name, count in sorted(state.ranks.items())],
+        )
+    )
+    return out
+
+
 def families(state: ExportState) -> list[Any]:
     """The Prometheus metric families of ``state`` (prometheus_client's)."""
-    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    from vllm_doctor.compat.prometheus import families as as_families
 
-    model = state.model_name
-    out: list[Any] = []
-    up = GaugeMetricFamily(
-        PREFIX + "up", "1 while the doctor reads the workers through its channel", labels=["model_name"]
-    )
-    up.add_metric([model], 1.0 if state.up else 0.0)
-    out.append(up)
-    info = GaugeMetricFamily(
-        PREFIX + "info",
-        "The doctor's clock, the model's class, and why it reads nothing (empty while it does)",
-        labels=["model_name", "clock", "model_class", "reason"],
-    )
-    info.add_metric([model, state.clock, state.model_class, "" if state.up else state.reason], 1.0)
-    out.append(info)
-    for series, (label, text) in COUNTERS.items():
-        fam = CounterMetricFamily(PREFIX + series.removesuffix("_total"), text, labels=["model_name", label])
-        for (name, value), total in sorted(state.counters.items()):
-            if name == series:
-                fam.add_metric([model, value], total)
-        out.append(fam)
-    for series, text in RATIOS.items():
-        gauge = GaugeMetricFamily(PREFIX + series, text, labels=["model_name", "phase"])
-        for (name, phase), ratio in sorted(state.phase_ratios.items()):
-            if name == series:
-                gauge.add_metric([model, phase], ratio)
-        out.append(gauge)
-    layers = GaugeMetricFamily(
-        PREFIX + "layer_forward_ratio",
-        f"The {TOP_LAYERS} slowest decoder layers' share of the forward (the last window timed per layer)",
-        labels=["model_name", "layer"],
-    )
-    for layer, ratio in sorted(state.layer_ratios.items()):
-        layers.add_metric([model, str(layer)], ratio)
-    out.append(layers)
-    own = GaugeMetricFamily(
-        PREFIX + "own_ratio", "The doctor's own time in the workers over their wall time (the last window)",
-        labels=["model_name"],
-    )  # fmt: skip
-    if state.own_ratio is not None:
-        own.add_metric([model], state.own_ratio)
-    out.append(own)
-    ranks = GaugeMetricFamily(
-        PREFIX + "ranks",
-        "The engine's ranks the exporter reads (state=read) and those it cannot: workers on other nodes (unreachable)",
-        labels=["model_name", "state"],
-    )
-    for state_name, count in sorted(state.ranks.items()):
-        ranks.add_metric([model, state_name], float(count))
-    out.append(ranks)
-    return out
+    return as_families(rows(state))
 
 
 class DoctorCollector:
