@@ -20,7 +20,15 @@ import pytest
 
 from tests.fixtures.processes import ready_child
 from vllm_doctor.compat import nvml
-from vllm_doctor.live.devices import DeviceSampler, DevicesFrame, GpuProcess, GpuSample, ProcSample, read_proc_stat
+from vllm_doctor.live.devices import (
+    MIN_CPU_INTERVAL_S,
+    DeviceSampler,
+    DevicesFrame,
+    GpuProcess,
+    GpuSample,
+    ProcSample,
+    read_proc_stat,
+)
 
 # a busy child with two extra (sleeping) threads: CPU% > 0, threads >= 3, RSS > 0
 BUSY = (
@@ -61,6 +69,22 @@ def test_a_busy_child_has_cpu_rss_and_threads_and_the_first_sample_has_no_cpu(bu
     assert child.rss is not None and child.rss > 1_000_000  # a python interpreter: several MB
     assert child.threads == 3
     assert frame.processes[1].threads is not None and frame.processes[1].threads >= 1
+
+
+def test_a_sample_sooner_than_the_tick_clock_can_resolve_has_no_cpu_and_keeps_the_baseline(
+    busy_child: subprocess.Popen[str],
+) -> None:
+    # /proc's CPU time moves in 10 ms ticks: two samples 1 ms apart once gave 568 % for one process
+    with DeviceSampler(lambda: [(busy_child.pid, "worker")]) as sampler:
+        sampler.sample()
+        t0 = time.monotonic()
+        soon = sampler.sample()
+        if time.monotonic() - t0 < MIN_CPU_INTERVAL_S:  # a host too loaded to sample twice in 250 ms says nothing here
+            assert soon.processes[0].cpu_pct is None
+        time.sleep(MIN_CPU_INTERVAL_S)
+        later = sampler.sample()  # measured from the first sample, not the one in between
+    cpu = later.processes[0].cpu_pct
+    assert cpu is not None and 0 <= cpu <= 100 * (os.cpu_count() or 1) + 1
 
 
 def test_a_vanished_pid_is_dropped_not_an_error(busy_child: subprocess.Popen[str]) -> None:

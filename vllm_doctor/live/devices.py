@@ -23,6 +23,10 @@ from vllm_doctor.procfs import PAGE_SIZE, stat_fields
 PidsProvider = Callable[[], list[tuple[int, str]]]  # -> [(pid, role)], e.g. (1234, "engine core")
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+# /proc counts CPU time in ticks (10 ms): over a shorter interval than this, one tick more or less
+# is more than 4 % of a core (over 2 ms it read 568 % for one process on a 2-core host), so a
+# sample that comes sooner reports no CPU% and the next one measures from the older baseline
+MIN_CPU_INTERVAL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -231,7 +235,11 @@ class DeviceSampler:
                 continue
             cpu_pct = None
             before = self._previous.get(pid)
-            if before is not None and before[1].start_ticks == stat.start_ticks and now > before[0]:
+            if before is not None and before[1].start_ticks == stat.start_ticks:
+                if now - before[0] < MIN_CPU_INTERVAL_S:  # too short to say: keep the older baseline
+                    seen[pid] = before
+                    out.append(ProcSample(pid=pid, role=role, cpu_pct=None, rss=stat.rss, threads=stat.threads))
+                    continue
                 cpu_pct = 100.0 * (stat.cpu_ticks - before[1].cpu_ticks) / _CLOCK_TICKS / (now - before[0])
             seen[pid] = (now, stat)
             out.append(ProcSample(pid=pid, role=role, cpu_pct=cpu_pct, rss=stat.rss, threads=stat.threads))
