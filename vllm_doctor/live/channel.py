@@ -25,7 +25,7 @@ from vllm_doctor import channel as wire
 from vllm_doctor.compat.http import HttpEngineHandle, ServerError, normalize_url
 from vllm_doctor.compat.llm import ExtensionMissing
 from vllm_doctor.errors import DoctorInputError
-from vllm_doctor.live.proctree import PROC, discover, port_of
+from vllm_doctor.live.proctree import PROC, discover, listening_rows, port_of
 
 CHANNEL_HINT = "start the server with VLLM_DOCTOR=1 as this user: its workers then open the doctor's private channel"
 
@@ -191,23 +191,13 @@ def exposed_addresses(port: int, proc: Path = PROC) -> list[str]:
     """The non-loopback addresses a TCP socket listens on at ``port`` (``0.0.0.0`` and ``::``
     are every interface), from /proc/net/tcp and tcp6."""
     exposed = []
-    for name in ("tcp", "tcp6"):
-        try:
-            lines = (proc / "net" / name).read_text(encoding="ascii", errors="replace").splitlines()[1:]
-        except OSError:
+    for name, fields in listening_rows(port, proc):
+        address = fields[1].rpartition(":")[0]
+        if name == "tcp" and address.endswith("7F"):  # 127.x.x.x (little-endian hex)
             continue
-        for line in lines:
-            fields = line.split()
-            if len(fields) < 4 or fields[3] != "0A":
-                continue
-            address, _, hex_port = fields[1].rpartition(":")
-            if int(hex_port, 16) != port:
-                continue
-            if name == "tcp" and address.endswith("7F"):  # 127.x.x.x (little-endian hex)
-                continue
-            if name == "tcp6" and address in ("00000000000000000000000001000000",):  # ::1
-                continue
-            exposed.append(_address_text(name, address))
+        if name == "tcp6" and address in ("00000000000000000000000001000000",):  # ::1
+            continue
+        exposed.append(_address_text(name, address))
     return sorted(set(exposed))
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -216,9 +217,10 @@ def port_of(url: str) -> int:
     return port if port is not None else (443 if parts.scheme == "https" else 80)
 
 
-def _listening_inodes(port: int, proc: Path = PROC) -> dict[str, int]:
-    """inode -> the owner's uid of each socket listening on ``port``."""
-    inodes = {}
+def listening_rows(port: int, proc: Path = PROC) -> Iterator[tuple[str, list[str]]]:
+    """("tcp" or "tcp6", the row's fields) of each socket listening on ``port``, from
+    /proc/net/tcp and tcp6 (fields: sl local_address rem_address st tx:rx tr:when retrnsmt uid
+    timeout inode ...)."""
     for name in ("tcp", "tcp6"):
         try:
             lines = (proc / "net" / name).read_text(encoding="ascii", errors="replace").splitlines()[1:]
@@ -226,10 +228,13 @@ def _listening_inodes(port: int, proc: Path = PROC) -> dict[str, int]:
             continue
         for line in lines:
             fields = line.split()
-            # sl local_address rem_address st tx:rx tr:when retrnsmt uid timeout inode
             if len(fields) > 9 and fields[3] == TCP_LISTEN and int(fields[1].rpartition(":")[2], 16) == port:
-                inodes[fields[9]] = int(fields[7])
-    return inodes
+                yield name, fields
+
+
+def _listening_inodes(port: int, proc: Path = PROC) -> dict[str, int]:
+    """inode -> the owner's uid of each socket listening on ``port``."""
+    return {fields[9]: int(fields[7]) for _, fields in listening_rows(port, proc)}
 
 
 def listening_pids(port: int, proc: Path = PROC) -> tuple[list[int], set[int]]:
