@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.fixtures.processes import ready_child
-from vllm_doctor.live.devices import DeviceSampler, DevicesFrame
+from vllm_doctor.live.devices import MIN_CPU_INTERVAL_S, DeviceSampler, DevicesFrame
 
 
 def _cuda() -> bool:
@@ -54,8 +54,8 @@ def test_a_real_gpu_sample_shows_readings_and_our_cuda_process(cuda_child: subpr
                 break
             time.sleep(0.2)
             frame = sampler.sample()
-        time.sleep(0.2)
-        frame = sampler.sample()  # CPU% needs two samples of the same process
+        time.sleep(MIN_CPU_INTERVAL_S)
+        frame = sampler.sample()  # CPU% needs two samples of the same process, 250 ms apart at least
     assert frame.nvml_available, frame.nvml_reason
     assert frame.gpus and frame.gpus[0].name and frame.gpus[0].uuid.startswith("GPU-")
     gpu = frame.gpus[0]

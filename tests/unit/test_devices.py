@@ -83,8 +83,13 @@ def test_a_sample_sooner_than_the_tick_clock_can_resolve_has_no_cpu_and_keeps_th
             assert soon.processes[0].cpu_pct is None
         time.sleep(MIN_CPU_INTERVAL_S)
         later = sampler.sample()  # measured from the first sample, not the one in between
+        t1 = time.monotonic()
+        again = sampler.sample()
+        too_soon = time.monotonic() - t1 < MIN_CPU_INTERVAL_S
     cpu = later.processes[0].cpu_pct
     assert cpu is not None and 0 <= cpu <= 100 * (os.cpu_count() or 1) + 1
+    if too_soon:  # a refresh faster than the tick clock resolves shows the last rate measured
+        assert again.processes[0].cpu_pct == cpu
 
 
 def test_a_vanished_pid_is_dropped_not_an_error(busy_child: subprocess.Popen[str]) -> None:

@@ -25,7 +25,8 @@ PidsProvider = Callable[[], list[tuple[int, str]]]  # -> [(pid, role)], e.g. (12
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # /proc counts CPU time in ticks (10 ms): over a shorter interval than this, one tick more or less
 # is more than 4 % of a core (over 2 ms it read 568 % for one process on a 2-core host), so a
-# sample that comes sooner reports no CPU% and the next one measures from the older baseline
+# sample that comes sooner reports the last rate measured (none yet: no CPU%) and the next one
+# measures from the older baseline
 MIN_CPU_INTERVAL_S = 0.25
 
 
@@ -161,6 +162,7 @@ class DeviceSampler:
         else:
             self._start()
         self._previous: dict[int, tuple[float, _ProcStat]] = {}
+        self._last_pct: dict[int, float | None] = {}
         self._names: dict[int, str] = {}
 
     def _start(self) -> None:
@@ -228,6 +230,7 @@ class DeviceSampler:
             wanted = []
         now = time.monotonic()
         seen: dict[int, tuple[float, _ProcStat]] = {}
+        pcts: dict[int, float | None] = {}
         out = []
         for pid, role in wanted:
             stat = read_proc_stat(pid)
@@ -237,11 +240,14 @@ class DeviceSampler:
             before = self._previous.get(pid)
             if before is not None and before[1].start_ticks == stat.start_ticks:
                 if now - before[0] < MIN_CPU_INTERVAL_S:  # too short to say: keep the older baseline
-                    seen[pid] = before
-                    out.append(ProcSample(pid=pid, role=role, cpu_pct=None, rss=stat.rss, threads=stat.threads))
+                    seen[pid] = before  # and show the last rate measured, if any (top at --interval 0.2)
+                    pct = self._last_pct.get(pid)
+                    pcts[pid] = pct
+                    out.append(ProcSample(pid=pid, role=role, cpu_pct=pct, rss=stat.rss, threads=stat.threads))
                     continue
                 cpu_pct = 100.0 * (stat.cpu_ticks - before[1].cpu_ticks) / _CLOCK_TICKS / (now - before[0])
             seen[pid] = (now, stat)
+            pcts[pid] = cpu_pct
             out.append(ProcSample(pid=pid, role=role, cpu_pct=cpu_pct, rss=stat.rss, threads=stat.threads))
-        self._previous = seen
+        self._previous, self._last_pct = seen, pcts
         return tuple(out)

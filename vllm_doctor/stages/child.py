@@ -464,7 +464,8 @@ def selftest_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]
     for _ in range(asked.grandchildren):
         pids.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]).pid)
     if asked.pid_file:
-        Path(asked.pid_file).write_text(json.dumps({"child": os.getpid(), "grandchildren": pids}))
+        # atomically: a test waits for the file to exist, then reads it
+        write_json_atomic(asked.pid_file, {"child": os.getpid(), "grandchildren": pids})
     hog = []
     for _ in range(asked.allocate_mib):  # touch memory 1 MiB at a time
         hog.append(bytearray(2**20))
