@@ -161,8 +161,8 @@ class DeviceSampler:
             self._starting.start()
         else:
             self._start()
-        self._previous: dict[int, tuple[float, _ProcStat]] = {}
-        self._last_pct: dict[int, float | None] = {}
+        # pid -> (when, /proc stat, the CPU% measured then): the baseline of the next rate
+        self._previous: dict[int, tuple[float, _ProcStat, float | None]] = {}
         self._names: dict[int, str] = {}
 
     def _start(self) -> None:
@@ -229,8 +229,7 @@ class DeviceSampler:
         except Exception:  # the provider's source (a server) may be down: no processes this time
             wanted = []
         now = time.monotonic()
-        seen: dict[int, tuple[float, _ProcStat]] = {}
-        pcts: dict[int, float | None] = {}
+        seen: dict[int, tuple[float, _ProcStat, float | None]] = {}
         out = []
         for pid, role in wanted:
             stat = read_proc_stat(pid)
@@ -240,14 +239,11 @@ class DeviceSampler:
             before = self._previous.get(pid)
             if before is not None and before[1].start_ticks == stat.start_ticks:
                 if now - before[0] < MIN_CPU_INTERVAL_S:  # too short to say: keep the older baseline
-                    seen[pid] = before  # and show the last rate measured, if any (top at --interval 0.2)
-                    pct = self._last_pct.get(pid)
-                    pcts[pid] = pct
-                    out.append(ProcSample(pid=pid, role=role, cpu_pct=pct, rss=stat.rss, threads=stat.threads))
+                    seen[pid] = before  # and show the rate measured with it, if any (top at --interval 0.2)
+                    out.append(ProcSample(pid=pid, role=role, cpu_pct=before[2], rss=stat.rss, threads=stat.threads))
                     continue
                 cpu_pct = 100.0 * (stat.cpu_ticks - before[1].cpu_ticks) / _CLOCK_TICKS / (now - before[0])
-            seen[pid] = (now, stat)
-            pcts[pid] = cpu_pct
+            seen[pid] = (now, stat, cpu_pct)
             out.append(ProcSample(pid=pid, role=role, cpu_pct=cpu_pct, rss=stat.rss, threads=stat.threads))
-        self._previous, self._last_pct = seen, pcts
+        self._previous = seen
         return tuple(out)
