@@ -83,14 +83,16 @@ def test_top_once_reads_the_model_on_the_gpu_without_dev_mode(server: ServedEngi
     env = {k: v for k, v in server.env.items() if k != "VLLM_DOCTOR"}
     proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "top", "--url", server.base, "--once", "--json",
                              "--interval", "6"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-    deadline = time.monotonic() + 60
-    while proc.poll() is None and time.monotonic() < deadline:
+    started = time.monotonic()  # traffic for as long as top runs: its window is its last --interval
+    while proc.poll() is None and time.monotonic() - started < 300:
         server.complete("top once on a GPU", 8)
-    stdout, stderr = proc.communicate(timeout=120)
+    if proc.poll() is None:
+        proc.kill()
+    stdout, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0, stderr
     data = json.loads(stdout)
     model = data["model"]
-    assert model["available"] and model["steps"] > 0 and "CUDA events" in str(model["clock"]), model
+    assert model["available"] and model["steps"] > 0 and model["clock"] == "cuda_events", model
     assert data["devices"], data  # NVML on the GPU machine
 
 
