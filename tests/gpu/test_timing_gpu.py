@@ -82,3 +82,26 @@ def test_no_rate_above_the_devices_peak_and_graph_memory_measured(profiled: dict
             assert share is None or 0 < share <= 1.0, (name, key, share)
     parts = engine["memory"][0]["parts"]
     assert parts["cuda_graphs"] and parts["cuda_graphs"] > 0
+
+
+def test_a_refresh_keeps_the_stream_until_it_changes_and_then_follows_it() -> None:
+    """CudaEventClock looks up the current stream at each step's start: by its raw handle, the
+    Stream object rebuilt only when the stream changed; marks on a second stream are seen as such."""
+    import torch
+
+    from vllm_doctor.engine.clock import CudaEventClock
+
+    clock = CudaEventClock()
+    first = clock.mark(True)
+    stream = clock._stream
+    second = clock.mark(True)
+    assert clock._stream is stream and clock.one_stream  # the same stream: the object kept
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        third = clock.mark(True)
+        assert clock._stream == side and not clock.one_stream
+    fourth = clock.mark(True)
+    assert clock._stream == torch.cuda.current_stream()
+    for event in (first, second, third, fourth):
+        event.synchronize()
+    assert clock.seconds(first, second) >= 0 and clock.seconds(second, fourth) >= 0

@@ -40,6 +40,9 @@ class WallClock:
 
 
 MAX_FREE_EVENTS = 4096  # events kept for reuse
+# the current CUDA stream's raw handle on a device (torch's own C++ binding, which Inductor's
+# generated code calls per kernel launch); without it every refresh builds the Stream object
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 class CudaEventClock:
@@ -55,6 +58,7 @@ class CudaEventClock:
     def __init__(self) -> None:
         self._free: list[Any] = []
         self._stream: Any = None
+        self._raw: int | None = None  # the current stream's handle when ``_stream`` was looked up
         # every mark so far went to one stream, so they complete in the order recorded (the
         # profiler then asks only whether the newest has completed)
         self.one_stream = True
@@ -62,15 +66,22 @@ class CudaEventClock:
     def mark(self, refresh: bool = False) -> Any:
         """Record an event on the current stream.
 
-        The stream is looked up when ``refresh`` is set (the profiler does so where the model's
-        forward and the logits processor begin) and reused for the marks inside: asking torch
-        for the current stream costs about as much as recording the event.
+        The stream is looked up when ``refresh`` is set (the profiler does so where each step,
+        the model's forward and the logits processor begin) and reused for the marks inside:
+        asking torch for the current stream (a ``Stream`` object built in Python) costs about
+        as much as recording the event. A refresh asks first for the stream's raw handle, one
+        call into torch's C++, and builds the object only when the stream changed.
         """
         if refresh or self._stream is None:
-            stream = torch.cuda.current_stream()
-            if self._stream is not None and stream != self._stream:
-                self.one_stream = False
-            self._stream = stream
+            raw = None
+            if _RAW_STREAM is not None and self._stream is not None:
+                raw = _RAW_STREAM(self._stream.device_index)
+            if raw is None or raw != self._raw:
+                stream = torch.cuda.current_stream()
+                if self._stream is not None and stream != self._stream:
+                    self.one_stream = False
+                self._stream = stream
+                self._raw = _RAW_STREAM(stream.device_index) if _RAW_STREAM is not None else None
         event = self._free.pop() if self._free else torch.cuda.Event(enable_timing=True)
         event.record(self._stream)
         return event

@@ -8,10 +8,14 @@ prompt length; without the prompt length (a request first seen mid-run), one sch
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import Any
 
 from vllm_doctor.constants import STEP_COUNT_FIELDS
 
+# at most this many requests not known to decode are found by index (a C scan of the step's list
+# each); more (the first step after an attach) in one pass
+UNDECIDED_BY_INDEX = 8
 NULL_BLOCK = 0  # vLLM's block pool reserves block 0 as a placeholder; it holds no tokens
 
 # a step's counts, as StepTracker.observe returns them (a flat tuple: it is made on every step)
@@ -123,9 +127,8 @@ class StepTracker:
                 decoding.difference_update(resumed)  # recomputed from the start: prefill again
             new_blocks = getattr(cached, "new_block_ids", None) or ()
             if new_blocks.count(None) != len(new_blocks):  # some request got blocks this step
-                for rid, added in zip(req_ids, new_blocks, strict=False):
-                    if added is None:
-                        continue
+                # only the requests that got blocks (vLLM gives None for the others): picked in C
+                for rid, added in compress(zip(req_ids, new_blocks, strict=False), new_blocks):
                     if rid in resumed or rid not in blocks:
                         self._set_blocks(rid, added)
                         continue
@@ -142,27 +145,31 @@ class StepTracker:
                 decode_reqs = len(req_ids)
                 decode_tokens = total - prefill_tokens
             else:
+                # only the requests not known to decode are looked at one by one (a step where a
+                # request's prompt just ended looks at that one, not at the hundreds decoding)
                 spec: dict[str, Any] = getattr(so, "scheduled_spec_decode_tokens", None) or {}
                 computed = getattr(cached, "num_computed_tokens", None) or ()
                 n_computed = len(computed)
-                for i, rid in enumerate(req_ids):
+                undecided = set(req_ids).difference(decoding)
+                if len(undecided) <= UNDECIDED_BY_INDEX:
+                    at = [(req_ids.index(rid), rid) for rid in undecided]  # a scan in C each
+                else:
+                    at = [(i, rid) for i, rid in enumerate(req_ids) if rid in undecided]
+                decode_reqs = len(req_ids) - len(at)  # known to decode
+                for i, rid in at:
                     n = num_sched.get(rid, 0)
-                    if rid in decoding:
-                        is_decode = True
-                    else:
-                        plen = prompt_len.get(rid)
-                        if plen is not None and i < n_computed:
-                            is_decode = computed[i] >= plen
-                        else:  # first seen mid-run: one scheduled token (plus speculative ones)
-                            is_decode = n - len(spec.get(rid, ())) <= 1
-                        if is_decode:
-                            decoding.add(rid)  # a request's computed tokens only grow until preempted
+                    plen = prompt_len.get(rid)
+                    if plen is not None and i < n_computed:
+                        is_decode = computed[i] >= plen
+                    else:  # first seen mid-run: one scheduled token (plus speculative ones)
+                        is_decode = n - len(spec.get(rid, ())) <= 1
                     if is_decode:
-                        decode_tokens += n
+                        decoding.add(rid)  # a request's computed tokens only grow until preempted
                         decode_reqs += 1
                     else:
                         prefill_tokens += n
                         prefill_reqs += 1
+                decode_tokens = total - prefill_tokens  # every scheduled token not a prompt's
 
         used = len(self.refs) - (NULL_BLOCK in self.refs)
         return (prefill_tokens, decode_tokens, prefill_reqs, decode_reqs, total, used, len(preempted), resumed_reqs)

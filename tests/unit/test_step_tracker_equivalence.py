@@ -1,0 +1,161 @@
+"""StepTracker's counts against a plain restatement of its rules, over random step sequences.
+
+``observe`` takes shortcuts (set operations in C for the requests known to decode, only the
+requests that got blocks looked at); the reference here walks every request of every step. The
+sequences mix new requests, prompts in chunks, requests first seen mid-run, speculative tokens,
+new blocks, finished, preempted and resumed requests.
+"""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from vllm_doctor.engine import steps
+from vllm_doctor.engine.steps import NULL_BLOCK, UNDECIDED_BY_INDEX, StepTracker
+
+
+class Reference:
+    """Every request of every step, one at a time: a request decodes once its computed tokens
+    reach its prompt (without a known prompt: one scheduled token plus speculative ones)."""
+
+    def __init__(self) -> None:
+        self.prompt: dict[str, int] = {}
+        self.decoding: set[str] = set()
+        self.blocks: dict[str, list[list[int]]] = {}
+
+    def observe(self, so: Any) -> tuple[int, ...]:
+        for rid in so.finished_req_ids:
+            self.prompt.pop(rid, None)
+            self.decoding.discard(rid)
+            self.blocks.pop(rid, None)
+        for rid in so.preempted_req_ids:
+            self.decoding.discard(rid)
+            self.blocks.pop(rid, None)
+        sched, cached = so.num_scheduled_tokens, so.scheduled_cached_reqs
+        pre_t = dec_t = pre_r = dec_r = 0
+        for req in so.scheduled_new_reqs:
+            self.prompt[req.req_id] = len(req.prompt_token_ids)
+            self.decoding.discard(req.req_id)
+            self.blocks[req.req_id] = [list(g) for g in req.block_ids]
+            pre_t += sched.get(req.req_id, 0)
+            pre_r += 1
+        resumed = cached.resumed_req_ids
+        self.decoding -= set(resumed)
+        for i, rid in enumerate(cached.req_ids):
+            added = cached.new_block_ids[i]
+            if added is not None:
+                if rid in resumed or rid not in self.blocks:
+                    self.blocks[rid] = [list(g) for g in added]
+                else:
+                    for g, ids in enumerate(added):
+                        if g < len(self.blocks[rid]):
+                            self.blocks[rid][g].extend(ids)
+                        elif ids:
+                            self.blocks[rid].append(list(ids))
+            n = sched.get(rid, 0)
+            if rid not in self.decoding:
+                plen = self.prompt.get(rid)
+                if plen is not None:
+                    decode = cached.num_computed_tokens[i] >= plen
+                else:
+                    decode = n - len(so.scheduled_spec_decode_tokens.get(rid, ())) <= 1
+                if decode:
+                    self.decoding.add(rid)
+            if rid in self.decoding:
+                dec_t, dec_r = dec_t + n, dec_r + 1
+            else:
+                pre_t, pre_r = pre_t + n, pre_r + 1
+        used = {b for groups in self.blocks.values() for g in groups for b in g} - {NULL_BLOCK}
+        total = sum(sched.values())
+        return (pre_t, dec_t, pre_r, dec_r, total, len(used), len(so.preempted_req_ids), len(resumed))
+
+
+def _steps(seed: int, n_steps: int = 300) -> list[Any]:
+    """A served engine's steps, as plain data: requests arrive, run their prompt in chunks,
+    decode, get a block every 16 tokens, finish, or are preempted and resumed."""
+    rng = random.Random(seed)
+    state: dict[str, dict[str, Any]] = {}  # rid -> prompt, computed, out
+    waiting_resume: list[str] = []
+    next_block, serial, out = 1, 0, []
+    for rid in (f"early{i}" for i in range(rng.randint(0, 6))):  # running before the doctor attached
+        state[rid] = {"prompt": None, "computed": rng.randint(20, 90), "known": False}
+    for _ in range(n_steps):
+        new, finished, preempted, resumed = [], set(), set(), set()
+        sched: dict[str, int] = {}
+        spec: dict[str, list[int]] = {}
+        for rid in list(state):
+            if rng.random() < 0.04:
+                finished.add(rid)
+                del state[rid]
+            elif rng.random() < 0.01:
+                preempted.add(rid)
+                waiting_resume.append(rid)
+                del state[rid]
+        if waiting_resume and rng.random() < 0.3:
+            rid = waiting_resume.pop(0)
+            state[rid] = {"prompt": rng.randint(4, 40), "computed": 0, "known": True, "resumed": True}
+        for _ in range(rng.choice((0, 0, 1, 2))):
+            serial += 1
+            rid = f"r{serial}"
+            prompt = rng.randint(1, 70)
+            blocks = list(range(next_block, next_block + prompt // 16 + 1))
+            next_block += len(blocks)
+            chunk = min(prompt, rng.choice((prompt, 16, 32)))
+            new.append(SimpleNamespace(req_id=rid, prompt_token_ids=[0] * prompt, block_ids=(blocks,)))
+            sched[rid] = chunk
+            state[rid] = {"prompt": prompt, "computed": chunk, "known": True, "fresh": True}
+        req_ids, computed, new_blocks = [], [], []
+        for rid, st in state.items():
+            if st.pop("fresh", False):
+                continue
+            if st.pop("resumed", False):
+                resumed.add(rid)
+            plen = st["prompt"]
+            left = (plen - st["computed"]) if plen is not None else 0
+            n = min(left, 16) if left > 0 else 1
+            if n == 1 and rng.random() < 0.1:
+                spec[rid] = [0, 0]
+                n += 2
+            req_ids.append(rid)
+            computed.append(st["computed"])
+            if rid in resumed:
+                added: Any = ([next_block],)
+                next_block += 1
+            elif rng.random() < 1 / 16:
+                added = ([next_block], []) if rng.random() < 0.2 else ([next_block],)
+                next_block += 1
+            else:
+                added = None
+            new_blocks.append(added)
+            sched[rid] = n
+            st["computed"] += n
+        out.append(
+            SimpleNamespace(
+                scheduled_new_reqs=new,
+                scheduled_cached_reqs=SimpleNamespace(
+                    req_ids=req_ids, num_computed_tokens=computed, new_block_ids=new_blocks, resumed_req_ids=resumed
+                ),
+                num_scheduled_tokens=sched,
+                total_num_scheduled_tokens=sum(sched.values()),
+                scheduled_spec_decode_tokens=spec,
+                finished_req_ids=finished,
+                preempted_req_ids=preempted,
+            )
+        )
+    return out
+
+
+@pytest.mark.parametrize("by_index", [0, UNDECIDED_BY_INDEX])  # both ways of finding the undecided
+@pytest.mark.parametrize("seed", range(12))
+def test_observe_counts_what_the_plain_rules_count(seed: int, by_index: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(steps, "UNDECIDED_BY_INDEX", by_index)
+    tracker, reference = StepTracker(), Reference()
+    sequence = _steps(seed)
+    assert any(so.finished_req_ids for so in sequence) and any(so.scheduled_new_reqs for so in sequence)
+    for i, so in enumerate(sequence):
+        assert tracker.observe(so) == reference.observe(so), (seed, i)
+    assert tracker.decoding == reference.decoding
