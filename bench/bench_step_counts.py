@@ -66,7 +66,7 @@ def main() -> None:
 
     def step(kind: str) -> Any:
         nonlocal serial
-        blocks = [None] * len(live)
+        blocks: list[Any] = [None] * len(live)
         if kind != "decode":
             blocks = [([rng.randrange(1, 10**6)],) if rng.random() < 1 / 16 else None for _ in live]
         new, finished = [], set()
