@@ -213,6 +213,7 @@ NOT_VLLM: dict[str, str] = {
     "weight_loader": "a module's weight loader (vLLM's fused-MoE classes, or the model author's own layer)",
     "__name__": "a Python function or class",
     "__vllm_doctor_wrapper__": "the doctor's mark on its own wrappers",
+    "_cuda_getCurrentRawStream": "torch's C++ binding of the current CUDA stream's handle (engine/clock.py)",
     "_doctor_perf": "the doctor's cache of the module tree on its own extension (engine/extension.py)",
     "_doctor_quant": "the doctor's cache of the layers' quantization on its own extension (engine/extension.py)",
     "_extra_content": "transformers' CONFIG_MAPPING (AutoConfig.register)",
