@@ -143,7 +143,6 @@ class StepTracker:
                         self._add(ids)
             if decoding.issuperset(req_ids):  # every one of them was decoding already
                 decode_reqs = len(req_ids)
-                decode_tokens = total - prefill_tokens
             else:
                 # only the requests not known to decode are looked at one by one (a step where a
                 # request's prompt just ended looks at that one, not at the hundreds decoding)
@@ -169,7 +168,7 @@ class StepTracker:
                     else:
                         prefill_tokens += n
                         prefill_reqs += 1
-                decode_tokens = total - prefill_tokens  # every scheduled token not a prompt's
+            decode_tokens = total - prefill_tokens  # every scheduled token not a prompt's
 
         used = len(self.refs) - (NULL_BLOCK in self.refs)
         return (prefill_tokens, decode_tokens, prefill_reqs, decode_reqs, total, used, len(preempted), resumed_reqs)
