@@ -65,14 +65,15 @@ def test_auto_finds_llama_with_the_same_weights_and_both_runs_took_steps(twin_ru
 
 def test_the_ratios_are_finite_and_positive(twin_run: Run) -> None:
     twin = twin_run.twin
-    ratios = [twin["throughput_ratio"]]
-    for p in twin["phases"].values():
-        ratios += [p["step_ratio"], p["throughput_ratio"], p["forward_ratio"]]
+    ratios = {"throughput": twin["throughput_ratio"]}
+    for name, p in twin["phases"].items():
+        ratios |= {f"{name} {k}": p[k] for k in ("step_ratio", "throughput_ratio", "forward_ratio")}
     assert twin["kinds"], twin
-    for kind in twin["kinds"].values():
-        ratios.append(kind["ratio"])
-        ratios += [e["ratio"] for e in kind["phases"].values()]
-    assert all(isinstance(r, float) and math.isfinite(r) and r > 0 for r in ratios), ratios
+    for kind, entry in twin["kinds"].items():
+        ratios[kind] = entry["ratio"]
+        ratios |= {f"{kind} {phase}": e["ratio"] for phase, e in entry["phases"].items()}
+    bad = {k: r for k, r in ratios.items() if not (isinstance(r, float) and math.isfinite(r) and r > 0)}
+    assert not bad, (bad, json.dumps(twin["kinds"], indent=1))
     # uncompiled port against a compiled twin: what can be compared, and what cannot
     assert set(twin["kinds"]) == {"decoder", "logits"}
     assert twin["not_separable"] and "rotary" in twin["not_separable"][0]

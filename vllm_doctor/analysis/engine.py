@@ -368,6 +368,10 @@ def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> La
 # timing forward (entry and return) and the logits processor's (entry and return, after the forward)
 ROOT_MARKS = 2
 LOGITS_MARKS = 2
+# the readings a grain's cost per mark needs: the median of three is the first that one noisy
+# step cannot make (one reading of a step the host slowed can take all of a module's time out,
+# the logits processor's say: tests/unit/test_engine_units.py)
+MIN_MARK_READINGS = 3
 
 
 def _boundary_modules(layers: list[LayerModule]) -> tuple[list[LayerModule], dict[int, int]]:
@@ -388,7 +392,8 @@ def timing_mark_costs(profile: ProfileReply, steps: StepTable) -> list[TimingMar
     Each timed step next to an untimed one (same phase, on the step clock) is set against the
     mean of those neighbours; the difference over the marks that step made is one reading, and
     the median of the readings of each grain is its cost per mark (a detailed step's marks inside
-    a layer partly overlap the device's work there: on the H200 they cost about half as much).
+    a layer partly overlap the device's work there: on the H200 they cost about half as much);
+    a grain with fewer than ``MIN_MARK_READINGS`` readings has none (``per_mark_s`` None).
     A step timed at the layers' boundaries makes one mark per boundary module; a detailed one an
     entry and a return mark per timed module; both the root model's and the logits processor's two.
     The host launches an eager step's kernels, and every mark (a CUDA event and the doctor's
@@ -421,7 +426,7 @@ def timing_mark_costs(profile: ProfileReply, steps: StepTable) -> list[TimingMar
             readings[bucket][grain].append((s - near) / (marks_d if grain else marks_b))
 
     def per_mark(values: list[float]) -> float | None:
-        med = _median(values)
+        med = _median(values) if len(values) >= MIN_MARK_READINGS else None
         return None if med is None else max(0.0, med)
 
     out = []

@@ -246,7 +246,7 @@ class TimingMarkCost(Record):
         default=None,
         metadata=_doc(
             "steps timed at the layers' boundaries: the median over those with an untimed neighbour of "
-            "(step - neighbours' mean) / marks (0 where they came out no slower; None: no such step)"
+            "(step - neighbours' mean) / marks (0 where they came out no slower; None: fewer than three such steps)"
         ),
     )
     pairs: int = field(default=0, metadata=_doc("steps timed at the boundaries next to an untimed step"))
@@ -254,7 +254,7 @@ class TimingMarkCost(Record):
         default=None,
         metadata=_doc(
             "the same over the detailed steps (timed inside the layers too), whose marks partly overlap the "
-            "device's work inside a layer (None: no such step)"
+            "device's work inside a layer (None: fewer than three such steps)"
         ),
     )
     detail_pairs: int = field(default=0, metadata=_doc("detailed steps next to an untimed step"))

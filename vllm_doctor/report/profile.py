@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_doctor.analysis.engine import MIN_MARK_READINGS
 from vllm_doctor.analysis.records import (
     CompileState,
     DoctorOverhead,
@@ -171,7 +172,14 @@ def marks_cost_text(layers: LayerTables) -> str:
     parts = []
     for c in layers.doctor_cost:
         if not c.measured:
-            parts.append(f"{c.bucket} as measured (no timed step next to an untimed one)")
+            near = c.pairs + c.detail_pairs
+            why = (
+                "no timed step next to an untimed one"
+                if not near
+                else f"{near} timed step(s) next to an untimed one: too few to estimate a mark's cost, "
+                f"{MIN_MARK_READINGS} of one grain needed"
+            )
+            parts.append(f"{c.bucket} as measured ({why})")
             continue
         grains = []
         for label, per, pairs, marks in (
