@@ -15,7 +15,15 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 
+# files whose engines keep every core of a 2-core box busy for minutes (a TP=2 server: a worker
+# bound to each core, serving requests the whole module): they run last, so that `make test`'s
+# other stream, whose bad-input tests bound each doctor process at 30 s, has finished by then
+# (side by side, tests/unit/test_malformed_corpus.py's doctor processes outlast that bound)
+LAST = frozenset({"test_channel_tp2_served.py"})
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in item.path.resolve().parents:
             item.add_marker(pytest.mark.engine)
+    items.sort(key=lambda item: item.path.name in LAST and HERE in item.path.resolve().parents)  # stable

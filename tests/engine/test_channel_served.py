@@ -49,12 +49,17 @@ def _talk(path: Path, payload: bytes, read: bool = True) -> Any:
     with socket.socket(socket.AF_UNIX) as s:
         s.settimeout(30)
         s.connect(str(path))
-        s.sendall(payload)
+        try:
+            s.sendall(payload)
+        except (BrokenPipeError, ConnectionResetError):
+            # a refused connection gets its reply and is closed at once, maybe before the request
+            # is written (seen here under load): the reply is still there to read
+            pass
         if not read:
             return None
         try:
             return wire.recv_frame(s, wire.MAX_REPLY)
-        except EOFError:
+        except (EOFError, ConnectionResetError):
             return "closed"
 
 
@@ -142,10 +147,10 @@ def test_hostile_messages_and_a_killed_reader_leave_the_engine_serving_the_same_
     deadline = time.monotonic() + 30
     while True:  # the held connections' threads notice the close
         reply = _talk(path, wire.encode({"v": 1, "method": "doctor_ping"}))
-        if reply["ok"] or time.monotonic() > deadline:
+        if (isinstance(reply, dict) and reply["ok"]) or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert reply["ok"] and reply["reply"]["ok"], reply
+    assert isinstance(reply, dict) and reply["ok"] and reply["reply"]["ok"], reply
 
 
 def test_another_os_user_cannot_reach_the_channel(served_engine: ServedEngine) -> None:
