@@ -304,6 +304,42 @@ class ServedEngine:
             },
         )
 
+    def greedy(self, prompts: list[str], max_tokens: int) -> list[tuple[str, list[float]]]:
+        """Each prompt's greedy completion and its token logprobs: what must stay the same while
+        the doctor reads the engine."""
+        out = []
+        for prompt in prompts:
+            choice = self.complete(prompt, max_tokens, logprobs=1)["choices"][0]
+            out.append((choice["text"], choice["logprobs"]["token_logprobs"]))
+        return out
+
+    def doctor_beside_traffic(
+        self, out_dir: Path, *args: str, limit_s: float, max_tokens: int, prompt: str = "traffic", ready: str = ""
+    ) -> tuple[subprocess.CompletedProcess[str], float, int]:
+        """``vllm-doctor ARGS --url BASE`` (the doctor's plugin off in its own process) while
+        requests run one at a time beside it, for as long as it runs (killed after ``limit_s``:
+        its start, attach and window on a loaded machine), from when its stderr says ``ready``.
+        Its output goes to files in ``out_dir``: a report larger than a pipe's buffer would stall
+        it. Returns the finished process, the seconds it ran and the requests sent."""
+        env = {k: v for k, v in self.env.items() if k != "VLLM_DOCTOR"}
+        out, err = out_dir / "stdout", out_dir / "stderr"
+        with open(out, "w") as stdout, open(err, "w") as stderr:
+            proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", *args, "--url", self.base], env=env,
+                                    stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)  # fmt: skip
+            requests, started = 0, time.monotonic()
+            while proc.poll() is None and time.monotonic() - started < limit_s:
+                if ready and ready not in err.read_text():
+                    time.sleep(0.2)
+                    continue
+                self.complete(f"{prompt} {requests}", max_tokens)
+                requests += 1
+            took = time.monotonic() - started
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=60)
+        done = subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
+        return done, took, requests
+
     def rpc(self, method: str, options: dict[str, Any] | None = None) -> list[dict[str, Any]]:
         """The doctor's worker method on every worker, through the private channel."""
         from vllm_doctor.live.channel import ChannelHandle

@@ -32,11 +32,7 @@ PROMPTS = ["the channel is private", "nobody else gets in"]
 
 
 def _outputs(server: ServedEngine) -> list[tuple[str, list[float]]]:
-    out = []
-    for prompt in PROMPTS:
-        choice = server.complete(prompt, 6, logprobs=1)["choices"][0]
-        out.append((choice["text"], choice["logprobs"]["token_logprobs"]))
-    return out
+    return server.greedy(PROMPTS, 6)
 
 
 def _sockets(server: ServedEngine) -> list[Path]:

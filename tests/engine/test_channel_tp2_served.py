@@ -14,8 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -55,37 +53,7 @@ def tp2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedEngin
 
 
 def _outputs(server: ServedEngine) -> list[tuple[str, list[float]]]:
-    out = []
-    for prompt in PROMPTS:
-        choice = server.complete(prompt, 8, logprobs=1)["choices"][0]
-        out.append((choice["text"], choice["logprobs"]["token_logprobs"]))
-    return out
-
-
-def _doctor(
-    server: ServedEngine, tmp_path: Path, *args: str, ready: str = ""
-) -> tuple[subprocess.CompletedProcess[str], float, int]:
-    """A doctor command against the server while requests run beside it, for as long as it runs,
-    from when its stderr says ``ready`` (its output to files: a report larger than a pipe's
-    buffer would stall it)."""
-    env = {k: v for k, v in server.env.items() if k != "VLLM_DOCTOR"}
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
-    with open(out, "w") as stdout, open(err, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "vllm_doctor", *args, "--url", server.base], env=env,
-                                stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)  # fmt: skip
-        requests, started = 0, time.monotonic()
-        while proc.poll() is None and time.monotonic() - started < LIMIT_S:
-            if ready and ready not in err.read_text():
-                time.sleep(0.2)
-                continue
-            server.complete(f"traffic {requests}", 8)
-            requests += 1
-        took = time.monotonic() - started
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=60)
-    done = subprocess.CompletedProcess(proc.args, proc.returncode, out.read_text(), err.read_text())
-    return done, took, requests
+    return server.greedy(PROMPTS, 8)
 
 
 def test_each_worker_process_publishes_its_own_channel(tp2_server: ServedEngine) -> None:
@@ -110,7 +78,9 @@ def test_attach_merges_both_ranks_and_changes_no_output(tp2_server: ServedEngine
     side = threading.Thread(target=compare, daemon=True)
     side.start()
     try:
-        proc, took, requests = _doctor(tp2_server, tmp_path, "attach", "--duration", "6", "--json", ready=READY)
+        proc, took, requests = tp2_server.doctor_beside_traffic(
+            tmp_path, "attach", "--duration", "6", "--json", limit_s=LIMIT_S, max_tokens=8, ready=READY
+        )
     finally:
         stop.set()
         side.join(timeout=120)
@@ -131,7 +101,9 @@ def test_attach_merges_both_ranks_and_changes_no_output(tp2_server: ServedEngine
 
 
 def test_top_once_reads_the_model_from_both_workers(tp2_server: ServedEngine, tmp_path: Path) -> None:
-    proc, took, requests = _doctor(tp2_server, tmp_path, "top", "--once", "--json", "--interval", "4", "--no-devices")
+    proc, took, requests = tp2_server.doctor_beside_traffic(
+        tmp_path, "top", "--once", "--json", "--interval", "4", "--no-devices", limit_s=LIMIT_S, max_tokens=8
+    )
     assert proc.returncode == 0, (took, proc.stderr[-2000:])
     model = json.loads(proc.stdout).get("model") or {}
     assert model.get("available") and model.get("steps"), (f"top ran {took:.0f} s, {requests} requests", model)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -80,23 +78,14 @@ def test_metrics_carry_the_doctors_series_and_they_count_what_vllm_counts(
         "generated": _value(first, "vllm:generation_tokens"),
     }
     # requests one at a time (a prefill step, then decode steps: no mixed step), while top --once
-    # attaches, reads its own window and detaches; then two more
-    env = {k: v for k, v in server.env.items() if k != "VLLM_DOCTOR"}
-    top = subprocess.Popen([sys.executable, "-m", "vllm_doctor", "top", "--url", server.base, "--once", "--json",
-                            "--interval", "6", "--no-devices"], env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE, text=True)  # fmt: skip
-    # traffic for as long as top runs (its window is its last --interval seconds, whenever its start
+    # attaches, reads its own window and detaches; then two more. Traffic for as long as top runs (its window is its last --interval seconds, whenever its start
     # and attach end on a loaded machine: CI once saw top outlast a fixed 120 s of traffic)
-    requests, started = 0, time.monotonic()
-    while top.poll() is None and time.monotonic() - started < TOP_LIMIT_S:
-        server.complete(f"count me {requests}", MAX_TOKENS)
-        requests += 1
-    took = time.monotonic() - started
-    if top.poll() is None:
-        top.kill()
-    stdout, stderr = top.communicate(timeout=60)
-    assert top.returncode == 0, (took, stderr[-2000:])
-    model = json.loads(stdout).get("model") or {}
+    top, took, requests = server.doctor_beside_traffic(
+        tmp_path, "top", "--once", "--json", "--interval", "6", "--no-devices",
+        limit_s=TOP_LIMIT_S, max_tokens=MAX_TOKENS, prompt="count me",
+    )  # fmt: skip
+    assert top.returncode == 0, (took, top.stderr[-2000:])
+    model = json.loads(top.stdout).get("model") or {}
     # top's window had steps of its own
     assert model.get("available") and model.get("steps"), (f"top ran {took:.0f} s, {requests} requests", model)
     for _ in range(2):

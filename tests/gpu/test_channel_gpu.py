@@ -42,11 +42,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedEngine]:
 
 
 def _outputs(server: ServedEngine) -> list[tuple[str, list[float]]]:
-    out = []
-    for prompt in PROMPTS:
-        choice = server.complete(prompt, 8, logprobs=1)["choices"][0]
-        out.append((choice["text"], choice["logprobs"]["token_logprobs"]))
-    return out
+    return server.greedy(PROMPTS, 8)
 
 
 def test_attach_through_the_channel_times_steps_on_cuda_events_and_changes_no_output(server: ServedEngine) -> None:
