@@ -104,6 +104,7 @@ def test_cpu_profile_records_the_engine_core_and_the_worker(engine: BlockingEngi
     assert {p["role"] for p in index["processes"]} == {"engine-core", "worker"}
     worker = next(p for p in index["processes"] if p["role"] == "worker")
     assert worker["error"] is None and worker["flamegraph"] == f"cpu-worker0-{worker['pid']}.svg"
+    assert worker["samples"] > 0 and worker["behind_s"] >= 0, worker  # py-spy's count, and how far it lagged
     svg = (out / worker["flamegraph"]).read_text()
     assert svg.lstrip().startswith("<?xml") and "<svg" in svg
     speedscope = json.loads((out / worker["speedscope"]).read_text())

@@ -79,6 +79,44 @@ def test_recording_an_idle_process_says_there_were_no_samples(sleeper: int, tmp_
     assert (tmp_path / "idle.speedscope.json").read_text().startswith('{"$schema"')
 
 
+BUSY = textwrap.dedent(
+    """\
+    import sys, threading, time
+    def spin():
+        while True:
+            sum(range(1000))
+            time.sleep(0.001)
+    def deep(n):
+        spin() if n == 0 else deep(n - 1)
+    for _ in range(200):
+        threading.Thread(target=deep, args=(40,), daemon=True).start()
+    print("ready", flush=True)
+    time.sleep(600)
+    """
+)
+
+
+@needs_pyspy
+def test_a_recording_lasts_its_seconds_when_py_spy_falls_behind(tmp_path: Path) -> None:
+    """py-spy's own --duration counts sampling intervals: at 1000 Hz on 200 threads 40 frames deep
+    it cannot keep up, and `--duration 2` took minutes here (the old gateway gave up at its 62 s
+    limit: a PySpyError). The gateway stops it by the clock instead, with the samples it took,
+    and says how far it fell behind."""
+    script = tmp_path / "busy.py"
+    script.write_text(BUSY)
+    busy = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert busy.stdout is not None and busy.stdout.readline().strip() == "ready"
+        result = PySpy().record(busy.pid, tmp_path / "busy.svg", "flamegraph", duration=2, rate=1000)
+    finally:
+        busy.kill()
+        busy.wait(timeout=30)
+    svg = (tmp_path / "busy.svg").read_text()
+    assert svg.lstrip().startswith("<?xml") and "spin" in svg
+    assert result.samples and result.behind_s >= 1.0, result
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
 def test_missing_and_too_old_py_spy_are_input_errors(tmp_path: Path) -> None:
     env = dict(os.environ, VLLM_DOCTOR_PY_SPY=str(tmp_path / "no-such-py-spy"))
     proc = run_doctor(["stacks", "--pid", str(os.getpid())], env=env, timeout=60)

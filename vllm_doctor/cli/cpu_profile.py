@@ -11,9 +11,12 @@ from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.files import json_text, write_json_atomic, write_text_atomic
 from vllm_doctor.report.write import CPU_PROFILE_INDEX
 
+BEHIND_NOTE_S = 1.0  # py-spy warns from one second behind its rate
+
 EPILOG = """\
 Records each EngineCore and worker process (--api-server adds the API server) with py-spy for
---duration seconds, without pausing the engine, and writes into DIR, atomically:
+--duration seconds of wall-clock time (py-spy's own --duration counts samples: on a busy machine
+it records for much longer), without pausing the engine, and writes into DIR, atomically:
   cpu-<role><rank>-<pid>.speedscope.json   open at https://www.speedscope.app
   cpu-<role><rank>-<pid>.svg               flamegraph, opens in a browser
   index.json                               what was recorded (and why a process was not)
@@ -92,6 +95,11 @@ def run(args: argparse.Namespace) -> int:
             line = f"  {p['label']:<11} pid {p['pid']:<7} {files or 'no profile'}"
             if p["error"]:
                 line += f"\n{'':>13}{p['error']}" + (f"\n{'':>13}hint: {p['hint']}" if p["hint"] else "")
+            if (p.get("behind_s") or 0) >= BEHIND_NOTE_S:
+                line += (
+                    f"\n{'':>13}py-spy fell up to {p['behind_s']:.1f} s behind --rate {args.rate} (a busy machine, or "
+                    "many threads): fewer samples over the same seconds; a lower --rate keeps up"
+                )
             print(line)
         print(f"index: {out / CPU_PROFILE_INDEX}")
     return EXIT_OK if written else EXIT_FINDINGS

@@ -15,6 +15,7 @@ doctor's own access becomes :class:`PySpyError` with the exact fix:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -23,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -45,6 +47,8 @@ CAP_SYS_PTRACE = 19
 PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
 ErrorKind = Literal["missing", "too-old", "permission", "gone", "not-python", "timeout", "no-samples", "failed"]
 RecordFormat = Literal["speedscope", "flamegraph"]
+START_TIMEOUT_S = 60.0  # py-spy attaching to a process (reading its memory maps) before it samples
+WRITE_TIMEOUT_S = 60.0  # py-spy writing its file once stopped
 
 
 class PySpyError(Exception):
@@ -97,6 +101,62 @@ def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
         proc.wait()
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+
+
+class _NotInTime(Exception):
+    def __init__(self, what: str, seconds: float) -> None:
+        super().__init__(what)
+        self.what, self.seconds = what, seconds
+
+
+def _record_for(argv: list[str], seconds: float, start_timeout: float, write_timeout: float) -> tuple[str, int]:
+    """Run ``py-spy record`` (``argv``, no ``--duration``) in a new process group: from its
+    "Sampling process" line (it has attached) for ``seconds`` of wall-clock time, then SIGINT
+    (it stops sampling and writes its output). Its output (stdout and stderr) and exit code.
+    Raises :class:`_NotInTime` when it does not start sampling within ``start_timeout`` or does
+    not finish writing within ``write_timeout`` of being stopped; any exception (Ctrl-C
+    included) kills the group: no py-spy is left reading the engine."""
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+    )
+    lines: list[str] = []
+    sampling = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "Sampling process" in line:
+                sampling.set()
+        sampling.set()  # it ended: an error before it sampled, or after
+
+    reader = threading.Thread(target=pump, name="py-spy-output", daemon=True)
+    reader.start()
+    try:
+        if not sampling.wait(start_timeout):
+            raise _NotInTime("did not start sampling", start_timeout)
+        try:
+            proc.wait(timeout=seconds)  # it ends by itself only on an error (the process gone, refused)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=write_timeout)
+        except subprocess.TimeoutExpired:
+            raise _NotInTime("did not finish writing after it was stopped", write_timeout) from None
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        reader.join(timeout=5)
+        raise
+    reader.join(timeout=5)
+    return "".join(lines), proc.returncode
 
 
 def _capabilities() -> int:
@@ -175,6 +235,8 @@ class RecordResult:
     pid: int
     fmt: RecordFormat
     path: Path
+    samples: int | None = None  # the stack traces py-spy kept (its "Samples: N")
+    behind_s: float = 0.0  # how far py-spy's sampler fell behind its rate (0: it kept up)
 
 
 class PySpy:
@@ -247,8 +309,17 @@ class PySpy:
         rate: int = 100,
         native: bool = False,
         idle: bool = False,
+        start_timeout: float = START_TIMEOUT_S,
+        write_timeout: float = WRITE_TIMEOUT_S,
     ) -> RecordResult:
-        """``py-spy record`` of ``pid`` for ``duration`` s into ``out``, written atomically.
+        """``py-spy record`` of ``pid`` for ``duration`` seconds of wall-clock time into ``out``,
+        written atomically.
+
+        py-spy's own ``--duration`` counts sampling intervals, not seconds: a sampler that falls
+        behind (a busy machine, a process of many threads) records for many times longer (on a
+        2-core box, 3 s became over 3 minutes). So py-spy runs without it, and once it says it is
+        sampling, it is stopped with SIGINT after ``duration`` s, as Control-C does: it writes
+        what it sampled. How far it fell behind (its "behind in sampling" lines) is returned.
 
         Non-blocking (the engine is never paused), so a speedscope and a flamegraph recording of
         one process may run side by side. Raises PySpyError.
@@ -257,26 +328,36 @@ class PySpy:
         fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
         os.close(fd)
         tmp = Path(tmp_name)
-        seconds = max(1, round(duration))
         argv = [self.binary, "record", "--pid", str(pid), "--format", fmt, "--output", str(tmp)]
-        argv += ["--duration", str(seconds), "--rate", str(rate), "--nonblocking"]
+        argv += ["--rate", str(rate), "--nonblocking"]
         argv += (["--native"] if native else []) + (["--idle"] if idle else [])
         try:
             try:
-                proc = _run(argv, seconds + 60.0)
-            except subprocess.TimeoutExpired:
-                raise PySpyError("timeout", f"py-spy record of process {pid} did not finish in time") from None
-            said = proc.stdout + proc.stderr
+                said, code = _record_for(argv, duration, start_timeout, write_timeout)
+            except _NotInTime as late:
+                raise PySpyError(
+                    "timeout",
+                    f"py-spy record of process {pid} {late.what} within {late.seconds:g} s",
+                    "retry; a machine this busy also slows the engine",
+                ) from None
             if "No stack counts found" in said or re.search(r"Samples: 0\b", said):
                 raise PySpyError(
                     "no-samples",
-                    f"process {pid} ran no Python code in {seconds} s (idle: no samples)",
+                    f"process {pid} ran no Python code in {duration:g} s (idle: no samples)",
                     "profile while the engine serves requests, or add --idle to record waiting threads too",
                 )
-            if proc.returncode != 0:
+            if code != 0:
                 raise self._error(pid, said)
             os.chmod(tmp, 0o644)
             os.replace(tmp, out)
         finally:
             tmp.unlink(missing_ok=True)
-        return RecordResult(pid=pid, fmt=fmt, path=out)
+        samples = re.search(r"Samples: (\d+)", said)
+        behind = [float(x) for x in re.findall(r"([\d.]+)s behind in sampling", said)]
+        return RecordResult(
+            pid=pid,
+            fmt=fmt,
+            path=out,
+            samples=int(samples.group(1)) if samples else None,
+            behind_s=max(behind, default=0.0),
+        )

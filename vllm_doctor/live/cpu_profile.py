@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.compat.pyspy import PySpy, PySpyError, RecordFormat
+from vllm_doctor.compat.pyspy import PySpy, PySpyError, RecordFormat, RecordResult
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.live.proctree import ProcInfo
 from vllm_doctor.live.stacks import pyspy_or_input_error, targets
@@ -62,20 +62,21 @@ def record_engine(
     jobs = [(p, fmt) for p in procs for fmt in ("speedscope", "flamegraph")]
     started = time.time()
 
-    def one(job: tuple[ProcInfo, RecordFormat]) -> tuple[ProcInfo, RecordFormat, str | None, PySpyError | None]:
+    Outcome = tuple[ProcInfo, RecordFormat, RecordResult | None, PySpyError | None]
+
+    def one(job: tuple[ProcInfo, RecordFormat]) -> Outcome:
         info, fmt = job
         path = out / f"{stem_of(info)}{SUFFIXES[fmt]}"
         try:
-            spy.record(info.pid, path, fmt, duration, rate=rate, native=native, idle=idle)
+            return info, fmt, spy.record(info.pid, path, fmt, duration, rate=rate, native=native, idle=idle), None
         except PySpyError as exc:
             return info, fmt, None, exc
-        return info, fmt, path.name, None
 
     with ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
         results = list(pool.map(one, jobs))
     entries: dict[int, dict[str, Any]] = {}
     errors: list[PySpyError] = []
-    for info, fmt, name, error in results:
+    for info, fmt, result, error in results:
         entry = entries.setdefault(
             info.pid,
             {
@@ -88,9 +89,15 @@ def record_engine(
                 "flamegraph": None,
                 "error": None,
                 "hint": None,
+                "samples": None,
+                "behind_s": None,
             },
         )
-        entry[KEYS[fmt]] = name
+        if result is not None:
+            entry[KEYS[fmt]] = result.path.name
+            if fmt == "speedscope":  # the stack traces py-spy kept (both recordings sample alike)
+                entry["samples"] = result.samples
+            entry["behind_s"] = max(entry["behind_s"] or 0.0, result.behind_s)
         if error is not None:
             errors.append(error)
             entry["error"], entry["hint"] = error.message, error.hint or None
