@@ -38,6 +38,22 @@ def test_a_pass_that_does_not_complete_is_a_finding_not_a_silent_skip(tmp_path: 
     assert all(x["outcome"] == "skip" for x in findings if x["code"] in ("VD106", "VD201"))
 
 
+def test_a_model_type_unknown_when_the_plugins_did_not_run_says_so(tmp_path: Path) -> None:
+    """With the import pass cut off, no plugin ran: VD104's "registered by no plugin" is a read of
+    their source only, and its message says so and points at VD100 (CI once saw a plugin that
+    refuses this vLLM reported as merely unregistered when its import pass ran out of time)."""
+    d = model(tmp_path, json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "no_such_type"}).encode())
+    proc = cli("check", str(d), "--json", "-q", "--import-timeout", "0.2")
+    findings = {f["code"]: f for f in json.loads(proc.stdout)["findings"]}
+    assert findings["VD100"]["outcome"] == "fail", findings["VD100"]
+    f = findings["VD104"]
+    assert f["outcome"] == "fail", f
+    assert f["message"] == (
+        "model_type 'no_such_type' is unknown to transformers and no plugin registers it as far as their source "
+        "reads (the import pass that runs them did not complete: VD100)"
+    )
+
+
 def test_a_pass_stopped_at_the_memory_limit_is_a_finding(tmp_path: Path) -> None:
     """--max-memory below what importing vLLM takes: both passes are stopped by the watchdog and
     each is a VD100 failure naming the limit (exit 1); a bad size is a usage error (exit 2)."""

@@ -398,8 +398,14 @@ def model_type_unknown(facts: Facts, emit: Emit) -> Iterable[Finding]:
     hint += f"call AutoConfig.register({mt!r}, YourConfig) in your plugin function"
     if registers_model:
         hint += f" (plugin {registers_model[0]!r} registers the model but not its config)"
+    message = f"model_type {mt!r} is unknown to transformers and registered by no plugin"
+    if facts.import_pass_error:  # the plugins did not run: what they register was read from their source
+        message = (
+            f"model_type {mt!r} is unknown to transformers and no plugin registers it as far as their source reads "
+            "(the import pass that runs them did not complete: VD100)"
+        )
     yield emit.fail(
-        f"model_type {mt!r} is unknown to transformers and registered by no plugin",
+        message,
         "config.json:model_type",
         {
             "model_type": mt,
