@@ -10,8 +10,10 @@ so that the other tests' scrapes do not attach the exporter beside their readers
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -52,6 +54,12 @@ def _value(expo: Exposition, family: str, **labels: str) -> float:
     return sum(s.value for s in fam.samples if all(s.label(k) == v for k, v in labels.items()))
 
 
+def _scrape_until(server: ServedEngine, done: threading.Event, every_s: float = 10.0) -> None:
+    while not done.wait(every_s):
+        with contextlib.suppress(OSError):
+            _scrape(server)
+
+
 def _until(server: ServedEngine, ok: object, timeout: float = 120) -> Exposition:
     deadline = time.monotonic() + timeout
     while True:
@@ -80,14 +88,25 @@ def test_metrics_carry_the_doctors_series_and_they_count_what_vllm_counts(
     # requests one at a time (a prefill step, then decode steps: no mixed step), while top --once
     # attaches, reads its own window and detaches; then two more. Traffic for as long as top runs (its window is its last --interval seconds, whenever its start
     # and attach end on a loaded machine: CI once saw top outlast a fixed 120 s of traffic)
-    top, took, requests = server.doctor_beside_traffic(
-        tmp_path, "top", "--once", "--json", "--interval", "6", "--no-devices",
-        limit_s=TOP_LIMIT_S, max_tokens=MAX_TOKENS, prompt="count me",
-    )  # fmt: skip
+    # and /metrics scraped every 10 s meanwhile, as Prometheus does: an exporter left unscraped for
+    # IDLE_S detaches (by design) and counts nothing until the next scrape (CI once saw top run for
+    # minutes with no scrape between its two: the steps in between were missing)
+    done = threading.Event()
+    scraper = threading.Thread(target=_scrape_until, args=(server, done), daemon=True)
+    scraper.start()
+    try:
+        top, took, requests = server.doctor_beside_traffic(
+            tmp_path, "top", "--once", "--json", "--interval", "6", "--no-devices",
+            limit_s=TOP_LIMIT_S, max_tokens=MAX_TOKENS, prompt="count me",
+        )  # fmt: skip
+    finally:
+        done.set()
+        scraper.join(timeout=120)
     assert top.returncode == 0, (took, top.stderr[-2000:])
     model = json.loads(top.stdout).get("model") or {}
     # top's window had steps of its own
     assert model.get("available") and model.get("steps"), (f"top ran {took:.0f} s, {requests} requests", model)
+    assert "attached to the workers" in top.stderr, top.stderr  # its progress lines say where its time went
     for _ in range(2):
         server.complete(f"count me {requests}", MAX_TOKENS)
         requests += 1
@@ -106,7 +125,9 @@ def test_metrics_carry_the_doctors_series_and_they_count_what_vllm_counts(
         forward = _value(after, "vllm_doctor_forward_seconds", phase=phase)
         forward_steps = _value(after, "vllm_doctor_forward_steps", phase=phase)
         assert steps > 0 and seconds > 0 and 0 < forward_steps <= steps, (phase, steps, seconds, forward_steps)
-        assert 0 < forward / forward_steps <= seconds / steps * 1.05, (phase, forward, seconds)
+        # the forward is timed on sampled steps only (the first ones, then every Nth: slower, with the
+        # doctor's marks), so its mean is not bounded by every step's mean; its sum by their sum is
+        assert 0 < forward <= seconds, (phase, forward, seconds)
     # the doctor's own cost is counted: in the workers, and the exporter's CPU in the API server
     assert _value(after, "vllm_doctor_own_seconds", part="wrappers") > 0
     assert _value(after, "vllm_doctor_own_seconds", part="exporter") > 0

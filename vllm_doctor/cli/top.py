@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.cli.common import add_deprecated, add_url, on_stop_signals, resolve_url
+from vllm_doctor.cli.common import add_deprecated, add_url, on_stop_signals, progress_printer, resolve_url
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.files import write_text_atomic
 
@@ -174,13 +174,22 @@ def run_once(url: str, args: argparse.Namespace) -> int:
         source.close()
         return 2
     # the model from inside over the same interval (the private channel; attached, then detached)
-    window = None if args.no_model else ModelWindow(url).open()
+    progress = progress_printer(False)
+    window = None
+    if not args.no_model:
+        began = time.monotonic()
+        window = ModelWindow(url).open()
+        said = "attached to the workers" if window.reader is not None else f"no model: {window.reason}"
+        progress(f"{said} ({time.monotonic() - began:.1f} s); reading for {args.interval:g} s")
     try:
         time.sleep(args.interval)
         frame = source.poll()
     finally:
         source.close()
+        began = time.monotonic()
         model = window.read() if window is not None else None
+        if window is not None:
+            progress(f"read the model's window and detached ({time.monotonic() - began:.1f} s)")
     if not frame.metrics.ok:
         print(f"vllm-doctor: error: {frame.metrics.error}", file=sys.stderr)
         return 2
