@@ -99,7 +99,7 @@ BUSY = textwrap.dedent(
 @needs_pyspy
 def test_a_recording_lasts_its_seconds_when_py_spy_falls_behind(tmp_path: Path) -> None:
     """py-spy's own --duration counts sampling intervals: at 1000 Hz on 200 threads 40 frames deep
-    it cannot keep up, and `--duration 2` took minutes here (the old gateway gave up at its 62 s
+    it cannot keep up, and `--duration 3` takes minutes here (the old gateway gave up at its 63 s
     limit: a PySpyError). The gateway stops it by the clock instead, with the samples it took,
     and says how far it fell behind."""
     script = tmp_path / "busy.py"
@@ -107,7 +107,7 @@ def test_a_recording_lasts_its_seconds_when_py_spy_falls_behind(tmp_path: Path) 
     busy = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
     try:
         assert busy.stdout is not None and busy.stdout.readline().strip() == "ready"
-        result = PySpy().record(busy.pid, tmp_path / "busy.svg", "flamegraph", duration=2, rate=1000)
+        result = PySpy().record(busy.pid, tmp_path / "busy.svg", "flamegraph", duration=3, rate=1000)
     finally:
         busy.kill()
         busy.wait(timeout=30)
