@@ -67,8 +67,5 @@ def served_engine(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
     from tests.served import ServedEngine
 
     served = ServedEngine(tmp_path_factory.mktemp("served"), ["--worker-extension-cls", WORKER_EXTENSION])
-    try:
-        served.start()
+    with served.serving():
         yield served
-    finally:
-        served.stop()

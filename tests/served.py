@@ -276,6 +276,15 @@ class ServedEngine:
             self.stop()
             raise
 
+    @contextmanager
+    def serving(self, timeout: float = 300) -> Iterator[ServedEngine]:
+        """Started (``timeout``: until /health answers), and stopped at the end, whatever happens."""
+        try:
+            self.start(timeout=timeout)
+            yield self
+        finally:
+            self.stop()
+
     def stop(self) -> None:
         if self.proc is not None:
             try:

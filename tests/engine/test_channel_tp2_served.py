@@ -45,11 +45,8 @@ def tp2_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedEngin
     # vLLM's CPU executor binds each rank's OpenMP threads to a NUMA node; this box has one: a
     # core each, by hand (what vLLM's error asks for)
     served.env["VLLM_CPU_OMP_THREADS_BIND"] = "0|1"
-    try:
-        served.start(timeout=600)
+    with served.serving(timeout=600):
         yield served
-    finally:
-        served.stop()
 
 
 def _outputs(server: ServedEngine) -> list[tuple[str, list[float]]]:

@@ -34,12 +34,8 @@ TOP_LIMIT_S = 600  # top --once's own start, attach and --interval, on a loaded 
 
 @pytest.fixture(scope="module")
 def metrics_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedEngine]:
-    served = ServedEngine(tmp_path_factory.mktemp("metrics"), metrics=True)
-    try:
-        served.start()
+    with ServedEngine(tmp_path_factory.mktemp("metrics"), metrics=True).serving() as served:
         yield served
-    finally:
-        served.stop()
 
 
 def _scrape(server: ServedEngine) -> Exposition:

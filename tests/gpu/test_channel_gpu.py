@@ -34,11 +34,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServedEngine]:
     # the doctor's /metrics series on: the module's last test scrapes them (the exporter attaches
     # at the first scrape; nothing before it scrapes)
     served = ServedEngine(tmp_path_factory.mktemp("channel-gpu"), engine_args=GPU_DEFAULT, metrics=True)
-    try:
-        served.start(timeout=600)
+    with served.serving(timeout=600):
         yield served
-    finally:
-        served.stop()
 
 
 def _outputs(server: ServedEngine) -> list[tuple[str, list[float]]]:

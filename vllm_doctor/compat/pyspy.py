@@ -80,24 +80,35 @@ def find_pyspy() -> str | None:
     return shutil.which("py-spy")
 
 
-def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    """Run in a new process group; kill the whole group past ``timeout``."""
-    proc = subprocess.Popen(
+def _spawn(argv: list[str], stderr: int) -> subprocess.Popen[str]:
+    """``argv`` in a new process group (:func:`_kill_group` ends it and anything it started)."""
+    return subprocess.Popen(
         argv,
         stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        stderr=stderr,
         stdin=subprocess.DEVNULL,
         text=True,
+        errors="replace",
         start_new_session=True,
     )
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _run(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run in a new process group; kill the whole group past ``timeout``."""
+    proc = _spawn(argv, subprocess.PIPE)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group(proc)
         proc.communicate()
         raise
     except BaseException:  # Ctrl-C: leave no py-spy attached to the engine
-        os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group(proc)
         proc.wait()
         raise
     return subprocess.CompletedProcess(argv, proc.returncode, out, err)
@@ -116,15 +127,7 @@ def _record_for(argv: list[str], seconds: float, start_timeout: float, write_tim
     Raises :class:`_NotInTime` when it does not start sampling within ``start_timeout`` or does
     not finish writing within ``write_timeout`` of being stopped; any exception (Ctrl-C
     included) kills the group: no py-spy is left reading the engine."""
-    proc = subprocess.Popen(
-        argv,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        stdin=subprocess.DEVNULL,
-        text=True,
-        errors="replace",
-        start_new_session=True,
-    )
+    proc = _spawn(argv, subprocess.STDOUT)
     lines: list[str] = []
     sampling = threading.Event()
 
@@ -150,8 +153,7 @@ def _record_for(argv: list[str], seconds: float, start_timeout: float, write_tim
         except subprocess.TimeoutExpired:
             raise _NotInTime("did not finish writing after it was stopped", write_timeout) from None
     except BaseException:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        _kill_group(proc)
         proc.wait()
         reader.join(timeout=5)
         raise
