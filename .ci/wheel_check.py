@@ -55,7 +55,10 @@ UNWANTED = ("torchvision", "torchaudio", "torchcodec")
 ENTRY_POINTS = {
     "console_scripts": {name: "vllm_doctor.cli:main" for name in COMMANDS},
     "pytest11": {"vllm_doctor": "vllm_doctor.pytest_plugin.plugin"},
-    "vllm.general_plugins": {"vllm_doctor": "vllm_doctor.engine.plugin:register"},
+    "vllm.general_plugins": {
+        "vllm_doctor": "vllm_doctor.engine.plugin:register",
+        "vllm_doctor_metrics": "vllm_doctor.live.exporter:register",
+    },
 }
 OFFLINE = {
     "HF_HUB_OFFLINE": "1",
@@ -257,7 +260,8 @@ def check_imports_the_wheel(inst: Installed, workdir: Path) -> None:
         cwd=workdir,
     ).stdout
     found = [tuple(e) for e in json.loads(eps)]
-    expected = [("pytest11", "vllm_doctor", DISTRIBUTION), ("vllm.general_plugins", "vllm_doctor", DISTRIBUTION)]
+    groups = ("pytest11", "vllm.general_plugins")
+    expected = sorted((group, name, DISTRIBUTION) for group in groups for name in ENTRY_POINTS[group])
     expect(found == expected, f"installed entry points {found}, expected {expected}")
 
 
