@@ -12,7 +12,8 @@ step's CUDA events), ``plain_resolve`` (reading 128 unsampled steps' events), ``
 ``sample_wrapper`` (each wrapper's own time), ``*_inner_wall`` (vLLM's execute_model and
 sample_tokens); ``n_<key>`` counts. With ``--delays``: ``mark_*`` (the start mark's stream
 lookup, pool and record), ``stream_rebuilt``, ``pool_miss``, ``*_cpu`` (thread CPU time), and per
-delay ``_d<µs>``: unsampled steps, their device time, the device's idle before them, tokens.
+span of one delay ``_s<i>`` (``switches``: each span's first step and delay): unsampled steps,
+their device time, the device's idle before them, tokens, first and last host start.
 """
 
 import sys
@@ -105,7 +106,7 @@ SWITCH: list = []  # (first step index, delay µs)
 def _mode_of(index):
     import bisect
     i = bisect.bisect_right([s for s, _ in SWITCH], index) - 1
-    return SWITCH[i][1] if i >= 0 else -1
+    return i  # the span: SWITCH[i] is (its first step, its delay)
 def _x(key, dt):
 ''')
 sub(P, "        _a = time.perf_counter()\n        counts = self.tracker.observe(so)\n        _x('observe', time.perf_counter() - _a)\n",
@@ -119,7 +120,7 @@ sub(P, "            start = None if self._wall else self.clock.mark(True)\n     
 # per delay: the plain steps' device time, idle before them, tokens, and their host starts
 sub(P, "    def _plain_record(self, step: list[Any], step_s: float, idle_s: float) -> None:\n",
        "    def _plain_record(self, step: list[Any], step_s: float, idle_s: float) -> None:\n"
-       "        _m = f'_d{_mode_of(step[0])}'\n        X['steps' + _m] = X.get('steps' + _m, 0) + 1\n        X['step_s' + _m] = X.get('step_s' + _m, 0.0) + step_s\n"
+       "        _m = f'_s{_mode_of(step[0])}'\n        X['steps' + _m] = X.get('steps' + _m, 0) + 1\n        X['step_s' + _m] = X.get('step_s' + _m, 0.0) + step_s\n"
        "        if idle_s == idle_s:\n            X['idle_s' + _m] = X.get('idle_s' + _m, 0.0) + idle_s; X['idle_n' + _m] = X.get('idle_n' + _m, 0) + 1\n"
        "        X['tokens' + _m] = X.get('tokens' + _m, 0) + step[2][4]\n        X.setdefault('first' + _m, step[1]); X['last' + _m] = step[1]\n"
        "        X['host_exec' + _m] = X.get('host_exec' + _m, 0.0) + step[3]; X['host_sample' + _m] = X.get('host_sample' + _m, 0.0) + step[4]\n")
