@@ -1,10 +1,12 @@
 """Split the doctor's step-wrapper time into its parts, in a COPY of the source tree (an experiment,
 never for a tree you ship from): run it at the root of a scratch copy, serve from that copy, and the
-worker writes its sums to /tmp/xstats.json (atomically, every 128 unsampled steps).
+worker writes its sums to .split/xstats.json in that copy (a folder of mode 0700 that this makes;
+atomically, every 128 unsampled steps).
 
     python3 bench/wrapper_split.py            # the parts: counts, marks, resolution, wrappers
     python3 bench/wrapper_split.py --delays   # and a host delay added to every step's wrapper:
-                                              # µs read from /tmp/x_delay every 64 steps
+                                              # µs read from .split/delay every 64 steps
+    python3 bench/wrapper_split.py --read .split/xstats.json   # the sums as tables
 
 Used for the H200 records in bench/README.md ("Where the step wrappers' time goes"). Keys:
 ``observe`` (StepTracker.observe), ``plain_start_mark`` / ``plain_end_mark`` (an unsampled
@@ -16,6 +18,8 @@ span of one delay ``_s<i>`` (``switches``: each span's first step and delay): un
 their device time, the device's idle before them, tokens, first and last host start.
 """
 
+import json
+import re
 import sys
 from pathlib import Path
 
@@ -27,19 +31,48 @@ def sub(path: str, old: str, new: str) -> None:
     p.write_text(s.replace(old, new))
 
 
+def read(path: str) -> None:
+    """The sums as the tables in bench/README.md give them: each part per call and per step, then
+    each delay's span (steps a second from their host starts)."""
+    x = json.loads(Path(path).read_text())
+    steps = x.get("n_observe") or 1
+    print(f"{steps} steps")
+    for k in sorted(k for k in x if not k.startswith("n_") and k != "switches" and not re.search(r"_s\d+$", k)):
+        if x.get("n_" + k):
+            print(f"{k:30s} n={x['n_' + k]:6d} {x[k] / x['n_' + k] * 1e6:8.1f} µs a call {x[k] / steps * 1e6:7.1f} µs a step")
+    print("| span | host delay, µs/step | steps | steps/s | tokens/s | device step, ms | device idle before a step, ms |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for i, (_, delay) in enumerate(x.get("switches", [])):
+        n, s = x.get(f"steps_s{i}", 0), f"_s{i}"
+        span = x.get("last" + s, 0.0) - x.get("first" + s, 0.0)
+        if n < 50 or span <= 0:
+            continue
+        idle = x.get("idle_s" + s, 0.0) / max(1, x.get("idle_n" + s, 0))
+        print(f"| {i} | {delay} | {n:,} | {n / span:.1f} | {x['tokens' + s] / span:,.0f} | "
+              f"{x['step_s' + s] / n * 1e3:.2f} | {idle * 1e3:.2f} |")
+
+
+if sys.argv[1:2] == ["--read"]:
+    read(sys.argv[2] if len(sys.argv) > 2 else ".split/xstats.json")
+    sys.exit(0)
+
 P = "vllm_doctor/engine/profiler.py"
 S = "vllm_doctor/engine/session.py"
+if not Path(P).is_file():
+    sys.exit("run this at the root of a scratch copy of the tree (no vllm_doctor/engine/profiler.py here)")
+Path(".split").mkdir(mode=0o700, exist_ok=True)
 C = "vllm_doctor/engine/clock.py"
 sub(P, "MAX_STEP_RECORDS = 20_000", '''import json as _json, os as _os
 X: dict = {}
 def _x(key, dt):
     X[key] = X.get(key, 0.0) + dt
     X["n_" + key] = X.get("n_" + key, 0) + 1
+SPLIT_DIR = _os.path.join(_os.path.dirname(_os.path.abspath(__file__)), "..", "..", ".split")
 def _xdump():
-    tmp = "/tmp/xstats.json.tmp"
+    tmp = _os.path.join(SPLIT_DIR, "xstats.json.tmp")
     with open(tmp, "w") as f:
         _json.dump(X, f)
-    _os.replace(tmp, "/tmp/xstats.json")
+    _os.replace(tmp, _os.path.join(SPLIT_DIR, "xstats.json"))
 MAX_STEP_RECORDS = 20_000''')
 sub(P, "        counts = self.tracker.observe(so)\n", "        _a = time.perf_counter()\n        counts = self.tracker.observe(so)\n        _x('observe', time.perf_counter() - _a)\n")
 sub(P, "            start = None if self._wall else self.clock.mark(True)\n            plain =",
@@ -110,7 +143,7 @@ def _mode_of(index):
 def _x(key, dt):
 ''')
 sub(P, "        _a = time.perf_counter()\n        counts = self.tracker.observe(so)\n        _x('observe', time.perf_counter() - _a)\n",
-       "        if not self.step_index % 64:\n            try:\n                d = int(open('/tmp/x_delay').read().strip() or 0)\n            except Exception:\n                d = 0\n"
+       "        if not self.step_index % 64:\n            try:\n                d = int(open(_os.path.join(SPLIT_DIR, 'delay')).read().strip() or 0)\n            except Exception:\n                d = 0\n"
        "            if not SWITCH or SWITCH[-1][1] != d:\n                SWITCH.append((self.step_index, d))\n            DELAY[0] = d\n"
        "        if DELAY[0]:\n            _e = time.perf_counter() + DELAY[0] * 1e-6\n            while time.perf_counter() < _e:\n                pass\n"
        "        _a = time.perf_counter(); _c = time.thread_time()\n        counts = self.tracker.observe(so)\n"
