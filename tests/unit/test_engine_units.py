@@ -27,7 +27,7 @@ from vllm_doctor.checks import CATALOGUE, run_checks
 from vllm_doctor.checks.kv_cache import blocks_needed, largest_length
 from vllm_doctor.compat import nvml
 from vllm_doctor.compat.llm import EngineHandle, ExtensionMissing, engine_kwargs
-from vllm_doctor.engine import EXTENSION_QUALNAME
+from vllm_doctor.engine import EXTENSION_QUALNAME, SAMPLE_WARMUP_STEPS
 from vllm_doctor.engine.clock import WallClock
 from vllm_doctor.engine.extension import DoctorWorkerExtension
 from vllm_doctor.engine.layers import layer_index, module_kind, moe_parts, select_modules
@@ -1817,3 +1817,29 @@ def test_each_reader_has_its_own_window_and_a_reset_takes_nothing_from_another()
     assert seen("attach") == ([], 0)
     # a reader with no window of its own (vLLM's collective_rpc, before install) sees what is held
     assert prof.snapshot(reader="unknown")["dropped_steps"] == 0
+
+
+def test_the_finest_cadence_any_reader_asked_for_is_the_one_sampled() -> None:
+    """top's panel asks for a sample every 64 steps, attach for every 8: while both are attached the
+    profiler samples every 8th step, whichever installed last, and goes back to 64 when attach
+    leaves (the last installer used to set it for everyone)."""
+    prof = ForwardProfiler(WallClock(), select_modules(ToyForCausalLM()), sample_every=64)
+    sos = _two_requests(1 + SAMPLE_WARMUP_STEPS + 64)  # a prefill, the decode warm-up, 64 decode steps
+    first = 1 + SAMPLE_WARMUP_STEPS  # the first decode step past the warm-up
+
+    def sampled_since(start: int) -> int:
+        return sum(1 for row in StepTable.of(prof.snapshot()).rows() if row["index"] >= start and row["sampled"])
+
+    prof.want_sample_every("attach", 8)
+    prof.open_window("attach")
+    prof.want_sample_every("top", 64)  # top comes second: attach keeps its cadence
+    prof.open_window("top")
+    assert prof.sample_every == 8
+    _run_steps(prof, sos[: first + 32])
+    assert sampled_since(first) == 4  # decode steps 8-39 past the warm-up: every 8th
+    prof.close_window("attach")
+    assert prof.sample_every == 64
+    _run_steps(prof, sos[first + 32 :])
+    assert sampled_since(first + 32) == 0  # 32 more decode steps at 1 in 64: none due
+    prof.close_window("top")  # the last reader: the cadence stays as it was (nobody samples)
+    assert prof.sample_every == 64

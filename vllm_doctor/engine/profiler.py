@@ -118,6 +118,7 @@ class ForwardProfiler:
         self.tracker = StepTracker()
         self.layers_enabled = False  # set by the session once its per-layer timing forwards exist
         self.sample_every = max(1, int(sample_every))
+        self._cadences: dict[Any, int] = {}  # reader -> the sample_every it asked for (the finest wins)
         self._phase_steps = [0, 0, 0]  # steps seen per phase: decode, prefill, mixed
         # of the steps timed per layer, which are timed inside the layers too (1: all of them)
         self.detail_every = max(1, int(detail_every))
@@ -660,8 +661,18 @@ class ForwardProfiler:
             self.resolve(block=True)
             self.windows[reader] = self._window_now()
 
+    def want_sample_every(self, reader: Any, every: int) -> None:
+        """``reader`` asks for a sample every ``every`` steps: the profiler samples at the finest
+        cadence any present reader asked for (``top``'s panel at 64 beside an ``attach`` at 8
+        gets 8 while both are there, whichever came last), and goes back when that reader leaves."""
+        self._cadences[reader] = max(1, int(every))
+        self.sample_every = min(self._cadences.values())
+
     def close_window(self, reader: Any) -> None:
-        """``reader`` is gone: the records only it still needed are let go."""
+        """``reader`` is gone: the records only it still needed are let go, and the cadence is the
+        finest of the readers left."""
+        if self._cadences.pop(reader, None) is not None and self._cadences:
+            self.sample_every = min(self._cadences.values())
         if self.windows.pop(reader, None) is not None:
             self._trim()
 

@@ -227,7 +227,7 @@ class WorkerSession:
                 self._merge = [self._merge_call(model, merge)]
                 for obj, attr, fn, _ in self._merge:
                     obj.__dict__[attr] = fn
-        self.profiler.sample_every = max(1, int(sample_every))
+        self.profiler.want_sample_every(reader, sample_every)
         self.profiler.open_window(reader)
         if reader not in self.windows:
             self.windows[reader] = (time.perf_counter(), dict(self.own_s), self.rpc_s)
