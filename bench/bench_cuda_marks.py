@@ -14,17 +14,11 @@ import time
 from itertools import pairwise
 
 import torch
+from bench_events import per_call_us  # bench/ is the script's own folder on sys.path
 
 from vllm_doctor.engine.clock import CudaEventClock
 
 N = 20_000
-
-
-def per_call(fn, n: int = N) -> float:
-    t = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t) / n * 1e6
 
 
 def main() -> None:
@@ -34,10 +28,10 @@ def main() -> None:
     clock = CudaEventClock()
     clock.reserve(4096)
     torch.cuda.synchronize()
-    res = {"perf_counter": per_call(time.perf_counter)}
+    res = {"perf_counter": per_call_us(time.perf_counter, N)}
     raw = torch._C._cuda_getCurrentRawStream
-    res["raw_stream"] = per_call(lambda: raw(0))
-    res["current_stream"] = per_call(torch.cuda.current_stream)
+    res["raw_stream"] = per_call_us(lambda: raw(0), N)
+    res["current_stream"] = per_call_us(torch.cuda.current_stream, N)
     events = [torch.cuda.Event(enable_timing=True) for _ in range(N)]
     stream = torch.cuda.current_stream()
     t = time.perf_counter()
@@ -56,12 +50,12 @@ def main() -> None:
     def mark() -> None:
         clock.release(clock.mark(True))
 
-    res["clock.mark(True)+release"] = per_call(mark)
+    res["clock.mark(True)+release"] = per_call_us(mark, N)
     t = time.perf_counter()
     for a, b in pairwise(events):
         a.elapsed_time(b)
     res["elapsed_time"] = (time.perf_counter() - t) / (N - 1) * 1e6
-    res["query"] = per_call(lambda: events[-1].query())
+    res["query"] = per_call_us(lambda: events[-1].query(), N)
     for k, v in res.items():
         print(f"{k:32s} {v:8.2f} us")
 
