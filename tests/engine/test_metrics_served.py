@@ -113,7 +113,14 @@ def test_metrics_carry_the_doctors_series_and_they_count_what_vllm_counts(
     after = _until(
         server, lambda e: _value(e, "vllm_doctor_tokens", phase="decode") - before["doctor_decode"] >= want_decode
     )
-    assert _value(after, "vllm_doctor_tokens", phase="decode") - before["doctor_decode"] == want_decode
+    # where a count falls short, say what the exporter knew: steps it was told were let go in the
+    # workers, and why it last stopped reading (a detach between scrapes counts nothing)
+    why = (
+        f"dropped steps {_value(after, 'vllm_doctor_dropped_steps')}, top's window dropped "
+        f"{model.get('dropped_steps')}, info {after.families['vllm_doctor_info'].samples}, top ran {took:.0f} s, "
+        f"the server's doctor lines {[x for x in server.log.read_text().splitlines() if 'vllm-doctor' in x][-5:]}"
+    )
+    assert _value(after, "vllm_doctor_tokens", phase="decode") - before["doctor_decode"] == want_decode, why
     assert _value(after, "vllm_doctor_steps", phase="prefill") - before["doctor_prefill_steps"] == requests
     for phase in ("prefill", "decode"):
         steps = _value(after, "vllm_doctor_steps", phase=phase)

@@ -1819,6 +1819,37 @@ def test_each_reader_has_its_own_window_and_a_reset_takes_nothing_from_another()
     assert prof.snapshot(reader="unknown")["dropped_steps"] == 0
 
 
+def test_a_full_buffer_lets_the_oldest_records_go_not_the_newest(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader that falls behind (a ``top --once`` slow to read its window) holds records the
+    others have read: when the buffer is full the oldest go, and only that reader is told, so the
+    /metrics exporter reading every few seconds keeps counting every step (CI once saw it miss a
+    quarter of them: the newest were refused while top's window was open)."""
+    from vllm_doctor.engine import profiler as profiler_module
+
+    monkeypatch.setattr(profiler_module, "MAX_STEP_RECORDS", 8)
+    monkeypatch.setattr(profiler_module, "EVICT_STEPS", 2)
+    prof = ForwardProfiler(WallClock(), select_modules(ToyForCausalLM()), sample_every=1)
+    sos = _two_requests(30)
+    prof.open_window("slow")
+    prof.open_window("exporter")
+    exported: list[int] = []
+    for start in range(0, 30, 5):
+        _run_steps(prof, sos[start : start + 5])
+        snap = prof.snapshot(reset=True, reader="exporter")
+        assert snap["dropped_steps"] == 0, start
+        exported += [r["index"] for r in StepTable.of(snap).rows()]
+        assert len(prof.steps) <= 8
+    assert exported == list(range(30))  # every step, once
+    slow = prof.snapshot(reader="slow")
+    kept = [r["index"] for r in StepTable.of(slow).rows()]
+    assert kept == list(range(30 - len(kept), 30)) and slow["dropped_steps"] == 30 - len(kept) > 0
+    assert prof.dropped_steps == slow["dropped_steps"]
+    # a reader whose window opened after the evictions lost nothing
+    prof.open_window("late")
+    _run_steps(prof, sos[:3])
+    assert prof.snapshot(reader="late")["dropped_steps"] == 0
+
+
 def test_the_finest_cadence_any_reader_asked_for_is_the_one_sampled() -> None:
     """top's panel asks for a sample every 64 steps, attach for every 8: while both are attached the
     profiler samples every 8th step, whichever installed last, and goes back to 64 when attach

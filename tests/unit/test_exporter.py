@@ -65,6 +65,7 @@ def test_windows_add_up_to_counters_and_the_last_window_sets_the_ratios() -> Non
     state.add(_window(10, 0.010, 0.008))
     state.add(_window(20, 0.012, 0.009, share=None))  # a window without a roofline share keeps the last
     state.add(ModelSummary(available=True))  # an idle window adds nothing
+    state.add(ModelSummary(available=True, dropped_steps=7))  # steps whose records the workers let go
     expo = parse(_exposition(state))
 
     def value(name: str, **labels: str) -> float:
@@ -77,6 +78,7 @@ def test_windows_add_up_to_counters_and_the_last_window_sets_the_ratios() -> Non
     assert value("vllm_doctor_forward_seconds", phase="decode") == pytest.approx(9 * 0.008 + 19 * 0.009)
     assert value("vllm_doctor_forward_steps", phase="decode") == 28
     assert value("vllm_doctor_steps", phase="prefill") == 2
+    assert value("vllm_doctor_dropped_steps") == 7 and expo.families["vllm_doctor_dropped_steps"].type == "counter"
     assert value("vllm_doctor_roofline_bandwidth_ratio", phase="decode") == 0.4
     assert value("vllm_doctor_layer_forward_ratio", layer="3") == pytest.approx(0.3)
     assert value("vllm_doctor_own_seconds", part="wrappers") == pytest.approx(0.004)  # two windows ran steps

@@ -49,7 +49,12 @@ from vllm_doctor.engine.graphs import Fixed
 from vllm_doctor.engine.layers import TimedModule
 from vllm_doctor.engine.steps import Counts, StepTracker, phase_of
 
-MAX_STEP_RECORDS = 20_000  # aggregates keep counting beyond this
+# step records held for the readers' windows; when full, the oldest go (a reader whose window
+# still held them is told how many: ``dropped_steps``), never the newest, so one reader that
+# falls behind (a ``top --once`` slow to read) costs the others nothing. Layer sums and the
+# encoder's counts are aggregates: they keep counting whatever is dropped.
+MAX_STEP_RECORDS = 20_000
+EVICT_STEPS = MAX_STEP_RECORDS // 16  # let go at once, so the list is not shifted every step
 DEFAULT_TRACE_STEPS = 64  # steps whose per-layer events are kept for trace.json
 # finished steps are turned into records in batches (one warm loop instead of a cold call per
 # step); on GPU a batch holds at most this many sampled steps' events
@@ -134,7 +139,8 @@ class ForwardProfiler:
         # compiled modes: attention layer name -> (decoder layer's name, layer index), in forward order
         self.boundary_layers: dict[str, tuple[str, int | None]] = {}
         self.steps: list[tuple[Any, ...]] = []  # a tuple per step: STEP_COLUMNS, the counts as one tuple
-        self.dropped_steps = 0
+        self.dropped_steps = 0  # records let go because the buffer was full (the oldest first)
+        self.evicted_to = 0  # the sequence number past the last record let go that way
         self.encoder_use: dict[str, Any] = dict(ENCODER_USE_ZERO)
         self.encoder_budget: dict[str, Any] = {}  # budget_rows, budget_source (the session's)
         # cumulative since the profiler started (never reset): each reader's window is the
@@ -248,15 +254,23 @@ class ForwardProfiler:
         steps = self.steps
         index, host_start, counts, host_execute_s, host_sample_s, _, _, encoder = step
         encoder_s = NAN if encoder is None else self._encoder_seconds(encoder)
-        if len(steps) < MAX_STEP_RECORDS:
-            steps.append(
-                (
-                    index, host_start, counts, step_s, True, None, None, host_execute_s, host_sample_s,
-                    False, False, False, idle_s, encoder_s,
-                )
-            )  # fmt: skip
-        else:
-            self.dropped_steps += 1
+        if len(steps) >= MAX_STEP_RECORDS:
+            self._evict()
+        steps.append(
+            (
+                index, host_start, counts, step_s, True, None, None, host_execute_s, host_sample_s,
+                False, False, False, idle_s, encoder_s,
+            )
+        )  # fmt: skip
+
+    def _evict(self) -> None:
+        """The buffer is full: the oldest records go (the readers whose windows held them are
+        told how many in their next snapshot)."""
+        n = min(len(self.steps), max(1, EVICT_STEPS))
+        del self.steps[:n]
+        self.steps_base += n
+        self.evicted_to = self.steps_base
+        self.dropped_steps += n
 
     def _encoder_seconds(self, marks: list[tuple[Any, Any]]) -> float:
         """The encoder calls' time in a step (their marks given back on GPU)."""
@@ -539,27 +553,26 @@ class ForwardProfiler:
         step_s = t(step.end) if device_timed else step.host_execute_s + step.host_sample_s
         prev = step.prev_end
         idle_s = self._idle(prev, origin)
-        if len(self.steps) < MAX_STEP_RECORDS:
-            self.steps.append(
-                (
-                    step.index,
-                    step.host_start,
-                    step.counts,
-                    step_s,
-                    device_timed,
-                    forward_s,
-                    logits_s,
-                    step.host_execute_s,
-                    step.host_sample_s,
-                    True,
-                    step.layers_timed,
-                    step.layers_timed and step.layers_detail,
-                    idle_s,
-                    sum(t(b) - t(a) for a, b in step.encoder) if step.encoder else NAN,
-                )
+        if len(self.steps) >= MAX_STEP_RECORDS:
+            self._evict()
+        self.steps.append(
+            (
+                step.index,
+                step.host_start,
+                step.counts,
+                step_s,
+                device_timed,
+                forward_s,
+                logits_s,
+                step.host_execute_s,
+                step.host_sample_s,
+                True,
+                step.layers_timed,
+                step.layers_timed and step.layers_detail,
+                idle_s,
+                sum(t(b) - t(a) for a, b in step.encoder) if step.encoder else NAN,
             )
-        else:
-            self.dropped_steps += 1
+        )
         if step.layers:  # per-layer (and logits-processor) timings
             self._account_layers(step, t, step_s, device_timed)
         release = getattr(self.clock, "release", None)
@@ -680,7 +693,6 @@ class ForwardProfiler:
         return Window(
             step=self.steps_base + len(self.steps),
             trace=self.trace_base + len(self.layer_trace),
-            dropped=self.dropped_steps,
             layers={name: {k: stats[k] for k in LAYER_SUMS} for name, stats in self.layer_stats.items()},
             encoder={k: self.encoder_use[k] for k in ENCODER_SUMS},
         )
@@ -723,7 +735,9 @@ class ForwardProfiler:
             # unsampled steps are records when they finish, samples once resolved
             "t0": self.t0,
             "step_arrays": self.step_arrays(STEP_COLUMNS if timeline else STEP_SUMMARY_COLUMNS, steps),
-            "dropped_steps": self.dropped_steps - window.dropped,
+            # records of this window let go because the buffer was full (a reader with no
+            # window of its own: every record let go that way)
+            "dropped_steps": max(0, self.evicted_to - window.step) if reader in self.windows else self.dropped_steps,
             "encoder_cache": {**encoder, **self.encoder_budget} if encoder["calls"] else None,
             "layers": layers,
             "trace": trace,
@@ -744,7 +758,6 @@ class Window:
 
     step: int = 0
     trace: int = 0
-    dropped: int = 0
     layers: dict[str, dict[str, Any]] = field(default_factory=dict)
     encoder: dict[str, Any] = field(default_factory=dict)
 

@@ -15,6 +15,8 @@ The series (``model_name`` is the label vLLM's own series carry; ``phase`` is pr
 mixed; times on the doctor's step clock, named in ``vllm_doctor_info``'s ``clock``):
 
 - ``vllm_doctor_steps_total``, ``vllm_doctor_tokens_total``: steps and tokens, per phase;
+  ``vllm_doctor_dropped_steps_total``: steps not counted there (their records let go in the
+  workers: the buffer full while another reader lagged; 0 unless something is wrong);
 - ``vllm_doctor_step_seconds_total``: their step time (the device clock on a GPU: CUDA events);
 - ``vllm_doctor_forward_seconds_total`` over ``vllm_doctor_forward_steps_total``: the model's
   forward on the steps whose forward was timed;
@@ -105,6 +107,7 @@ class ExportState:
         self.clock = summary.clock or self.clock
         self.model_class = summary.model_class or self.model_class
         add = self._add
+        add("dropped_steps_total", "", summary.dropped_steps)
         for phase, p in summary.phases.items():
             add("steps_total", phase, p.steps)
             add("tokens_total", phase, p.tokens)
@@ -149,6 +152,11 @@ COUNTERS = {
     "step_seconds_total": ("phase", "Their step time on the doctor's step clock (vllm_doctor_info's clock)"),
     "forward_seconds_total": ("phase", "The model's forward time on the steps whose forward was timed"),
     "forward_steps_total": ("phase", "Steps whose forward was timed (vllm_doctor_forward_seconds_total's steps)"),
+    "dropped_steps_total": (
+        "",
+        "Steps the doctor did not count: their records were let go in the workers (a full buffer while another "
+        "reader lagged); not in the steps and tokens above",
+    ),
     "own_seconds_total": (
         "part",
         "The doctor's own host time in the workers (wrappers, timers, marks, channel) and the exporter's CPU time "
@@ -174,7 +182,10 @@ def rows(state: ExportState) -> list[Family]:
     ]  # fmt: skip
     for series, (label, text) in COUNTERS.items():
         samples = [([model, value], total) for (name, value), total in sorted(state.counters.items()) if name == series]
-        out.append(Family(PREFIX + series.removesuffix("_total"), "counter", text, ["model_name", label], samples))
+        labels = ["model_name", label]
+        if not label:  # one series: the model's name is its only label
+            samples, labels = [([model], total) for _, total in samples], ["model_name"]
+        out.append(Family(PREFIX + series.removesuffix("_total"), "counter", text, labels, samples))
     for series, text in RATIOS.items():
         samples = [([model, phase], r) for (name, phase), r in sorted(state.phase_ratios.items()) if name == series]
         out.append(Family(PREFIX + series, "gauge", text, ["model_name", "phase"], samples))
@@ -291,7 +302,8 @@ class DoctorCollector:
                 except Exception as exc:  # the workers not up yet, gone, or restarted: try again
                     why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
                     self._set(up=False, reason=str(why)[:300])
-                    if reader is not None:
+                    if reader is not None:  # its window goes with it: the steps until the next attach are not counted
+                        _log.warning("vllm-doctor: /metrics stopped reading the workers (%s); attaching again", why)
                         reader.close()
                         reader = None
                     self._stop.wait(RETRY_S)

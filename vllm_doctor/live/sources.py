@@ -79,6 +79,9 @@ class ModelSummary(Record):
     model_class: str | None = None
     clock: str | None = None  # the step and forward times' clock (units.clock_name)
     steps: int = 0
+    # steps of this window whose records the workers let go (their buffer full while another
+    # reader lagged): not in ``steps`` nor ``phases``
+    dropped_steps: int = 0
     phases: dict[str, PhaseSummary] = field(default_factory=dict)
     slowest_layers: list[LayerTotal] = field(default_factory=list)
     layers_forward_s: float | None = None  # the forward of the steps timed per layer (the layers' whole)
@@ -331,6 +334,7 @@ def model_summary(report: dict[str, Any], top_layers: int = 5) -> ModelSummary:
         model_class=anatomy.model.class_name,
         clock=profile.clock,
         steps=profile.steps_recorded,
+        dropped_steps=profile.dropped_steps,
         phases=profile.phases,
         slowest_layers=[LayerTotal(layer=x.layer, total_s=x.total_s) for x in slow],
         layers_forward_s=profile.layers.forward_total_s if slow else None,
