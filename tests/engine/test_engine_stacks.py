@@ -93,8 +93,11 @@ def test_cpu_profile_records_the_engine_core_and_the_worker(engine: BlockingEngi
     load = threading.Thread(target=traffic, daemon=True)
     load.start()
     try:
+        # above the doctor's own bounds (py-spy's attach 60 s + 3 s + its write 60 s, the four
+        # recordings side by side, and the doctor's start): CI's loaded 2 cores once printed the
+        # whole index at 180 s and were killed on their way out
         proc = run_doctor(["cpu-profile", "--url", engine.base, "--duration", "3", "--out", str(out), "--json"],
-                          timeout=180)
+                          timeout=400)
     finally:
         stop.set()
         load.join(timeout=120)

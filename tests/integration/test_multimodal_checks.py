@@ -43,6 +43,12 @@ def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
         return dict(zip(VARIANTS, pool.map(lambda n: doctor_json(out, n), VARIANTS), strict=True))
 
 
+def _cut_short(reports: dict[str, dict]) -> dict[str, list[str]]:
+    """Each variant's passes that did not finish, and why (a finding that skips says so here)."""
+    return {n: [str(f.get("message"))[:300] for f in r["findings"] if f["code"] == "VD100" and f["outcome"] != "pass"]
+            for n, r in reports.items()}
+
+
 def _by_code(report: dict, code: str) -> dict:
     (finding,) = [f for f in report["findings"] if f["code"] == code]
     return finding
@@ -70,7 +76,7 @@ def test_working_vision_language_example_passes_the_multimodal_and_lm_head_check
 
 def test_processor_not_registered_is_vd209(reports: dict[str, dict]) -> None:
     finding = _by_code(reports["mm-processor-not-registered"], "VD209")
-    assert finding["outcome"] == "fail" and finding["severity"] == "error"
+    assert finding["outcome"] == "fail" and finding["severity"] == "error", (finding, _cut_short(reports))
     assert finding["subject"] == CLS.format("_processor_not_registered")
     assert "Multi-modal processor not available for text-only models" in finding["message"]
     assert "register_processor" in finding["hint"]
@@ -292,3 +298,29 @@ def test_embed_input_ids_with_the_text_models_signature_is_vd212(bad_inputs: dic
         "is_multimodal: vLLM's runner passes embed_input_ids(input_ids, multimodal_embeddings=..., is_multimodal=...)"
     )
     assert finding["evidence"]["not_accepted"] == ["multimodal_embeddings", "is_multimodal"]
+
+
+def test_the_registry_verdict_stands_when_looking_for_the_misplaced_decorator_fails(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """VD209's verdict is the class's own registration; where the decorator went instead is a
+    hint. CI once saw VD209 skip on the unregistered variant ("could not be asked", the reason
+    lost): the hint's search raised and took the verdict with it. Now the verdict stands, and a
+    registry that cannot be asked says what it raised."""
+    from torch import nn
+    from vllm.model_executor.models.interfaces import SupportsMultiModal
+
+    from vllm_doctor.compat import runtime
+
+    class Unregistered(nn.Module, SupportsMultiModal):
+        pass
+
+    def search_fails(cls: type) -> list[str]:
+        raise RuntimeError("dictionary changed size during iteration")
+
+    monkeypatch.setattr(runtime, "_registered_elsewhere", search_fails)
+    out = runtime.multimodal_verdicts(Unregistered)
+    assert (out["supports_multimodal"], out["has_mm_processor"]) == (True, False)
+    assert out["mm_processor_on_error"] == "RuntimeError('dictionary changed size during iteration')"
+    assert "mm_processor_on" not in out
+

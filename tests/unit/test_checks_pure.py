@@ -296,3 +296,14 @@ def test_a_class_that_needs_torchvision_says_the_environment_lacks_it(monkeypatc
     (finding,) = problems(_llava_import_fails("Traceback\nImportError: cannot import name 'QKVParallelLinaer'"), "VD106")
     assert finding.message.endswith("ImportError: cannot import name 'QKVParallelLinaer'")
     assert "environment" not in finding.evidence
+
+
+def test_a_multimodal_registry_that_cannot_be_asked_is_a_skip_that_says_what_it_raised() -> None:
+    target = "my_vl.model:MyVLForConditionalGeneration"
+    f = facts({"architectures": ["MyVLForConditionalGeneration"], "model_type": "llava"},
+              import_pass={"classes": {"MyVLForConditionalGeneration": {"target": target, "contract": {"vllm": {
+                  "supports_multimodal": True, "has_mm_processor_error": "ImportError('no module named x')"}}}}})
+    f.registry = dict(BUILTIN, MyVLForConditionalGeneration=target)
+    (finding,) = run_checks(f, ["VD209"])
+    assert finding.outcome is Outcome.SKIP
+    assert finding.message == "this vLLM's multimodal registry could not be asked: ImportError('no module named x')"

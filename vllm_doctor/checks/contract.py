@@ -350,7 +350,8 @@ def multimodal_processor_not_registered(facts: Facts, emit: Emit) -> Iterable[Fi
         yield emit.not_applicable(f"{target} does not implement SupportsMultiModal", target)
         return
     if c.vllm.has_mm_processor is None:
-        yield emit.skip("this vLLM's multimodal registry could not be asked", target)
+        error = f": {c.vllm.has_mm_processor_error}" if c.vllm.has_mm_processor_error else ""
+        yield emit.skip(f"this vLLM's multimodal registry could not be asked{error}", target)
         return
     if c.vllm.has_mm_processor:
         yield emit.ok(f"{target} has a multimodal processor registered", target)
@@ -406,7 +407,8 @@ def multimodal_interface_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
     keys = multimodal_config_keys(facts.config)
     says = c.vllm.supports_multimodal
     if says is None:
-        yield emit.skip("this vLLM could not say whether the class is multimodal", target)
+        error = f": {c.vllm.supports_multimodal_error}" if c.vllm.supports_multimodal_error else ""
+        yield emit.skip(f"this vLLM could not say whether the class is multimodal{error}", target)
     elif keys and not says:
         yield emit.fail(
             f"config.json is multimodal ({', '.join(keys)}) but {target} does not implement SupportsMultiModal: "

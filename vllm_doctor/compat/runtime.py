@@ -230,11 +230,26 @@ def multimodal_verdicts(cls: type) -> dict[str, Any]:
         registry = importlib.import_module("vllm.multimodal").MULTIMODAL_REGISTRY
         if callable(getattr(registry, "_get_model_cls", None)):  # the lookup that reads the class's factories
             out["has_mm_processor"] = hasattr(cls, "_processor_factory")
-            if not out["has_mm_processor"]:
-                out["mm_processor_on"] = _registered_elsewhere(cls)
     except Exception as exc:
         out["has_mm_processor_error"] = repr(exc)
+    if out.get("has_mm_processor") is False:  # where the registration went instead (a hint: never the verdict)
+        try:
+            out["mm_processor_on"] = _registered_elsewhere(cls)
+        except Exception as exc:
+            out["mm_processor_on_error"] = repr(exc)
     return out
+
+
+def _items(mapping: Any) -> list[tuple[Any, Any]]:
+    """A copy of a dict that another thread may change meanwhile (``sys.modules`` while a
+    background thread imports, a module's namespace): copying it raises RuntimeError when it
+    changes size mid-copy, so try again."""
+    for _ in range(10):
+        try:
+            return list(mapping.items())
+        except RuntimeError:
+            continue
+    return list(mapping.copy().items())
 
 
 def _registered_elsewhere(cls: type) -> list[str]:
@@ -243,11 +258,11 @@ def _registered_elsewhere(cls: type) -> list[str]:
     one the architecture resolves to."""
     package = cls.__module__.rsplit(".", 1)[0]
     found = []
-    for name, module in list(sys.modules.items()):
+    for name, module in _items(sys.modules):
         if module is None or not (name == cls.__module__ or name.startswith(package + ".")):
             continue
-        for value in list(vars(module).values()):
-            if isinstance(value, type) and value is not cls and "_processor_factory" in vars(value):
+        for _, value in _items(getattr(module, "__dict__", {})):
+            if isinstance(value, type) and value is not cls and "_processor_factory" in value.__dict__:
                 qual = f"{value.__module__}.{value.__qualname__}"
                 if value.__module__ == name and qual not in found:
                     found.append(qual)

@@ -29,6 +29,9 @@ class VllmVerdicts:
     has_mm_processor: bool | None = None
     # where it has none: the classes of its module that carry the registration instead
     mm_processor_on: list[str] = field(default_factory=list)
+    # what vLLM raised when asked (the checks that could not ask say it)
+    supports_multimodal_error: str | None = None
+    has_mm_processor_error: str | None = None
     # does the installed vLLM require embed_input_ids for is_vllm_model? (0.32 does)
     requires_embed_input_ids: bool | None = None
 
