@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import REPO, doctor_json
+from tests.conftest import CHECK_LIMIT, REPO, doctor_json
 
 VARIANTS = (
     "moe-ok",
@@ -141,7 +141,8 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subp
         config_path.write_text(json.dumps(config))
 
     def run(name: str) -> tuple[subprocess.CompletedProcess[str], dict]:
-        proc = run_doctor(["check", str(out / name / "model"), "--json", "-q"], variant_env(out, name))
+        proc = run_doctor(["check", str(out / name / "model"), "--json", "-q", *CHECK_LIMIT], variant_env(out, name),
+                          timeout=600)
         return proc, json.loads(proc.stdout) if proc.stdout else {}
 
     with ThreadPoolExecutor(max_workers=2) as pool:

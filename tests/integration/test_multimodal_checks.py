@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, doctor_json
+from tests.conftest import CHECK_LIMIT, REPO, doctor_json
 
 VARIANTS = (
     "mm-ok",
@@ -203,7 +203,9 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, subprocess
     model_py.write_text(source[:start] + text_style + source[end:])
     with ThreadPoolExecutor(max_workers=2) as pool:
         procs = pool.map(
-            lambda n: run_doctor(["check", str(out / n / "model"), "--json", "-q"], variant_env(out, n)), BAD_INPUTS
+            lambda n: run_doctor(["check", str(out / n / "model"), "--json", "-q", *CHECK_LIMIT], variant_env(out, n),
+                                 timeout=600),
+            BAD_INPUTS,
         )
         return dict(zip(BAD_INPUTS, procs, strict=True))
 

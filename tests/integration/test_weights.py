@@ -20,19 +20,20 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import CHECK_LIMIT
 from tests.fixtures.weights import FIXTURES, Fixture, built
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
 
 
-def doctor(fx: Fixture, *args: str, site: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+def doctor(fx: Fixture, *args: str, site: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_PLUGINS")}
     env["PYTHONPATH"] = os.pathsep.join([str(fx.site_dir), str(REPO)] if site else [str(REPO)])
     env["HF_HUB_OFFLINE"] = "1"
     env["VLLM_CACHE_ROOT"] = str(fx.out_dir / "vllm-cache")
     return subprocess.run(
-        [sys.executable, "-m", "vllm_doctor", "check", str(fx.model_dir), *args],
+        [sys.executable, "-m", "vllm_doctor", "check", str(fx.model_dir), *CHECK_LIMIT, *args],
         env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
     )
 
