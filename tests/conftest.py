@@ -51,8 +51,9 @@ def run_doctor(args: list[str], env: dict[str, str] | None = None, timeout: floa
 
 
 # the import and weights passes' limit in the examples' checks: the default 180 s is a hang's
-# bound on a user's machine; CI's 2 cores, with the engine tests beside them, once took longer
-# for a vision-language variant (VD209 skipped). A test that wants the limit passes its own.
+# bound on a user's machine; CI's 2 cores, with the engine tests beside them, have taken longer
+# (test_real_plugins' note; the likely cause of a VD209 skip that CI saw on a vision-language
+# variant). A test that wants the limit passes its own.
 CHECK_LIMIT = ["--import-timeout", "500"]
 
 

@@ -306,9 +306,8 @@ def test_the_registry_verdict_stands_when_looking_for_the_misplaced_decorator_fa
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """VD209's verdict is the class's own registration; where the decorator went instead is a
-    hint. CI once saw VD209 skip on the unregistered variant ("could not be asked", the reason
-    lost): the hint's search raised and took the verdict with it. Now the verdict stands, and a
-    registry that cannot be asked says what it raised."""
+    hint. A search that raises leaves the verdict as it is and is reported as its own error, not
+    as the registry's (``has_mm_processor_error`` is what VD209's skip quotes)."""
     from torch import nn
     from vllm.model_executor.models.interfaces import SupportsMultiModal
 
@@ -325,4 +324,3 @@ def test_the_registry_verdict_stands_when_looking_for_the_misplaced_decorator_fa
     assert (out["supports_multimodal"], out["has_mm_processor"]) == (True, False)
     assert out["mm_processor_on_error"] == "RuntimeError('dictionary changed size during iteration')"
     assert "mm_processor_on" not in out
-

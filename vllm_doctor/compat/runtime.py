@@ -240,28 +240,16 @@ def multimodal_verdicts(cls: type) -> dict[str, Any]:
     return out
 
 
-def _items(mapping: Any) -> list[tuple[Any, Any]]:
-    """A copy of a dict that another thread may change meanwhile (``sys.modules`` while a
-    background thread imports, a module's namespace): copying it raises RuntimeError when it
-    changes size mid-copy, so try again."""
-    for _ in range(10):
-        try:
-            return list(mapping.items())
-        except RuntimeError:
-            continue
-    return list(mapping.copy().items())
-
-
 def _registered_elsewhere(cls: type) -> list[str]:
     """Classes of ``cls``'s module (and of its package's modules already imported) that carry a
     multimodal processor registration of their own: the decorator put on another class than the
     one the architecture resolves to."""
     package = cls.__module__.rsplit(".", 1)[0]
     found = []
-    for name, module in _items(sys.modules):
+    for name, module in list(sys.modules.items()):
         if module is None or not (name == cls.__module__ or name.startswith(package + ".")):
             continue
-        for _, value in _items(getattr(module, "__dict__", {})):
+        for value in list(getattr(module, "__dict__", {}).values()):  # sys.modules may hold non-modules
             if isinstance(value, type) and value is not cls and "_processor_factory" in value.__dict__:
                 qual = f"{value.__module__}.{value.__qualname__}"
                 if value.__module__ == name and qual not in found:

@@ -181,10 +181,12 @@ def rows(state: ExportState) -> list[Family]:
                [([model, state.clock, state.model_class, "" if state.up else state.reason], 1.0)]),
     ]  # fmt: skip
     for series, (label, text) in COUNTERS.items():
-        samples = [([model, value], total) for (name, value), total in sorted(state.counters.items()) if name == series]
-        labels = ["model_name", label]
-        if not label:  # one series: the model's name is its only label
-            samples, labels = [([model], total) for _, total in samples], ["model_name"]
+        labels = ["model_name", label] if label else ["model_name"]  # no label: one series
+        samples = [
+            ([model, value] if label else [model], total)
+            for (name, value), total in sorted(state.counters.items())
+            if name == series
+        ]
         out.append(Family(PREFIX + series.removesuffix("_total"), "counter", text, labels, samples))
     for series, text in RATIOS.items():
         samples = [([model, phase], r) for (name, phase), r in sorted(state.phase_ratios.items()) if name == series]
