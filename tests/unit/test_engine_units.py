@@ -1692,7 +1692,7 @@ def test_compiled_mode_names_the_span_that_holds_an_moe_layers_experts() -> None
     )
     assert prof.timed["model.layers.1 [after attention]"].cls == MOE_SPAN
     assert "router and experts" in MOE_SPAN and prof.timed["model.layers.1 [after attention]"].kind == "dense"
-    assert prof.timed["model.layers.0 [after attention]"].cls == "projections, norms, MLP until the next attention"
+    assert prof.timed["model.layers.0 [after attention]"].cls == "projections, norms, MLP until the next mixer"
 
 
 def test_compiled_mode_layers_are_cut_at_the_attention_calls() -> None:

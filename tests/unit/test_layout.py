@@ -43,6 +43,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "compat.common",
         "compat.worker",
         "compat.worker_facts",
+        "compat.mixers",
         "compat.quant",
     },
     # collectors (in process or in a child)

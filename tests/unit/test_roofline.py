@@ -196,6 +196,7 @@ def test_cpu_rates_are_shown_without_a_share_and_quantized_weights_use_the_measu
 def test_a_model_without_its_sizes_says_why() -> None:
     w = _worker(7.5e-3, H200)
     w.put("kv", KvCache(hf_config=HfShape(num_hidden_layers=2, moe=True)).to_wire())
+    w.put("memory", MemoryFacts(device="cuda:0", parameter_bytes=10**6, moe_layers=2, moe_experts=4).to_wire())
     assert summarize(EngineFacts(workers=[w])).roofline == Roofline(
         available=False, reason="a mixture of experts whose config gives no expert count, top-k and expert MLP size"
     )

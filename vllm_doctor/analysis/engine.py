@@ -13,6 +13,7 @@ from typing import Any
 
 from vllm_doctor.analysis.quant import quant_summary
 from vllm_doctor.analysis.records import (
+    MIN_STEPS_TO_TELL,
     PHASES,
     DoctorOverhead,
     EngineAnatomy,
@@ -51,7 +52,21 @@ from vllm_doctor.facts.steps import StepTable
 WRAPPERS = "wrappers"  # the doctor's timer of its step wrappers (engine/session.py own_s)
 # "dense": compiled modes' per-layer work after the attention (projections, norms, MLP), engine/profiler.py
 # "router" and "experts": an MoE block's parts in eager mode (engine/layers.py)
-KIND_ORDER = ("embedding", "attention", "dense", "router", "experts", "mlp", "norm", "logits", "other")
+# the per-layer tables' kinds of a token mixer (vllm_doctor.facts.mixers.FAMILY's values)
+MIXER_KINDS = frozenset(("attention", "mla", "state"))
+KIND_ORDER = (
+    "embedding",
+    "attention",
+    "mla",
+    "state",
+    "dense",
+    "router",
+    "experts",
+    "mlp",
+    "norm",
+    "logits",
+    "other",
+)
 
 
 def model_origin(model_class: str | None) -> str:
@@ -131,6 +146,10 @@ def anatomy(facts: EngineFacts) -> EngineAnatomy:
         tensor_shape=list(first_tensor.shape) if first_tensor is not None else None,
         dtype=first_tensor.dtype if first_tensor is not None else None,
         groups=[KvGroupSummary(layers=len(g.layer_names), spec=g.spec) for g in kv.groups],
+        capacity_tokens=kv.capacity_tokens,
+        max_concurrency=kv.max_concurrency,
+        max_model_len=kv.max_model_len,
+        planned_bytes=kv.planned_bytes,
     )
     return EngineAnatomy(
         front_end=fe,
@@ -249,7 +268,8 @@ def _against_neighbours(
     both = 0 < len(detail_ratios) < len(ratios)
 
     def cost(values: list[float]) -> float | None:
-        med = _median(values)
+        # fewer pairs than MIN_STEPS_TO_TELL: no percentage (the text says too few to tell)
+        med = _median(values) if len(values) >= MIN_STEPS_TO_TELL else None
         return None if med is None else med - 1.0
 
     return cost(ratios), cost(detail_ratios) if both else None, len(ratios)
@@ -352,7 +372,12 @@ def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> La
     if modules and forward_total:
         inside = sum(v for k, v in by_kind.items() if k != "logits")
         by_kind["other"] = max(0.0, forward_total - inside)
+    called = {m.name for m in modules}
+    mixers = [t.name for t in profile.timed_modules if t.kind in MIXER_KINDS and t.layer is not None]
+    boundaries = any(t.kind == "dense" for t in profile.timed_modules)  # compiled modes' spans
     return LayerTables(
+        untimed_mixers=[n for n in mixers if n not in called] if boundaries and modules else [],
+        mixers=len(mixers) if boundaries else 0,
         timed_fraction=covered / forward_total if modules and forward_total else None,
         modules=modules,
         by_layer=[LayerTotal(layer=k, total_s=by_layer[k][0], kinds=by_layer[k][1]) for k in sorted(by_layer)],

@@ -87,6 +87,11 @@ class StepRow(Record):
     )
 
 
+# the fewest steps (or step pairs) a percentage of the doctor's timing cost is computed from: below
+# it the text says "too few steps to tell" (a median of one or two steps is one step's noise)
+MIN_STEPS_TO_TELL = 5
+
+
 @dataclass(frozen=True)
 class PhaseSummary(Record):
     """One phase's steps (prefill, decode or mixed): counts, step and forward times on the step
@@ -142,11 +147,23 @@ class PhaseSummary(Record):
     )
 
     @property
+    def untimed_steps(self) -> int:
+        """Steps of the phase not timed per layer."""
+        return max(0, self.steps - self.timed_steps)
+
+    @property
+    def too_few_to_tell(self) -> bool:
+        """Both kinds of step are there, but fewer than :data:`MIN_STEPS_TO_TELL` of one of them:
+        a percentage from so few would be noise (one slow step reads as +5000 %)."""
+        both = self.timed_step_s_median is not None and self.untimed_step_s_median is not None
+        return both and min(self.timed_steps, self.untimed_steps) < MIN_STEPS_TO_TELL
+
+    @property
     def timing_cost(self) -> float | None:
         """How much longer a step timed per layer takes than one that is not (a fraction), where
-        the phase has both."""
+        the phase has at least :data:`MIN_STEPS_TO_TELL` of both."""
         timed, untimed = self.timed_step_s_median, self.untimed_step_s_median
-        if timed is None or untimed is None or untimed <= 0:
+        if timed is None or untimed is None or untimed <= 0 or self.too_few_to_tell:
             return None
         return timed / untimed - 1.0
 
@@ -306,6 +323,14 @@ class LayerTables(Record):
         default_factory=list,
         metadata=_doc("eager mode: the timing marks' measured cost per bucket, taken out of the modules' times"),
     )
+    untimed_mixers: list[str] = field(
+        default_factory=list,
+        metadata=_doc(
+            "compiled modes: token mixers of vLLM's forward context whose calls never ran where the doctor times "
+            "them (vLLM ran them through an op that is no graph split): their time is in the spans around them"
+        ),
+    )
+    mixers: int = field(default=0, metadata=_doc("compiled modes: the token mixers the doctor set out to time"))
 
 
 # ---- time ----------------------------------------------------------------------------------------
@@ -767,6 +792,14 @@ class KvSummary(Record):
     tensor_shape: list[int] | None = None
     dtype: str | None = None
     groups: list[KvGroupSummary] = field(default_factory=list)
+    capacity_tokens: int | None = field(
+        default=None, metadata=_doc("vLLM's own KV cache size in tokens (its 'KV cache size: N tokens' line)")
+    )
+    max_concurrency: float | None = field(
+        default=None, metadata=_doc("vLLM's own maximum concurrency: requests of max_model_len at once")
+    )
+    max_model_len: int | None = None
+    planned_bytes: int | None = field(default=None, metadata=_doc("the bytes vLLM planned for the KV cache"))
 
 
 @dataclass(frozen=True)
@@ -949,6 +982,16 @@ class EncoderCacheUse(Record):
 
 
 @dataclass(frozen=True)
+class TimedModuleInfo(Record):
+    """A module (or span) the worker's profiler set out to time, and its kind."""
+
+    name: str = ""
+    kind: str | None = None
+    layer: int | None = None
+    class_name: str | None = field(default=None, metadata={"key": "class"})
+
+
+@dataclass(frozen=True)
 class ProfileReply(Record):
     """The parts of a worker's ``doctor_collect`` profile reply the summaries read (its step
     records are :class:`vllm_doctor.facts.steps.StepTable`'s)."""
@@ -969,6 +1012,7 @@ class ProfileReply(Record):
     window_s: float | None = None
     crashes: list[dict[str, Any]] = field(default_factory=list)
     encoder_cache: EncoderCacheUse | None = None
+    timed_modules: list[TimedModuleInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ from vllm_doctor.analysis.records import (
     StepFlops,
 )
 from vllm_doctor.facts.engine import WorkerFacts
+from vllm_doctor.facts.kv import KvCache
+from vllm_doctor.facts.mixers import STATE_KINDS, kind_of_spec
 from vllm_doctor.facts.steps import StepTable
 from vllm_doctor.units import fmt_bytes
 
@@ -183,6 +185,120 @@ def compute_dtype(dtype: str | None) -> str | None:
 
 
 @dataclass(frozen=True)
+class KvTraffic:
+    """What a step reads and writes of the KV cache and states, per group of vLLM's KV-cache
+    spec (one rank's: the worker's specs are its own). A group's bytes per token are its page
+    (one block of one layer) over its block size, times its layers: a full attention layer's K
+    and V, an MLA layer's one latent head, a sliding-window layer's the same but read for at most
+    its window; a Mamba / linear-attention layer keeps one state per sequence, read and written
+    once a step whatever the context."""
+
+    growing: float = 0.0  # bytes per context token of each sequence: attention and MLA without a window
+    windows: tuple[tuple[float, int], ...] = ()  # (bytes per token, window) of sliding / chunked groups
+    state: float = 0.0  # bytes of state per sequence (its page without vLLM's padding)
+    context_groups: int = 0  # groups whose blocks hold context tokens
+    state_groups: int = 0  # groups that hold one state per sequence (their blocks do not grow)
+    block_size: int | None = None  # the context groups' block size
+    kinds: tuple[str, ...] = ()
+    layers: int = 0  # the layers that hold a cache or a state
+
+    @property
+    def hybrid(self) -> bool:
+        """Layers of a fixed state beside layers of a growing cache (their bytes differ by layer)."""
+        return bool(self.state_groups) and bool(self.context_groups)
+
+    def one_layer(self) -> KvTraffic:
+        """An average layer's share (a model whose layers all cache alike)."""
+        n = max(1, self.layers)
+        return replace(
+            self,
+            growing=self.growing / n,
+            windows=tuple((b / n, w) for b, w in self.windows),
+            state=self.state / n,
+            layers=1,
+        )
+
+    def per_token(self) -> float:
+        """Bytes written for each new token (every attention-like layer's cache)."""
+        return self.growing + sum(b for b, _ in self.windows)
+
+    def context(self, blocks: float, seqs: float, tokens: float) -> float:
+        """All sequences' context (tokens) from the blocks in use: each context group holds a
+        sequence's context in its own blocks, each state group a block per sequence (an upper
+        bound, as for a dense model: the last block of a sequence is partly filled)."""
+        if not self.block_size or not self.context_groups:
+            return tokens
+        return max(tokens, (blocks - seqs * self.state_groups) * self.block_size / self.context_groups)
+
+    def read(self, seqs: float, context: float) -> float:
+        if seqs <= 0:
+            return 0.0
+        per_seq = context / seqs
+        windowed = sum(b * min(per_seq, w) for b, w in self.windows)
+        return seqs * (self.growing * per_seq + windowed + self.state)
+
+    def write(self, tokens: float, seqs: float) -> float:
+        return tokens * self.per_token() + seqs * self.state
+
+
+def kv_notes(kv: KvTraffic | None) -> list[str]:
+    """What the KV term counts, for a model whose caches are not all full attention."""
+    if kv is None or set(kv.kinds) <= {"attention"}:
+        return []
+    parts = []
+    if "mla" in kv.kinds:
+        parts.append("MLA layers read their one latent head (kv_lora_rank + rope dim) per context token")
+    if kv.windows:
+        windows = sorted({w for _, w in kv.windows})
+        parts.append(f"sliding-window / chunked layers read at most {', '.join(map(str, windows))} tokens a sequence")
+    if kv.state_groups:
+        parts.append(
+            f"{kv.state_groups} group(s) of state layers ({', '.join(sorted(set(kv.kinds) & STATE_KINDS))}) read and "
+            "write their state once per sequence a step, whatever the context"
+        )
+    notes = ["the KV term follows vLLM's KV-cache spec groups: " + "; ".join(parts)]
+    if kv.hybrid:
+        notes.append(
+            "a hybrid model: no per-layer rates (its layers read different bytes: a state, a cache, an MLP alone), "
+            "and the FLOPs count every layer as attention + MLP (an upper bound)"
+        )
+    return notes
+
+
+def kv_traffic_of(kv: KvCache | None) -> KvTraffic | None:
+    """The KV traffic of a worker's KV-cache groups; None where a group's page or block size is
+    not exposed (then the roofline counts K and V of every layer, as for a dense model)."""
+    if kv is None or not kv.groups:
+        return None
+    growing, state = 0.0, 0.0
+    windows: list[tuple[float, int]] = []
+    context_groups = state_groups = layers = 0
+    block_size: int | None = None
+    kinds: list[str] = []
+    for g in kv.groups:
+        spec, n = g.spec, len(g.layer_names)
+        layers += n
+        page = spec.unpadded_page_bytes or spec.page_size_bytes
+        kind = spec.kind or kind_of_spec(spec.type, spec.mamba_type)
+        if not page or not spec.block_size or kind is None:
+            return None
+        kinds.append(kind)
+        if kind in STATE_KINDS:
+            state += page * n
+            state_groups += 1
+            continue
+        per_token = page / spec.block_size * n
+        window = spec.sliding_window or spec.attention_chunk_size
+        if window:
+            windows.append((per_token, window))
+        else:
+            growing += per_token
+        context_groups += 1
+        block_size = block_size or spec.block_size
+    return KvTraffic(growing, tuple(windows), state, context_groups, state_groups, block_size, tuple(kinds), layers)
+
+
+@dataclass(frozen=True)
 class DecoderShape:
     """A decoder-only transformer's sizes (one rank's share after :meth:`per_rank`)."""
 
@@ -197,6 +313,8 @@ class DecoderShape:
     weight_bytes: float = 2.0  # per element
     kv_bytes: float = 2.0
     gated_mlp: bool = True
+    # the KV traffic by vLLM's spec groups (per rank already); None: K and V of every layer
+    kv: KvTraffic | None = None
 
     @property
     def attention_params(self) -> int:
@@ -230,7 +348,9 @@ class DecoderShape:
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """K and V of every layer for one token."""
+        """K and V of every layer for one token (by the spec groups where known)."""
+        if self.kv is not None:
+            return self.kv.per_token()
         return self.layers * 2 * self.kv_heads * self.head_dim * self.kv_bytes
 
     def per_rank(self, tp: int, pp: int) -> DecoderShape:
@@ -252,6 +372,7 @@ class DecoderShape:
             weight_bytes=self.weight_bytes,
             kv_bytes=self.kv_bytes,
             gated_mlp=self.gated_mlp,
+            kv=self.kv,  # the worker's own specs: one rank's already
         )
 
 
@@ -291,6 +412,8 @@ def step_bytes(s: DecoderShape, w: StepWorkload, weights_read: float | None = No
     activations = (
         w.tokens * s.layers * activation_elems_per_token_layer(s) + w.tokens * 2 * s.hidden  # final norm
     ) * s.weight_bytes + w.seqs * (s.hidden + s.vocab) * s.weight_bytes  # the logits' GEMM in and out
+    if s.kv is not None:
+        return _bytes(weights, s.kv.read(w.seqs, w.context), s.kv.write(w.tokens, w.seqs), activations)
     return _bytes(weights, w.context * s.kv_bytes_per_token, w.tokens * s.kv_bytes_per_token, activations)
 
 
@@ -439,7 +562,7 @@ def shape_of(worker: WorkerFacts) -> tuple[DecoderShape | None, str | None]:
     if kv is None:
         return None, "the worker sent no KV record (the model's sizes)"
     hf = kv.hf_config
-    if hf.moe and moe_shape_of(worker) is None:
+    if is_moe(worker) and moe_shape_of(worker) is None:
         return None, "a mixture of experts whose config gives no expert count, top-k and expert MLP size"
     head_dim = hf.head_dim or hf.vllm_head_size
     if head_dim is None and hf.hidden_size and hf.num_attention_heads:
@@ -452,7 +575,7 @@ def shape_of(worker: WorkerFacts) -> tuple[DecoderShape | None, str | None]:
         "intermediate_size": hf.intermediate_size,
         "vocab_size": hf.vocab_size,
     }
-    if hf.moe:  # the expert MLP's size stands for it (checked by moe_shape_of)
+    if is_moe(worker):  # the expert MLP's size stands for it (checked by moe_shape_of)
         sizes["intermediate_size"] = _moe_intermediate(hf)
     missing = [k for k, v in sizes.items() if not v]
     if missing:
@@ -468,12 +591,13 @@ def shape_of(worker: WorkerFacts) -> tuple[DecoderShape | None, str | None]:
         heads=int(hf.num_attention_heads or 0),
         kv_heads=int(hf.num_key_value_heads or hf.num_attention_heads or 0),
         head_dim=int(head_dim or 0),
-        intermediate=int(hf.intermediate_size or 0) if not hf.moe else _moe_intermediate(hf),
+        intermediate=int(hf.intermediate_size or 0) if not is_moe(worker) else _moe_intermediate(hf),
         vocab=int(hf.vocab_size or 0),
         tied_embeddings=bool(hf.tie_word_embeddings),
         weight_bytes=wb,
         kv_bytes=dtype_bytes(kv_dtype) or wb,
         gated_mlp=hf.model_type not in UNGATED_MLP,
+        kv=kv_traffic_of(kv),
     )
     ident = worker.anatomy.identity if worker.anatomy is not None else None
     tp = kv.tensor_parallel_size or (ident.tensor_parallel_size if ident is not None else None) or 1
@@ -481,8 +605,11 @@ def shape_of(worker: WorkerFacts) -> tuple[DecoderShape | None, str | None]:
     return shape.per_rank(tp, pp), None
 
 
-def workload(steps: StepTable, chosen: list[bool], block_size: int | None) -> StepWorkload | None:
-    """The mean tokens, sequences and KV context (blocks in use x block size) of the chosen steps."""
+def workload(
+    steps: StepTable, chosen: list[bool], block_size: int | None, kv: KvTraffic | None = None
+) -> StepWorkload | None:
+    """The mean tokens, sequences and KV context (blocks in use x block size; with ``kv``, the
+    context groups' blocks: :meth:`KvTraffic.context`) of the chosen steps."""
     n = sum(chosen)
     if not n:
         return None
@@ -490,6 +617,8 @@ def workload(steps: StepTable, chosen: list[bool], block_size: int | None) -> St
     tokens = sum(steps["total_tokens"][i] for i in rows) / n
     seqs = sum(steps["prefill_reqs"][i] + steps["decode_reqs"][i] for i in rows) / n
     blocks = sum(steps["kv_blocks_used"][i] for i in rows) / n
+    if kv is not None and kv.block_size:
+        return StepWorkload(tokens=tokens, seqs=seqs, context=kv.context(blocks, seqs, tokens))
     # no block size: the context is at least the step's new tokens (their KV is read too)
     context = blocks * block_size if block_size else tokens
     return StepWorkload(tokens=tokens, seqs=seqs, context=max(context, tokens))
@@ -542,6 +671,7 @@ def engine_roofline(
             f"the compute peak is the device's dense {gemm} figure: the quantized linear layers' GEMMs run in {gemm} "
             "(W8A8); attention and the LM head run in the model's dtype, so the share is a lower bound there"
         )
+    notes += kv_notes(shape.kv)
     moe = moe_shape_of(worker, shape)
     if moe is not None:
         return moe_roofline(shape, moe, worker, steps, phases, layers, block_size, peaks, notes)
@@ -573,7 +703,7 @@ def engine_roofline(
     kinds = steps.phases
     by_phase: dict[str, RooflinePhase] = {}
     for phase, summary in phases.items():
-        work = workload(steps, [k == phase for k in kinds], block_size)
+        work = workload(steps, [k == phase for k in kinds], block_size, shape.kv)
         if work is not None:
             by_phase[phase] = _phase_entry(shape, work, decoder_step_s(summary), peaks, weights_read)
     per_layer = layer_rates(shape, steps, layers, block_size, peaks, weights_read / config_read)
@@ -683,10 +813,16 @@ def layer_rates(
     timed = steps["layers_timed"]
     kinds = steps.phases
     buckets = {
-        "decode": workload(steps, [bool(t) and k == "decode" for t, k in zip(timed, kinds, strict=True)], block_size),
-        "prefill": workload(steps, [bool(t) and k != "decode" for t, k in zip(timed, kinds, strict=True)], block_size),
+        "decode": workload(
+            steps, [bool(t) and k == "decode" for t, k in zip(timed, kinds, strict=True)], block_size, shape.kv
+        ),
+        "prefill": workload(
+            steps, [bool(t) and k != "decode" for t, k in zip(timed, kinds, strict=True)], block_size, shape.kv
+        ),
     }
-    one_layer = replace(shape, layers=1)
+    if shape.kv is not None and shape.kv.hybrid:
+        return []  # a hybrid's layers differ (a state, a cache, an MLP alone): no one layer's bytes
+    one_layer = replace(shape, layers=1, kv=shape.kv.one_layer() if shape.kv is not None else None)
     out: list[RooflineLayer] = []
     for m in layers.modules:
         if m.kind != "layer" or m.layer is None:
@@ -758,13 +894,28 @@ def _moe_intermediate(hf: Any) -> int:
     return int(k * expert + (hf.shared_expert_intermediate_size or 0))
 
 
+def is_moe(worker: WorkerFacts) -> bool:
+    """A mixture of experts as built: config.json names experts (``hf.moe``) and the worker's model
+    holds fused-MoE layers. A config class may carry expert defaults for a model that builds none
+    (Nemotron-H's ``n_routed_experts`` beside a pattern without an MoE layer); a worker that sent
+    no memory record is taken at the config's word."""
+    kv = worker.kv
+    if kv is None or not kv.hf_config.moe:
+        return False
+    mem = worker.memory
+    measured = mem is not None and mem.parameter_bytes > 0  # a memory record of a built model
+    return not measured or mem.moe_layers > 0  # type: ignore[union-attr]
+
+
 def moe_shape_of(worker: WorkerFacts, shape: DecoderShape | None = None) -> MoeShape | None:
     """The routed experts of an MoE worker (None for a dense model, or an MoE config without its
     sizes): one expert's bytes from the worker's fused-MoE parameters where it measured them,
     else from the config (``3 x hidden x moe_intermediate_size``, split over the TP size)."""
     kv = worker.kv
     hf = kv.hf_config if kv is not None else None
-    if hf is None or not hf.moe or not hf.num_experts or not hf.num_experts_per_tok or not hf.moe_intermediate_size:
+    if hf is None or not is_moe(worker) or not hf.num_experts or not hf.num_experts_per_tok:
+        return None
+    if not hf.moe_intermediate_size:
         return None
     if shape is None:
         return MoeShape(0, hf.num_experts, hf.num_experts_per_tok, 0.0, 0.0, "config")
@@ -836,7 +987,7 @@ def moe_roofline(
     kinds = steps.phases
     by_phase: dict[str, RooflinePhase] = {}
     for phase, summary in phases.items():
-        work = workload(steps, [k == phase for k in kinds], block_size)
+        work = workload(steps, [k == phase for k in kinds], block_size, shape.kv)
         if work is not None:
             entry = _phase_entry(
                 shape, work, decoder_step_s(summary), peaks, moe_weights_read(shape, moe, work.tokens, rest)

@@ -19,7 +19,7 @@ from vllm_doctor.model import Finding, Severity, Stage
 @check(
     "VD208",
     "attention-prefix-not-unique",
-    "Attention layers without a unique `prefix` equal to their module path.",
+    "Attention layers without a unique `prefix` naming their place in the model.",
     severity=Severity.ERROR,
     stage=Stage.ENGINE,
     topic="contract",
@@ -63,7 +63,7 @@ def attention_prefix_not_unique(facts: EngineFacts, emit: Emit) -> Iterable[Find
         bad = 0
         for layer in layers:
             prefix, paths = layer.prefix, list(layer.module_paths)
-            if prefix in paths:
+            if prefix_matches(prefix, paths):
                 continue
             bad += 1
             where = paths[0] if paths else "nowhere in the model (not a submodule)"
@@ -74,4 +74,19 @@ def attention_prefix_not_unique(facts: EngineFacts, emit: Emit) -> Iterable[Find
                 "pass the module's own path as prefix (thread `prefix` down from the model's constructor)",
             )
         if not bad:
-            yield emit.ok(f"{len(layers)} attention layer(s), each registered under its own module path", subject(w))
+            yield emit.ok(
+                f"{len(layers)} attention layer(s), each registered under a prefix of its own place in the model",
+                subject(w),
+            )
+
+
+def prefix_matches(prefix: str, paths: list[str]) -> bool:
+    """Is ``prefix`` the layer's place in the model: its module path, or a name under the module
+    that holds it? vLLM's own wrappers register the inner layer under the wrapper's name
+    (DeepSeek's MLA: ``self_attn.attn`` for ``self_attn.mla_attn.mla_attn``): the prefix's parent
+    is then an ancestor of the layer. A prefix whose parent is no ancestor (``layers.0.attn`` for
+    ``model.layers.0.self_attn.attn``, or another layer's index) binds the layer by a wrong name."""
+    if prefix in paths:
+        return True
+    parent = prefix.rpartition(".")[0]
+    return bool(parent) and any(p.startswith(parent + ".") for p in paths)

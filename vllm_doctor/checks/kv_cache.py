@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import operator
+from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,7 +16,8 @@ from vllm_doctor.checks.base import Emit, check
 from vllm_doctor.checks.engine_base import engine_started, kv_caches, profiles, subject
 from vllm_doctor.checks.startup import ESTIMATED_LENGTH, KV_TOO_SMALL
 from vllm_doctor.facts.engine import EngineFacts
-from vllm_doctor.facts.kv import KvGroup, KvSpec
+from vllm_doctor.facts.kv import AttentionLayer, HfShape, KvCache, KvGroup, KvSpec
+from vllm_doctor.facts.mixers import ATTENTION_KINDS
 from vllm_doctor.model import Finding, Severity, Stage
 from vllm_doctor.units import fmt_bytes
 
@@ -247,95 +249,151 @@ def kv_spec_mismatch(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
     pairs, crashes = kv_caches(facts, emit)
     yield from crashes
     for w, kv in pairs:
-        problems: list[tuple[str, str, dict[str, Any]]] = []
-        layers = kv.attention_layers
-        group_of: dict[str, KvSpec] = {}
-        for g in kv.groups:
-            for name in g.layer_names:
-                group_of[name] = g.spec
-        hf = kv.hf_config
-        tp = kv.tensor_parallel_size or 1
-        cfg_kv = hf.num_key_value_heads if hf.num_key_value_heads is not None else hf.num_attention_heads
-        expected_kv = max(1, cfg_kv // tp) if cfg_kv is not None else None
-        expected_head = hf.head_dim or hf.vllm_head_size
-        names = {layer.prefix for layer in layers}
-        for layer in layers:
-            name = layer.prefix
-            if layer.kv_sharing_target:
-                continue  # reads another layer's cache by design
-            spec = group_of.get(name)
-            if spec is None:
-                problems.append(
-                    (
-                        f"attention layer {name} is in no KV-cache group: it gets no cache",
-                        name,
-                        {"layer": layer.to_wire()},
-                    )
-                )
-                continue
-            for label, have, want in (
-                ("KV heads", layer.num_kv_heads, spec.num_kv_heads),
-                ("head size", layer.head_size, spec.head_size),
-            ):
-                if have is not None and want is not None and have != want:
-                    problems.append(
-                        (f"{name}: {label} {have} but its KV spec says {want}", name, {"layer": have, "spec": want})
-                    )
-            if expected_kv is not None and layer.num_kv_heads is not None and layer.num_kv_heads != expected_kv:
-                ratio = layer.num_kv_heads / expected_kv
-                problems.append(
-                    (
-                        f"{name} caches {layer.num_kv_heads} KV heads per rank, config.json implies {expected_kv} "
-                        f"(num_key_value_heads={cfg_kv} / tp={tp})"
-                        + (f": the KV cache is {ratio:g}x larger than needed" if ratio > 1 else ""),
-                        name,
-                        {
-                            "layer_kv_heads": layer.num_kv_heads,
-                            "expected": expected_kv,
-                            "config_num_key_value_heads": cfg_kv,
-                            "tp": tp,
-                        },
-                    )
-                )
-            if expected_head is not None and layer.head_size is not None and layer.head_size != expected_head:
-                problems.append(
-                    (
-                        f"{name} uses head size {layer.head_size}, config.json says {expected_head}",
-                        name,
-                        {"layer_head_size": layer.head_size, "config_head_dim": expected_head},
-                    )
-                )
-        for name in group_of:
-            if name not in names:
-                problems.append((f"KV-cache group names {name}, which is no attention layer of the model", name, {}))
+        problems = list(spec_problems(kv))
         storage, planned = kv.storage_bytes, kv.planned_bytes
         if planned and storage is not None and storage != planned:
+            how = "one buffer all groups share" if kv.planned_aliased else f"{len(kv.planned_tensors)} tensor(s)"
             problems.append(
                 (
-                    f"torch allocated {storage} bytes of KV storage, vLLM planned {planned}",
+                    f"torch allocated {fmt_bytes(storage)} ({storage} bytes) of KV storage, vLLM planned "
+                    f"{fmt_bytes(planned)} ({planned} bytes, {how})",
                     subject(w),
                     {"storage_bytes": storage, "planned_bytes": planned, "num_storages": kv.num_storages},
                 )
             )
-        n_layers = hf.num_hidden_layers
         for message, where, evidence in problems:
-            yield emit.fail(
-                message,
-                where,
-                {**evidence, "rank": w.rank},
-                "pass num_kv_heads=config.num_key_value_heads // tp_size and head_size=config.head_dim to Attention",
-            )
+            yield emit.fail(message, where, {**evidence, "rank": w.rank}, evidence.pop("hint", None) or HINT)
         if not problems:
+            layers = kv.attention_layers
+            kinds = Counter(layer.kind or "attention" for layer in layers)
+            what = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
             yield emit.ok(
-                f"{len(layers)} attention layer(s) match their KV spec and config.json; KV storage "
-                f"{fmt_bytes(storage)} in "
-                f"{kv.num_storages} storage(s) (shared storage counted once) = vLLM's plan",
+                f"{len(layers)} layer(s) with a KV cache or state ({what}) match their KV spec and config.json; KV "
+                f"storage {fmt_bytes(storage)} in {kv.num_storages} storage(s) (shared storage counted once) = "
+                "vLLM's plan",
                 subject(w),
                 {
-                    "attention_layers": len(layers),
-                    "num_hidden_layers": n_layers,
+                    "layers": len(layers),
+                    "kinds": dict(kinds),
+                    "num_hidden_layers": kv.hf_config.num_hidden_layers,
                     "storage_bytes": storage,
                     "planned_bytes": planned,
                     "view_bytes": kv.view_bytes,
+                },
+            )
+
+
+HINT = "pass num_kv_heads=config.num_key_value_heads // tp_size and head_size=config.head_dim to Attention"
+
+
+def spec_problems(kv: KvCache) -> Iterable[tuple[str, str, dict[str, Any]]]:
+    """Each layer against the KV-cache group that holds it (the same kind of spec, the same sizes)
+    and against config.json as vLLM reads it: a standard attention layer's KV heads and head size
+    (vLLM's ``get_num_kv_heads`` / ``get_head_size``), an MLA layer's one latent head of
+    ``kv_lora_rank + qk_rope_head_dim``. A Mamba / linear-attention layer's state is checked
+    against its group's spec only (its sizes are the mixer's, not config.json's head sizes)."""
+    group_of: dict[str, KvSpec] = {}
+    for g in kv.groups:
+        for name in g.layer_names:
+            group_of[name] = g.spec
+    hf = kv.hf_config
+    tp = kv.tensor_parallel_size or 1
+    cfg_kv = hf.num_key_value_heads if hf.num_key_value_heads is not None else hf.num_attention_heads
+    expected_kv = hf.vllm_num_kv_heads
+    if expected_kv is None and cfg_kv is not None:
+        expected_kv = max(1, cfg_kv // tp)
+    heads_ok = {h for h in (hf.head_dim, hf.vllm_head_size) if h}
+    names = {layer.prefix for layer in kv.attention_layers}
+    for layer in kv.attention_layers:
+        name = layer.prefix
+        if layer.kv_sharing_target:
+            continue  # reads another layer's cache by design
+        spec = group_of.get(name)
+        own = layer.spec
+        if spec is None:
+            if own is not None and own.type is None:
+                continue
+            if own is None and layer.kind is None:
+                continue  # no cache asked for (vLLM put it in no group on purpose)
+            yield (
+                f"{_kind(layer)} layer {name} is in no KV-cache group: it gets no cache",
+                name,
+                {"layer": layer.to_wire()},
+            )
+            continue
+        if own is not None and own.kind and spec.kind and own.kind != spec.kind:
+            yield (
+                f"{name} asks for a {own.kind} cache ({own.type}) but its KV-cache group is {spec.kind} ({spec.type})",
+                name,
+                {"layer_spec": own.to_wire(), "group_spec": spec.to_wire()},
+            )
+        for label, have, want in (
+            ("KV heads", layer.num_kv_heads, spec.num_kv_heads),
+            ("head size", layer.head_size, spec.head_size),
+        ):
+            if have is not None and want is not None and have != want:
+                yield (f"{name}: {label} {have} but its KV spec says {want}", name, {"layer": have, "spec": want})
+        if own is not None and own.shapes and spec.shapes and own.shapes != spec.shapes:
+            yield (
+                f"{name}: state shapes {own.shapes} but its KV-cache group's spec says {spec.shapes}",
+                name,
+                {"layer": own.shapes, "spec": spec.shapes},
+            )
+        kind = layer.kind or spec.kind or "attention"
+        if kind == "mla":
+            yield from _mla_problems(layer, hf)
+            continue
+        if kind not in ATTENTION_KINDS:
+            continue
+        if expected_kv is not None and layer.num_kv_heads is not None and layer.num_kv_heads != expected_kv:
+            ratio = layer.num_kv_heads / expected_kv
+            yield (
+                f"{name} caches {layer.num_kv_heads} KV heads per rank, config.json implies {expected_kv} "
+                f"(num_key_value_heads={cfg_kv} / tp={tp})"
+                + (f": the KV cache is {ratio:g}x larger than needed" if ratio > 1 else ""),
+                name,
+                {
+                    "layer_kv_heads": layer.num_kv_heads,
+                    "expected": expected_kv,
+                    "config_num_key_value_heads": cfg_kv,
+                    "tp": tp,
+                },
+            )
+        if heads_ok and layer.head_size is not None and layer.head_size not in heads_ok:
+            yield (
+                f"{name} uses head size {layer.head_size}, config.json says {min(heads_ok)}",
+                name,
+                {"layer_head_size": layer.head_size, "config_head_dim": min(heads_ok)},
+            )
+    for name in group_of:
+        if name not in names:
+            yield (f"KV-cache group names {name}, which is no layer of the model's forward context", name, {})
+
+
+def _kind(layer: AttentionLayer) -> str:
+    return {"mla": "MLA", None: "attention"}.get(layer.kind, layer.kind or "attention")
+
+
+def _mla_problems(layer: AttentionLayer, hf: HfShape) -> Iterable[tuple[str, str, dict[str, Any]]]:
+    """An MLA layer caches one latent "head" of ``kv_lora_rank + qk_rope_head_dim`` per token."""
+    name = layer.prefix
+    if layer.num_kv_heads is not None and layer.num_kv_heads != 1:
+        yield (
+            f"{name}: an MLA layer caches one latent head per token, this one {layer.num_kv_heads}",
+            name,
+            {"layer_kv_heads": layer.num_kv_heads, "hint": "MLA caches the compressed latent once: num_kv_heads=1"},
+        )
+    if hf.kv_lora_rank and hf.qk_rope_head_dim is not None and layer.head_size is not None:
+        want = hf.kv_lora_rank + hf.qk_rope_head_dim
+        if layer.head_size != want:
+            yield (
+                f"{name}: MLA latent of {layer.head_size} per token, config.json says kv_lora_rank "
+                f"{hf.kv_lora_rank} + qk_rope_head_dim {hf.qk_rope_head_dim} = {want}",
+                name,
+                {
+                    "layer_head_size": layer.head_size,
+                    "kv_lora_rank": hf.kv_lora_rank,
+                    "qk_rope_head_dim": hf.qk_rope_head_dim,
+                    "hint": "build the MLA layer with kv_lora_rank and qk_rope_head_dim from config.json",
                 },
             )

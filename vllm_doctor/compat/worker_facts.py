@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm_doctor.compat import mixers
 from vllm_doctor.compat import worker as wv
 from vllm_doctor.compat.common import hf_text_config, qualname
 from vllm_doctor.compat.weights import is_fused_moe, num_experts
@@ -30,6 +31,7 @@ from vllm_doctor.facts.kv import (
     PlannedTensor,
 )
 from vllm_doctor.facts.memory import VLLM_MEASURES, CudaMemory, MemoryFacts
+from vllm_doctor.facts.mixers import kind_of_spec, mamba_type_name
 from vllm_doctor.facts.placement import DevicePlace, Placement, PlacementCounts, Shard, TensorPlace
 
 MAX_LISTED = 200  # tensors listed per category; the rest are counted
@@ -291,22 +293,87 @@ def _jsonable(value: Any) -> Any:
 
 
 def _spec(spec: Any) -> KvSpec:
-    """vLLM's KVCacheSpec: what this vLLM exposes of it."""
+    """vLLM's KVCacheSpec: what this vLLM exposes of it. A group's ``UniformTypeKVCacheSpecs``
+    (layers of one type with different sizes) is described by its first layer's spec."""
+    inner = getattr(spec, "kv_cache_specs", None)
+    if isinstance(inner, dict) and inner:
+        spec = next(iter(inner.values()))
     sizes: dict[str, int | None] = {}
     for attr in ("block_size", "num_kv_heads", "head_size", "head_size_v", "sliding_window", "attention_chunk_size"):
-        value = getattr(spec, attr, None)
-        sizes[attr] = int(value) if value is not None else None
+        sizes[attr] = _int_or_none(getattr(spec, attr, None))
     dtype = getattr(spec, "dtype", None)
     try:
         page_size: int | None = int(spec.page_size_bytes)
     except Exception:
         page_size = None
+    mamba_type = mamba_type_name(getattr(spec, "mamba_type", None))
+    shapes = getattr(spec, "shapes", None)
+    dtypes = getattr(spec, "dtypes", None)
+    mode = getattr(spec, "mamba_cache_mode", None)
     return KvSpec(
-        type=type(spec).__name__,
+        type=type(spec).__name__ if spec is not None else None,
         dtype=str(dtype) if dtype is not None else None,
         page_size_bytes=page_size,
+        kind=kind_of_spec(type(spec).__name__, mamba_type) if spec is not None else None,
+        mamba_type=mamba_type,
+        shapes=[[int(d) for d in sh] for sh in shapes] if isinstance(shapes, (list, tuple)) else [],
+        dtypes=[str(d) for d in dtypes] if isinstance(dtypes, (list, tuple)) else [],
+        mamba_cache_mode=str(getattr(mode, "value", mode)) if mode is not None else None,
+        unpadded_page_bytes=_unpadded_page(spec, page_size),
         **sizes,
     )
+
+
+def _unpadded_page(spec: Any, page_size: int | None) -> int | None:
+    """A page's bytes before vLLM padded it to the groups' common page size: an attention spec's
+    ``real_page_size_bytes``, a Mamba spec's states (its ``page_size_padded`` is the padded one)."""
+    real = getattr(spec, "real_page_size_bytes", None)
+    if isinstance(real, int):
+        return real
+    shapes, dtypes = getattr(spec, "shapes", None), getattr(spec, "dtypes", None)
+    if isinstance(shapes, (list, tuple)) and isinstance(dtypes, (list, tuple)) and len(shapes) == len(dtypes):
+        try:
+            total = 0
+            for shape, dtype in zip(shapes, dtypes, strict=True):
+                n = 1
+                for d in shape:
+                    n *= int(d)
+                total += n * torch.empty((), dtype=dtype).element_size()
+            return total  # a Mamba page holds one request's states
+        except Exception:
+            return page_size
+    return page_size
+
+
+def _capacity(worker: Any, kcc: Any) -> tuple[int | None, float | None]:
+    """vLLM's own capacity: tokens and requests of max_model_len at once, as it logs them
+    ("KV cache size: N tokens, Maximum concurrency ..."). The engine stores them in its
+    cache_config (vLLM 0.32); else asked of vLLM's functions with the worker's config."""
+    cache_config = wv.sub_config(worker, "cache_config")
+    tokens = getattr(cache_config, "kv_cache_size_tokens", None)
+    conc = getattr(cache_config, "kv_cache_max_concurrency", None)
+    if isinstance(tokens, int) and isinstance(conc, (int, float)):
+        return tokens, float(conc)
+    if kcc is None:
+        return None, None
+    try:
+        from vllm.v1.core import kv_cache_utils as ku
+    except Exception:
+        return None, None
+    vc = wv.vllm_config(worker)
+    try:
+        capacity = getattr(ku, "get_kv_cache_capacity", None)
+        if callable(capacity):
+            n, c = capacity(vc, kcc)
+            return int(n), float(c)
+        conc_of = getattr(ku, "get_max_concurrency_for_kv_cache_config", None)
+        if callable(conc_of):
+            c = float(conc_of(vc, kcc))
+            max_len = _int_or_none(getattr(wv.sub_config(worker, "model_config"), "max_model_len", None))
+            return (int(c * max_len) if max_len else None), c
+    except Exception:
+        return None, None
+    return None, None
 
 
 def kv_cache(worker: Any) -> dict[str, Any]:
@@ -344,10 +411,18 @@ def kv_cache_record(worker: Any) -> KvCache:
             for kt in getattr(kcc, "kv_cache_tensors", []) or []
         ]
         layout = getattr(kcc, "kv_cache_layout", None)
+        raw = list(getattr(kcc, "kv_cache_tensors", []) or [])
+        # vLLM 0.32 places every planned tensor at an offset of one backing allocation of `size`
+        # bytes (its groups overlay each other); older vLLM allocates each planned tensor apart
+        aliased = bool(raw) and all(hasattr(kt, "offset") and hasattr(kt, "layer_stride") for kt in raw)
+        capacity, concurrency = _capacity(worker, kcc)
         plan.update(
             num_blocks=_int_or_none(getattr(kcc, "num_blocks", None)),
             planned_tensors=planned,
-            planned_bytes=sum(p.size for p in planned),
+            planned_bytes=max(p.size for p in planned) if aliased else sum(p.size for p in planned),
+            planned_aliased=aliased,
+            capacity_tokens=capacity,
+            max_concurrency=concurrency,
             layout=str(layout) if layout is not None else None,
             groups=[
                 KvGroup(list(getattr(g, "layer_names", [])), _spec(getattr(g, "kv_cache_spec", None)))
@@ -381,7 +456,7 @@ def kv_cache_record(worker: Any) -> KvCache:
         max_num_seqs=_int_or_none(getattr(sched, "max_num_seqs", None)),
         max_num_batched_tokens=_int_or_none(getattr(sched, "max_num_batched_tokens", None)),
         tensor_parallel_size=_int_or_none(getattr(pc, "tensor_parallel_size", None)) or 1,
-        hf_config=_hf_config(model_config),
+        hf_config=_hf_config(model_config, pc),
         attention_layers=attention_layers(worker),
         **plan,
     )
@@ -394,7 +469,7 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
-def _hf_config(model_config: Any) -> HfShape:
+def _hf_config(model_config: Any, parallel_config: Any = None) -> HfShape:
     cfg = hf_text_config(model_config)
     out: dict[str, Any] = {}
     for attr in (
@@ -424,6 +499,19 @@ def _hf_config(model_config: Any) -> HfShape:
             out["vllm_head_size"] = int(get_head_size())
         except Exception:
             pass
+    get_kv_heads = getattr(model_config, "get_num_kv_heads", None)
+    if callable(get_kv_heads) and parallel_config is not None:
+        try:
+            out["vllm_num_kv_heads"] = int(get_kv_heads(parallel_config))
+        except Exception:
+            pass
+    use_mla = getattr(model_config, "use_mla", None)
+    if isinstance(use_mla, bool):
+        out["use_mla"] = use_mla
+    for attr in ("kv_lora_rank", "qk_rope_head_dim"):
+        value = getattr(cfg, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            out[attr] = value
     return HfShape(model_type=model_type if isinstance(model_type, str) else None, **out)
 
 
@@ -461,11 +549,16 @@ def attention_layers(worker: Any) -> list[AttentionLayer]:
     if model is not None:
         for name, mod in model.named_modules(remove_duplicate=False):
             paths.setdefault(id(mod), []).append(name)
+    vc = wv.vllm_config(worker)
     out = []
     for prefix, layer in sfc.items():
         impl = getattr(layer, "impl", None)
         if impl is None and isinstance(layer, nn.Module) and any(is_fused_moe(m) for m in layer.modules()):
             continue  # vLLM's fused MoE layers are in the forward context too (its op looks them up): no attention
+        own = mixers.layer_spec(layer, vc)
+        sinks = getattr(layer, "sinks", None)
+        if sinks is None:
+            sinks = getattr(impl, "sinks", None)
         backend = getattr(layer, "attn_backend", None)
         kv = getattr(layer, "kv_cache", None)
         if isinstance(kv, (list, tuple)):
@@ -485,6 +578,9 @@ def attention_layers(worker: Any) -> list[AttentionLayer]:
                 kv_cache_shape=list(kv.shape) if isinstance(kv, torch.Tensor) else None,
                 kv_sharing_target=getattr(layer, "kv_sharing_target_layer_name", None)
                 or getattr(impl, "kv_sharing_target_layer_name", None),
+                kind=mixers.layer_kind(layer, own),
+                spec=_spec(own) if own is not None else None,
+                sinks=sinks is not None and sinks is not False,
             )
         )
     return out

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 
+from vllm_doctor.compat import mixers
 from vllm_doctor.compat import worker as wv
 from vllm_doctor.constants import GRAPH_TIMING_ENV, env_switch
 
@@ -172,12 +173,12 @@ class GraphTiming:
         """While a graph is captured: wrap each attention implementation's calls (once per capture)."""
         if self.wrapped or not isinstance(layers, dict):
             return
-        for name, impl in wv.attention_impls_of(layers):
-            calls = [a for a in ("do_kv_cache_update", "forward") if callable(getattr(impl, a, None))]
+        for mixer in mixers.mixer_calls(layers):
+            obj, name, calls = mixer.obj, mixer.name, mixer.attrs
             for i, attr in enumerate(calls):
-                previous = impl.__dict__.get(attr)
-                impl.__dict__[attr] = self._capturing_call(getattr(impl, attr), name, i == 0, i == len(calls) - 1)
-                self.wrapped.append((impl, attr, previous))
+                previous = obj.__dict__.get(attr)
+                obj.__dict__[attr] = self._capturing_call(getattr(obj, attr), name, i == 0, i == len(calls) - 1)
+                self.wrapped.append((obj, attr, previous))
 
     def _unwrap_layers(self) -> None:
         for impl, attr, previous in self.wrapped:

@@ -24,7 +24,7 @@ from torch import nn
 
 from vllm_doctor.compat.common import is_fused_moe
 
-KINDS = ("embedding", "attention", "router", "experts", "mlp", "norm", "logits")
+KINDS = ("embedding", "attention", "mla", "state", "router", "experts", "mlp", "norm", "logits")
 ROUTER_NAMES = ("gate", "router")
 _LAYER_NAME = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)$")
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)(?:\.|$)")
@@ -120,15 +120,38 @@ def moe_parts(model: nn.Module) -> dict[str, str | None]:
     return out
 
 
-def select_modules(model: nn.Module, within: nn.Module | None = None, skip: tuple[str, ...] = ()) -> list[TimedModule]:
+def mixer_roots(mixers: dict[str, str]) -> dict[str, str]:
+    """The decoder layer's child that holds each token mixer (``model.layers.0.self_attn`` for
+    ``model.layers.0.self_attn.mla_attn.mla_attn``, ``model.layers.0.mixer`` for a Mamba mixer)
+    -> the mixer's kind; a mixer outside any decoder layer stands for itself."""
+    out: dict[str, str] = {}
+    for path, kind in mixers.items():
+        layer = decoder_layer_name(path)
+        if layer == path or not path.startswith(layer + "."):
+            out[path] = kind
+            continue
+        out[f"{layer}.{path[len(layer) + 1 :].split('.')[0]}"] = kind
+    return out
+
+
+def select_modules(
+    model: nn.Module,
+    within: nn.Module | None = None,
+    skip: tuple[str, ...] = (),
+    mixers: dict[str, str] | None = None,
+) -> list[TimedModule]:
     """Root, decoder layers and topmost kind modules, in model order. ``within``: a multimodal
     model's language model, the only part whose modules are timed (the vision tower's layers
     are no decoder layers; the encoder is timed as one call, ``encoder_s``), the logits
-    processor wherever it sits; ``skip``: or the encoder's parts by name, left out."""
+    processor wherever it sits; ``skip``: or the encoder's parts by name, left out; ``mixers``:
+    where vLLM's token mixers sit and their kinds (:func:`vllm_doctor.compat.mixers.mixer_paths`):
+    the decoder layer's child that holds one is timed as that kind (attention, mla, state),
+    whatever its name."""
     chosen: list[TimedModule] = [TimedModule("", "model", None, type(model).__qualname__)]
     kind_roots: list[str] = []
     parents: dict[str, nn.Module] = {}
     moe = moe_parts(model)
+    roots = mixer_roots(mixers or {})
     prefix = None if within is None else next((n for n, m in model.named_modules() if m is within), None)
     for name, mod in model.named_modules():
         if not name:
@@ -153,7 +176,7 @@ def select_modules(model: nn.Module, within: nn.Module | None = None, skip: tupl
             if moe_kind is not None:
                 chosen.append(TimedModule(name, moe_kind, layer_index(name), type(mod).__qualname__))
             continue
-        kind = module_kind(name, mod)
+        kind = roots.get(name) or module_kind(name, mod)
         if kind is None:
             continue
         kind_roots.append(name)

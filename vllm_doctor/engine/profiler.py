@@ -68,7 +68,7 @@ NAN = float("nan")  # a time a step has not (not sampled), in a packed column
 BEFORE_LAYERS = "[before the first attention]"
 DENSE_SUFFIX = " [after attention]"
 # the class text of an MoE layer's span after its attention (the fused-MoE op splits no graph)
-MOE_SPAN = "projections, norms, MoE router and experts (the fused-MoE op) until the next attention"
+MOE_SPAN = "projections, norms, MoE router and experts (the fused-MoE op) until the next mixer"
 # how eager mode's boundary grain marks a module (the snapshot says it, for the reader's correction
 # of the doctor's own cost): "entry", one mark where each module is entered
 BOUNDARY_MARKS = "entry"
@@ -466,21 +466,25 @@ class ForwardProfiler:
 
     # -- compiled modes: the attention calls split the forward into layers ------------------
     def set_boundaries(
-        self, layers: list[tuple[str, str, int | None, str]], moe_layers: frozenset[str] = frozenset()
+        self,
+        layers: list[tuple[str, str, int | None, str]],
+        moe_layers: frozenset[str] = frozenset(),
+        kinds: dict[str, str] | None = None,
     ) -> None:
-        """The attention layers whose calls are timed, in forward order: (attention layer's
-        name, its decoder layer's name, layer index, attention class), and the timed names of
-        :meth:`_segments` with their kinds; ``moe_layers``: the decoder layers whose span after
-        the attention holds an MoE block's router and experts (named so in its class text)."""
+        """The token mixers whose calls are timed, in forward order: (mixer's name, its decoder
+        layer's name, layer index, class), and the timed names of :meth:`_segments` with their
+        kinds; ``moe_layers``: the decoder layers whose span after the mixer holds an MoE
+        block's router and experts (named so in its class text); ``kinds``: each mixer's kind
+        (attention, mla, state: :data:`vllm_doctor.facts.mixers.FAMILY`; attention if not given)."""
         self.boundary_layers = {attn: (layer, index) for attn, layer, index, _ in layers}
         self.timed[BEFORE_LAYERS] = TimedModule(BEFORE_LAYERS, "embedding", None, "embedding, layer 0's input work")
         for attn, layer, index, cls in layers:
-            self.timed[attn] = TimedModule(attn, "attention", index, cls)
+            self.timed[attn] = TimedModule(attn, (kinds or {}).get(attn, "attention"), index, cls)
             self.timed[layer + DENSE_SUFFIX] = TimedModule(
                 layer + DENSE_SUFFIX,
                 "dense",
                 index,
-                MOE_SPAN if layer in moe_layers else "projections, norms, MLP until the next attention",
+                MOE_SPAN if layer in moe_layers else "projections, norms, MLP until the next mixer",
             )
             if layer not in self.timed:
                 self.timed[layer] = TimedModule(layer, "layer", index, "")

@@ -23,6 +23,7 @@ from typing import Any
 
 from torch import nn
 
+from vllm_doctor.compat import mixers
 from vllm_doctor.compat import worker as wv
 from vllm_doctor.constants import GRAPH_TIMING_ENV, SWITCH_ON
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
@@ -195,7 +196,12 @@ class WorkerSession:
         state = wv.compile_state(self.worker)
         if self.profiler is None:
             lm = wv.language_model(model)
-            timed = select_modules(model, lm, () if lm is not None else wv.encoder_prefixes(model))
+            timed = select_modules(
+                model,
+                lm,
+                () if lm is not None else wv.encoder_prefixes(model),
+                mixers.mixer_paths(model, wv.forward_context(self.worker)),
+            )
             clock = clock_for(wv.device(self.worker))
             clock.reserve(RESOLVE_BATCH * (2 * len(timed) + 8))  # a batch of samples' marks (capped)
             self.profiler = ForwardProfiler(clock, timed, trace_steps, sample_every)
@@ -286,8 +292,9 @@ class WorkerSession:
                     self.profiler.layers_enabled = True
                     graphs.TIMING.active = self.profiler
                     how = (
-                        "compiled mode: timed at the attention calls, the compiled forward's only Python "
-                        "calls (layer i = its attention, then everything until layer i+1's attention)"
+                        "compiled mode: timed at the token mixers' calls (attention, MLA, Mamba / linear "
+                        "attention: the ops vLLM splits its graph at, the compiled forward's only Python calls; "
+                        "layer i = its mixer, then everything until the next layer's mixer)"
                     )
                     timed_graphs = graphs.TIMING.timed_graphs()
                     if timed_graphs:
@@ -308,8 +315,9 @@ class WorkerSession:
                     self.layers_reason = how
                 else:
                     self.layers_reason = (
-                        "per-layer timing in compiled mode times vLLM's attention layers' calls, and this model "
-                        "has none that can be timed (attention outside vLLM's Attention layer); eager mode "
+                        "per-layer timing in compiled mode times the calls of vLLM's token mixers (the layers "
+                        "of its forward context: attention, MLA, Mamba / linear attention), and this model has "
+                        "none that can be timed (its attention runs outside vLLM's layers); eager mode "
                         "(enforce_eager=True) times each module"
                     )
         elif not layers:
@@ -483,19 +491,14 @@ class WorkerSession:
         from Python), marking where each call begins and returns."""
         prof = self.profiler
         assert prof is not None
-        found = wv.attention_impls(self.worker)
         wrappers: list[Armed] = []
         layers: list[tuple[str, str, int | None, str]] = []
-        for name, impl in found:
-            made = [
-                self._boundary_call(impl, attr, name)
-                for attr in ("do_kv_cache_update", "forward")
-                if callable(getattr(impl, attr, None))
-            ]
-            if made:
-                wrappers += made
-                layers.append((name, decoder_layer_name(name), layer_index(name), type(impl).__name__))
-        prof.set_boundaries(layers, frozenset(self._moe_layers()))
+        kinds: dict[str, str] = {}
+        for call in mixers.mixer_calls(wv.forward_context(self.worker)):
+            wrappers += [self._boundary_call(call.obj, attr, call.name) for attr in call.attrs]
+            layers.append((call.name, decoder_layer_name(call.name), layer_index(call.name), call.cls))
+            kinds[call.name] = mixers.FAMILY.get(call.kind or "attention", "attention")
+        prof.set_boundaries(layers, frozenset(self._moe_layers()), kinds)
         return wrappers
 
     def _moe_layers(self) -> list[str]:

@@ -33,6 +33,23 @@ class KvSpec:
     attention_chunk_size: int | None = None
     dtype: str | None = None
     page_size_bytes: int | None = None
+    # the doctor's kind (vllm_doctor.compat.mixers: attention, sliding, chunked, mla, mamba, gdn, ...)
+    kind: str | None = None
+    # a Mamba / linear-attention spec: the mixer's type, its states' shapes and dtypes per
+    # request, vLLM's mamba cache mode; any spec: the page without vLLM's padding (the padding
+    # is page_size_bytes less it, on every block of every layer of the group)
+    mamba_type: str | None = None
+    shapes: list[list[int]] = field(default_factory=list, metadata=wire.rules(whole=True, omit_default=True))
+    dtypes: list[str] = field(default_factory=list, metadata=wire.rules(omit_default=True))
+    mamba_cache_mode: str | None = None
+    unpadded_page_bytes: int | None = None
+
+    @property
+    def padding_bytes(self) -> int:
+        """Bytes vLLM added to each page of this spec (to give every group one page size)."""
+        if self.page_size_bytes is None or self.unpadded_page_bytes is None:
+            return 0
+        return max(0, self.page_size_bytes - self.unpadded_page_bytes)
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> KvSpec:
@@ -106,6 +123,10 @@ class AttentionLayer:
     module_paths: list[str] = field(default_factory=list)  # where the layer object sits in the model
     kv_cache_shape: list[int] | None = field(default=None, metadata=wire.rules(whole=True))
     kv_sharing_target: str | None = None  # reads this other layer's cache (by design)
+    # what the layer itself asks vLLM to cache (its get_kv_cache_spec) and the kind that makes it
+    kind: str | None = None
+    spec: KvSpec | None = field(default=None, metadata=wire.rules(empty_none=True))
+    sinks: bool = field(default=False, metadata=wire.rules(omit_default=True))  # attention sinks (gpt-oss)
 
     @classmethod
     def from_wire(cls, data: Mapping[str, Any]) -> AttentionLayer:
@@ -129,6 +150,10 @@ class HfShape:
     hidden_size: int | None = None
     model_type: str | None = None
     vllm_head_size: int | None = None  # ModelConfig.get_head_size()
+    vllm_num_kv_heads: int | None = None  # ModelConfig.get_num_kv_heads(parallel_config): per rank
+    use_mla: bool | None = None  # ModelConfig.use_mla: vLLM runs the attention as MLA
+    kv_lora_rank: int | None = None  # MLA's latent width
+    qk_rope_head_dim: int | None = None  # MLA's rotary part, cached beside the latent
     intermediate_size: int | None = None
     vocab_size: int | None = None
     tie_word_embeddings: bool | None = None
@@ -192,6 +217,14 @@ class KvCache:
     tensor_parallel_size: int = 1
     hf_config: HfShape = field(default_factory=HfShape)
     attention_layers: list[AttentionLayer] = field(default_factory=list)
+    # vLLM's own capacity (its "KV cache size: N tokens, Maximum concurrency for M tokens per
+    # request: Cx" line): get_kv_cache_capacity / get_max_concurrency_for_kv_cache_config asked
+    # in the worker with its KV-cache config, or the engine's cache_config where it stored them
+    capacity_tokens: int | None = None
+    max_concurrency: float | None = None
+    # vLLM allocates one backing buffer that every group's tensors alias (vLLM 0.32): the plan's
+    # bytes are that buffer's, once; False: each planned tensor is its own allocation (older vLLM)
+    planned_aliased: bool | None = None
     wire_version: int = WIRE_VERSION
 
     @property

@@ -39,6 +39,8 @@ from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 COLORS = {
     "embedding": "#8e6c8a",
     "attention": "#4e79a7",
+    "mla": "#2f5d8a",
+    "state": "#b6992d",
     "dense": "#edc948",
     "router": "#9c755f",
     "experts": "#ff9da7",

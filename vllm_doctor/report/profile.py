@@ -10,11 +10,14 @@ from typing import Any
 
 from vllm_doctor.analysis.engine import MIN_MARK_READINGS
 from vllm_doctor.analysis.records import (
+    MIN_STEPS_TO_TELL,
     CompileState,
     DoctorOverhead,
     EncoderCacheUse,
     EngineAnatomy,
     EngineProfile,
+    KvGroupSummary,
+    KvSummary,
     LayerTables,
     LayerTotal,
     PhaseSummary,
@@ -71,12 +74,67 @@ def render_anatomy(anatomy: EngineAnatomy | dict[str, Any] | None) -> str:
             f"{fmt_bytes(kv.storage_bytes)}; {kv.num_blocks} blocks x {kv.block_size} tokens; "
             f"layout {kv.layout or 'not exposed'}; shape {kv.tensor_shape} {kv.dtype}"
         )
+        if (capacity := kv_capacity_text(kv)) is not None:
+            lines.append(f"  KV capacity   {capacity}")
         for g in kv.groups:
-            lines.append(
-                f"                group: {g.layers} layer(s), {g.spec.type}, {g.spec.num_kv_heads} KV "
-                f"heads x {g.spec.head_size}, {g.spec.dtype}"
-            )
+            lines.append(f"                group: {kv_group_text(g)}")
     return "\n".join(lines)
+
+
+def untimed_mixers_text(layers: LayerTables) -> str:
+    """``3 of 4 token mixers (model.layers.0.linear_attn, ...) ran no call the doctor times in
+    compiled mode: ...``."""
+    names = layers.untimed_mixers
+    shown = ", ".join(names[:3]) + (f", ... ({len(names) - 3} more)" if len(names) > 3 else "")
+    return (
+        f"{len(names)} of {layers.mixers} token mixer(s) ({shown}) ran no call the doctor times in compiled mode "
+        "(vLLM ran them through an op that is no graph split, or a method the doctor does not wrap): their time is "
+        "in the spans around them; eager mode (--eager) times each mixer module"
+    )
+
+
+def kv_capacity_text(kv: KvSummary) -> str | None:
+    """vLLM's own capacity, as its start-up log says it: ``578,524 tokens, 35.31 requests of
+    max_model_len 16,384 at once (vLLM's figure)``; None where vLLM did not say."""
+    if kv.capacity_tokens is None:
+        return None
+    text = f"{kv.capacity_tokens:,} tokens"
+    if kv.max_concurrency is not None:
+        at = f" of max_model_len {kv.max_model_len:,}" if kv.max_model_len else ""
+        text += f", {kv.max_concurrency:.2f} requests{at} at once"
+    return text + " (vLLM's own figure)"
+
+
+def kv_group_text(g: KvGroupSummary) -> str:
+    """One KV-cache group: ``2 layer(s), sliding (SlidingWindowSpec, window 64), 2 KV heads x 64,
+    torch.bfloat16`` or a state group's shapes and page: ``1 layer(s), mamba (MambaSpec, mamba2),
+    states [[4, 288], [8, 32, 16]] torch.bfloat16, page 65,536 B (47,424 B of it padding ...)``."""
+    spec = g.spec
+    kind = spec.kind or spec.type or "?"
+    detail = [spec.type or "?"]
+    if spec.sliding_window:
+        detail.append(f"window {spec.sliding_window}")
+    if spec.attention_chunk_size:
+        detail.append(f"chunk {spec.attention_chunk_size}")
+    if spec.mamba_type:
+        detail.append(spec.mamba_type)
+    head = f"{g.layers} layer(s), {kind} ({', '.join(detail)})"
+    if spec.shapes:
+        dtypes = sorted(set(spec.dtypes))
+        text = f"{head}, states {spec.shapes} {'/'.join(dtypes) or '?'}"
+        if spec.mamba_cache_mode:
+            text += f", cache mode {spec.mamba_cache_mode}"
+    elif spec.kind == "mla":
+        text = f"{head}, one latent head x {spec.head_size}, {spec.dtype}"
+    else:
+        text = f"{head}, {spec.num_kv_heads} KV heads x {spec.head_size}, {spec.dtype}"
+    if spec.page_size_bytes is not None:
+        text += f", page {spec.page_size_bytes:,} B"
+        if spec.padding_bytes:
+            share = spec.padding_bytes / spec.page_size_bytes
+            text += f" ({spec.padding_bytes:,} B of it padding vLLM added to match the other groups' pages: "
+            text += f"{share:.0%})"
+    return text
 
 
 def forward_text(p: PhaseSummary | None) -> str:
@@ -105,6 +163,11 @@ def timing_cost_text(phase: str, p: PhaseSummary) -> str:
     """The steps timed per layer against the others of one phase, on the step clock, e.g.
     ``decode: steps timed per layer 17.60 ms median vs 13.90 ms untimed (+27 %, the doctor's
     per-layer timing)``; '' where the phase lacks either kind of step."""
+    if p.too_few_to_tell:
+        return (
+            f"{phase}: {p.timed_steps} step(s) timed per layer, {p.untimed_steps} not: too few steps to tell what "
+            f"the per-layer timing costs (a percentage needs {MIN_STEPS_TO_TELL} of each)"
+        )
     cost = p.timing_cost
     if cost is None or p.timed_step_s_median is None or p.untimed_step_s_median is None:
         return ""
@@ -113,6 +176,11 @@ def timing_cost_text(phase: str, p: PhaseSummary) -> str:
         f"{fmt_s(p.untimed_step_s_median)} untimed ({100 * cost:+.0f} %)"
     )
     if p.timed_vs_neighbours is None:
+        if p.neighbour_pairs:
+            return text + (
+                f", the doctor's per-layer timing and the run's drift ({p.neighbour_pairs} timed step(s) next to an "
+                "untimed one: too few to tell them apart)"
+            )
         return text + ", the doctor's per-layer timing and the run's drift"
     text += f"; against their untimed neighbours {100 * p.timed_vs_neighbours:+.1f} % ({p.neighbour_pairs} step(s)"
     if p.detail_vs_neighbours is not None:
@@ -234,6 +302,8 @@ def render_profile(
     if total:
         sampled = f" (per-layer timings of {layers.timed_steps} of {len(prof.steps)} steps)"
         lines.append("  by kind       " + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in kinds.items()) + sampled)
+        if layers.untimed_mixers:
+            lines.append(f"  not timed     {untimed_mixers_text(layers)}")
     marks = marks_cost_text(layers)
     if marks:
         lines.append(f"  per layer     {marks}")
