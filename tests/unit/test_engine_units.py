@@ -994,6 +994,20 @@ def test_vd405_is_info() -> None:
     assert [(f.outcome, f.severity, f.subject) for f in findings] == [(Outcome.WARN, Severity.INFO, "gain")]
 
 
+def test_vd405_leaves_vllms_own_float32_parameters_to_vllm() -> None:
+    """vLLM's Mamba 2 mixer keeps A in float32 in a bfloat16 model (Nemotron-H): vLLM's choice,
+    named in the pass, no warning; the port's own float32 parameter beside it still warns."""
+    p = placement()
+    own_a = {"name": "model.layers.0.mixer.A", "dtype": "torch.float32", "shape": [8], "module_class": "MambaMixer2",
+             "vllm_builtin": True}  # fmt: skip
+    only_vllm = {**p, "dtype_mismatch": [own_a], "counts": {**p["counts"], "dtype_mismatch": 1}}
+    (ok,) = run("VD405", EngineFacts(workers=[worker(placement=only_vllm)]))
+    assert ok.outcome is Outcome.PASS
+    assert ok.message.endswith("but 1 that vLLM's own layers keep in torch.float32 on purpose (A)")
+    both = {**p, "dtype_mismatch": [own_a, *p["dtype_mismatch"]], "counts": {**p["counts"], "dtype_mismatch": 2}}
+    assert [f.subject for f in run("VD405", EngineFacts(workers=[worker(placement=both)]))] == ["gain"]
+
+
 FULL = {"spec": {"type": "FullAttentionSpec", "block_size": 16, "num_kv_heads": 2, "head_size": 32}}
 
 

@@ -241,6 +241,10 @@ class KvTraffic:
         return tokens * self.per_token() + seqs * self.state
 
 
+# how the notes of kv_notes begin (the text report prints them under the roofline)
+KV_NOTES = ("the KV term follows vLLM's KV-cache spec groups", "a hybrid model:")
+
+
 def kv_notes(kv: KvTraffic | None) -> list[str]:
     """What the KV term counts, for a model whose caches are not all full attention."""
     if kv is None or set(kv.kinds) <= {"attention"}:

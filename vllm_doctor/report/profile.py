@@ -25,7 +25,7 @@ from vllm_doctor.analysis.records import (
     TwinAB,
     WorkloadRun,
 )
-from vllm_doctor.analysis.roofline import fmt_rate, fmt_si_bytes, phase_text
+from vllm_doctor.analysis.roofline import KV_NOTES, fmt_rate, fmt_si_bytes, phase_text
 from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
@@ -436,6 +436,8 @@ def render_roofline(profile: EngineProfile | dict[str, Any]) -> str:
         )
     if roof.model is not None and roof.model.weights_quantized:
         lines.append(f"                weights: {roof.model.weights_quantized}")
+    # what the KV term counts for a model whose caches are not all full attention (kv_notes)
+    lines += [f"                {n}" for n in roof.notes if n.startswith(KV_NOTES)]
     for bucket in ("prefill", "decode"):
         timed = [x for x in roof.layers if x.phase == bucket and x.bytes_per_s is not None]
         if not timed:
