@@ -52,8 +52,6 @@ from vllm_doctor.facts.steps import StepTable
 WRAPPERS = "wrappers"  # the doctor's timer of its step wrappers (engine/session.py own_s)
 # "dense": compiled modes' per-layer work after the attention (projections, norms, MLP), engine/profiler.py
 # "router" and "experts": an MoE block's parts in eager mode (engine/layers.py)
-# the per-layer tables' kinds of a token mixer (vllm_doctor.facts.mixers.FAMILY's values)
-MIXER_KINDS = frozenset(("attention", "mla", "state"))
 KIND_ORDER = (
     "embedding",
     "attention",
@@ -373,11 +371,9 @@ def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> La
         inside = sum(v for k, v in by_kind.items() if k != "logits")
         by_kind["other"] = max(0.0, forward_total - inside)
     called = {m.name for m in modules}
-    mixers = [t.name for t in profile.timed_modules if t.kind in MIXER_KINDS and t.layer is not None]
-    boundaries = any(t.kind == "dense" for t in profile.timed_modules)  # compiled modes' spans
     return LayerTables(
-        untimed_mixers=[n for n in mixers if n not in called] if boundaries and modules else [],
-        mixers=len(mixers) if boundaries else 0,
+        untimed_mixers=[n for n in profile.mixers if n not in called] if modules else [],
+        mixers=len(profile.mixers),
         timed_fraction=covered / forward_total if modules and forward_total else None,
         modules=modules,
         by_layer=[LayerTotal(layer=k, total_s=by_layer[k][0], kinds=by_layer[k][1]) for k in sorted(by_layer)],

@@ -982,16 +982,6 @@ class EncoderCacheUse(Record):
 
 
 @dataclass(frozen=True)
-class TimedModuleInfo(Record):
-    """A module (or span) the worker's profiler set out to time, and its kind."""
-
-    name: str = ""
-    kind: str | None = None
-    layer: int | None = None
-    class_name: str | None = field(default=None, metadata={"key": "class"})
-
-
-@dataclass(frozen=True)
 class ProfileReply(Record):
     """The parts of a worker's ``doctor_collect`` profile reply the summaries read (its step
     records are :class:`vllm_doctor.facts.steps.StepTable`'s)."""
@@ -1012,7 +1002,7 @@ class ProfileReply(Record):
     window_s: float | None = None
     crashes: list[dict[str, Any]] = field(default_factory=list)
     encoder_cache: EncoderCacheUse | None = None
-    timed_modules: list[TimedModuleInfo] = field(default_factory=list)
+    mixers: list[str] = field(default_factory=list)  # compiled modes: the mixers whose calls are timed
 
 
 @dataclass(frozen=True)

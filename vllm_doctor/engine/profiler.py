@@ -748,6 +748,8 @@ class ForwardProfiler:
             "timed_modules": [
                 {"name": m.name, "kind": m.kind, "layer": m.layer, "class": m.cls} for m in self.timed.values()
             ],
+            # compiled modes: the token mixers whose calls mark the layers' spans (set_boundaries)
+            "mixers": list(self.boundary_layers),
         }
         if reset:  # this reader's records start again; the sampling cadence goes on (no second warm-up)
             self.windows[reader] = self._window_now()
