@@ -6,6 +6,7 @@ Each function takes the record (:mod:`vllm_doctor.analysis.records`) or the repo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from vllm_doctor.analysis.engine import MIN_MARK_READINGS
@@ -76,8 +77,8 @@ def render_anatomy(anatomy: EngineAnatomy | dict[str, Any] | None) -> str:
         )
         if (capacity := kv_capacity_text(kv)) is not None:
             lines.append(f"  KV capacity   {capacity}")
-        for g in kv.groups:
-            lines.append(f"                group: {kv_group_text(g)}")
+        for text, n in _runs(kv_group_text(g) for g in kv.groups):
+            lines.append(f"                {'group' if n == 1 else f'{n} groups, each'}: {text}")
     return "\n".join(lines)
 
 
@@ -91,6 +92,17 @@ def untimed_mixers_text(layers: LayerTables) -> str:
         "(vLLM ran them through an op that is no graph split, or a method the doctor does not wrap): their time is "
         "in the spans around them; eager mode (--eager) times each mixer module"
     )
+
+
+def _runs(texts: Iterable[str]) -> list[tuple[str, int]]:
+    """Consecutive equal texts as (text, how many): vLLM splits 24 Mamba layers into 6 like groups."""
+    out: list[tuple[str, int]] = []
+    for text in texts:
+        if out and out[-1][0] == text:
+            out[-1] = (text, out[-1][1] + 1)
+        else:
+            out.append((text, 1))
+    return out
 
 
 def kv_capacity_text(kv: KvSummary) -> str | None:
@@ -133,7 +145,7 @@ def kv_group_text(g: KvGroupSummary) -> str:
         if spec.padding_bytes:
             share = spec.padding_bytes / spec.page_size_bytes
             text += f" ({spec.padding_bytes:,} B of it padding vLLM added to match the other groups' pages: "
-            text += f"{share:.0%})"
+            text += f"{share:.1%})" if share < 0.01 else f"{share:.0%})"
     return text
 
 
