@@ -423,6 +423,15 @@ def test_sizes_inside_text_config_and_their_product_are_checked() -> None:
     assert finding.subject == "config.json:sizes" and "parameters (over 1e+15)" in finding.message
 
 
+def test_a_size_per_layer_is_a_list_of_sizes() -> None:
+    """Gemma 3n gives intermediate_size per layer (vLLM runs it): each item is a size; a bad item is named."""
+    per_layer = {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": [256, 512], "vocab_size": 512}
+    (finding,) = run_checks(Facts(model_dir="/m", config=per_layer), ["VD309"])
+    assert finding.outcome is Outcome.PASS
+    (finding,) = run_checks(Facts(model_dir="/m", config={**per_layer, "intermediate_size": [256, -1]}), ["VD309"])
+    assert finding.outcome is Outcome.FAIL and finding.message == "intermediate_size[1] = -1: is negative"
+
+
 def test_plausible_sizes_pass_and_missing_ones_are_not_applicable() -> None:
     llama8b = {"num_hidden_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "num_key_value_heads": 8,
                "vocab_size": 128256, "intermediate_size": 14336}

@@ -33,6 +33,8 @@ SIZE_LIMITS: dict[str, int] = {
     "moe_intermediate_size": 1 << 22,
 }
 EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+# sizes that some in-tree configs give per layer, as a list (Gemma 3n's intermediate_size, OpenELM's heads)
+PER_LAYER = frozenset(("intermediate_size", "num_key_value_heads", "num_attention_heads", "moe_intermediate_size"))
 MAX_PARAMETERS = 10**15  # the largest published models have a few 10**12
 _JSON_TYPES = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
 
@@ -85,6 +87,14 @@ def config_size_problems(config: dict[str, Any]) -> list[dict[str, Any]]:
         for key in SIZE_LIMITS:
             value = cfg.get(key)
             if value is None:  # absent, or null: the config class's default applies
+                continue
+            if isinstance(value, list) and value and key in PER_LAYER:
+                # a size per layer (Gemma 3n's intermediate_size, OpenELM's KV heads): each item a size
+                bad = [(i, why) for i, item in enumerate(value) if (why := _size_problem(key, item)) is not None]
+                if not bad:
+                    sizes[key] = max(value)
+                for i, why in bad[:3]:
+                    out.append({"key": f"{prefix}{key}[{i}]", "value": _shown(value[i]), "why": why})
                 continue
             why = _size_problem(key, value)
             if why is None:

@@ -469,6 +469,15 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
+def _attr(cfg: Any, name: str, default: Any = None) -> Any:
+    """A config attribute, or ``default`` where reading it raises: Gemma 4's config raises on a
+    global ``head_dim`` (a per-layer attribute there), not AttributeError."""
+    try:
+        return getattr(cfg, name, default)
+    except Exception:
+        return default
+
+
 def _hf_config(model_config: Any, parallel_config: Any = None) -> HfShape:
     cfg = hf_text_config(model_config)
     out: dict[str, Any] = {}
@@ -481,18 +490,18 @@ def _hf_config(model_config: Any, parallel_config: Any = None) -> HfShape:
         "intermediate_size",
         "vocab_size",
     ):
-        value = getattr(cfg, attr, None)
+        value = _attr(cfg, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
             out[attr] = value
-    tied = getattr(cfg, "tie_word_embeddings", None)
+    tied = _attr(cfg, "tie_word_embeddings", None)
     if isinstance(tied, bool):
         out["tie_word_embeddings"] = tied
     # experts: a dense decoder's byte count does not describe them (the roofline says so)
-    experts = [getattr(cfg, a, None) for a in ("num_local_experts", "n_routed_experts", "num_experts")]
+    experts = [_attr(cfg, a, None) for a in ("num_local_experts", "n_routed_experts", "num_experts")]
     out["moe"] = any(isinstance(e, int) and not isinstance(e, bool) and e > 1 for e in experts)
     if out["moe"]:
         out.update(_moe_sizes(cfg))
-    model_type = getattr(cfg, "model_type", None)
+    model_type = _attr(cfg, "model_type", None)
     get_head_size = getattr(model_config, "get_head_size", None)
     if callable(get_head_size):
         try:
@@ -509,7 +518,7 @@ def _hf_config(model_config: Any, parallel_config: Any = None) -> HfShape:
     if isinstance(use_mla, bool):
         out["use_mla"] = use_mla
     for attr in ("kv_lora_rank", "qk_rope_head_dim"):
-        value = getattr(cfg, attr, None)
+        value = _attr(cfg, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
             out[attr] = value
     return HfShape(model_type=model_type if isinstance(model_type, str) else None, **out)
@@ -522,7 +531,7 @@ def _moe_sizes(cfg: Any) -> dict[str, int]:
 
     def whole(*keys: str) -> int | None:
         for key in keys:
-            value = getattr(cfg, key, None)
+            value = _attr(cfg, key, None)
             if isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 return value
         return None
