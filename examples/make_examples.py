@@ -4,7 +4,8 @@
 
 (--ports adds the broken ports of pytest_for_model_authors/ports, --perf the slow ports of perf/,
 --moe the MoE family (moe-ok + examples/moe/NAME), --quant the quantized family (quant-ok +
-examples/quant/NAME); --only may name any of them too.)
+examples/quant/NAME), --hybrid the Mamba 2 / attention hybrid family (hybrid-ok +
+examples/hybrid/NAME); --only may name any of them too.)
 
 For each variant NAME this writes
 
@@ -22,9 +23,11 @@ For each variant NAME this writes
 "moe-ok" is examples/tiny_moe_plugin as it is (a Mixtral-like model, HF Mixtral tensor names),
 its broken variants are examples/moe/NAME/variant.py; "quant-ok" is the tiny model after
 examples/quant/base.py (linear layers given vLLM's quant_config, the checkpoint quantized to
-compressed-tensors W8A8 int8), and each examples/quant/NAME/variant.py is applied on top of it.
+compressed-tensors W8A8 int8), and each examples/quant/NAME/variant.py is applied on top of it;
+"hybrid-ok" is examples/tiny_hybrid_plugin as it is (vLLM's MambaMixer2 and Attention in
+Nemotron-H's pattern M*M-), its broken variants are examples/hybrid/NAME/variant.py.
 
-Each broken variant is examples/broken/NAME/variant.py (or moe/, quant/): module constants EXPECT_CODE, ENGINE_MODE, DESCRIPTION
+Each broken variant is examples/broken/NAME/variant.py (or moe/, quant/, hybrid/): module constants EXPECT_CODE, ENGINE_MODE, DESCRIPTION
 (optionally SCRIPT) and `apply(ctx)`, a small edit of the working example through the
 `VariantContext` below. Every text edit must match exactly once, so a change to the working
 example that a variant depends on fails here loudly instead of silently building a fixture
@@ -55,6 +58,8 @@ PERF_DIR = EXAMPLES_DIR / "perf"
 MOE_PLUGIN_SRC = EXAMPLES_DIR / "tiny_moe_plugin"
 MOE_DIR = EXAMPLES_DIR / "moe"  # broken MoE variants
 QUANT_DIR = EXAMPLES_DIR / "quant"  # base.py (quant-ok) + broken quantized variants
+HYBRID_PLUGIN_SRC = EXAMPLES_DIR / "tiny_hybrid_plugin"
+HYBRID_DIR = EXAMPLES_DIR / "hybrid"  # broken hybrid (Mamba 2 + attention) variants
 ENGINE_MODES = ("inprocess", "multiprocess", "script")
 SEED = 0
 
@@ -85,6 +90,24 @@ MOE_DIMS: dict[str, Any] = dict(
     num_experts_per_tok=2,
     rms_norm_eps=1e-5,
     rope_theta=10000.0,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+)
+# The tiny hybrid: Nemotron-H's fields, pattern M*M- (Mamba 2, attention, Mamba 2, MLP)
+HYBRID_DIMS: dict[str, Any] = dict(
+    vocab_size=512,
+    hidden_size=128,
+    hybrid_override_pattern="M*M-",
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    intermediate_size=256,
+    mamba_num_heads=8,
+    mamba_head_dim=32,
+    ssm_state_size=16,
+    n_groups=1,
+    conv_kernel=4,
+    layer_norm_epsilon=1e-5,
     max_position_embeddings=2048,
     tie_word_embeddings=False,
 )
@@ -128,10 +151,15 @@ def quant_names() -> list[str]:
     return [QUANT.ok_name, *sorted(variant_sources((QUANT_DIR,)))]
 
 
+def hybrid_names() -> list[str]:
+    """The hybrid family: the working Mamba 2 / attention example, then its broken variants (--hybrid)."""
+    return [HYBRID.ok_name, *sorted(variant_sources((HYBRID_DIR,)))]
+
+
 def source_dir_of(name: str) -> Path:
     if name in port_names():
         return PORTS_DIR / name
-    for family in (MOE, QUANT):
+    for family in (MOE, QUANT, HYBRID):
         if family.variants_dir is not None and (family.variants_dir / name / "variant.py").is_file():
             return family.variants_dir / name
     return PERF_DIR / name if name in perf_names() else BROKEN_DIR / name
@@ -139,7 +167,7 @@ def source_dir_of(name: str) -> Path:
 
 def family_of(name: str) -> Family:
     """The family a variant belongs to (its plugin, config, checkpoint and base edit)."""
-    for family in (MOE, QUANT):
+    for family in (MOE, QUANT, HYBRID):
         if name == family.ok_name or (
             family.variants_dir is not None and (family.variants_dir / name / "variant.py").is_file()
         ):
@@ -294,6 +322,72 @@ def moe_config() -> dict[str, Any]:
     return config
 
 
+def hybrid_config() -> dict[str, Any]:
+    """config.json of the hybrid family (TinyHybridConfig, without importing vLLM)."""
+    spec = importlib.util.spec_from_file_location(
+        "_tiny_hybrid_configuration", HYBRID_PLUGIN_SRC / "tiny_hybrid_model" / "configuration.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.TinyHybridConfig(
+        **HYBRID_DIMS, architectures=["TinyHybridForCausalLM"], bos_token_id=1, eos_token_id=2
+    ).to_diff_dict()
+    config["dtype"] = "bfloat16"
+    return config
+
+
+def random_hybrid_weights(dims: dict[str, Any], seed: int = SEED) -> dict[str, Any]:
+    """Nemotron-H-named tensors of the tiny hybrid, layer by layer as its pattern says: a Mamba 2
+    mixer's fused ``in_proj`` (z, x, B, C, dt), depthwise ``conv1d`` [conv_dim, 1, kernel],
+    ``A_log``, ``D``, ``dt_bias``, gated ``norm`` and ``out_proj``; attention's fused ``qkv_proj`` and
+    ``o_proj``; the MLP's ``up_proj`` and ``down_proj``; a norm before each."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, std: float = 0.05) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * std).to(torch.bfloat16)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    hidden, heads = dims["hidden_size"], dims["mamba_num_heads"]
+    inner, groups = heads * dims["mamba_head_dim"], dims["n_groups"] * dims["ssm_state_size"]
+    out = {
+        "model.embeddings.weight": rand(dims["vocab_size"], hidden, std=0.5),
+        "lm_head.weight": rand(dims["vocab_size"], hidden),
+        "model.norm_f.weight": ones(hidden),
+    }
+    for i, kind in enumerate(dims["hybrid_override_pattern"]):
+        p = f"model.layers.{i}."
+        out[p + "norm.weight"] = ones(hidden)
+        if kind == "M":
+            m = p + "mixer."
+            out |= {
+                m + "in_proj.weight": rand(2 * inner + 2 * groups + heads, hidden),
+                m + "conv1d.weight": rand(inner + 2 * groups, 1, dims["conv_kernel"]),
+                m + "conv1d.bias": rand(inner + 2 * groups),
+                m + "A_log": torch.log(torch.arange(1, heads + 1, dtype=torch.float32)).to(torch.bfloat16),
+                m + "D": ones(heads),
+                m + "dt_bias": rand(heads),
+                m + "norm.weight": ones(inner),
+                m + "out_proj.weight": rand(hidden, inner),
+            }
+        elif kind == "*":
+            qkv = (dims["num_attention_heads"] + 2 * dims["num_key_value_heads"]) * dims["head_dim"]
+            out |= {
+                p + "qkv_proj.weight": rand(qkv, hidden),
+                p + "o_proj.weight": rand(hidden, dims["num_attention_heads"] * dims["head_dim"]),
+            }
+        else:
+            out |= {
+                p + "up_proj.weight": rand(dims["intermediate_size"], hidden),
+                p + "down_proj.weight": rand(hidden, dims["intermediate_size"]),
+            }
+    return out
+
+
 def random_mixtral_weights(dims: dict[str, Any], seed: int = SEED) -> dict[str, Any]:
     """HF-Mixtral-named tensors: attention as Llama's, then per layer the router
     `block_sparse_moe.gate.weight` [experts, hidden] and each expert's
@@ -372,6 +466,17 @@ MOE = Family(
     variants_dir=MOE_DIR,
     config=lambda: moe_config(),
     weights=lambda: random_mixtral_weights(MOE_DIMS),
+)
+HYBRID = Family(
+    ok_name="hybrid-ok",
+    ok_description="the working hybrid example: TinyHybridForCausalLM, vLLM's MambaMixer2 and Attention "
+    "(pattern M*M-), IsHybrid + HasInnerState and the Mamba state's class methods",
+    plugin_src=HYBRID_PLUGIN_SRC,
+    base_package="tiny_hybrid_model",
+    entry_point="tiny_hybrid",
+    variants_dir=HYBRID_DIR,
+    config=lambda: hybrid_config(),
+    weights=lambda: random_hybrid_weights(HYBRID_DIMS),
 )
 QUANT = Family(
     ok_name="quant-ok",
@@ -519,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--perf", action="store_true", help="also build the slow ports of examples/perf")
     parser.add_argument("--moe", action="store_true", help="also build moe-ok and examples/moe/*")
     parser.add_argument("--quant", action="store_true", help="also build quant-ok and examples/quant/*")
+    parser.add_argument("--hybrid", action="store_true", help="also build hybrid-ok and examples/hybrid/*")
     parser.add_argument(
         "--variants-dir",
         type=Path,
@@ -533,8 +639,9 @@ def main(argv: list[str] | None = None) -> int:
     sources = variant_sources(dirs)
     names = variant_names(dirs) + (port_names() if args.ports else []) + (perf_names() if args.perf else [])
     names += (moe_names() if args.moe else []) + (quant_names() if args.quant else [])
+    names += hybrid_names() if args.hybrid else []
     if args.only:
-        names = variant_names(dirs) + port_names() + perf_names() + moe_names() + quant_names()
+        names = variant_names(dirs) + port_names() + perf_names() + moe_names() + quant_names() + hybrid_names()
         unknown = sorted(set(args.only) - set(names))
         if unknown:
             parser.error(f"unknown variant(s) {unknown}; known: {names}")

@@ -13,6 +13,7 @@ from vllm_doctor.checks import (  # noqa: F401  (registers checks)
     attention,
     contract,
     doctor,
+    hybrid,
     kv_cache,
     memory,
     multimodal_merge,

@@ -71,8 +71,26 @@ def user_frame(exc: BaseException) -> str | None:
 
 
 def describe_exception(exc: BaseException, limit: int = 4000) -> str:
-    """``Type: message`` of ``exc`` and of each cause under it, outermost first."""
-    return "\n<- caused by ".join(f"{type(e).__name__}: {e}" for e in exception_chain(exc))[:limit]
+    """``Type: message`` of ``exc`` and of each cause under it, outermost first. An exception
+    without a message (a bare ``assert`` in vLLM) is named by the line that raised it:
+    ``AssertionError (no message) at vllm/.../abstract.py:67 in get_kv_cache_spec: assert ...``."""
+    return "\n<- caused by ".join(_one_exception(e) for e in exception_chain(exc))[:limit]
+
+
+def _one_exception(exc: BaseException) -> str:
+    text = str(exc).strip()
+    if text:
+        return f"{type(exc).__name__}: {text}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return f"{type(exc).__name__} (no message)"
+    frame = frames[-1]
+    path = frame.filename
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+    line = f": {frame.line.strip()}" if frame.line else ""
+    return f"{type(exc).__name__} (no message) at {path}:{frame.lineno} in {frame.name}{line}"
 
 
 def is_fused_moe(module: Any) -> bool:

@@ -120,3 +120,47 @@ def mixer_paths(model: Any, layers: dict[str, Any]) -> dict[str, str]:
         if path:
             out[path] = FAMILY.get(call.kind or "attention", "attention")
     return out
+
+
+# the class methods vLLM sizes a Mamba / linear-attention state cache from, before it builds the model
+STATE_METHODS = ("get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config")
+_INTERFACE_MODULES = ("vllm.model_executor.models.interfaces", "vllm.model_executor.models.interfaces_base")
+
+
+def built_mixers(model: Any, layers: dict[str, Any]) -> list[dict[str, Any]]:
+    """The token mixers a built model registered in vLLM's forward context: the name it registered
+    under (``prefix``), where it sits (``path``), its kind by class (no spec: the weights pass
+    builds on the meta device, before any cache is sized) and its family."""
+    from vllm_doctor.compat.common import is_fused_moe
+
+    where: dict[int, str] = {}
+    for name, module in model.named_modules():
+        where.setdefault(id(module), name)
+    out = []
+    for prefix, layer in layers.items():
+        if is_fused_moe(layer):
+            continue
+        kind = layer_kind(layer, None)
+        out.append(
+            {
+                "prefix": str(prefix),
+                "path": where.get(id(layer)),
+                "kind": kind,
+                "family": FAMILY.get(kind or "", None),
+                "class": type(layer).__name__,
+            }
+        )
+    return out
+
+
+def state_interfaces(model_cls: type) -> dict[str, Any]:
+    """What the class declares of vLLM's state interfaces: ``IsHybrid``, ``HasInnerState``,
+    ``IsAttentionFree`` (their class flags), and which of :data:`STATE_METHODS` a class of the
+    model's own defines (vLLM's interface classes give a default that returns nothing)."""
+    own = [c for c in model_cls.__mro__ if c.__module__ not in _INTERFACE_MODULES and c is not object]
+    return {
+        "is_hybrid": getattr(model_cls, "is_hybrid", False) is True,
+        "has_inner_state": getattr(model_cls, "has_inner_state", False) is True,
+        "is_attention_free": getattr(model_cls, "is_attention_free", False) is True,
+        "methods": {m: any(m in c.__dict__ for c in own) for m in STATE_METHODS},
+    }

@@ -634,6 +634,12 @@ def build_vllm_config(model_dir: str, trust_remote_code: bool, read_files: bool 
     return EngineArgs(**kwargs).create_engine_config()
 
 
+def _forward_context(vllm_config: Any) -> dict[str, Any]:
+    """The layers the built model registered (``static_forward_context``)."""
+    layers = getattr(getattr(vllm_config, "compilation_config", None), "static_forward_context", None)
+    return dict(layers) if isinstance(layers, dict) else {}
+
+
 def init_single_process_distributed(tmpdir: str) -> None:
     from vllm.distributed import parallel_state
 
@@ -721,6 +727,13 @@ def _meta_load(request: dict[str, Any], tmp: str, new_ledger: NewLedger) -> dict
         result["model"]["parameters"] = sum(p.numel() for p in model.parameters())
     except BaseException as exc:
         return fail("build", exc)
+    try:  # the token mixers it built and the state interfaces its class declares (VD212, VD213)
+        from vllm_doctor.compat import mixers
+
+        result["mixers"] = mixers.built_mixers(model, _forward_context(vllm_config))
+        result["state_interfaces"] = mixers.state_interfaces(model_cls)
+    except Exception as exc:
+        result["mixers_error"] = f"reading the built mixers failed: {_exc_summary(exc)}"
     t = lap("build_s", t)
     try:  # the performance lint's view of the built tree (VD6xx); its failure is not the model's
         from vllm_doctor.compat.common import hf_text_config

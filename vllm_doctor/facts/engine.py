@@ -206,10 +206,10 @@ class EngineFacts:
         if self.startup_error:
             return (
                 f"the engine did not start (failed in {self.startup_phase or 'start-up'}; mode: {self.mode_summary}):"
-                f"\n  {self.startup_error.splitlines()[0][:400]}"
+                f"\n  {(self.startup_error.splitlines() or [''])[0][:400]}"
             )
         if self.runtime_error:
-            first = self.runtime_error.splitlines()[0][:400]
+            first = (self.runtime_error.splitlines() or [""])[0][:400]
             return f"the engine started, then the workload failed (mode: {self.mode_summary}):\n  {first}"
         return ""
 

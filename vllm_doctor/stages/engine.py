@@ -103,7 +103,7 @@ def _root_cause_from_log(facts: EngineFacts, log_path: Path) -> None:
         return
     where = f" at {root['where']}" if root.get("where") else ""
     process = f" (in vLLM's {root['process']} process{where})" if root.get("process") else where
-    setattr(facts, field_name, f"{root['error']}{process}\n<- reported as: {reported.splitlines()[0]}")
+    setattr(facts, field_name, f"{root['error']}{process}\n<- reported as: {(reported.splitlines() or [''])[0]}")
     if field_name == "startup_error" and root.get("phase"):
         facts.startup_phase, facts.startup_function = root["phase"], root["function"]
 
@@ -233,7 +233,8 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
             startup_function=where["function"],
         )
         result["facts"] = facts_to_dict(failed)
-        progress(f"engine stage: the engine did not start ({where['phase']}): {str(exc).splitlines()[0][:200]}")
+        said = failed.startup_error or type(exc).__name__
+        progress(f"engine stage: the engine did not start ({where['phase']}): {said.splitlines()[0][:200]}")
         return result
     mode = {**requested, **execution_mode(llm)}
     result["timings"]["engine_start_s"] = round(time.perf_counter() - t, 3)
@@ -274,9 +275,7 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
         failed = _facts_after_failure(doc, request["model"], describe_exception(exc))
         failed.mode, failed.startup_phase = mode, "first step"
         result["facts"] = facts_to_dict(failed)
-        progress(
-            f"engine stage: the workload failed: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
-        )
+        progress(f"engine stage: the workload failed: {describe_exception(exc).splitlines()[0][:200]}")
         return result
     wall = time.perf_counter() - t
     deep = None

@@ -1,0 +1,103 @@
+"""VD214 (a hybrid's state interfaces) and VD215 (its layer pattern) on plain data: the weights
+pass's record of the built mixers and the class's declarations, as the real pass sends them for
+examples/hybrid (tests/engine/test_hybrid_ground_truth.py runs those on the engine)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from vllm_doctor.checks import run_checks
+from vllm_doctor.checks.hybrid import expected_family, pattern_problems
+from vllm_doctor.facts.static import Facts
+from vllm_doctor.model import Outcome
+
+CONFIG = {"architectures": ["TinyHybridForCausalLM"], "hybrid_override_pattern": "M*M-", "num_hidden_layers": 4}
+DECLARED = {
+    "is_hybrid": True,
+    "has_inner_state": True,
+    "is_attention_free": False,
+    "methods": {"get_mamba_state_shape_from_config": True, "get_mamba_state_dtype_from_config": True},
+}
+
+
+def mixers(pattern: str = "M*M-") -> list[dict[str, Any]]:
+    out = []
+    for i, kind in enumerate(pattern):
+        if kind == "M":
+            out.append({"prefix": f"model.layers.{i}.mixer", "path": f"model.layers.{i}.mixer", "kind": "mamba",
+                        "family": "state", "class": "MambaMixer2"})  # fmt: skip
+        elif kind == "*":
+            out.append({"prefix": f"model.layers.{i}.attn", "path": f"model.layers.{i}.attn", "kind": "attention",
+                        "family": "attention", "class": "Attention"})  # fmt: skip
+    return out
+
+
+def facts(config: dict[str, Any] = CONFIG, built: str | None = "M*M-", **declared: Any) -> Facts:
+    load = {"mixers": mixers(built), "state_interfaces": DECLARED | declared} if built is not None else None
+    return Facts(model_dir="/m", config=config, weight_load=load)
+
+
+def test_the_working_hybrid_passes_both() -> None:
+    vd214, vd215 = run_checks(facts(), ["VD214", "VD215"])
+    assert (vd214.outcome, vd215.outcome) == (Outcome.PASS, Outcome.PASS)
+    assert vd214.message.startswith("2 state mixer(s) beside 1 attention layer(s): the class declares IsHybrid")
+
+
+def test_a_hybrid_without_is_hybrid_or_its_state_methods_is_named() -> None:
+    (f,) = run_checks(facts(is_hybrid=False), ["VD214"])
+    assert f.outcome is Outcome.FAIL and f.subject == "model.layers.0.mixer"
+    assert f.message.endswith("its class lacks IsHybrid (it has attention too)")
+    no_shape = facts(methods={"get_mamba_state_shape_from_config": False, "get_mamba_state_dtype_from_config": True})
+    (f,) = run_checks(no_shape, ["VD214"])
+    assert f.outcome is Outcome.FAIL and "the class method get_mamba_state_shape_from_config" in f.message
+    # a model of Mamba mixers only needs IsAttentionFree (vLLM's Mamba2ForCausalLM)
+    (f,) = run_checks(facts(built="MM", is_hybrid=False, is_attention_free=True), ["VD214"])
+    assert f.outcome is Outcome.PASS
+    (f,) = run_checks(facts(built="**", is_hybrid=False), ["VD214"])
+    assert f.outcome is Outcome.NOT_APPLICABLE
+
+
+def test_a_layer_built_as_another_kind_than_the_pattern_says() -> None:
+    (f,) = run_checks(facts(built="MMM-"), ["VD215"])
+    assert f.outcome is Outcome.FAIL and f.subject == "model.layers.1"
+    assert (
+        f.message
+        == "layer 1: hybrid_override_pattern says attention, the model builds a Mamba / linear-attention mixer there"
+    )
+    (f,) = run_checks(facts(built="M*MM"), ["VD215"])
+    assert (
+        f.message
+        == "layer 3: hybrid_override_pattern says an MLP, the model builds a Mamba / linear-attention mixer there"
+    )
+
+
+def test_a_malformed_pattern_is_a_finding_without_a_build() -> None:
+    bad = {**CONFIG, "hybrid_override_pattern": "M*X-"}
+    (f,) = run_checks(facts(bad, built=None), ["VD215"])
+    assert f.outcome is Outcome.FAIL and f.subject == "config.json:hybrid_override_pattern[2]"
+    assert f.message == "hybrid_override_pattern[2] is 'X': no layer kind (M Mamba 2, * attention, - MLP, E MoE)"
+    short = {**CONFIG, "num_hidden_layers": 6}
+    assert [p["message"] for p in pattern_problems(short)] == [
+        "hybrid_override_pattern names 4 layer(s), num_hidden_layers is 6"
+    ]
+    (f,) = run_checks(facts({"architectures": ["LlamaForCausalLM"]}), ["VD215"])
+    assert f.outcome is Outcome.NOT_APPLICABLE
+
+
+@pytest.mark.parametrize(
+    ("entry", "family"),
+    [("full_attention", "attention"), ("sliding_attention", "attention"), ("linear_attention", "state"),
+     ("mamba", "state"), ("conv", "state"), ("hybrid", None)],
+)  # fmt: skip
+def test_layer_type_names(entry: str, family: str | None) -> None:
+    """Qwen3-Next's, Gemma 3's, Jamba's and LFM2's layer type names, as vLLM's own models build them."""
+    assert expected_family("layer_types", entry) == (True, family)
+
+
+def test_layer_types_of_an_in_tree_hybrid_match_what_it_builds() -> None:
+    """Qwen3-Next: three Gated DeltaNet layers and a full attention layer, layer_types as config.json gives them."""
+    config = {"layer_types": ["linear_attention"] * 3 + ["full_attention"], "num_hidden_layers": 4}
+    (f,) = run_checks(facts(config, built="MMM*"), ["VD215"])
+    assert f.outcome is Outcome.PASS

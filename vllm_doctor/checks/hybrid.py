@@ -1,0 +1,234 @@
+"""VD214-VD215: a hybrid model's state interfaces and layer pattern (topic ``contract``).
+
+A model with Mamba / linear-attention mixers keeps a fixed state per request that vLLM sizes
+from the class before it builds the model; a hybrid's config says which layer is which. The
+weights pass builds the model on the meta device and reads which token mixers it registered in
+vLLM's forward context (``weight_load["mixers"]``) and what its class declares
+(``weight_load["state_interfaces"]``); the layer pattern is config.json's.
+
+What vLLM 0.32 does with each mistake (examples/hybrid, tests/engine/test_hybrid_ground_truth.py):
+no ``IsHybrid``: a bare ``AssertionError`` (``assert mamba_block_size is not None``) while it sets
+up the KV cache; no ``get_mamba_state_shape_from_config``: ``TypeError: 'NoneType' object is not
+iterable`` while it computes the page size; a pattern the model does not build: weights that
+load nowhere (``There is no module or parameter named ...``) or, with dummy weights, another model.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from vllm_doctor.checks.base import Emit, check
+from vllm_doctor.checks.weights_base import text_config
+from vllm_doctor.facts.static import Facts
+from vllm_doctor.model import Finding, Severity, Stage
+
+LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)(?:\.|$)")
+# Nemotron-H's letters (vLLM's nemotron_h: ALL_DECODER_LAYER_TYPES): M Mamba 2, * attention, - MLP, E MoE
+PATTERN_LETTERS = {"M": "state", "*": "attention", "-": None, "E": None}
+LETTER_NAMES = {"M": "a Mamba 2 mixer", "*": "attention", "-": "an MLP", "E": "a mixture of experts"}
+FAMILY_NAMES = {"state": "a Mamba / linear-attention mixer", "attention": "attention", "mla": "MLA attention"}
+STATE_METHODS = ("get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config")
+
+
+def _layer(path: str | None) -> int | None:
+    match = LAYER_INDEX.search(path or "")
+    return int(match.group(1)) if match else None
+
+
+@check(
+    "VD214",
+    "hybrid-interface-missing",
+    "A model with Mamba / linear-attention mixers does not declare vLLM's state interfaces.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    topic="contract",
+    what=(
+        "The weights pass builds the model on the meta device and reads the token mixers it registers. A model with "
+        "a state mixer (vLLM's MambaMixer / MambaMixer2, linear attention, Gated DeltaNet, short convolution: a "
+        "`MambaBase`) must declare `HasInnerState`, and `IsHybrid` when it also has attention (`IsAttentionFree` "
+        "when it has none), and give the state's shapes and dtypes as class methods "
+        "(`get_mamba_state_shape_from_config`, `get_mamba_state_dtype_from_config`)."
+    ),
+    why=(
+        "vLLM sizes the state cache from the class before it builds the model. Without `IsHybrid` vLLM 0.32 stops "
+        "while it sets up the KV cache with a bare `AssertionError` (`assert mamba_block_size is not None`); "
+        "without the shape method, with `TypeError: 'NoneType' object is not iterable`: neither names the class."
+    ),
+    example="class MyHybridForCausalLM(nn.Module, HasInnerState):   # Mamba 2 and attention layers, no IsHybrid",
+    fix=(
+        "Declare `IsHybrid` (or `IsAttentionFree`) and `HasInnerState` from `vllm.model_executor.models.interfaces` "
+        "and define the two class methods as vLLM's own Nemotron-H does (MambaStateShapeCalculator / "
+        "MambaStateDtypeCalculator from `vllm.model_executor.layers.mamba.mamba_utils`)."
+    ),
+    references=("vllm/model_executor/models/interfaces.py:IsHybrid", "vllm/model_executor/models/nemotron_h.py"),
+    requires=("weights-pass",),
+)
+def hybrid_interface_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    load = facts.weight_load or {}
+    mixers, declared = load.get("mixers"), load.get("state_interfaces")
+    if not isinstance(mixers, list) or not isinstance(declared, dict):
+        yield emit.skip(load.get("mixers_error") or "the weights pass did not build the model")
+        return
+    state = [m for m in mixers if m.get("family") == "state"]
+    if not state:
+        yield emit.not_applicable("no Mamba / linear-attention mixer in the built model")
+        return
+    attention = [m for m in mixers if m.get("family") in ("attention", "mla")]
+    first = state[0].get("path") or state[0].get("prefix") or "?"
+    where = ", ".join(str(m.get("path") or m.get("prefix")) for m in state[:3]) + (
+        f" and {len(state) - 3} more" if len(state) > 3 else ""
+    )
+    missing: list[str] = []
+    if not declared.get("has_inner_state"):
+        missing.append("HasInnerState")
+    if attention and not declared.get("is_hybrid"):
+        missing.append("IsHybrid (it has attention too)")
+    if not attention and not (declared.get("is_hybrid") or declared.get("is_attention_free")):
+        missing.append("IsAttentionFree (or IsHybrid)")
+    methods = declared.get("methods") or {}
+    missing += [f"the class method {m}" for m in STATE_METHODS if not methods.get(m)]
+    evidence = {
+        "state_mixers": [m.get("path") for m in state],
+        "declared": declared,
+        "attention_layers": len(attention),
+    }
+    if missing:
+        yield emit.fail(
+            f"the model builds {len(state)} state mixer(s) ({where}: {state[0].get('class')}) but its class lacks "
+            + "; ".join(missing),
+            first,
+            evidence,
+            "declare IsHybrid / HasInnerState and define get_mamba_state_shape_from_config and "
+            "get_mamba_state_dtype_from_config, as vLLM's Nemotron-H does",
+        )
+    else:
+        kind = "IsHybrid" if attention else ("IsAttentionFree" if declared.get("is_attention_free") else "IsHybrid")
+        yield emit.ok(
+            f"{len(state)} state mixer(s) beside {len(attention)} attention layer(s): the class declares "
+            f"{kind}, HasInnerState and the state's shape and dtype methods",
+            first,
+            evidence,
+        )
+
+
+def pattern_of(config: dict[str, Any]) -> tuple[str, list[Any]] | None:
+    """config.json's layer pattern (the language model's): (key, one entry a layer)."""
+    cfg = text_config(config)
+    for key in ("hybrid_override_pattern", "layers_block_type", "layer_types"):
+        value = cfg.get(key)
+        if isinstance(value, str) and key == "hybrid_override_pattern":
+            return key, list(value)
+        if isinstance(value, list):
+            return key, value
+    return None
+
+
+def expected_family(key: str, entry: Any) -> tuple[bool, str | None]:
+    """(known, family) of one pattern entry: Nemotron-H's letters, or a layer type's name
+    (``full_attention``, ``sliding_attention``, ``linear_attention``, ``mamba``, ``conv``, ...)."""
+    if key == "hybrid_override_pattern":
+        return (entry in PATTERN_LETTERS, PATTERN_LETTERS.get(entry))
+    if not isinstance(entry, str):
+        return False, None
+    name = entry.lower()
+    if "linear" in name or "mamba" in name or name in ("conv", "short_conv", "gdn"):
+        return True, "state"
+    if "attention" in name:
+        return True, "attention"
+    return True, None  # a kind the doctor does not tell apart ("hybrid", "mlp", ...): not compared
+
+
+def pattern_problems(config: dict[str, Any]) -> list[dict[str, Any]]:
+    """What is malformed in config.json's layer pattern itself: an entry of no known kind
+    (``hybrid_override_pattern``'s letters), a length other than num_hidden_layers."""
+    found = pattern_of(config)
+    if found is None:
+        return []
+    key, entries = found
+    out: list[dict[str, Any]] = []
+    if key == "hybrid_override_pattern":
+        for i, entry in enumerate(entries):
+            if entry not in PATTERN_LETTERS:
+                out.append(
+                    {
+                        "key": f"{key}[{i}]",
+                        "message": f"{key}[{i}] is {entry!r}: no layer kind (M Mamba 2, * attention, - MLP, E MoE)",
+                    }
+                )
+    layers = text_config(config).get("num_hidden_layers")
+    if isinstance(layers, int) and not isinstance(layers, bool) and layers != len(entries):
+        out.append(
+            {
+                "key": key,
+                "message": f"{key} names {len(entries)} layer(s), num_hidden_layers is {layers}",
+            }
+        )
+    return out[:8]
+
+
+@check(
+    "VD215",
+    "layer-pattern-mismatch",
+    "config.json's layer pattern is malformed, or the model does not build the layers it names.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    topic="contract",
+    what=(
+        "A hybrid's config says what each layer is (`hybrid_override_pattern`: M Mamba 2, * attention, - MLP, E MoE; "
+        "`layers_block_type` or `layer_types`: one name a layer). Checks the pattern itself (known letters, one "
+        "entry per layer) and, with the weights pass, that each layer builds the token mixer it names."
+    ),
+    why=(
+        "A layer built as something else loads no weights of its kind (vLLM: `There is no module or parameter "
+        "named ...`) or, with dummy weights, serves another model; a letter the model does not know stops its "
+        "constructor with a bare KeyError."
+    ),
+    example='"hybrid_override_pattern": "M*X-"   # X: no layer kind',
+    fix="Make the pattern name every layer once with a known kind, and build each layer as the pattern says.",
+    references=("vllm/model_executor/models/nemotron_h.py:ALL_DECODER_LAYER_TYPES",),
+)
+def layer_pattern_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    config = facts.config or {}
+    found = pattern_of(config)
+    if found is None:
+        yield emit.not_applicable("config.json gives no layer pattern")
+        return
+    key, entries = found
+    problems = [(p["message"], f"config.json:{p['key']}") for p in pattern_problems(config)]
+    mixers = (facts.weight_load or {}).get("mixers")
+    if isinstance(mixers, list):
+        built: dict[int, set[str]] = {}
+        for m in mixers:
+            index = _layer(m.get("path") or m.get("prefix"))
+            if index is not None and m.get("family"):
+                built.setdefault(index, set()).add(m["family"])
+        for i, entry in enumerate(entries):
+            known_kind, want = expected_family(key, entry)
+            if not known_kind:
+                continue
+            have = built.get(i, set())
+            if want is not None and want not in have and not (want == "attention" and "mla" in have):
+                got = " and ".join(FAMILY_NAMES.get(f, f) for f in sorted(have)) or "no token mixer"
+                problems.append(
+                    (
+                        f"layer {i}: {key} says {LETTER_NAMES.get(entry, repr(entry))}, the model builds {got} there",
+                        f"model.layers.{i}",
+                    )
+                )
+            elif want is None and have and key == "hybrid_override_pattern":
+                problems.append(
+                    (
+                        f"layer {i}: {key} says {LETTER_NAMES.get(entry, repr(entry))}, the model builds "
+                        f"{' and '.join(FAMILY_NAMES.get(f, f) for f in sorted(have))} there",
+                        f"model.layers.{i}",
+                    )
+                )
+    for message, where in problems:
+        yield emit.fail(
+            message, where, {"pattern_key": key, "pattern": entries[:64]}, "build each layer as the pattern says"
+        )
+    if not problems:
+        compared = "and every layer builds what it names" if isinstance(mixers, list) else "(the layers were not built)"
+        yield emit.ok(f"{key}: {len(entries)} layer(s), each a known kind, {compared}", f"config.json:{key}")
