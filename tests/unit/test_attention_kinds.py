@@ -259,3 +259,20 @@ def test_mixers_that_never_ran_a_timed_call_are_named() -> None:
     text = untimed_mixers_text(tables)
     assert text.startswith("3 of 4 token mixer(s) (model.layers.0.linear_attn, model.layers.1.linear_attn, ")
     assert "their time is in the spans around them" in text
+
+
+def test_vllms_own_model_is_held_to_its_kv_spec_not_to_config_json() -> None:
+    """MiniCPM3 caches every query head through vLLM's plain Attention where config.json names 2 KV
+    heads: vLLM's choice (the sweep found the false error); a port doing the same is the finding."""
+    kv = _hybrid_kv()
+    kv["attention_layers"][1] = {**kv["attention_layers"][1], "num_kv_heads": 4}
+    kv["groups"][2] = {"layer_names": ["model.layers.1.mixer"], "spec": {**ATTN_SPEC, "num_kv_heads": 4}}
+
+    def with_class(model_class: str) -> list[Any]:
+        w = WorkerFacts(rank=0, parts={"kv": kv, "anatomy": Anatomy(WorkerIdentity(rank=0, model_class=model_class)).to_wire()})
+        return run_checks(EngineFacts(workers=[w]), ["VD504"])
+
+    (ok,) = with_class("vllm.model_executor.models.minicpm3.MiniCPM3ForCausalLM")
+    assert ok.outcome is Outcome.PASS and "match their KV spec (vLLM's own model)" in ok.message
+    port = with_class("my_port.model.MyForCausalLM")
+    assert [f.outcome for f in port] == [Outcome.FAIL] and "caches 4 KV heads per rank" in port[0].message

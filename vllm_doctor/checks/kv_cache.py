@@ -249,7 +249,12 @@ def kv_spec_mismatch(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
     pairs, crashes = kv_caches(facts, emit)
     yield from crashes
     for w, kv in pairs:
-        problems = list(spec_problems(kv))
+        anatomy = w.anatomy
+        model_class = anatomy.identity.model_class if anatomy is not None else None
+        # vLLM's own class sizes its cache on purpose (MiniCPM3 caches every query head): only a
+        # port is held to config.json; every model is held to its own KV spec
+        builtin = bool(model_class) and str(model_class).startswith("vllm.")
+        problems = list(spec_problems(kv, against_config=not builtin))
         storage, planned = kv.storage_bytes, kv.planned_bytes
         if planned and storage is not None and storage != planned:
             how = "one buffer all groups share" if kv.planned_aliased else f"{len(kv.planned_tensors)} tensor(s)"
@@ -267,8 +272,9 @@ def kv_spec_mismatch(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
             layers = kv.attention_layers
             kinds = Counter(layer.kind or "attention" for layer in layers)
             what = ", ".join(f"{n} {kind}" for kind, n in kinds.items())
+            against = "their KV spec and config.json" if not builtin else "their KV spec (vLLM's own model)"
             yield emit.ok(
-                f"{len(layers)} layer(s) with a KV cache or state ({what}) match their KV spec and config.json; KV "
+                f"{len(layers)} layer(s) with a KV cache or state ({what}) match {against}; KV "
                 f"storage {fmt_bytes(storage)} in {kv.num_storages} storage(s) (shared storage counted once) = "
                 "vLLM's plan",
                 subject(w),
@@ -286,12 +292,13 @@ def kv_spec_mismatch(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
 HINT = "pass num_kv_heads=config.num_key_value_heads // tp_size and head_size=config.head_dim to Attention"
 
 
-def spec_problems(kv: KvCache) -> Iterable[tuple[str, str, dict[str, Any]]]:
+def spec_problems(kv: KvCache, against_config: bool = True) -> Iterable[tuple[str, str, dict[str, Any]]]:
     """Each layer against the KV-cache group that holds it (the same kind of spec, the same sizes)
     and against config.json as vLLM reads it: a standard attention layer's KV heads and head size
     (vLLM's ``get_num_kv_heads`` / ``get_head_size``), an MLA layer's one latent head of
     ``kv_lora_rank + qk_rope_head_dim``. A Mamba / linear-attention layer's state is checked
-    against its group's spec only (its sizes are the mixer's, not config.json's head sizes)."""
+    against its group's spec only (its sizes are the mixer's, not config.json's head sizes).
+    ``against_config=False`` (vLLM's own model classes): the layers against their specs only."""
     group_of: dict[str, KvSpec] = {}
     for g in kv.groups:
         for name in g.layer_names:
@@ -340,6 +347,8 @@ def spec_problems(kv: KvCache) -> Iterable[tuple[str, str, dict[str, Any]]]:
                 {"layer": own.shapes, "spec": spec.shapes},
             )
         kind = layer.kind or spec.kind or "attention"
+        if not against_config:
+            continue
         if kind == "mla":
             yield from _mla_problems(layer, hf)
             continue
