@@ -52,7 +52,7 @@ demo: $(SETUP)
 lint: lint-ruff lint-mypy
 
 lint-ruff: $(SETUP)
-	$(BIN)/ruff check vllm_doctor tests bench examples
+	$(BIN)/ruff check vllm_doctor tests bench examples tools
 	$(BIN)/ruff format --check vllm_doctor
 
 lint-mypy: $(SETUP)
