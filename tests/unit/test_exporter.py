@@ -12,6 +12,7 @@ import pytest
 
 from vllm_doctor.analysis.records import (
     DoctorOverhead,
+    KvSummary,
     LayerTotal,
     PhaseSummary,
     Roofline,
@@ -45,6 +46,7 @@ def _window(decode_steps: int, step_s: float, forward_s: float, share: float | N
         layers_forward_s=0.1,
         doctor=DoctorOverhead(host_s={"wrappers": 0.002, "timers": 0.001}, rpc_s=0.0005, worker_share=0.0035),
         roofline=Roofline(available=True, phases={"decode": RooflinePhase(bandwidth_share=share, compute_share=0.01)}),
+        kv=KvSummary(capacity_tokens=52_428, max_concurrency=102.4, max_model_len=512),
     )
 
 
@@ -85,6 +87,8 @@ def test_windows_add_up_to_counters_and_the_last_window_sets_the_ratios() -> Non
     assert value("vllm_doctor_own_seconds", part="channel") == pytest.approx(0.001)
     assert value("vllm_doctor_own_ratio") == pytest.approx(0.0035)
     assert value("vllm_doctor_up") == 1
+    # vLLM's own KV capacity, as its start-up line gives it
+    assert (value("vllm_doctor_kv_capacity_tokens"), value("vllm_doctor_kv_max_concurrency")) == (52_428, 102.4)
     assert (value("vllm_doctor_ranks", state="read"), value("vllm_doctor_ranks", state="unreachable")) == (2, 2)
     assert expo.families["vllm_doctor_steps"].type == "counter"
     assert {s.label("model_name") for f in expo.families.values() for s in f.samples} == {"my-model"}

@@ -28,6 +28,8 @@ mixed; times on the doctor's step clock, named in ``vllm_doctor_info``'s ``clock
   wrappers, timers, per-layer marks, and the channel's calls), and the exporter thread's CPU
   time in the API server (``part="exporter"``: reading and analysing each window);
   ``vllm_doctor_own_ratio``: the last window's share of the workers' wall time;
+- ``vllm_doctor_kv_capacity_tokens``, ``vllm_doctor_kv_max_concurrency``: vLLM's own KV capacity
+  (what it logs at start-up as "KV cache size" and "Maximum concurrency");
 - ``vllm_doctor_up``: 1 while attached and reading; ``vllm_doctor_info``: the clock, the model
   class, and why the doctor reads nothing (empty when it does); ``vllm_doctor_ranks{state}``: the
   engine's ranks it reads, and those it cannot (a Ray engine's workers on other nodes: each
@@ -96,6 +98,9 @@ class ExportState:
     phase_ratios: dict[tuple[str, str], float] = field(default_factory=dict)  # (series, phase) -> ratio
     layer_ratios: dict[int, float] = field(default_factory=dict)
     own_ratio: float | None = None
+    # vLLM's own KV capacity (its start-up line): tokens, and requests of max_model_len at once
+    kv_capacity_tokens: int | None = None
+    kv_max_concurrency: float | None = None
     # the engine's ranks the exporter reads (their workers' channels are on this machine), and
     # those it cannot (a Ray engine's workers on other nodes: each node's channel is its own)
     ranks: dict[str, int] = field(default_factory=dict)
@@ -107,6 +112,9 @@ class ExportState:
         self.clock = summary.clock or self.clock
         self.model_class = summary.model_class or self.model_class
         add = self._add
+        kv = summary.kv
+        if kv.capacity_tokens is not None:
+            self.kv_capacity_tokens, self.kv_max_concurrency = kv.capacity_tokens, kv.max_concurrency
         add("dropped_steps_total", "", summary.dropped_steps)
         for phase, p in summary.phases.items():
             add("steps_total", phase, p.steps)
@@ -200,6 +208,13 @@ def rows(state: ExportState) -> list[Family]:
             [([model, str(layer)], ratio) for layer, ratio in sorted(state.layer_ratios.items())],
         )
     )
+    for series, text, value in (
+        ("kv_capacity_tokens", "vLLM's own KV-cache capacity in tokens (its 'KV cache size' start-up line)",
+         state.kv_capacity_tokens),
+        ("kv_max_concurrency", "vLLM's own maximum concurrency: requests of max_model_len the KV cache holds at once",
+         state.kv_max_concurrency),
+    ):  # fmt: skip
+        out.append(Family(PREFIX + series, "gauge", text, ["model_name"], [([model], float(value))] if value else []))
     out.append(
         Family(
             PREFIX + "own_ratio",

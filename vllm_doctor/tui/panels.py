@@ -264,7 +264,17 @@ def model_panel(frame: Frame, width: int) -> Text:
     kv = model.kv
     if kv.storage_bytes:
         out.append("KV ", style="cyan")
-        out.append(f"{fmt_bytes(kv.storage_bytes)} in {kv.num_blocks} blocks ({kv.dtype})\n")
+        line = f"{fmt_bytes(kv.storage_bytes)} in {kv.num_blocks} blocks ({kv.dtype})"
+        if kv.capacity_tokens is not None:  # vLLM's own capacity (its start-up line)
+            at = (
+                f", {kv.max_concurrency:.1f} requests of {kv.max_model_len:,}"
+                if kv.max_concurrency and kv.max_model_len
+                else ""
+            )
+            line = f"{fmt_bytes(kv.storage_bytes)}: {kv.capacity_tokens:,} tokens{at} ({kv.dtype})"
+            if len(line) + 3 > width:  # drop a part rather than crop a number
+                line = f"{fmt_bytes(kv.storage_bytes)}: {kv.capacity_tokens:,} tokens"
+        out.append(line + "\n")
     doctor = model.doctor
     if doctor is not None and doctor.worker_share is not None:
         # what the doctor's own code took in the worker this window: its share bounds its cost

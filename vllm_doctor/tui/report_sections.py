@@ -12,7 +12,13 @@ from typing import Any
 
 from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, LayerModule, WorkloadRun
 from vllm_doctor.checks import codes_for
-from vllm_doctor.report.profile import marks_cost_text, render_anatomy, timing_cost_text
+from vllm_doctor.report.profile import (
+    kv_capacity_text,
+    kv_group_text,
+    marks_cost_text,
+    render_anatomy,
+    timing_cost_text,
+)
 from vllm_doctor.units import fmt_bytes, fmt_s
 
 NOT_IN_REPORT = "not in this report"
@@ -259,17 +265,20 @@ def kv_text(report: dict[str, Any]) -> str:
     profile = engine_profile(report)
     lines = []
     if kv is not None:
+        # blocks x block size is a token count only for one group of full attention: say vLLM's own
+        blocks = f"blocks        {kv.num_blocks} x {kv.block_size} tokens"
+        if len(kv.groups) == 1 and kv.groups[0].spec.kind in (None, "attention", "mla"):
+            blocks += f" = {_tokens(kv.num_blocks, kv.block_size)} tokens"
+        lines.append(blocks)
+        if (capacity := kv_capacity_text(kv)) is not None:
+            lines.append(f"capacity      {capacity}")
         lines += [
-            f"blocks        {kv.num_blocks} x {kv.block_size} tokens = {_tokens(kv.num_blocks, kv.block_size)} tokens",
             f"tensors       {kv.num_layers} layer tensor(s) in {kv.num_storages} storage(s), "
             f"{fmt_bytes(kv.storage_bytes)}",
             f"layout        {kv.layout or 'not exposed'}; shape {kv.tensor_shape} {kv.dtype}",
         ]
         for g in kv.groups:
-            lines.append(
-                f"group         {g.layers} layer(s), {g.spec.type}, {g.spec.num_kv_heads} KV heads x "
-                f"{g.spec.head_size}, {g.spec.dtype}"
-            )
+            lines.append(f"group         {kv_group_text(g)}")
     else:
         lines.append(missing(report, "KV cache layout"))
     usage = profile.kv_usage
