@@ -92,3 +92,19 @@ def test_every_mixer_is_timed_or_named(profiled: tuple[str, Path, Any]) -> None:
         assert sum(m["kind"] == "state" for m in layers["modules"]) == 2
         assert "routed experts" not in proc.stdout
         assert "read and write their state once per sequence" in proc.stdout
+
+
+def test_eager_mode_times_each_mixer_module_by_its_kind(tmp_path: Path) -> None:
+    """--eager times each module: the decoder layer's child that holds a token mixer is that mixer's
+    kind whatever its name (Nemotron-H's `mixer`: a Mamba 2 mixer or attention)."""
+    model = build_in_tree_kind("mamba2-nemotron-h", tmp_path / "model")
+    proc = run_doctor(["profile", str(model), "--out", str(tmp_path / "out"), "--eager", *PROFILE], timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    layers = json.loads((tmp_path / "out" / "report.json").read_text())["profiles"]["engine"]["layers"]
+    kinds = {m["name"]: m["kind"] for m in layers["modules"]}
+    assert (kinds["model.layers.0.mixer"], kinds["model.layers.1.mixer"], kinds["model.layers.2.mixer"]) == (
+        "state",
+        "attention",
+        "state",
+    )
+    assert {"state", "attention"} <= set(layers["by_kind"])

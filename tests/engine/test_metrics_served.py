@@ -135,6 +135,8 @@ def test_metrics_carry_the_doctors_series_and_they_count_what_vllm_counts(
     assert _value(after, "vllm_doctor_own_seconds", part="wrappers") > 0
     assert _value(after, "vllm_doctor_own_seconds", part="exporter") > 0
     assert after.families["vllm_doctor_own_ratio"].samples, "the doctor's share of the workers' time"
+    # vLLM's own KV capacity, asked of vLLM in the worker (a served engine's worker has its own config)
+    assert _value(after, "vllm_doctor_kv_capacity_tokens") > 0 and _value(after, "vllm_doctor_kv_max_concurrency") > 0
     # the counters are Prometheus counters (the _total suffix on the wire), typed as such
     assert after.families["vllm_doctor_steps"].type == "counter"
     # the exporter opened no TCP socket: only the channel's Unix sockets (audit hook in each process)
