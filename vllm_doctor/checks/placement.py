@@ -209,7 +209,7 @@ def parameter_dtype_differs(facts: EngineFacts, emit: Emit) -> Iterable[Finding]
                     names = ", ".join(sorted({t.name.rsplit(".", 1)[-1] for t in by_vllm}))
                     kept = (
                         f" but {len(by_vllm)} that vLLM's own layers keep in "
-                        f"{'/'.join(sorted({t.dtype for t in by_vllm}))} on purpose ({names})"
+                        f"{'/'.join(sorted({str(t.dtype) for t in by_vllm}))} on purpose ({names})"
                     )
                 yield emit.ok(f"every floating-point parameter is {model_dtype}{kept}", subject(w))
             continue
