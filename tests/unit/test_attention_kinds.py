@@ -276,3 +276,17 @@ def test_vllms_own_model_is_held_to_its_kv_spec_not_to_config_json() -> None:
     assert ok.outcome is Outcome.PASS and "match their KV spec (vLLM's own model)" in ok.message
     port = with_class("my_port.model.MyForCausalLM")
     assert [f.outcome for f in port] == [Outcome.FAIL] and "caches 4 KV heads per rank" in port[0].message
+
+
+def test_vllms_own_model_names_its_layers_as_it_binds_them() -> None:
+    """vLLM's HRM registers one attention per recurrent step under a virtual layer index (found by
+    the sweep); a port whose prefix is not its place still gets VD208's warning."""
+    kv = {"attention_layers": [{"prefix": "model.L_module.layers.2.self_attn.attn",
+                                "module_paths": ["model.L_module.layers.0.self_attn.attn_per_step.1"]}]}  # fmt: skip
+
+    def vd208(model_class: str) -> list[Any]:
+        w = WorkerFacts(rank=0, parts={"kv": kv, "anatomy": Anatomy(WorkerIdentity(rank=0, model_class=model_class)).to_wire()})
+        return run_checks(EngineFacts(workers=[w]), ["VD208"])
+
+    assert [f.outcome for f in vd208("vllm.model_executor.models.hrm_text.HrmTextForCausalLM")] == [Outcome.PASS]
+    assert [f.outcome for f in vd208("my_port.model.MyForCausalLM")] == [Outcome.WARN]

@@ -60,6 +60,12 @@ def attention_prefix_not_unique(facts: EngineFacts, emit: Emit) -> Iterable[Find
     yield from crashes
     for w, kv in pairs:
         layers = kv.attention_layers
+        model_class = w.anatomy.identity.model_class if w.anatomy is not None else None
+        if model_class and str(model_class).startswith("vllm."):
+            # vLLM names its own layers as it binds them (HRM registers one attention per recurrent
+            # step under a virtual layer index): the rule is for a port's prefixes
+            yield emit.ok(f"{len(layers)} attention layer(s) of vLLM's own model, registered by vLLM", subject(w))
+            continue
         bad = 0
         for layer in layers:
             prefix, paths = layer.prefix, list(layer.module_paths)
