@@ -123,17 +123,15 @@ def _settable(config: Any, key: str) -> bool:
         return False
 
 
-def tiny_config(config_class: str, arch: str) -> Any:
-    import transformers
-
-    cls = getattr(transformers, config_class)
-    default = cls()
+def tiny_sizes(default: Any) -> dict[str, Any]:
+    """The small sizes for a config object of this class (its own fields only), its layer
+    pattern cut to one layer of each kind it holds."""
     sizes = {k: v for k, v in SIZES.items() if _settable(default, k)}
     expand = getattr(default, "expand", None)
-    if (
-        isinstance(expand, int) and "num_heads" in sizes and "head_dim" in sizes
-    ):  # Mamba 2: heads x dim = expand x hidden
-        sizes["num_heads"] = SIZES["hidden_size"] * expand // sizes["head_dim"]
+    if isinstance(expand, int) and "num_heads" in sizes and "head_dim" in sizes:
+        sizes["num_heads"] = (
+            SIZES["hidden_size"] * expand // sizes["head_dim"]
+        )  # Mamba 2: heads x dim = expand x hidden
     if isinstance(getattr(default, "q_lora_rank", None), int):
         sizes["q_lora_rank"] = 256  # a config class that requires one
     for key in EXPERT_KEYS:
@@ -155,6 +153,20 @@ def tiny_config(config_class: str, arch: str) -> Any:
     sizes["num_hidden_layers"] = max(layers, 2) if "layer_types" not in sizes else layers
     if "n_layer" in vars(default):
         sizes["n_layer"] = sizes["num_hidden_layers"]
+    return sizes
+
+
+def tiny_config(config_class: str, arch: str) -> Any:
+    import transformers
+
+    cls = getattr(transformers, config_class)
+    default = cls()
+    sizes = tiny_sizes(default)
+    # a text model whose sizes live in a sub-config (Qwen 3.5's text_config): that one made small too
+    sub = getattr(default, "text_config", None)
+    if sub is not None and hasattr(sub, "to_dict"):
+        sizes = {k: v for k, v in sizes.items() if k not in ("num_hidden_layers",)}
+        sizes["text_config"] = {**sub.to_dict(), **tiny_sizes(sub)}
     config = cls(**sizes)
     config.architectures = [arch]
     return config
@@ -198,27 +210,38 @@ def sweep_one(arch: str, model_type: str, config_class: str, out: Path) -> dict[
     report_path = report_dir / "report.json"
     if not report_path.is_file():
         return row | {"status": "doctor failed", "why": first_line(proc.stderr[-2000:])}
-    report = json.loads(report_path.read_text())
+    return row | from_report(json.loads(report_path.read_text()))
+
+
+def from_report(report: dict[str, Any]) -> dict[str, Any]:
+    """A row's findings from the doctor's report: did vLLM run the workload (it generated tokens),
+    fail (VD500, with vLLM's words), or not start at all (a finding before the engine stage)."""
     findings = report.get("findings", [])
     problems = [
         f"{f['outcome']} {f['code']}: {f['message'][:160]}"
         for f in findings
         if f.get("outcome") in ("fail", "warn", "crash")
     ]
-    started = not any(f.get("code") == "VD500" and f.get("outcome") == "fail" for f in findings)
     engine = (report.get("facts") or {}).get("engine") or {}
     kv = engine.get("kv_cache") or {}
     kinds = sorted({g.get("kind") or g.get("type") or "?" for g in kv.get("groups", [])})
     layers = ((report.get("profiles") or {}).get("engine") or {}).get("layers") or {}
+    generated = ((report.get("profiles") or {}).get("workload") or {}).get("generated_tokens") or 0
     vd500 = [f["message"] for f in findings if f.get("code") == "VD500" and f.get("outcome") == "fail"]
-    return row | {
-        "status": "ran" if started else "vLLM failed",
+    if vd500:
+        status, why, problems = "vLLM failed", vd500[0][:300], []
+    elif generated:
+        status, why = "ran", None
+    else:
+        status, why = "not run", (problems[0] if problems else "no engine stage")
+    return {
+        "status": status,
         "kinds": kinds,
         "by_kind": sorted((layers.get("by_kind") or {}).keys()),
         "untimed_mixers": len(layers.get("untimed_mixers") or []),
         "capacity_tokens": kv.get("capacity_tokens"),
-        "problems": problems if started else [],
-        "why": vd500[0][:300] if vd500 else None,
+        "problems": problems,
+        "why": why,
     }
 
 
@@ -230,7 +253,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in sorted(rows, key=lambda r: r["architecture"]):
         kinds = ", ".join(r.get("kinds") or []) or "-"
         status = r["status"]
-        if status == "vLLM failed" or status in ("no tiny config", "doctor failed"):
+        if status in ("vLLM failed", "not run", "no tiny config", "doctor failed"):
             status += f": {(r.get('why') or '').replace('|', '/')[:160]}"
         problems = "; ".join(r.get("problems") or []).replace("|", "/") or "none"
         if r.get("untimed_mixers"):
@@ -245,9 +268,18 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=None, help="architectures to sweep (default: all)")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--table", action="store_true", help="print the markdown table of the sweep in --out")
+    ap.add_argument("--rederive", action="store_true", help="read each row again from its report.json in --out")
     args = ap.parse_args()
     out: Path = args.out.resolve()
     results = out / "rows.jsonl"
+    if args.rederive:
+        rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
+        for row in rows:
+            report = out / "reports" / row["architecture"] / "report.json"
+            if report.is_file():
+                row.update(from_report(json.loads(report.read_text())))
+        results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return 0
     if args.table:
         rows = [json.loads(x) for x in results.read_text().splitlines() if x.strip()]
         print(table(rows))
