@@ -101,3 +101,21 @@ def test_layer_types_of_an_in_tree_hybrid_match_what_it_builds() -> None:
     config = {"layer_types": ["linear_attention"] * 3 + ["full_attention"], "num_hidden_layers": 4}
     (f,) = run_checks(facts(config, built="MMM*"), ["VD215"])
     assert f.outcome is Outcome.PASS
+
+
+def _mla_facts(kv_lora_rank: int, rope: int) -> Facts:
+    config = {"architectures": ["MyMlaForCausalLM"], "kv_lora_rank": 512, "qk_rope_head_dim": 64}
+    layers = [{"prefix": f"model.layers.{i}.self_attn.attn", "path": f"model.layers.{i}.self_attn.mla_attn.mla_attn",
+               "kind": "mla", "family": "mla", "class": "MLAAttention", "kv_lora_rank": kv_lora_rank,
+               "qk_rope_head_dim": rope, "head_size": kv_lora_rank + rope} for i in range(2)]  # fmt: skip
+    return Facts(model_dir="/m", config=config, weight_load={"mixers": layers, "state_interfaces": DECLARED})
+
+
+def test_an_mla_layer_caches_config_jsons_latent() -> None:
+    (f,) = run_checks(_mla_facts(512, 64), ["VD216"])
+    assert f.outcome is Outcome.PASS and f.message == "2 MLA layer(s) cache config.json's latent (kv_lora_rank 512, qk_rope_head_dim 64)"
+    bad = run_checks(_mla_facts(512, 32), ["VD216"])
+    assert [x.subject for x in bad] == ["model.layers.0.self_attn.mla_attn.mla_attn", "model.layers.1.self_attn.mla_attn.mla_attn"]
+    assert bad[0].message.endswith("MLA latent with qk_rope_head_dim 32 (config.json: 64)")
+    (f,) = run_checks(facts(), ["VD216"])
+    assert f.outcome is Outcome.NOT_APPLICABLE

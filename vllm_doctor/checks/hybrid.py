@@ -1,4 +1,5 @@
-"""VD214-VD215: a hybrid model's state interfaces and layer pattern (topic ``contract``).
+"""VD214-VD216: a hybrid model's state interfaces and layer pattern, an MLA port's latent
+(topic ``contract``).
 
 A model with Mamba / linear-attention mixers keeps a fixed state per request that vLLM sizes
 from the class before it builds the model; a hybrid's config says which layer is which. The
@@ -232,3 +233,59 @@ def layer_pattern_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
     if not problems:
         compared = "and every layer builds what it names" if isinstance(mixers, list) else "(the layers were not built)"
         yield emit.ok(f"{key}: {len(entries)} layer(s), each a known kind, {compared}", f"config.json:{key}")
+
+
+@check(
+    "VD216",
+    "mla-latent-mismatch",
+    "An MLA layer caches a latent of another width or rope dim than config.json's kv_lora_rank / qk_rope_head_dim.",
+    severity=Severity.ERROR,
+    stage=Stage.STATIC,
+    topic="contract",
+    what=(
+        'vLLM\'s MLA attention caches one latent "head" a token: `kv_lora_rank` values of the compressed KV and '
+        "`qk_rope_head_dim` of the rotary key. The weights pass builds the model on the meta device and reads each "
+        "MLA layer's two sizes; they must be config.json's (the checkpoint's `kv_a_proj_with_mqa` is "
+        "`kv_lora_rank + qk_rope_head_dim` wide)."
+    ),
+    why=(
+        "A port that hard-codes the sizes (DeepSeek-V2's 512 and 64 on a model with others) sizes the KV cache and "
+        "the latent projections wrong: weights that do not fit, or, with dummy weights, another model."
+    ),
+    example="MLAAttention(..., kv_lora_rank=512, qk_rope_head_dim=64, ...)   # config.json: 256 and 32",
+    fix="Pass `kv_lora_rank=config.kv_lora_rank` and `qk_rope_head_dim=config.qk_rope_head_dim`.",
+    references=("vllm/model_executor/layers/attention/mla_attention.py:MLAAttention",),
+    requires=("weights-pass",),
+)
+def mla_latent_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    load = facts.weight_load or {}
+    mixers = load.get("mixers")
+    if not isinstance(mixers, list):
+        yield emit.skip(load.get("mixers_error") or "the weights pass did not build the model")
+        return
+    mla = [m for m in mixers if m.get("kind") == "mla"]
+    if not mla:
+        yield emit.not_applicable("no MLA layer in the built model")
+        return
+    cfg = text_config(facts.config or {})
+    want = {k: cfg.get(k) for k in ("kv_lora_rank", "qk_rope_head_dim") if isinstance(cfg.get(k), int)}
+    bad = 0
+    for m in mla:
+        wrong = {k: (m.get(k), v) for k, v in want.items() if isinstance(m.get(k), int) and m.get(k) != v}
+        if not wrong:
+            continue
+        bad += 1
+        if bad > 8:
+            continue
+        text = ", ".join(f"{k} {have} (config.json: {cfg_v})" for k, (have, cfg_v) in wrong.items())
+        yield emit.fail(
+            f"{m.get('path') or m.get('prefix')}: MLA latent with {text}",
+            str(m.get("path") or m.get("prefix")),
+            {"layer": {k: m.get(k) for k in ("kv_lora_rank", "qk_rope_head_dim", "head_size")}, "config": want},
+            "pass kv_lora_rank and qk_rope_head_dim from config.json to the MLA layer",
+        )
+    if bad > 8:
+        yield emit.fail(f"... and {bad - 8} more MLA layer(s) with the same mismatch", "model", {"layers": bad})
+    if not bad:
+        sizes = ", ".join(f"{k} {v}" for k, v in want.items()) or "no latent sizes in config.json to compare"
+        yield emit.ok(f"{len(mla)} MLA layer(s) cache config.json's latent ({sizes})", str(mla[0].get("path")))

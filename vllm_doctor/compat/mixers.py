@@ -141,6 +141,8 @@ def built_mixers(model: Any, layers: dict[str, Any]) -> list[dict[str, Any]]:
         if is_fused_moe(layer):
             continue
         kind = layer_kind(layer, None)
+        # the sizes it caches by (an MLA layer: its latent width and rope dim)
+        sizes = {a: v for a in MIXER_SIZES if isinstance(v := getattr(layer, a, None), int) and not isinstance(v, bool)}
         out.append(
             {
                 "prefix": str(prefix),
@@ -148,9 +150,13 @@ def built_mixers(model: Any, layers: dict[str, Any]) -> list[dict[str, Any]]:
                 "kind": kind,
                 "family": FAMILY.get(kind or "", None),
                 "class": type(layer).__name__,
+                **sizes,
             }
         )
     return out
+
+
+MIXER_SIZES = ("num_kv_heads", "head_size", "kv_lora_rank", "qk_rope_head_dim")
 
 
 def state_interfaces(model_cls: type) -> dict[str, Any]:
