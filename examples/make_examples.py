@@ -307,34 +307,27 @@ def build_tokenizer(vocab_size: int) -> Any:
     )
 
 
-def moe_config() -> dict[str, Any]:
-    """config.json of the MoE family (TinyMoeConfig, without importing vLLM)."""
-    spec = importlib.util.spec_from_file_location(
-        "_tiny_moe_configuration", MOE_PLUGIN_SRC / "tiny_moe_model" / "configuration.py"
-    )
+def plugin_config(package_dir: Path, class_name: str, dims: dict[str, Any], architecture: str) -> dict[str, Any]:
+    """config.json of a family: its plugin's config class (read from its file, without importing
+    vLLM) at ``dims``, for ``architecture``."""
+    spec = importlib.util.spec_from_file_location(f"_{package_dir.name}_configuration", package_dir / "configuration.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    config = module.TinyMoeConfig(
-        **MOE_DIMS, architectures=["TinyMoeForCausalLM"], bos_token_id=1, eos_token_id=2
-    ).to_diff_dict()
-    config["dtype"] = "bfloat16"
-    return config
+    config = getattr(module, class_name)(**dims, architectures=[architecture], bos_token_id=1, eos_token_id=2)
+    out = config.to_diff_dict()
+    out["dtype"] = "bfloat16"
+    return out
+
+
+def moe_config() -> dict[str, Any]:
+    """config.json of the MoE family (TinyMoeConfig)."""
+    return plugin_config(MOE_PLUGIN_SRC / "tiny_moe_model", "TinyMoeConfig", MOE_DIMS, "TinyMoeForCausalLM")
 
 
 def hybrid_config() -> dict[str, Any]:
-    """config.json of the hybrid family (TinyHybridConfig, without importing vLLM)."""
-    spec = importlib.util.spec_from_file_location(
-        "_tiny_hybrid_configuration", HYBRID_PLUGIN_SRC / "tiny_hybrid_model" / "configuration.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.TinyHybridConfig(
-        **HYBRID_DIMS, architectures=["TinyHybridForCausalLM"], bos_token_id=1, eos_token_id=2
-    ).to_diff_dict()
-    config["dtype"] = "bfloat16"
-    return config
+    """config.json of the hybrid family (TinyHybridConfig)."""
+    return plugin_config(HYBRID_PLUGIN_SRC / "tiny_hybrid_model", "TinyHybridConfig", HYBRID_DIMS, "TinyHybridForCausalLM")
 
 
 def random_hybrid_weights(dims: dict[str, Any], seed: int = SEED) -> dict[str, Any]:
