@@ -119,3 +119,21 @@ def test_an_mla_layer_caches_config_jsons_latent() -> None:
     assert bad[0].message.endswith("MLA latent with qk_rope_head_dim 32 (config.json: 64)")
     (f,) = run_checks(facts(), ["VD216"])
     assert f.outcome is Outcome.NOT_APPLICABLE
+
+
+def test_a_vllm_exception_without_a_message_is_named_by_its_line() -> None:
+    """vLLM's bare `assert mamba_block_size is not None` (a hybrid without IsHybrid): the engine
+    stage's error text names the type and the line, never an empty string (which crashed it)."""
+    from vllm_doctor.compat.common import describe_exception
+
+    def get_kv_cache_spec() -> None:
+        mamba_block_size = None
+        if mamba_block_size is None:  # a bare assert as vLLM's (pytest would add a message to one here)
+            raise AssertionError
+
+    try:
+        get_kv_cache_spec()
+    except AssertionError as exc:
+        text = describe_exception(exc)
+    assert text.startswith("AssertionError (no message) at ") and "in get_kv_cache_spec: raise AssertionError" in text
+    assert describe_exception(ValueError("said")) == "ValueError: said"
