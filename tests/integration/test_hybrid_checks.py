@@ -26,13 +26,15 @@ def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     for name in EXPECTED:
         env = dict(os.environ, PYTHONPATH=str(built / name / "site"))
         proc = run_doctor(["check", str(built / name / "model"), "--json", *CHECK_LIMIT], env=env, timeout=600)
-        out[name] = (proc.returncode, json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None, proc)
+        report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
+        expect = json.loads((built / name / "variant.json").read_text())["expect_code"]
+        out[name] = (proc.returncode, report, proc, expect)
     return out
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_the_doctor_names_the_cause_before_launch(name: str, checks: dict[str, Any]) -> None:
-    code, report, proc = checks[name]
+    code, report, proc, variant_code = checks[name]
     assert report is not None, proc.stderr[-3000:]
     expected = EXPECTED[name]
     alarms = [
@@ -43,7 +45,7 @@ def test_the_doctor_names_the_cause_before_launch(name: str, checks: dict[str, A
         assert {f["code"]: f["outcome"] for f in report["findings"]}.keys() >= {"VD214", "VD215"}
         return
     want_code, subject, start = expected.finding
-    assert code == 1
+    assert code == 1 and variant_code == want_code  # examples/hybrid/NAME/variant.py's EXPECT_CODE
     assert any(c == want_code and s == subject and m.startswith(start) for c, s, m in alarms), alarms
 
 

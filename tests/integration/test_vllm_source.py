@@ -72,7 +72,7 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ("vllm.config.compilation", "CompilationConfig"): "static_forward_context mode|level cudagraph_mode",
     ("vllm.config.model", "ModelConfig"): (
         "model dtype enforce_eager max_model_len architectures hf_config hf_text_config get_vocab_size get_head_size "
-        "multimodal_config is_multimodal_model quantization served_model_name"
+        "multimodal_config is_multimodal_model quantization served_model_name get_num_kv_heads use_mla"
     ),
     # multimodal models (compat/runtime.multimodal_verdicts, compat/llm.multimodal_prompts, compat/worker)
     ("vllm.config.multimodal", "MultiModalConfig"): "limit_per_prompt",
@@ -89,7 +89,9 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ),
     ("vllm.multimodal.processing.dummy_inputs", "BaseDummyInputsBuilder"): "get_dummy_text",
     ("vllm.config.cache", "CacheConfig"): (
-        "block_size num_gpu_blocks cache_dtype kv_cache_memory_bytes gpu_memory_utilization enable_prefix_caching"
+        "block_size num_gpu_blocks cache_dtype kv_cache_memory_bytes gpu_memory_utilization enable_prefix_caching "
+        # vLLM's own KV capacity, where the engine stored it (vLLM 0.32; compat/worker_facts._capacity)
+        "kv_cache_size_tokens? kv_cache_max_concurrency?"
     ),
     ("vllm.config.parallel", "ParallelConfig"): (
         "tensor_parallel_size pipeline_parallel_size data_parallel_size world_size worker_extension_cls "
@@ -102,17 +104,29 @@ CLASS_READS: dict[tuple[str, str], str] = {
     ("vllm.engine.arg_utils", "EngineArgs"): "create_engine_config create_model_config",
     # the KV cache plan and the attention layers (worker_facts.kv_cache)
     ("vllm.v1.kv_cache_interface", "KVCacheConfig"): "num_blocks kv_cache_tensors kv_cache_groups kv_cache_layout?",
-    ("vllm.v1.kv_cache_interface", "KVCacheTensor"): "size layers|shared_by",
+    # offset and layer_stride: vLLM 0.32's one backing buffer that every group aliases
+    ("vllm.v1.kv_cache_interface", "KVCacheTensor"): "size layers|shared_by offset? layer_stride?",
     ("vllm.v1.kv_cache_interface", "KVCacheGroupSpec"): "layer_names kv_cache_spec",
     ("vllm.v1.kv_cache_interface", "AttentionSpec"): (
-        "block_size num_kv_heads head_size head_size_v? dtype page_size_bytes"
+        "block_size num_kv_heads head_size head_size_v? dtype page_size_bytes real_page_size_bytes?"
     ),
     ("vllm.v1.kv_cache_interface", "SlidingWindowSpec"): "sliding_window",
+    # every attention and state kind (compat/mixers.py, docs/attention-kinds.md): a Mamba / linear-attention
+    # group's states, a group of one type with different sizes, the padding vLLM added to a page
+    ("vllm.v1.kv_cache_interface", "MambaSpec"): "shapes dtypes mamba_type mamba_cache_mode? page_size_bytes",
+    ("vllm.v1.kv_cache_interface", "UniformTypeKVCacheSpecs"): "kv_cache_specs",
+    ("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"): "get_kv_cache_spec",
+    ("vllm.model_executor.layers.mamba.abstract", "MambaBase"): "mamba_type",
+    ("vllm.model_executor.models.interfaces", "IsHybrid"): "is_hybrid",
+    ("vllm.model_executor.models.interfaces", "HasInnerState"): "has_inner_state",
+    ("vllm.model_executor.models.interfaces", "IsAttentionFree"): "is_attention_free",
     ("vllm.v1.kv_cache_interface", "ChunkedLocalAttentionSpec"): "attention_chunk_size",
     ("vllm.model_executor.layers.attention.attention", "Attention"): (
         "impl attn_backend kv_cache layer_name num_kv_heads num_heads head_size kv_cache_dtype "
         "kv_sharing_target_layer_name"
     ),
+    # attention sinks (gpt-oss), kept by each backend's implementation: the GPU's and the CPU's
+    ("vllm.v1.attention.backends.flash_attn", "FlashAttentionImpl"): "sinks",
     # parallel layers (worker_facts: shard dimensions, repacked CPU weights)
     ("vllm.model_executor.layers.linear", "LinearBase"): "tp_size params_dtype quant_method",
     # each layer's quantization method and weights (compat/quant.py, doctor_quant)
@@ -188,6 +202,8 @@ MODULE_NAMES: dict[str, str] = {
     "vllm.model_executor.layers.attention": "MMEncoderAttention",
     # each layer's quantization method as vLLM picked it (compat/quant_build.quant_facts, VD301/VD314/VD315)
     "vllm.model_executor.layers.quantization.kv_cache": "BaseKVCacheMethod",
+    # vLLM's own KV capacity asked with the worker's KV-cache config (compat/worker_facts._capacity)
+    "vllm.v1.core.kv_cache_utils": "get_kv_cache_capacity|get_max_concurrency_for_kv_cache_config",
     "vllm.model_executor.layers.linear": "UnquantizedLinearMethod",
     "vllm.model_executor.layers.vocab_parallel_embedding": "UnquantizedEmbeddingMethod",
     "vllm.distributed.parallel_state": (
@@ -207,6 +223,12 @@ MODULE_WRITES: dict[str, str] = {
 # names the scanned files read that are not vLLM's, and whose they are
 NOT_VLLM: dict[str, str] = {
     "__file__": "a Python module",
+    # an MLA model's latent sizes as config.json (its HF config) gives them
+    "kv_lora_rank": "the HF config of an MLA model (DeepSeek-V2's config.json)",
+    "qk_rope_head_dim": "the HF config of an MLA model (DeepSeek-V2's config.json)",
+    # where a traceback's file lives (compat/common._one_exception shortens the path)
+    "site-packages/": "a path fragment of an installed package",
+    "dist-packages/": "a path fragment of an installed package",
     # compat/common.is_fused_moe asks any module whether its loader takes an expert_id: the
     # method lives on a different vLLM class in each release (FusedMoE, RoutedExperts) and on
     # authors' own layers, so it is asked as a capability, not owned by one class
@@ -266,6 +288,7 @@ SCANNED = [
     "compat/llm.py",
     "compat/runtime.py",
     "compat/common.py",
+    "compat/mixers.py",
 ]
 SCANNED_DIRS = ["engine"]
 # where vLLM's start-up functions live (compat/startup.PHASE_OF_FUNCTION names them)
@@ -345,7 +368,7 @@ def names_read_by_the_doctor() -> dict[str, list[str]]:
             if (
                 isinstance(node, ast.Call)
                 and isinstance(node.func, ast.Name)
-                and node.func.id in ("getattr", "hasattr")
+                and node.func.id in ("getattr", "hasattr", "_attr")  # _attr: compat/worker_facts' lenient getattr
             ):
                 found = node.args[1:2]
             elif isinstance(node, ast.For) and isinstance(node.iter, ast.Tuple):

@@ -565,9 +565,7 @@ def attention_layers(worker: Any) -> list[AttentionLayer]:
         if impl is None and isinstance(layer, nn.Module) and any(is_fused_moe(m) for m in layer.modules()):
             continue  # vLLM's fused MoE layers are in the forward context too (its op looks them up): no attention
         own = mixers.layer_spec(layer, vc)
-        sinks = getattr(layer, "sinks", None)
-        if sinks is None:
-            sinks = getattr(impl, "sinks", None)
+        sinks = getattr(impl, "sinks", None)  # each backend implementation keeps them (gpt-oss)
         backend = getattr(layer, "attn_backend", None)
         kv = getattr(layer, "kv_cache", None)
         if isinstance(kv, (list, tuple)):

@@ -2,7 +2,7 @@
 first Mamba mixer that asks for its cache spec trips a bare `assert mamba_block_size is not None`
 (vLLM 0.32, KV-cache set-up)."""
 
-EXPECT_CODE = "VD212"  # the Mamba mixers at model.layers.0.mixer, model.layers.2.mixer need IsHybrid
+EXPECT_CODE = "VD214"  # the Mamba mixers at model.layers.0.mixer, model.layers.2.mixer need IsHybrid
 ENGINE_MODE = "inprocess"
 DESCRIPTION = "TinyHybridForCausalLM has Mamba 2 mixers and attention but does not declare IsHybrid"
 

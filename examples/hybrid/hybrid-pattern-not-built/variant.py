@@ -2,7 +2,7 @@
 for '*' (a copy-paste slip). With the checkpoint vLLM fails to load the attention weights into the
 Mamba layer; with dummy weights it runs a different model than the checkpoint describes."""
 
-EXPECT_CODE = "VD213"  # model.layers.1: pattern '*' (attention), built MambaMixer2
+EXPECT_CODE = "VD215"  # model.layers.1: pattern '*' (attention), built MambaMixer2
 ENGINE_MODE = "inprocess"
 DESCRIPTION = "the model builds a Mamba 2 mixer where hybrid_override_pattern says attention"
 
