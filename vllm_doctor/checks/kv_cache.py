@@ -279,7 +279,7 @@ def kv_spec_mismatch(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
                 "vLLM's plan",
                 subject(w),
                 {
-                    "layers": len(layers),
+                    "attention_layers": len(layers),  # every layer with a KV cache or state, whatever its kind
                     "kinds": dict(kinds),
                     "num_hidden_layers": kv.hf_config.num_hidden_layers,
                     "storage_bytes": storage,
