@@ -57,6 +57,7 @@ def default_mode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         import vllm_doctor
         from vllm_doctor.compat import worker as wv
         from vllm_doctor.compat.llm import EngineHandle
+        from vllm_doctor.compat.mixers import mixer_calls
 
         base = _generate(llm)
         with vllm_doctor.attach(llm, sample_every=1, probe=False) as doc:
@@ -66,7 +67,7 @@ def default_mode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             wrappers = EngineHandle(llm).rpc("doctor_status")[0]["data"]["layer_wrappers"]
         after = _generate(llm)
         worker = llm.llm_engine.model_executor.driver_worker.worker
-        left = sum(1 for _, impl in wv.attention_impls(worker) if {"forward", "do_kv_cache_update"} & set(vars(impl)))
+        left = sum(1 for c in mixer_calls(wv.forward_context(worker)) if set(c.attrs) & set(vars(c.obj)))
         yield Run(base, during, after, wall, doc.report(), execution_mode(llm), wrappers, left)
     finally:
         shutdown(llm)

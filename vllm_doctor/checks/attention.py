@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from vllm_doctor.checks.base import Emit, check
-from vllm_doctor.checks.engine_base import engine_started, kv_caches, subject
+from vllm_doctor.checks.engine_base import engine_started, kv_caches, subject, vllms_own_model
 from vllm_doctor.checks.startup import DUPLICATE_LAYER
 from vllm_doctor.facts.engine import EngineFacts
 from vllm_doctor.model import Finding, Severity, Stage
@@ -60,8 +60,7 @@ def attention_prefix_not_unique(facts: EngineFacts, emit: Emit) -> Iterable[Find
     yield from crashes
     for w, kv in pairs:
         layers = kv.attention_layers
-        model_class = w.anatomy.identity.model_class if w.anatomy is not None else None
-        if model_class and str(model_class).startswith("vllm."):
+        if vllms_own_model(w):
             # vLLM names its own layers as it binds them (HRM registers one attention per recurrent
             # step under a virtual layer index): the rule is for a port's prefixes
             yield emit.ok(f"{len(layers)} attention layer(s) of vLLM's own model, registered by vLLM", subject(w))

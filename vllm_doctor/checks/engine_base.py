@@ -113,3 +113,10 @@ def capped_per_worker(
     yield from findings[:limit]
     if total > limit:
         yield emit.warn(f"... and {total - limit} more {what} (see the JSON report)", subject(w))
+
+
+def vllms_own_model(w: WorkerFacts) -> bool:
+    """Is the worker's model one of vLLM's own classes? vLLM runs those correctly by definition:
+    their layout and layer names are vLLM's choice, not a port's mistake."""
+    model_class = w.anatomy.identity.model_class if w.anatomy is not None else None
+    return bool(model_class) and str(model_class).startswith("vllm.")

@@ -22,15 +22,18 @@ from typing import Any
 
 from vllm_doctor.checks.base import Emit, check
 from vllm_doctor.checks.weights_base import text_config
+from vllm_doctor.facts.mixers import STATE_METHODS
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
 
+# a module path's decoder layer index (checks/moe.py's; importing moe here would register its checks before
+# their gates)
 LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)(?:\.|$)")
+
 # Nemotron-H's letters (vLLM's nemotron_h: ALL_DECODER_LAYER_TYPES): M Mamba 2, * attention, - MLP, E MoE
 PATTERN_LETTERS = {"M": "state", "*": "attention", "-": None, "E": None}
 LETTER_NAMES = {"M": "a Mamba 2 mixer", "*": "attention", "-": "an MLP", "E": "a mixture of experts"}
 FAMILY_NAMES = {"state": "a Mamba / linear-attention mixer", "attention": "attention", "mla": "MLA attention"}
-STATE_METHODS = ("get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config")
 
 
 def _layer(path: str | None) -> int | None:

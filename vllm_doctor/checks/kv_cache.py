@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from vllm_doctor.checks.base import Emit, check
-from vllm_doctor.checks.engine_base import engine_started, kv_caches, profiles, subject
+from vllm_doctor.checks.engine_base import engine_started, kv_caches, profiles, subject, vllms_own_model
 from vllm_doctor.checks.startup import ESTIMATED_LENGTH, KV_TOO_SMALL
 from vllm_doctor.facts.engine import EngineFacts
 from vllm_doctor.facts.kv import AttentionLayer, HfShape, KvCache, KvGroup, KvSpec
@@ -249,11 +249,9 @@ def kv_spec_mismatch(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
     pairs, crashes = kv_caches(facts, emit)
     yield from crashes
     for w, kv in pairs:
-        anatomy = w.anatomy
-        model_class = anatomy.identity.model_class if anatomy is not None else None
         # vLLM's own class sizes its cache on purpose (MiniCPM3 caches every query head): only a
         # port is held to config.json; every model is held to its own KV spec
-        builtin = bool(model_class) and str(model_class).startswith("vllm.")
+        builtin = vllms_own_model(w)
         problems = list(spec_problems(kv, against_config=not builtin))
         storage, planned = kv.storage_bytes, kv.planned_bytes
         if planned and storage is not None and storage != planned:

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_doctor.facts.mixers import FAMILY, MAMBA_TYPES, kind_of_spec, mamba_type_name
+from vllm_doctor.facts.mixers import FAMILY, MAMBA_TYPES, STATE_METHODS, kind_of_spec, mamba_type_name
 
 __all__ = ["FAMILY", "MixerCall", "layer_kind", "layer_spec", "mixer_calls"]
 
@@ -106,13 +106,19 @@ def mixer_calls(layers: dict[str, Any]) -> list[MixerCall]:
     return out
 
 
+def module_paths(model: Any) -> dict[int, str]:
+    """Each module of the model (by id) -> its path, the first where it sits twice."""
+    where: dict[int, str] = {}
+    for name, module in model.named_modules():
+        where.setdefault(id(module), name)
+    return where
+
+
 def mixer_paths(model: Any, layers: dict[str, Any]) -> dict[str, str]:
     """Where each token mixer of the forward context sits in the model (its module path, the
     first where it sits twice) -> its family (:data:`FAMILY`: attention, mla, state). The
     profiler times the topmost module of the decoder layer that holds it as that kind (eager)."""
-    where: dict[int, str] = {}
-    for name, module in model.named_modules():
-        where.setdefault(id(module), name)
+    where = module_paths(model)
     out: dict[str, str] = {}
     for call in mixer_calls(layers):
         layer = layers.get(call.name)
@@ -122,8 +128,6 @@ def mixer_paths(model: Any, layers: dict[str, Any]) -> dict[str, str]:
     return out
 
 
-# the class methods vLLM sizes a Mamba / linear-attention state cache from, before it builds the model
-STATE_METHODS = ("get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config")
 _INTERFACE_MODULES = ("vllm.model_executor.models.interfaces", "vllm.model_executor.models.interfaces_base")
 
 
@@ -133,9 +137,7 @@ def built_mixers(model: Any, layers: dict[str, Any]) -> list[dict[str, Any]]:
     builds on the meta device, before any cache is sized) and its family."""
     from vllm_doctor.compat.common import is_fused_moe
 
-    where: dict[int, str] = {}
-    for name, module in model.named_modules():
-        where.setdefault(id(module), name)
+    where = module_paths(model)
     out = []
     for prefix, layer in layers.items():
         if is_fused_moe(layer):

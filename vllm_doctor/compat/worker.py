@@ -105,25 +105,6 @@ def forward_context(worker: Any) -> dict[str, Any]:
     return dict(sfc) if isinstance(sfc, dict) else {}
 
 
-def attention_impls(worker: Any) -> list[tuple[str, Any]]:
-    """vLLM's attention layers in forward order, each (layer name, its backend implementation):
-    the objects whose ``forward`` (and ``do_kv_cache_update``) vLLM's attention ops call from
-    Python, also from inside a compiled graph (``unified_attention_with_output`` looks the layer
-    up in the forward context and calls ``layer.impl.forward``)."""
-    return attention_impls_of(forward_context(worker))
-
-
-def attention_impls_of(layers: dict[str, Any]) -> list[tuple[str, Any]]:
-    """:func:`attention_impls` of a ``static_forward_context`` / ``no_compile_layers`` dict.
-    Implementations without an instance ``__dict__`` cannot be wrapped and are left out."""
-    out = []
-    for name, layer in layers.items():
-        impl = getattr(layer, "impl", None)
-        if impl is not None and callable(getattr(impl, "forward", None)) and hasattr(impl, "__dict__"):
-            out.append((str(name), impl))
-    return out
-
-
 def forward_context_class() -> type | None:
     """vLLM's ``ForwardContext`` (a dataclass built by every ``set_forward_context``), or None."""
     try:

@@ -87,3 +87,7 @@ def kind_of_spec(spec_type: str | None, mamba_type: str | None = None) -> str | 
                 return MAMBA_TYPES.get(mamba_type or "", "state")
             return kind
     return None
+
+
+# the class methods vLLM sizes a Mamba / linear-attention state cache from, before it builds the model
+STATE_METHODS = ("get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config")
