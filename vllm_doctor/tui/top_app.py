@@ -55,6 +55,7 @@ class Panel(Widget):
         self.key = key
         self._lines: list[Text] = []
         self._strips: list[Strip | None] = []  # the lines as drawn (cropped, styled); None: draw again
+        self._strips_width = -1  # the width they were cropped to
         self._height = 0  # grows with the text, shrinks only on a new layout (no re-layout per frame)
         self._width = -1
         self._style: Style | None = None
@@ -251,6 +252,12 @@ class Panel(Widget):
             self._style = self.rich_style
         if y >= len(self._lines):
             return Strip.blank(self._width, self._style)
+        if self._strips_width != self._width:
+            # a line drawn before the layout gave the panel its width was cropped to that
+            # width (0 in a terminal where the first frame comes before the first layout):
+            # every line is drawn again at this width, also the ones that did not change since
+            self._strips = [None] * len(self._strips)
+            self._strips_width = self._width
         strip = self._strips[y]
         if strip is None:
             strip = Strip(self._segments(self._lines[y]))
