@@ -120,6 +120,14 @@ class Finding:
         )
 
 
+def report_order(finding: Finding) -> tuple[int, int, str, str]:
+    """Where a finding stands in a report: problems first, the most severe first, then by code
+    and subject (stable: the same findings always come out in the same order)."""
+    if finding.is_problem:
+        return (0, -finding.severity.rank, finding.code, finding.subject)
+    return (1, 0, finding.code, finding.subject)
+
+
 @dataclass
 class Report:
     """Everything one doctor run found: environment, findings, timings, profiles."""
@@ -132,12 +140,15 @@ class Report:
     profiles: dict[str, Any] = field(default_factory=dict)
 
     def problems(self, at_least: Severity = Severity.INFO) -> list[Finding]:
-        """Findings that count against the exit code at the given threshold."""
-        return [
-            f
-            for f in self.findings
-            if f.outcome in (Outcome.FAIL, Outcome.WARN, Outcome.CRASH) and f.severity.rank >= at_least.rank
-        ]
+        """Findings that count against the exit code at the given threshold, the most severe first."""
+        return sorted(
+            (
+                f
+                for f in self.findings
+                if f.outcome in (Outcome.FAIL, Outcome.WARN, Outcome.CRASH) and f.severity.rank >= at_least.rank
+            ),
+            key=report_order,
+        )
 
     def by_code(self, code: str) -> list[Finding]:
         return [f for f in self.findings if f.code == code]
@@ -146,9 +157,9 @@ class Report:
         """Add ``other``'s findings, facts, profiles and timings to this report (in place; returns it).
 
         The engine stage's report merges into the static stage's this way (``check --engine``): its
-        findings join these in code order, its facts and profiles are added by key (``other``'s
+        findings join these in report order (:func:`report_order`), its facts and profiles are added by key (``other``'s
         win), and an environment this report lacks is taken from ``other``."""
-        self.findings = sorted(self.findings + other.findings, key=lambda f: (f.code, f.subject))
+        self.findings = sorted(self.findings + other.findings, key=report_order)
         self.facts.update(other.facts)
         self.profiles.update(other.profiles)
         self.timings.update(other.timings)
@@ -166,7 +177,7 @@ class Report:
             "target": self.target,
             "environment": self.environment,
             "summary": counts,
-            "findings": [f.to_dict() for f in self.findings],
+            "findings": [f.to_dict() for f in sorted(self.findings, key=report_order)],
             "timings": self.timings,
             "facts": self.facts,
             "profiles": self.profiles,

@@ -79,7 +79,7 @@ def test_vision_tower_filtered_out_is_one_vd313_not_a_finding_per_parameter(repo
     assert _problems(report, ("VD301", "VD302", "VD303")) == []
     assert [f["outcome"] for f in _of(report, "VD301")] == ["pass"]
     assert "VD313 names" in _of(report, "VD301")[0]["message"]
-    assert [f["outcome"] for f in _of(report, "VD205")] == ["warn"]  # load_weights returns None
+    assert [(f["outcome"], f["severity"]) for f in _of(report, "VD205")] == [("fail", "error")]  # load_weights returns None
 
 
 def test_unmapped_checkpoint_prefixes_name_the_mapper_entry_per_tower(reports: dict[str, dict]) -> None:

@@ -307,3 +307,32 @@ def test_a_multimodal_registry_that_cannot_be_asked_is_a_skip_that_says_what_it_
     (finding,) = run_checks(f, ["VD209"])
     assert finding.outcome is Outcome.SKIP
     assert finding.message == "this vLLM's multimodal registry could not be asked: ImportError('no module named x')"
+
+
+def test_vd101_fixes_a_typo_of_a_plugin_name_in_config_json_not_by_registering_the_typo() -> None:
+    f = facts({"architectures": ["MyForCausalLm"], "model_type": "my"},
+              plugins=[plugin(("MyForCausalLM", "my.model:MyForCausalLM"))])
+    f.registry = dict(BUILTIN, MyForCausalLM="my.model:MyForCausalLM")
+    (found,) = problems(f, "VD101")
+    assert found.hint == ("did you mean 'MyForCausalLM'? config.json's `architectures` entry and the registered name "
+                          "must match exactly: write 'MyForCausalLM' in config.json's `architectures`")
+    assert "MyForCausalLm" not in found.hint  # never: register the misspelled name
+
+
+def test_vd101_near_a_vllm_name_offers_both_fixes() -> None:
+    (found,) = problems(facts({"architectures": ["LlamaForCausalLm"], "model_type": "llama"}), "VD101")
+    assert found.hint.startswith("did you mean 'LlamaForCausalLM'? ")
+    assert found.hint.endswith("if 'LlamaForCausalLm' is a class of your own, register it from a "
+                               "`vllm.general_plugins` entry point: ModelRegistry.register_model('LlamaForCausalLm', "
+                               "'your_pkg.model:YourClass')")
+
+
+def test_vd205_a_load_weights_returning_none_is_the_error_the_catalogue_says() -> None:
+    target = "my.model:MyForCausalLM"
+    f = facts({"architectures": ["MyForCausalLM"], "model_type": "llama"},
+              import_pass={"classes": {"MyForCausalLM": {"target": target, "contract": {
+                  "load_weights_callable": True, "load_weights_returns_value": False, "source": "my/model.py:9"}}}})
+    f.registry = dict(BUILTIN, MyForCausalLM=target)
+    (found,) = problems(f, "VD205")
+    assert (found.outcome, found.severity) == (Outcome.FAIL, CATALOGUE["VD205"].meta.severity) == (Outcome.FAIL, Severity.ERROR)
+    assert found.message == f"{target}.load_weights returns None: vLLM cannot tell which parameters were never loaded"

@@ -219,12 +219,13 @@ def load_weights_contract(facts: Facts, emit: Emit) -> Iterable[Finding]:
             "define load_weights(self, weights) -> set[str]",
         )
     elif c.load_weights_returns_value is False:
-        yield emit.warn(
+        # an error, as the catalogue says: vLLM loads the model, but a parameter the checkpoint
+        # never fills then goes unnoticed (random weights, garbage output, no message)
+        yield emit.fail(
             f"{target}.load_weights returns None: vLLM cannot tell which parameters were never loaded",
             f"{target}.load_weights",
             {"source": c.source},
             "collect loaded parameter names in a set and return it",
-            severity=Severity.WARN,
         )
     else:
         yield emit.ok(f"{target}.load_weights returns the loaded names", f"{target}.load_weights")

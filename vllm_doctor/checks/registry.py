@@ -31,6 +31,21 @@ REGISTER_HINT = (
 )
 
 
+def _unregistered_hint(arch: str, near: list[str], plugin_archs: list[str]) -> str:
+    """VD101's fix. A plugin registers a near name: a typo in config.json, fixed there
+    (registering the misspelled name would register the class a second time). A near name of
+    vLLM's own: that one, or register ``arch`` if it is a class of the author's own."""
+    if not near:
+        return REGISTER_HINT.format(arch=arch)
+    fix = (
+        f"did you mean {near[0]!r}? config.json's `architectures` entry and the registered name must match "
+        f"exactly: write {near[0]!r} in config.json's `architectures`"
+    )
+    if near[0] in plugin_archs:
+        return fix
+    return f"{fix}; if {arch!r} is a class of your own, {REGISTER_HINT.format(arch=arch)}"
+
+
 def nearest_names(name: str, candidates: Iterable[str], limit: int = 3) -> list[str]:
     """Near misses first: same name ignoring case/underscores, then difflib's closest."""
     pool = list(candidates)
@@ -169,9 +184,7 @@ def architecture_not_registered(facts: Facts, emit: Emit) -> Iterable[Finding]:
             message = f"{arch} now lives out of tree: install {facts.out_of_tree[arch]}"
         else:
             message = f"architecture {arch!r} is not registered with vLLM"
-        hint = f"did you mean {near[0]!r}? " if near else ""
-        hint += "config.json's `architectures` entry and the registered name must match exactly; " if near else ""
-        hint += REGISTER_HINT.format(arch=arch)
+        hint = _unregistered_hint(arch, near, plugin_archs)
         yield emit.fail(
             message,
             f"config.json:architectures[{i}]",

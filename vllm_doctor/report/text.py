@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from vllm_doctor.checks import CATALOGUE
-from vllm_doctor.model import Finding, Outcome, Report
+from vllm_doctor.model import Finding, Outcome, Report, report_order
 from vllm_doctor.units import clip
 
 MARK = {
@@ -47,8 +47,9 @@ def render(report: Report, verbose: bool = False) -> str:
     if resolved:
         out.append(f"  resolves to: {resolved['architecture']} -> {resolved['target']}")
     out.append("")
-    problems = [f for f in report.findings if f.is_problem]
-    others = [f for f in report.findings if not f.is_problem]
+    ordered = sorted(report.findings, key=report_order)  # the most severe first
+    problems = [f for f in ordered if f.is_problem]
+    others = [f for f in ordered if not f.is_problem]
     for f in problems:
         out.extend(finding_lines(f, verbose))
         out.append("")

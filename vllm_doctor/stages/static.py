@@ -23,7 +23,7 @@ from vllm_doctor.compat.source_tables import (
     read_vllm_registry_tables,
 )
 from vllm_doctor.facts.static import Facts
-from vllm_doctor.model import Finding, Outcome, Report, Stage
+from vllm_doctor.model import Finding, Outcome, Report, Stage, report_order
 from vllm_doctor.probes import environment
 from vllm_doctor.probes.model_dir import resolve_model_dir
 from vllm_doctor.probes.script_scan import scan_script
@@ -159,7 +159,7 @@ def diagnose(model: str, options: CheckOptions | None = None, progress: Progress
             say(f"import pass failed: {facts.import_pass_error.splitlines()[0]}")
         finish_weights_pass(facts, weights_job)
         report.findings = run_checks(facts, codes)
-    report.findings.sort(key=lambda f: (f.code, f.subject))
+    report.findings.sort(key=report_order)
     report.timings["total_s"] = round(time.monotonic() - t0, 3)
     report.environment = environment.collect(facts)
     report.facts = {
