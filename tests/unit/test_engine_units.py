@@ -1379,6 +1379,52 @@ def test_vd500_says_when_the_model_fails_in_eager_mode_too_and_points_at_vd501()
     assert ok.outcome is Outcome.FAIL and ok.subject == "engine start-up / first step"
 
 
+def test_vd500_names_the_import_error_and_its_line_when_vllm_says_only_failed_to_be_inspected() -> None:
+    """Issue 47 item 12: vLLM's registry hides the class's ImportError in its log; the engine child
+    imports the class again (compat/runtime.uninspectable_classes) and VD500 says what VD106 says."""
+    from vllm_doctor.facts.engine import facts_from_dict, facts_to_dict
+
+    module = "/site/my_pkg/model.py"
+    traceback_text = (
+        "Traceback (most recent call last):\n"
+        '  File "/venv/lib/python3.11/site-packages/vllm_doctor/compat/runtime.py", line 374, in load_class\n'
+        "    module = importlib.import_module(module_name)\n"
+        '  File "/usr/lib/python3.11/importlib/__init__.py", line 126, in import_module\n'
+        "    return _bootstrap._gcd_import(name[level:], package, level)\n"
+        f'  File "{module}", line 21, in <module>\n'
+        "    from vllm.model_executor.layers.layer_norm import RMSNorm\n"
+        "ModuleNotFoundError: No module named 'vllm.model_executor.layers.layer_norm'\n"
+    )
+    record = {
+        "architecture": "MyForCausalLM",
+        "target": "my_pkg.model:MyForCausalLM",
+        "import_error": traceback_text,
+        "import_error_summary": "ModuleNotFoundError: No module named 'vllm.model_executor.layers.layer_norm'",
+        "module_file": module,
+    }
+    error = (
+        "ValidationError: 1 validation error for ModelConfig\n  Value error, Model architectures ['MyForCausalLM'] "
+        "failed to be inspected. Please check the logs for more details. [type=value_error, input_value=...]"
+    )
+    facts = facts_from_dict(
+        facts_to_dict(EngineFacts(startup_error=error, mode={"requested": "vllm-default"}, class_import_errors=[record]))
+    )
+    (f,) = run("VD500", facts)
+    assert (f.outcome, f.subject) == (Outcome.FAIL, "engine start-up / engine start-up")
+    assert f.message == (
+        "vLLM failed in engine start-up (vLLM's default execution mode): ValidationError: 1 validation error for "
+        "ModelConfig: Model architectures ['MyForCausalLM'] failed to be inspected. Please check the logs for more "
+        "details; cause: my_pkg.model:MyForCausalLM cannot be imported: ModuleNotFoundError: No module named "
+        "'vllm.model_executor.layers.layer_norm' (at /site/my_pkg/model.py:21)"
+    )
+    assert f.hint == "fix the import; reproduce with: python -c 'import my_pkg.model'"
+    assert f.evidence["traceback"] == traceback_text and f.evidence["classes"] == ["my_pkg.model:MyForCausalLM"]
+    assert facts.failure_text().endswith(
+        "\n  cause: my_pkg.model:MyForCausalLM cannot be imported: ModuleNotFoundError: No module named "
+        "'vllm.model_executor.layers.layer_norm' (at /site/my_pkg/model.py:21)"
+    )
+
+
 def test_startup_phase_reads_vllms_own_frames() -> None:
     from vllm_doctor.compat.startup import startup_phase
 

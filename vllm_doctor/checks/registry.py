@@ -601,24 +601,32 @@ def environment_gap(traceback: str) -> EnvironmentGap | None:
 def model_class_import_fails(facts: Facts, emit: Emit) -> Iterable[Finding]:
     _arch, target, record = inspected_class(facts)
     if record.import_error is not None:
-        evidence: dict[str, Any] = {
-            "traceback": record.import_error,
+        message, evidence, fix = class_import_failure(target, record.import_error, record.import_error_summary)
+        evidence |= {
             "module_file": record.module_file,
             "vllm_error": (
                 f"Model architectures {shown(facts.architectures)} failed to be inspected. Please check the logs "
                 f"for more details."
             ),
         }
-        fix = f"reproduce with: python -c 'import {target.split(':')[0]}'"
-        message = f"{target} cannot be imported: {record.import_error_summary}"
-        gap = environment_gap(record.import_error)
-        if gap is not None:
-            message = f"{target} cannot be imported: {gap.what}"
-            evidence |= {"environment": gap.evidence, "import_error": record.import_error_summary}
-            fix = f"{gap.fix}; then {fix}"
         yield emit.fail(message, target, evidence, fix)
         return
     yield emit.ok(f"{target} imports cleanly", target)
+
+
+def class_import_failure(target: str, import_error: str, summary: str) -> tuple[str, dict[str, Any], str]:
+    """What the doctor says about a registered class that fails to import (message, evidence, fix):
+    VD106 from the import pass, VD500 from the engine stage when vLLM's own words are only
+    ``failed to be inspected``. An environment without what the class needs says so."""
+    evidence: dict[str, Any] = {"traceback": import_error}
+    fix = f"reproduce with: python -c 'import {target.split(':')[0]}'"
+    message = f"{target} cannot be imported: {summary}"
+    gap = environment_gap(import_error)
+    if gap is not None:
+        message = f"{target} cannot be imported: {gap.what}"
+        evidence |= {"environment": gap.evidence, "import_error": summary}
+        fix = f"{gap.fix}; then {fix}"
+    return message, evidence, fix
 
 
 @check(

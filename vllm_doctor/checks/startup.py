@@ -11,8 +11,9 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from vllm_doctor.checks.base import Emit, check
-from vllm_doctor.facts.engine import EngineFacts
+from vllm_doctor.checks.base import Emit, check, informative_line
+from vllm_doctor.checks.registry import class_import_failure
+from vllm_doctor.facts.engine import EngineFacts, import_error_line
 from vllm_doctor.model import Finding, Severity, Stage
 
 # vLLM's start-up errors that VD501 and VD208 explain (VD500 points at them)
@@ -144,6 +145,10 @@ def engine_failed_to_start(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
     see = [code for code, pattern in (("VD501", KV_TOO_SMALL), ("VD208", DUPLICATE_LAYER)) if pattern.search(error)]
     if see:
         message += f" (see {', '.join(see)})"
+    if facts.class_import_errors:  # vLLM said only "failed to be inspected": the class's own error
+        said = f"vLLM failed in {phase} ({mode_text}): {informative_line(error, 400).rstrip('.')}"
+        yield _class_import_failure(facts, emit, said, evidence, phase)
+        return
     if mode.get("enforce_eager"):
         hint = "it fails in eager mode: fix what the error names"
     else:
@@ -164,3 +169,26 @@ def engine_failed_to_start(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
         else:
             message += "; in eager mode it runs, and the op probe saw nothing that explains the failure"
     yield emit.fail(message, f"engine start-up / {phase}", evidence, hint)
+
+
+def _class_import_failure(
+    facts: EngineFacts, emit: Emit, message: str, evidence: dict[str, Any], phase: str
+) -> Finding:
+    """VD500 when vLLM's registry could not inspect the model class: vLLM imported it in a
+    subprocess whose traceback went to the log; the engine child imported it again
+    (``compat/runtime.uninspectable_classes``) and this finding says what the import raised and
+    where, as VD106 does in ``check``."""
+    record = facts.class_import_errors[0]
+    target = str(record.get("target") or "?")
+    said, found, fix = class_import_failure(
+        target, str(record.get("import_error") or ""), str(record.get("import_error_summary") or "")
+    )
+    line = import_error_line(str(record.get("import_error") or ""), record.get("module_file"))
+    message += f"; cause: {said}" + (f" (at {line})" if line else "")
+    evidence = {
+        **evidence,
+        **found,
+        "module_file": record.get("module_file"),
+        "classes": [r.get("target") for r in facts.class_import_errors],
+    }
+    return emit.fail(message, f"engine start-up / {phase}", evidence, f"fix the import; {fix}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import re
 import sys
 import textwrap
 import traceback
@@ -389,6 +390,35 @@ def load_class(target: str) -> tuple[type | None, dict[str, Any]]:
     if watch.stack is not None:
         record["cuda_init_at_import"] = watch.user_frames(module_file)
     return cls, record
+
+
+# vLLM's registry, when importing a lazily registered class failed in its inspection subprocess
+# (``_LazyRegisteredModel.inspect_model_cls``): that subprocess's traceback only went to the log
+_NOT_INSPECTED = re.compile(r"Model architectures (\[[^\]]*\]) failed to be inspected")
+
+
+def uninspectable_classes(error: str) -> list[dict[str, Any]]:
+    """vLLM said only that the architectures ``failed to be inspected``: import each one's registered
+    class here, as the import pass does (:func:`load_class`), for the error vLLM's subprocess hid.
+    ``[{"architecture", "target", "import_error", "import_error_summary", "module_file"}]`` for the
+    classes that fail to import; [] when ``error`` is not that refusal or nothing fails here."""
+    found = _NOT_INSPECTED.search(error)
+    if found is None:
+        return []
+    try:
+        archs = ast.literal_eval(found.group(1))
+    except (ValueError, SyntaxError):
+        return []
+    registry = registry_snapshot()
+    out: list[dict[str, Any]] = []
+    for arch in archs if isinstance(archs, list) else []:
+        target = registry.get(str(arch))
+        if not target or target == "?":
+            continue
+        _cls, record = load_class(target)
+        if record.get("import_error") is not None:
+            out.append({"architecture": str(arch), **record})
+    return out
 
 
 def vllm_config_model_types() -> list[str]:

@@ -11,6 +11,7 @@ object in here.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -171,6 +172,10 @@ class EngineFacts:
     diagnosis: EngineFacts | None = field(default=None, metadata=wire.rules(empty_none=True))
     # each parameter's shape when built at tensor-parallel size 1 (the weights pass, `check --engine`)
     reference_shapes: dict[str, list[int]] | None = None
+    # vLLM said its architectures "failed to be inspected": each class that fails to import, as
+    # the import pass records it ({"architecture", "target", "import_error", "import_error_summary",
+    # "module_file"}: compat/runtime.uninspectable_classes)
+    class_import_errors: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def perf(self) -> PerfAnatomy | None:
@@ -204,14 +209,40 @@ class EngineFacts:
     def failure_text(self) -> str:
         """What vLLM said when it could not start the model or run the workload; "" when it ran."""
         if self.startup_error:
-            return (
+            text = (
                 f"the engine did not start (failed in {self.startup_phase or 'start-up'}; mode: {self.mode_summary}):"
                 f"\n  {(self.startup_error.splitlines() or [''])[0][:400]}"
             )
+            for record in self.class_import_errors[:3]:
+                text += f"\n  cause: {class_import_text(record)}"
+            return text
         if self.runtime_error:
             first = (self.runtime_error.splitlines() or [""])[0][:400]
             return f"the engine started, then the workload failed (mode: {self.mode_summary}):\n  {first}"
         return ""
+
+
+# frames of an import's traceback that are not the model author's code
+_NOT_THE_AUTHORS = ("/vllm/", "/torch/", "/transformers/", "/vllm_doctor/", "/importlib/")
+
+
+def class_import_text(record: dict[str, Any]) -> str:
+    """``<target> cannot be imported: <Type: message> (at <file>:<line>)`` for a record of
+    :attr:`EngineFacts.class_import_errors`: the line is the deepest frame of the traceback in the
+    class's own module, else in any file outside vLLM, torch and the standard library."""
+    text = f"{record.get('target')} cannot be imported: {record.get('import_error_summary') or 'an error'}"
+    line = import_error_line(str(record.get("import_error") or ""), record.get("module_file"))
+    return f"{text} (at {line})" if line else text
+
+
+def import_error_line(traceback_text: str, module_file: str | None) -> str | None:
+    """``file:line`` of the frame of a formatted traceback where the import failed: the deepest in
+    ``module_file``, else the deepest frame that is not a library's (the author's own code)."""
+    frames = re.findall(r'^\s*File "([^"]+)", line (\d+)', traceback_text, flags=re.M)
+    own = [f for f in frames if module_file and f[0] == module_file] or [
+        f for f in frames if not f[0].startswith("<") and not any(part in f[0] for part in _NOT_THE_AUTHORS)
+    ]
+    return f"{own[-1][0]}:{own[-1][1]}" if own else None
 
 
 def facts_to_dict(facts: EngineFacts) -> dict[str, Any]:
@@ -227,6 +258,7 @@ def facts_to_dict(facts: EngineFacts) -> dict[str, Any]:
         "startup_function": facts.startup_function,
         "diagnosis": facts_to_dict(facts.diagnosis) if facts.diagnosis is not None else None,
         "reference_shapes": facts.reference_shapes,
+        "class_import_errors": facts.class_import_errors,
     }
 
 

@@ -29,7 +29,7 @@ from vllm_doctor.analysis.records import EngineProfile
 from vllm_doctor.checks.perf import perf_codes
 from vllm_doctor.constants import GRAPH_TIMING_ENV, SWITCH_ON
 from vllm_doctor.errors import DoctorInputError
-from vllm_doctor.facts.engine import EngineFacts, facts_from_dict, facts_to_dict
+from vllm_doctor.facts.engine import EngineFacts, class_import_text, facts_from_dict, facts_to_dict
 from vllm_doctor.model import Finding, Outcome, Report
 from vllm_doctor.stages.child import run_child
 from vllm_doctor.stages.options import EngineOptions, Workload
@@ -149,7 +149,8 @@ def run_engine_stage(
     facts = facts_from_dict(data["facts"])
     _root_cause_from_log(facts, log_path)
     failed = bool(facts.startup_error or facts.runtime_error)
-    if failed and options.diagnose and not facts.mode.get("enforce_eager"):
+    # a class that does not import fails the same way in eager mode: no re-run for it
+    if failed and options.diagnose and not facts.mode.get("enforce_eager") and not facts.class_import_errors:
         if progress is not None:
             progress("engine stage: re-running the model in eager mode with the op probe to find the cause")
         kept = {k: v for k, v in options.engine_args.items() if k not in EAGER_CONFLICTS}
@@ -232,9 +233,12 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
             startup_phase=where["phase"],
             startup_function=where["function"],
         )
+        failed.class_import_errors = _uninspectable_classes(failed.startup_error or "")
         result["facts"] = facts_to_dict(failed)
         said = failed.startup_error or type(exc).__name__
         progress(f"engine stage: the engine did not start ({where['phase']}): {said.splitlines()[0][:200]}")
+        for record in failed.class_import_errors[:3]:
+            progress(f"engine stage: the cause: {class_import_text(record)[:400]}")
         return result
     mode = {**requested, **execution_mode(llm)}
     result["timings"]["engine_start_s"] = round(time.perf_counter() - t, 3)
@@ -305,6 +309,19 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     return result
 
 
+def _uninspectable_classes(error: str) -> list[dict[str, Any]]:
+    """vLLM refused with only "Model architectures [...] failed to be inspected" (its registry
+    imported the class in a subprocess and logged the traceback): import the classes here, as
+    ``check``'s import pass does, so that VD500 names the error and its line in every front end
+    (``check --engine``, ``profile``, the pytest plugin)."""
+    from vllm_doctor.compat.runtime import uninspectable_classes
+
+    try:
+        return uninspectable_classes(error)
+    except Exception:  # the doctor's own question failed: vLLM's words stand alone
+        return []
+
+
 def _facts_after_failure(doc: Any, model: str, error: str) -> EngineFacts:
     """Whatever the workers can still tell after a failed workload (often: nothing)."""
     try:
@@ -328,7 +345,10 @@ def gpu_visible() -> bool:
 BLOCKING = {
     "VD305": "the model cannot be split over the tensor- / pipeline-parallel sizes asked for (VD305)",
     "VD309": "config.json has model sizes no model can be built from (VD309)",
+    "VD316": "config.json's quantization_config has a regular expression vllm-doctor does not run (VD316)",
 }
+# VD316 blocks only for its pattern findings (a method mismatch is what the engine stage shows)
+_BLOCKING_KINDS = {"VD316": "unbounded-pattern"}
 
 
 def blocking_findings(report: Report) -> list[Finding]:
@@ -341,6 +361,7 @@ def blocking_findings(report: Report) -> list[Finding]:
         if f.code in BLOCKING
         and f.outcome is Outcome.FAIL
         and not (f.code == "VD309" and f.evidence.get("kind") == "not-finite")
+        and f.evidence.get("kind") == _BLOCKING_KINDS.get(f.code, f.evidence.get("kind"))
     ]
 
 
