@@ -107,6 +107,17 @@ def test_a_down_exporter_says_why_and_publishes_no_counter_it_has_not_read() -> 
     assert not expo.families.get("vllm_doctor_steps") or not expo.families["vllm_doctor_steps"].samples
 
 
+def test_an_exporter_that_read_windows_without_dropped_steps_publishes_a_zero() -> None:
+    """Issue 47 item 14: ``vllm_doctor_dropped_steps_total`` had no sample line until a step was
+    dropped; a counter the exporter reads is published from its first window, 0 included."""
+    state = ExportState(model_name="m", up=True, reason="")
+    state.add(_window(10, 0.010, 0.008))
+    text = _exposition(state)
+    assert 'vllm_doctor_dropped_steps_total{model_name="m"} 0.0' in text.splitlines()
+    (sample,) = parse(text).families["vllm_doctor_dropped_steps"].samples
+    assert sample.value == 0
+
+
 def test_the_example_dashboard_asks_only_for_series_the_exporter_publishes() -> None:
     dash = json.loads(DASHBOARD.read_text())
     state = ExportState(model_name="m", up=True, reason="")

@@ -195,6 +195,8 @@ def rows(state: ExportState) -> list[Family]:
             for (name, value), total in sorted(state.counters.items())
             if name == series
         ]
+        if not label and not samples and state.windows:  # read and none counted: a 0 is a value
+            samples = [([model], 0.0)]
         out.append(Family(PREFIX + series.removesuffix("_total"), "counter", text, labels, samples))
     for series, text in RATIOS.items():
         samples = [([model, phase], r) for (name, phase), r in sorted(state.phase_ratios.items()) if name == series]
