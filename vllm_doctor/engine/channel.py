@@ -14,7 +14,9 @@ queue or its HTTP server. What keeps the engine safe from the channel:
   within :data:`BODY_TIMEOUT_S` once it starts; at most :data:`MAX_CONNECTIONS` readers at once;
 - peers of another uid are refused (``SO_PEERCRED``), beside the directory's and socket's modes;
 - each reader has its own window of the step and layer records (the reader option of install
-  and collect, set here per connection: a reader's reset never takes records from another);
+  and collect, set here per connection to a number no other connection of this process had:
+  a reader's reset never takes records from another, and a collect on a connection that did
+  not install gets an error, never another reader's window or the records since the start);
 - a reader that attached and goes away (closed, killed, timed out) is detached: the hooks come
   off when the last reader that attached leaves, and the records only its window held go;
 - nothing raised here reaches vLLM: each connection's thread catches everything.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -62,7 +65,8 @@ class ChannelServer:
         self.base = base if base is not None else wire.private_dir(create=True)
         self.path = wire.socket_path(os.getpid(), self.base)
         self._conns = 0
-        self._attached: set[int] = set()  # ids of the connections that installed the profiler
+        self._attached: set[int] = set()  # the keys of the connections that installed the profiler
+        self._keys = itertools.count(1)  # a connection's key: never reused (an id() is, once freed)
         self._state = threading.Lock()
         self._sock: socket.socket | None = None
         self._device_set: set[int] = set()  # threads whose CUDA device is the worker's
@@ -108,7 +112,8 @@ class ChannelServer:
             if full:
                 self._refuse(conn, f"{MAX_CONNECTIONS} readers are connected already")
                 continue
-            threading.Thread(target=self._connection, args=(conn,), name="vllm-doctor-reader", daemon=True).start()
+            key = next(self._keys)
+            threading.Thread(target=self._connection, args=(conn, key), name="vllm-doctor-reader", daemon=True).start()
 
     @staticmethod
     def _refuse(conn: socket.socket, why: str) -> None:
@@ -119,8 +124,7 @@ class ChannelServer:
             conn.close()
 
     # -- one reader -------------------------------------------------------------------------
-    def _connection(self, conn: socket.socket) -> None:
-        key = id(conn)
+    def _connection(self, conn: socket.socket, key: int) -> None:
         try:
             uid = wire.peer_uid(conn)
             if uid is not None and uid != os.getuid():

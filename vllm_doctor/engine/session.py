@@ -66,6 +66,10 @@ class InjectedFault(RuntimeError):
     """Raised on purpose by a test (``doctor_inject_fault``) to prove crashes are contained."""
 
 
+class NoWindow(RuntimeError):
+    """A collect from a reader that has no window open in this worker (its reply's error type)."""
+
+
 def settle(worker: Any) -> None:
     """Wait, without the worker's doctor lock, until the device has run what the profiler
     recorded so far: a collect from the channel's thread then resolves its events under the
@@ -233,10 +237,7 @@ class WorkerSession:
                 self._merge = [self._merge_call(model, merge)]
                 for obj, attr, fn, _ in self._merge:
                     obj.__dict__[attr] = fn
-        self.profiler.want_sample_every(reader, sample_every)
-        self.profiler.open_window(reader)
-        if reader not in self.windows:
-            self.windows[reader] = (time.perf_counter(), dict(self.own_s), self.rpc_s)
+        self.open_window(reader, sample_every)
         if layers and not self.layers_on:
             if state["eager"]:
                 boundaries: list[Armed] = []
@@ -797,7 +798,17 @@ class WorkerSession:
 
     # -- collection -----------------------------------------------------------------------------
     def collect(self, reset: bool = False, timeline: bool = True, reader: Any = None) -> dict[str, Any]:
-        """``reader``'s window (:meth:`install`); ``reset``: its next window starts after this."""
+        """``reader``'s window (:meth:`install`); ``reset``: its next window starts after this.
+
+        A reader whose window was never opened here (its install went to a connection that
+        closed since, or to a profiler that a detach replaced) gets :class:`NoWindow`, never the
+        records since the profiler started in place of its own window."""
+        if self.profiler is not None and (reader not in self.windows or reader not in self.profiler.windows):
+            raise NoWindow(
+                "this reader has no window in the worker: its doctor_install was on another "
+                "connection or before a detach (a reader's window ends with its connection); "
+                "install again to open one"
+            )
         data: dict[str, Any] = {
             "profiling": self.profiler is not None,
             "layers_on": self.layers_on,
@@ -807,7 +818,7 @@ class WorkerSession:
             data.update(self._safely("collect", self.profiler.snapshot, reset, timeline, reader) or {})
             data["num_blocks"] = _num_blocks(self.worker)
             now = time.perf_counter()
-            t0, own0, rpc0 = self.windows.get(reader) or (self.profiler.t0, {}, 0.0)
+            t0, own0, rpc0 = self.windows[reader]
             data["doctor_host_s"] = {k: v - own0.get(k, 0.0) for k, v in self.own_s.items()}
             data["doctor_rpc_s"] = self.rpc_s - rpc0
             data["window_s"] = now - t0
@@ -818,6 +829,15 @@ class WorkerSession:
         if self._merge or self.merge_calls:
             data["mm_merge"] = {"method": self._merge[0][1] if self._merge else None, "calls": list(self.merge_calls)}
         return data
+
+    def open_window(self, reader: Any, sample_every: int = DEFAULT_SAMPLE_EVERY) -> None:
+        """``reader``'s window of the running profiler starts now (one it has stays open), at the
+        sampling cadence it asks for."""
+        assert self.profiler is not None
+        self.profiler.want_sample_every(reader, sample_every)
+        self.profiler.open_window(reader)
+        if reader not in self.windows:
+            self.windows[reader] = (time.perf_counter(), dict(self.own_s), self.rpc_s)
 
     def forget(self, reader: Any) -> None:
         """``reader`` went away without detaching the hooks (other readers still use them): the

@@ -262,9 +262,14 @@ class WindowReader:
             self._full_at = time.monotonic()
         else:
             facts = doc.gather(reset=True, parts=("profile",), previous=self._full, timeline=False)
+        now = time.time()
+        lost = lost_windows(facts)
+        if lost:  # the records since the last read went with the old connection: a new window from now
+            doc.attach()
+            self.since = now
+            return ModelSummary(reason=f"{lost}: attached again, a new window starts now", as_of=now)
         # the panel draws summaries: no per-step records, no per-layer trace
         report = build_engine_report(facts, doc.handle.model_name(), timeline=False)
-        now = time.time()
         summary = replace(model_summary(report.to_dict()), window_s=round(now - self.since, 2), as_of=now)
         self.since = now
         return summary
@@ -281,6 +286,20 @@ class WindowReader:
         close = getattr(doc.handle, "close", None)
         if close is not None:
             close()
+
+
+def lost_windows(facts: Any) -> str:
+    """Why this reader's window is gone from some worker ("" when it is not): the worker has
+    no window for this reader (its channel connection closed and opened again: the window ended
+    with the old one), or no profiler (the hooks came off when the last reader left)."""
+    for worker in facts.workers:
+        error = worker.errors.get("profile") or {}
+        if error.get("type") == "NoWindow":
+            return f"rank {worker.rank}: the window was lost with the channel's connection"
+        data = worker.get("profile")
+        if data is not None and data.get("profiling") is False:
+            return f"rank {worker.rank}: the profiler was off (the channel's connection was lost)"
+    return ""
 
 
 class ModelWindow:
