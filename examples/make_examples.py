@@ -5,7 +5,8 @@
 (--ports adds the broken ports of pytest_for_model_authors/ports, --perf the slow ports of perf/,
 --moe the MoE family (moe-ok + examples/moe/NAME), --quant the quantized family (quant-ok +
 examples/quant/NAME), --hybrid the Mamba 2 / attention hybrid family (hybrid-ok +
-examples/hybrid/NAME); --only may name any of them too.)
+examples/hybrid/NAME), --mla the multi-head latent attention family (mla-ok + examples/mla/NAME);
+--only may name any of them too.)
 
 For each variant NAME this writes
 
@@ -25,9 +26,11 @@ its broken variants are examples/moe/NAME/variant.py; "quant-ok" is the tiny mod
 examples/quant/base.py (linear layers given vLLM's quant_config, the checkpoint quantized to
 compressed-tensors W8A8 int8), and each examples/quant/NAME/variant.py is applied on top of it;
 "hybrid-ok" is examples/tiny_hybrid_plugin as it is (vLLM's MambaMixer2 and Attention in
-Nemotron-H's pattern M*M-), its broken variants are examples/hybrid/NAME/variant.py.
+Nemotron-H's pattern M*M-), its broken variants are examples/hybrid/NAME/variant.py;
+"mla-ok" is examples/tiny_mla_plugin as it is (DeepSeek-V2-Lite's attention through vLLM's
+MultiHeadLatentAttentionWrapper, a dense MLP), its broken variants are examples/mla/NAME/variant.py.
 
-Each broken variant is examples/broken/NAME/variant.py (or moe/, quant/, hybrid/): module constants EXPECT_CODE, ENGINE_MODE, DESCRIPTION
+Each broken variant is examples/broken/NAME/variant.py (or moe/, quant/, hybrid/, mla/): module constants EXPECT_CODE, ENGINE_MODE, DESCRIPTION
 (optionally SCRIPT) and `apply(ctx)`, a small edit of the working example through the
 `VariantContext` below. Every text edit must match exactly once, so a change to the working
 example that a variant depends on fails here loudly instead of silently building a fixture
@@ -60,6 +63,8 @@ MOE_DIR = EXAMPLES_DIR / "moe"  # broken MoE variants
 QUANT_DIR = EXAMPLES_DIR / "quant"  # base.py (quant-ok) + broken quantized variants
 HYBRID_PLUGIN_SRC = EXAMPLES_DIR / "tiny_hybrid_plugin"
 HYBRID_DIR = EXAMPLES_DIR / "hybrid"  # broken hybrid (Mamba 2 + attention) variants
+MLA_PLUGIN_SRC = EXAMPLES_DIR / "tiny_mla_plugin"
+MLA_DIR = EXAMPLES_DIR / "mla"  # broken multi-head latent attention variants
 ENGINE_MODES = ("inprocess", "multiprocess", "script")
 SEED = 0
 
@@ -111,6 +116,23 @@ HYBRID_DIMS: dict[str, Any] = dict(
     max_position_embeddings=2048,
     tie_word_embeddings=False,
 )
+# The tiny MLA model: DeepSeek-V2-Lite's attention fields (no q LoRA), a dense MLP. The latent is
+# DeepSeek-V2's 512 + 64: vLLM's CPU MLA backend runs no other (CPUMLABackend: head size 576).
+MLA_DIMS: dict[str, Any] = dict(
+    vocab_size=512,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    kv_lora_rank=512,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=64,
+    v_head_dim=32,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+)
 SPECIAL_TOKENS = {"unk": "<unk>", "bos": "<s>", "eos": "</s>"}
 WORDS = ["the", "a", "of", "and", "to", "in", "is", "hello", "world", "my", "name", "doctor"]
 
@@ -156,10 +178,15 @@ def hybrid_names() -> list[str]:
     return [HYBRID.ok_name, *sorted(variant_sources((HYBRID_DIR,)))]
 
 
+def mla_names() -> list[str]:
+    """The MLA family: the working multi-head latent attention example, then its broken variants (--mla)."""
+    return [MLA.ok_name, *sorted(variant_sources((MLA_DIR,)))]
+
+
 def source_dir_of(name: str) -> Path:
     if name in port_names():
         return PORTS_DIR / name
-    for family in (MOE, QUANT, HYBRID):
+    for family in (MOE, QUANT, HYBRID, MLA):
         if family.variants_dir is not None and (family.variants_dir / name / "variant.py").is_file():
             return family.variants_dir / name
     return PERF_DIR / name if name in perf_names() else BROKEN_DIR / name
@@ -167,7 +194,7 @@ def source_dir_of(name: str) -> Path:
 
 def family_of(name: str) -> Family:
     """The family a variant belongs to (its plugin, config, checkpoint and base edit)."""
-    for family in (MOE, QUANT, HYBRID):
+    for family in (MOE, QUANT, HYBRID, MLA):
         if name == family.ok_name or (
             family.variants_dir is not None and (family.variants_dir / name / "variant.py").is_file()
         ):
@@ -330,6 +357,51 @@ def hybrid_config() -> dict[str, Any]:
     return plugin_config(HYBRID_PLUGIN_SRC / "tiny_hybrid_model", "TinyHybridConfig", HYBRID_DIMS, "TinyHybridForCausalLM")
 
 
+def mla_config() -> dict[str, Any]:
+    """config.json of the MLA family (TinyMlaConfig)."""
+    return plugin_config(MLA_PLUGIN_SRC / "tiny_mla_model", "TinyMlaConfig", MLA_DIMS, "TinyMlaForCausalLM")
+
+
+def random_mla_weights(dims: dict[str, Any], seed: int = SEED) -> dict[str, Any]:
+    """DeepSeek-V2-Lite-named tensors of the tiny MLA model: per layer ``self_attn.q_proj``
+    [heads * (nope + rope), hidden], ``kv_a_proj_with_mqa`` [kv_lora_rank + rope, hidden] (the
+    latent, then the rotary key), ``kv_a_layernorm`` [kv_lora_rank], ``kv_b_proj``
+    [heads * (nope + v), kv_lora_rank], ``o_proj`` [hidden, heads * v]; a SiLU-gated MLP
+    (``gate_proj``, ``up_proj``, ``down_proj``) and a norm before each."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape: int, std: float = 0.05) -> torch.Tensor:
+        return (torch.randn(*shape, generator=gen) * std).to(torch.bfloat16)
+
+    def ones(n: int) -> torch.Tensor:
+        return torch.ones(n, dtype=torch.bfloat16)
+
+    hidden, heads, inter = dims["hidden_size"], dims["num_attention_heads"], dims["intermediate_size"]
+    nope, rope, v, rank = dims["qk_nope_head_dim"], dims["qk_rope_head_dim"], dims["v_head_dim"], dims["kv_lora_rank"]
+    out = {
+        "model.embed_tokens.weight": rand(dims["vocab_size"], hidden, std=0.5),
+        "lm_head.weight": rand(dims["vocab_size"], hidden),
+        "model.norm.weight": ones(hidden),
+    }
+    for i in range(dims["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out |= {
+            p + "input_layernorm.weight": ones(hidden),
+            p + "post_attention_layernorm.weight": ones(hidden),
+            p + "self_attn.q_proj.weight": rand(heads * (nope + rope), hidden),
+            p + "self_attn.kv_a_proj_with_mqa.weight": rand(rank + rope, hidden),
+            p + "self_attn.kv_a_layernorm.weight": ones(rank),
+            p + "self_attn.kv_b_proj.weight": rand(heads * (nope + v), rank),
+            p + "self_attn.o_proj.weight": rand(hidden, heads * v),
+            p + "mlp.gate_proj.weight": rand(inter, hidden),
+            p + "mlp.up_proj.weight": rand(inter, hidden),
+            p + "mlp.down_proj.weight": rand(hidden, inter),
+        }
+    return out
+
+
 def random_hybrid_weights(dims: dict[str, Any], seed: int = SEED) -> dict[str, Any]:
     """Nemotron-H-named tensors of the tiny hybrid, layer by layer as its pattern says: a Mamba 2
     mixer's fused ``in_proj`` (z, x, B, C, dt), depthwise ``conv1d`` [conv_dim, 1, kernel],
@@ -470,6 +542,17 @@ HYBRID = Family(
     variants_dir=HYBRID_DIR,
     config=lambda: hybrid_config(),
     weights=lambda: random_hybrid_weights(HYBRID_DIMS),
+)
+MLA = Family(
+    ok_name="mla-ok",
+    ok_description="the working MLA example: TinyMlaForCausalLM, DeepSeek-V2-Lite's attention through vLLM's "
+    "MultiHeadLatentAttentionWrapper (latent 512 + rope 64), a dense MLP",
+    plugin_src=MLA_PLUGIN_SRC,
+    base_package="tiny_mla_model",
+    entry_point="tiny_mla",
+    variants_dir=MLA_DIR,
+    config=lambda: mla_config(),
+    weights=lambda: random_mla_weights(MLA_DIMS),
 )
 QUANT = Family(
     ok_name="quant-ok",
@@ -618,6 +701,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--moe", action="store_true", help="also build moe-ok and examples/moe/*")
     parser.add_argument("--quant", action="store_true", help="also build quant-ok and examples/quant/*")
     parser.add_argument("--hybrid", action="store_true", help="also build hybrid-ok and examples/hybrid/*")
+    parser.add_argument("--mla", action="store_true", help="also build mla-ok and examples/mla/*")
     parser.add_argument(
         "--variants-dir",
         type=Path,
@@ -632,9 +716,10 @@ def main(argv: list[str] | None = None) -> int:
     sources = variant_sources(dirs)
     names = variant_names(dirs) + (port_names() if args.ports else []) + (perf_names() if args.perf else [])
     names += (moe_names() if args.moe else []) + (quant_names() if args.quant else [])
-    names += hybrid_names() if args.hybrid else []
+    names += (hybrid_names() if args.hybrid else []) + (mla_names() if args.mla else [])
     if args.only:
         names = variant_names(dirs) + port_names() + perf_names() + moe_names() + quant_names() + hybrid_names()
+        names += mla_names()
         unknown = sorted(set(args.only) - set(names))
         if unknown:
             parser.error(f"unknown variant(s) {unknown}; known: {names}")
