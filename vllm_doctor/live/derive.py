@@ -1,9 +1,19 @@
 """From raw ``/metrics`` scrapes to the numbers ``top`` shows: rates, latency windows, staleness.
 
 Rules the numbers keep (each is a bug of an existing tool, see issue 11):
-- a rate is the counter's difference between two good scrapes over their time difference; it
-  is never negative and never phantom: when counters go back or ``process_start_time_seconds``
-  changes, that is a restart, counted and marked, and no rate is computed across it;
+- a rate is the counter's difference between two good scrapes over the time the server took
+  between them; it is never negative and never phantom: when counters go back or
+  ``process_start_time_seconds`` changes, that is a restart, counted and marked, and no rate is
+  computed across it;
+- vLLM's ``/metrics`` carries no timestamp: the server read its counters at some instant between
+  the request's send and the reply's arrival (each scrape's bracket, the client's clock read
+  before and after). A busy server or a busy client (a reply read late, the next one at once)
+  makes the arrival times bunch: a counter's difference over them was a rate many times the
+  real one ("max 42392 tok/s" against ~1,800). A rate is over the longest time the server can
+  have taken (the later reply's arrival minus the earlier request's send), so it is never above
+  the real one; where the brackets leave that time uncertain by more than
+  :data:`RATE_UNCERTAINTY`, the refresh's rate is a lower bound (``rates_lower_bound``) and the
+  history gets a gap, not a number;
 - a failed scrape makes the frame stale (age of the last good scrape); numbers stay frozen at
   the last good values (the UI greys them) and history gets a gap, never a repeated value;
 - latency percentiles come from the histogram's difference over the user's window, with the
@@ -33,6 +43,9 @@ RATES = {
     "preemptions": "preempt_ps",
 }
 HISTORY_KEYS = ("gen_tps", "prompt_tps", "req_ps", "running", "waiting", "kv_usage")
+# the share of a rate's interval that the scrapes' brackets may leave unknown before its rate is
+# only a lower bound (a busy server answering late, a busy client reading late)
+RATE_UNCERTAINTY = 0.2
 QUANTILES = (0.5, 0.9, 0.99)
 ALL_NAMES = frozenset(name for m in METRICS for name in m.names)
 HISTORY_LEN = 240
@@ -51,10 +64,12 @@ class Snapshot:
     names: dict[str, str]
     parse_errors: int
     first_error: str = ""
+    sent: float | None = None  # when the request went out (the server read the counters in [sent, t])
 
 
-def snapshot(t: float, text: str, heads: dict[str, Any] | None = None) -> Snapshot:
-    """What one scrape says (``heads``: the parser's cache of label sets, kept by a :class:`Deriver`)."""
+def snapshot(t: float, text: str, heads: dict[str, Any] | None = None, sent: float | None = None) -> Snapshot:
+    """What one scrape says (``heads``: the parser's cache of label sets, kept by a :class:`Deriver`;
+    ``sent``: when its request went out, ``t`` when its reply was read)."""
     expo = parse(text, ALL_NAMES, heads)
     names = resolve(expo.families)
     values: dict[str, float] = {}
@@ -71,7 +86,7 @@ def snapshot(t: float, text: str, heads: dict[str, Any] | None = None) -> Snapsh
     info: dict[str, str] = {}
     if "cache_config" in names and expo.families[names["cache_config"]].samples:
         info = dict(expo.families[names["cache_config"]].samples[0].labels)
-    return Snapshot(t, values, hists, info, names, expo.errors, expo.first_error)
+    return Snapshot(t, values, hists, info, names, expo.errors, expo.first_error, sent)
 
 
 @dataclass(frozen=True)
@@ -167,6 +182,9 @@ class MetricsFrame:
     names: dict[str, str]
     history: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
     history_restarts: tuple[bool, ...] = ()
+    # the rates are lower bounds: the scrapes' brackets leave the server's interval uncertain
+    rates_lower_bound: bool = False
+    reply_s: float | None = None  # how long this scrape's reply took (request sent to reply read)
 
     def to_json(self) -> dict[str, Any]:
         """The derived numbers (history left out: a replay rebuilds it)."""
@@ -187,6 +205,8 @@ class MetricsFrame:
             "block_size": self.block_size,
             "parse_errors": self.parse_errors,
             "metric_names": self.names,
+            "rates_lower_bound": self.rates_lower_bound,
+            "reply_s": None if self.reply_s is None else round(self.reply_s, 3),
         }
 
 
@@ -204,6 +224,7 @@ class Deriver:
         self.window_s = window_s
         self.last: Snapshot | None = None
         self.rates: dict[str, float | None] = dict.fromkeys(RATES.values())
+        self.rates_lower_bound = False
         self.restarts = 0
         self.ring: deque[Snapshot] = deque(maxlen=WINDOW_RING)
         self.history: dict[str, deque[float | None]] = {k: deque(maxlen=history_len) for k in HISTORY_KEYS}
@@ -221,9 +242,12 @@ class Deriver:
             for k in HISTOGRAMS
         )
 
-    def update(self, t: float, text: str | None, error: str = "") -> MetricsFrame:
-        """One refresh at wall time ``t``: ``text`` is the scrape, or None with ``error`` when it failed."""
-        cur = snapshot(t, text, self._heads) if text is not None else None
+    def update(self, t: float, text: str | None, error: str = "", sent: float | None = None) -> MetricsFrame:
+        """One refresh: ``text`` is the scrape, or None with ``error`` when it failed; its request
+        went out at ``sent`` and its reply was read at ``t`` (wall times; ``sent`` None: at ``t``,
+        a recording made before the brackets were kept)."""
+        sent = t if sent is None or sent > t else sent
+        cur = snapshot(t, text, self._heads, sent) if text is not None else None
         if cur is not None and not cur.names:
             first = clip((text or "").strip().split("\n", 1)[0], 60)
             error = error or f"no vLLM metrics in the answer (it starts {first!r})"
@@ -236,25 +260,36 @@ class Deriver:
                 self.restarts += 1
                 self.ring.clear()  # windows start after the restart: no delta across it
                 self.rates = dict.fromkeys(RATES.values())
+                self.rates_lower_bound = False
             elif prev is not None and t > prev.t:
-                dt = t - prev.t
-                for counter, rate in RATES.items():
-                    if counter in cur.values and counter in prev.values:
-                        self.rates[rate] = max(0.0, (cur.values[counter] - prev.values[counter]) / dt)
-                    else:
-                        self.rates[rate] = None
+                self._rate(prev, cur)
             self.last = cur
             # the windows read only the histograms and the prefix-cache counters of a kept scrape
             kept = {k: cur.values[k] for k in WINDOW_VALUES if k in cur.values}
-            self.ring.append(Snapshot(cur.t, kept, cur.histograms, {}, {}, 0))
+            self.ring.append(Snapshot(cur.t, kept, cur.histograms, {}, {}, 0, "", cur.sent))
         stale = cur is None
         self._append_history(cur, restart)
-        return self._frame(t, cur is not None, error, stale, restart)
+        return self._frame(t, cur is not None, error, stale, restart, t - sent)
+
+    def _rate(self, prev: Snapshot, cur: Snapshot) -> None:
+        """The counters' rates between two good scrapes, over the longest interval the server can
+        have taken between its two reads of them (never above the real rate); a lower bound only
+        where the two scrapes' brackets leave much of that interval unknown."""
+        longest = cur.t - (prev.sent if prev.sent is not None else prev.t)
+        shortest = max(0.0, (cur.sent if cur.sent is not None else cur.t) - prev.t)
+        self.rates_lower_bound = longest - shortest > RATE_UNCERTAINTY * longest
+        for counter, rate in RATES.items():
+            if counter in cur.values and counter in prev.values:
+                self.rates[rate] = max(0.0, (cur.values[counter] - prev.values[counter]) / longest)
+            else:
+                self.rates[rate] = None
 
     def _append_history(self, cur: Snapshot | None, restart: bool) -> None:
         for key in HISTORY_KEYS:
             if cur is None or restart:
                 value = None  # a gap: never repeat a frozen value, never a rate across a restart
+            elif key in self.rates and self.rates_lower_bound:
+                value = None  # a gap: the server's interval is not known well enough for a number
             elif key in self.rates:
                 value = self.rates[key]
             else:
@@ -274,7 +309,7 @@ class Deriver:
                 break
         return base if base is not self.ring[-1] else None
 
-    def _frame(self, t: float, ok: bool, error: str, stale: bool, restart: bool) -> MetricsFrame:
+    def _frame(self, t: float, ok: bool, error: str, stale: bool, restart: bool, reply_s: float) -> MetricsFrame:
         last = self.last
         latency: dict[str, LatencyStat | None] = {}
         hit_rate = None
@@ -313,4 +348,6 @@ class Deriver:
             names=dict(last.names) if last else {},
             history={k: tuple(v) for k, v in self.history.items()},
             history_restarts=tuple(self.history_restarts),
+            rates_lower_bound=self.rates_lower_bound,
+            reply_s=reply_s,
         )

@@ -11,7 +11,11 @@ def _n(key: str) -> str:
 
 def glossary() -> list[tuple[str, str, str, str]]:
     """(panel, number, source, formula) rows."""
-    rate = "Δcounter / Δt between the last two good scrapes; none across a restart; never < 0"
+    rate = (
+        "Δcounter / the longest time the server can have taken between its two reads (this scrape's reply "
+        "read minus the last one's request sent: never above the real rate); '≥' where late replies leave "
+        "that time uncertain (a gap in the history); none across a restart; never < 0"
+    )
     hist = "histogram_quantile over (buckets now − buckets at window start); n = Δcount"
     return [
         ("engine", "running", _n("running"), "gauge, summed over engines"),
@@ -85,4 +89,11 @@ def glossary() -> list[tuple[str, str, str, str]]:
         ),
         ("model", "findings", "the engine checks (VD4xx/VD5xx) on the gathered facts", "as vllm-doctor attach"),
         ("status", "STALE n s", "the last good scrape", "now − time of the last good scrape; numbers frozen"),
+        (
+            "status",
+            "BEHIND n s",
+            "the frame on screen",
+            "now − when its scrape came back, past 2 refreshes + 3 s: no new frame (a stuck poll, a starved top)",
+        ),
+        ("status", "SLOW /metrics n s", "the last scrape", "its request sent to its reply read, past the interval"),
     ]

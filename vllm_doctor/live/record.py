@@ -44,6 +44,7 @@ class RecordedRefresh:
 
     seq: int | None = None
     t: float = 0.0
+    sent: float | None = None  # when the scrape's request went out (None: a recording from before)
     interval_s: float | None = None
     raw: str | None = None  # the /metrics text as scraped
     error: str | None = None  # why the scrape failed
@@ -74,6 +75,7 @@ class Recorder:
             {
                 "seq": frame.seq,
                 "t": frame.t,
+                "sent": frame.sent,
                 "interval_s": frame.interval_s,
                 "raw": frame.raw,
                 "error": frame.metrics.error,
@@ -184,7 +186,7 @@ class ReplaySource:
 
     def _frame(self, i: int) -> Frame:
         rec = self.records[i]
-        metrics = self.deriver.update(float(rec.t), rec.raw, rec.error or "")
+        metrics = self.deriver.update(float(rec.t), rec.raw, rec.error or "", sent=rec.sent)
         self._derived_upto = i
         return Frame(
             seq=rec.seq if rec.seq is not None else i + 1,
@@ -196,6 +198,7 @@ class ReplaySource:
             model=rec.model,
             raw=rec.raw,
             replay={"index": i, "count": len(self.records), "speed": self.speed},
+            sent=rec.sent,
         )
 
     def poll(self) -> Frame:

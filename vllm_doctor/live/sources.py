@@ -109,6 +109,7 @@ class Frame:
     model: dict[str, Any] | None = None  # ModelChannel.latest, a ModelSummary's JSON (None: the channel is off)
     raw: str | None = field(default=None, repr=False)  # the scrape as received (recording only)
     replay: dict[str, Any] | None = None  # position in a recording: {"index", "count", "speed"}
+    sent: float | None = None  # when the scrape's request went out (``t``: when its reply was read)
 
 
 class Source(Protocol):
@@ -455,16 +456,17 @@ class LiveSource:
         self._scrape = Scraper(url)
         # prefetch: the first scrape starts now, in a thread, and the first poll() uses it (top's
         # first picture does not wait for the app's imports and the server's answer one after the other)
-        self._first: tuple[str | None, float, Any] | None = None  # (text, t, derived metrics)
+        self._first: tuple[str | None, float, float, Any] | None = None  # (text, sent, t, derived metrics)
         self._prefetch: threading.Thread | None = None
         if prefetch:
             self._prefetch = threading.Thread(target=self._fetch_first, name="vllm-doctor-first-scrape", daemon=True)
             self._prefetch.start()
 
     def _fetch_first(self) -> None:
+        sent = self.clock()
         (text, error), t = self._scrape(self.timeout_s), self.clock()
         # derived here too: the first poll() joins this thread before it touches the deriver
-        self._first = (text, t, self.deriver.update(t, text, error))
+        self._first = (text, sent, t, self.deriver.update(t, text, error, sent=sent))
 
     @property
     def window_s(self) -> float:
@@ -481,11 +483,14 @@ class LiveSource:
             self._prefetch.join()
             self._prefetch, first, self._first = None, self._first, None
         if first is not None:
-            text, t, metrics = first
+            text, sent, t, metrics = first
         else:
+            # the server reads its counters somewhere between these two clock reads: the rates
+            # are over what the brackets allow (live/derive), never the replies' arrival alone
+            sent = self.clock()
             text, error = self._scrape(self.timeout_s)
             t = self.clock()
-            metrics = self.deriver.update(t, text, error)
+            metrics = self.deriver.update(t, text, error, sent=sent)
         devices = None
         if self.devices is not None:
             try:
@@ -507,6 +512,7 @@ class LiveSource:
             devices=devices,
             model=dict(self.model.latest) if self.model is not None else None,
             raw=text,
+            sent=sent,
         )
 
     def close(self) -> None:

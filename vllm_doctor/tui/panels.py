@@ -118,7 +118,9 @@ def throughput_panel(frame: Frame, width: int) -> Text:
         ("prompt_tps", "prompt", " tok/s"),
         ("req_ps", "requests", " req/s"),
     ):
-        _line(out, label, num(m.rates.get(key), "{:.1f}", unit), st)
+        value = num(m.rates.get(key), "{:.1f}", unit)
+        # the server's interval between the scrapes is uncertain (replies late): at least this
+        _line(out, label, f"≥ {value}" if m.rates_lower_bound and value != DASH else value, st)
         out.append_text(spark(m.history.get(key, ()), m.history_restarts, spark_w))
         out.append("\n")
     return out

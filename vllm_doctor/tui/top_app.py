@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime
 from itertools import pairwise
 from pathlib import Path
@@ -38,6 +39,13 @@ INTERVALS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0)
 SPEEDS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0)
 WINDOWS = (10.0, 30.0, 60.0, 300.0, 900.0)
 SEEK_STEP = 10
+SLOW_REPLY_S = 1.0  # a /metrics answer slower than this (and than the interval) is a SLOW badge
+
+
+def behind_after(interval_s: float) -> float:
+    """How old the frame on screen may get before the badge says BEHIND: two refreshes and a
+    scrape's time-out (live/sources' 2 s), with a second to spare."""
+    return 2 * interval_s + 3.0
 
 
 class Panel(Widget):
@@ -411,6 +419,7 @@ class TopApp(App[None]):
         self.recorder: Recorder | None = None
         self.clock_in_status = clock_in_status
         self.paused = False
+        self.wall: Callable[[], float] = time.time  # the clock a live frame's age is read on
         self.zoomed: str | None = None
         self.frame: Frame | None = None
         self.frames_shown = 0
@@ -436,6 +445,8 @@ class TopApp(App[None]):
     def on_mount(self) -> None:
         self._fit(self.size.width, self.size.height)
         self._draw_status()
+        if not self.replay:  # the badge ages while no frame comes (a poll stuck on a slow server)
+            self.set_interval(1.0, self._draw_status)
         self._thread = threading.Thread(target=self._poll_loop, name="vllm-doctor-top", daemon=True)
         self._thread.start()
 
@@ -519,7 +530,7 @@ class TopApp(App[None]):
             status.append(badge, style="bold white on red")
             status.append(f" {clip(frame.metrics.error, 60)} ", style="red")
         elif not self.replay:
-            status.append(" LIVE ", style="bold black on green")
+            status.append(*self._live_badge(frame))
         if self.paused:
             status.append(" PAUSED ", style="bold black on yellow")
         if self.recorder is not None:
@@ -542,6 +553,20 @@ class TopApp(App[None]):
             except Exception:  # a modal screen is on top; the next frame draws it
                 return
         self._status.show(status)
+
+    def _live_badge(self, frame: Frame) -> tuple[str, str]:
+        """LIVE only while the frame on screen is recent and its scrape came back in time:
+        BEHIND (no new frame for longer than a refresh and a scrape's timeout: the poll is stuck,
+        this terminal's process starved) and SLOW (the server took longer than the interval to
+        answer /metrics: the numbers are that old, the rates lower bounds) say when not."""
+        interval = self.source.interval_s
+        behind = self.wall() - frame.t
+        if not self.paused and behind > behind_after(interval):
+            return f" BEHIND {behind:.0f} s ", "bold black on yellow"
+        reply = frame.metrics.reply_s
+        if reply is not None and reply > max(SLOW_REPLY_S, interval):
+            return f" SLOW /metrics {reply:.1f} s ", "bold black on yellow"
+        return " LIVE ", "bold black on green"
 
     # -- keys ---------------------------------------------------------------------------------
     def action_help(self) -> None:
