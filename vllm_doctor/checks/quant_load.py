@@ -9,7 +9,10 @@ none (the KV-cache methods' ``q/k/v_scale`` and zero points). With the ledger's 
   ``quant_config`` passed, or a plain ``nn.Linear``) while the checkpoint holds quantized weights
   or scales for it (tensors loaded into it, or looked up under its name);
 - *missing scales* (VD315): a layer vLLM quantizes whose scales / zero points / other
-  quantization parameters no checkpoint tensor fills.
+  quantization parameters no checkpoint tensor fills;
+- *malformed scales* (VD315): a scale the checkpoint has for such a layer, stored as an integer
+  or boolean where vLLM's parameter is a float (vLLM casts it as it is: a scale of 0 or 1), or in
+  a shape the parameter does not take (the load fails for it).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.facts import wire
+from vllm_doctor.facts.checkpoint import FLOAT_DTYPES
 from vllm_doctor.facts.quant_checkpoint import (
     FP8_DTYPES,
     INT_DTYPES,
@@ -30,6 +34,21 @@ from vllm_doctor.facts.quant_checkpoint import (
 from vllm_doctor.facts.static import Facts
 
 LAYER = re.compile(r"(?<=\.)(\d+)(?=\.)")
+# a parameter's dtype as the weights pass records it (torch's name) -> the safetensors name
+ST_DTYPES = {
+    "bfloat16": "BF16",
+    "float16": "F16",
+    "float32": "F32",
+    "float64": "F64",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e8m0fnu": "F8_E8M0",
+    "int8": "I8",
+    "uint8": "U8",
+    "int32": "I32",
+    "int64": "I64",
+    "bool": "BOOL",
+}
 
 
 @dataclass(frozen=True)
@@ -161,6 +180,81 @@ def unquantized_modules(facts: Facts) -> set[str]:
     return {layer.module for layer in unquantized_layers(facts)}
 
 
+def st_dtype(torch_dtype: str) -> str:
+    """``float32`` / ``torch.float32`` -> ``F32`` (the name safetensors headers use)."""
+    name = torch_dtype.removeprefix("torch.")
+    return ST_DTYPES.get(name, name.upper())
+
+
+@dataclass(frozen=True)
+class MalformedScale:
+    """A checkpoint scale of a layer vLLM quantizes, present but of the wrong dtype or shape."""
+
+    module: str
+    leaf: str  # the parameter's leaf (weight_scale, input_scale)
+    tensor: str  # the checkpoint tensor
+    problem: str  # "dtype" | "shape"
+    dtype: str  # the tensor's (safetensors name)
+    shape: list[int]
+    param_dtype: str  # the parameter's (safetensors name)
+    param_shape: list[int]  # the parameter's (a fused parameter's whole shape)
+    error: str = ""  # what the loader raised for it
+
+
+def _quant_param_targets(layers: QuantLayers) -> dict[str, tuple[str, str]]:
+    """Parameter name -> (module, leaf) for the quantization parameters (not the weight, not the
+    bias) of every layer vLLM quantizes."""
+    out = {}
+    for module, q in layers.modules.items():
+        if q.quantized:
+            for leaf in q.params:
+                if leaf not in WEIGHT_LEAVES and leaf != "bias":
+                    out[f"{module}.{leaf}" if module else leaf] = (module, leaf)
+    return out
+
+
+def _wrong_kind(dtype: str, param_dtype: str) -> bool:
+    """A scale stored as a boolean, or as an integer where the parameter is a float: vLLM's loader
+    casts it as it is (True -> 1.0, an int64 0 -> 0.0), it never means the float it should."""
+    if dtype == "BOOL":
+        return param_dtype != "BOOL"
+    return dtype not in FLOAT_DTYPES and param_dtype in FLOAT_DTYPES
+
+
+def malformed_scales(facts: Facts) -> list[MalformedScale]:
+    """The checkpoint's scales of layers vLLM quantizes that are there but stored wrong (VD315
+    names them with the dtype/shape found and the one wanted; VD301, VD303, VD304 defer to it)."""
+    layers = quant_layers(facts)
+    data = facts.usable_weight_load()
+    if layers is None or data is None or not layers.method:
+        return []
+    targets = _quant_param_targets(layers)
+    params: dict[str, Any] = data["params"]
+    out = []
+    for tname, t in data["tensors"].items():
+        if not is_scale(tname):
+            continue
+        for target in sorted(_targets(t)):
+            if target not in targets or target not in params:
+                continue
+            module, leaf = targets[target]
+            p = params[target]
+            pdt = st_dtype(str(p["dtype"]))
+            error = str(t["errors"][0]["error"]) if t["errors"] else ""
+            want = list(t.get("expected_shape") or p["shape"])
+            if _wrong_kind(t["dtype"], pdt):
+                out.append(MalformedScale(module, leaf, tname, "dtype", t["dtype"], list(t["shape"]), pdt, want, error))
+            elif t["status"] == "shape_mismatch":
+                out.append(MalformedScale(module, leaf, tname, "shape", t["dtype"], list(t["shape"]), pdt, want, error))
+            break
+    return out
+
+
+def malformed_tensors(facts: Facts) -> set[str]:
+    """The checkpoint tensors VD315 names as malformed scales (VD303 and VD304 defer to it)."""
+    return {m.tensor for m in malformed_scales(facts)}
+
+
 def missing_quant_params(facts: Facts) -> dict[str, list[str]]:
     """Module -> the quantization parameters (scales, zero points, ...) of a layer vLLM quantizes
     that no checkpoint tensor fills (VD315; VD301 defers to it)."""
@@ -169,6 +263,7 @@ def missing_quant_params(facts: Facts) -> dict[str, list[str]]:
     if layers is None or data is None or not layers.method:
         return {}
     params: dict[str, Any] = data["params"]
+    present = {(m.module, m.leaf) for m in malformed_scales(facts)}  # there, stored wrong: not "missing"
     out: dict[str, list[str]] = {}
     for module, q in layers.modules.items():
         if not q.quantized:
@@ -178,7 +273,8 @@ def missing_quant_params(facts: Facts) -> dict[str, list[str]]:
             p = params.get(name)
             if p is None or p["written"] or leaf in WEIGHT_LEAVES or leaf == "bias" or name in layers.defaulted:
                 continue
-            out.setdefault(module, []).append(leaf)
+            if (module, leaf) not in present:
+                out.setdefault(module, []).append(leaf)
     return out
 
 

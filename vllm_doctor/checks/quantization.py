@@ -14,9 +14,11 @@ from collections.abc import Iterable
 
 from vllm_doctor.checks.base import Emit, capped_findings, check
 from vllm_doctor.checks.quant_load import (
+    MalformedScale,
     checkpoint_quantization,
     layer_of,
     layer_pattern,
+    malformed_scales,
     missing_quant_params,
     quant_layers,
     unquantized_layers,
@@ -87,12 +89,17 @@ def layer_built_without_quant_config(facts: Facts, emit: Emit) -> Iterable[Findi
     findings = []
     for pattern, members in groups.items():
         first = members[0]
-        built = (
-            "is a plain nn.Linear (no quantization method)"
-            if first.quant_method is None
-            else f"was built without quant_config (vLLM gave it {first.quant_method}"
-            + (f"; the other layers got {', '.join(siblings)})" if siblings else ")")
-        )
+        if first.ignored_by:  # the config's own ignore list (fp8's ignored_layers, ignore, ...) left it unquantized
+            built = (
+                f"is left unquantized by the quantization config's own ignore list ({first.ignored_by!r}; vLLM gave "
+                f"it {first.quant_method or 'no quantization method'})"
+            )
+        elif first.quant_method is None:
+            built = "is a plain nn.Linear (no quantization method)"
+        else:
+            built = f"was built without quant_config (vLLM gave it {first.quant_method}" + (
+                f"; the other layers got {', '.join(siblings)})" if siblings else ")"
+            )
         parts = []
         if first.quantized_tensors:
             tensor, dtype = first.quantized_tensors[0]
@@ -104,11 +111,7 @@ def layer_built_without_quant_config(facts: Facts, emit: Emit) -> Iterable[Findi
                 f"{', '.join(leaves)} has no parameter"
                 + (f" (vLLM stops loading: {first.error.splitlines()[0]})" if first.error else "")
             )
-        cause = (
-            f"; the quantization config's ignore list names it ({first.ignored_by!r}) but the checkpoint quantized it"
-            if first.ignored_by
-            else ""
-        )
+        cause = "; the checkpoint quantized it all the same" if first.ignored_by else ""
         where = pattern if len(members) > 1 else first.module
         leaf = first.module.rsplit(".", 1)[-1]
         findings.append(
@@ -150,20 +153,25 @@ def _layer_key(module: str) -> tuple[int, str]:
 @check(
     "VD315",
     "quantization-scales-not-loaded",
-    "Scales (or zero points) of a quantized layer that no checkpoint tensor fills, named per layer.",
+    (
+        "Scales (or zero points) of a quantized layer that no checkpoint tensor fills, or that the checkpoint "
+        "stores as an integer / boolean or in another shape, named per layer."
+    ),
     severity=Severity.ERROR,
     stage=Stage.STATIC,
     topic="weights",
     what=(
         "A layer vLLM quantizes has, beside its weight, the parameters its method needs: `weight_scale`, "
         "`weight_zero_point`, `input_scale`, GPTQ's `scales`/`qzeros`/`g_idx`. vllm-doctor records which of them the "
-        "checkpoint fills through load_weights (not the KV-cache scales vLLM defaults to 1.0)."
+        "checkpoint fills through load_weights (not the KV-cache scales vLLM defaults to 1.0), and the dtype and "
+        "shape of each scale the checkpoint has against vLLM's parameter."
     ),
     why=(
         "vLLM's missing-weight check is off for quantized models: a layer whose scales the checkpoint lacks runs on "
-        "uninitialised memory (NaN logprobs, token id 0, or garbage that changes from run to run), without a word."
+        "uninitialised memory (NaN logprobs, token id 0, or garbage that changes from run to run), without a word. "
+        "A scale stored as int64 or bool is cast as it is (a scale of 0 or 1.0), again without a word."
     ),
-    example="a conversion script that dropped layer 1's weight_scale tensors",
+    example="a conversion script that dropped layer 1's weight_scale tensors, or wrote them as int64",
     fix=(
         "re-export the checkpoint with every layer's scales (or fix the names load_weights maps them by); vLLM's "
         'loader option `model_loader_extra_config={"enable_weights_track": true}` makes it refuse such a checkpoint'
@@ -177,9 +185,12 @@ def quantization_scales_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding
         yield emit.not_applicable("vLLM builds the model unquantized")
         return
     missing = missing_quant_params(facts)
+    malformed = _malformed_findings(malformed_scales(facts), emit)
+    yield from malformed
     if not missing:
-        quantized = sum(1 for q in layers.modules.values() if q.quantized)
-        yield emit.ok(f"every scale of the {quantized} quantized layer(s) is loaded from the checkpoint")
+        if not malformed:
+            quantized = sum(1 for q in layers.modules.values() if q.quantized)
+            yield emit.ok(f"every scale of the {quantized} quantized layer(s) is loaded from the checkpoint")
         return
     by_layer: dict[tuple[int, str], dict[str, list[str]]] = {}
     for module, leaves in missing.items():
@@ -201,6 +212,58 @@ def quantization_scales_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding
             )
         )
     yield from capped_findings(findings, emit, "layers with scales not loaded")
+
+
+def _malformed_findings(found: list[MalformedScale], emit: Emit) -> list[Finding]:
+    """One finding per layer and problem: the scales the checkpoint has, stored as another dtype
+    kind (an integer, a boolean) than vLLM's float parameter, or in a shape it does not take."""
+    groups: dict[tuple[tuple[int, str], str, str, str], list[MalformedScale]] = {}
+    for m in found:
+        key = (_layer_key(m.module), m.problem, m.dtype if m.problem == "dtype" else str(m.shape), m.leaf)
+        groups.setdefault(key, []).append(m)
+    findings = []
+    for ((index, name), problem, _, leaf), members in sorted(groups.items()):
+        first = members[0]
+        where = f"layer {index}" if index >= 0 else name
+        of = ", ".join(sorted({m.module.rsplit(".", 1)[-1] for m in members}))
+        if problem == "dtype":
+            said = (
+                f"{leaf} of {of} is stored as {first.dtype}, but vLLM's {leaf} is {first.param_dtype}: "
+                + (
+                    "the booleans are loaded as 1.0 / 0.0"
+                    if first.dtype == "BOOL"
+                    else "the integers are loaded as floats as they are"
+                )
+                + " and the layer's output is scaled by them, without a word"
+            )
+            hint = f"re-export {leaf} as {first.param_dtype} (the scale the quantizing tool computed)"
+        else:
+            wants = {m.module.rsplit(".", 1)[-1]: m.param_shape for m in members}
+            takes = (
+                str(first.param_shape)
+                if len({str(w) for w in wants.values()}) == 1
+                else ", ".join(f"{name} {shape}" for name, shape in sorted(wants.items()))
+            )
+            said = (
+                f"{leaf} of {of} is in the checkpoint with shape {first.shape}, but vLLM's parameter takes {takes}: "
+                "it is not loaded (VD303 names each tensor)"
+            )
+            hint = f"re-export {leaf} in the shape the quantization method uses ({takes})"
+        findings.append(
+            emit.fail(
+                f"{where}: {said}",
+                where,
+                {
+                    "layer": index if index >= 0 else None,
+                    "problem": problem,
+                    "tensors": [m.tensor for m in members][:20],
+                    "found": {"dtype": first.dtype, "shape": first.shape},
+                    "expected": {"dtype": first.param_dtype, "shape": first.param_shape},
+                },
+                hint,
+            )
+        )
+    return capped_findings(findings, emit, "layers with scales stored wrong")
 
 
 @check(
@@ -230,6 +293,7 @@ def quantization_scales_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding
 )
 def quantization_method_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
     ckq = checkpoint_quantization(facts)
+    yield from _unbounded_pattern_findings(ckq.unbounded, emit)
     found = {f: names for f, names in ckq.formats.items()}
     described = "; ".join(f"{len(n)} {FORMAT_WORDS[f]} (e.g. {n[0]})" for f, n in sorted(found.items()))
     if ckq.method is None:
@@ -328,3 +392,21 @@ def quantized_module_names_differ(facts: Facts, emit: Emit) -> Iterable[Finding]
         "name the model's modules as the checkpoint does (the prefix each layer is built with), or map them in "
         "load_weights and list the model's names in modules_in_block_to_quantize",
     )
+
+
+def _unbounded_pattern_findings(patterns: list[dict[str, str]], emit: Emit) -> Iterable[Finding]:
+    """A regular expression of the quantization config that vllm-doctor does not run (over the
+    bound of :mod:`vllm_doctor.facts.user_regex`): vLLM matches it against every layer's name at
+    start-up, as long as it takes; the model is not built (the weights pass and the engine stage)."""
+    findings = [
+        emit.fail(
+            f"{p['key']} = {p['value']!r}: a regular expression vllm-doctor does not run: {p['why']}; vLLM matches "
+            "it against every layer's name while it builds the model, for as long as that takes",
+            f"config.json:{p['key']}",
+            {"key": p["key"], "value": p["value"], "problem": p["why"], "kind": "unbounded-pattern"},
+            "write the pattern without nested or alternating repetition (e.g. 're:.*lm_head', "
+            "'re:.*self_attn\\.(q|k|v)_proj$'), or list the modules by name",
+        )
+        for p in patterns
+    ]
+    yield from capped_findings(findings, emit, "regular expressions vllm-doctor does not run")

@@ -16,6 +16,8 @@ from vllm_doctor.checks.base import Emit, capped_findings, check, known
 from vllm_doctor.checks.quant_load import (
     defaulted_params,
     dropped_by_method,
+    malformed_scales,
+    malformed_tensors,
     missing_quant_params,
     unquantized_modules,
     unquantized_tensors,
@@ -80,6 +82,7 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
     by_tower = tower_params(facts)
     defaulted = defaulted_params(facts)  # vLLM fills them itself (KV-cache scales)
     scales = {f"{m}.{leaf}" for m, leaves in missing_quant_params(facts).items() for leaf in leaves}
+    scales |= {f"{m.module}.{m.leaf}" for m in malformed_scales(facts)}  # VD315: there, stored wrong
     unquantized = unquantized_modules(facts)
     deferred_quant: list[str] = []
     for name, p in sorted(params.items()):
@@ -531,7 +534,8 @@ def lossy_checkpoint_dtype(facts: Facts, emit: Emit) -> Iterable[Finding]:
     source = "the parameters the tensors load into"
     if data is not None:
         params = data["params"]
-        deferred = unquantized_tensors(facts)  # VD314 names the layer built unquantized
+        # VD314 names the layer built unquantized, VD315 a scale stored as an integer or boolean
+        deferred = unquantized_tensors(facts) | malformed_tensors(facts)
         for name, t in data["tensors"].items():
             if name in deferred:
                 continue

@@ -15,10 +15,11 @@ What the config says it holds, from ``quant_method`` (and compressed-tensors' co
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+from vllm_doctor.facts.user_regex import bounded_match, unbounded_patterns
 
 FP8_DTYPES = frozenset({"F8_E4M3", "F8_E5M2"})
 INT_DTYPES = frozenset({"I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64"})
@@ -93,7 +94,11 @@ class CheckpointQuant:
     expected: set[str] | None  # the weight formats the config says it holds (None: unknown)
     formats: dict[str, list[str]] = field(default_factory=dict)  # format -> the tensors in it
     scales: list[str] = field(default_factory=list)
-    ignore: list[str] = field(default_factory=list)  # the config's ignore list (compressed-tensors)
+    # the config's list of layers left unquantized: compressed-tensors' ``ignore``, fp8's
+    # ``ignored_layers``, the transformers-style ``modules_to_not_convert``
+    ignore: list[str] = field(default_factory=list)
+    # the config's regular expressions vllm-doctor does not run (user_regex.unbounded_patterns)
+    unbounded: list[dict[str, str]] = field(default_factory=list)
 
     @property
     def quantized(self) -> bool:
@@ -101,28 +106,47 @@ class CheckpointQuant:
         return self.method is not None and bool(self.formats or self.scales)
 
     def ignored(self, module: str) -> str | None:
-        """The ignore-list entry that names ``module`` (exact, or ``re:`` as compressed-tensors)."""
+        """The ignore-list entry that names ``module`` (exact, or ``re:`` as compressed-tensors; a
+        pattern over vllm-doctor's bound is not run: :mod:`vllm_doctor.facts.user_regex`)."""
         for entry in self.ignore:
             if entry.startswith("re:"):
-                try:
-                    if re.fullmatch(entry[3:], module) or re.match(entry[3:], module):
-                        return entry
-                except re.error:
-                    continue
+                if bounded_match(entry[3:], module):
+                    return entry
             elif entry == module or module.endswith("." + entry) or entry.endswith("." + module):
                 return entry
         return None
 
 
+IGNORE_KEYS = ("ignore", "ignored_layers", "modules_to_not_convert")
+
+
+def quantization_config(config: dict[str, Any]) -> dict[str, Any] | None:
+    """config.json's ``quantization_config`` (or its text_config's / llm_config's /
+    language_config's), when it is an object."""
+    qconfig = config.get("quantization_config")
+    if isinstance(qconfig, dict):
+        return qconfig
+    for key in ("text_config", "llm_config", "language_config"):
+        sub = config.get(key)
+        if isinstance(sub, dict) and isinstance(sub.get("quantization_config"), dict):
+            return sub["quantization_config"]
+    return None
+
+
+def ignore_list(qconfig: dict[str, Any]) -> list[str]:
+    """Every entry of the config's lists of layers left unquantized, under each method's key
+    (vLLM's fp8 reads ``ignored_layers``, compressed-tensors ``ignore``)."""
+    out: list[str] = []
+    for key in IGNORE_KEYS:
+        value = qconfig.get(key)
+        if isinstance(value, list):
+            out.extend(str(i) for i in value if i is not None)
+    return out
+
+
 def checkpoint_quant(config: dict[str, Any], tensors: Iterable[tuple[str, str]]) -> CheckpointQuant:
     """config.json and the checkpoint's (name, dtype) pairs -> :class:`CheckpointQuant`."""
-    qconfig = config.get("quantization_config")
-    if not isinstance(qconfig, dict):
-        for key in ("text_config", "llm_config", "language_config"):
-            sub = config.get(key)
-            if isinstance(sub, dict) and isinstance(sub.get("quantization_config"), dict):
-                qconfig = sub["quantization_config"]
-                break
+    qconfig = quantization_config(config)
     formats: dict[str, list[str]] = {}
     scales: list[str] = []
     for name, dtype in tensors:
@@ -134,11 +158,11 @@ def checkpoint_quant(config: dict[str, Any], tensors: Iterable[tuple[str, str]])
     if not isinstance(qconfig, dict):
         return CheckpointQuant(None, None, formats, scales)
     method = qconfig.get("quant_method")
-    ignore = qconfig.get("ignore") or qconfig.get("modules_to_not_convert") or []
     return CheckpointQuant(
         str(method) if method else None,
         expected_formats(qconfig),
         formats,
         scales,
-        [str(i) for i in ignore] if isinstance(ignore, list) else [],
+        ignore_list(qconfig),
+        unbounded_patterns(qconfig),
     )
