@@ -1,6 +1,7 @@
-"""VD214 (a hybrid's state interfaces) and VD215 (its layer pattern) on plain data: the weights
-pass's record of the built mixers and the class's declarations, as the real pass sends them for
-examples/hybrid (tests/engine/test_hybrid_ground_truth.py runs those on the engine)."""
+"""VD214 (a hybrid's state interfaces), VD215 (its layer pattern) and VD216 (an MLA port's latent,
+and vLLM's reading of the model as MLA) on plain data: the weights pass's record of the built mixers
+and the class's declarations, as the real pass sends them for examples/hybrid and examples/mla
+(tests/engine/test_hybrid_ground_truth.py, tests/engine/test_mla_ground_truth.py run those on the engine)."""
 
 from __future__ import annotations
 
@@ -103,12 +104,12 @@ def test_layer_types_of_an_in_tree_hybrid_match_what_it_builds() -> None:
     assert f.outcome is Outcome.PASS
 
 
-def _mla_facts(kv_lora_rank: int, rope: int) -> Facts:
+def _mla_facts(kv_lora_rank: int, rope: int, **load: Any) -> Facts:
     config = {"architectures": ["MyMlaForCausalLM"], "kv_lora_rank": 512, "qk_rope_head_dim": 64}
     layers = [{"prefix": f"model.layers.{i}.self_attn.attn", "path": f"model.layers.{i}.self_attn.mla_attn.mla_attn",
                "kind": "mla", "family": "mla", "class": "MLAAttention", "kv_lora_rank": kv_lora_rank,
                "qk_rope_head_dim": rope, "head_size": kv_lora_rank + rope} for i in range(2)]  # fmt: skip
-    return Facts(model_dir="/m", config=config, weight_load={"mixers": layers, "state_interfaces": DECLARED})
+    return Facts(model_dir="/m", config=config, weight_load={"mixers": layers, "state_interfaces": DECLARED} | load)
 
 
 def test_an_mla_layer_caches_config_jsons_latent() -> None:
@@ -119,6 +120,32 @@ def test_an_mla_layer_caches_config_jsons_latent() -> None:
     assert bad[0].message.endswith("MLA latent with qk_rope_head_dim 32 (config.json: 64)")
     (f,) = run_checks(facts(), ["VD216"])
     assert f.outcome is Outcome.NOT_APPLICABLE
+
+
+def test_an_mla_model_vllm_does_not_read_as_mla() -> None:
+    """examples/mla/mla-model-type-unknown: a model_type outside vLLM's MLA list (no convertor
+    registered) builds its MLA layers, and vLLM sizes their metadata by hidden_size / heads; vLLM
+    0.32's first request fails (tests/fixtures/mla_expected.py)."""
+    unread = {"model_type": "my_mla", "use_mla": False, "head_size": 32}
+    (f,) = run_checks(_mla_facts(512, 64, attention_reading=unread), ["VD216"])
+    assert f.outcome is Outcome.FAIL and f.subject == "model.layers.0.self_attn.mla_attn.mla_attn"
+    assert f.message == (
+        "model.layers.0.self_attn.mla_attn.mla_attn: the model builds 2 MLA layer(s), but vLLM does not read model_type "
+        "'my_mla' as an MLA model (ModelConfig.use_mla is false): it sizes their attention metadata by a head of 32, "
+        "not the latent's 576 (kv_lora_rank 512 + qk_rope_head_dim 64); vLLM 0.32 fails the first request with "
+        "'Head dimension 32 is not supported by MLA.'"
+    )
+    # with a hard-coded latent too: both, the latent per layer
+    both = run_checks(_mla_facts(512, 32, attention_reading=unread), ["VD216"])
+    assert [x.outcome for x in both] == [Outcome.FAIL] * 3
+    # vLLM reads it as MLA: the latent is compared, nothing else
+    read = {"model_type": "my_mla", "use_mla": True, "head_size": 576}
+    (f,) = run_checks(_mla_facts(512, 64, attention_reading=read), ["VD216"])
+    assert f.outcome is Outcome.PASS
+    # vLLM's own class (VLLM_MLA_DISABLE is vLLM's choice) and a pass that could not ask: no finding
+    own = _mla_facts(512, 64, attention_reading=unread, model={"class": "vllm.model_executor.models.x.DeepseekV2ForCausalLM"})
+    assert [x.outcome for x in run_checks(own, ["VD216"])] == [Outcome.PASS]
+    assert [x.outcome for x in run_checks(_mla_facts(512, 64, attention_reading={}), ["VD216"])] == [Outcome.PASS]
 
 
 def test_a_vllm_exception_without_a_message_is_named_by_its_line() -> None:

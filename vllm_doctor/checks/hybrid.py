@@ -241,7 +241,8 @@ def layer_pattern_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
 @check(
     "VD216",
     "mla-latent-mismatch",
-    "An MLA layer caches a latent of another width or rope dim than config.json's kv_lora_rank / qk_rope_head_dim.",
+    "An MLA layer caches a latent of another width or rope dim than config.json's kv_lora_rank / qk_rope_head_dim, "
+    "or vLLM does not read the model as MLA.",
     severity=Severity.ERROR,
     stage=Stage.STATIC,
     topic="contract",
@@ -249,15 +250,27 @@ def layer_pattern_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
         'vLLM\'s MLA attention caches one latent "head" a token: `kv_lora_rank` values of the compressed KV and '
         "`qk_rope_head_dim` of the rotary key. The weights pass builds the model on the meta device and reads each "
         "MLA layer's two sizes; they must be config.json's (the checkpoint's `kv_a_proj_with_mqa` is "
-        "`kv_lora_rank + qk_rope_head_dim` wide)."
+        "`kv_lora_rank + qk_rope_head_dim` wide). vLLM must also read the model as MLA (`ModelConfig.use_mla`), "
+        "which it decides from config.json's `model_type` alone: a fixed list of types (DeepSeek-V2/V3, Kimi, ...), "
+        "or a convertor registered for the type in `MODEL_ARCH_CONFIG_CONVERTORS`."
     ),
     why=(
         "A port that hard-codes the sizes (DeepSeek-V2's 512 and 64 on a model with others) sizes the KV cache and "
-        "the latent projections wrong: weights that do not fit, or, with dummy weights, another model."
+        "the latent projections wrong: vLLM 0.32 fails to load the checkpoint (`Attempted to load weight "
+        "(torch.Size([256])) into parameter (torch.Size([512]))`), or, with dummy weights, serves another model. A "
+        "model type vLLM does not know for MLA builds, loads and starts, and its first request fails with "
+        "`ValueError: Head dimension 32 is not supported by MLA.` (vLLM sizes the metadata by hidden_size / heads)."
     ),
     example="MLAAttention(..., kv_lora_rank=512, qk_rope_head_dim=64, ...)   # config.json: 256 and 32",
-    fix="Pass `kv_lora_rank=config.kv_lora_rank` and `qk_rope_head_dim=config.qk_rope_head_dim`.",
-    references=("vllm/model_executor/layers/attention/mla_attention.py:MLAAttention",),
+    fix=(
+        "Pass `kv_lora_rank=config.kv_lora_rank` and `qk_rope_head_dim=config.qk_rope_head_dim`; for a model type of "
+        "your own, register a convertor whose `is_deepseek_mla` is true in the plugin "
+        "(examples/tiny_mla_plugin/tiny_mla_model/arch.py)."
+    ),
+    references=(
+        "vllm/model_executor/layers/attention/mla_attention.py:MLAAttention",
+        "vllm/transformers_utils/model_arch_config_convertor.py:is_deepseek_mla",
+    ),
     requires=("weights-pass",),
 )
 def mla_latent_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
@@ -272,6 +285,16 @@ def mla_latent_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
         return
     cfg = text_config(facts.config or {})
     want = {k: cfg.get(k) for k in ("kv_lora_rank", "qk_rope_head_dim") if isinstance(cfg.get(k), int)}
+    unread = mla_not_read_as_mla(mla, load.get("attention_reading"), (load.get("model") or {}).get("class"))
+    if unread is not None:
+        yield emit.fail(
+            unread,
+            str(mla[0].get("path") or mla[0].get("prefix")),
+            {"attention_reading": load.get("attention_reading"), "mla_layers": [m.get("path") for m in mla]},
+            "register a convertor for the model_type whose is_deepseek_mla() is true "
+            "(vllm.transformers_utils.model_arch_config_convertor.MODEL_ARCH_CONFIG_CONVERTORS), as "
+            "examples/tiny_mla_plugin/tiny_mla_model/arch.py does",
+        )
     bad = 0
     for m in mla:
         wrong = {k: (m.get(k), v) for k, v in want.items() if isinstance(m.get(k), int) and m.get(k) != v}
@@ -289,6 +312,31 @@ def mla_latent_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
         )
     if bad > 8:
         yield emit.fail(f"... and {bad - 8} more MLA layer(s) with the same mismatch", "model", {"layers": bad})
-    if not bad:
+    if not bad and unread is None:
         sizes = ", ".join(f"{k} {v}" for k, v in want.items()) or "no latent sizes in config.json to compare"
         yield emit.ok(f"{len(mla)} MLA layer(s) cache config.json's latent ({sizes})", str(mla[0].get("path")))
+
+
+def mla_not_read_as_mla(mla: list[dict[str, Any]], reading: Any, model_class: Any) -> str | None:
+    """Why vLLM will not run the built MLA layers as MLA, or None: vLLM read config.json's
+    ``model_type`` as no MLA model (``use_mla`` false), so it sizes attention metadata by its
+    ``get_head_size()`` (hidden_size / heads), not the latent. vLLM's own classes are left to vLLM
+    (``VLLM_MLA_DISABLE`` makes them build no MLA layer)."""
+    if not isinstance(reading, dict) or reading.get("use_mla") is not False:
+        return None
+    if str(model_class or "").startswith("vllm."):
+        return None
+    first = mla[0]
+    where = first.get("path") or first.get("prefix")
+    latent = first.get("head_size")
+    if not isinstance(latent, int) and isinstance(first.get("kv_lora_rank"), int):
+        latent = first["kv_lora_rank"] + (first.get("qk_rope_head_dim") or 0)
+    sizes = f"kv_lora_rank {first.get('kv_lora_rank')} + qk_rope_head_dim {first.get('qk_rope_head_dim')}"
+    head = reading.get("head_size")
+    sized = f"a head of {head}" if isinstance(head, int) else "config.json's head size"
+    said = f"; vLLM 0.32 fails the first request with 'Head dimension {head} is not supported by MLA.'"
+    return (
+        f"{where}: the model builds {len(mla)} MLA layer(s), but vLLM does not read model_type "
+        f"{reading.get('model_type')!r} as an MLA model (ModelConfig.use_mla is false): it sizes their attention "
+        f"metadata by {sized}, not the latent's {latent} ({sizes})" + (said if isinstance(head, int) else "")
+    )

@@ -20,7 +20,7 @@ from typing import Any
 
 from vllm_doctor.facts.mixers import FAMILY, MAMBA_TYPES, STATE_METHODS, kind_of_spec, mamba_type_name
 
-__all__ = ["FAMILY", "MixerCall", "layer_kind", "layer_spec", "mixer_calls"]
+__all__ = ["FAMILY", "MixerCall", "attention_reading", "layer_kind", "layer_spec", "mixer_calls"]
 
 # the layer methods vLLM's graph-splitting ops call on the layer they look up in the forward
 # context (mamba_mixer: forward_impl; mamba_mixer2: conv_ssm_forward; qwen_gdn_attention_core:
@@ -159,6 +159,31 @@ def built_mixers(model: Any, layers: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 MIXER_SIZES = ("num_kv_heads", "head_size", "kv_lora_rank", "qk_rope_head_dim")
+
+
+def attention_reading(model_config: Any) -> dict[str, Any]:
+    """How vLLM reads config.json's attention: whether it takes the model for an MLA model
+    (``ModelConfig.use_mla``: vLLM 0.32 decides it from ``model_type``, a fixed list of types or a
+    convertor registered for the type) and the head size it sizes attention metadata by
+    (``get_head_size``: the latent's ``kv_lora_rank + qk_rope_head_dim`` for MLA). An answer vLLM
+    cannot give is left out."""
+    out: dict[str, Any] = {}
+    hf = getattr(model_config, "hf_text_config", None) or getattr(model_config, "hf_config", None)
+    if isinstance(model_type := getattr(hf, "model_type", None), str):
+        out["model_type"] = model_type
+    try:
+        use_mla = model_config.use_mla
+        if isinstance(use_mla, bool):
+            out["use_mla"] = use_mla
+    except Exception:
+        pass
+    try:
+        head_size = model_config.get_head_size()
+        if isinstance(head_size, int) and not isinstance(head_size, bool):
+            out["head_size"] = head_size
+    except Exception:
+        pass
+    return out
 
 
 def state_interfaces(model_cls: type) -> dict[str, Any]:

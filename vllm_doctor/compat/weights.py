@@ -727,11 +727,12 @@ def _meta_load(request: dict[str, Any], tmp: str, new_ledger: NewLedger) -> dict
         result["model"]["parameters"] = sum(p.numel() for p in model.parameters())
     except BaseException as exc:
         return fail("build", exc)
-    try:  # the token mixers it built and the state interfaces its class declares (VD212, VD213)
+    try:  # the mixers it built, the state interfaces its class declares, how vLLM reads its attention (VD214-VD216)
         from vllm_doctor.compat import mixers
 
         result["mixers"] = mixers.built_mixers(model, _forward_context(vllm_config))
         result["state_interfaces"] = mixers.state_interfaces(model_cls)
+        result["attention_reading"] = mixers.attention_reading(model_config)
     except Exception as exc:
         result["mixers_error"] = f"reading the built mixers failed: {_exc_summary(exc)}"
     t = lap("build_s", t)
@@ -739,8 +740,9 @@ def _meta_load(request: dict[str, Any], tmp: str, new_ledger: NewLedger) -> dict
         from vllm_doctor.compat.common import hf_text_config
         from vllm_doctor.compat.perf import perf_anatomy
 
+        built = {m["path"]: m["family"] for m in result.get("mixers") or () if m.get("path") and m.get("family")}
         result["perf"] = perf_anatomy(
-            model, hf_text_config(model_config), model_config.dtype, "meta-device build"
+            model, hf_text_config(model_config), model_config.dtype, "meta-device build", built
         ).to_wire()
     except Exception as exc:
         result["perf_error"] = f"reading the module tree failed: {_exc_summary(exc)}"

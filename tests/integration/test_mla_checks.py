@@ -1,0 +1,75 @@
+"""The doctor's finding on each example of the MLA family before launch (``vllm-doctor check``: the
+import and weights passes, no engine), against what vLLM does with each
+(tests/fixtures/mla_expected.py, recorded on the real engine by tests/engine/test_mla_ground_truth.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from typing import Any
+
+import pytest
+
+from tests.conftest import CHECK_LIMIT, make_examples, run_doctor
+from tests.fixtures.mla_expected import EXPECTED
+
+pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")]
+
+
+@pytest.fixture(scope="module")
+def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``vllm-doctor check --json`` of each variant, its plugin site on PYTHONPATH."""
+    built = make_examples(tmp_path_factory.mktemp("mla-examples"), *EXPECTED)
+    out = {}
+    for name in EXPECTED:
+        env = dict(os.environ, PYTHONPATH=str(built / name / "site"))
+        proc = run_doctor(["check", str(built / name / "model"), "--json", *CHECK_LIMIT], env=env, timeout=600)
+        report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
+        expect = json.loads((built / name / "variant.json").read_text())["expect_code"]
+        out[name] = (proc.returncode, report, proc, expect)
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_doctor_names_the_cause_before_launch(name: str, checks: dict[str, Any]) -> None:
+    code, report, proc, variant_code = checks[name]
+    assert report is not None, proc.stderr[-3000:]
+    expected = EXPECTED[name]
+    alarms = [
+        (f["code"], f["subject"], f["message"]) for f in report["findings"] if f["outcome"] in ("fail", "warn", "crash")
+    ]
+    outcomes = {f["code"]: f["outcome"] for f in report["findings"]}
+    if expected.finding is None or expected.engine_only:
+        # mla-ok; a prefix that is no place in the model is the engine stage's (VD208), vLLM runs it
+        assert code == 0 and not alarms, alarms
+        assert outcomes.get("VD216") == "pass", outcomes
+        if expected.finding is not None:
+            assert variant_code == expected.finding[0]
+        return
+    want_code, subject, start = expected.finding
+    assert code == 1 and variant_code == want_code  # examples/mla/NAME/variant.py's EXPECT_CODE
+    assert any(c == want_code and s == subject and m.startswith(start) for c, s, m in alarms), alarms
+
+
+def test_a_hard_coded_latent_is_named_per_layer_with_both_sizes(checks: dict[str, Any]) -> None:
+    """VD216 names every MLA layer built with DeepSeek-V2's sizes, each with its size and config.json's;
+    VD303 names the checkpoint tensors that will not fit (vLLM's own load error is one tensor's)."""
+    _, report, _, _ = checks["mla-kv-lora-rank-hardcoded"]
+    vd216 = [(f["subject"], f["message"]) for f in report["findings"] if f["code"] == "VD216"]
+    assert vd216 == [
+        (f"model.layers.{i}.self_attn.mla_attn.mla_attn",
+         f"model.layers.{i}.self_attn.mla_attn.mla_attn: MLA latent with kv_lora_rank 512 (config.json: 256)")
+        for i in range(2)
+    ]  # fmt: skip
+    vd303 = {f["subject"] for f in report["findings"] if f["code"] == "VD303" and f["outcome"] == "fail"}
+    assert "model.layers.0.self_attn.kv_a_proj_with_mqa.weight" in vd303
+
+
+def test_a_model_type_vllm_does_not_read_as_mla_says_vllms_error(checks: dict[str, Any]) -> None:
+    _, report, _, _ = checks["mla-model-type-unknown"]
+    (f,) = [f for f in report["findings"] if f["code"] == "VD216"]
+    assert f["outcome"] == "fail"
+    assert "a head of 32, not the latent's 576 (kv_lora_rank 512 + qk_rope_head_dim 64)" in f["message"]
+    assert f["message"].endswith("'Head dimension 32 is not supported by MLA.'")
+    assert "MODEL_ARCH_CONFIG_CONVERTORS" in f["hint"]
