@@ -416,8 +416,9 @@ def test_absurd_sizes_are_vd309_findings(tmp_path: Path, key: str, raw: str, exp
 def test_sizes_inside_text_config_and_their_product_are_checked() -> None:
     config = {"architectures": ["X"], "text_config": {"hidden_size": 0, "num_hidden_layers": 32},
               "vision_config": {"hidden_size": -1}}
-    (finding,) = run_checks(Facts(model_dir="/m", config=config), ["VD309"])
-    assert finding.subject == "config.json:text_config.hidden_size"  # vision_config is not a size VD309 reads
+    found = run_checks(Facts(model_dir="/m", config=config), ["VD309"])
+    # the vision tower's sizes have bounds of their own (issue 47 item 17)
+    assert [f.subject for f in found] == ["config.json:text_config.hidden_size", "config.json:vision_config.hidden_size"]
     huge = {"architectures": ["X"], "hidden_size": 1 << 20, "num_hidden_layers": 10_000, "vocab_size": 1 << 20}
     (finding,) = run_checks(Facts(model_dir="/m", config=huge), ["VD309"])
     assert finding.subject == "config.json:sizes" and "parameters (over 1e+15)" in finding.message

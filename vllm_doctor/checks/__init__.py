@@ -16,6 +16,7 @@ from vllm_doctor.checks import (  # noqa: F401  (registers checks)
     hybrid,
     kv_cache,
     memory,
+    model_files,
     multimodal_merge,
     perf,
     placement,

@@ -6,7 +6,6 @@ and the engine stage from building a model out of absurd sizes (stages/weights.p
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterable
@@ -14,6 +13,13 @@ from typing import Any
 
 from vllm_doctor.checks.base import Emit, capped_findings, check
 from vllm_doctor.checks.weights_base import SUB_CONFIGS
+from vllm_doctor.facts.config_bounds import (
+    VISION_CONFIGS,
+    VISION_LIMITS,
+    size_problem,
+    vision_size_problems,
+)
+from vllm_doctor.facts.config_bounds import shown as _shown
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
 
@@ -36,35 +42,32 @@ EXPERT_COUNT_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 # sizes that some in-tree configs give per layer, as a list (Gemma 3n's intermediate_size, OpenELM's heads)
 PER_LAYER = frozenset(("intermediate_size", "num_key_value_heads", "num_attention_heads", "moe_intermediate_size"))
 MAX_PARAMETERS = 10**15  # the largest published models have a few 10**12
-_JSON_TYPES = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", type(None): "null"}
+# a per-layer description of the layers (a hybrid's pattern, a layer-type list): its length is a layer count
+LAYER_PATTERNS = ("hybrid_override_pattern", "layers_block_type", "layer_types")
 
 
-def _shown(value: Any, limit: int = 60) -> str:
-    """A config value as config.json spells it, cut to ``limit`` characters."""
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, float) and not math.isfinite(value):
-        text = "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    elif isinstance(value, (int, float)):
-        text = repr(value)
-    else:
-        text = json.dumps(value, default=str)
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+def _size_problem(key: str, value: Any, limits: dict[str, int] = SIZE_LIMITS) -> str | None:
+    """Why ``value`` cannot be the size ``key`` (under ``limits``), or None."""
+    return size_problem(key, value, limits)
 
 
-def _size_problem(key: str, value: Any) -> str | None:
-    """Why ``value`` cannot be the size ``key``, or None."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return f"is {_JSON_TYPES.get(type(value), type(value).__name__)}, not a whole number"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return "is not a number"
-        return "is a float, not a whole number" + (f" (write {int(value)})" if value.is_integer() else "")
-    if value <= 0:
-        return "must be at least 1" if value == 0 else "is negative"
-    if value > SIZE_LIMITS[key]:
-        return f"is over {SIZE_LIMITS[key]:,}, vllm-doctor's plausibility limit for {key}"
-    return None
+def _pattern_problems(prefix: str, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """A layer pattern / layer-type list that names more layers than num_hidden_layers may be: vLLM's
+    hybrid models build one layer per entry, whatever num_hidden_layers says."""
+    limit = SIZE_LIMITS["num_hidden_layers"]
+    out = []
+    for key in LAYER_PATTERNS:
+        value = cfg.get(key)
+        if isinstance(value, (str, list)) and len(value) > limit:
+            out.append(
+                {
+                    "key": prefix + key,
+                    "value": _shown(value),
+                    "why": f"names {len(value):,} layers: over {limit:,}, vllm-doctor's plausibility limit for "
+                    "num_hidden_layers",
+                }
+            )
+    return out
 
 
 def _parameter_estimate(sizes: dict[str, int]) -> int | None:
@@ -83,6 +86,7 @@ def config_size_problems(config: dict[str, Any]) -> list[dict[str, Any]]:
     scopes = [("", config)] + [(f"{name}.", config[name]) for name in SUB_CONFIGS if isinstance(config.get(name), dict)]
     out: list[dict[str, Any]] = []
     for prefix, cfg in scopes:
+        out.extend(_pattern_problems(prefix, cfg))
         sizes: dict[str, int] = {}
         for key in SIZE_LIMITS:
             value = cfg.get(key)
@@ -120,7 +124,7 @@ def config_size_problems(config: dict[str, Any]) -> list[dict[str, Any]]:
                     "why": f"these sizes make a model of about {total:.1e} parameters (over {MAX_PARAMETERS:.0e})",
                 }
             )
-    return out
+    return out + vision_size_problems(config)
 
 
 # a float setting in which Infinity is as wrong as NaN: a norm's epsilon, rope's base and scaling, dropout
@@ -132,7 +136,12 @@ def config_non_finite(config: dict[str, Any]) -> list[dict[str, Any]]:
     JSON has no such values), in file order. Each: key (dotted, ``[i]`` for list items), value,
     why, severity ("error": NaN anywhere, Infinity in a float setting; "warn": Infinity elsewhere).
     The model sizes are :func:`config_size_problems`'s and ``architectures`` VD108's: not here."""
-    skipped = {"architectures", *SIZE_LIMITS, *(f"{sub}.{key}" for sub in SUB_CONFIGS for key in SIZE_LIMITS)}
+    skipped = {
+        "architectures",
+        *SIZE_LIMITS,
+        *(f"{sub}.{key}" for sub in SUB_CONFIGS for key in SIZE_LIMITS),
+        *(f"{sub}.{key}" for sub in VISION_CONFIGS for key in VISION_LIMITS),
+    }
     out: list[dict[str, Any]] = []
     stack: list[tuple[str, Any]] = [("", config)]
     while stack:  # iterative: parse_json bounds the depth, this bounds nothing else
@@ -159,7 +168,10 @@ def config_non_finite(config: dict[str, Any]) -> list[dict[str, Any]]:
 
 def config_sizes_present(config: dict[str, Any]) -> bool:
     scopes = [config] + [config[name] for name in SUB_CONFIGS if isinstance(config.get(name), dict)]
-    return any(cfg.get(key) is not None for cfg in scopes for key in SIZE_LIMITS)
+    vision = [config[name] for name in VISION_CONFIGS if isinstance(config.get(name), dict)]
+    return any(cfg.get(key) is not None for cfg in scopes for key in (*SIZE_LIMITS, *LAYER_PATTERNS)) or any(
+        cfg.get(key) is not None for cfg in vision for key in VISION_LIMITS
+    )
 
 
 @check(

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.facts import wire
-from vllm_doctor.facts.user_regex import bounded_match
 
 WIRE_VERSION = 1
 
@@ -112,6 +111,8 @@ class QuantFacts:
 def _matches(entry: str, name: str) -> bool:
     """compressed-tensors' ignore matching: ``re:PATTERN`` (a regex on the module path), else the
     path itself or its tail (``lm_head`` names ``lm_head`` and ``model.lm_head``)."""
-    if entry.startswith("re:"):  # run only within vllm-doctor's bound (facts/user_regex.py)
+    if entry.startswith("re:"):  # run only within vllm-doctor's bound
+        from vllm_doctor.facts.user_regex import bounded_match  # here: a worker importing this record does not need it
+
         return bool(bounded_match(entry[3:], name))
     return name == entry or name.endswith("." + entry)

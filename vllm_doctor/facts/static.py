@@ -54,6 +54,9 @@ class Facts:
     pipeline_parallel_size: int = 1
     enable_expert_parallel: bool = False
     checkpoint: CheckpointFacts | None = None
+    # the files of the model directory vLLM must not be handed (probes/model_files.py; VD113):
+    # {"name", "kind", "detail", "checkpoint"}; None: not read
+    refused_files: list[dict[str, Any]] | None = None
     weight_load: dict[str, Any] | None = None
     weight_load_error: str | None = None
     weight_load_seconds: float | None = None

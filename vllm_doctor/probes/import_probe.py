@@ -14,6 +14,31 @@ from typing import Any
 from vllm_doctor.compat.common import format_exc
 
 
+def handover_refusal(model_dir: str) -> str | None:
+    """Why vLLM is not asked for its verdict on the directory (it loads the config, the processor
+    files and the tokenizer, and feeds the multimodal processor dummy images of the config's size):
+    a file it would open links outside the directory, is no regular file or is over its size limit
+    (VD113, VD306), or config.json's vision tower sizes are over vllm-doctor's bounds (VD309).
+    Checked here, in the child, before vLLM sees the directory; opens nothing but config.json."""
+    from vllm_doctor.errors import DoctorInputError
+    from vllm_doctor.facts.config_bounds import vision_size_problems
+    from vllm_doctor.probes import model_files
+    from vllm_doctor.probes.model_dir import resolve_model_dir
+
+    refusal = model_files.handover_refusal(model_files.refused_files(model_dir))
+    if refusal is not None:
+        return refusal
+    try:
+        config = resolve_model_dir(model_dir).config
+    except DoctorInputError as exc:
+        return exc.message
+    bad = vision_size_problems(config)
+    if bad:
+        listed = "; ".join(f"{p['key']} = {p['value']}" for p in bad[:3])
+        return f"config.json's vision tower sizes are over vllm-doctor's bounds ({listed}; see VD309)"
+    return None
+
+
 def child_task(request: dict[str, Any], _progress: Any) -> dict[str, Any]:
     """The child's side (run through :mod:`vllm_doctor.stages.child`)."""
     result: dict[str, Any] = {"timings": {}}
@@ -53,8 +78,12 @@ def child_task(request: dict[str, Any], _progress: Any) -> dict[str, Any]:
     result["classes"] = classes
     result["vllm_config_model_types"] = live.vllm_config_model_types()
     if request.get("model_dir"):
-        t3 = time.monotonic()
-        result["config_verdict"] = live.config_verdict(request["model_dir"], bool(request.get("trust_remote_code")))
-        result["timings"]["config_verdict"] = time.monotonic() - t3
+        refusal = handover_refusal(request["model_dir"])
+        if refusal is not None:  # vLLM would open those files (or build from those sizes): not asked
+            result["config_verdict_refused"] = refusal
+        else:
+            t3 = time.monotonic()
+            result["config_verdict"] = live.config_verdict(request["model_dir"], bool(request.get("trust_remote_code")))
+            result["timings"]["config_verdict"] = time.monotonic() - t3
     result["cuda_initialized"] = live.cuda_initialized()
     return result

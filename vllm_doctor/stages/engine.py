@@ -346,9 +346,12 @@ BLOCKING = {
     "VD305": "the model cannot be split over the tensor- / pipeline-parallel sizes asked for (VD305)",
     "VD309": "config.json has model sizes no model can be built from (VD309)",
     "VD316": "config.json's quantization_config has a regular expression vllm-doctor does not run (VD316)",
+    "VD113": "a file of the model directory links outside it, blocks or is oversized (VD113)",
+    "VD306": "a checkpoint file links outside the model directory (VD306)",
 }
-# VD316 blocks only for its pattern findings (a method mismatch is what the engine stage shows)
-_BLOCKING_KINDS = {"VD316": "unbounded-pattern"}
+# codes that block only for findings of these kinds (evidence["kind"]): a method mismatch or a
+# broken index entry is what the engine stage shows; a file vLLM would open outside the directory is not
+_BLOCKING_KINDS = {"VD316": {"unbounded-pattern"}, "VD306": {"file-outside-dir", "index-outside-dir"}}
 
 
 def blocking_findings(report: Report) -> list[Finding]:
@@ -361,7 +364,7 @@ def blocking_findings(report: Report) -> list[Finding]:
         if f.code in BLOCKING
         and f.outcome is Outcome.FAIL
         and not (f.code == "VD309" and f.evidence.get("kind") == "not-finite")
-        and f.evidence.get("kind") == _BLOCKING_KINDS.get(f.code, f.evidence.get("kind"))
+        and (f.code not in _BLOCKING_KINDS or f.evidence.get("kind") in _BLOCKING_KINDS[f.code])
     ]
 
 

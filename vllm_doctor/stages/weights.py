@@ -19,8 +19,11 @@ from vllm_doctor.checks.config_sizes import config_size_problems
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.checkpoint import OUTSIDE_KINDS
 from vllm_doctor.facts.perf import PerfAnatomy
+from vllm_doctor.facts.quant_checkpoint import quantization_config
 from vllm_doctor.facts.static import Facts
+from vllm_doctor.facts.user_regex import unbounded_patterns
 from vllm_doctor.model import Stage
+from vllm_doctor.probes.model_files import handover_refusal, refused_files
 from vllm_doctor.probes.safetensors_header import read_checkpoint
 from vllm_doctor.stages.child import ChildJob
 
@@ -43,12 +46,37 @@ def size_block(config: dict[str, Any]) -> str | None:
     return f"config.json has model sizes no model can be built from ({listed}; see VD309): the model was not built"
 
 
+def pattern_block(config: dict[str, Any]) -> str | None:
+    """Why no model may be built from ``config`` because vLLM would match a regular expression of
+    its quantization config that is over vllm-doctor's bound (VD316; facts/user_regex.py), or None."""
+    qconfig = quantization_config(config)
+    bad = unbounded_patterns(qconfig) if qconfig is not None else []
+    if not bad:
+        return None
+    listed = "; ".join(f"{p['key']} = {p['value']!r}" for p in bad[:3]) + (
+        f"; {len(bad) - 3} more" if len(bad) > 3 else ""
+    )
+    return (
+        f"config.json's quantization_config has a regular expression vLLM would match against every layer for as "
+        f"long as that takes ({listed}; see VD316): the model was not built"
+    )
+
+
+def build_block(config: dict[str, Any]) -> str | None:
+    """Why vllm-doctor does not build a model from ``config`` at all (its sizes, its patterns), or None."""
+    return size_block(config) or pattern_block(config)
+
+
 def start_weights_pass(
     facts: Facts, options: Any, codes: Iterable[str], say: Callable[[str], None] | None = None
 ) -> ChildJob | None:
-    """Headers now; the meta-device load started in the background when a VD301-VD304 check
-    wants it (the job to hand to :func:`finish_weights_pass`)."""
+    """The model directory's files vetted (``facts.refused_files``) and its headers read now; the
+    meta-device load started in the background when a VD301-VD304 check wants it (the job to hand to
+    :func:`finish_weights_pass`), unless the directory or config.json may not be handed to vLLM."""
     codes = set(codes)
+    # the files vLLM would open on the doctor's behalf, vetted before any child gets the directory (VD113)
+    refused = refused_files(facts.model_dir)
+    facts.refused_files = [r.to_dict() for r in refused]
     facts.tensor_parallel_size = int(getattr(options, "tensor_parallel_size", 1) or 1)
     facts.pipeline_parallel_size = int(getattr(options, "pipeline_parallel_size", 1) or 1)
     facts.enable_expert_parallel = bool(getattr(options, "enable_expert_parallel", False))
@@ -60,7 +88,8 @@ def start_weights_pass(
     if getattr(options, "fast", False):
         facts.weight_load_error = "skipped by --fast (the weights pass imports vLLM)"
         return None
-    blocked = size_block(facts.config)
+    # a checkpoint file linking out is VD306's: vLLM is asked for no header then (paths_escape below)
+    blocked = build_block(facts.config) or handover_refusal([r for r in refused if not r.checkpoint])
     if blocked:
         facts.weight_load_error = blocked
         return None
