@@ -74,6 +74,10 @@ CLASS_READS: dict[tuple[str, str], str] = {
         "model dtype enforce_eager max_model_len architectures hf_config hf_text_config get_vocab_size get_head_size "
         "multimodal_config is_multimodal_model quantization served_model_name get_num_kv_heads use_mla"
     ),
+    # a multimodal model's parts as vLLM declares them (compat/roles.model_parts): the prefixes vLLM's
+    # LoRA manager and multimodal runner read, declared by each in-tree vision-language model
+    ("vllm.model_executor.models.llava", "LlavaForConditionalGeneration"): "get_mm_mapping get_language_model",
+    ("vllm.model_executor.models.module_mapping", "MultiModelKeys"): "language_model connector tower_model",
     # multimodal models (compat/runtime.multimodal_verdicts, compat/llm.multimodal_prompts, compat/worker)
     ("vllm.config.multimodal", "MultiModalConfig"): "limit_per_prompt",
     ("vllm.model_executor.models.interfaces", "SupportsMultiModal"): (
@@ -289,6 +293,7 @@ SCANNED = [
     "compat/runtime.py",
     "compat/common.py",
     "compat/mixers.py",
+    "compat/roles.py",
 ]
 SCANNED_DIRS = ["engine"]
 # where vLLM's start-up functions live (compat/startup.PHASE_OF_FUNCTION names them)

@@ -44,6 +44,7 @@ MAY_IMPORT: dict[str, set[str]] = {
         "compat.worker",
         "compat.worker_facts",
         "compat.mixers",
+        "compat.roles",
         "compat.quant",
     },
     # collectors (in process or in a child)

@@ -31,22 +31,6 @@ FUSABLE: tuple[tuple[tuple[str, ...], str, str, str], ...] = (
 )
 # the second GEMM of a pair, which vLLM's layers split by rows (linear_2: the LLaVA projector's, llava.py)
 ROW_PARALLEL = ("o_proj", "down_proj", "out_proj", "dense", "wo", "w2", "fc2", "c_proj", "linear_2")
-ATTENTION_NAMES = (
-    "attn",
-    "attention",
-    "q_",
-    "k_",
-    "v_",
-    "qkv",
-    "o_proj",
-    "wq",
-    "wk",
-    "wv",
-    "wo",
-    "query",
-    "key",
-    "value",
-)
 _INDEX = re.compile(r"\.(\d+)(?=\.|$)")
 REF_LLAMA = "vllm/model_executor/models/llama.py"
 
@@ -67,40 +51,28 @@ def _times(n: int) -> str:
     return "" if n <= 1 else f" (x{n} layers)"
 
 
-def kind_of(name: str) -> str:
-    """The layer kind a module's time is counted under in the A/B (``profiles["twin"]["kinds"]``)."""
-    leaf = name.rpartition(".")[2].lower()
-    path = name.lower()
-    if "lm_head" in path or "logits" in path:
-        return "logits"
-    if "embed" in leaf or "wte" in leaf:
-        return "embedding"
-    if "rotary" in path or "rope" in path:
-        return "rotary"
-    if "norm" in leaf:
-        return "norms"
-    if any(part in path for part in ("attn", "attention")) or leaf.startswith(ATTENTION_NAMES):
-        return "attention"
-    return "mlp"
-
-
 def _twin(facts: Any) -> dict[str, Any] | None:
     twin = getattr(facts, "twin", None)
     return twin if isinstance(twin, dict) and twin.get("architecture") and not twin.get("none") else None
 
 
-# where the A/B counts a module's time, by the module's role: the first kind the comparison has.
-# Eager on both sides the kinds are modules (attention, mlp, norms); compiled or in CUDA graphs the
-# attention op stands alone and the projections, norms and MLP between two of them are one "dense"
-# span; an eager port against a compiled twin compares only the whole decoder.
+# where the A/B counts a projection's time, by its role (the per-layer profile's kind of the module
+# that holds it, compat.roles.kinds_by_path): the first kind the comparison has. Eager on both
+# sides the kinds are modules (attention, mlp, norm); compiled or in CUDA graphs the attention op
+# stands alone and the projections, norms and MLP between two of them are one "dense" span; an
+# eager port against a compiled twin compares only the whole decoder.
 MEASURED_AS: dict[str, tuple[str, ...]] = {
     "attention": ("attention", "decoder"),  # an eager comparison's attention module, projections included
+    "mla": ("mla", "decoder"),
+    "state": ("state", "decoder"),
     "mlp": ("mlp", "experts", "dense", "decoder"),  # an MoE's MLP is its experts
-    "norms": ("norms", "dense", "decoder"),
+    "experts": ("experts", "dense", "decoder"),
+    "router": ("router", "dense", "decoder"),
+    "norm": ("norm", "dense", "decoder"),
     "embedding": ("embedding",),
     "logits": ("logits",),
-    "rotary": ("rotary", "decoder"),
 }
+MIXERS = ("attention", "mla", "state")
 
 
 def _measured(facts: Any, role: str) -> tuple[str, dict[str, Any]] | None:
@@ -110,7 +82,7 @@ def _measured(facts: Any, role: str) -> tuple[str, dict[str, Any]] | None:
     if not kinds:
         return None
     order = MEASURED_AS.get(role, (role,))
-    if role == "attention" and "dense" in kinds:  # compiled: the projections are in the dense span
+    if role in MIXERS and "dense" in kinds:  # compiled: a mixer's projections are in the dense span
         order = ("dense", "decoder")
     for kind in order:
         entry = kinds.get(kind)
@@ -212,6 +184,7 @@ def check_unfused(facts: Any, emit: Emit) -> Iterable[Finding]:
         seen.setdefault((pattern(g[0]), g[2]), []).append(g)
     for (parent, layer), gs in seen.items():
         _, group, _, fused, kind = gs[0]
+        kind = group[0].role or kind  # where the profile counts it (an MLA's q/k/v: "mla")
         names = ", ".join(p.leaf for p in group)
         # a multimodal encoder's attention: vLLM's CLIP / SigLIP encoders fuse q/k/v the same way
         encoder = perf.in_encoder(parent)
@@ -305,7 +278,7 @@ def check_plain_layers(facts: Any, emit: Emit) -> Iterable[Finding]:
             {"torch.nn.Embedding" if p.kind == "plain-embedding" else "torch.nn.Linear" for p in members}
         )
         use = sorted({f"{leaf}: {_vllm_layer_for(p).split(' ')[0]}" for leaf, p in leaves.items()})
-        kinds = sorted({kind_of(p.name) for p in members})
+        kinds = sorted({p.role for p in members if p.role})
         cost = "".join(_kind_cost(facts, k) for k in kinds)
         subject = parent or "(root)"
         yield emit.warn(

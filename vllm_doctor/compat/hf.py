@@ -10,7 +10,7 @@ path, ``past_key_values``, where it keeps one). Everything returned is plain lis
 With images (a multimodal model): every forward gets ``pixel_values`` (the ones vLLM's vision tower
 received, sent by the parent) with the expanded token ids vLLM ran, and a capture also records the
 vision tower's and the projector's outputs (the children named like them,
-:func:`vllm_doctor.compat.worker.encoder_children`); the decoder layers are searched outside them.
+:func:`vllm_doctor.compat.roles.named_parts`); the decoder layers are searched outside them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vllm_doctor.compat.worker import encoder_children, part_kind
+from vllm_doctor.compat.roles import named_parts
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _LAYERS_NAME = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)$")
@@ -72,7 +72,7 @@ def load_model(model_dir: str, hf_class: str | None, dtype: str, device: str, tr
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The decoder layers: the longest ModuleList named layers/layer/h/blocks (outside a
     multimodal model's vision tower and projector)."""
-    encoder = encoder_children(model)
+    encoder = named_parts(model).encoder
     best: list[nn.Module] = []
     for name, module in model.named_modules():
         if any(name == e or name.startswith(e + ".") for e in encoder):
@@ -86,8 +86,8 @@ def encoder_modules(model: nn.Module) -> dict[str, nn.Module]:
     """A multimodal reference model's "vision tower" and "projector" (the first child of each kind)."""
     modules = dict(model.named_modules())
     out: dict[str, nn.Module] = {}
-    for name in encoder_children(model):
-        out.setdefault(part_kind(name), modules[name])
+    for part, name in named_parts(model).pairs():
+        out.setdefault(part, modules[name])
     return out
 
 

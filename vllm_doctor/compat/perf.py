@@ -11,27 +11,16 @@ from __future__ import annotations
 
 import inspect
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from torch import nn
 
+from vllm_doctor.compat import roles
 from vllm_doctor.compat.common import qualname
 from vllm_doctor.compat.perf_source import scan_class
 from vllm_doctor.facts.perf import ModelClass, PerfAnatomy, Projection, SourceFinding
 
-# module prefixes of library code: the lint reads model classes, not the layers they are built of
-LIBRARY_PREFIXES = (
-    "torch.",
-    "vllm.model_executor.layers.",
-    "vllm.attention.",
-    "vllm.distributed.",
-    "vllm.compilation.",
-    "vllm.lora.",
-    "transformers.",
-)
-# vLLM's own model definitions: read like a plugin's (the in-tree no-false-positive test)
-MODEL_PACKAGES = ("vllm.model_executor.models.",)
 MAX_CLASSES = 200  # model classes whose source is read (a model has a handful)
 
 
@@ -47,51 +36,19 @@ def _vllm_base(*candidates: tuple[str, str]) -> tuple[type, ...]:
     return tuple(found)
 
 
-def _mro_names(cls: type) -> set[str]:
-    return {c.__name__ for c in cls.__mro__}
-
-
-def _is_vllm(cls: type) -> bool:
-    return cls.__module__.startswith("vllm.")
-
-
-@dataclass(frozen=True)
-class VllmBases:
-    """vLLM's base classes of linear, embedding and attention layers, as this vLLM has them."""
-
-    linear: tuple[type, ...]
-    embedding: tuple[type, ...]
-    attention: tuple[type, ...]
-
-    @classmethod
-    def of_this_vllm(cls) -> VllmBases:
-        return cls(
-            linear=_vllm_base(("vllm.model_executor.layers.linear", "LinearBase")),
-            embedding=_vllm_base(("vllm.model_executor.layers.vocab_parallel_embedding", "VocabParallelEmbedding")),
-            attention=_vllm_base(
-                ("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase"),
-                ("vllm.attention.layer", "AttentionLayerBase"),
-            ),
-        )
-
-
-def classify(module: nn.Module, bases: VllmBases | None = None) -> str | None:
-    """ "vllm-linear", "plain-linear", "vllm-embedding", "plain-embedding", "attention" or None."""
-    bases = bases or VllmBases.of_this_vllm()
-    cls = type(module)
-    names = _mro_names(cls)
-    if (bases.attention and isinstance(module, bases.attention)) or "AttentionLayerBase" in names:
+def classify(module: nn.Module) -> str | None:
+    """ "vllm-linear", "plain-linear", "vllm-embedding" (the LM head too), "plain-embedding",
+    "attention" or None: :func:`vllm_doctor.compat.roles.layer_class` in the lint's words."""
+    layer = roles.layer_class(module)
+    if layer is None:
+        return None
+    if layer.kind in ("attention", "mla", "state"):  # a token mixer: holds a KV cache or a state
         return "attention"
-    if (bases.linear and isinstance(module, bases.linear)) or ("LinearBase" in names and _is_vllm(cls)):
-        return "vllm-linear"
-    if (bases.embedding and isinstance(module, bases.embedding)) or (
-        "VocabParallelEmbedding" in names and _is_vllm(cls)
-    ):
-        return "vllm-embedding"
-    if isinstance(module, nn.Linear):
-        return "plain-linear"
-    if isinstance(module, nn.Embedding):
-        return "plain-embedding"
+    side = "vllm" if layer.vllm else "plain"
+    if layer.kind == "linear":
+        return f"{side}-linear"
+    if layer.kind in ("embedding", "lm_head"):
+        return f"{side}-embedding"
     return None
 
 
@@ -115,15 +72,6 @@ def _weight_dtype(module: nn.Module) -> str | None:
     return str(weight.dtype).replace("torch.", "") if weight is not None else None
 
 
-def _is_library(cls: type) -> bool:
-    """Library code, not a model: torch, transformers, and every part of vLLM but its model
-    definitions (a plugin's model may hold vLLM's sampler or other engine modules)."""
-    module = cls.__module__
-    if module.startswith("vllm.") and not module.startswith(MODEL_PACKAGES):
-        return True
-    return module.startswith(LIBRARY_PREFIXES) or module in ("builtins", "torch")
-
-
 def _containers(module: nn.Module) -> set[str]:
     return {
         name
@@ -141,31 +89,9 @@ def _defining_class(cls: type) -> type:
 
 
 def encoder_modules(model: nn.Module) -> tuple[str, ...]:
-    """A multimodal model's encoder parts, asked of the model: the top-level modules (of the
-    model, or of its ``model``) that are neither its language model
-    (``SupportsMultiModal.get_language_model``) nor hold it, nor a single vLLM layer or library
-    module (the LM head, the logits processor); where the model cannot name its language model,
-    its children named like a tower or projector (:func:`vllm_doctor.compat.worker.encoder_prefixes`).
+    """A multimodal model's encoder parts (towers, then connectors): :func:`vllm_doctor.compat.roles.model_parts`.
     Empty for a text model."""
-    from vllm_doctor.compat import worker as wv
-
-    lm = wv.language_model(model)
-    lm_path = None if lm is None else next((n for n, m in model.named_modules() if m is lm), None)
-    if lm_path is None:
-        return wv.encoder_prefixes(model)
-    scopes: list[tuple[str, nn.Module]] = [("", model)]
-    inner = getattr(model, "model", None)
-    if isinstance(inner, nn.Module) and lm_path.startswith("model."):
-        scopes.append(("model.", inner))
-    parts = []
-    for pre, scope in scopes:
-        for name, child in scope.named_children():
-            path = pre + name
-            if path == lm_path or lm_path.startswith(path + "."):
-                continue
-            if classify(child) is None and not _is_library(type(child)):
-                parts.append(path)
-    return tuple(parts)
+    return roles.model_parts(model).encoder
 
 
 def encoder_attention_layer() -> str | None:
@@ -181,9 +107,13 @@ def encoder_attention_layer() -> str | None:
     return None
 
 
-def perf_anatomy(model: nn.Module, hf_config: Any, dtype: Any, source: str) -> PerfAnatomy:
-    """Walk ``model`` once: projections, embeddings, attention layers, compiled classes, and the
-    forward path of each model class."""
+def perf_anatomy(
+    model: nn.Module, hf_config: Any, dtype: Any, source: str, mixers: dict[str, str] | None = None
+) -> PerfAnatomy:
+    """Walk ``model`` once: projections (each with the kind its time counts under,
+    :func:`vllm_doctor.compat.roles.kinds_by_path`; ``mixers``: where the token mixers sit and
+    their families), embeddings, attention layers, compiled classes, and the forward path of
+    each model class."""
     hidden = _int(getattr(hf_config, "hidden_size", None))
     big = max(1, (hidden or 0) // 4)  # a projection of at least a quarter of the hidden size
     projections: list[Projection] = []
@@ -192,12 +122,12 @@ def perf_anatomy(model: nn.Module, hf_config: Any, dtype: Any, source: str) -> P
     classes: dict[type, list[str]] = {}
     large_attrs: dict[type, set[str]] = {}
     containers: dict[type, set[str]] = {}
-    bases = VllmBases.of_this_vllm()
     kinds: dict[int, str | None] = {}  # id(module) -> its kind: each module classified once
+    roles_of = roles.kinds_by_path(model, mixers)
 
     def kind_of(module: nn.Module) -> str | None:
         if id(module) not in kinds:
-            kinds[id(module)] = classify(module, bases)
+            kinds[id(module)] = classify(module)
         return kinds[id(module)]
 
     for name, module in model.named_modules():
@@ -206,13 +136,15 @@ def perf_anatomy(model: nn.Module, hf_config: Any, dtype: Any, source: str) -> P
             attention.append(name)
         elif kind is not None:
             rows, cols = _sizes(module, kind)
-            projections.append(Projection(name, qualname(module), kind, rows, cols, _weight_dtype(module)))
+            projections.append(
+                Projection(name, qualname(module), kind, rows, cols, _weight_dtype(module), roles_of.get(name))
+            )
         if getattr(module, "do_not_compile", None) is not None:  # set by @support_torch_compile's __init__
             compiled.append(name)
         cls = type(module)
-        if kind is None and not _is_library(cls) and not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
+        if kind is None and not roles.is_library(cls) and not isinstance(module, (nn.ModuleList, nn.ModuleDict)):
             owner = _defining_class(cls)
-            if not _is_library(owner):
+            if not roles.is_library(owner):
                 classes.setdefault(owner, []).append(name)
                 containers.setdefault(owner, set()).update(_containers(module))
                 for child_name, child in module._modules.items():

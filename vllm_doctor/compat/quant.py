@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm_doctor.compat import roles
 from vllm_doctor.compat import worker as wv
 from vllm_doctor.facts.quant import QuantFacts, QuantLayer
 
@@ -27,17 +28,14 @@ _WEIGHT_NAMES = re.compile(r"^(?:.*_)?(?:weight|weight_packed|qweight)$")
 _FAMILY_DTYPE = (("Fp8", "torch.float8_e4m3fn"), ("FP8", "torch.float8_e4m3fn"), ("Int8", "torch.int8"))
 
 
+_QUANTIZABLE = ("lm_head", "linear", "embedding", "experts")
+
+
 def _kind(module: nn.Module) -> str | None:
-    names = {c.__name__ for c in type(module).__mro__}
-    if "ParallelLMHead" in names:
-        return "lm_head"
-    if "LinearBase" in names:
-        return "linear"
-    if "VocabParallelEmbedding" in names:
-        return "embedding"
-    if "FusedMoE" in names:
-        return "experts"
-    return None
+    """A layer vLLM gives a ``quant_method`` (its linear layers, LM head, embeddings, fused
+    experts), by :func:`vllm_doctor.compat.roles.layer_class`; None for any other module."""
+    layer = roles.layer_class(module)
+    return layer.kind if layer is not None and layer.vllm and layer.kind in _QUANTIZABLE else None
 
 
 def _bits(scheme: Any, method_name: str) -> float | None:

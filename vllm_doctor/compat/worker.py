@@ -14,12 +14,12 @@ measured on vLLM 0.26 (CUDA, V1 and V2 runners) and 0.32 (CPU, V1 runner):
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import torch
 from torch import nn
 
+from vllm_doctor.compat import roles
 from vllm_doctor.compat.common import qualname
 from vllm_doctor.facts.anatomy import CompileState, WorkerIdentity
 
@@ -150,16 +150,9 @@ def merge_method(m: nn.Module) -> str | None:
 
 
 def language_model(m: nn.Module) -> nn.Module | None:
-    """A multimodal model's language model (``SupportsMultiModal.get_language_model``), whose
-    modules the per-layer profiler times; None for a text model, or where it cannot say."""
-    get = getattr(m, "get_language_model", None)
-    if not getattr(m, "supports_multimodal", False) or not callable(get):
-        return None
-    try:
-        lm = get()
-    except Exception:
-        return None
-    return lm if isinstance(lm, nn.Module) and lm is not m else None
+    """A multimodal model's language model, whose modules the per-layer profiler times
+    (:func:`vllm_doctor.compat.roles.language_model`); None for a text model, or where it cannot say."""
+    return roles.language_model(m)
 
 
 def encoder_cache(worker: Any) -> dict[str, Any] | None:
@@ -188,50 +181,16 @@ def encoder_cache_budget(worker: Any) -> tuple[int | None, str | None]:
     return None, None
 
 
-_ENCODER_PART = re.compile(r"vision|visual|image|audio|video|projector|multi_modal|^mm_")
-
-
 def encoder_prefixes(m: nn.Module) -> tuple[str, ...]:
-    """A multimodal model's encoder parts by name, where it cannot name its language model: the
-    children (of the model, or of its ``model``) named like a tower or a projector
-    (``vision_tower``, ``visual``, ``multi_modal_projector``, ``audio_tower``, ...)."""
-    if not getattr(m, "supports_multimodal", False):
-        return ()
-    return encoder_children(m)
-
-
-def encoder_children(m: nn.Module) -> tuple[str, ...]:
-    """:func:`encoder_prefixes` of any module (a Hugging Face reference model too): the children
-    (of the model, or of its ``model``) named like a tower or a projector."""
-    names = [n for n, _ in m.named_children()]
-    inner = getattr(m, "model", None)
-    if isinstance(inner, nn.Module):
-        names += [f"model.{n}" for n, _ in inner.named_children()]
-    return tuple(n for n in names if _ENCODER_PART.search(n.rsplit(".", 1)[-1]))
-
-
-_PROJECTOR_PART = re.compile(r"projector|multi_modal|connector|merger|aligner|mm_proj")
-VISION_TOWER, PROJECTOR = "vision tower", "projector"
+    """A multimodal model's encoder parts, towers first (:func:`vllm_doctor.compat.roles.model_parts`)."""
+    return roles.model_parts(m).encoder
 
 
 def encoder_parts(m: nn.Module) -> list[tuple[str, str]]:
-    """A multimodal model's encoder parts as ``(part, module name)``, the tower before the
-    projector: :func:`encoder_prefixes` (children named like a tower or a projector, outside the
-    language model where :func:`language_model` names it), each a :data:`PROJECTOR` when named like
-    one (``multi_modal_projector``, ``mm_projector``, ``merger``, ...), else a :data:`VISION_TOWER`."""
-    lm = language_model(m)
-    lm_name = None if lm is None else next((n for n, sub in m.named_modules() if sub is lm), None)
-    parts = []
-    for name in encoder_prefixes(m):
-        if lm_name and (name == lm_name or name.startswith(lm_name + ".")):
-            continue
-        parts.append((part_kind(name), name))
-    return sorted(parts, key=lambda part: part[0] != VISION_TOWER)
-
-
-def part_kind(name: str) -> str:
-    """:data:`PROJECTOR` for a module named like one, else :data:`VISION_TOWER`."""
-    return PROJECTOR if _PROJECTOR_PART.search(name.rsplit(".", 1)[-1]) else VISION_TOWER
+    """A multimodal model's encoder parts as ``(part, module name)``, the towers before the
+    connectors (:func:`vllm_doctor.compat.roles.model_parts`): :data:`~vllm_doctor.compat.roles.VISION_TOWER`
+    or :data:`~vllm_doctor.compat.roles.PROJECTOR`."""
+    return roles.model_parts(m).pairs()
 
 
 def compiled_root(m: nn.Module) -> bool:

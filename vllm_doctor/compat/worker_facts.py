@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from vllm_doctor.compat import mixers
+from vllm_doctor.compat import mixers, roles
 from vllm_doctor.compat import worker as wv
 from vllm_doctor.compat.common import hf_text_config, qualname
 from vllm_doctor.compat.weights import is_fused_moe, num_experts
@@ -146,7 +146,8 @@ def perf(worker: Any) -> dict[str, Any]:
         raise RuntimeError("the worker has no model loaded yet")
     model_config = wv.sub_config(worker, "model_config")
     hf = hf_text_config(model_config) if model_config is not None else None
-    return perf_anatomy(model, hf, getattr(model_config, "dtype", None), "engine worker").to_wire()
+    where = mixers.mixer_paths(model, wv.forward_context(worker))
+    return perf_anatomy(model, hf, getattr(model_config, "dtype", None), "engine worker", where).to_wire()
 
 
 def placement(worker: Any) -> dict[str, Any]:
@@ -607,12 +608,9 @@ def _unique_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 def _encoder_bytes(model: nn.Module) -> int:
-    """A multimodal model's encoder parameters (vision tower, projector: the modules the
-    performance lint takes for the encoder, :func:`vllm_doctor.compat.perf.encoder_modules`): what
-    a decode step never reads. 0 for a text model."""
-    from vllm_doctor.compat.perf import encoder_modules
-
-    parts = tuple(f"{x}." for x in encoder_modules(model))
+    """A multimodal model's encoder parameters (vision tower, projector:
+    :func:`vllm_doctor.compat.roles.model_parts`): what a decode step never reads. 0 for a text model."""
+    parts = tuple(f"{x}." for x in roles.model_parts(model).encoder)
     return _unique_bytes([p for name, p in model.named_parameters() if name.startswith(parts)]) if parts else 0
 
 

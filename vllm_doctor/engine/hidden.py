@@ -29,6 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from vllm_doctor.compat import roles
 from vllm_doctor.compat import worker as wv
 from vllm_doctor.engine.layers import select_modules
 
@@ -100,7 +101,7 @@ class HiddenCapture:
             self.handles.append(self.modules[timed.name].register_forward_hook(self._hook(timed.layer or 0, keep)))
         for part, name in self.parts:
             module = self.modules[name]
-            if part == wv.VISION_TOWER:
+            if part == roles.VISION_TOWER:
                 self.handles.append(module.register_forward_pre_hook(self._pixels_hook(), with_kwargs=True))
             self.handles.append(module.register_forward_hook(self._part_hook(part, keep)))
         return {

@@ -1,7 +1,9 @@
-"""Which modules the per-layer profiler times, and what kind each one is.
+"""Which modules the per-layer profiler times.
 
-Kinds: attention, mlp, norm, embedding, logits, and in a mixture of experts router and
-experts. The profiler times the root model, each decoder layer (an element of a ``ModuleList``
+What kind each module is has one answer, :mod:`vllm_doctor.compat.roles` (asked of vLLM's layer
+classes, the token mixers' KV specs and ``get_mm_mapping()``; by name only for a model's own
+classes): attention, mla, state, mlp, norm, embedding, logits, and in a mixture of experts router
+and experts. The profiler times the root model, each decoder layer (an element of a ``ModuleList``
 named layers/h/blocks) and the *topmost* module of each kind (``self_attn``, not
 ``self_attn.qkv_proj``), so kind totals never double count. Forward time not inside any kind
 module is reported as "other" (residual adds, rotary embeddings outside attention, glue code).
@@ -23,52 +25,24 @@ from dataclasses import dataclass
 from torch import nn
 
 from vllm_doctor.compat.common import is_fused_moe
+from vllm_doctor.compat.roles import KINDS, decoder_layer_name, mixer_roots, module_kind
 
-KINDS = ("embedding", "attention", "mla", "state", "router", "experts", "mlp", "norm", "logits")
+__all__ = [
+    "KINDS",
+    "ROUTER_NAMES",
+    "TimedModule",
+    "decoder_layer_name",
+    "layer_index",
+    "mixer_roots",
+    "module_kind",
+    "moe_parts",
+    "select_modules",
+]
+
 ROUTER_NAMES = ("gate", "router")
 _LAYER_NAME = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)$")
 _LAYER_INDEX = re.compile(r"(?:^|\.)(?:layers|layer|h|blocks)\.(\d+)(?:\.|$)")
-
-
-def module_kind(name: str, module: nn.Module) -> str | None:
-    cls = type(module).__name__.lower()
-    leaf = name.rsplit(".", 1)[-1].lower()
-    if "logitsprocessor" in cls or leaf in ("logits_processor", "lm_head") or "lmhead" in cls:
-        return "logits"
-    if "rotary" in cls or "rope" in leaf:
-        return None  # timed as part of its attention block
-    if "embed" in cls or "embed" in leaf:
-        return "embedding"
-    if "attention" in cls or leaf in ("self_attn", "attn", "attention", "cross_attn"):
-        return "attention"
-    # "moe" in a class name: the MoE block, not the model or decoder layer of an MoE model (TinyMoeModel)
-    moe_block = "moe" in cls and not any(k in cls for k in ("model", "layer", "decoder", "causallm"))
-    if (
-        moe_block
-        or any(k in cls for k in ("mlp", "feedforward", "experts"))
-        or leaf
-        in (
-            "mlp",
-            "ffn",
-            "feed_forward",
-            "block_sparse_moe",
-            "experts",
-        )
-    ):
-        return "mlp"
-    if "norm" in cls or "norm" in leaf:
-        return "norm"
-    return None
-
-
 _LAYER_PREFIX = re.compile(r"^(.*?(?:^|\.)(?:layers|layer|h|blocks)\.\d+)(?:\.|$)")
-
-
-def decoder_layer_name(name: str) -> str:
-    """The decoder layer a module belongs to ("model.layers.3" for "model.layers.3.self_attn.attn");
-    the name itself outside any layer."""
-    match = _LAYER_PREFIX.match(name)
-    return match.group(1) if match else name
 
 
 def layer_index(name: str) -> int | None:
@@ -117,20 +91,6 @@ def moe_parts(model: nn.Module) -> dict[str, str | None]:
                 out[full] = "router"
             elif "shared" in child_name and "gate" not in child_name:
                 out[full] = "mlp"
-    return out
-
-
-def mixer_roots(mixers: dict[str, str]) -> dict[str, str]:
-    """The decoder layer's child that holds each token mixer (``model.layers.0.self_attn`` for
-    ``model.layers.0.self_attn.mla_attn.mla_attn``, ``model.layers.0.mixer`` for a Mamba mixer)
-    -> the mixer's kind; a mixer outside any decoder layer stands for itself."""
-    out: dict[str, str] = {}
-    for path, kind in mixers.items():
-        layer = decoder_layer_name(path)
-        if layer == path or not path.startswith(layer + "."):
-            out[path] = kind
-            continue
-        out[f"{layer}.{path[len(layer) + 1 :].split('.')[0]}"] = kind
     return out
 
 

@@ -49,6 +49,9 @@ class Projection:
     in_features: int | None = None  # embeddings: the number of rows (vocabulary)
     out_features: int | None = None  # embeddings: the embedding size
     dtype: str | None = None  # the weight's dtype ("bfloat16"); None when it has none
+    # the kind its time counts under in the per-layer profile (compat.roles.kinds_by_path:
+    # "attention", "mlp", "state", ...); None outside every kind
+    role: str | None = None
 
     @property
     def parent(self) -> str:
