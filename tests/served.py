@@ -211,8 +211,9 @@ class ServedEngine:
     # the engine's arguments (the small eager CPU engine by default; a GPU test passes its own)
     engine_args: list[str] = field(default_factory=lambda: list(SMALL_ENGINE))
     port: int = field(default_factory=free_port)
-    # the doctor's series in /metrics (vllm_doctor.live.exporter): off on the session's server,
-    # where top's scrapes would otherwise attach the exporter beside the tests' own readers
+    # the doctor's series in /metrics (vllm_doctor.live.exporter: VLLM_DOCTOR_METRICS=1, read from
+    # the server's start): off on the session's server (unset: the default), where the exporter
+    # would read beside the tests' own readers
     metrics: bool = False
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
@@ -239,12 +240,14 @@ class ServedEngine:
         # the doctor's plugin only: no dev mode (the doctor reads the workers through its private
         # channel, a Unix socket in procs_dir, which the plugin creates 0700)
         env.pop("VLLM_SERVER_DEV_MODE", None)
+        env.pop("VLLM_DOCTOR_METRICS", None)
+        if self.metrics:
+            env["VLLM_DOCTOR_METRICS"] = "1"
         env.update(
             PYTHONPATH=os.pathsep.join(p for p in paths if p),
             VLLM_DOCTOR="1",
             VLLM_DOCTOR_DIR=str(self.procs_dir),
             VLLM_DOCTOR_TEST_AUDIT=str(self.audit_dir),
-            VLLM_DOCTOR_METRICS="1" if self.metrics else "0",
         )
         self.env = env
 

@@ -19,6 +19,11 @@ EXTENSION_QUALNAME = "vllm_doctor.engine.extension.DoctorWorkerExtension"
 # capture timing events into vLLM's CUDA graphs
 GRAPH_TIMING_ENV = "VLLM_DOCTOR_GRAPH_TIMING"
 SWITCH_ON = "1"  # what the doctor sets a switch of the environment to
+# the doctor's series in a ``vllm serve``'s /metrics (vllm_doctor.live.exporter): the operator's
+# choice when the server starts (with VLLM_DOCTOR=1). On, the API server reads the workers through
+# the private channel from its start until it stops: the workers' hooks are on all that time;
+# off (the default), no scrape or other request turns them on
+METRICS_ENV = "VLLM_DOCTOR_METRICS"
 
 
 def env_switch(name: str) -> bool:

@@ -1,6 +1,7 @@
-"""The doctor's series in vLLM's own ``/metrics`` on a real ``vllm serve`` (VLLM_DOCTOR=1, no dev
-mode; vllm_doctor.live.exporter): the first scrape attaches the API server to its workers
-through the private channel, and the series count what the engine ran, beside vLLM's own.
+"""The doctor's series in vLLM's own ``/metrics`` on a real ``vllm serve`` (VLLM_DOCTOR=1 and
+VLLM_DOCTOR_METRICS=1, no dev mode; vllm_doctor.live.exporter): the API server attaches to its
+workers through the private channel at its start, before any scrape (the operator's choice, no
+request's side effect), and the series count what the engine ran, beside vLLM's own.
 
 The exporter is a reader with its own window of the workers' records: ``top --once`` attaching,
 reading and detaching in the middle takes no step from it (the decode tokens it counts equal
@@ -69,6 +70,11 @@ def test_metrics_carry_the_doctors_series_and_they_count_what_vllm_counts(
     metrics_server: ServedEngine, tmp_path: Path
 ) -> None:
     server = metrics_server
+    # attached from the server's start, before any scrape: the workers profile (the exporter's reader)
+    deadline = time.monotonic() + 120
+    while not server.rpc("doctor_status")[0]["data"]["profiling"] and time.monotonic() < deadline:
+        time.sleep(1.0)
+    assert server.rpc("doctor_status")[0]["data"]["profiling"] is True
     first = _until(server, lambda e: _value(e, "vllm_doctor_up") == 1.0)
     info = first.families["vllm_doctor_info"].samples[0]
     assert _value(first, "vllm_doctor_up") == 1.0, info
@@ -84,9 +90,8 @@ def test_metrics_carry_the_doctors_series_and_they_count_what_vllm_counts(
     # requests one at a time (a prefill step, then decode steps: no mixed step), while top --once
     # attaches, reads its own window and detaches; then two more. Traffic for as long as top runs (its window is its last --interval seconds, whenever its start
     # and attach end on a loaded machine: CI once saw top outlast a fixed 120 s of traffic)
-    # and /metrics scraped every 10 s meanwhile, as Prometheus does: an exporter left unscraped for
-    # IDLE_S detaches (by design) and counts nothing until the next scrape (CI once saw top run for
-    # minutes with no scrape between its two: the steps in between were missing)
+    # and /metrics scraped every 10 s meanwhile, as Prometheus does (a scrape only copies: the
+    # exporter reads the workers whether scraped or not)
     done = threading.Event()
     scraper = threading.Thread(target=_scrape_until, args=(server, done), daemon=True)
     scraper.start()

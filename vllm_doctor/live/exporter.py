@@ -1,15 +1,20 @@
 """The doctor's series in vLLM's own ``/metrics`` (``VLLM_DOCTOR=1``).
 
 A second ``vllm.general_plugins`` entry point: vLLM calls :func:`register` in each process it
-starts; with ``VLLM_DOCTOR=1`` (and ``VLLM_DOCTOR_METRICS`` not ``0``) it adds a collector to
-``prometheus_client``'s default registry, the one a ``vllm serve`` API server answers ``/metrics``
-from. Nothing runs until the first scrape: then a thread in the API server attaches to the
-engine's workers through the doctor's private channel (the process tree below this process;
-:class:`~vllm_doctor.live.channel.ChannelHandle`) with its own window of their records
-(:class:`~vllm_doctor.live.sources.WindowReader`, the reader ``top``'s model panel uses), reads
-one window every :data:`WINDOW_S` seconds and adds it to the counters below. A scrape only
-copies what the last window left: it never waits for the engine. With no scrape for
-:data:`IDLE_S` seconds the thread detaches (the workers' hooks come off) and waits for the next.
+starts. The series are the operator's choice when the server starts: ``VLLM_DOCTOR=1`` and
+``VLLM_DOCTOR_METRICS=1`` (:data:`~vllm_doctor.constants.METRICS_ENV`; off by default). With
+both, :func:`register` adds a collector to ``prometheus_client``'s default registry, the one a
+``vllm serve`` API server answers ``/metrics`` from, and in the API server starts a thread that
+attaches to the engine's workers through the doctor's private channel as soon as they are up
+(the process tree below this process; :class:`~vllm_doctor.live.channel.ChannelHandle`) with its
+own window of their records (:class:`~vllm_doctor.live.sources.WindowReader`, the reader
+``top``'s model panel uses), reads one window every :data:`WINDOW_S` seconds and adds it to the
+counters below, until the server stops: the workers' hooks are on all that time (their cost:
+docs/engine-stage.md). A scrape only copies what the last window left: it never waits for the
+engine, and never starts, keeps or stops anything in it (vLLM does not apply ``--api-key`` to
+``/metrics``: anyone who reaches the port may scrape). Without ``VLLM_DOCTOR_METRICS=1`` the
+series are absent and nothing of the doctor's runs in the workers until a reader of the user's
+own (``attach``, ``top``) attaches.
 
 The series (``model_name`` is the label vLLM's own series carry; ``phase`` is prefill, decode or
 mixed; times on the doctor's step clock, named in ``vllm_doctor_info``'s ``clock``):
@@ -51,11 +56,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.compat.prometheus import Family
-from vllm_doctor.constants import env_switch
+from vllm_doctor.constants import METRICS_ENV, env_switch
 
-METRICS_ENV = "VLLM_DOCTOR_METRICS"  # "0": no series in /metrics
 WINDOW_S = 5.0  # one window of the workers' records per this many seconds
-IDLE_S = 300.0  # no scrape for this long: detach until the next
 RETRY_S = 5.0  # the workers not reachable yet (still loading): try again after this
 TOP_LAYERS = 5
 PREFIX = "vllm_doctor_"
@@ -67,7 +70,7 @@ _guard = threading.Lock()
 def register() -> None:
     """Entry point called by vLLM's ``load_general_plugins`` (in every process, maybe often)."""
     global _collector
-    if not env_switch("VLLM_DOCTOR") or os.environ.get(METRICS_ENV, "1").strip() in ("0", "false", "no", "off"):
+    if not env_switch("VLLM_DOCTOR") or not env_switch(METRICS_ENV) or not serves_metrics():
         return
     with _guard:
         if _collector is not None:
@@ -81,6 +84,27 @@ def register() -> None:
             why_not = f"{type(exc).__name__}: {exc}"
         if why_not:
             _log.warning("vllm-doctor: no doctor series in /metrics: %s (`vllm-doctor top` reads the model)", why_not)
+            return
+        _collector.start()
+        _log.warning(
+            "vllm-doctor: %s=1: /metrics carries the doctor's series; the API server reads the workers "
+            "through the doctor's channel from now until it stops",
+            METRICS_ENV,
+        )
+
+
+def serves_metrics() -> bool:
+    """Is this process a ``vllm serve`` API server (the process that answers ``/metrics``): a
+    process that ``multiprocessing`` did not start, whose command line is vLLM's API server's?
+    (Not the engine core or a worker, which vLLM spawns; not a script that builds ``vllm.LLM``.)"""
+    import multiprocessing
+
+    from vllm_doctor.live.proctree import label, read_proc
+
+    if multiprocessing.parent_process() is not None:
+        return False
+    raw = read_proc(os.getpid())
+    return raw is not None and label([raw])[0].role == "api-server"
 
 
 @dataclass
@@ -247,27 +271,31 @@ def families(state: ExportState) -> list[Any]:
 
 
 class DoctorCollector:
-    """A ``prometheus_client`` collector: :meth:`collect` publishes :class:`ExportState`, and
-    starts (or wakes) the reader thread that fills it."""
+    """A ``prometheus_client`` collector: :meth:`collect` publishes :class:`ExportState`; the
+    reader thread that fills it runs from :meth:`start` (at the server's start) until
+    :meth:`close`, whatever the scrapes."""
 
-    def __init__(self, pid: int | None = None, window_s: float = WINDOW_S, idle_s: float = IDLE_S) -> None:
+    def __init__(self, pid: int | None = None, window_s: float = WINDOW_S) -> None:
         self.pid = pid if pid is not None else os.getpid()
-        self.window_s, self.idle_s = window_s, idle_s
-        self.state = ExportState()
+        self.window_s = window_s
+        self.state = ExportState(reason="not attached yet: the workers are starting")
         self._lock = threading.Lock()
-        self._scraped = time.monotonic()
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
     def describe(self) -> list[Any]:
         return []  # registration asks nothing of the engine
 
-    def collect(self) -> Iterator[Any]:
+    def start(self) -> None:
+        """Start reading the workers (once)."""
         with self._lock:
-            self._scraped = time.monotonic()
-            if self._thread is None or not self._thread.is_alive():
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="vllm-doctor-metrics", daemon=True)
                 self._thread.start()
+
+    def collect(self) -> Iterator[Any]:
+        """The series as the last window left them: a copy, nothing asked of the engine."""
+        with self._lock:
             fams = families(self.state)
         yield from fams
 
@@ -288,9 +316,6 @@ class DoctorCollector:
         reader = None
         try:
             while not self._stop.is_set():
-                if time.monotonic() - self._scraped > self.idle_s:
-                    self._set(up=False, reason=f"detached: no scrape for {self.idle_s:.0f} s")
-                    return  # the next scrape starts a new thread (and a new attach)
                 try:
                     if reader is None:
                         handle = ChannelHandle(None, pid=self.pid, timeout=30.0)
