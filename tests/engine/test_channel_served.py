@@ -202,3 +202,137 @@ def test_the_doctor_opens_unix_sockets_only_in_the_server(served_engine: ServedE
     assert binds, f"no socket bound by the doctor's code in {sorted(pids)}: the audit hook saw {records}"
     assert {r["family"] for r in records} == {int(socket.AF_UNIX)}, records
     assert all(wire.SOCKET_PREFIX in r["address"] for r in binds), binds
+
+
+# -- issue 47: nobody else steers the doctor ---------------------------------------------------------
+
+
+def _status(server: ServedEngine) -> dict[str, Any]:
+    (status,) = server.rpc("doctor_status")
+    assert status["ok"], status
+    data: dict[str, Any] = status["data"]
+    return data
+
+
+def test_a_metrics_scrape_switches_nothing_on_in_the_workers(served_engine: ServedEngine) -> None:
+    """The session's server has no VLLM_DOCTOR_METRICS (the default): a /metrics scrape, from
+    anyone (vLLM applies no --api-key there; another OS user where the test runs as root), neither
+    carries the doctor's series nor attaches anything in the workers."""
+    assert _status(served_engine)["profiling"] is False
+    scrape = f"import urllib.request; print(urllib.request.urlopen({served_engine.base + '/metrics'!r}).read().decode())"
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    if os.geteuid() == 0 and python is not None:
+        import pwd
+
+        nobody = pwd.getpwnam("nobody")
+
+        def as_nobody() -> None:
+            os.setgroups([])
+            os.setgid(nobody.pw_gid)
+            os.setuid(nobody.pw_uid)
+
+        proc = subprocess.run([python, "-c", scrape], preexec_fn=as_nobody, capture_output=True, text=True,
+                              timeout=60, cwd="/", env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    else:
+        proc = subprocess.run([sys.executable, "-c", scrape], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "vllm:num_requests_running" in proc.stdout and "vllm_doctor_" not in proc.stdout
+    time.sleep(3)  # the exporter of before attached on a thread a moment after the scrape
+    status = _status(served_engine)
+    assert status["profiling"] is False and status["wrapped_methods"] == [], status
+
+
+def test_a_reader_that_only_arms_the_probe_leaves_nothing_installed(served_engine: ServedEngine) -> None:
+    path = _sockets(served_engine)[0]
+    with socket.socket(socket.AF_UNIX) as s:
+        s.settimeout(60)
+        s.connect(str(path))
+        s.sendall(wire.encode({"v": 1, "method": "doctor_arm_probe", "options": {"phases": ["prefill", "decode"]}}))
+        reply = wire.recv_frame(s, wire.MAX_REPLY)
+        assert reply["ok"] and reply["reply"]["ok"] and reply["reply"]["data"]["armed"], reply
+        status = _status(served_engine)
+        assert status["profiling"] is True and status["probe_hooks"] > 0, status
+    status = _wait_detached(served_engine)
+    assert status["profiling"] is False and status["probe_hooks"] == 0 and status["probe_armed"] == [], status
+    assert status["wrapped_methods"] == [] and status["model_hook_counts"] == {"forward_pre_hooks": 0, "forward_hooks": 0}
+
+
+def test_idle_and_trickling_readers_never_lock_the_owner_out(served_engine: ServedEngine) -> None:
+    from vllm_doctor.engine.channel import FRAME_TIMEOUT_S, IDLE_EVICT_S, MAX_CONNECTIONS
+
+    path = _sockets(served_engine)[0]
+    trickler = socket.socket(socket.AF_UNIX)
+    trickler.settimeout(60)
+    trickler.connect(str(path))
+    idle = [socket.socket(socket.AF_UNIX) for _ in range(MAX_CONNECTIONS - 1)]
+    try:
+        for s in idle:
+            s.connect(str(path))
+        frame = wire.encode({"v": 1, "method": "doctor_ping"})
+        started, cut = time.monotonic(), None
+        for byte in frame:  # a byte every 2 s: each read is quick, the whole frame never in time
+            try:
+                trickler.sendall(bytes([byte]))
+            except OSError:
+                cut = time.monotonic() - started
+                break
+            time.sleep(2.0)
+        assert cut is not None and cut < FRAME_TIMEOUT_S + 5, cut  # the frame's deadline, not each read's
+        idle.append(socket.socket(socket.AF_UNIX))
+        idle[-1].connect(str(path))  # the channel's every place taken by an idle connection
+        time.sleep(IDLE_EVICT_S + 1)
+        # the owner's reader takes the place of one that sat idle holding nothing: served
+        status = _status(served_engine)
+        assert status["profiling"] is False
+    finally:
+        trickler.close()
+        for s in idle:
+            s.close()
+
+
+@pytest.fixture(scope="module")
+def own_server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A server of this module's own, started without VLLM_DOCTOR_DIR: its private directory is
+    where a user's is by default, under a TMPDIR of the test's, where (as root) the user nobody
+    made ``vllm-doctor-<uid>`` first. Stopped by the last test."""
+    tmp = tmp_path_factory.mktemp("own")
+    tmpdir = tmp / "tmp"
+    tmpdir.mkdir()
+    tmpdir.chmod(0o1777)
+    squatted = tmpdir / f"vllm-doctor-{os.getuid()}"
+    if os.geteuid() == 0:
+        squatted.mkdir(mode=0o700)
+        os.chown(squatted, 65534, 65534)
+    server = ServedEngine(tmp)
+    server.env.pop(wire.DIR_ENV, None)
+    server.env.pop(wire.RUNTIME_ENV, None)
+    server.env["TMPDIR"] = str(tmpdir)
+    server.start()
+    try:
+        yield server, tmpdir, squatted
+    finally:
+        server.stop()
+
+
+def test_a_directory_another_user_made_first_does_not_disable_the_channel(own_server: Any) -> None:
+    server, tmpdir, squatted = own_server
+    if os.geteuid() != 0:
+        pytest.skip(f"making a directory for another user needs root (this test runs as uid {os.geteuid()})")
+    log = server.log.read_text()
+    assert f"{squatted} belongs to uid 65534" in log and "another user created it first" in log, log[-3000:]
+    fresh = [p for p in tmpdir.glob(f"{squatted.name}-*") if p.is_dir()]
+    assert len(fresh) == 1 and fresh[0].stat().st_mode & 0o777 == 0o700, fresh
+    assert list(fresh[0].glob("chan-*.sock")), sorted(p.name for p in fresh[0].iterdir())
+    # the reader (whose own TMPDIR is elsewhere) finds it through the engine processes' environment
+    (ping,) = server.rpc("doctor_ping")
+    assert ping["ok"], ping
+
+
+def test_a_graceful_stop_leaves_no_socket_and_no_record(own_server: Any) -> None:
+    server, tmpdir, _ = own_server
+    dirs = [p for p in tmpdir.glob(f"vllm-doctor-{os.getuid()}*") if p.is_dir() and p.stat().st_uid == os.getuid()]
+    assert dirs and any(list(d.glob("chan-*.sock")) for d in dirs), dirs
+    assert any(list(d.glob("proc-*.json")) for d in dirs)
+    server.stop()  # SIGTERM to the server's process group, as a terminal's Ctrl-C or systemd does
+    left = [str(p) for d in dirs if d.exists() for p in d.iterdir()]
+    assert left == [], left

@@ -195,11 +195,12 @@ def test_anatomy_of_a_single_process_engine(doctored: Run) -> None:
 
 def test_a_probe_that_raises_is_a_crash_finding_and_the_engine_keeps_serving(engine: Engine, doctored: Run) -> None:
     import vllm_doctor
-    from vllm_doctor.compat.llm import EngineHandle
+    from tests.fixtures.faults import inject_fault
 
-    handle = EngineHandle(engine.llm)
+    # no worker method injects a fault (nothing a served engine's /collective_rpc reaches):
+    # the test hands vLLM's collective_rpc the function itself
     for where in ("layers", "probe", "rpc:doctor_kv"):
-        assert handle.rpc("doctor_inject_fault", {"where": where})[0]["ok"]
+        assert where in engine.llm.collective_rpc(inject_fault, args=(where,))[0]["faults"]
     with vllm_doctor.attach(engine.llm) as doc:
         during = generate(engine.llm)
         report = doc.report()
@@ -209,7 +210,7 @@ def test_a_probe_that_raises_is_a_crash_finding_and_the_engine_keeps_serving(eng
     assert report.profiles["engine"]["steps"]  # per-step timing survived the layer-hook crash
     assert generate(engine.llm) == doctored.base  # detached: faults gone with the session
     # a crashing step wrapper: vLLM's own execute_model still runs, every step
-    handle.rpc("doctor_inject_fault", {"where": "steps"})
+    engine.llm.collective_rpc(inject_fault, args=("steps",))
     with vllm_doctor.attach(engine.llm, probe=False) as doc:
         assert generate(engine.llm) == doctored.base
     assert any(f.code == "VD400" and f.evidence.get("component") == "steps" for f in doc.report().findings)

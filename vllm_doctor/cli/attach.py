@@ -31,20 +31,25 @@ machine:
   VLLM_DOCTOR=1 vllm serve ./my-model
 VLLM_DOCTOR=1 makes the plugin add the doctor's worker extension (kept beside any extension of
 your own), and each process that holds a worker opens the doctor's private channel: a Unix socket
-in $TMPDIR/vllm-doctor-<uid> (mode 0700; VLLM_DOCTOR_DIR moves it) that only this user can open.
-No dev mode, no extra port. vLLM's dev endpoint /collective_rpc (VLLM_SERVER_DEV_MODE=1) is used
-only where no channel is found and the server listens on loopback alone; on any other address it
-is refused (anyone who reaches the port could call worker methods). The API server's /metrics
-then also carries the doctor's vllm_doctor_* series (VLLM_DOCTOR_METRICS=0: off). Per-layer timing is finest
-with --enforce-eager; under CUDA graphs it is per piecewise span (docs/engine-stage.md).
+(mode 0600) that only this user can open, in the user's private directory (mode 0700):
+VLLM_DOCTOR_DIR, else $XDG_RUNTIME_DIR/vllm-doctor, else $TMPDIR/vllm-doctor-<uid> (where another
+user made that one first, the server makes a fresh one and the doctor finds it). No dev mode, no
+extra port. A port another OS user listens on is refused before anything is asked of it (exit 2),
+whoever runs the doctor, root included. vLLM's dev endpoint /collective_rpc
+(VLLM_SERVER_DEV_MODE=1) is used only where no channel is found and the server is this user's and
+listens on loopback alone (the doctor says so); on any other address it is refused (anyone who
+reaches the port could call worker methods). With VLLM_DOCTOR_METRICS=1 at the server's start,
+its /metrics also carries the doctor's vllm_doctor_* series (the workers' hooks then stay on
+while it runs; off by default: no request turns them on). Per-layer timing is finest with
+--enforce-eager; under CUDA graphs it is per piecewise span (docs/engine-stage.md).
 
 While attached, the engine's own traffic is profiled; the first prefill and decode steps are
 probed op by op (VD403/VD404; --no-probe to skip). On exit (after --duration, Ctrl-C, kill or a
 closed terminal) every hook is removed from the workers and the report is printed; --out DIR also writes
 report.json, report.html and trace.json (as `profile`).
 
-exit codes: 0 nothing at or above --fail-on, 1 findings, 2 server unreachable / no channel (no
-VLLM_DOCTOR=1, another user's server) / dev endpoint refused off loopback, 3 vllm-doctor failed
+exit codes: 0 nothing at or above --fail-on, 1 findings, 2 server unreachable / another OS user's
+server / no channel (no VLLM_DOCTOR=1) / dev endpoint refused off loopback, 3 vllm-doctor failed
 
 examples:
   vllm-doctor attach --url http://127.0.0.1:8000 --duration 60 --out prof
@@ -89,6 +94,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from vllm_doctor.compat.http import HttpEngineHandle
     from vllm_doctor.live.attach import EngineDoctor, ExtensionMissing, served_engine
     from vllm_doctor.live.channel import ChannelHandle
     from vllm_doctor.report.profile import render_anatomy, render_profile
@@ -98,6 +104,11 @@ def run(args: argparse.Namespace) -> int:
     if args.duration < 0:
         raise DoctorInputError("--duration must not be negative")
     handle = served_engine(url, timeout=args.request_timeout)
+    if isinstance(handle, HttpEngineHandle):
+        progress(
+            f"no private channel found ({handle.fallback_reason}): reading the workers through vLLM's dev endpoint "
+            f"{handle.url}/collective_rpc"
+        )
     doc = EngineDoctor(handle, layers=not args.no_layers, sample_every=args.sample_every, probe=not args.no_probe)
     # Ctrl-C, kill, a closed terminal: from the attach until the detach, a stop signal ends the
     # window (or skips it) and the doctor still detaches and reports; it never leaves its hooks

@@ -214,8 +214,9 @@ class DoctorWorkerExtension:
         def run() -> dict[str, Any]:
             from vllm_doctor.engine.session import session_for
 
-            phases = _options(options).get("phases", ["prefill", "decode"])
-            return session_for(self).arm_probe([str(p) for p in phases])
+            opts = _options(options)
+            phases = opts.get("phases", ["prefill", "decode"])
+            return session_for(self).arm_probe([str(p) for p in phases], reader=opts.get(READER_OPTION))
 
         return _envelope(self, "doctor_arm_probe", run)
 
@@ -268,22 +269,3 @@ class DoctorWorkerExtension:
         from vllm_doctor.engine import hidden
 
         return _envelope(self, "doctor_collect_hidden", lambda: hidden.collect(self))
-
-    def doctor_inject_fault(self, options: Any = None) -> dict[str, Any]:
-        """For tests: make a doctor component raise
-        (``{"where": "steps"|"layers"|"probe"|"rpc:doctor_kv", "on": true}``)."""
-
-        def run() -> dict[str, Any]:
-            from vllm_doctor.engine.session import session_for
-
-            opts = _options(options)
-            sess = session_for(self)
-            where = str(opts["where"])
-            if opts.get("on", True):
-                sess.faults.add(where)
-            else:
-                sess.faults.discard(where)
-                sess.disabled.discard(where)
-            return {"faults": sorted(sess.faults)}
-
-        return _envelope(self, "doctor_inject_fault", run)

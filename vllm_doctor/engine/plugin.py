@@ -5,9 +5,10 @@ Without ``VLLM_DOCTOR=1`` it returns at once and imports nothing. With it, each 
 
 - logs one line naming itself (pid, parent, command), so ``vllm serve`` logs show the process
   tree the doctor will talk to;
-- records itself as ``proc-<pid>.json`` in ``VLLM_DOCTOR_DIR`` (default
-  ``$TMPDIR/vllm-doctor-<uid>``, mode 0700), written atomically: the anatomy of a served
-  engine, readable by ``vllm-doctor`` run by the same user;
+- records itself as ``proc-<pid>.json`` in the user's private directory (mode 0700:
+  ``VLLM_DOCTOR_DIR``, else ``$XDG_RUNTIME_DIR/vllm-doctor``, else ``$TMPDIR/vllm-doctor-<uid>``:
+  :func:`vllm_doctor.channel.default_dir`), written atomically and removed when the process
+  exits normally: the anatomy of a served engine, readable by ``vllm-doctor`` run by the same user;
 - in a process that holds a worker, opens the doctor's private channel (a Unix socket in the
   same directory; :mod:`vllm_doctor.engine.channel`), created with the worker.
 
@@ -130,12 +131,69 @@ def with_extension(config: Any) -> str | None:
     return wanted
 
 
+EXIT_WAIT_S = 5.0  # at exit, how long to wait for the engine processes this one killed to be gone
+
+
+def _remove(path: str, base: str) -> None:
+    """At this process's exit: its record goes; then, once the engine processes below it (the
+    records' parent links) are gone, what they left (vLLM's shutdown has just sent them SIGKILL,
+    which takes a moment to land)."""
+    import contextlib
+    import time
+
+    from vllm_doctor.channel import sweep
+
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    below = _descendants(base, os.getpid())
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while below and time.monotonic() < deadline:
+        below = [pid for pid in below if _running(pid)]
+        if below:
+            time.sleep(0.05)
+    sweep(base)
+
+
+def _descendants(base: str, root: int) -> list[int]:
+    """The pids below ``root`` by the parent links of the records in ``base``."""
+    import json
+
+    parents: dict[int, int] = {}
+    try:
+        names = [n for n in os.listdir(base) if n.startswith("proc-") and n.endswith(".json")]
+    except OSError:
+        return []
+    for name in names:
+        try:
+            with open(os.path.join(base, name), encoding="utf-8") as f:
+                record = json.load(f)
+            parents[int(record["pid"])] = int(record["ppid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    found, frontier = [], [root]
+    while frontier:
+        current = frontier.pop()
+        children = [pid for pid, ppid in parents.items() if ppid == current and pid not in found]
+        found += children
+        frontier += children
+    return found
+
+
+def _running(pid: int) -> bool:
+    from vllm_doctor.procfs import stat_fields
+
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
 def _announce() -> None:
+    import functools
     import json
     import logging
     import sys
     import time
 
+    from vllm_doctor.channel import at_exit, sweep
     from vllm_doctor.files import write_text_atomic
 
     record = {
@@ -146,8 +204,13 @@ def _announce() -> None:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "multiprocessing": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING"),
     }
-    path = os.path.join(record_dir(), f"proc-{os.getpid()}.json")
+    base = record_dir()
+    sweep(base)  # what processes killed before left (a reader ignores them: channel.stale)
+    path = os.path.join(base, f"proc-{os.getpid()}.json")
     write_text_atomic(path, json.dumps(record, indent=1) + "\n")
+    # at this process's exit: its record, and what the engine processes it killed left (vLLM's
+    # shutdown SIGKILLs the engine core and the workers: they remove nothing themselves)
+    at_exit(functools.partial(_remove, path, base))
     logging.getLogger("vllm_doctor").warning(
         "vllm-doctor plugin active in pid %d (parent %d): recorded in %s", os.getpid(), os.getppid(), path
     )

@@ -63,7 +63,7 @@ WRAPPED_METHODS = ("execute_model", "sample_tokens")
 
 
 class InjectedFault(RuntimeError):
-    """Raised on purpose by a test (``doctor_inject_fault``) to prove crashes are contained."""
+    """Raised on purpose by a test (``session.faults``: tests/fixtures/faults.py) to prove crashes are contained."""
 
 
 class NoWindow(RuntimeError):
@@ -728,7 +728,9 @@ class WorkerSession:
         self._end_probe_step()
 
     # -- probe ----------------------------------------------------------------------------------
-    def arm_probe(self, phases: list[str]) -> dict[str, Any]:
+    def arm_probe(self, phases: list[str], reader: Any = None) -> dict[str, Any]:
+        """Watch the next steps of ``phases`` op by op (starting the profiler for ``reader`` where
+        none runs: the probe reads its steps' phases)."""
         model = wv.model(self.worker)
         if model is None:
             raise RuntimeError("the worker has no model loaded yet")
@@ -740,7 +742,7 @@ class WorkerSession:
             )
             return {"armed": False, "reason": self.probe_refused}
         if self.profiler is None:
-            self.install(layers=False)
+            self.install(layers=False, reader=reader)
         if self.probe is None:
             self.probe = ProbeRecorder(model, wv.device(self.worker))
             self.probe.install_hooks()
@@ -748,6 +750,11 @@ class WorkerSession:
         self.probe_plan = list(phases)
         self.probe_result = None
         return {"armed": True, "phases": list(phases)}
+
+    def disarm_probe(self) -> None:
+        """The reader that armed the probe left before its steps came: its hooks come off."""
+        if self.probe is not None and self.probe_plan:
+            self._stop_probe()
 
     def _probe_wants(self, phase: str) -> bool:
         for i, wanted in enumerate(self.probe_plan):

@@ -10,7 +10,9 @@ lives; the server detaches a reader that goes away. The served model's name and 
 still come from the OpenAI API's public routes (``/v1/models``, ``/version``).
 
 :func:`served_engine` picks the channel, or vLLM's dev endpoint ``/collective_rpc`` as a
-fallback, only for a server that listens on loopback alone (:func:`exposed_addresses`).
+fallback, only for a server of this OS user's (:func:`foreign_listeners`: the listening socket's
+owner in ``/proc/net/tcp``) that listens on loopback alone (:func:`exposed_addresses`). A server
+of another user's is refused before anything is asked of it: its replies would be the report.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,8 @@ from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.live.proctree import PROC, discover, listening_rows, port_of
 
 CHANNEL_HINT = "start the server with VLLM_DOCTOR=1 as this user: its workers then open the doctor's private channel"
+# a server's error replies after which it closes the connection (the next request opens another)
+CLOSING_ERRORS = ("Refused", "FrameTimeout", "Closed")
 
 
 class NoChannel(ServerError):
@@ -49,20 +54,19 @@ class ChannelHandle:
         procs = discover(url=None if pid is not None else self.url, pid=pid)
         self.procs = procs
         self.paths: dict[int, str] = {}
-        bases = channel_dirs(procs[0].pid if procs else None)
+        bases, refused = channel_dirs([p.pid for p in procs])
         for base in bases:
-            self.paths = {
-                p.pid: wire.socket_path(p.pid, base) for p in procs if os.path.exists(wire.socket_path(p.pid, base))
-            }
+            self.paths = {p.pid: path for p in procs if live_socket(path := wire.socket_path(p.pid, base), p.pid)}
             if self.paths:
                 self.base = base
                 break
         if not self.paths:
             where = " or ".join(bases) or "a private directory of this user's"
+            why = "".join(f"; {reason}: the doctor does not use it" for reason in refused)
             raise NoChannel(
                 f"no process of the engine at {self.url} ({len(procs)} processes: "
-                f"{', '.join(p.label() for p in procs[:6])}) has a vllm-doctor channel in {where}",
-                CHANNEL_HINT,
+                f"{', '.join(p.label() for p in procs[:6])}) has a vllm-doctor channel in {where}{why}",
+                squat_hint(refused) or CHANNEL_HINT,
             )
 
     # -- transport ----------------------------------------------------------------------------
@@ -87,7 +91,10 @@ class ChannelHandle:
         try:
             conn = self._conn(pid)
             conn.settimeout(timeout)
-            conn.sendall(wire.encode(request))
+            try:
+                conn.sendall(wire.encode(request))
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # a server that refuses a connection writes why and closes: the reason is there to read
             reply = wire.recv_frame(conn, wire.MAX_REPLY)
         except (OSError, EOFError, wire.ChannelError) as exc:
             self._drop(pid)
@@ -97,6 +104,8 @@ class ChannelHandle:
         if not reply.get("ok"):
             raw = reply.get("error")
             error: dict[str, Any] = raw if isinstance(raw, dict) else {}
+            if error.get("type") in CLOSING_ERRORS:  # the server closed this connection after saying so
+                self._drop(pid)
             return _failed(method, pid, str(error.get("type", "ChannelError")), str(error.get("message", ""))[:1000])
         envelope = reply.get("reply")
         return envelope if isinstance(envelope, dict) else _failed(method, pid, "BadReply", repr(envelope)[:300])
@@ -161,26 +170,63 @@ class ChannelHandle:
         return {**self.http.front_end(), **channel}
 
 
-def channel_dirs(server_pid: int | None, proc: Path = PROC) -> list[str]:
-    """Where the engine's sockets can be: this user's private directory, and the one the server
-    was started with (``VLLM_DOCTOR_DIR`` in its environment, readable only to its own user);
-    each only if it is private to this user (:func:`vllm_doctor.channel.private_dir`)."""
+def channel_dirs(pids: list[int], proc: Path = PROC) -> tuple[list[str], list[str]]:
+    """Where the engine's sockets can be, and why a directory that exists there is not used.
+
+    The candidates: the private directory each of the engine's processes ``pids`` uses
+    (:func:`vllm_doctor.channel.default_dir` of its environment, ``/proc/PID/environ``, readable
+    only to its own user: a ``VLLM_DOCTOR_DIR`` it was started with or recorded for its children,
+    its ``XDG_RUNTIME_DIR``, its ``TMPDIR``), this user's own, and the fresh directories servers
+    made where the shared one was taken (:func:`vllm_doctor.channel.fallback_dirs`). Each is used
+    only if it is private to this user (:func:`vllm_doctor.channel.checked_dir`)."""
     candidates = []
-    if server_pid is not None:
-        try:
-            environ = (proc / str(server_pid) / "environ").read_bytes().split(b"\0")
-        except OSError:
-            environ = []
-        prefix = wire.DIR_ENV.encode() + b"="
-        candidates += [os.fsdecode(e[len(prefix) :]) for e in environ if e.startswith(prefix)]
-    candidates.append(wire.default_dir())
-    out = []
+    for pid in pids:
+        environ = _environ(pid, proc)
+        if environ is not None:
+            candidates.append(wire.default_dir(environ))
+    candidates += [wire.default_dir(), *wire.fallback_dirs()]
+    out, refused = [], []
     for base in dict.fromkeys(candidates):
         try:
             out.append(wire.checked_dir(base))
-        except (wire.UnsafeDir, FileNotFoundError):
+        except wire.UnsafeDir as exc:
+            refused.append(str(exc))
+        except OSError:
             continue
-    return out
+    return out, refused
+
+
+def _environ(pid: int, proc: Path = PROC) -> dict[str, str] | None:
+    try:
+        raw = (proc / str(pid) / "environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    pairs = (os.fsdecode(e).partition("=") for e in raw if b"=" in e)
+    return {name: value for name, _, value in pairs}
+
+
+def live_socket(path: str, pid: int) -> bool:
+    """A socket at ``path`` made by the process ``pid`` now running (not one a dead process of
+    the same pid left: :func:`vllm_doctor.channel.stale`)."""
+    try:
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            return False
+    except OSError:
+        return False
+    return not wire.stale(path, pid)
+
+
+def squat_hint(refused: list[str]) -> str | None:
+    """The fix where the doctor's shared directory was taken by another user (its name and owner
+    are in ``refused``)."""
+    taken = [r for r in refused if "another user created it first" in r]
+    if not taken:
+        return None
+    return (
+        "a server started with VLLM_DOCTOR=1 by this user now makes a fresh private directory of its own, "
+        "where the doctor finds it; or remove the directory (as its owner or root), or give both the server and "
+        "vllm-doctor a VLLM_DOCTOR_DIR of yours"
+    )
 
 
 def _failed(method: str, pid: int, kind: str, message: str) -> dict[str, Any]:
@@ -210,11 +256,27 @@ def _address_text(kind: str, address: str) -> str:
     return f"[{address}]"
 
 
+def foreign_listeners(port: int, proc: Path = PROC) -> list[int]:
+    """The uids other than this process's that own a socket listening on ``port`` (the uid
+    column of /proc/net/tcp and tcp6: the kernel's record of who opened it)."""
+    return sorted({int(fields[7]) for _, fields in listening_rows(port, proc)} - {os.geteuid()})
+
+
 def served_engine(url: str, timeout: float = 60.0) -> ChannelHandle | HttpEngineHandle:
-    """The engine at ``url``: through the private channel; else, only where the server listens
-    on loopback alone, through vLLM's dev endpoint (``VLLM_SERVER_DEV_MODE=1``). Raises
-    :class:`ServerError` (an input error: exit 2) with the reason and the fix otherwise."""
+    """The engine at ``url``: through the private channel; else, only for a server of this OS
+    user's that listens on loopback alone, through vLLM's dev endpoint
+    (``VLLM_SERVER_DEV_MODE=1``). A port another user listens on is refused first, whoever
+    the doctor runs as (root too): its answers would be the report. Raises :class:`ServerError`
+    (an input error: exit 2) with the reason and the fix otherwise."""
     url = normalize_url(url)
+    others = foreign_listeners(port_of(url))
+    if others:
+        owners = ", ".join(wire.owner_name(uid) for uid in others)
+        raise ServerError(
+            f"port {port_of(url)} ({url}) is held by a process of {owners}, not of this user "
+            f"({wire.owner_name(os.geteuid())}): the doctor reads only a server its own user started",
+            "run vllm-doctor as the user who started the server (its private channel is that user's)",
+        )
     try:
         return ChannelHandle(url, timeout=timeout)
     except NoChannel as missing:
@@ -223,7 +285,7 @@ def served_engine(url: str, timeout: float = 60.0) -> ChannelHandle | HttpEngine
         if isinstance(exc, ServerError):
             raise
         raise ServerError(f"cannot reach the vLLM server at {url}: {exc.message}", exc.hint or CHANNEL_HINT) from None
-    exposed = exposed_addresses(port_of(url))
+    exposed = exposed_addresses(port_of(url))  # the listener is this user's (above)
     if exposed:
         raise ServerError(
             f"{no_channel.message}; the server listens on {', '.join(exposed)} (not only loopback), where vLLM's "
@@ -231,4 +293,8 @@ def served_engine(url: str, timeout: float = 60.0) -> ChannelHandle | HttpEngine
             "does not use it there",
             CHANNEL_HINT,
         )
-    return HttpEngineHandle(url, timeout=timeout, fallback_reason=no_channel.message)
+    return HttpEngineHandle(
+        url,
+        timeout=timeout,
+        fallback_reason=f"{no_channel.message}; the server is this user's and listens on loopback only",
+    )
