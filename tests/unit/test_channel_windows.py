@@ -16,75 +16,25 @@ import os
 import socket
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from tests.fixtures.channel_worker import ProfileOnlyWorker, Worker, install_without_model, run_steps
 from vllm_doctor import channel as wire
 from vllm_doctor.engine.channel import ChannelServer
 from vllm_doctor.engine.clock import WallClock
-from vllm_doctor.engine.extension import DoctorWorkerExtension
 from vllm_doctor.engine.profiler import ForwardProfiler
-from vllm_doctor.engine.session import NoWindow, WorkerSession, session_for, worker_lock
+from vllm_doctor.engine.session import NoWindow, WorkerSession, session_for
 from vllm_doctor.live.channel import ChannelHandle
 from vllm_doctor.live.sources import WindowReader
-
-
-class Worker(DoctorWorkerExtension):
-    rank = 0
-
-
-class ProfileOnlyWorker(Worker):
-    """A worker that answers the profile only: the other parts top asks for once a minute read
-    vLLM's objects (not here)."""
-
-    def _no_part(self, options: Any = None) -> dict[str, Any]:
-        return {"ok": False, "rank": 0, "error": {"type": "NotHere", "message": "no vLLM in this test"}}
-
-    doctor_anatomy = doctor_placement = doctor_kv = doctor_memory = doctor_perf = doctor_quant = _no_part
-
-
-def _step(first: bool) -> Any:
-    """One engine step of one request: its prefill (``first``), else one decode token."""
-    new = [SimpleNamespace(req_id="a", prompt_token_ids=[1, 2, 3], block_ids=([1],), num_computed_tokens=0)]
-    cached = SimpleNamespace(req_ids=["a"], num_computed_tokens=[3], new_block_ids=[None], resumed_req_ids=set())
-    empty = SimpleNamespace(req_ids=[], num_computed_tokens=[], new_block_ids=[], resumed_req_ids=set())
-    return SimpleNamespace(
-        scheduled_new_reqs=new if first else [],
-        scheduled_cached_reqs=empty if first else cached,
-        num_scheduled_tokens={"a": 3 if first else 1},
-        total_num_scheduled_tokens=3 if first else 1,
-        scheduled_spec_decode_tokens={},
-        finished_req_ids=set(),
-    )
-
-
-def _run_steps(worker: Worker, n: int, first: bool = False) -> None:
-    prof = session_for(worker).profiler
-    assert prof is not None
-    for i in range(n):
-        with worker_lock(worker):  # as the worker's wrappers hold it around a step's bookkeeping
-            prof.begin_step(_step(first and i == 0))
-            prof.after_execute(0.001, output_is_final=False)
-            prof.after_sample(0.0005)
 
 
 @pytest.fixture
 def installs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     """The readers the server's installs named (the profiler's start needs no model here)."""
     seen: list[Any] = []
-
-    def install(
-        self: WorkerSession, layers: bool = True, trace_steps: int = 0, sample_every: int = 8, reader: Any = None
-    ) -> dict[str, Any]:
-        if self.profiler is None:
-            self.profiler = ForwardProfiler(WallClock(), [])
-        seen.append(reader)
-        self.open_window(reader, sample_every)
-        return {"profiling": True}
-
-    monkeypatch.setattr(WorkerSession, "install", install)
+    monkeypatch.setattr(WorkerSession, "install", install_without_model(seen))
     return seen
 
 
@@ -115,14 +65,14 @@ def test_a_reader_gets_its_own_window_or_an_error_never_the_whole_buffer(tmp_pat
     try:
         with _connect(server) as a:
             assert _ask(a, "doctor_install", {"layers": False})["ok"]
-            _run_steps(worker, 40, first=True)  # the buffer fills before the second reader comes
+            run_steps(worker, 40, first=True)  # the buffer fills before the second reader comes
             with _connect(server) as b:
                 # b never installed: an error that says so, not the 40 steps since the start
                 reply = _ask(b, "doctor_collect", {"timeline": False})
                 assert not reply["ok"] and reply["error"]["type"] == "NoWindow", reply
                 assert "install again" in reply["error"]["message"]
                 assert _ask(b, "doctor_install", {"layers": False})["ok"]
-                _run_steps(worker, 3)
+                run_steps(worker, 3)
                 assert _steps(_ask(b, "doctor_collect", {"timeline": False, "reset": True})) == 3
             # b's window ended with its connection; a's is its own, from its install
             assert _steps(_ask(a, "doctor_collect", {"timeline": False, "reset": True})) == 43
@@ -131,7 +81,7 @@ def test_a_reader_gets_its_own_window_or_an_error_never_the_whole_buffer(tmp_pat
             for _ in range(12):
                 with _connect(server) as c:
                     assert _ask(c, "doctor_install", {"layers": False})["ok"]
-                    _run_steps(worker, 1)
+                    run_steps(worker, 1)
                     assert _steps(_ask(c, "doctor_collect", {"timeline": False})) == 1
                 _wait_for_windows(worker, 1)  # the server let c's window go: a's is left
                 with _connect(server) as d:
@@ -155,13 +105,13 @@ def test_a_collect_without_a_window_is_an_error_in_process() -> None:
     worker = Worker()
     session = session_for(worker)
     session.profiler = ForwardProfiler(WallClock(), [])
-    _run_steps(worker, 5, first=True)
+    run_steps(worker, 5, first=True)
     reply = worker.doctor_collect({"timeline": False})
     assert not reply["ok"] and reply["error"]["type"] == "NoWindow"
     with pytest.raises(NoWindow):
         session.collect(reader=7)
     session.open_window(None)
-    _run_steps(worker, 2)
+    run_steps(worker, 2)
     assert _steps(worker.doctor_collect({"timeline": False})) == 2
 
 
@@ -187,15 +137,15 @@ def test_tops_reader_opens_a_new_window_when_its_connection_was_lost(tmp_path: P
             assert _ask(other, "doctor_install", {"layers": False})["ok"]
             handle = _handle(server)
             reader = WindowReader(handle)
-            _run_steps(worker, 4, first=True)
+            run_steps(worker, 4, first=True)
             assert reader.read().steps == 4
             handle._drop(os.getpid())  # the connection fails (a timeout, a broken pipe)
             _wait_for_windows(worker, 1)
-            _run_steps(worker, 30)
+            run_steps(worker, 30)
             lost = reader.read()
             assert lost.steps == 0 and "window was lost with the channel's connection" in lost.reason, lost
             assert "attached again" in lost.reason
-            _run_steps(worker, 2)
+            run_steps(worker, 2)
             assert reader.read().steps == 2  # its new window, not the 34 steps before it
             reader.close()
     finally:

@@ -9,8 +9,18 @@ def _n(key: str) -> str:
     return " | ".join(BY_KEY[key].names)
 
 
-def glossary() -> list[tuple[str, str, str, str]]:
-    """(panel, number, source, formula) rows."""
+def _layer_timing(mode: str | None) -> str:
+    """How the doctor times a decoder layer under ``mode``."""
+    eager = "eager mode: the layer's module forwards, timed from entry to return"
+    compiled = "compiled modes: the spans between the token mixers' calls (attention, SSM), which run outside the graph"
+    if mode is None:
+        return f"{eager}; {compiled}"
+    return f"this server runs {mode}: " + (eager if mode == "eager" else compiled)
+
+
+def glossary(mode: str | None = None) -> list[tuple[str, str, str, str]]:
+    """(panel, number, source, formula) rows; ``mode``: how the server runs the model (the model
+    panel's, live/sources.run_mode), which decides how the layers are timed."""
     rate = (
         "Δcounter / the longest time the server can have taken between its two reads (this scrape's reply "
         "read minus the last one's request sent: never above the real rate); '≥' where late replies leave "
@@ -69,9 +79,9 @@ def glossary() -> list[tuple[str, str, str, str]]:
         ),
         (
             "model",
-            "slowest layers",
-            "doctor_collect per-layer timing (eager mode, sampled steps)",
-            "sum of the layer's module times",
+            "slowest layers/step",
+            f"doctor_collect per-layer timing on sampled steps; {_layer_timing(mode)}",
+            "each layer's time summed over the steps timed per layer, over their number (per step, as fwd)",
         ),
         ("model", "KV bytes", "doctor_kv", "bytes of the KV-cache storages"),
         (

@@ -29,6 +29,7 @@ from vllm_doctor.analysis.records import (
     Roofline,
 )
 from vllm_doctor.compat.http import normalize_url
+from vllm_doctor.facts.anatomy import CompileState
 from vllm_doctor.live.derive import Deriver, MetricsFrame
 from vllm_doctor.units import clip
 
@@ -55,6 +56,8 @@ MODEL_SAMPLE_EVERY = 64
 # (each one more collective_rpc that the engine serves between two steps, plus /version,
 # /v1/models and an NVML snapshot in top) are asked for again once a minute.
 MODEL_FULL_EVERY_S = 60.0
+# the model channel failed (no channel yet, a server restarted): tried again after 5 s, doubling to this
+MODEL_RETRY_MAX_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -83,8 +86,11 @@ class ModelSummary(Record):
     # reader lagged): not in ``steps`` nor ``phases``
     dropped_steps: int = 0
     phases: dict[str, PhaseSummary] = field(default_factory=dict)
-    slowest_layers: list[LayerTotal] = field(default_factory=list)
+    slowest_layers: list[LayerTotal] = field(default_factory=list)  # each layer's sum over the steps timed per layer
     layers_forward_s: float | None = None  # the forward of the steps timed per layer (the layers' whole)
+    layers_timed_steps: int = 0  # the steps timed per layer (the layers' sums over them; 0: unknown)
+    sample_every: int | None = None  # the workers time one step in this many per phase (forward and layers)
+    mode: str | None = None  # how the server runs the model (run_mode): eager, torch.compile, CUDA graphs
     timed_fraction: float | None = None
     kv: KvSummary = field(default_factory=KvSummary)
     findings: list[PanelFinding] = field(default_factory=list)
@@ -198,21 +204,40 @@ class ModelChannel:
         self.every_s = every_s
         self.timeout = timeout
         self.latest: dict[str, Any] = ModelSummary(reason="connecting to the worker extension").to_json()
+        self._read_once = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vllm-doctor-model", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        """Attach, read windows; when the channel fails (the server restarted on the same port:
+        new processes, new sockets; or it has no channel yet), say why, and find the server's
+        workers again after ``every_s`` seconds, doubling up to :data:`MODEL_RETRY_MAX_S`."""
+        wait = self.every_s
+        while not self._stop.is_set():
+            reason = self._attached()
+            if reason is None:  # closed
+                return
+            if self._read_once:
+                wait = self.every_s  # it read before it failed: a new server is tried soon
+            self.latest = ModelSummary(reason=clip(f"{reason} (trying again in {wait:.0f} s)", 300)).to_json()
+            self._stop.wait(wait)
+            wait = min(MODEL_RETRY_MAX_S, wait * 2)
+
+    def _attached(self) -> str | None:
+        """One attachment, read until it fails: why it failed (None: closed)."""
         from vllm_doctor.errors import DoctorInputError
         from vllm_doctor.live.attach import ExtensionMissing, served_engine
 
         reader = None
+        self._read_once = False
         try:
             # no op-by-op probe (attach's VD403/VD404): it slows the probed steps, and top watches
             # a server that serves; the sampled profiler and the checks on its facts stay
             reader = WindowReader(served_engine(self.url, timeout=self.timeout))
             while not self._stop.is_set():
                 summary = reader.read()
+                self._read_once = True
                 last = ModelSummary.of(self.latest)
                 if summary.steps and not summary.slowest_layers:
                     # no step of this window was sampled per layer: the last sampled ones stand
@@ -223,11 +248,11 @@ class ModelChannel:
                     now = summary.as_of or time.time()
                     self.latest = replace(last, quiet_s=round(now - (last.as_of or now), 1)).to_json()
                 self._stop.wait(self.every_s)
+            return None
         except (ExtensionMissing, DoctorInputError) as exc:
-            self.latest = ModelSummary(reason=clip(str(getattr(exc, "message", exc)), 300)).to_json()
+            return str(getattr(exc, "message", exc))
         except Exception as exc:  # the channel is optional: say why it stopped, keep the rest running
-            reason = clip(f"model channel failed: {type(exc).__name__}: {exc}", 300)
-            self.latest = ModelSummary(reason=reason).to_json()
+            return f"model channel failed: {type(exc).__name__}: {exc}"
         finally:
             if reader is not None:
                 reader.close()
@@ -264,6 +289,9 @@ class WindowReader:
         else:
             facts = doc.gather(reset=True, parts=("profile",), previous=self._full, timeline=False)
         now = time.time()
+        gone = channel_gone(facts)
+        if gone:
+            raise ChannelGone(gone)
         lost = lost_windows(facts)
         if lost:  # the records since the last read went with the old connection: a new window from now
             doc.attach()
@@ -287,6 +315,18 @@ class WindowReader:
         close = getattr(doc.handle, "close", None)
         if close is not None:
             close()
+
+
+class ChannelGone(RuntimeError):
+    """No worker answered on its channel connection (the server went away, or restarted)."""
+
+
+def channel_gone(facts: Any) -> str:
+    """Why no worker answered the profile (every one's connection failed), or ""."""
+    errors = [worker.errors.get("profile") or {} for worker in facts.workers]
+    if not errors or any(error.get("type") != "ChannelError" for error in errors):
+        return ""
+    return str(errors[0].get("message") or "the channel failed")
 
 
 def lost_windows(facts: Any) -> str:
@@ -358,6 +398,9 @@ def model_summary(report: dict[str, Any], top_layers: int = 5) -> ModelSummary:
         phases=profile.phases,
         slowest_layers=[LayerTotal(layer=x.layer, total_s=x.total_s) for x in slow],
         layers_forward_s=profile.layers.forward_total_s if slow else None,
+        layers_timed_steps=profile.layers.timed_steps,
+        sample_every=profile.layers.sample_every,
+        mode=run_mode(anatomy.compile or next((w.compile for w in anatomy.workers if w.compile), None)),
         timed_fraction=profile.layers.timed_fraction,
         kv=replace(anatomy.kv_cache, groups=[]),
         findings=[
@@ -370,6 +413,17 @@ def model_summary(report: dict[str, Any], top_layers: int = 5) -> ModelSummary:
         roofline=replace(roof, layers=[], notes=[]) if roof is not None else None,
         processes=[p for p in anatomy.processes if p.pid],
     )
+
+
+def run_mode(state: CompileState | None) -> str | None:
+    """How vLLM runs the model, from the workers' compile state: ``eager``, ``torch.compile``,
+    ``CUDA graphs`` or both joined by ``+`` (None: the workers did not say)."""
+    if state is None:
+        return None
+    if state.eager or state.enforce_eager:
+        return "eager"
+    parts = [name for on, name in ((state.compiled, "torch.compile"), (state.cudagraphs, "CUDA graphs")) if on]
+    return " + ".join(parts) or None
 
 
 class EnginePids:

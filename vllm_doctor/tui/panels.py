@@ -8,6 +8,7 @@ good scrape), unknown numbers as ``–``.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,7 +17,7 @@ from rich.text import Text
 from vllm_doctor.analysis.records import DevicePeaks, RooflinePhase
 from vllm_doctor.analysis.roofline import fmt_rate, phase_text
 from vllm_doctor.live.derive import HISTOGRAMS, LatencyStat, MetricsFrame, fmt_latency
-from vllm_doctor.live.sources import Frame, ModelSummary
+from vllm_doctor.live.sources import MODEL_SAMPLE_EVERY, Frame, ModelSummary
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
 BARS = "▁▂▃▄▅▆▇█"
@@ -248,7 +249,11 @@ def model_panel(frame: Frame, width: int) -> Text:
         if p.forward_steps_step_s_mean is not None:  # the forward beside the step time of the same steps
             out.append(f"{p.steps:>5} steps  fwd {fmt_s(p.forward_s_mean)} of {fmt_s(p.forward_steps_step_s_mean)}\n")
         else:
-            out.append(f"{p.steps:>5} steps  fwd {fmt_s(p.forward_s_mean)}  p50 step {fmt_s(p.step_s_p50)}\n")
+            fwd = DASH if p.forward_s_mean is None else fmt_s(p.forward_s_mean)
+            out.append(f"{p.steps:>5} steps  fwd {fwd}  p50 step {fmt_s(p.step_s_p50)}\n")
+    why = forward_missing(model)
+    for line in textwrap.wrap(f"fwd {DASH}: {why}" if why else "", max(20, width), subsequent_indent="  ")[:3]:
+        out.append(line + "\n", style="dim")  # the reason whole, on as many rows as it takes (at most 3)
     for phase, p in model.phases.items():  # a multimodal model's encoder, where a phase ran it
         if p.encoder_steps and p.encoder_s is not None and p.encoder_step_s:
             out.append("encoder ", style="cyan")
@@ -256,8 +261,15 @@ def model_panel(frame: Frame, width: int) -> Text:
             line = f"{phase} {fmt_s(p.encoder_s)} in {p.encoder_steps} step(s) = {share:.0f} %"
             out.append((line if len(line) + 8 <= width else line.split(" = ")[0])[: width - 8] + "\n")
     if model.slowest_layers:
-        out.append("slowest layers: ", style="cyan")
-        out.append(" · ".join(f"#{x.layer} {fmt_s(x.total_s)}" for x in model.slowest_layers[:3]) + "\n")
+        # per step timed per layer, as the forward beside them; a recording without the count
+        # says what its numbers are: each layer's sum over the window's timed steps
+        n = model.layers_timed_steps
+        label = "slowest layers/step: " if n else "slowest layers, window sum: "
+        shown = [f"#{x.layer} {fmt_s(x.total_s / (n or 1))}" for x in model.slowest_layers[:3]]
+        while len(shown) > 1 and len(label) + len(" · ".join(shown)) > width:
+            shown.pop()  # fewer layers rather than a cut number
+        out.append(label, style="cyan")
+        out.append(" · ".join(shown) + "\n")
     roof = model.roofline
     for phase, entry in (roof.phases if roof is not None else {}).items():
         out.append("roofline ", style="cyan")
@@ -294,6 +306,22 @@ def model_panel(frame: Frame, width: int) -> Text:
         if f.hint:
             out.append(f"  fix: {f.hint[: max(20, width - 9)]}\n", style="dim")
     return out
+
+
+def forward_missing(model: ModelSummary) -> str:
+    """Why a phase line says ``fwd –`` ("" when every phase has its forward): the server's mode
+    has no forward the doctor times (vLLM's compiled root model, no full CUDA graph), or no step
+    of that phase in this window was one of the sampled ones."""
+    missing = [phase for phase, p in model.phases.items() if p.forward_s_mean is None and p.steps]
+    if not missing:
+        return ""
+    every = model.sample_every or MODEL_SAMPLE_EVERY
+    compiled = model.mode not in (None, "eager")
+    # a phase with this many steps had one sampled: its forward is not timed at all
+    if (compiled and len(missing) == len(model.phases)) or any(model.phases[p].steps >= every for p in missing):
+        where = f"under {model.mode}" if compiled else "on this server"
+        return f"not timed {where} (the doctor times the forward in eager mode)"
+    return f"no {'/'.join(missing)} step sampled in this window (1 step in {every} is)"
 
 
 def roofline_text(phase: str, entry: RooflinePhase, peaks: DevicePeaks, room: int) -> str:

@@ -31,7 +31,7 @@ from textual.widgets import Footer, Static
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.live.glossary import glossary
 from vllm_doctor.live.record import Recorder
-from vllm_doctor.live.sources import Frame, Source
+from vllm_doctor.live.sources import Frame, ModelSummary, Source
 from vllm_doctor.tui.panels import PANELS, chart_rows, history_key, history_panel, latency_panel
 from vllm_doctor.units import clip
 
@@ -351,11 +351,15 @@ class StatusBar(Widget):
 class HelpScreen(ModalScreen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,question_mark,q", "app.pop_screen", "close")]
 
+    def __init__(self, mode: str | None = None) -> None:
+        super().__init__()
+        self.mode = mode  # how the server runs the model, as the model panel last read it
+
     def compose(self) -> ComposeResult:
         text = Text()
         text.append("Every number, its source and its formula\n\n", style="bold")
         panel = ""
-        for p, number, source, formula in glossary():
+        for p, number, source, formula in glossary(self.mode):
             if p != panel:
                 text.append(f"{p}\n", style="bold cyan")
                 panel = p
@@ -570,7 +574,8 @@ class TopApp(App[None]):
 
     # -- keys ---------------------------------------------------------------------------------
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        model = self.frame.model if self.frame is not None else None
+        self.push_screen(HelpScreen(ModelSummary.of(model).mode if model else None))
 
     def action_pause(self) -> None:
         self.paused = not self.paused
