@@ -304,3 +304,19 @@ def test_fp8_ignored_layers_and_modules_to_not_convert_are_the_ignore_list() -> 
     assert checkpoint_quant(fp8, []).ignored("model.layers.0.mlp.down_proj") == "model.layers.0.mlp.down_proj"
     bnb = {"quantization_config": {"quant_method": "awq", "modules_to_not_convert": ["visual"]}}
     assert checkpoint_quant(bnb, []).ignored("visual") == "visual"
+
+
+def test_the_parity_check_refuses_the_directory_before_either_side_gets_it(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """compare_with_reference / the pytest plugin's parity: vLLM's side and transformers' side both
+    open the directory's files; neither child is started for a directory VD113 refuses."""
+    from vllm_doctor.stages import parity
+
+    d = model(tmp_path)
+    (tmp_path / "elsewhere.json").write_text("{}")
+    (d / "processor_config.json").symlink_to(tmp_path / "elsewhere.json")
+    monkeypatch.setattr(parity, "ChildJob", lambda *a, **k: pytest.fail("a parity child was started"))
+    with pytest.raises(parity.ParityUnavailable, match=r"processor_config\.json is a symlink to .*see VD113"):
+        parity.run_parity(str(d), parity.ParityOptions())
+    with pytest.raises(parity.ParityUnavailable, match="see VD113"):
+        parity.ParityEngine(str(d), {})

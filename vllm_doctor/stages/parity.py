@@ -207,6 +207,7 @@ class ParityEngine:
     """
 
     def __init__(self, model: str, options: dict[str, Any], progress: Progress | None = None) -> None:
+        _refuse_unsafe_dir(model)  # before vLLM is handed the directory
         self.model = model
         self.options = options
         self.dir = Path(tempdirs.make("vllm-doctor-parity-engine-"))
@@ -272,6 +273,7 @@ def run_parity(
         raise DoctorInputError(f"dtype must be float32, float16 or bfloat16, not {options.dtype!r}")
     if options.images < 0:
         raise DoctorInputError("images must be 0 or more")
+    _refuse_unsafe_dir(model)
     atol, rtol = tolerances(options.dtype)
     atol = options.atol if options.atol is not None else atol
     rtol = options.hidden_rtol if options.hidden_rtol is not None else rtol
@@ -322,6 +324,18 @@ def run_parity(
         if own_engine:
             engine.close()
     return result
+
+
+def _refuse_unsafe_dir(model: str) -> None:
+    """Both sides hand the model directory to vLLM and transformers, which open its files by name
+    and follow symlinks: a directory with a file linking out of it, a FIFO or an oversized settings
+    file (VD113, VD306) is not compared (:class:`ParityUnavailable` with the files)."""
+    from vllm_doctor.probes.model_dir import resolve_model_dir
+    from vllm_doctor.probes.model_files import handover_refusal, refused_files
+
+    refusal = handover_refusal(refused_files(resolve_model_dir(model).path))
+    if refusal is not None:
+        raise ParityUnavailable(refusal)
 
 
 def _both_sides(
