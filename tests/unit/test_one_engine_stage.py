@@ -68,7 +68,7 @@ def test_engine_reports_are_built_in_one_function() -> None:
             assert "facts[\"engine_failure\"] =" not in text and "facts['engine_failure'] =" not in text, path
 
 
-def test_report_merge_adds_findings_in_code_order_and_keeps_the_static_environment() -> None:
+def test_report_merge_adds_findings_in_report_order_and_keeps_the_static_environment() -> None:
     from vllm_doctor.model import Finding, Outcome, Report, Severity
 
     static = Report(target="/m", environment={"vllm": "0.32.0"}, facts={"model_dir": "/m"}, timings={"total_s": 1.0})
@@ -78,7 +78,8 @@ def test_report_merge_adds_findings_in_code_order_and_keeps_the_static_environme
     engine.findings = [Finding("VD500", Outcome.FAIL, Severity.ERROR, "failed"), Finding("VD401", Outcome.PASS, Severity.ERROR, "ok", "rank 0")]
     merged = static.merge(engine)
     assert merged is static
-    assert [f.code for f in merged.findings] == ["VD101", "VD301", "VD401", "VD500"]
+    # the problems first, the most severe first; then the rest by code (model.report_order)
+    assert [f.code for f in merged.findings] == ["VD500", "VD101", "VD301", "VD401"]
     assert merged.facts == {"model_dir": "/m", "engine_failure": "x"}
     assert merged.timings == {"total_s": 1.0, "engine_start_s": 2.0}
     assert merged.profiles == {"engine": {"steps": []}}
