@@ -32,6 +32,9 @@ from vllm_doctor.checks import (  # noqa: F401  (registers checks)
 from vllm_doctor.checks import weight_loading, parallel_sizes, checkpoint_files, config_sizes, model_build, moe, towers  # noqa: F401
 from vllm_doctor.checks import quantization  # noqa: F401
 
+# what check --fast tells from config.json alone for the checks above that need the import pass
+from vllm_doctor.checks import config_only  # noqa: F401
+
 # isort: on
 from vllm_doctor.checks.base import (
     CATALOGUE,

@@ -278,6 +278,51 @@ def check(
     return decorate
 
 
+# code -> what the check can tell from config.json alone, for ``check --fast`` (no vLLM import):
+# a check that needs the import pass registers one with :func:`from_config` (same code, its own
+# words); the full check never runs it, it has vLLM's own answer
+FROM_CONFIG: dict[str, Callable[[Any, Emit], Iterable[Finding]]] = {}
+
+
+def from_config(
+    code: str,
+) -> Callable[[Callable[[F, Emit], Iterable[Finding]]], Callable[[F, Emit], Iterable[Finding]]]:
+    """Register what the import-pass check ``code`` finds in config.json alone (``check --fast``)."""
+
+    def decorate(fn: Callable[[F, Emit], Iterable[Finding]]) -> Callable[[F, Emit], Iterable[Finding]]:
+        if code not in CATALOGUE or code in FROM_CONFIG:
+            raise ValueError(f"{code}: from_config needs a registered check, once")
+        if not needs_import(code):
+            raise ValueError(f"{code} runs in --fast already")
+        FROM_CONFIG[code] = fn
+        return fn
+
+    return decorate
+
+
+def run_from_config(facts: Any, code: str) -> list[Finding]:
+    """The problems :data:`FROM_CONFIG`'s function for ``code`` finds in config.json (none: [], also
+    for a code without one); a function that raises is a ``crash`` finding, as in :func:`run_checks`."""
+    fn = FROM_CONFIG.get(code)
+    if fn is None:
+        return []
+    try:
+        return [f for f in fn(facts, Emit(CATALOGUE[code].meta)) if f.is_problem]
+    except Exception as exc:  # a bug in a check must not hide the other findings
+        import traceback
+
+        return [
+            Finding(
+                code=code,
+                outcome=Outcome.CRASH,
+                severity=Severity.ERROR,
+                message=f"the check itself failed: {type(exc).__name__}: {exc}",
+                evidence={"traceback": traceback.format_exc()},
+                hint="this is a vllm-doctor bug; please report it with the traceback",
+            )
+        ]
+
+
 def codes_for(*topics: str, stage: Stage | None = None, at_least: Severity | None = None) -> tuple[str, ...]:
     """The catalogue's codes of any of ``topics`` (sorted), of ``stage`` only if given, and only
     those whose default severity is ``at_least`` if given (the pytest plugin's assertions take

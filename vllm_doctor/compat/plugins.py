@@ -11,7 +11,9 @@ from __future__ import annotations
 import ast
 import importlib.metadata
 import os
+import re
 from collections.abc import Mapping
+from pathlib import Path
 
 from vllm_doctor.compat.source_tables import find_module_file
 from vllm_doctor.facts.plugins import PluginInfo, Registration
@@ -158,3 +160,36 @@ def _vllm_config_registry_assignment(node: ast.AST, imported: dict[str, str]) ->
         return None
     cls = node.value
     return key.value, imported.get(cls.id, cls.id) if isinstance(cls, ast.Name) else "?"
+
+
+_QUANT_REGISTRATION = re.compile(r"register_quantization_config\s*\(\s*(?:(['\"])([^'\"]+)\1)?")
+_SCAN_FILES = 200  # source files of one plugin package read for quantization registrations
+_SCAN_BYTES = 512 * 1024  # of each file
+
+
+def plugin_quantization_methods(plugins: list[PluginInfo]) -> set[str] | None:
+    """The quantization methods the allowed plugins register (vLLM's ``register_quantization_config``
+    decorator, mostly in a module the plugin function imports), read from their packages' source;
+    None when a call names its method other than by a literal, or a package is larger than the
+    scan reads (the import pass decides then)."""
+    names: set[str] = set()
+    for plugin in plugins:
+        if not plugin.allowed or not plugin.module_file:
+            continue
+        module = Path(plugin.module_file)
+        files = sorted(module.parent.rglob("*.py")) if module.name == "__init__.py" else [module]
+        if len(files) > _SCAN_FILES:
+            return None
+        for path in files:
+            try:
+                with open(path, "rb") as fh:
+                    raw = fh.read(_SCAN_BYTES + 1)
+            except OSError:
+                continue
+            if len(raw) > _SCAN_BYTES:
+                return None
+            for match in _QUANT_REGISTRATION.finditer(raw.decode("utf-8", "replace")):
+                if match.group(2) is None:
+                    return None
+                names.add(match.group(2))
+    return names

@@ -210,6 +210,31 @@ def read_vllm_registry_tables(root: Path | None = None) -> RegistryTables | None
     )
 
 
+def read_vllm_quantization_methods(root: Path | None = None) -> list[str] | None:
+    """The quantization methods vLLM knows (``QuantizationMethods``, the ``Literal`` of
+    ``vllm/model_executor/layers/quantization/__init__.py`` that its ``QUANTIZATION_METHODS`` and
+    ``ModelConfig``'s "Unknown quantization method" check read), without importing vLLM; None if
+    unreadable. A plugin's ``register_quantization_config`` adds to it at run time."""
+    root = root or vllm_package_dir()
+    path = None if root is None else root / "model_executor" / "layers" / "quantization" / "__init__.py"
+    if path is None or not path.is_file():
+        return None
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, OSError, UnicodeDecodeError):
+        return None
+    for stmt in tree.body:
+        if (
+            isinstance(stmt, ast.Assign)
+            and any(isinstance(t, ast.Name) and t.id == "QuantizationMethods" for t in stmt.targets)
+            and isinstance(stmt.value, ast.Subscript)
+        ):
+            elts = stmt.value.slice.elts if isinstance(stmt.value.slice, ast.Tuple) else [stmt.value.slice]
+            names = [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+            return names or None
+    return None
+
+
 def read_transformers_model_types() -> set[str] | None:
     """``model_type`` strings the installed transformers knows (CONFIG_MAPPING_NAMES)."""
     names: dict[str, Any] = {}
@@ -254,4 +279,29 @@ def read_transformers_class_names() -> set[str] | None:
             continue
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.List | ast.Tuple):
             found.update(e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str))
+    return found or None
+
+
+def read_transformers_sub_configs(model_type: str) -> set[str] | None:
+    """The sub-configs (``sub_configs = {"text_config": ..., "vision_config": ...}``) of the config
+    class transformers has for ``model_type``, read from ``transformers/models/<type>/
+    configuration_<type>.py``; None when there is no such file or it does not say. A declared
+    ``vision_config`` that config.json leaves out is built from the class's defaults."""
+    if not model_type.replace("_", "").isalnum():
+        return None
+    path = find_module_file(f"transformers.models.{model_type}.configuration_{model_type}")
+    if path is None:
+        return None
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    except (SyntaxError, OSError, UnicodeDecodeError):
+        return None
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        if isinstance(node, ast.AnnAssign):
+            target = node.target
+        value = getattr(node, "value", None)
+        if isinstance(target, ast.Name) and target.id == "sub_configs" and isinstance(value, ast.Dict):
+            found.update(k.value for k in value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
     return found or None

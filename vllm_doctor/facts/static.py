@@ -35,6 +35,11 @@ class Facts:
     previously_supported: dict[str, str] = field(default_factory=dict)
     out_of_tree: dict[str, str] = field(default_factory=dict)
     vllm_config_model_types: set[str] = field(default_factory=set)
+    # the sub-configs transformers' config class for config.json's model_type declares (source)
+    hf_sub_configs: set[str] | None = None
+    # the quantization methods vLLM knows (source) and those the plugins register (None: unknown)
+    quantization_methods: list[str] | None = None
+    plugin_quantization_methods: set[str] | None = None
     transformers_model_types: set[str] | None = None
     transformers_class_names: set[str] | None = None
     plugins: list[PluginInfo] = field(default_factory=list)

@@ -16,10 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from vllm_doctor.checks import CATALOGUE, needs_import, run_checks, select_codes
-from vllm_doctor.compat.plugins import discover_general_plugins
+from vllm_doctor.checks.base import run_from_config
+from vllm_doctor.compat.plugins import discover_general_plugins, plugin_quantization_methods
 from vllm_doctor.compat.source_tables import (
     read_transformers_class_names,
     read_transformers_model_types,
+    read_transformers_sub_configs,
+    read_vllm_quantization_methods,
     read_vllm_registry_tables,
 )
 from vllm_doctor.facts.static import Facts
@@ -84,6 +87,11 @@ def gather_static_facts(model: str, options: CheckOptions) -> Facts:
     facts.transformers_model_types = read_transformers_model_types()
     facts.transformers_class_names = read_transformers_class_names()
     facts.plugins = discover_general_plugins()
+    if facts.model_type:  # does its config class build a vision tower config.json may leave out?
+        facts.hf_sub_configs = read_transformers_sub_configs(facts.model_type)
+    if isinstance(facts.config.get("quantization_config"), dict):  # what --fast asks of a method's name
+        facts.quantization_methods = read_vllm_quantization_methods()
+        facts.plugin_quantization_methods = plugin_quantization_methods(facts.plugins)
     if facts.builtin_archs is not None:
         predicted = dict(facts.builtin_archs)
         for plugin in facts.plugins:
@@ -146,11 +154,17 @@ def diagnose(model: str, options: CheckOptions | None = None, progress: Progress
         finish_weights_pass(facts, weights_job)
         report.findings = static_findings
         for code in codes:
-            if code not in static_codes:
-                report.findings.append(
-                    Finding(
-                        code, Outcome.SKIP, CATALOGUE[code].meta.severity, "skipped by --fast (needs the import pass)"
-                    )
+            if code not in static_codes:  # what config.json alone tells (checks.base.from_config), else a skip
+                report.findings.extend(
+                    run_from_config(facts, code)
+                    or [
+                        Finding(
+                            code,
+                            Outcome.SKIP,
+                            CATALOGUE[code].meta.severity,
+                            "skipped by --fast (needs the import pass)",
+                        )
+                    ]
                 )
     else:
         say("import pass: loading vLLM and the plugins in a fresh process ...")
