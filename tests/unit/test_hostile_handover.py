@@ -165,6 +165,7 @@ def test_a_layer_pattern_of_a_million_layers_is_vd309_and_no_model_is_built(tmp_
     config = {**LLAMA, "num_hidden_layers": 4, "hybrid_override_pattern": "M" * 10**6}
     (finding,) = run_checks(Facts(model_dir="/m", config=config), ["VD309"])
     assert finding.outcome is Outcome.FAIL and finding.subject == "config.json:hybrid_override_pattern"
+    assert finding.hint == "write one entry per layer the model has (num_hidden_layers of them) in hybrid_override_pattern"
     assert finding.message.endswith(
         ": names 1,000,000 layers: over 10,000, vllm-doctor's plausibility limit for num_hidden_layers"
     )

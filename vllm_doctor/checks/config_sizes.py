@@ -65,6 +65,7 @@ def _pattern_problems(prefix: str, cfg: dict[str, Any]) -> list[dict[str, Any]]:
                     "value": _shown(value),
                     "why": f"names {len(value):,} layers: over {limit:,}, vllm-doctor's plausibility limit for "
                     "num_hidden_layers",
+                    "hint": f"write one entry per layer the model has (num_hidden_layers of them) in {key}",
                 }
             )
     return out
@@ -225,7 +226,7 @@ def config_size_invalid(facts: Facts, emit: Emit) -> Iterable[Finding]:
             f"{p['key']} = {p['value']}: {p['why']}",
             f"config.json:{p['key']}",
             {"key": p["key"], "value": p["value"], "problem": p["why"], "kind": "size"},
-            "write the size the model was trained with as a positive integer",
+            p.get("hint", "write the size the model was trained with as a positive integer"),
         )
         for p in problems
     ]
