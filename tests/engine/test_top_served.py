@@ -274,12 +274,16 @@ def test_unreachable_server_once_exits_2_with_one_line(served_engine: ServedEngi
 
 
 def test_server_killed_and_restarted_goes_stale_then_counts_one_restart(served_engine: ServedEngine) -> None:
-    """Last in this module: it restarts the session's server (same port)."""
+    """Last in this module: it restarts the session's server (same port). The model panel's
+    channel finds the new server's workers (it said "cannot open ... pid <old>" for good)."""
     source = LiveSource(served_engine.base, interval_s=0.5)
+    model = ModelChannel(served_engine.base, every_s=1.0)
     d: Deriver = source.deriver
     served_engine.complete("warm up", 4)
     before = source.poll()
     assert before.metrics.ok and before.metrics.values["generation_tokens"] > 0
+    old_pids = {p.pid for p in ChannelHandle(served_engine.base).procs}
+    _wait_model(model, lambda m: m["steps"] > 0, "the first server's steps", lambda: served_engine.complete("a", 2))
     served_engine.stop()
     stale = [source.poll() for _ in range(3)]
     assert all(f.metrics.stale for f in stale) and stale[-1].metrics.age_s is not None
@@ -293,3 +297,23 @@ def test_server_killed_and_restarted_goes_stale_then_counts_one_restart(served_e
     nxt = source.poll()
     assert nxt.metrics.restarts == 1 and nxt.metrics.rates["gen_tps"] is not None and nxt.metrics.rates["gen_tps"] > 0
     assert all(v is None or v >= 0 for h in nxt.metrics.history.values() for v in h)
+    try:  # the model panel: the new server's workers, through their new channel
+        _wait_model(model, lambda m: m["steps"] > 0 and "trying again" not in m["reason"], "the new server's steps",
+                    lambda: served_engine.complete("again", 2), timeout=240)  # fmt: skip
+        new_pids = {p.pid for p in ChannelHandle(served_engine.base).procs}
+        assert new_pids and not new_pids & old_pids
+        assert {p["pid"] for p in model.latest["processes"]} <= new_pids  # read from the new server's workers
+    finally:
+        model.close()
+
+
+def _wait_model(
+    model: ModelChannel, ok: Callable[[dict], bool], what: str, load: Callable[[], object], timeout: float = 120
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if ok(model.latest):
+            return
+        load()
+        time.sleep(0.5)
+    raise AssertionError(f"{what} within {timeout:.0f} s; the model panel says {model.latest}")
