@@ -219,14 +219,21 @@ def at_exit(fn: Callable[[], None]) -> None:
     util.Finalize(None, fn, exitpriority=100)
 
 
+def running(pid: int) -> bool:
+    """Is process ``pid`` running (not gone, not a zombie)?"""
+    from vllm_doctor.procfs import stat_fields
+
+    fields = stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
 def stale(path: str, pid: int) -> bool:
     """Is the file ``path`` of process ``pid`` left behind: ``pid`` gone (or a zombie), or the
     file older than the process now running as ``pid`` (a dead process's, the pid reused)?"""
-    from vllm_doctor.procfs import started_at, stat_fields
+    from vllm_doctor.procfs import started_at
 
-    fields = stat_fields(pid)
     started = started_at(pid)
-    if fields is None or started is None or fields[0] in ("Z", "X"):
+    if not running(pid) or started is None:
         return True
     try:
         return os.stat(path).st_mtime < started - 2.0  # btime is whole seconds

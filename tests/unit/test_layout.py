@@ -30,8 +30,9 @@ MAY_IMPORT: dict[str, set[str]] = {
     "units": set(),
     "files": set(),
     "procfs": set(),
-    # the private channel's wire format and directory rules, shared by both ends (stdlib only)
-    "channel": set(),
+    # the private channel's wire format and directory rules, shared by both ends (stdlib only;
+    # procfs: whether a socket's process still runs)
+    "channel": {"procfs"},
     "facts": {"model", "errors", "constants"},  # constants: the wire names both sides share
     # gateways to foreign APIs (vLLM, torch, transformers, NVML); worker-side readers of vLLM
     "compat": {"constants", "errors", "model", "facts"},

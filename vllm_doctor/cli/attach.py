@@ -94,7 +94,6 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_doctor.compat.http import HttpEngineHandle
     from vllm_doctor.live.attach import EngineDoctor, ExtensionMissing, served_engine
     from vllm_doctor.live.channel import ChannelHandle
     from vllm_doctor.report.profile import render_anatomy, render_profile
@@ -104,10 +103,10 @@ def run(args: argparse.Namespace) -> int:
     if args.duration < 0:
         raise DoctorInputError("--duration must not be negative")
     handle = served_engine(url, timeout=args.request_timeout)
-    if isinstance(handle, HttpEngineHandle):
+    if not isinstance(handle, ChannelHandle):  # vLLM's dev endpoint: say so, and why
         progress(
-            f"no private channel found ({handle.fallback_reason}): reading the workers through vLLM's dev endpoint "
-            f"{handle.url}/collective_rpc"
+            f"no private channel found ({getattr(handle, 'fallback_reason', '')}): reading the workers through "
+            f"vLLM's dev endpoint {handle.url}/collective_rpc"
         )
     doc = EngineDoctor(handle, layers=not args.no_layers, sample_every=args.sample_every, probe=not args.no_probe)
     # Ctrl-C, kill, a closed terminal: from the attach until the detach, a stop signal ends the

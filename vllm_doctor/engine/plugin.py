@@ -180,10 +180,9 @@ def _descendants(base: str, root: int) -> list[int]:
 
 
 def _running(pid: int) -> bool:
-    from vllm_doctor.procfs import stat_fields
+    from vllm_doctor.channel import running
 
-    fields = stat_fields(pid)
-    return fields is not None and fields[0] not in ("Z", "X")
+    return running(pid)
 
 
 def _announce() -> None:
