@@ -69,10 +69,20 @@ class CheckMeta:
     topic: str = ""
     # the check reads vLLM's own start-up error (an engine that did not start), not only the workers
     reads_startup_error: bool = False
+    # the other severities its findings take where the case says so (VD206: an error where the
+    # installed vLLM requires the method); the catalogue and `rule` name them beside ``severity``
+    also: tuple[Severity, ...] = ()
+
+    @property
+    def severity_text(self) -> str:
+        """``warn`` or ``warn (or error)``: every severity the check's findings can have."""
+        others = " or ".join(s.value for s in self.also)
+        return f"{self.severity.value} (or {others})" if others else self.severity.value
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["severity"] = self.severity.value
+        data["also"] = [s.value for s in self.also]
         data["stage"] = self.stage.value
         data["explanation"]["references"] = list(self.explanation.references)
         data["requires"] = list(self.requires)

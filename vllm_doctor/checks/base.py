@@ -243,13 +243,15 @@ def check(
     requires: tuple[str, ...] = (),
     defers_to: tuple[str, ...] = (),
     reads_startup_error: bool = False,
+    also: tuple[Severity, ...] = (),
 ) -> Callable[[Callable[[F, Emit], Iterable[Finding]]], Callable[[F, Emit], Iterable[Finding]]]:
     """Register a check. The function receives the facts and an :class:`Emit` for its code.
 
     ``topic`` is one of :data:`TOPICS`. Every name in ``requires`` must be a gate registered
     before the check (:func:`gate`). ``reads_startup_error``: the check reads vLLM's error when
     the engine did not start (the engine stage runs it on that engine's facts, never only on an
-    eager re-run's)."""
+    eager re-run's). ``also``: the other severities its findings can take (given per finding), which
+    the catalogue and ``rule`` show beside ``severity``."""
     unknown = [name for name in requires if name not in GATES]
     if unknown:
         raise ValueError(f"{code}: unknown gate(s) {unknown}")
@@ -266,6 +268,7 @@ def check(
         defers_to=defers_to,
         topic=topic,
         reads_startup_error=reads_startup_error,
+        also=also,
     )
 
     def decorate(fn: Callable[[F, Emit], Iterable[Finding]]) -> Callable[[F, Emit], Iterable[Finding]]:

@@ -24,6 +24,7 @@ from vllm_doctor.model import Finding, Severity, Stage
         "outside it)."
     ),
     severity=Severity.ERROR,
+    also=(Severity.WARN,),
     stage=Stage.STATIC,
     topic="weights",
     what=(
@@ -87,6 +88,7 @@ def broken_shard_index(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "tie-word-embeddings-mismatch",
     "`tie_word_embeddings` disagrees with the presence of `lm_head.weight` in the checkpoint.",
     severity=Severity.ERROR,
+    also=(Severity.WARN, Severity.INFO),
     stage=Stage.STATIC,
     topic="weights",
     what=(

@@ -184,6 +184,7 @@ def config_sizes_present(config: dict[str, Any]) -> bool:
         "is NaN/Infinity."
     ),
     severity=Severity.ERROR,
+    also=(Severity.WARN,),
     stage=Stage.STATIC,
     topic="config",
     what=(

@@ -236,6 +236,7 @@ def load_weights_contract(facts: Facts, emit: Emit) -> Iterable[Finding]:
     "embed-input-ids-missing",
     "The class has no `embed_input_ids` method.",
     severity=Severity.WARN,
+    also=(Severity.ERROR,),
     stage=Stage.STATIC,
     topic="contract",
     what="vLLM embeds token ids through `model.embed_input_ids(input_ids)` (older vLLM: `get_input_embeddings`).",
@@ -381,6 +382,7 @@ def multimodal_processor_not_registered(facts: Facts, emit: Emit) -> Iterable[Fi
     "multimodal-interface-missing",
     "config.json describes a multimodal checkpoint but the class does not implement `SupportsMultiModal`.",
     severity=Severity.ERROR,
+    also=(Severity.WARN,),
     stage=Stage.STATIC,
     topic="contract",
     what=(

@@ -297,6 +297,7 @@ def working_tp_sizes(config: dict[str, Any], limit: int = 16, ep: bool = False) 
     "Attention heads, KV heads, intermediate size (an expert's too), vocabulary or experts cannot be split over "
     "`--tensor-parallel-size N` (`--enable-expert-parallel`), or the layers over `--pipeline-parallel-size M`.",
     severity=Severity.ERROR,
+    also=(Severity.INFO,),
     stage=Stage.STATIC,
     topic="ranks",
     what=(

@@ -160,6 +160,7 @@ def worker_device_mismatch(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
     "parameter-dtype-differs",
     "A parameter's dtype differs from the model dtype (info: fine if deliberate); any float64 tensor (warn).",
     severity=Severity.INFO,
+    also=(Severity.WARN,),
     stage=Stage.ENGINE,
     topic="placement",
     what=(

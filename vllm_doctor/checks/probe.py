@@ -49,6 +49,7 @@ def _probe_steps(w: WorkerFacts) -> list[Any]:
     "forward-wrong-device",
     "The forward pass creates tensors on another device than the worker's, or copies across devices every step.",
     severity=Severity.WARN,
+    also=(Severity.INFO,),
     stage=Stage.ENGINE,
     topic="probe",
     what=(
@@ -103,6 +104,7 @@ def forward_wrong_device(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
         "shapes (`nonzero`)."
     ),
     severity=Severity.WARN,
+    also=(Severity.INFO,),
     stage=Stage.ENGINE,
     topic="probe",
     what=(

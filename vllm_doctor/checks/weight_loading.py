@@ -216,6 +216,7 @@ def _module_prefix(name: str) -> str:
     "checkpoint-tensor-not-consumed",
     "A checkpoint tensor that `load_weights` never loads, or on which it raises (with the name it looked up).",
     severity=Severity.ERROR,
+    also=(Severity.WARN, Severity.INFO),
     stage=Stage.STATIC,
     topic="weights",
     what=(
@@ -509,6 +510,7 @@ def _config_dtype(config: dict[str, Any]) -> str | None:
         "overflow risk), or as integers for float parameters."
     ),
     severity=Severity.WARN,
+    also=(Severity.ERROR,),
     stage=Stage.STATIC,
     topic="weights",
     what=(

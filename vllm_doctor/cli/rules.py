@@ -42,7 +42,7 @@ def run_rules(args: argparse.Namespace) -> int:
         print(json.dumps([m.to_dict() for m in metas], indent=2))
         return EXIT_OK
     for m in metas:
-        print(f"{m.code}  {m.name:<38} {m.severity.value:<5} {m.stage.value:<6} {m.topic:<9} {m.summary}")
+        print(f"{m.code}  {m.name:<38} {m.severity_text:<5} {m.stage.value:<6} {m.topic:<9} {m.summary}")
     return EXIT_OK
 
 

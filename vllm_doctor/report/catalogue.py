@@ -19,7 +19,7 @@ def markdown() -> str:
     for code in sorted(CATALOGUE):
         m = CATALOGUE[code].meta
         lines.append(
-            f"| {m.code} | `{m.name}` | {m.severity.value} | {m.stage.value} | {m.topic} "
+            f"| {m.code} | `{m.name}` | {m.severity_text} | {m.stage.value} | {m.topic} "
             f"| {m.summary.replace('|', '/')} |"
         )
     return "\n".join(lines)

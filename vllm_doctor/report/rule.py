@@ -9,7 +9,7 @@ def render_rule(meta: CheckMeta) -> str:
     """The check's code, name, severity and stage, summary, then What / Why it hurts / Example / Fix / References."""
     e = meta.explanation
     parts = [
-        f"{meta.code} {meta.name} ({meta.severity.value}, {meta.stage.value} stage)\n\n{meta.summary}\n",
+        f"{meta.code} {meta.name} ({meta.severity_text}, {meta.stage.value} stage)\n\n{meta.summary}\n",
         f"What\n  {e.what}\n\nWhy it hurts\n  {e.why}\n\nExample\n"
         + "\n".join("  " + line for line in e.example.splitlines()),
         "\nFix\n" + "\n".join("  " + line for line in e.fix.splitlines()),
