@@ -17,7 +17,7 @@ from vllm_doctor.analysis.engine import summarize
 from vllm_doctor.analysis.records import KvGroupSummary, KvSummary, LayerModule, LayerTables
 from vllm_doctor.analysis.roofline import KvTraffic, StepWorkload, kv_traffic_of
 from vllm_doctor.checks import run_checks
-from vllm_doctor.checks.attention import prefix_matches
+from vllm_doctor.facts.mixers import prefix_matches
 from vllm_doctor.facts.anatomy import Anatomy, WorkerIdentity
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.facts.kv import KvCache, KvSpec

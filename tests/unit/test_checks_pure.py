@@ -135,7 +135,7 @@ def test_a_check_that_raises_becomes_a_crash_finding_and_the_run_goes_on(monkeyp
 
 def test_select_and_ignore_take_prefixes() -> None:
     assert selected_codes(CheckOptions(select={"VD2"}, ignore={"VD205"})) == [
-        "VD201", "VD202", "VD203", "VD204", "VD206", "VD207", "VD209", "VD210", "VD211", "VD212", "VD214", "VD215", "VD216"]
+        "VD201", "VD202", "VD203", "VD204", "VD206", "VD207", "VD209", "VD210", "VD211", "VD212", "VD214", "VD215", "VD216", "VD217"]
 
 
 def test_every_check_has_complete_metadata() -> None:
@@ -176,7 +176,7 @@ def test_every_requirement_is_a_gate_and_gates_run_before_the_check() -> None:
     assert {name for c in CATALOGUE.values() for name in c.meta.requires} <= set(GATES)
     # the import pass (or the weights pass beside it) is what these checks wait for
     assert {c for c in CATALOGUE if needs_import(c)} == {
-        "VD100", "VD106", "VD111", "VD112", "VD201", "VD202", "VD203", "VD204", "VD205", "VD206", "VD207", "VD209", "VD210", "VD211", "VD212", "VD214", "VD216", "VD301", "VD302", "VD303",
+        "VD100", "VD106", "VD111", "VD112", "VD201", "VD202", "VD203", "VD204", "VD205", "VD206", "VD207", "VD209", "VD210", "VD211", "VD212", "VD214", "VD216", "VD217", "VD301", "VD302", "VD303",
         "VD304", "VD310", "VD311", "VD312", "VD313", "VD314", "VD315", "VD317", "VD601", "VD602", "VD603", "VD604", "VD605", "VD606"}
     # no import pass: every check that needs it gets the gate's skip, and its body never runs
     f = facts({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}, import_pass_error="no vLLM here")

@@ -164,3 +164,22 @@ def test_a_vllm_exception_without_a_message_is_named_by_its_line() -> None:
         text = describe_exception(exc)
     assert text.startswith("AssertionError (no message) at ") and "in get_kv_cache_spec: raise AssertionError" in text
     assert describe_exception(ValueError("said")) == "ValueError: said"
+
+
+def test_a_mixer_registered_under_another_name_is_vd217_before_launch() -> None:
+    """VD217 reads the meta-device build's forward context: each mixer's prefix beside its place."""
+    (ok,) = run_checks(facts(), ["VD217"])
+    assert ok.outcome is Outcome.PASS and "3 token mixer(s)" in ok.message
+    wrong = facts()
+    wrong.weight_load["mixers"][1]["prefix"] = "layers.1.attn"  # no place in the model: the model's prefix dropped
+    (warn,) = run_checks(wrong, ["VD217"])
+    assert warn.outcome is Outcome.WARN and warn.subject == "model.layers.1.attn"
+    assert warn.message == "attention registered as 'layers.1.attn' sits at 'model.layers.1.attn'"
+    mla = facts()
+    mla.weight_load["mixers"] = [{"prefix": "model.layers.0.self_attn.attn", "path": "model.layers.0.self_attn.mla_attn.mla_attn",
+                                  "kind": "mla", "family": "mla", "class": "MLAAttention"}]  # fmt: skip
+    assert [f.outcome for f in run_checks(mla, ["VD217"])] == [Outcome.PASS]  # vLLM's wrapper names it so
+    own = facts()
+    own.weight_load["mixers"][1]["prefix"] = "somewhere.else"
+    own.weight_load["model"] = {"class": "vllm.model_executor.models.hrm.HrmForCausalLM"}
+    assert [f.outcome for f in run_checks(own, ["VD217"])] == [Outcome.PASS]  # vLLM names its own layers

@@ -13,6 +13,7 @@ from vllm_doctor.checks.base import Emit, check
 from vllm_doctor.checks.engine_base import engine_started, kv_caches, subject, vllms_own_model
 from vllm_doctor.checks.startup import DUPLICATE_LAYER
 from vllm_doctor.facts.engine import EngineFacts
+from vllm_doctor.facts.mixers import prefix_matches
 from vllm_doctor.model import Finding, Severity, Stage
 
 
@@ -83,15 +84,3 @@ def attention_prefix_not_unique(facts: EngineFacts, emit: Emit) -> Iterable[Find
                 f"{len(layers)} attention layer(s), each registered under a prefix of its own place in the model",
                 subject(w),
             )
-
-
-def prefix_matches(prefix: str, paths: list[str]) -> bool:
-    """Is ``prefix`` the layer's place in the model: its module path, or a name under the module
-    that holds it? vLLM's own wrappers register the inner layer under the wrapper's name
-    (DeepSeek's MLA: ``self_attn.attn`` for ``self_attn.mla_attn.mla_attn``): the prefix's parent
-    is then an ancestor of the layer. A prefix whose parent is no ancestor (``layers.0.attn`` for
-    ``model.layers.0.self_attn.attn``, or another layer's index) binds the layer by a wrong name."""
-    if prefix in paths:
-        return True
-    parent = prefix.rpartition(".")[0]
-    return bool(parent) and any(p.startswith(parent + ".") for p in paths)

@@ -1,4 +1,4 @@
-"""VD214-VD216: a hybrid model's state interfaces and layer pattern, an MLA port's latent
+"""VD214-VD217: a hybrid model's state interfaces and layer pattern, an MLA port's latent, a mixer's prefix
 (topic ``contract``).
 
 A model with Mamba / linear-attention mixers keeps a fixed state per request that vLLM sizes
@@ -22,7 +22,7 @@ from typing import Any
 
 from vllm_doctor.checks.base import Emit, check
 from vllm_doctor.checks.weights_base import text_config
-from vllm_doctor.facts.mixers import STATE_METHODS
+from vllm_doctor.facts.mixers import STATE_METHODS, prefix_matches
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
 
@@ -340,3 +340,60 @@ def mla_not_read_as_mla(mla: list[dict[str, Any]], reading: Any, model_class: An
         f"{reading.get('model_type')!r} as an MLA model (ModelConfig.use_mla is false): it sizes their attention "
         f"metadata by {sized}, not the latent's {latent} ({sizes})" + (said if isinstance(head, int) else "")
     )
+
+
+@check(
+    "VD217",
+    "mixer-prefix-mismatch",
+    "A token mixer (attention, MLA, Mamba / linear attention) registered under a `prefix` that is not its place in "
+    "the model, found before launch.",
+    severity=Severity.WARN,
+    stage=Stage.STATIC,
+    topic="contract",
+    what=(
+        "Every token mixer registers itself in vLLM's forward context under the `prefix` its constructor was "
+        "given; vLLM binds its KV cache or state, its quantization scales and its per-layer settings by that name. "
+        "The weights pass builds the model on the meta device and reads each mixer's prefix beside the module path "
+        "where it sits; the prefix must be that path, or a name under the module that holds it (vLLM's MLA wrapper "
+        "registers `self_attn.attn` for `self_attn.mla_attn.mla_attn`). VD208 reads the same on the running engine."
+    ),
+    why=(
+        'vLLM 0.32 runs a port whose MLA wrapper gets `f"{prefix}.attn"` with the same tokens and no warning '
+        "(examples/mla/mla-wrong-prefix): nothing says the names are wrong until a quantized checkpoint's KV scales or "
+        "a per-layer setting are looked up by them and miss, or two layers' names collide (`Duplicate layer name`)."
+    ),
+    example='self.mla_attn = MultiHeadLatentAttentionWrapper(..., prefix=f"{prefix}.attn")   # sits at .mla_attn',
+    fix=(
+        'Pass each mixer the module path it is assigned to: `self.mla_attn = ...(prefix=f"{prefix}.mla_attn")`, '
+        'with the decoder layer built as `Layer(..., prefix=f"{prefix}.layers.{i}")`.'
+    ),
+    references=("vllm-project/vllm#18212", "vllm/forward_context.py"),
+    requires=("weights-pass",),
+)
+def mixer_prefix_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
+    load = facts.weight_load or {}
+    mixers = load.get("mixers")
+    if not isinstance(mixers, list):
+        yield emit.skip(load.get("mixers_error") or "the weights pass did not build the model")
+        return
+    if not mixers:
+        yield emit.not_applicable("no token mixer registered in vLLM's forward context by the built model")
+        return
+    if str((load.get("model") or {}).get("class") or "").startswith("vllm."):
+        yield emit.ok(f"{len(mixers)} mixer(s) of vLLM's own model, registered by vLLM")
+        return
+    bad = [m for m in mixers if m.get("path") and not prefix_matches(str(m.get("prefix")), [str(m["path"])])]
+    for m in bad[:8]:
+        yield emit.warn(
+            f"{FAMILY_NAMES.get(str(m.get('family')), 'a token mixer')} registered as {m.get('prefix')!r} sits at "
+            f"{m.get('path')!r}",
+            str(m.get("path")),
+            {"prefix": m.get("prefix"), "path": m.get("path"), "class": m.get("class"), "kind": m.get("kind")},
+            "pass the module's own path as prefix (thread `prefix` down from the model's constructor)",
+        )
+    if len(bad) > 8:
+        yield emit.warn(
+            f"... and {len(bad) - 8} more mixer(s) registered under another name", "model", {"layers": len(bad)}
+        )
+    if not bad:
+        yield emit.ok(f"{len(mixers)} token mixer(s), each registered under a prefix of its own place in the model")

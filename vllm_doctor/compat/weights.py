@@ -727,7 +727,7 @@ def _meta_load(request: dict[str, Any], tmp: str, new_ledger: NewLedger) -> dict
         result["model"]["parameters"] = sum(p.numel() for p in model.parameters())
     except BaseException as exc:
         return fail("build", exc)
-    try:  # the mixers it built, the state interfaces its class declares, how vLLM reads its attention (VD214-VD216)
+    try:  # the mixers it built, the state interfaces its class declares, how vLLM reads its attention (VD214-VD217)
         from vllm_doctor.compat import mixers
 
         result["mixers"] = mixers.built_mixers(model, _forward_context(vllm_config))

@@ -91,3 +91,15 @@ def kind_of_spec(spec_type: str | None, mamba_type: str | None = None) -> str | 
 
 # the class methods vLLM sizes a Mamba / linear-attention state cache from, before it builds the model
 STATE_METHODS = ("get_mamba_state_shape_from_config", "get_mamba_state_dtype_from_config")
+
+
+def prefix_matches(prefix: str, paths: list[str]) -> bool:
+    """Is ``prefix`` the layer's place in the model: its module path, or a name under the module
+    that holds it? vLLM's own wrappers register the inner layer under the wrapper's name
+    (DeepSeek's MLA: ``self_attn.attn`` for ``self_attn.mla_attn.mla_attn``): the prefix's parent
+    is then an ancestor of the layer. A prefix whose parent is no ancestor (``layers.0.attn`` for
+    ``model.layers.0.self_attn.attn``, or another layer's index) binds the layer by a wrong name."""
+    if prefix in paths:
+        return True
+    parent = prefix.rpartition(".")[0]
+    return bool(parent) and any(p.startswith(parent + ".") for p in paths)
