@@ -76,7 +76,7 @@ SIZES: dict[str, Any] = {
     "linear_key_head_dim": 64,
     "linear_value_head_dim": 64,
     "sliding_window": 64,
-    "attention_chunk_size": 64,
+    "attention_chunk_size": 256,  # a multiple of the KV block (128 on the CPU build: vLLM asserts it)
 }
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 PATTERN_KEYS = ("layer_types", "layers_block_type", "hybrid_override_pattern", "block_types")
@@ -92,7 +92,10 @@ def candidates() -> list[tuple[str, str, str]]:
     out: dict[str, tuple[str, str, str]] = {}
     for model_type, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
         if isinstance(cls, str) and cls in _TEXT_GENERATION_MODELS and model_type in CONFIG_MAPPING_NAMES:
-            out.setdefault(cls, (cls, model_type, CONFIG_MAPPING_NAMES[model_type]))
+            # a causal LM that is also the text half of a multimodal type (llama4 and llama4_text
+            # both name Llama4ForCausalLM) is built from its text config
+            if cls not in out or model_type.endswith("_text"):
+                out[cls] = (cls, model_type, CONFIG_MAPPING_NAMES[model_type])
     return sorted(out.values())
 
 
@@ -138,6 +141,9 @@ def tiny_sizes(default: Any) -> dict[str, Any]:
         value = getattr(default, key, None)
         if isinstance(value, int) and value > 1:
             sizes[key] = 4
+    for key in ("num_experts_per_tok", "moe_top_k"):  # a top-1 router stays top-1 (Llama 4: vLLM asserts it)
+        if getattr(default, key, None) == 1:
+            sizes[key] = 1
     layers = 2
     for key in PATTERN_KEYS:
         if not _settable(default, key):
