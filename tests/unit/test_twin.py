@@ -320,6 +320,35 @@ def test_the_twin_dir_holds_the_twins_config_the_tokenizer_and_links_to_the_same
     assert (out / "tokenizer.json").read_text() == '{"model": {}}' and not (out / "tokenizer.json").is_symlink()
 
 
+class _Started(Exception):
+    pass
+
+
+def test_the_twins_links_to_the_ports_checkpoint_do_not_stop_its_engine_and_no_other_link_passes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The twin directory's checkpoint is the doctor's own links to the port's (vetted) files: the
+    engine guard lets them through for that directory only (a checkpoint linking out of a model
+    directory stops the engine, VD306; profile --twin's second run was stopped by it)."""
+    from vllm_doctor.stages import engine
+    from vllm_doctor.stages.twin import build_twin_dir, plan_twin
+
+    def started(*_args: Any, **_kwargs: Any) -> Any:
+        raise _Started
+
+    monkeypatch.setattr(engine, "run_engine_stage", started)
+    port = _model_dir(tmp_path)
+    made = tmp_path / "twin"
+    twin = build_twin_dir(plan_twin(str(port), "auto"), make_dir=lambda _prefix: (made.mkdir(), str(made))[1])
+    with pytest.raises(_Started):
+        engine.diagnose_engine(twin, links_into=str(port))
+    blocked = engine.diagnose_engine(twin)  # any other caller: a checkpoint linking out stops the engine
+    assert "a checkpoint file links outside the model directory (VD306)" in blocked.facts["engine_failure"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert "VD306" in engine.diagnose_engine(twin, links_into=str(elsewhere)).facts["engine_failure"]
+
+
 def test_a_forced_architecture_that_does_not_fit_is_an_input_error_before_any_engine(tmp_path: Path) -> None:
     from vllm_doctor.stages.twin import plan_twin
 

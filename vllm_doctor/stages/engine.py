@@ -368,6 +368,18 @@ def blocking_findings(report: Report) -> list[Finding]:
     ]
 
 
+def _links_into(finding: Finding, root: str | None) -> bool:
+    """Is ``finding`` a checkpoint file linking into ``root`` or, for a Hugging Face cache
+    snapshot, its repo's blobs (the doctor's twin directory's links to the port's vetted
+    checkpoint), and nothing else?"""
+    if root is None or finding.code != "VD306" or finding.evidence.get("kind") != "file-outside-dir":
+        return False
+    from vllm_doctor.probes.paths import inside, model_roots
+
+    target = finding.evidence.get("resolves_to")
+    return isinstance(target, str) and inside(model_roots(root), target)
+
+
 def _guard_report(model: str, options: EngineOptions, progress: Progress | None) -> Report:
     """The static checks the engine stage needs when no static report was given: the blocking codes
     (fast pass, no vLLM import), and at tensor-parallel size > 1 the weights pass for VD406's shapes."""
@@ -403,6 +415,7 @@ def diagnose_engine(
     ignore: Iterable[str] = (),
     progress: Progress | None = None,
     log_dir: str | None = None,
+    links_into: str | None = None,
 ) -> Report:
     """The engine stage as a :class:`Report`: VD4xx/VD5xx/VD208 findings, anatomy, profiles.
 
@@ -412,7 +425,10 @@ def diagnose_engine(
     pass). A model the guard stops gets no engine: the report says why (``facts.engine_failure``)
     and carries the blocking findings. An engine that fails is a finding (VD500), never a skip.
     Raises :class:`vllm_doctor.DoctorInputError` for a bad model path, RuntimeError when the engine
-    child gave no answer at all (a doctor failure).
+    child gave no answer at all (a doctor failure). ``links_into``: a directory the model
+    directory's checkpoint links may point into without stopping the engine; only the doctor's own
+    twin directory has one (``profile --twin``: its links to the port's checkpoint, which passed
+    the port's guard).
     """
     from vllm_doctor.analysis.engine import time_accounting
     from vllm_doctor.live.attach import build_engine_report
@@ -425,7 +441,7 @@ def diagnose_engine(
         )
     guard = static if static is not None else _guard_report(model, options, progress)
     target = guard.target
-    blocked = blocking_findings(guard)
+    blocked = [f for f in blocking_findings(guard) if not _links_into(f, links_into)]
     if blocked:
         report = Report(target=target, environment=dict(guard.environment))
         report.facts["engine_failure"] = "the engine stage was not started: " + "; ".join(

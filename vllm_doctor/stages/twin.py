@@ -194,7 +194,9 @@ def profile_with_twin(
         twin_options = options
         if options.deep_dir:  # the twin's torch profiler traces beside the port's, not among them
             twin_options = replace(options, deep_dir=str(Path(options.deep_dir).parent / "twin" / "torch"))
-        twin_report = diagnose_engine(twin_dir, twin_options, progress=_prefixed(progress, "twin"), log_dir=twin_log)
+        twin_report = diagnose_engine(
+            twin_dir, twin_options, progress=_prefixed(progress, "twin"), log_dir=twin_log, links_into=model
+        )
     finally:
         tempdirs.remove(twin_dir)
     why = _ran(twin_report)
