@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from vllm_doctor.checks import run_checks
+from vllm_doctor.checks.base import MAX_REPEATED
 from vllm_doctor.checks.hybrid import expected_family, pattern_problems
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Outcome
@@ -85,6 +86,18 @@ def test_a_malformed_pattern_is_a_finding_without_a_build() -> None:
     ]
     (f,) = run_checks(facts({"architectures": ["LlamaForCausalLM"]}), ["VD215"])
     assert f.outcome is Outcome.NOT_APPLICABLE
+
+
+def test_a_pattern_wrong_on_every_layer_costs_the_report_a_constant() -> None:
+    """A pattern of thousands of layers, each built as another kind (or each an unknown letter):
+    MAX_REPEATED findings and one summary, not one finding per layer (10,000 within VD309's bound)."""
+    n = 2000
+    config = {**CONFIG, "num_hidden_layers": n, "hybrid_override_pattern": "*" * n}
+    found = run_checks(facts(config, built="M" * n), ["VD215"])
+    assert len(found) == MAX_REPEATED + 1 and all(f.outcome is Outcome.FAIL for f in found)
+    assert found[-1].message.startswith(f"... and {n - MAX_REPEATED} more layers where hybrid_override_pattern")
+    unknown = {**config, "hybrid_override_pattern": "X" * n}
+    assert len(run_checks(facts(unknown, built=None), ["VD215"])) <= MAX_REPEATED + 1
 
 
 @pytest.mark.parametrize(
