@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from vllm_doctor.checks.base import Emit, check
+from vllm_doctor.checks.base import Emit, capped_findings, check
 from vllm_doctor.checks.weights_base import text_config
 from vllm_doctor.facts.mixers import STATE_METHODS, prefix_matches
 from vllm_doctor.facts.static import Facts
@@ -229,10 +229,12 @@ def layer_pattern_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
                         f"model.layers.{i}",
                     )
                 )
-    for message, where in problems:
-        yield emit.fail(
-            message, where, {"pattern_key": key, "pattern": entries[:64]}, "build each layer as the pattern says"
-        )
+    findings = [
+        emit.fail(message, where, {"pattern_key": key, "pattern": entries[:64]}, "build each layer as the pattern says")
+        for message, where in problems
+    ]
+    # one problem repeated per layer costs the report a constant (a pattern may hold 10,000 layers: VD309's bound)
+    yield from capped_findings(findings, emit, f"layers where {key} and the model disagree")
     if not problems:
         compared = "and every layer builds what it names" if isinstance(mixers, list) else "(the layers were not built)"
         yield emit.ok(f"{key}: {len(entries)} layer(s), each a known kind, {compared}", f"config.json:{key}")
