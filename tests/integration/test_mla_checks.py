@@ -46,7 +46,7 @@ def test_the_doctor_names_the_cause_before_launch(name: str, checks: dict[str, A
         warned = [a for a in alarms if expected.before_launch and a[0] == expected.before_launch[0]]
         assert code == 0 and alarms == warned, alarms
         if expected.before_launch is not None:
-            want, subject, start = expected.before_launch
+            _, subject, start = expected.before_launch
             assert any(s == subject and m.startswith(start) for _, s, m in warned), warned
             assert len(warned) == 2  # one per layer
         assert outcomes.get("VD216") == "pass", outcomes

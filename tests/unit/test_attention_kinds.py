@@ -17,12 +17,11 @@ from vllm_doctor.analysis.engine import summarize
 from vllm_doctor.analysis.records import KvGroupSummary, KvSummary, LayerModule, LayerTables
 from vllm_doctor.analysis.roofline import KvTraffic, StepWorkload, kv_traffic_of
 from vllm_doctor.checks import run_checks
-from vllm_doctor.facts.mixers import prefix_matches
 from vllm_doctor.facts.anatomy import Anatomy, WorkerIdentity
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.facts.kv import KvCache, KvSpec
 from vllm_doctor.facts.memory import MemoryFacts
-from vllm_doctor.facts.mixers import FAMILY, kind_of_spec
+from vllm_doctor.facts.mixers import FAMILY, kind_of_spec, prefix_matches
 from vllm_doctor.facts.placement import DevicePlace, Placement
 from vllm_doctor.model import Outcome
 from vllm_doctor.report.profile import kv_capacity_text, kv_group_text, untimed_mixers_text
