@@ -56,8 +56,8 @@ ENTRY_POINTS = {
     "console_scripts": {name: "vllm_doctor.cli:main" for name in COMMANDS},
     "pytest11": {"vllm_doctor": "vllm_doctor.pytest_plugin.plugin"},
     "vllm.general_plugins": {
-        "vllm_doctor": "vllm_doctor.engine.plugin:register",
-        "vllm_doctor_metrics": "vllm_doctor.live.exporter:register",
+        "vllm_doctor": "vllm_doctor.plugins:register",
+        "vllm_doctor_metrics": "vllm_doctor.plugins:register_metrics",
     },
 }
 OFFLINE = {

@@ -1,8 +1,8 @@
 """vllm-doctor: find out why vLLM will not find, build, load or run your custom model.
 
-The root imports nothing eagerly (PEP 562): vLLM imports ``vllm_doctor.engine.plugin`` in every
-engine process, and that must not load the doctor's checks, probes or reports. The names below
-are resolved on first use.
+The root imports nothing eagerly (PEP 562): vLLM imports ``vllm_doctor.plugins`` (the doctor's
+``vllm.general_plugins`` entry points) in every engine process, and that must not load the
+doctor's checks, probes or reports. The names below are resolved on first use.
 """
 
 from __future__ import annotations

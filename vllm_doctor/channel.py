@@ -46,13 +46,14 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from vllm_doctor.constants import DIR_ENV
+
 PROTOCOL = 1
 HEADER = struct.Struct(">I")
 MAX_REQUEST = 64 * 1024  # bytes of one request's JSON: the largest valid one is under 200
 MAX_REPLY = 256 * 2**20  # bytes of one reply: a collect with a full per-layer trace stays far below
 SOCKET_PREFIX = "chan-"
 SOCKET_SUFFIX = ".sock"
-DIR_ENV = "VLLM_DOCTOR_DIR"
 
 PHASES = ("prefill", "decode", "any")
 # verb -> {option: (type, low, high)}; ``bool`` options have no bounds, ``list`` ones are phases

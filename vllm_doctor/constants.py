@@ -11,6 +11,22 @@ import os
 # the distribution pip installs (pyproject's name): "vllm-doctor" on PyPI is another project
 DISTRIBUTION = "vllm-model-doctor"
 
+# The environment variables the doctor reads or sets: each VLLM_DOCTOR* name is spelled here once
+# and imported where it is used (tests/unit/test_layout.py fails on such a string anywhere else in
+# vllm_doctor; messages and docs may name them). GRAPH_TIMING_ENV, METRICS_ENV and SCRATCH_DIR_ENV
+# are below, beside what they switch.
+# the opt-in of a vLLM process started by the user (``VLLM_DOCTOR=1 vllm serve``): the plugin
+# records the process, adds the worker extension and opens the private channel (vllm_doctor.plugins)
+DOCTOR_ENV = "VLLM_DOCTOR"
+# the user's private directory of process records and channel sockets (vllm_doctor.channel.default_dir)
+DIR_ENV = "VLLM_DOCTOR_DIR"
+# set by stages/child.py in a child: the doctor's pid, the child dies with it (PR_SET_PDEATHSIG)
+PARENT_PID_ENV = "VLLM_DOCTOR_PARENT_PID"
+# a child's memory limit when --max-memory is not given (stages/child.py: default_memory_limit)
+MAX_MEMORY_ENV = "VLLM_DOCTOR_MAX_MEMORY"
+# the py-spy binary to use when none is on PATH (compat/pyspy.py: find_pyspy)
+PY_SPY_ENV = "VLLM_DOCTOR_PY_SPY"
+
 # what ``worker_extension_cls`` names; vllm_doctor.engine.extension defines the class
 EXTENSION_QUALNAME = "vllm_doctor.engine.extension.DoctorWorkerExtension"
 

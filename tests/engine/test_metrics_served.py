@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.served import ServedEngine
+from vllm_doctor.live.exporter import SCRAPE_TIMESTAMP as SCRAPE_TS
 from vllm_doctor.live.proctree import discover
 from vllm_doctor.live.prom import Exposition, parse
 
@@ -82,6 +83,13 @@ def test_metrics_carry_the_doctors_series_and_they_count_what_vllm_counts(
     vllm_names = {s.label("model_name") for s in first.families["vllm:num_requests_running"].samples}
     assert info.label("model_name") in vllm_names, (info, vllm_names)
     assert info.label("clock") and (info.label("model_class") or "").endswith("TinyDoctorForCausalLM"), info
+    # each answer carries the API server's clock as it was rendered (issue 47 item 8): inside this
+    # scrape's bracket (the same machine's clock), and later in a later answer
+    sent = time.time()
+    stamped = _scrape(server)
+    read = time.time()
+    (stamp,) = stamped.families[SCRAPE_TS].samples
+    assert stamped.families[SCRAPE_TS].type == "gauge" and sent <= stamp.value <= read, (sent, stamp, read)
     before = {
         "doctor_decode": _value(first, "vllm_doctor_tokens", phase="decode"),
         "doctor_prefill_steps": _value(first, "vllm_doctor_steps", phase="prefill"),
@@ -104,7 +112,10 @@ def test_metrics_carry_the_doctors_series_and_they_count_what_vllm_counts(
         done.set()
         scraper.join(timeout=120)
     assert top.returncode == 0, (took, top.stderr[-2000:])
-    model = json.loads(top.stdout).get("model") or {}
+    body = json.loads(top.stdout)
+    model = body.get("model") or {}
+    # top's rates are over the server's own time between its two scrapes: exact, not a bound
+    assert (body["rate_clock"], body["rates_lower_bound"]) == ("server", False), body
     # top's window had steps of its own
     assert model.get("available") and model.get("steps"), (f"top ran {took:.0f} s, {requests} requests", model)
     assert "attached to the workers" in top.stderr, top.stderr  # its progress lines say where its time went
@@ -142,6 +153,7 @@ def test_metrics_carry_the_doctors_series_and_they_count_what_vllm_counts(
     assert after.families["vllm_doctor_own_ratio"].samples, "the doctor's share of the workers' time"
     # vLLM's own KV capacity, asked of vLLM in the worker (a served engine's worker has its own config)
     assert _value(after, "vllm_doctor_kv_capacity_tokens") > 0 and _value(after, "vllm_doctor_kv_max_concurrency") > 0
+    assert _value(after, SCRAPE_TS) > stamp.value  # the server's clock moved on between the scrapes
     # the counters are Prometheus counters (the _total suffix on the wire), typed as such
     assert after.families["vllm_doctor_steps"].type == "counter"
     # the exporter opened no TCP socket: only the channel's Unix sockets (audit hook in each process)

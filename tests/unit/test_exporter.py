@@ -137,3 +137,37 @@ def test_the_example_dashboard_asks_only_for_series_the_exporter_publishes() -> 
         for lab in re.findall(r"{{(\w+)}}", t.get("legendFormat", ""))
     }
     assert by | legends <= labels, (by | legends) - labels
+
+
+def test_each_answer_carries_the_servers_clock_as_it_is_rendered() -> None:
+    """Issue 47 item 8: ``vllm_doctor_scrape_timestamp_seconds``, a gauge of the API server's
+    ``time.time()`` read as the collector renders (the registry's answer), so that ``top`` can
+    divide vLLM's counters' changes by the server's own time between two scrapes. A gauge, not
+    the exposition's sample timestamp: Prometheus stores a scrape at its own time."""
+    import time
+
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from vllm_doctor.live.derive import server_time
+    from vllm_doctor.live.exporter import DoctorCollector
+
+    collector = DoctorCollector(pid=1)  # not started: collect() only copies its state
+    registry = CollectorRegistry()
+    registry.register(collector)
+    stamps = []
+    for _ in range(2):
+        before = time.time()
+        text = generate_latest(registry).decode()
+        after = time.time()
+        expo = parse(text)
+        fam = expo.families["vllm_doctor_scrape_timestamp_seconds"]
+        assert fam.type == "gauge" and fam.help
+        (sample,) = fam.samples
+        assert before <= sample.value <= after
+        line = next(x for x in text.splitlines() if x.startswith("vllm_doctor_scrape_timestamp_seconds{"))
+        assert len(line.split()) == 2  # name{labels} value: no sample timestamp on the wire
+        stamps.append(server_time(expo.families))
+        time.sleep(0.01)
+    assert stamps[0] is not None and stamps[1] is not None and stamps[1] > stamps[0]
+    # the plain rows of a state carry it only where the render's clock is given
+    assert "vllm_doctor_scrape_timestamp_seconds" not in _exposition(ExportState(model_name="m"))

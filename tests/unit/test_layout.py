@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,10 +33,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     "procfs": set(),
     # the private channel's wire format and directory rules, shared by both ends (stdlib only;
     # procfs: whether a socket's process still runs)
-    "channel": {"procfs"},
+    "channel": {"constants", "procfs"},  # constants: DIR_ENV, the private directory's variable
     "facts": {"model", "errors", "constants"},  # constants: the wire names both sides share
     # gateways to foreign APIs (vLLM, torch, transformers, NVML); worker-side readers of vLLM
     "compat": {"constants", "errors", "model", "facts"},
+    # the two vllm.general_plugins entry points: switches that import their side only when opted in
+    "plugins": {"constants", "engine", "live"},
     # runs INSIDE vLLM's processes: reads vLLM objects only through the worker-side gateways
     "engine": {
         "constants",
@@ -194,22 +197,68 @@ def test_the_table_catches_an_offender(tmp_path: Path) -> None:
     assert allowed("engine", "compat.worker") and not allowed("engine", "compat.llm")
 
 
-@pytest.mark.parametrize("plugin", ["vllm_doctor.engine.plugin", "vllm_doctor.live.exporter"])
-def test_engine_plugin_imports_nothing_beyond_the_standard_library(plugin: str) -> None:
-    """vLLM imports the plugins (the worker side's, /metrics') in every engine process, and calls
-    them: at most 6 of our modules, no third party, without VLLM_DOCTOR=1."""
+def _after_calling(entry: str, env: dict[str, str]) -> list[str]:
+    """The modules a fresh interpreter loads to import vllm_doctor.plugins and call ``entry`` in
+    the environment ``env`` (the doctor's own switches taken out first)."""
     code = (
         "import sys, json; before = set(sys.modules)\n"
-        f"import {plugin} as p; p.register()\n"
+        f"import vllm_doctor.plugins as p; p.{entry}()\n"
+        "exporter = sys.modules.get('vllm_doctor.live.exporter')\n"
+        "assert exporter is None or exporter._collector is None, 'the exporter started outside an API server'\n"
         "print(json.dumps(sorted(set(sys.modules) - before)))"
     )
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_DOCTOR"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
-    new = json.loads(out)
+    base = {k: v for k, v in os.environ.items() if not k.startswith("VLLM_DOCTOR")}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**base, **env}
+    ).stdout
+    return list(json.loads(out))
+
+
+@pytest.mark.parametrize("entry", ["register", "register_metrics"])
+def test_engine_plugin_imports_nothing_beyond_the_standard_library(entry: str) -> None:
+    """vLLM imports vllm_doctor.plugins (both entry points) in every engine process and calls both:
+    without VLLM_DOCTOR=1 they load constants and nothing else, no third party."""
+    new = _after_calling(entry, {})
     ours = [m for m in new if m.split(".")[0] == "vllm_doctor"]
-    others = [m for m in new if m.split(".")[0] not in sys.stdlib_module_names and m not in ours]
-    assert len(ours) <= 6, ours
-    assert others == []
+    assert ours == ["vllm_doctor", "vllm_doctor.constants", "vllm_doctor.plugins"]
+    assert [m for m in new if m.split(".")[0] not in sys.stdlib_module_names and m not in ours] == []
+
+
+def test_the_metrics_entry_point_needs_both_switches_and_starts_nothing_outside_the_api_server() -> None:
+    """VLLM_DOCTOR=1 alone leaves the exporter unimported; with VLLM_DOCTOR_METRICS=1 too it is
+    imported and asked, and in a process that is not ``vllm serve``'s API server it starts nothing
+    (no collector; _after_calling asserts it), loading no third-party package."""
+    from vllm_doctor.constants import DOCTOR_ENV, METRICS_ENV
+
+    alone = _after_calling("register_metrics", {DOCTOR_ENV: "1"})
+    assert [m for m in alone if m.split(".")[0] == "vllm_doctor"] == [
+        "vllm_doctor",
+        "vllm_doctor.constants",
+        "vllm_doctor.plugins",
+    ]
+    both = _after_calling("register_metrics", {DOCTOR_ENV: "1", METRICS_ENV: "1"})
+    assert "vllm_doctor.live.exporter" in both
+    assert [
+        m
+        for m in both
+        if m.split(".")[0] not in (*sys.stdlib_module_names, "vllm_doctor", "__mp_main__")  # multiprocessing's alias
+    ] == []
+
+
+def test_the_two_vllm_plugins_sit_together() -> None:
+    """pyproject's vllm.general_plugins entry points are functions of vllm_doctor.plugins, which
+    imports engine/ and live/ only inside them (the package's own imports stay one way)."""
+    import tomllib
+
+    import vllm_doctor.plugins as plugins
+
+    project = tomllib.loads((ROOT.parent / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    targets = project["entry-points"]["vllm.general_plugins"]
+    assert {t.partition(":")[0] for t in targets.values()} == {"vllm_doctor.plugins"}
+    assert sorted(t.partition(":")[2] for t in targets.values()) == sorted(plugins.__all__)
+    tree = ast.parse((ROOT / "plugins.py").read_text(encoding="utf-8"))
+    top_level = [n.module for n in tree.body if isinstance(n, ast.ImportFrom)]
+    assert top_level == ["__future__", "vllm_doctor.constants"]
 
 
 def test_the_weights_pass_bookkeeping_is_pure() -> None:
@@ -291,3 +340,65 @@ def test_engine_checks_sit_in_one_module_per_topic_and_every_family_is_registere
                 assert kwargs["topic"] == repr(ENGINE_CHECK_MODULES[path.stem]), (path.name, code)
                 assert kwargs["stage"] == "Stage.ENGINE", (path.name, code)
     assert codes == set(CATALOGUE)  # checks/__init__ imports every module that defines checks
+
+
+# --- every VLLM_DOCTOR* environment variable is spelled once, in constants.py ------------------
+
+ENV_NAME = re.compile(r"VLLM_DOCTOR\w*")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """ids of the string constants that are a module's, class's or function's docstring."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                found.add(id(first.value))
+    return found
+
+
+def env_name_literals(source: str) -> list[tuple[str, int]]:
+    """(value, line) of each string constant of ``source`` that is a VLLM_DOCTOR* variable's name
+    (or its start, as in ``f"VLLM_DOCTOR_{x}"``): docstrings and comments left out, and so is prose
+    that names one (``"start the server with VLLM_DOCTOR=1"``)."""
+    tree = ast.parse(source)
+    docs = _docstrings(tree)
+    return [
+        (node.value, node.lineno)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docs
+        and ENV_NAME.fullmatch(node.value)
+    ]
+
+
+def test_every_doctor_environment_variable_is_named_once_in_constants() -> None:
+    offenders = []
+    for module, path in _modules():
+        if module == "vllm_doctor.constants":
+            continue
+        offenders += [
+            f"{path.relative_to(ROOT.parent)}:{line}: {value!r}"
+            for value, line in env_name_literals(path.read_text(encoding="utf-8"))
+        ]
+    assert offenders == [], "name these through vllm_doctor.constants"
+    from vllm_doctor import constants
+
+    names = [v for v, _ in env_name_literals((ROOT / "constants.py").read_text(encoding="utf-8"))]
+    assert len(names) == len(set(names)), names  # and each only once there
+    assert {"VLLM_DOCTOR", "VLLM_DOCTOR_DIR", "VLLM_DOCTOR_METRICS"} <= set(names)
+    assert constants.DOCTOR_ENV == "VLLM_DOCTOR"
+
+
+def test_the_environment_scan_catches_a_literal() -> None:
+    source = (
+        '"""Reads VLLM_DOCTOR_DIR."""\n'
+        "import os\n"
+        "# VLLM_DOCTOR_X in a comment\n"
+        'HINT = "start the server with VLLM_DOCTOR=1"\n'
+        'def f():\n    """VLLM_DOCTOR"""\n    return os.environ.get("VLLM_DOCTOR_NEW"), f"VLLM_DOCTOR_{1}"\n'
+    )
+    assert env_name_literals(source) == [("VLLM_DOCTOR_NEW", 7), ("VLLM_DOCTOR_", 7)]
+

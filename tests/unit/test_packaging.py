@@ -44,8 +44,8 @@ def test_the_entry_points_keep_their_names() -> None:
     entry_points = PYPROJECT["project"]["entry-points"]
     assert entry_points["pytest11"] == {"vllm_doctor": "vllm_doctor.pytest_plugin.plugin"}
     assert entry_points["vllm.general_plugins"] == {
-        "vllm_doctor": "vllm_doctor.engine.plugin:register",
-        "vllm_doctor_metrics": "vllm_doctor.live.exporter:register",  # the doctor's series in /metrics
+        "vllm_doctor": "vllm_doctor.plugins:register",  # the worker side (engine/plugin.py)
+        "vllm_doctor_metrics": "vllm_doctor.plugins:register_metrics",  # the doctor's series in /metrics
     }
 
 

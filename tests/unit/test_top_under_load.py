@@ -25,6 +25,8 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.unit.test_live_metrics import exposition
 from vllm_doctor.live.derive import RATE_UNCERTAINTY, Deriver, snapshot
 from vllm_doctor.live.record import ReplaySource
@@ -152,3 +154,79 @@ def test_the_live_badge_says_behind_when_no_frame_comes_and_slow_when_replies_ar
             await pilot.press("q")
 
     asyncio.run(scenario())
+
+
+def _stamped(rec: dict[str, Any]) -> dict[str, Any]:
+    """The scrape as a server with the doctor's exporter (``VLLM_DOCTOR_METRICS=1``) answers it:
+    its clock when it rendered the answer, ``vllm_doctor_scrape_timestamp_seconds``, at its read."""
+    stamp = (
+        "# HELP vllm_doctor_scrape_timestamp_seconds The API server's clock\n"
+        "# TYPE vllm_doctor_scrape_timestamp_seconds gauge\n"
+        f'vllm_doctor_scrape_timestamp_seconds{{model_name="m"}} {rec["server_t"]!r}\n'
+    )
+    return {**rec, "raw": rec["raw"] + stamp}
+
+
+def test_the_servers_timestamps_make_the_rates_exact_however_late_the_replies() -> None:
+    """Issue 47 item 8: with the server's clock in each scrape, a rate is the counter's change
+    over the server's own interval: the real rate on every refresh, bunched replies or not, never
+    a lower bound and never a gap in the history."""
+    _, records = _recorded()
+    stamped = [_stamped(r) for r in _bunched(records)]
+    real = [(_generation(b) - _generation(a)) / (b["server_t"] - a["server_t"]) for a, b in pairwise(stamped)]
+    deriver = Deriver()
+    frames = [deriver.update(rec["t"], rec["raw"], "", sent=rec["sent"]) for rec in stamped]
+    for frame, truth in zip(frames[1:], real, strict=True):
+        assert frame.rate_clock == "server" and not frame.rates_lower_bound
+        assert frame.rates["gen_tps"] == pytest.approx(truth, rel=1e-9)
+    assert list(frames[-1].history["gen_tps"][1:]) == pytest.approx(real, rel=1e-9)  # no gap
+    last = Frame(seq=len(frames), t=frames[-1].t, url="http://x", interval_s=1.0, metrics=frames[-1])
+    assert "≥" not in throughput_panel(last, 40).plain
+    # the same scrapes without the server's clock: the brackets' bounds, gaps where uncertain
+    plain = Deriver()
+    bounded = [plain.update(rec["t"], rec["raw"], "", sent=rec["sent"]) for rec in _bunched(records)]
+    assert {f.rate_clock for f in bounded[1:]} == {"client"} and any(f.rates_lower_bound for f in bounded)
+
+
+def test_a_replay_of_stamped_scrapes_computes_the_same_exact_rates(tmp_path: Path) -> None:
+    """A recording keeps each scrape's raw text (the server's clock in it) and its bracket:
+    ``replay`` derives the rates ``top`` showed."""
+    header, records = _recorded()
+    stamped = [_stamped(r) for r in _bunched(records)]
+    live = Deriver()
+    shown = [live.update(rec["t"], rec["raw"], "", sent=rec["sent"]).rates["gen_tps"] for rec in stamped]
+    path = tmp_path / "stamped.jsonl.gz"
+    with gzip.open(path, "wt") as fh:
+        for line in (header, *({k: v for k, v in r.items() if k != "server_t"} for r in stamped)):
+            fh.write(json.dumps(line) + "\n")
+    source = ReplaySource(path)
+    frames = [source.poll() for _ in range(len(stamped))]
+    assert [f.metrics.rates["gen_tps"] for f in frames] == shown
+    assert {f.metrics.rate_clock for f in frames[1:]} == {"server"}
+    real = [(_generation(b) - _generation(a)) / (b["server_t"] - a["server_t"]) for a, b in pairwise(stamped)]
+    assert list(frames[-1].metrics.history["gen_tps"][1:]) == pytest.approx(real, rel=1e-9)  # every refresh, no gap
+    head = history_panel(frames[-1], 120).plain.splitlines()[0]
+    peak = re.search(r"generation tok/s\s+max ([\d.]+)", head)
+    # the chart's columns are means of the real rates: its peak is no phantom above them
+    assert peak is not None and 0 < float(peak.group(1)) <= max(real) + 0.5, (head, max(real))
+
+
+def test_a_server_clock_that_steps_or_a_scrape_without_it_falls_back_to_the_brackets() -> None:
+    """The server's interval must fit what the client's brackets allow: a clock stepped by NTP
+    (back: a second's tokens over a few milliseconds, the phantom peak again; forward: a rate far
+    below the real one) is not trusted for that refresh. There, and where one of the two scrapes
+    lacks the server's clock (a server restarted without the exporter), the rate is the
+    brackets' (never above the real one)."""
+    _, records = _recorded()
+    a, b, c = (_stamped(r) for r in _bunched(records)[1:4])  # b's reply was read late
+    truth = (_generation(c) - _generation(b)) / (c["server_t"] - b["server_t"])
+    unstamped = {**c, "raw": records[3]["raw"]}
+    back = _stamped({**unstamped, "server_t": b["server_t"] + 0.004})
+    forward = _stamped({**unstamped, "server_t": c["server_t"] + 5.0})
+    for later in (back, forward, unstamped):
+        deriver = Deriver()
+        deriver.update(a["t"], a["raw"], "", sent=a["sent"])
+        assert deriver.update(b["t"], b["raw"], "", sent=b["sent"]).rate_clock == "server"
+        frame = deriver.update(later["t"], later["raw"], "", sent=later["sent"])
+        assert frame.rate_clock == "client" and frame.rates["gen_tps"] is not None
+        assert frame.rates["gen_tps"] <= truth * 1.0001, (frame.rates["gen_tps"], truth)

@@ -456,6 +456,32 @@ def test_an_uncompiled_port_against_a_compiled_twin_compares_the_decoder_and_the
     assert roofline_text("decode", wire.read(TwinPhase, ab["phases"]["decode"])) == "port: decode 1 TB/s; twin: 1 TB/s (peak unknown)"
 
 
+def test_an_eager_sides_kinds_never_add_up_past_its_forward() -> None:
+    """Eager mode times the modules inside a layer on detailed steps, each behind two of the
+    doctor's marks: their spans can sum past the forward they ran in (seen on the CPU: decoder stack
+    4.86 ms beside a forward of 2.71 ms, 9.72x against a forward 5.43x). The forward is the whole:
+    the kinds are scaled to it and the A/B says so; the decoder's ratio is the forward's."""
+    port = _engine({"prefill": 0.03, "decode": 0.04}, EAGER_KINDS, {"prefill": 0.025, "decode": 0.02})
+    twin = _engine({"prefill": 0.01, "decode": 0.01}, COMPILED_KINDS, {"prefill": 0.009, "decode": 0.008})
+    ab = wire.write(compare_runs(_side(port, 100.0, False), _side(twin, 400.0, True), "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []}))
+    decoder = ab["kinds"]["decoder"]["phases"]["decode"]
+    assert decoder["port_s"] == pytest.approx(0.02)  # not the kinds' 33 ms
+    assert decoder["ratio"] == pytest.approx(ab["phases"]["decode"]["forward_ratio"])
+    inside = (0.004 + 0.04 + 0.08 + 0.008) / 4
+    assert ab["kinds_scaled"] == [
+        f"port decode: its modules' spans summed to {inside / 0.02:.2f}x its forward on the same steps (the doctor's "
+        "marks around each module, run eagerly); its kinds are scaled to that forward, the whole they are part of"
+    ]
+    # eager on both sides: the parts keep their shares and add up to the forward
+    eager_twin = _engine({"prefill": 0.03, "decode": 0.025}, EAGER_KINDS, {"prefill": 0.025, "decode": 0.035})
+    both = wire.write(compare_runs(_side(port, 100.0, False), _side(eager_twin, 160.0, False), "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []}))
+    parts = sum(both["kinds"][k]["phases"]["decode"]["port_s"] for k in ("embedding", "attention", "mlp", "norms"))
+    assert parts == pytest.approx(0.02)
+    assert both["kinds"]["mlp"]["phases"]["decode"]["port_s"] == pytest.approx(0.02 / 4 * 0.08 / 0.033 * 1)
+    assert [line.split(":")[0] for line in both["kinds_scaled"]] == ["port decode"]
+    assert "  scaled        port decode: its modules' spans summed to" in render_twin(wire.read(TwinAB, ab))
+
+
 def test_both_compiled_compare_attention_ops_and_the_dense_spans() -> None:
     port = _engine({"prefill": 0.01, "decode": 0.01}, COMPILED_KINDS, {"prefill": 0.009, "decode": 0.009})
     ab = wire.write(compare_runs(_side(port, 400.0, True), _side(port, 400.0, True), "Qwen2ForCausalLM", {"how": "forced", "weights": "dummy", "notes": []}))

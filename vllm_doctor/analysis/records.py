@@ -957,6 +957,13 @@ class TwinAB(Record):
     kinds_basis: str | None = None
     kinds_per: str | None = None
     not_separable: list[str] = field(default_factory=list)
+    kinds_scaled: list[str] = field(
+        default_factory=list,
+        metadata=_doc(
+            "a side and phase whose kinds summed past its forward on the same steps (eager mode's per-module "
+            "marks), and by how much: its kinds are scaled to that forward"
+        ),
+    )
     largest_gap: TwinGap = field(default_factory=TwinGap)
     quantization: TwinQuant | None = field(
         default=None, metadata=_doc("each side's quantization (profiles.engine.quantization); None: neither side's")

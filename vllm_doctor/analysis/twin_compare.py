@@ -119,8 +119,19 @@ def _bucket_of(phase: str) -> str:
 def per_step_kinds(engine: EngineProfile) -> dict[str, dict[str, float]]:
     """Per bucket: the profiler's kinds in seconds per step timed per layer (``other``: the
     forward of those steps outside every kind). Empty where nothing was timed per layer."""
+    return kinds_and_scales(engine)[0]
+
+
+def kinds_and_scales(engine: EngineProfile) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """:func:`per_step_kinds`, and per bucket the factor by which the kinds inside the forward
+    summed past the forward of the same steps (only where they did). Eager mode times the
+    modules inside a layer on detailed steps only, each behind two of the doctor's marks: their
+    spans can add up to more than the forward they ran in (the marks' cost, which the per-mark
+    estimate does not take out in full). The forward is the clock's reading of the whole, so the
+    kinds are scaled down to it: no part is compared at more than the whole it is part of."""
     modules = engine.layers.modules
     out: dict[str, dict[str, float]] = {}
+    scales: dict[str, float] = {}
     for bucket in BUCKETS:
         timed = [s for s in engine.steps if s.layers_timed and _bucket_of(s.phase) == bucket]
         n = len(timed) or max((m.bucket_calls(bucket) for m in modules if m.kind == "layer"), default=0)
@@ -140,11 +151,16 @@ def per_step_kinds(engine: EngineProfile) -> dict[str, dict[str, float]]:
             cost = next((c for c in engine.layers.doctor_cost if c.bucket == bucket), None)
             # the forward less the doctor's estimated cost in it (eager mode), like the kinds
             mean = (sum(forward) - (cost.in_forwards_s if cost else 0.0)) / len(forward)
-            rest = mean - inside
-            # a residue of float rounding (the spans tile the forward in compiled modes) is no time
-            per_step["other"] = rest if rest > 1e-6 * mean else 0.0
+            if mean > 0 and inside > mean * (1 + 1e-6):
+                scales[bucket] = inside / mean
+                per_step = {k: (v if k == "logits" else v * mean / inside) for k, v in per_step.items()}
+                per_step["other"] = 0.0
+            else:
+                rest = mean - inside
+                # a residue of float rounding (the spans tile the forward in compiled modes) is no time
+                per_step["other"] = rest if rest > 1e-6 * mean else 0.0
         out[bucket] = per_step
-    return out
+    return out, scales
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -153,13 +169,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b
 
 
-def kind_table(port: EngineProfile, twin: EngineProfile) -> tuple[dict[str, TwinKind], list[str], str]:
-    """The kinds both sides can be compared on, the kinds they cannot (with why), and the basis."""
+def kind_table(port: EngineProfile, twin: EngineProfile) -> tuple[dict[str, TwinKind], list[str], str, list[str]]:
+    """The kinds both sides can be compared on, the kinds they cannot (with why), the basis, and
+    the sides whose kinds were scaled to their forward (:func:`kinds_and_scales`)."""
     tp, tt = timing_of(port), timing_of(twin)
     rotary = "rotary: timed inside the attention on both sides (the profiler has no rotary span)"
     if tp is None or tt is None:
         side = " and ".join(n for n, t in (("the port", tp), ("the twin", tt)) if t is None)
-        return {}, [f"every kind: no per-layer timing on {side} (per-layer timing off)"], "none"
+        return {}, [f"every kind: no per-layer timing on {side} (per-layer timing off)"], "none", []
     if tp == tt == TIMING_MODULES:
         table, not_sep = KINDS_BOTH_MODULES, [rotary]
         basis = "both timed per module (run eagerly)"
@@ -182,7 +199,13 @@ def kind_table(port: EngineProfile, twin: EngineProfile) -> tuple[dict[str, Twin
             "only the whole decoder and the logits mean the same on both sides"
         ]
         basis = f"port timed {how[tp]}, twin {how[tt]}"
-    pk, tk = per_step_kinds(port), per_step_kinds(twin)
+    (pk, port_scales), (tk, twin_scales) = kinds_and_scales(port), kinds_and_scales(twin)
+    scaled = [
+        f"{side} {bucket}: its modules' spans summed to {factor:.2f}x its forward on the same steps (the doctor's "
+        "marks around each module, run eagerly); its kinds are scaled to that forward, the whole they are part of"
+        for side, scales in (("port", port_scales), ("twin", twin_scales))
+        for bucket, factor in scales.items()
+    ]
     port_steps = _timed_steps(port)
     twin_steps = _timed_steps(twin)
     kinds: dict[str, TwinKind] = {}
@@ -205,7 +228,7 @@ def kind_table(port: EngineProfile, twin: EngineProfile) -> tuple[dict[str, Twin
         n_twin = sum(twin_steps.get(b, 0) for b in phases) or 1
         port_s, twin_s = totals["port"] / n_port, totals["twin"] / n_twin
         kinds[kind] = TwinKind(covers=covers, phases=phases, port_s=port_s, twin_s=twin_s, ratio=_ratio(port_s, twin_s))
-    return kinds, not_sep, basis
+    return kinds, not_sep, basis, scaled
 
 
 def _timed_steps(engine: EngineProfile) -> dict[str, int]:
@@ -320,7 +343,7 @@ def compare_runs(
     ps, ts = TwinSide.of(port), TwinSide.of(twin)
     pe, te = ps.engine, ts.engine
     phases = phase_table(pe, te)
-    kinds, not_separable, basis = kind_table(pe, te)
+    kinds, not_separable, basis, scaled = kind_table(pe, te)
     port_tok, twin_tok = ps.workload.output_tokens_per_s, ts.workload.output_tokens_per_s
     return TwinAB(
         architecture=architecture,
@@ -341,6 +364,7 @@ def compare_runs(
         kinds_per="second per step timed per layer (the first steps of each phase, then every n-th); "
         "prefill holds prefill and mixed steps",
         not_separable=not_separable,
+        kinds_scaled=scaled,
         largest_gap=largest_gap(phases, kinds, architecture),
         quantization=quantization_sides(pe, te),
     )

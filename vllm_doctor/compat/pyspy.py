@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from vllm_doctor.constants import PY_SPY_ENV
 from vllm_doctor.facts.stacks import ProcessDump, threads_from_pyspy
 
 __all__ = [
@@ -42,7 +43,6 @@ __all__ = [
 ]
 
 MIN_VERSION = (0, 4, 0)  # Python 3.12/3.13 targets; dump --json and record -f speedscope
-ENV_BINARY = "VLLM_DOCTOR_PY_SPY"
 CAP_SYS_PTRACE = 19
 PTRACE_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
 ErrorKind = Literal["missing", "too-old", "permission", "gone", "not-python", "timeout", "no-samples", "failed"]
@@ -72,7 +72,7 @@ def parse_version(text: str) -> tuple[int, ...] | None:
 
 def find_pyspy() -> str | None:
     """The py-spy binary: next to this Python (the wheel's), on PATH, or $VLLM_DOCTOR_PY_SPY."""
-    if env := os.environ.get(ENV_BINARY):
+    if env := os.environ.get(PY_SPY_ENV):
         return env  # the user's explicit choice, checked when run
     beside = Path(sys.executable).parent / "py-spy"
     if beside.is_file() and os.access(beside, os.X_OK):
@@ -250,7 +250,7 @@ class PySpy:
             raise PySpyError(
                 "missing",
                 "py-spy is not installed (neither next to this Python nor on PATH)",
-                f"`{Path(sys.executable).parent / 'pip'} install py-spy` (or set {ENV_BINARY}=/path/to/py-spy)",
+                f"`{Path(sys.executable).parent / 'pip'} install py-spy` (or set {PY_SPY_ENV}=/path/to/py-spy)",
             )
         try:
             proc = _run([found, "--version"], version_timeout)

@@ -22,7 +22,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-from vllm_doctor.constants import GRAPH_TIMING_ENV, env_switch
+from vllm_doctor.constants import DOCTOR_ENV, GRAPH_TIMING_ENV, env_switch
 
 PROTOCOL = 1
 
@@ -117,7 +117,7 @@ class DoctorWorkerExtension:
         the worker: with ``VLLM_DOCTOR=1`` the process opens the doctor's private channel to it
         (a Unix socket in the user's private directory). Never raises for the doctor's sake."""
         worker = super().__new__(cls)
-        if env_switch("VLLM_DOCTOR"):
+        if env_switch(DOCTOR_ENV):
             try:
                 from vllm_doctor.engine import channel
 

@@ -1,7 +1,8 @@
-"""The doctor's ``vllm.general_plugins`` entry point: a no-op unless ``VLLM_DOCTOR=1``.
+"""The worker side of the doctor's ``vllm.general_plugins`` entry points: a no-op unless ``VLLM_DOCTOR=1``.
 
-vLLM calls :func:`register` in every process it starts (front end, engine core, workers).
-Without ``VLLM_DOCTOR=1`` it returns at once and imports nothing. With it, each process:
+vLLM calls :func:`register` in every process it starts (front end, engine core, workers),
+through the entry point :func:`vllm_doctor.plugins.register` (which sits beside the /metrics
+exporter's). Without ``VLLM_DOCTOR=1`` it returns at once and imports nothing. With it, each process:
 
 - logs one line naming itself (pid, parent, command), so ``vllm serve`` logs show the process
   tree the doctor will talk to;
@@ -30,14 +31,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from vllm_doctor.constants import env_switch
+from vllm_doctor.constants import DOCTOR_ENV, env_switch
 
-ENV_FLAG = "VLLM_DOCTOR"
 _registered = False
 
 
 def active() -> bool:
-    return env_switch(ENV_FLAG)
+    return env_switch(DOCTOR_ENV)
 
 
 def record_dir() -> str:
@@ -53,7 +53,8 @@ _extension_state = "not-tried"  # "installed" | "unsupported" once decided in th
 
 
 def register() -> None:
-    """Entry point called by vLLM's ``load_general_plugins`` (may run several times per process)."""
+    """Called by :func:`vllm_doctor.plugins.register`, the entry point vLLM's ``load_general_plugins``
+    calls (may run several times per process)."""
     global _registered, _extension_state
     if not active():
         return

@@ -5,7 +5,13 @@ Rules the numbers keep (each is a bug of an existing tool, see issue 11):
   between them; it is never negative and never phantom: when counters go back or
   ``process_start_time_seconds`` changes, that is a restart, counted and marked, and no rate is
   computed across it;
-- vLLM's ``/metrics`` carries no timestamp: the server read its counters at some instant between
+- where both scrapes carry the server's clock at the moment it rendered them
+  (``vllm_doctor_scrape_timestamp_seconds``: the doctor's exporter, ``VLLM_DOCTOR_METRICS=1``),
+  a rate is the counter's difference over that clock's difference: exact however late the
+  replies were read (``rate_clock`` "server"). The server's interval must lie inside what the
+  two scrapes' brackets allow (:data:`CLOCK_SLACK_S`): a server clock that stepped (NTP) is not
+  trusted for that refresh, and the rate falls back to the brackets below;
+- vLLM's own ``/metrics`` carries no timestamp: the server read its counters at some instant between
   the request's send and the reply's arrival (each scrape's bracket, the client's clock read
   before and after). A busy server or a busy client (a reply read late, the next one at once)
   makes the arrival times bunch: a counter's difference over them was a rate many times the
@@ -30,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.compat.metrics import BY_KEY, METRICS, resolve
+from vllm_doctor.live.exporter import SCRAPE_TIMESTAMP
 from vllm_doctor.live.prom import Histogram, family_value, histogram_of, parse
 from vllm_doctor.units import clip
 
@@ -46,8 +53,14 @@ HISTORY_KEYS = ("gen_tps", "prompt_tps", "req_ps", "running", "waiting", "kv_usa
 # the share of a rate's interval that the scrapes' brackets may leave unknown before its rate is
 # only a lower bound (a busy server answering late, a busy client reading late)
 RATE_UNCERTAINTY = 0.2
+# how far the server's interval between two scrapes (its own timestamps) may fall outside what
+# the client's brackets allow before the server's clock is taken to have stepped: the two clocks'
+# rates differ by parts per million (NTP), and the timestamp is read inside the bracket
+CLOCK_SLACK_S = 0.01
+CLOCK_SLACK_SHARE = 0.001
 QUANTILES = (0.5, 0.9, 0.99)
 ALL_NAMES = frozenset(name for m in METRICS for name in m.names)
+PARSED_NAMES = ALL_NAMES | {SCRAPE_TIMESTAMP}  # vLLM's families top reads, and the server's clock
 HISTORY_LEN = 240
 WINDOW_RING = 1200  # scrapes kept for latency windows (20 min at 1 Hz; about 2.7 KB each for a vLLM scrape)
 WINDOW_VALUES = ("prefix_queries", "prefix_hits")  # the values a window reads besides the histograms
@@ -65,12 +78,13 @@ class Snapshot:
     parse_errors: int
     first_error: str = ""
     sent: float | None = None  # when the request went out (the server read the counters in [sent, t])
+    server_t: float | None = None  # the server's clock when it rendered the scrape (None: not published)
 
 
 def snapshot(t: float, text: str, heads: dict[str, Any] | None = None, sent: float | None = None) -> Snapshot:
     """What one scrape says (``heads``: the parser's cache of label sets, kept by a :class:`Deriver`;
     ``sent``: when its request went out, ``t`` when its reply was read)."""
-    expo = parse(text, ALL_NAMES, heads)
+    expo = parse(text, PARSED_NAMES, heads)
     names = resolve(expo.families)
     values: dict[str, float] = {}
     for key in COUNTERS + GAUGES:
@@ -86,7 +100,15 @@ def snapshot(t: float, text: str, heads: dict[str, Any] | None = None, sent: flo
     info: dict[str, str] = {}
     if "cache_config" in names and expo.families[names["cache_config"]].samples:
         info = dict(expo.families[names["cache_config"]].samples[0].labels)
-    return Snapshot(t, values, hists, info, names, expo.errors, expo.first_error, sent)
+    return Snapshot(t, values, hists, info, names, expo.errors, expo.first_error, sent, server_time(expo.families))
+
+
+def server_time(families: dict[str, Any]) -> float | None:
+    """The server's clock in a scrape (the doctor's ``vllm_doctor_scrape_timestamp_seconds``
+    gauge, seconds since the epoch), or None where it is absent or not a time."""
+    fam = families.get(SCRAPE_TIMESTAMP)
+    values = [s.value for s in fam.samples if math.isfinite(s.value) and s.value > 0] if fam is not None else []
+    return max(values) if values else None
 
 
 @dataclass(frozen=True)
@@ -184,6 +206,9 @@ class MetricsFrame:
     history_restarts: tuple[bool, ...] = ()
     # the rates are lower bounds: the scrapes' brackets leave the server's interval uncertain
     rates_lower_bound: bool = False
+    # whose clock the rates are over: "server" (its timestamps: exact), "client" (the brackets),
+    # "" (no rate yet)
+    rate_clock: str = ""
     reply_s: float | None = None  # how long this scrape's reply took (request sent to reply read)
 
     def to_json(self) -> dict[str, Any]:
@@ -206,6 +231,7 @@ class MetricsFrame:
             "parse_errors": self.parse_errors,
             "metric_names": self.names,
             "rates_lower_bound": self.rates_lower_bound,
+            "rate_clock": self.rate_clock,
             "reply_s": None if self.reply_s is None else round(self.reply_s, 3),
         }
 
@@ -225,6 +251,7 @@ class Deriver:
         self.last: Snapshot | None = None
         self.rates: dict[str, float | None] = dict.fromkeys(RATES.values())
         self.rates_lower_bound = False
+        self.rate_clock = ""
         self.restarts = 0
         self.ring: deque[Snapshot] = deque(maxlen=WINDOW_RING)
         self.history: dict[str, deque[float | None]] = {k: deque(maxlen=history_len) for k in HISTORY_KEYS}
@@ -261,26 +288,33 @@ class Deriver:
                 self.ring.clear()  # windows start after the restart: no delta across it
                 self.rates = dict.fromkeys(RATES.values())
                 self.rates_lower_bound = False
+                self.rate_clock = ""
             elif prev is not None and t > prev.t:
                 self._rate(prev, cur)
             self.last = cur
             # the windows read only the histograms and the prefix-cache counters of a kept scrape
             kept = {k: cur.values[k] for k in WINDOW_VALUES if k in cur.values}
-            self.ring.append(Snapshot(cur.t, kept, cur.histograms, {}, {}, 0, "", cur.sent))
+            self.ring.append(Snapshot(cur.t, kept, cur.histograms, {}, {}, 0, "", cur.sent, cur.server_t))
         stale = cur is None
         self._append_history(cur, restart)
         return self._frame(t, cur is not None, error, stale, restart, t - sent)
 
     def _rate(self, prev: Snapshot, cur: Snapshot) -> None:
-        """The counters' rates between two good scrapes, over the longest interval the server can
-        have taken between its two reads of them (never above the real rate); a lower bound only
-        where the two scrapes' brackets leave much of that interval unknown."""
+        """The counters' rates between two good scrapes: over the server's own interval where
+        both carry its clock (exact), else over the longest interval the server can have taken
+        between its two reads of them (never above the real rate), a lower bound where the two
+        scrapes' brackets leave much of that interval unknown."""
         longest = cur.t - (prev.sent if prev.sent is not None else prev.t)
         shortest = max(0.0, (cur.sent if cur.sent is not None else cur.t) - prev.t)
-        self.rates_lower_bound = longest - shortest > RATE_UNCERTAINTY * longest
+        served = server_interval(prev, cur, shortest, longest)
+        if served is not None:
+            interval, self.rates_lower_bound, self.rate_clock = served, False, "server"
+        else:
+            interval, self.rate_clock = longest, "client"
+            self.rates_lower_bound = longest - shortest > RATE_UNCERTAINTY * longest
         for counter, rate in RATES.items():
             if counter in cur.values and counter in prev.values:
-                self.rates[rate] = max(0.0, (cur.values[counter] - prev.values[counter]) / longest)
+                self.rates[rate] = max(0.0, (cur.values[counter] - prev.values[counter]) / interval)
             else:
                 self.rates[rate] = None
 
@@ -349,5 +383,19 @@ class Deriver:
             history={k: tuple(v) for k, v in self.history.items()},
             history_restarts=tuple(self.history_restarts),
             rates_lower_bound=self.rates_lower_bound,
+            rate_clock=self.rate_clock,
             reply_s=reply_s,
         )
+
+
+def server_interval(prev: Snapshot, cur: Snapshot, shortest: float, longest: float) -> float | None:
+    """The server's own time between its two renderings (both scrapes carry its clock), or None:
+    a scrape without it, or an interval outside the ``[shortest, longest]`` the client's brackets
+    allow (beyond the clocks' slack): the server's clock stepped between them (NTP, a new host)."""
+    if prev.server_t is None or cur.server_t is None:
+        return None
+    interval = cur.server_t - prev.server_t
+    slack = CLOCK_SLACK_S + CLOCK_SLACK_SHARE * longest
+    if interval <= 0 or not shortest - slack <= interval <= longest + slack:
+        return None
+    return interval

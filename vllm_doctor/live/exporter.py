@@ -1,7 +1,8 @@
 """The doctor's series in vLLM's own ``/metrics`` (``VLLM_DOCTOR=1``).
 
-A second ``vllm.general_plugins`` entry point: vLLM calls :func:`register` in each process it
-starts. The series are the operator's choice when the server starts: ``VLLM_DOCTOR=1`` and
+vLLM calls :func:`register` in each process it starts, through the doctor's second
+``vllm.general_plugins`` entry point (:func:`vllm_doctor.plugins.register_metrics`).
+The series are the operator's choice when the server starts: ``VLLM_DOCTOR=1`` and
 ``VLLM_DOCTOR_METRICS=1`` (:data:`~vllm_doctor.constants.METRICS_ENV`; off by default). With
 both, :func:`register` adds a collector to ``prometheus_client``'s default registry, the one a
 ``vllm serve`` API server answers ``/metrics`` from, and in the API server starts a thread that
@@ -35,6 +36,16 @@ mixed; times on the doctor's step clock, named in ``vllm_doctor_info``'s ``clock
   ``vllm_doctor_own_ratio``: the last window's share of the workers' wall time;
 - ``vllm_doctor_kv_capacity_tokens``, ``vllm_doctor_kv_max_concurrency``: vLLM's own KV capacity
   (what it logs at start-up as "KV cache size" and "Maximum concurrency");
+- ``vllm_doctor_scrape_timestamp_seconds``: the API server's clock (``time.time()``, seconds since
+  the epoch) when this answer was rendered, read as :meth:`DoctorCollector.collect` runs: a gauge,
+  not the exposition format's sample timestamp (Prometheus' guidance is that an exporter of live
+  values sets none: Prometheus would store those samples at the given time instead of the
+  scrape's and exempt them from staleness; a gauge is queryable, as node_exporter's
+  ``node_time_seconds``). vLLM's counters are read in the same render: prometheus_client's ASGI
+  app renders the whole registry in one turn of the API server's event loop, the loop that
+  updates vLLM's counters, so none of them changes between this clock's read and theirs.
+  ``top`` divides a counter's change by this series' change between two scrapes (exact rates
+  however late the replies are read; without it, bounds from the client's clock);
 - ``vllm_doctor_up``: 1 while attached and reading; ``vllm_doctor_info``: the clock, the model
   class, and why the doctor reads nothing (empty when it does); ``vllm_doctor_ranks{state}``: the
   engine's ranks it reads, and those it cannot (a Ray engine's workers on other nodes: each
@@ -56,21 +67,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.compat.prometheus import Family
-from vllm_doctor.constants import METRICS_ENV, env_switch
+from vllm_doctor.constants import DOCTOR_ENV, METRICS_ENV, env_switch
 
 WINDOW_S = 5.0  # one window of the workers' records per this many seconds
 RETRY_S = 5.0  # the workers not reachable yet (still loading): try again after this
 TOP_LAYERS = 5
 PREFIX = "vllm_doctor_"
+# the API server's clock when it rendered the /metrics answer (see the module's docstring)
+SCRAPE_TIMESTAMP = PREFIX + "scrape_timestamp_seconds"
 _log = logging.getLogger("vllm_doctor")
 _collector: DoctorCollector | None = None
 _guard = threading.Lock()
 
 
 def register() -> None:
-    """Entry point called by vLLM's ``load_general_plugins`` (in every process, maybe often)."""
+    """Called by :func:`vllm_doctor.plugins.register_metrics`, the entry point vLLM's
+    ``load_general_plugins`` calls (in every process, maybe often): the series only in the API server."""
     global _collector
-    if not env_switch("VLLM_DOCTOR") or not env_switch(METRICS_ENV) or not serves_metrics():
+    if not env_switch(DOCTOR_ENV) or not env_switch(METRICS_ENV) or not serves_metrics():
         return
     with _guard:
         if _collector is not None:
@@ -201,8 +215,9 @@ RATIOS = {
 }
 
 
-def rows(state: ExportState) -> list[Family]:
-    """The metric families of ``state``, as plain rows (:mod:`vllm_doctor.compat.prometheus`)."""
+def rows(state: ExportState, now: float | None = None) -> list[Family]:
+    """The metric families of ``state``, as plain rows (:mod:`vllm_doctor.compat.prometheus`);
+    ``now``: the server's clock as this answer is rendered (``vllm_doctor_scrape_timestamp_seconds``)."""
     model = state.model_name
     out = [
         Family(PREFIX + "up", "gauge", "1 while the doctor reads the workers through its channel", ["model_name"],
@@ -212,6 +227,17 @@ def rows(state: ExportState) -> list[Family]:
                ["model_name", "clock", "model_class", "reason"],
                [([model, state.clock, state.model_class, "" if state.up else state.reason], 1.0)]),
     ]  # fmt: skip
+    if now is not None:
+        out.append(
+            Family(
+                SCRAPE_TIMESTAMP,
+                "gauge",
+                "The API server's clock (seconds since the epoch) when it rendered this /metrics answer, read in the "
+                "same render as vLLM's counters: rate = delta(counter) / delta(this)",
+                ["model_name"],
+                [([model], now)],
+            )
+        )
     for series, (label, text) in COUNTERS.items():
         labels = ["model_name", label] if label else ["model_name"]  # no label: one series
         samples = [
@@ -263,11 +289,12 @@ def rows(state: ExportState) -> list[Family]:
     return out
 
 
-def families(state: ExportState) -> list[Any]:
-    """The Prometheus metric families of ``state`` (prometheus_client's)."""
+def families(state: ExportState, now: float | None = None) -> list[Any]:
+    """The Prometheus metric families of ``state`` (prometheus_client's), with the server's clock
+    ``now`` where given."""
     from vllm_doctor.compat.prometheus import families as as_families
 
-    return as_families(rows(state))
+    return as_families(rows(state, now))
 
 
 class DoctorCollector:
@@ -294,9 +321,12 @@ class DoctorCollector:
                 self._thread.start()
 
     def collect(self) -> Iterator[Any]:
-        """The series as the last window left them: a copy, nothing asked of the engine."""
+        """The series as the last window left them: a copy, nothing asked of the engine; and
+        this process's clock now, as the answer is rendered (the registry's other collectors,
+        vLLM's counters, are read in the same render)."""
+        now = time.time()
         with self._lock:
-            fams = families(self.state)
+            fams = families(self.state, now)
         yield from fams
 
     def close(self) -> None:

@@ -22,9 +22,10 @@ def glossary(mode: str | None = None) -> list[tuple[str, str, str, str]]:
     """(panel, number, source, formula) rows; ``mode``: how the server runs the model (the model
     panel's, live/sources.run_mode), which decides how the layers are timed."""
     rate = (
-        "Δcounter / the longest time the server can have taken between its two reads (this scrape's reply "
-        "read minus the last one's request sent: never above the real rate); '≥' where late replies leave "
-        "that time uncertain (a gap in the history); none across a restart; never < 0"
+        "Δcounter / Δvllm_doctor_scrape_timestamp_seconds (the server's clock in both scrapes: "
+        "VLLM_DOCTOR_METRICS=1; exact); else / the longest time the server can have taken between its two "
+        "reads (this scrape's reply read minus the last one's request sent: never above the real rate), "
+        "'≥' where late replies leave that time uncertain (a gap in the history); none across a restart; never < 0"
     )
     hist = "histogram_quantile over (buckets now − buckets at window start); n = Δcount"
     return [

@@ -501,6 +501,7 @@ def twin_section(twin: TwinAB | dict[str, Any] | None) -> str:
         f"<li><b>{escape(kind_label(kind))}</b>: {escape(str(k.covers))}</li>" for kind, k in ab.kinds.items()
     )
     not_sep = "".join(f"<li>{escape(str(t))}</li>" for t in ab.not_separable)
+    scaled = "".join(f"<li>{escape(str(t))}</li>" for t in ab.kinds_scaled)
     how = "found from the checkpoint's layout" if match.how == "auto" else "forced with --twin"
     weights = "the same weights" if match.weights == "same" else "random weights on both (load_format=dummy)"
     port_side, twin_side = escape(execution_text(ab.execution.port)), escape(execution_text(ab.execution.twin))
@@ -522,6 +523,7 @@ def twin_section(twin: TwinAB | dict[str, Any] | None) -> str:
             else ""
         )
         + (f'<p class="note">not separable:</p><ul>{not_sep}</ul>' if not_sep else "")
+        + (f'<p class="note">scaled:</p><ul>{scaled}</ul>' if scaled else "")
     )
 
 

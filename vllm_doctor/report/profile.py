@@ -532,6 +532,8 @@ def render_twin(twin: TwinAB | dict[str, Any] | None) -> str:
             lines.append(f"    {kind_label(kind):<{width}}{per}")
     for text in ab.not_separable:
         lines.append(f"  not separable {text}")
+    for text in ab.kinds_scaled:
+        lines.append(f"  scaled        {text}")
     if ab.largest_gap.text:
         lines.append(f"  largest gap   {ab.largest_gap.text}")
     return "\n".join(lines)

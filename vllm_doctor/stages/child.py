@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from vllm_doctor.constants import SCRATCH_DIR_ENV
+from vllm_doctor.constants import MAX_MEMORY_ENV, PARENT_PID_ENV, SCRATCH_DIR_ENV
 from vllm_doctor.facts import wire
 from vllm_doctor.files import write_json_atomic
 from vllm_doctor.procfs import PAGE_SIZE, PROC, stat_fields
@@ -75,8 +75,6 @@ CHILD_ENV_DEFAULTS = {
     "TOKENIZERS_PARALLELISM": "false",
     "HF_HUB_OFFLINE": "1",  # the doctor never downloads
 }
-_PDEATHSIG_ENV = "VLLM_DOCTOR_PARENT_PID"
-MEMORY_ENV = "VLLM_DOCTOR_MAX_MEMORY"
 MEMORY_POLL_S = 0.2
 
 # drop the current directory from sys.path before anything is imported, then run the task
@@ -127,7 +125,7 @@ def machine_memory() -> int | None:
 def default_memory_limit() -> int | None:
     """``VLLM_DOCTOR_MAX_MEMORY`` if set (a bad value is ignored: the CLI checks its own flag),
     else three quarters of the machine's memory; None where neither is known."""
-    env = os.environ.get(MEMORY_ENV)
+    env = os.environ.get(MAX_MEMORY_ENV)
     if env:
         try:
             return parse_limit(env)
@@ -237,9 +235,9 @@ class ChildJob:
         child_env[SCRATCH_DIR_ENV] = self._tmp  # what the child writes goes with the job's directory
         if threading.current_thread() is threading.main_thread():
             # the kernel's parent-death signal follows the spawning thread: only from the main one
-            child_env[_PDEATHSIG_ENV] = str(os.getpid())
+            child_env[PARENT_PID_ENV] = str(os.getpid())
         else:
-            child_env.pop(_PDEATHSIG_ENV, None)
+            child_env.pop(PARENT_PID_ENV, None)
         _install_handlers()
         self._log: IO[bytes] = open(self.log_path, "wb")
         self._proc = subprocess.Popen(
@@ -332,7 +330,7 @@ class ChildJob:
         if self._over_memory:
             res.error = (
                 f"{self.what} was stopped: its processes held {fmt_bytes(self.memory_peak)} of memory, over the "
-                f"limit of {fmt_bytes(self.memory_limit)} (--max-memory, or {MEMORY_ENV})"
+                f"limit of {fmt_bytes(self.memory_limit)} (--max-memory, or {MAX_MEMORY_ENV})"
             )
         elif timed_out:
             res.error = f"{self.what} did not finish within {self.timeout:.0f} s"
@@ -389,7 +387,7 @@ def progress(msg: str) -> None:
 def _die_with_parent() -> None:
     """Linux: when the doctor dies, even by SIGKILL, the kernel sends this child SIGTERM, and the
     child takes its whole process group down (best effort: vLLM may install its own handler)."""
-    parent = os.environ.pop(_PDEATHSIG_ENV, None)
+    parent = os.environ.pop(PARENT_PID_ENV, None)
     if not parent or not sys.platform.startswith("linux"):
         return
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from vllm_doctor.analysis.records import EngineProfile
 from vllm_doctor.checks.perf import perf_codes
-from vllm_doctor.constants import GRAPH_TIMING_ENV, SWITCH_ON
+from vllm_doctor.constants import DOCTOR_ENV, GRAPH_TIMING_ENV, SWITCH_ON
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.facts.engine import EngineFacts, class_import_text, facts_from_dict, facts_to_dict
 from vllm_doctor.model import Finding, Outcome, Report
@@ -38,7 +38,7 @@ __all__ = ["BLOCKING", "EngineOptions", "EngineStageResult", "Workload", "diagno
 
 Progress = Callable[[str], None]
 # vLLM settings that would change what the child's engine does: the child decides them itself
-SCRUBBED_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_DOCTOR")
+SCRUBBED_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", DOCTOR_ENV)
 # --engine-arg keys dropped from the eager re-run (they would bring graphs or compilation back)
 EAGER_CONFLICTS = ("enforce_eager", "compilation_config", "cudagraph_capture_sizes")
 
