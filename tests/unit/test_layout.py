@@ -402,3 +402,53 @@ def test_the_environment_scan_catches_a_literal() -> None:
     )
     assert env_name_literals(source) == [("VLLM_DOCTOR_NEW", 7), ("VLLM_DOCTOR_", 7)]
 
+
+# --- each package says in its __init__ what it owns and may import ------------------------------
+
+DOCUMENTED_PACKAGES = ("analysis", "facts", "live", "stages", "compat")
+CODE_NAME = re.compile(r"``([\w.]+)``")
+
+
+def package_roles(docstring: str) -> tuple[set[str], set[str]]:
+    """(the modules an __init__ docstring's "Owns:" list names, the units its "May import" paragraph
+    names): one ``- ``module``: ...`` line per module, the units as ``name`` in that paragraph."""
+    owns = set(re.findall(r"^- ``(\w+)``", docstring, flags=re.MULTILINE))
+    start = docstring.find("\nMay import")
+    assert start >= 0, "no 'May import' paragraph"
+    paragraph = docstring[start:].split("\n\n")[0]
+    return owns, set(CODE_NAME.findall(paragraph))
+
+
+def role_problems(package_dir: Path, row: set[str]) -> list[str]:
+    """What the package's __init__ docstring gets wrong: a module it does not name (one line each),
+    one it names that is not there, a "May import" that is not ``row``, no "Never" paragraph."""
+    docstring = ast.get_docstring(ast.parse((package_dir / "__init__.py").read_text(encoding="utf-8"))) or ""
+    owns, may_import = package_roles(docstring)
+    modules = {p.stem for p in package_dir.glob("*.py")} - {"__init__"}
+    problems = [f"no line for module {m}" for m in sorted(modules - owns)]
+    problems += [f"a line for {m}, which is not a module" for m in sorted(owns - modules)]
+    if may_import != row:
+        problems.append(f"'May import' names {sorted(may_import)}, MAY_IMPORT has {sorted(row)}")
+    if "\nNever" not in docstring:
+        problems.append("nothing of what the package never does")
+    return problems
+
+
+@pytest.mark.parametrize("package", DOCUMENTED_PACKAGES)
+def test_each_package_init_names_its_modules_and_what_it_may_import(package: str) -> None:
+    """The docstring names every module of the package (one line each) and exactly its row of
+    MAY_IMPORT, so a module added without a line, or a table changed alone, fails here."""
+    assert role_problems(ROOT / package, MAY_IMPORT[package]) == [], f"vllm_doctor/{package}/__init__.py"
+
+
+def test_a_module_added_without_a_line_is_caught(tmp_path: Path) -> None:
+    package = tmp_path / "analysis"
+    package.mkdir()
+    for path in (ROOT / "analysis").glob("*.py"):
+        (package / path.name).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    assert role_problems(package, MAY_IMPORT["analysis"]) == []
+    (package / "brand_new.py").write_text('"""A new summary."""\n', encoding="utf-8")
+    assert role_problems(package, MAY_IMPORT["analysis"]) == ["no line for module brand_new"]
+    assert role_problems(ROOT / "analysis", MAY_IMPORT["analysis"] | {"live"}) == [
+        "'May import' names ['facts', 'model', 'units'], MAY_IMPORT has ['facts', 'live', 'model', 'units']"
+    ]
