@@ -22,7 +22,7 @@ KEEP = 24
 
 
 def trim(raw: str | None) -> str | None:
-    from vllm_doctor.live.derive import ALL_NAMES
+    from vllm_doctor.live.derive import PARSED_NAMES  # vLLM's families top reads, and the server's clock
     from vllm_doctor.live.prom import _wanted
 
     if raw is None:
@@ -31,7 +31,7 @@ def trim(raw: str | None) -> str | None:
     for line in raw.splitlines():
         words = line.split()
         name = words[2] if line.startswith("#") and len(words) > 2 else line.split("{", 1)[0].split(" ", 1)[0]
-        if _wanted(name, ALL_NAMES):
+        if _wanted(name, PARSED_NAMES):
             keep.append(line)
     return "\n".join(keep) + "\n"
 
