@@ -11,6 +11,8 @@ PYTEST := $(BIN)/python -m pytest -q -ra
 # the tiers by cost, cheapest first; `tests` last picks up a file outside them (which
 # tests/unit/test_test_tiers.py fails on)
 TIERS := tests/unit tests/integration tests/engine tests/gpu
+# the tier `make test` runs in its own stream
+ENGINE_TIER := tests/engine
 
 .PHONY: setup demo test lint bench catalogue test-fast test-unit test-integration test-engine lint-ruff lint-mypy \
 	test-stream-engine test-stream-rest
@@ -62,19 +64,41 @@ lint-mypy: $(SETUP)
 # CI machine has two cores): the engine tier in one, the others in the other. An engine test
 # spends much of its time waiting on the engine's wall-clock windows (attach --duration, top's
 # intervals, server starts), which the other stream fills. Each stream's output comes in one
-# piece, with its slowest tests (--durations) for the next one who trims the suite.
-test: lint
-	@$(MAKE) --no-print-directory -j2 --output-sync=target test-stream-engine test-stream-rest BIN=$(BIN)
+# piece, with its slowest tests (--durations). At the end, pass or fail, tools/suite_budget.py
+# prints the whole run's and each stream's time against the budget and the slowest tests of both
+# streams, from what the streams left in $(TEST_RUN) (also written to $(TEST_RUN)/summary.txt);
+# the exit status stays the tests'.
+TEST_RUN ?= out/test-run
+test: $(SETUP)
+	@mkdir -p $(TEST_RUN) && rm -f $(foreach s,engine rest,$(TEST_RUN)/$(s).xml $(TEST_RUN)/$(s).time) $(TEST_RUN)/summary.txt; \
+	start=$$(date +%s); \
+	$(MAKE) --no-print-directory lint BIN=$(BIN) && \
+	$(MAKE) --no-print-directory -j2 --output-sync=target test-stream-engine test-stream-rest BIN=$(BIN) TEST_RUN=$(TEST_RUN); \
+	rc=$$?; \
+	$(BIN)/python tools/suite_budget.py make-test --run $(TEST_RUN) --seconds $$(( $$(date +%s) - start )) || true; \
+	exit $$rc
+
+# STREAM,NAME,PYTEST ARGS: pytest with its junit XML in $(TEST_RUN)/NAME.xml, then "SECONDS EXIT"
+# in $(TEST_RUN)/NAME.time (also when pytest fails or crashes); exits as pytest did
+STREAM = @mkdir -p $(TEST_RUN) && rm -f $(TEST_RUN)/$(1).xml $(TEST_RUN)/$(1).time; \
+	echo "$(PYTEST) $(2)"; s=$$(date +%s); \
+	$(PYTEST) --junitxml=$(TEST_RUN)/$(1).xml -o junit_family=xunit1 $(2); rc=$$?; \
+	echo "$$(( $$(date +%s) - s )) $$rc" > $(TEST_RUN)/$(1).time; exit $$rc
 
 test-stream-engine: $(SETUP)
-	$(PYTEST) --durations=30 tests/engine
+	$(call STREAM,engine,--durations=30 $(ENGINE_TIER))
 
 test-stream-rest: $(SETUP)
-	$(PYTEST) --durations=20 $(filter-out tests/engine,$(TIERS))
+	$(call STREAM,rest,--durations=20 $(filter-out $(ENGINE_TIER),$(TIERS)))
 
-# lint and the unit tier side by side (two cores), each one's output in one piece
+# lint and the unit tier side by side (two cores), each one's output in one piece, then the total
+# against its budget (tools/suite_budget.py)
 test-fast: $(SETUP)
-	@$(MAKE) --no-print-directory -j3 --output-sync=target lint-ruff lint-mypy test-unit BIN=$(BIN)
+	@start=$$(date +%s); \
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint-ruff lint-mypy test-unit BIN=$(BIN); \
+	rc=$$?; \
+	$(BIN)/python tools/suite_budget.py total "make test-fast" $$(( $$(date +%s) - start )) || true; \
+	exit $$rc
 
 test-unit: $(SETUP)
 	$(PYTEST) --durations=10 tests/unit
