@@ -153,6 +153,15 @@ def tiny_sizes(default: Any) -> dict[str, Any]:
             cut = _distinct(pattern)
             sizes[key] = cut
             layers = len(cut)
+    shared = getattr(default, "num_kv_shared_layers", None)
+    if isinstance(shared, int) and shared > 0 and isinstance(sizes.get("layer_types"), list):
+        # cross-layer KV sharing (Gemma 3n): the last layers read an earlier layer's cache of their
+        # own type, so the cut pattern runs twice and its second half shares
+        sizes["layer_types"] = sizes["layer_types"] * 2
+        layers = len(sizes["layer_types"])
+        sizes["num_kv_shared_layers"] = layers // 2
+    if isinstance(getattr(default, "activation_sparsity_pattern", None), list):
+        sizes["activation_sparsity_pattern"] = [0.0] * layers  # one per layer (none sparse)
     interval = getattr(default, "full_attention_interval", None)
     if isinstance(interval, int) and interval > 1:
         layers = interval

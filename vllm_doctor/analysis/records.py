@@ -800,6 +800,13 @@ class KvSummary(Record):
     )
     max_model_len: int | None = None
     planned_bytes: int | None = field(default=None, metadata=_doc("the bytes vLLM planned for the KV cache"))
+    shared_layers: dict[str, str] = field(
+        default_factory=dict,
+        metadata=_doc(
+            "cross-layer KV sharing: a layer that reads another layer's cache by design (Gemma 3n's last layers) "
+            "-> that layer; vLLM counts it in its target's group and gives it no storage of its own"
+        ),
+    )
 
 
 @dataclass(frozen=True)

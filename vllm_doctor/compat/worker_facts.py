@@ -494,6 +494,9 @@ def _hf_config(model_config: Any, parallel_config: Any = None) -> HfShape:
         value = _attr(cfg, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):
             out[attr] = value
+        elif attr == "intermediate_size" and _int_list(value):
+            # one MLP size per layer (Gemma 3n): their mean, so the layers' total is the same
+            out[attr] = round(sum(value) / len(value))
     tied = _attr(cfg, "tie_word_embeddings", None)
     if isinstance(tied, bool):
         out["tie_word_embeddings"] = tied
@@ -523,6 +526,12 @@ def _hf_config(model_config: Any, parallel_config: Any = None) -> HfShape:
         if isinstance(value, int) and not isinstance(value, bool):
             out[attr] = value
     return HfShape(model_type=model_type if isinstance(model_type, str) else None, **out)
+
+
+def _int_list(value: Any) -> bool:
+    return (
+        isinstance(value, list) and bool(value) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    )
 
 
 def _moe_sizes(cfg: Any) -> dict[str, int]:

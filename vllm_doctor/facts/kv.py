@@ -154,7 +154,7 @@ class HfShape:
     use_mla: bool | None = None  # ModelConfig.use_mla: vLLM runs the attention as MLA
     kv_lora_rank: int | None = None  # MLA's latent width
     qk_rope_head_dim: int | None = None  # MLA's rotary part, cached beside the latent
-    intermediate_size: int | None = None
+    intermediate_size: int | None = None  # the MLP size; one per layer (Gemma 3n): their mean
     vocab_size: int | None = None
     tie_word_embeddings: bool | None = None
     # a mixture of experts (num_local_experts, n_routed_experts or num_experts above 1)

@@ -79,7 +79,20 @@ def render_anatomy(anatomy: EngineAnatomy | dict[str, Any] | None) -> str:
             lines.append(f"  KV capacity   {capacity}")
         for text, n in _runs(kv_group_text(g) for g in kv.groups):
             lines.append(f"                {'group' if n == 1 else f'{n} groups, each'}: {text}")
+        if kv.shared_layers:
+            lines.append(f"  KV sharing    {kv_sharing_text(kv.shared_layers)}")
     return "\n".join(lines)
+
+
+def kv_sharing_text(shared: dict[str, str]) -> str:
+    """``2 layer(s) read another layer's cache by design (model.layers.2.self_attn.attn reads
+    model.layers.0.self_attn.attn, ...): counted in their target's group, no storage of their own``."""
+    pairs = [f"{a} reads {b}" for a, b in shared.items()]
+    shown = ", ".join(pairs[:2]) + (f", ... ({len(pairs) - 2} more)" if len(pairs) > 2 else "")
+    return (
+        f"{len(shared)} layer(s) read another layer's cache by design ({shown}): vLLM counts each in its target's "
+        "group and gives it no storage of its own"
+    )
 
 
 def untimed_mixers_text(layers: LayerTables) -> str:
