@@ -106,6 +106,20 @@ MAX_LISTED = 10_000  # subjects a summary finding's evidence names (a million te
 _OUTCOME_ORDER = {Outcome.CRASH: 0, Outcome.FAIL: 1, Outcome.WARN: 2}
 
 
+def crashed(code: str, exc: Exception) -> Finding:
+    """The finding of a check that raised (called in its ``except``: the traceback is the current one)."""
+    import traceback
+
+    return Finding(
+        code=code,
+        outcome=Outcome.CRASH,
+        severity=Severity.ERROR,
+        message=f"the check itself failed: {type(exc).__name__}: {exc}",
+        evidence={"traceback": traceback.format_exc()},
+        hint="this is a vllm-doctor bug; please report it with the traceback",
+    )
+
+
 def capped_findings(
     findings: Iterable[Finding],
     emit: Emit,
@@ -312,18 +326,7 @@ def run_from_config(facts: Any, code: str) -> list[Finding]:
     try:
         return [f for f in fn(facts, Emit(CATALOGUE[code].meta)) if f.is_problem]
     except Exception as exc:  # a bug in a check must not hide the other findings
-        import traceback
-
-        return [
-            Finding(
-                code=code,
-                outcome=Outcome.CRASH,
-                severity=Severity.ERROR,
-                message=f"the check itself failed: {type(exc).__name__}: {exc}",
-                evidence={"traceback": traceback.format_exc()},
-                hint="this is a vllm-doctor bug; please report it with the traceback",
-            )
-        ]
+        return [crashed(code, exc)]
 
 
 def codes_for(*topics: str, stage: Stage | None = None, at_least: Severity | None = None) -> tuple[str, ...]:
@@ -391,16 +394,5 @@ def run_checks(facts: Any, codes: Iterable[str]) -> list[Finding]:
             else:
                 findings.extend(_deferred(entry.meta, list(entry.run(facts)), findings, emit))
         except Exception as exc:  # a bug in a check must not hide the other findings
-            import traceback
-
-            findings.append(
-                Finding(
-                    code=code,
-                    outcome=Outcome.CRASH,
-                    severity=Severity.ERROR,
-                    message=f"the check itself failed: {type(exc).__name__}: {exc}",
-                    evidence={"traceback": traceback.format_exc()},
-                    hint="this is a vllm-doctor bug; please report it with the traceback",
-                )
-            )
+            findings.append(crashed(code, exc))
     return findings
