@@ -57,6 +57,21 @@ def run_doctor(args: list[str], env: dict[str, str] | None = None, timeout: floa
 CHECK_LIMIT = ["--import-timeout", "500"]
 
 
+def check_family(out: Path, names: list[str]) -> dict[str, tuple[int, dict | None, subprocess.CompletedProcess[str], str]]:
+    """``vllm-doctor check --json`` of each example variant of a family (built into ``out``, its
+    plugin site on PYTHONPATH): name -> (exit code, report or None, the process, the variant's
+    ``expect_code``)."""
+    built = make_examples(out, *names)
+    got = {}
+    for name in names:
+        env = dict(os.environ, PYTHONPATH=str(built / name / "site"))
+        proc = run_doctor(["check", str(built / name / "model"), "--json", *CHECK_LIMIT], env=env, timeout=600)
+        report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
+        expect = json.loads((built / name / "variant.json").read_text())["expect_code"]
+        got[name] = (proc.returncode, report, proc, expect)
+    return got
+
+
 def doctor_json(examples_dir: Path, name: str, *args: str, **extra_env: str) -> dict:
     proc = run_doctor(["check", str(examples_dir / name / "model"), "--json", "-q", *CHECK_LIMIT, *args],
                       variant_env(examples_dir, name, **extra_env), timeout=600)

@@ -5,13 +5,11 @@ import and weights passes, no engine), against what vLLM does with each
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 from typing import Any
 
 import pytest
 
-from tests.conftest import CHECK_LIMIT, make_examples, run_doctor
+from tests.conftest import check_family
 from tests.fixtures.mla_expected import EXPECTED
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")]
@@ -20,15 +18,7 @@ pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reaso
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """``vllm-doctor check --json`` of each variant, its plugin site on PYTHONPATH."""
-    built = make_examples(tmp_path_factory.mktemp("mla-examples"), *EXPECTED)
-    out = {}
-    for name in EXPECTED:
-        env = dict(os.environ, PYTHONPATH=str(built / name / "site"))
-        proc = run_doctor(["check", str(built / name / "model"), "--json", *CHECK_LIMIT], env=env, timeout=600)
-        report = json.loads(proc.stdout) if proc.stdout.strip().startswith("{") else None
-        expect = json.loads((built / name / "variant.json").read_text())["expect_code"]
-        out[name] = (proc.returncode, report, proc, expect)
-    return out
+    return check_family(tmp_path_factory.mktemp("mla-examples"), list(EXPECTED))
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
