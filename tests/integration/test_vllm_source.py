@@ -282,6 +282,7 @@ NOT_VLLM: dict[str, str] = {
     "bos_token_id": "the Hugging Face tokenizer (compat/llm.EngineHandle.image_prompt)",
     "last_hidden_state": "a transformers model output (a vision tower's, engine/hidden.first_tensor)",
     "weight": "a torch module's parameter",
+    "done": "the doctor's own thread-local flag (engine/channel: the worker's device set once per thread)",
     "vllm.utils": "a module path (supports_kw's older home)",
     "vllm.utils.func_utils": "a module path (MODULE_NAMES checks supports_kw there)",
 }
