@@ -173,17 +173,16 @@ def kinds_by_path(model: nn.Module, mixers: dict[str, str] | None = None) -> dic
     ``attention``; ``model.layers.0.mixer.in_proj`` -> ``state``)."""
     roots = mixer_roots(mixers or {})
     out: dict[str, str] = {}
-    tops: list[tuple[str, str]] = []
+    top: tuple[str, str] | None = None  # kind modules do not nest: named_modules() walks one at a time
     for name, module in model.named_modules():
         if not name:
             continue
-        top = next((t for t in tops if name.startswith(t[0] + ".")), None)
-        if top is not None:
+        if top is not None and name.startswith(top[0] + "."):
             out[name] = top[1]
             continue
         kind = roots.get(name) or module_kind(name, module)
+        top = (name, kind) if kind is not None else None
         if kind is not None:
-            tops.insert(0, (name, kind))
             out[name] = kind
     return out
 
@@ -244,7 +243,7 @@ def model_parts(model: nn.Module) -> ModelParts:
     children named like a tower or a projector. A text model has none."""
     if not getattr(model, "supports_multimodal", False):
         return ModelParts()
-    paths = [n for n, _ in model.named_modules()]
+    paths = {n for n, _ in model.named_modules()}
     declared = _declared_parts(model, paths)
     if declared is not None:
         return declared
@@ -278,7 +277,7 @@ def named_parts(model: nn.Module) -> ModelParts:
     )
 
 
-def _declared_parts(model: nn.Module, paths: list[str]) -> ModelParts | None:
+def _declared_parts(model: nn.Module, paths: set[str]) -> ModelParts | None:
     """vLLM's ``MultiModelKeys`` (``language_model``, ``connector``, ``tower_model``: module
     prefixes, with or without a trailing dot) resolved to the modules this model has; None where
     the model declares none, or names no module it has (a stale declaration is not believed)."""
@@ -363,10 +362,10 @@ def is_library(cls: type) -> bool:
 def language_model(model: nn.Module) -> nn.Module | None:
     """The module whose decoder layers are the language model's: the one ``model_parts`` names,
     else ``get_language_model()``; None for a text model (it is its own)."""
-    parts = model_parts(model)
-    if parts.language_model is not None:
-        found = dict(model.named_modules()).get(parts.language_model)
-        if isinstance(found, nn.Module) and found is not model:
-            return found
-    path = _language_model_path(model) if getattr(model, "supports_multimodal", False) else None
-    return None if path is None else dict(model.named_modules()).get(path)
+    modules = dict(model.named_modules())
+    path = model_parts(model).language_model
+    found = modules.get(path) if path is not None else None
+    if (found is None or found is model) and getattr(model, "supports_multimodal", False):
+        path = _language_model_path(model)
+        found = modules.get(path) if path is not None else None
+    return found if isinstance(found, nn.Module) and found is not model else None
