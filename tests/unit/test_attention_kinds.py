@@ -186,22 +186,22 @@ def test_a_prefix_under_the_module_that_holds_the_layer_is_its_place() -> None:
 def test_kv_traffic_per_kind() -> None:
     """Per sequence of 1,000 tokens of context: a full attention layer reads all of it, a sliding
     one its window, an MLA layer its latent, a Mamba mixer its state once, whatever the context."""
-    hybrid = kv_traffic_of(KvCache.from_wire(_hybrid_kv()))
+    hybrid = kv_traffic_of(KvCache.of(_hybrid_kv()))
     assert hybrid is not None and hybrid.hybrid and hybrid.kinds == ("mamba", "mamba", "attention")
     assert hybrid.state == 2 * 18112 and hybrid.growing == 65536 / 128
     assert hybrid.read(seqs=1, context=1000) == pytest.approx(1000 * 512 + 2 * 18112)
     assert hybrid.write(tokens=1, seqs=1) == pytest.approx(512 + 2 * 18112)
     # the context from the blocks: the attention group's, less a block per sequence per Mamba group
     assert hybrid.context(blocks=2 + 8, seqs=1, tokens=1) == 8 * 128
-    gemma = KvCache(groups=KvCache.from_wire(_hybrid_kv()).groups[2:], num_blocks=1)
-    sliding = KvCache.from_wire(
+    gemma = KvCache(groups=KvCache.of(_hybrid_kv()).groups[2:], num_blocks=1)
+    sliding = KvCache.of(
         {"groups": [{"layer_names": ["a", "b"], "spec": SLIDING_SPEC}, {"layer_names": ["c", "d"], "spec": ATTN_SPEC}]}
     )
     traffic = kv_traffic_of(sliding)
     assert traffic is not None and not traffic.hybrid
     assert traffic.read(seqs=1, context=1000) == pytest.approx(2 * 512 * 64 + 2 * 512 * 1000)
     assert kv_traffic_of(gemma) is not None
-    mla = kv_traffic_of(KvCache.from_wire(_mla_kv()))
+    mla = kv_traffic_of(KvCache.of(_mla_kv()))
     assert mla is not None and mla.growing == 2 * 576 * 2  # one latent head, no separate V
     assert kv_traffic_of(KvCache(groups=[])) is None
     assert KvTraffic().read(0, 0) == 0.0 and StepWorkload(1, 1, 1).context == 1
@@ -214,10 +214,10 @@ def _hybrid_worker(moe_layers: int) -> WorkerFacts:
               "kv_blocks_used": 4 * 4, "step_s": 1e-3, "forward_s": 1e-3, "layers_timed": False} for i in range(8)]  # fmt: skip
     return WorkerFacts(rank=0, parts={
         "kv": kv,
-        "placement": Placement(device=DevicePlace(device="cpu", type="cpu"), model_dtype="torch.bfloat16").to_wire(),
+        "placement": Placement(device=DevicePlace(device="cpu", type="cpu"), model_dtype="torch.bfloat16").to_json(),
         "memory": MemoryFacts(device="cpu", parameter_bytes=2_000_000, moe_layers=moe_layers,
-                              moe_experts=8 if moe_layers else 0).to_wire(),
-        "anatomy": Anatomy(WorkerIdentity(rank=0, tensor_parallel_size=1)).to_wire(),
+                              moe_experts=8 if moe_layers else 0).to_json(),
+        "anatomy": Anatomy(WorkerIdentity(rank=0, tensor_parallel_size=1)).to_json(),
         "profile": {"profiling": True, "clock": "wall", "steps": steps},
     })  # fmt: skip
 
@@ -240,12 +240,12 @@ def test_the_report_states_vllms_capacity_and_each_groups_kind() -> None:
     kv = KvSummary(capacity_tokens=578_524, max_concurrency=35.31, max_model_len=16_384)
     assert kv_capacity_text(kv) == "578,524 tokens, 35.31 requests of max_model_len 16,384 at once (vLLM's own figure)"
     assert kv_capacity_text(KvSummary()) is None
-    mamba = kv_group_text(KvGroupSummary(layers=1, spec=KvSpec.from_wire(MAMBA_SPEC)))
+    mamba = kv_group_text(KvGroupSummary(layers=1, spec=KvSpec.of(MAMBA_SPEC)))
     assert mamba.startswith("1 layer(s), mamba (MambaSpec, mamba2), states [[3, 288], [8, 32, 16]]")
     assert "page 65,536 B (47,424 B of it padding vLLM added to match the other groups' pages: 72%)" in mamba
-    sliding = kv_group_text(KvGroupSummary(layers=2, spec=KvSpec.from_wire(SLIDING_SPEC)))
+    sliding = kv_group_text(KvGroupSummary(layers=2, spec=KvSpec.of(SLIDING_SPEC)))
     assert sliding == "2 layer(s), sliding (SlidingWindowSpec, window 64), 2 KV heads x 64, None, page 65,536 B"
-    mla = kv_group_text(KvGroupSummary(layers=2, spec=KvSpec.from_wire(MLA_SPEC)))
+    mla = kv_group_text(KvGroupSummary(layers=2, spec=KvSpec.of(MLA_SPEC)))
     assert "mla (MLAAttentionSpec), one latent head x 576" in mla
 
 
@@ -268,7 +268,7 @@ def test_vllms_own_model_is_held_to_its_kv_spec_not_to_config_json() -> None:
     kv["groups"][2] = {"layer_names": ["model.layers.1.mixer"], "spec": {**ATTN_SPEC, "num_kv_heads": 4}}
 
     def with_class(model_class: str) -> list[Any]:
-        w = WorkerFacts(rank=0, parts={"kv": kv, "anatomy": Anatomy(WorkerIdentity(rank=0, model_class=model_class)).to_wire()})
+        w = WorkerFacts(rank=0, parts={"kv": kv, "anatomy": Anatomy(WorkerIdentity(rank=0, model_class=model_class)).to_json()})
         return run_checks(EngineFacts(workers=[w]), ["VD504"])
 
     (ok,) = with_class("vllm.model_executor.models.minicpm3.MiniCPM3ForCausalLM")
@@ -284,7 +284,7 @@ def test_vllms_own_model_names_its_layers_as_it_binds_them() -> None:
                                 "module_paths": ["model.L_module.layers.0.self_attn.attn_per_step.1"]}]}  # fmt: skip
 
     def vd208(model_class: str) -> list[Any]:
-        w = WorkerFacts(rank=0, parts={"kv": kv, "anatomy": Anatomy(WorkerIdentity(rank=0, model_class=model_class)).to_wire()})
+        w = WorkerFacts(rank=0, parts={"kv": kv, "anatomy": Anatomy(WorkerIdentity(rank=0, model_class=model_class)).to_json()})
         return run_checks(EngineFacts(workers=[w]), ["VD208"])
 
     assert [f.outcome for f in vd208("vllm.model_executor.models.hrm_text.HrmTextForCausalLM")] == [Outcome.PASS]

@@ -1016,9 +1016,9 @@ FULL = {"spec": {"type": "FullAttentionSpec", "block_size": 16, "num_kv_heads": 
 
 
 def test_kv_capacity_math() -> None:
-    full = KvGroup.from_wire(FULL)
+    full = KvGroup.of(FULL)
     assert blocks_needed([full, full], 33) == 6
-    sliding = KvGroup.from_wire({"spec": {"type": "SlidingWindowSpec", "block_size": 16, "sliding_window": 32}})
+    sliding = KvGroup.of({"spec": {"type": "SlidingWindowSpec", "block_size": 16, "sliding_window": 32}})
     assert blocks_needed([sliding], 10_000) == 3
     assert largest_length([full], 10, cap=10_000) == 160
     assert largest_length([full, full], 10, cap=10_000) == 80
@@ -1109,14 +1109,14 @@ def test_memory_breakdown_adds_up_on_gpu_and_says_what_cpu_cannot_measure() -> N
         "compile": {"cudagraphs": False},
     }
     snap = {"available": True, "devices": [{"processes": [{"pid": 7, "used_memory": 1_000}]}]}
-    b = memory_breakdown(MemoryFacts.from_wire(gpu), snap)
+    b = memory_breakdown(MemoryFacts.of(gpu), snap)
     assert b["total"] == 1_000 and b["total_source"].startswith("NVML")
     assert sum(v for v in b["parts"].values() if v) == b["total"]
     assert b["parts"]["peak_activations"] == 50
-    without = memory_breakdown(MemoryFacts.from_wire(gpu), {"available": False, "reason": "no driver"})
+    without = memory_breakdown(MemoryFacts.of(gpu), {"available": False, "reason": "no driver"})
     assert without["total"] == 800 and any("NVML unavailable" in n for n in without["notes"])
     cpu = memory_breakdown(
-        MemoryFacts.from_wire(
+        MemoryFacts.of(
             {
                 "device": "cpu",
                 "parameter_bytes": 10,

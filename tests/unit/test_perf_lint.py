@@ -277,6 +277,6 @@ def test_without_a_module_tree_every_lint_skips_and_says_why() -> None:
 
 def test_the_anatomy_survives_its_wire_and_a_reply_of_another_shape() -> None:
     perf = anatomy(slow_layers(), source_findings=(SourceFinding("loop", "a.B", "f", 1, "x.py", "for", "heads"),))
-    again = PerfAnatomy.from_wire(perf.to_wire())
+    again = PerfAnatomy.of(perf.to_json())
     assert again == perf
-    assert PerfAnatomy.from_wire({"projections": "nonsense", "op_counts": {"a": "x"}}).projections == ()
+    assert PerfAnatomy.of({"projections": "nonsense", "op_counts": {"a": "x"}}).projections == ()

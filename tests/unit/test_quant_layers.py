@@ -31,7 +31,7 @@ def facts_of(reply: dict[str, Any]) -> EngineFacts:
 
 
 def test_the_summary_of_quant_ok_names_the_scheme_the_storage_and_the_ignored_lm_head() -> None:
-    s = quant_summary(QuantFacts.from_wire(recorded("quant-ok")))
+    s = quant_summary(QuantFacts.of(recorded("quant-ok")))
     assert s is not None
     assert (s.method, s.linear_layers, s.quantized_linear_layers) == ("compressed-tensors", 8, 8)
     (g,) = s.groups
@@ -45,7 +45,7 @@ def test_the_summary_of_quant_ok_names_the_scheme_the_storage_and_the_ignored_lm
 
 
 def test_packed_int4_weights_read_as_int4() -> None:
-    s = quant_summary(QuantFacts.from_wire(recorded("quant-w4a16")))
+    s = quant_summary(QuantFacts.of(recorded("quant-w4a16")))
     assert s is not None
     (g,) = s.groups
     assert (g.method, g.weight_dtype, g.weight_bytes, g.in_kernel) == ("WNA16", "int4 packed in int32", 147456, False)
@@ -53,7 +53,7 @@ def test_packed_int4_weights_read_as_int4() -> None:
 
 def test_no_quantization_config_no_summary() -> None:
     assert quant_summary(QuantFacts()) is None
-    (f,) = run_checks(facts_of(QuantFacts().to_wire()), ["VD407"])
+    (f,) = run_checks(facts_of(QuantFacts().to_json()), ["VD407"])
     assert f.outcome == Outcome.NOT_APPLICABLE
 
 
@@ -95,7 +95,7 @@ def test_vd407_names_the_layers_their_dtype_and_the_method_the_others_run() -> N
 )
 def test_vd407_leaves_out_what_the_ignore_list_names(ignore: list[str], flagged: int) -> None:
     reply = unquantize(recorded("quant-ok"), "o_proj") | {"ignore": ignore}
-    q = QuantFacts.from_wire(reply)
+    q = QuantFacts.of(reply)
     assert len(q.unexpected_unquantized()) == flagged
 
 

@@ -1,7 +1,7 @@
 """The roofline's byte and FLOP count, the device peaks, and a rate above a peak (a doctor bug).
 
 Plain data: Llama-3-8B's shapes counted by hand; the worker records as a real worker sends
-them (their ``to_wire`` dicts); the H200's memory interface as torch reports it
+them (their ``to_json`` dicts); the H200's memory interface as torch reports it
 (``torch.cuda.get_device_properties``: a 6016-bit bus at 3.201 GHz, 4.81 TB/s).
 """
 
@@ -146,10 +146,10 @@ def _worker(step_s: float, device: DevicePlace, memory_bytes: int = HAND_WEIGHT_
     layer = {"name": "model.layers.0", "kind": "layer", "layer": 0, "decode_calls": 2, "decode_s": 2 * step_s / 40}
     profile: dict[str, Any] = {"profiling": True, "clock": "cuda_events", "steps": steps, "layers": [layer]}
     return WorkerFacts(rank=0, parts={
-        "kv": kv.to_wire(),
-        "placement": Placement(device=device, model_dtype="torch.bfloat16").to_wire(),
-        "memory": MemoryFacts(device=device.device, parameter_bytes=memory_bytes).to_wire(),
-        "anatomy": Anatomy(WorkerIdentity(rank=0, tensor_parallel_size=1)).to_wire(),
+        "kv": kv.to_json(),
+        "placement": Placement(device=device, model_dtype="torch.bfloat16").to_json(),
+        "memory": MemoryFacts(device=device.device, parameter_bytes=memory_bytes).to_json(),
+        "anatomy": Anatomy(WorkerIdentity(rank=0, tensor_parallel_size=1)).to_json(),
         "profile": profile,
     })
 
@@ -195,12 +195,12 @@ def test_cpu_rates_are_shown_without_a_share_and_quantized_weights_use_the_measu
 
 def test_a_model_without_its_sizes_says_why() -> None:
     w = _worker(7.5e-3, H200)
-    w.put("kv", KvCache(hf_config=HfShape(num_hidden_layers=2, moe=True)).to_wire())
-    w.put("memory", MemoryFacts(device="cuda:0", parameter_bytes=10**6, moe_layers=2, moe_experts=4).to_wire())
+    w.put("kv", KvCache(hf_config=HfShape(num_hidden_layers=2, moe=True)).to_json())
+    w.put("memory", MemoryFacts(device="cuda:0", parameter_bytes=10**6, moe_layers=2, moe_experts=4).to_json())
     assert summarize(EngineFacts(workers=[w])).roofline == Roofline(
         available=False, reason="a mixture of experts whose config gives no expert count, top-k and expert MLP size"
     )
-    w.put("kv", KvCache(hf_config=HfShape(num_hidden_layers=2)).to_wire())
+    w.put("kv", KvCache(hf_config=HfShape(num_hidden_layers=2)).to_json())
     assert "does not give hidden_size" in str(summarize(EngineFacts(workers=[w])).roofline.reason)
 
 
@@ -267,10 +267,10 @@ def _moe_worker(memory: MemoryFacts) -> WorkerFacts:
                "kv_blocks_used": 9, "step_s": 0.02, "forward_s": 0.02, "layers_timed": True} for i in range(1, 4)]
     layer = {"name": "model.layers.0", "kind": "layer", "layer": 0, "decode_calls": 3, "decode_s": 3 * 0.02 / 40}
     return WorkerFacts(rank=0, parts={
-        "kv": kv.to_wire(),
-        "placement": Placement(device=H200, model_dtype="torch.bfloat16").to_wire(),
-        "memory": memory.to_wire(),
-        "anatomy": Anatomy(WorkerIdentity(rank=0, tensor_parallel_size=1)).to_wire(),
+        "kv": kv.to_json(),
+        "placement": Placement(device=H200, model_dtype="torch.bfloat16").to_json(),
+        "memory": memory.to_json(),
+        "anatomy": Anatomy(WorkerIdentity(rank=0, tensor_parallel_size=1)).to_json(),
         "profile": {"profiling": True, "clock": "cuda_events", "steps": steps, "layers": [layer]},
     })
 
@@ -325,7 +325,7 @@ def test_w8a8_gemms_are_held_to_the_8_bit_peak_weight_only_ones_to_the_models_dt
 
     def worker(*layers: QuantLayer) -> WorkerFacts:
         w = WorkerFacts(rank=0)
-        w.put("quant", QuantFacts(method="compressed-tensors", layers=list(layers)).to_wire())
+        w.put("quant", QuantFacts(method="compressed-tensors", layers=list(layers)).to_json())
         return w
 
     fp8 = QuantLayer(name="model.layers.0.mlp.down_proj", method="CompressedTensorsLinearMethod",

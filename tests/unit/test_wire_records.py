@@ -59,9 +59,9 @@ MEMORY = MemoryFacts(pid=7, device="cuda:1", parameter_bytes=100, kv_bytes=500, 
 
 def test_each_record_reads_back_what_it_sends_through_json() -> None:
     for record in (PLACEMENT, KV, MEMORY, Anatomy(IDENTITY, CompileState(eager=True))):
-        wire = json.loads(json.dumps(record.to_wire()))
+        wire = json.loads(json.dumps(record.to_json()))
         assert wire[VERSION_KEY] == 1
-        assert type(record).from_wire(wire) == record
+        assert type(record).of(wire) == record
 
 
 def test_an_older_reply_without_a_version_or_newer_fields_reads_with_defaults() -> None:
@@ -71,45 +71,45 @@ def test_an_older_reply_without_a_version_or_newer_fields_reads_with_defaults() 
            "counts": {"parameters": 3, "buffers": 1},
            "misplaced": [{"name": "x", "kind": "buffer", "device": "meta", "dtype": "torch.float32", "shape": [2],
                           "bytes": 8, "module_class": "M", "vllm_builtin": False}]}
-    p = Placement.from_wire(old)
+    p = Placement.of(old)
     assert p.wire_version == 0 and p.worker is None and p.float64 == [] and p.shards == {}
     assert p.counts == PlacementCounts(parameters=3, buffers=1, misplaced=None, dtype_mismatch=None)
     assert p.misplaced[0].device == "meta" and p.misplaced[0].shape == [2]
-    assert Placement.from_wire({}) == Placement(wire_version=0)
-    kv = KvCache.from_wire({"num_blocks": 11, "groups": [{"layer_names": ["a"]}]})
+    assert Placement.of({}) == Placement(wire_version=0)
+    kv = KvCache.of({"num_blocks": 11, "groups": [{"layer_names": ["a"]}]})
     assert kv.groups == [KvGroup(["a"], KvSpec())] and kv.tensor_parallel_size == 1 and kv.attention_layers == []
     assert kv.block_size is None
-    a = Anatomy.from_wire({"pid": 5, "device": "cpu"})
+    a = Anatomy.of({"pid": 5, "device": "cpu"})
     assert a.compile is None and a.identity.pid == 5 and a.identity.tp_rank is None
 
 
 def test_unknown_fields_are_ignored_and_a_newer_version_is_read_for_the_fields_known() -> None:
-    newer = PLACEMENT.to_wire() | {VERSION_KEY: 99, "from_the_future": {"x": 1}}
+    newer = PLACEMENT.to_json() | {VERSION_KEY: 99, "from_the_future": {"x": 1}}
     newer["device"]["nvlink"] = ["GPU-a"]
     newer["misplaced"][0]["stride"] = [1]
-    p = Placement.from_wire(newer)
+    p = Placement.of(newer)
     assert p.wire_version == 99
     assert p.device == PLACEMENT.device and p.misplaced == PLACEMENT.misplaced and p.shards == PLACEMENT.shards
-    kv = KV.to_wire() | {VERSION_KEY: 2, "swap_space": 4}
+    kv = KV.to_json() | {VERSION_KEY: 2, "swap_space": 4}
     kv["groups"][0]["spec"]["mla"] = True
-    assert KvCache.from_wire(kv).groups == KV.groups
+    assert KvCache.of(kv).groups == KV.groups
 
 
 def test_fields_of_another_type_read_as_missing() -> None:
-    p = Placement.from_wire({"device": "cuda:0", "counts": [], "misplaced": [{"name": "a", "shape": "4x4"}, "junk"],
+    p = Placement.of({"device": "cuda:0", "counts": [], "misplaced": [{"name": "a", "shape": "4x4"}, "junk"],
                              "shards": {"w": {"shape": [4, None], "dim": "0"}, "v": 3}, "by_device": {"cpu": "1"}})
     assert p.device == DevicePlace() and p.counts == PlacementCounts()
     assert p.misplaced == [TensorPlace(name="a")] and p.shards == {"w": Shard()} and p.by_device == {}
-    kv = KvCache.from_wire({"num_blocks": "11", "max_model_len": True, "hf_config": {"num_key_value_heads": "8"}})
+    kv = KvCache.of({"num_blocks": "11", "max_model_len": True, "hf_config": {"num_key_value_heads": "8"}})
     assert kv.num_blocks is None and kv.max_model_len is None and kv.hf_config == HfShape()
-    m = MemoryFacts.from_wire({"cuda": {}, "host": {"VmRSS": 3.5}, "vllm_peak_activation_memory": "big"})
+    m = MemoryFacts.of({"cuda": {}, "host": {"VmRSS": 3.5}, "vllm_peak_activation_memory": "big"})
     assert m.cuda is None and m.host == {} and m.measured("peak_activation_memory") is None
 
 
 def test_the_report_keeps_the_kv_groups_as_vllm_exposed_them() -> None:
     """report.facts["engine"]["kv_cache"]["groups"] has the spec fields the worker sent; the others
     are None (not exposed), never invented."""
-    facts = EngineFacts(workers=[WorkerFacts(rank=0, parts={"kv": KV.to_wire(), "anatomy": Anatomy(IDENTITY).to_wire()})])
+    facts = EngineFacts(workers=[WorkerFacts(rank=0, parts={"kv": KV.to_json(), "anatomy": Anatomy(IDENTITY).to_json()})])
     kv = anatomy(facts).kv_cache
     assert kv.groups == [KvGroupSummary(2, KvSpec(type="FullAttentionSpec", block_size=16, num_kv_heads=2, head_size=32))]
     assert kv.to_json()["groups"] == [{"layers": 2, "type": "FullAttentionSpec", "block_size": 16, "num_kv_heads": 2,
@@ -130,7 +130,7 @@ def _envelope(rank: int, data: dict[str, Any]) -> dict[str, Any]:
 
 def test_replies_are_read_once_where_they_enter_and_the_raw_reply_is_kept() -> None:
     facts = EngineFacts()
-    wire = PLACEMENT.to_wire()
+    wire = PLACEMENT.to_json()
     merge_replies(facts, "placement", [_envelope(0, wire)])
     w = facts.workers[0]
     assert w.get("placement") is wire and w.placement == PLACEMENT
@@ -152,7 +152,7 @@ def test_cuda_graph_bytes_are_the_private_pools_measured() -> None:
     cuda = dataclasses.replace(MEMORY.cuda, graph_pool_bytes=687_865_856)
     measured = dataclasses.replace(MEMORY, cuda=cuda, compile=graphs_on, vllm={"cudagraph_memory_estimate": 0})
     assert memory_breakdown(measured)["parts"]["cuda_graphs"] == 687_865_856
-    again = MemoryFacts.from_wire(measured.to_wire())
+    again = MemoryFacts.of(measured.to_json())
     assert again.cuda is not None and again.cuda.graph_pool_bytes == 687_865_856
     unread = dataclasses.replace(measured, cuda=dataclasses.replace(cuda, graph_pool_bytes=None),
                                  vllm={"cudagraph_memory_estimate": 400})
@@ -248,3 +248,29 @@ def test_the_field_rules_map_a_record_onto_a_reply_of_an_older_shape() -> None:
     assert list(wire.versioned(_Shaped(flag=True), 2)) == ["wire_version", "values", "shape", "flag"]
     assert wire.versioned(_Shaped(), 2)["wire_version"] == 2
     assert set(wire.json_schema(_Shaped)["properties"]) == {"n", "values", "class", "shape", "sub", "flag", "wire_version"}
+
+
+def test_every_record_shares_one_base_and_one_pair_of_method_names() -> None:
+    """The workers' records and the report's (analysis.records) are one kind of thing: each a
+    wire.Record, read with ``of`` and written with ``to_json``; no module keeps a second pair
+    (``from_wire`` / ``to_wire``) beside it."""
+    import importlib
+    import pkgutil
+
+    import vllm_doctor
+    from vllm_doctor.facts.wire import Record
+
+    records: list[type] = []
+    for info in pkgutil.walk_packages(vllm_doctor.__path__, "vllm_doctor."):
+        if info.name.startswith(("vllm_doctor.facts.", "vllm_doctor.analysis.")):
+            module = importlib.import_module(info.name)
+            for value in vars(module).values():
+                if isinstance(value, type) and value.__module__ == info.name and dataclasses.is_dataclass(value):
+                    assert not hasattr(value, "from_wire") and not hasattr(value, "to_wire"), value
+                    if issubclass(value, Record):
+                        records.append(value)
+    names = {r.__name__ for r in records}
+    # the wire records (facts) and the report's records (analysis.records) alike
+    assert {"KvCache", "Placement", "MemoryFacts", "Anatomy", "QuantFacts", "PerfAnatomy", "ImportPass"} <= names
+    assert {"EngineProfile", "EngineAnatomy", "TwinAB", "WorkloadRun"} <= names
+    assert KvCache.of(KV.to_json()) == KV and KvGroupSummary.of(KvGroupSummary().to_json()) == KvGroupSummary()

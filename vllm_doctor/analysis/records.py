@@ -15,11 +15,12 @@ them, where every front end may import them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Self
+from typing import Any
 
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.anatomy import CompileState
 from vllm_doctor.facts.kv import KvSpec
+from vllm_doctor.facts.wire import Record
 
 __all__ = ["CompileState", "Record"]  # and every record below
 
@@ -28,24 +29,6 @@ PHASES = ("prefill", "decode", "mixed")
 
 def _doc(text: str) -> dict[str, str]:
     return {"doc": text}
-
-
-class Record:
-    """A record of the report: read from its JSON, written to it, declared in its schema."""
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, data: Any) -> Self:
-        """The record from the report's JSON of it (leniently), or the record itself."""
-        return wire.read(cls, data)
-
-    def to_json(self) -> Any:
-        return wire.write(self)
-
-    @classmethod
-    def json_schema(cls) -> dict[str, Any]:
-        return wire.json_schema(cls)
 
 
 # ---- steps ---------------------------------------------------------------------------------------

@@ -323,14 +323,14 @@ def spec_problems(kv: KvCache, against_config: bool = True) -> Iterable[tuple[st
             yield (
                 f"{_kind(layer)} layer {name} is in no KV-cache group: it gets no cache",
                 name,
-                {"layer": layer.to_wire()},
+                {"layer": layer.to_json()},
             )
             continue
         if own is not None and own.kind and spec.kind and own.kind != spec.kind:
             yield (
                 f"{name} asks for a {own.kind} cache ({own.type}) but its KV-cache group is {spec.kind} ({spec.type})",
                 name,
-                {"layer_spec": own.to_wire(), "group_spec": spec.to_wire()},
+                {"layer_spec": own.to_json(), "group_spec": spec.to_json()},
             )
         for label, have, want in (
             ("KV heads", layer.num_kv_heads, spec.num_kv_heads),

@@ -599,7 +599,7 @@ def rerun_with_measurements(report: Report) -> None:
     if not ran:
         return
     twin = report.profiles.get("twin")
-    measured = LintFacts(PerfAnatomy.from_wire(wire), twin=twin if isinstance(twin, dict) else None)
+    measured = LintFacts(PerfAnatomy.of(wire), twin=twin if isinstance(twin, dict) else None)
     fresh = run_checks(measured, sorted(ran))
     kept = [f for f in report.findings if f.code not in ran]
     report.findings = sorted(kept + fresh, key=lambda f: (f.code, f.subject))

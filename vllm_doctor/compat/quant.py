@@ -136,4 +136,4 @@ def quantization_record(worker: Any) -> QuantFacts:
 
 def quantization(worker: Any) -> dict[str, Any]:
     """``doctor_quant``: the quantization config and each module's quantization method."""
-    return quantization_record(worker).to_wire()
+    return quantization_record(worker).to_json()

@@ -743,7 +743,7 @@ def _meta_load(request: dict[str, Any], tmp: str, new_ledger: NewLedger) -> dict
         built = {m["path"]: m["family"] for m in result.get("mixers") or () if m.get("path") and m.get("family")}
         result["perf"] = perf_anatomy(
             model, hf_text_config(model_config), model_config.dtype, "meta-device build", built
-        ).to_wire()
+        ).to_json()
     except Exception as exc:
         result["perf_error"] = f"reading the module tree failed: {_exc_summary(exc)}"
     t = lap("perf_s", t)

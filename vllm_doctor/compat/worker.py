@@ -253,7 +253,7 @@ def compile_record(worker: Any) -> CompileState:
 
 def compile_state(worker: Any) -> dict[str, Any]:
     """:func:`compile_record` as its wire dict (what the profiler and the hidden-state capture read)."""
-    return compile_record(worker).to_wire()
+    return compile_record(worker).to_json()
 
 
 def identity(worker: Any) -> WorkerIdentity:

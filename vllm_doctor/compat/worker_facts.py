@@ -3,7 +3,7 @@
 These run inside a vLLM worker (through the extension's ``doctor_*`` methods) and read the
 worker only through :mod:`vllm_doctor.compat.worker`. Each builds the record the doctor's side
 reads (:mod:`vllm_doctor.facts.anatomy`, :mod:`~vllm_doctor.facts.placement`,
-:mod:`~vllm_doctor.facts.kv`, :mod:`~vllm_doctor.facts.memory`) and returns its ``to_wire()``
+:mod:`~vllm_doctor.facts.kv`, :mod:`~vllm_doctor.facts.memory`) and returns its ``to_json()``
 dict, so the two sides of the wire are one module.
 """
 
@@ -133,7 +133,7 @@ def _owner_class(model: nn.Module, qualified: str) -> tuple[str, bool]:
 
 def anatomy(worker: Any) -> dict[str, Any]:
     """``doctor_anatomy``: who the worker is and how it runs the model."""
-    return Anatomy(wv.identity(worker), wv.compile_record(worker)).to_wire()
+    return Anatomy(wv.identity(worker), wv.compile_record(worker)).to_json()
 
 
 def perf(worker: Any) -> dict[str, Any]:
@@ -147,12 +147,12 @@ def perf(worker: Any) -> dict[str, Any]:
     model_config = wv.sub_config(worker, "model_config")
     hf = hf_text_config(model_config) if model_config is not None else None
     where = mixers.mixer_paths(model, wv.forward_context(worker))
-    return perf_anatomy(model, hf, getattr(model_config, "dtype", None), "engine worker", where).to_wire()
+    return perf_anatomy(model, hf, getattr(model_config, "dtype", None), "engine worker", where).to_json()
 
 
 def placement(worker: Any) -> dict[str, Any]:
     """VD401/VD402/VD405/VD406 facts: where each parameter and buffer lives, and what the worker is."""
-    return placement_record(worker).to_wire()
+    return placement_record(worker).to_json()
 
 
 def placement_record(worker: Any) -> Placement:
@@ -379,7 +379,7 @@ def _capacity(worker: Any, kcc: Any) -> tuple[int | None, float | None]:
 
 def kv_cache(worker: Any) -> dict[str, Any]:
     """VD501/VD504/VD208 facts: KV tensors (shared storage counted once), the plan, attention layers."""
-    return kv_cache_record(worker).to_wire()
+    return kv_cache_record(worker).to_json()
 
 
 def kv_cache_record(worker: Any) -> KvCache:
@@ -659,7 +659,7 @@ def host_memory() -> dict[str, int]:
 
 def memory(worker: Any) -> dict[str, Any]:
     """VD503 facts: weights, KV, activations, CUDA graphs, as far as this device lets us measure."""
-    return memory_record(worker).to_wire()
+    return memory_record(worker).to_json()
 
 
 def private_pool_bytes(dev: torch.device) -> int | None:

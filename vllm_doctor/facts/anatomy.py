@@ -2,13 +2,12 @@
 
 Built inside the worker by :func:`vllm_doctor.compat.worker.identity` /
 :func:`~vllm_doctor.compat.worker.compile_record` (:func:`vllm_doctor.compat.worker_facts.anatomy`
-sends :meth:`Anatomy.to_wire`); read back with :meth:`Anatomy.from_wire`
+sends :meth:`Anatomy.to_json`); read back with :meth:`Anatomy.of`
 (see :mod:`vllm_doctor.facts.wire` for what a decoder tolerates).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,7 @@ WIRE_VERSION = 1
 
 
 @dataclass(frozen=True)
-class WorkerIdentity:
+class WorkerIdentity(wire.Record):
     """A worker's process, ranks, device and classes."""
 
     pid: int | None = None
@@ -41,16 +40,9 @@ class WorkerIdentity:
     tp_rank: int | None = None  # the rank in its tensor-parallel group (None: vLLM did not say)
     pp_rank: int | None = None
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> WorkerIdentity:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class CompileState:
+class CompileState(wire.Record):
     """Is the model run eagerly (Python hooks fire) or through torch.compile / CUDA graphs?
     (None: the reply did not say.)"""
 
@@ -62,16 +54,9 @@ class CompileState:
     cudagraphs: bool | None = None
     eager: bool | None = None
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> CompileState:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class Anatomy:
+class Anatomy(wire.Record):
     """``doctor_anatomy``: the worker's identity and how it runs the model."""
 
     # the identity's fields sit in the reply beside ``compile``
@@ -79,9 +64,5 @@ class Anatomy:
     compile: CompileState | None = None
     wire_version: int = WIRE_VERSION
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> Anatomy:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return wire.versioned(self, WIRE_VERSION)

@@ -31,12 +31,12 @@ R = TypeVar("R")
 
 # the parts read into a record (the profile is read into its StepTable by WorkerFacts.steps)
 DECODERS: dict[str, Callable[[Mapping[str, Any]], Any]] = {
-    "anatomy": Anatomy.from_wire,
-    "placement": Placement.from_wire,
-    "kv": KvCache.from_wire,
-    "memory": MemoryFacts.from_wire,
-    "perf": PerfAnatomy.from_wire,
-    "quant": QuantFacts.from_wire,
+    "anatomy": Anatomy.of,
+    "placement": Placement.of,
+    "kv": KvCache.of,
+    "memory": MemoryFacts.of,
+    "perf": PerfAnatomy.of,
+    "quant": QuantFacts.of,
 }
 
 

@@ -9,7 +9,6 @@ report shows its parts as sent). Producers: :mod:`vllm_doctor.compat.runtime`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,7 +16,7 @@ from vllm_doctor.facts import wire
 
 
 @dataclass(frozen=True)
-class VllmVerdicts:
+class VllmVerdicts(wire.Record):
     """vLLM's own interface checks on the class (None: this vLLM has no such check, or it raised)."""
 
     is_vllm_model: bool | None = None
@@ -37,7 +36,7 @@ class VllmVerdicts:
 
 
 @dataclass(frozen=True)
-class MultimodalMethod:
+class MultimodalMethod(wire.Record):
     """One of the two methods vLLM's runner calls on a multimodal model with images, under the
     installed vLLM's name (``runtime.multimodal_methods``)."""
 
@@ -51,13 +50,13 @@ class MultimodalMethod:
 
 
 @dataclass(frozen=True)
-class MultimodalMethods:
+class MultimodalMethods(wire.Record):
     encoder: MultimodalMethod | None = None  # embed_multimodal: pixels -> one embedding per item
     merge: MultimodalMethod | None = None  # embed_input_ids: token embeddings + the items' on the placeholders
 
 
 @dataclass(frozen=True)
-class ClassContract:
+class ClassContract(wire.Record):
     """What the VD2xx checks need about a model class (``runtime.contract_facts``)."""
 
     qualname: str | None = None
@@ -81,7 +80,7 @@ class ClassContract:
 
 
 @dataclass(frozen=True)
-class ClassRecord:
+class ClassRecord(wire.Record):
     """One architecture's class, imported under a CUDA-init watch (``runtime.load_class``)."""
 
     target: str = ""  # "module:Class"
@@ -96,7 +95,7 @@ class ClassRecord:
 
 
 @dataclass(frozen=True)
-class PluginLoad:
+class PluginLoad(wire.Record):
     """One ``vllm.general_plugins`` entry point as vLLM loads it (None: that step did not run)."""
 
     name: str = ""
@@ -108,7 +107,7 @@ class PluginLoad:
 
 
 @dataclass(frozen=True)
-class MultimodalDummyInputs:
+class MultimodalDummyInputs(wire.Record):
     """A multimodal model's processor built and fed vLLM's start-up dummy inputs in the import
     pass (``runtime.multimodal_dummy_inputs``)."""
 
@@ -125,7 +124,7 @@ class MultimodalDummyInputs:
 
 
 @dataclass(frozen=True)
-class VisionConfig:
+class VisionConfig(wire.Record):
     """Where the HF config vLLM loaded keeps its vision tower's settings (``runtime.vision_config``)."""
 
     source: str = ""  # "vision_config" (a sub-config) or "flat" (vision_* fields of the config itself)
@@ -134,7 +133,7 @@ class VisionConfig:
 
 
 @dataclass(frozen=True)
-class ConfigVerdict:
+class ConfigVerdict(wire.Record):
     """vLLM's own verdict on config.json (``runtime.config_verdict``)."""
 
     ok: bool = False
@@ -148,7 +147,7 @@ class ConfigVerdict:
 
 
 @dataclass(frozen=True)
-class ImportPass:
+class ImportPass(wire.Record):
     """The import pass's reply."""
 
     vllm_version: str | None = None
@@ -162,7 +161,3 @@ class ImportPass:
     vllm_config_model_types: list[str] = field(default_factory=list)
     config_verdict: ConfigVerdict | None = field(default=None, metadata=wire.rules(empty_none=True))
     cuda_initialized: bool | None = None
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> ImportPass:
-        return wire.read(cls, data)

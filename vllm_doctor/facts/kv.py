@@ -1,14 +1,13 @@
 """A worker's KV cache (``doctor_kv``): the record both ends of the wire share.
 
 Built inside the worker by :func:`vllm_doctor.compat.worker_facts.kv_cache` (which sends
-:meth:`KvCache.to_wire`), read on the doctor's side once per reply with :meth:`KvCache.from_wire`
+:meth:`KvCache.to_json`), read on the doctor's side once per reply with :meth:`KvCache.of`
 (see :mod:`vllm_doctor.facts.wire` for what a decoder tolerates). VD501, VD502, VD504 and VD208
 read it, and the report's ``facts["engine"]["kv_cache"]``. Stdlib only: the worker imports it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -18,7 +17,7 @@ WIRE_VERSION = 1
 
 
 @dataclass(frozen=True)
-class KvSpec:
+class KvSpec(wire.Record):
     """vLLM's KV-cache spec of one group, as far as this vLLM exposes it (None: not exposed)."""
 
     # written with only what vLLM exposed (the report's ``kv_cache.groups`` show it as it is)
@@ -51,31 +50,17 @@ class KvSpec:
             return 0
         return max(0, self.page_size_bytes - self.unpadded_page_bytes)
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> KvSpec:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class KvGroup:
+class KvGroup(wire.Record):
     """One KV-cache group: the attention layers that share a spec (and the block pool)."""
 
     layer_names: list[str] = field(default_factory=list)
     spec: KvSpec = field(default_factory=KvSpec)
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> KvGroup:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class KvTensor:
+class KvTensor(wire.Record):
     """One KV tensor the worker holds (a view; ``storage`` numbers the storage it lives in)."""
 
     shape: list[int] = field(default_factory=list, metadata=wire.rules(whole=True))
@@ -84,31 +69,17 @@ class KvTensor:
     view_bytes: int | None = None
     storage: int | None = None
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> KvTensor:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class PlannedTensor:
+class PlannedTensor(wire.Record):
     """One KV tensor vLLM planned (its KVCacheConfig), and the layers that share it."""
 
     size: int = 0
     layers: list[str] = field(default_factory=list)
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> PlannedTensor:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class AttentionLayer:
+class AttentionLayer(wire.Record):
     """An attention layer as vLLM's forward context registered it."""
 
     prefix: str = ""  # the name it was registered under
@@ -128,16 +99,9 @@ class AttentionLayer:
     spec: KvSpec | None = field(default=None, metadata=wire.rules(empty_none=True))
     sinks: bool = field(default=False, metadata=wire.rules(omit_default=True))  # attention sinks (gpt-oss)
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> AttentionLayer:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class HfShape:
+class HfShape(wire.Record):
     """The sizes config.json gives (the text config of a multimodal one), and vLLM's head size
     for it: the attention's (VD504) and the rest of a decoder's (the roofline's byte count)."""
 
@@ -166,16 +130,9 @@ class HfShape:
     moe_intermediate_size: int | None = None
     shared_expert_intermediate_size: int | None = None
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> HfShape:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class CacheConfig:
+class CacheConfig(wire.Record):
     """vLLM's cache config, as the engine was configured."""
 
     block_size: int | None = None
@@ -185,16 +142,9 @@ class CacheConfig:
     gpu_memory_utilization: float | None = None
     enable_prefix_caching: bool | None = None
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> CacheConfig:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class KvCache:
+class KvCache(wire.Record):
     """``doctor_kv``: the KV tensors (shared storage counted once), vLLM's plan, the groups and
     their specs, the limits the engine runs with, and the attention layers."""
 
@@ -235,9 +185,5 @@ class KvCache:
                 return group.spec.block_size
         return self.cache_config.block_size or None
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> KvCache:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return wire.versioned(self, WIRE_VERSION)

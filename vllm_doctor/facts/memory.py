@@ -1,14 +1,13 @@
 """What a worker's memory holds (``doctor_memory``): the record both ends of the wire share.
 
 Built inside the worker by :func:`vllm_doctor.compat.worker_facts.memory` (which sends
-:meth:`MemoryFacts.to_wire`), read on the doctor's side once per reply with
-:meth:`MemoryFacts.from_wire` (see :mod:`vllm_doctor.facts.wire` for what a decoder tolerates).
+:meth:`MemoryFacts.to_json`), read on the doctor's side once per reply with
+:meth:`MemoryFacts.of` (see :mod:`vllm_doctor.facts.wire` for what a decoder tolerates).
 VD503 and the report's memory breakdown read it. Stdlib only: the worker imports this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -29,7 +28,7 @@ VLLM_MEASURES = (
 
 
 @dataclass(frozen=True)
-class CudaMemory:
+class CudaMemory(wire.Record):
     """torch's allocator statistics and the device's free / total memory (a CUDA worker)."""
 
     allocated: int = 0
@@ -42,16 +41,9 @@ class CudaMemory:
     # allocator's snapshot; None where the snapshot could not be read
     graph_pool_bytes: int | None = None
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> CudaMemory:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class MemoryFacts:
+class MemoryFacts(wire.Record):
     """``doctor_memory``: weights, KV, vLLM's own measurements, the process and the device."""
 
     pid: int | None = None
@@ -82,9 +74,5 @@ class MemoryFacts:
         """What vLLM measured as ``name`` (one of :data:`VLLM_MEASURES`), None if it did not."""
         return self.vllm.get(name)
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> MemoryFacts:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return wire.versioned(self, WIRE_VERSION)

@@ -3,14 +3,13 @@ which of its classes vLLM compiles, and what its forward path does in Python. St
 
 Built where the model exists: the weights pass's meta-device build (``check``) and the engine's
 worker (``check --engine``, ``profile``) by :func:`vllm_doctor.compat.perf.perf_anatomy`, sent as
-:meth:`PerfAnatomy.to_wire` and read back with :meth:`PerfAnatomy.from_wire` (lenient, as every
+:meth:`PerfAnatomy.to_json` and read back with :meth:`PerfAnatomy.of` (lenient, as every
 wire record: :mod:`vllm_doctor.facts.wire`). It is kept in ``report.facts["perf"]`` so that a
 measurement made later (the A/B against the in-tree twin) can re-run the checks on it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -20,7 +19,7 @@ WIRE_VERSION = 1
 
 
 @dataclass(frozen=True)
-class SourceFinding:
+class SourceFinding(wire.Record):
     """One thing a class's forward path does: ``kind`` is "loop", "float32" or "attention"."""
 
     kind: str
@@ -31,16 +30,9 @@ class SourceFinding:
     code: str  # the source of the statement's head, one line
     detail: str  # loop: what it walks ("heads", ...); float32: the cast; attention: the call
 
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> SourceFinding:
-        return wire.read(cls, data)
-
 
 @dataclass(frozen=True)
-class Projection:
+class Projection(wire.Record):
     """A linear or embedding module: its path, class, kind and sizes."""
 
     name: str  # module path, "model.layers.0.self_attn.q_proj"
@@ -69,16 +61,9 @@ class Projection:
     def linear(self) -> bool:
         return self.kind.endswith("-linear")
 
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> Projection:
-        return wire.read(cls, data)
-
 
 @dataclass(frozen=True)
-class ModelClass:
+class ModelClass(wire.Record):
     """A class of the module tree whose forward the lint read (model code, not vLLM's layers)."""
 
     cls: str  # qualified name
@@ -88,16 +73,9 @@ class ModelClass:
     source_error: str | None = None  # why its source could not be read
     in_encoder: bool = False  # every instance sits in a multimodal encoder part (PerfAnatomy.encoder_modules)
 
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> ModelClass:
-        return wire.read(cls, data)
-
 
 @dataclass(frozen=True)
-class PerfAnatomy:
+class PerfAnatomy(wire.Record):
     """The module tree as the performance lint reads it."""
 
     root_class: str = ""
@@ -119,12 +97,8 @@ class PerfAnatomy:
     op_counts: dict[str, int] = field(default_factory=dict)
     op_count_step: str | None = None  # the probed step's phase ("prefill", "decode", "mixed")
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return wire.versioned(self, WIRE_VERSION)
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> PerfAnatomy:
-        return wire.read(cls, data)  # every version so far is read field by field
 
     @property
     def compiled(self) -> bool:

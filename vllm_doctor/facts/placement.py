@@ -1,14 +1,13 @@
 """Where a worker's tensors live (``doctor_placement``): the record both ends of the wire share.
 
 Built inside the worker by :func:`vllm_doctor.compat.worker_facts.placement` (which sends
-:meth:`Placement.to_wire`), read on the doctor's side once per reply with
-:meth:`Placement.from_wire` (see :mod:`vllm_doctor.facts.wire` for what a decoder tolerates).
+:meth:`Placement.to_json`), read on the doctor's side once per reply with
+:meth:`Placement.of` (see :mod:`vllm_doctor.facts.wire` for what a decoder tolerates).
 VD401, VD402, VD405 and VD406 read it. Stdlib only: the worker imports this module.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +18,7 @@ WIRE_VERSION = 1
 
 
 @dataclass(frozen=True)
-class DevicePlace:
+class DevicePlace(wire.Record):
     """The worker's device as vLLM, torch and the environment see it (VD402). The CUDA fields
     are None on a CPU worker."""
 
@@ -42,16 +41,9 @@ class DevicePlace:
     memory_clock_khz: int | None = None
     multi_processor_count: int | None = None
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> DevicePlace:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class TensorPlace:
+class TensorPlace(wire.Record):
     """One parameter or buffer the placement lists (misplaced, of another dtype, or float64);
     a field the list does not carry is None."""
 
@@ -64,16 +56,9 @@ class TensorPlace:
     module_class: str | None = None  # the class of the module that owns it
     vllm_builtin: bool | None = None  # that class is one of vLLM's own
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> TensorPlace:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class Shard:
+class Shard(wire.Record):
     """A parameter as this tensor-parallel rank holds it (VD406)."""
 
     shape: list[int] = field(default_factory=list, metadata=wire.rules(whole=True))
@@ -84,16 +69,9 @@ class Shard:
     # parameters with more than one rank, and None where they would prove nothing
     fingerprint: list[float] | None = field(default=None, metadata=wire.rules(whole=True, omit_default=True))
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> Shard:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class PlacementCounts:
+class PlacementCounts(wire.Record):
     """All the model's tensors, counted (the lists stop at the worker's listing limit)."""
 
     parameters: int = 0
@@ -101,16 +79,9 @@ class PlacementCounts:
     misplaced: int | None = None  # None: an older reply that did not count (use the list's length)
     dtype_mismatch: int | None = None
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> PlacementCounts:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
-
 
 @dataclass(frozen=True)
-class Placement:
+class Placement(wire.Record):
     """``doctor_placement``: the worker, its device, and where its model's tensors are."""
 
     # None: the reply did not say who the worker is
@@ -127,9 +98,5 @@ class Placement:
     shards: dict[str, Shard] = field(default_factory=dict)  # parameter name -> this rank's shard
     wire_version: int = WIRE_VERSION
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> Placement:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return wire.versioned(self, WIRE_VERSION)

@@ -1,7 +1,7 @@
 """Which layers of a worker's model run quantized (``doctor_quant``): the record both ends of the wire share.
 
 Built inside the worker by :func:`vllm_doctor.compat.quant.quantization` (which sends
-:meth:`QuantFacts.to_wire`), read on the doctor's side with :meth:`QuantFacts.from_wire`
+:meth:`QuantFacts.to_json`), read on the doctor's side with :meth:`QuantFacts.of`
 (lenient: :mod:`vllm_doctor.facts.wire`). The profile's quantization summary, the roofline's
 weight bytes and VD407 read it. Stdlib only: the worker imports this module.
 """
@@ -9,7 +9,6 @@ weight bytes and VD407 read it. Stdlib only: the worker imports this module.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +18,7 @@ WIRE_VERSION = 1
 
 
 @dataclass(frozen=True)
-class QuantLayer:
+class QuantLayer(wire.Record):
     """One module with a vLLM quantization method (a linear layer, the LM head, an embedding,
     fused experts): which method it runs, and what its weight is."""
 
@@ -35,13 +34,6 @@ class QuantLayer:
     weight_in_kernel: bool = False  # the CPU kernel took the weight (oneDNN): its bytes are the estimate above
     other_bytes: int = 0  # the module's other parameters: scales, zero points, bias
     shards: list[str] = field(default_factory=list)  # a fused layer's checkpoint names (packed_modules_mapping)
-
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> QuantLayer:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
-        return wire.write(self)
 
     @property
     def storage(self) -> str | None:
@@ -65,7 +57,7 @@ class QuantLayer:
 
 
 @dataclass(frozen=True)
-class QuantFacts:
+class QuantFacts(wire.Record):
     """``doctor_quant``: the model's quantization config as vLLM built it, and every module
     with a quantization method."""
 
@@ -76,11 +68,7 @@ class QuantFacts:
     layers: list[QuantLayer] = field(default_factory=list)
     wire_version: int = WIRE_VERSION
 
-    @classmethod
-    def from_wire(cls, data: Mapping[str, Any]) -> QuantFacts:
-        return wire.read(cls, data)
-
-    def to_wire(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         return wire.versioned(self, WIRE_VERSION)
 
     @property

@@ -2,8 +2,8 @@
 
 The worker-side collectors (:mod:`vllm_doctor.compat.worker_facts`) build the records of
 :mod:`vllm_doctor.facts.placement`, :mod:`~vllm_doctor.facts.kv`, :mod:`~vllm_doctor.facts.memory`
-and :mod:`~vllm_doctor.facts.anatomy` and send their ``to_wire()`` dict; the doctor's side reads
-that dict back with the record's ``from_wire``. The two ends may be different doctor versions (a
+and :mod:`~vllm_doctor.facts.anatomy` and send their ``to_json()`` dict; the doctor's side reads
+that dict back with the record's ``of``. The two ends may be different doctor versions (a
 served engine keeps the doctor it started with), so a decoder never raises on a reply's shape:
 a field that is missing or of another type reads as its default (None, 0, empty), a field it does
 not know is ignored, and a reply of a newer wire version is read for the fields this one knows.
@@ -16,11 +16,11 @@ import functools
 import types
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 R = TypeVar("R")
 
-VERSION_KEY = "wire_version"  # each record's wire version, in its to_wire() dict
+VERSION_KEY = "wire_version"  # each record's wire version, in its to_json() dict
 
 
 def version(data: Mapping[str, Any]) -> int:
@@ -302,7 +302,7 @@ def write(record: Any) -> Any:
 
 
 def versioned(record: Any, wire_version: int) -> dict[str, Any]:
-    """:func:`write`'s dict of ``record`` headed by ``wire_version`` (a reply's ``to_wire``)."""
+    """:func:`write`'s dict of ``record`` headed by ``wire_version`` (a versioned reply's ``to_json``)."""
     return {VERSION_KEY: wire_version, **{k: v for k, v in write(record).items() if k != VERSION_KEY}}
 
 
@@ -343,3 +343,27 @@ def json_schema(tp: Any) -> dict[str, Any]:
             out["description"] = " ".join(doc.split())
         return out
     return {}
+
+
+class Record:
+    """A record: a frozen dataclass the doctor keeps as an object from where it is read to where
+    it is written. The worker's replies (:mod:`vllm_doctor.facts.kv`, ``placement``, ``memory``,
+    ``anatomy``, ``quant``, ``perf``, the import pass's) and the report's sections
+    (:mod:`vllm_doctor.analysis.records`) share it: :meth:`of` reads one from its JSON (a reply,
+    a report.json section) leniently and takes a record as it is, :meth:`to_json` writes it (only
+    at the edges: the wire, report writing, a recording), :meth:`json_schema` declares it."""
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, data: Any) -> Self:
+        """The record from its JSON (leniently: :func:`read`), or the record itself."""
+        return read(cls, data)
+
+    def to_json(self) -> Any:
+        """The record as JSON-able data (:func:`write`)."""
+        return write(self)
+
+    @classmethod
+    def json_schema(cls) -> dict[str, Any]:
+        return json_schema(cls)

@@ -246,7 +246,7 @@ def build_engine_report(
     # the performance lint on the worker's real model (its static run reads the meta-device build)
     if checked.perf is not None:
         findings += run_checks(checked, perf_codes(select, ignore))
-        report.facts["perf"] = checked.perf.to_wire()
+        report.facts["perf"] = checked.perf.to_json()
     report.findings = sorted(findings, key=lambda f: (f.code, f.subject))
     report.environment = environment.collect()
     # the report holds JSON (report.json's shape): each record written once here, read by its readers
