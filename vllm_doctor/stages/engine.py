@@ -406,6 +406,35 @@ def _reference_shapes(report: Report) -> dict[str, list[int]]:
     return {name: p["shape"] for name, p in params.items() if p.get("shape")}
 
 
+def engine_report(
+    result: EngineStageResult,
+    target: str,
+    reference_shapes: dict[str, list[int]] | None = None,
+    select: Iterable[str] = (),
+    ignore: Iterable[str] = (),
+) -> Report:
+    """The engine stage's report from what the engine child answered (``result``): the engine
+    checks, anatomy and profiles, the workload and the engine log's path. No engine runs here:
+    the same function reads a live child's answer and a recorded one (tests/data/engine_replies).
+    ``reference_shapes``: each parameter's shape at tensor-parallel size 1 (VD406)."""
+    from vllm_doctor.analysis.engine import time_accounting
+    from vllm_doctor.live.attach import build_engine_report
+
+    result.facts.reference_shapes = reference_shapes or None
+    report = build_engine_report(result.facts, target, select, ignore)
+    report.facts["engine_log"] = result.log_path
+    report.profiles["workload"] = result.workload
+    engine = report.profiles.get("engine")
+    accounting = time_accounting(EngineProfile.of(engine), result.workload)
+    if accounting is not None and isinstance(engine, dict):
+        engine["time_accounting"] = accounting.to_json()
+    report.profiles["engine_kwargs"] = result.engine_kwargs
+    if result.deep:
+        report.profiles["torch_profiler"] = result.deep
+    report.timings.update({k if k.startswith("engine") else f"engine_{k}": v for k, v in result.timings.items()})
+    return report
+
+
 def diagnose_engine(
     model: str,
     options: EngineOptions | None = None,
@@ -430,9 +459,6 @@ def diagnose_engine(
     twin directory has one (``profile --twin``: its links to the port's checkpoint, which passed
     the port's guard).
     """
-    from vllm_doctor.analysis.engine import time_accounting
-    from vllm_doctor.live.attach import build_engine_report
-
     options = options or EngineOptions()
     if options.device == "cuda" and not gpu_visible():
         raise DoctorInputError(
@@ -453,18 +479,7 @@ def diagnose_engine(
             progress(report.facts["engine_failure"])
     else:
         result = run_engine_stage(target, options, progress, log_dir)
-        result.facts.reference_shapes = _reference_shapes(guard) or None
-        report = build_engine_report(result.facts, target, select, ignore)
-        report.facts["engine_log"] = result.log_path
-        report.profiles["workload"] = result.workload
-        engine = report.profiles.get("engine")
-        accounting = time_accounting(EngineProfile.of(engine), result.workload)
-        if accounting is not None and isinstance(engine, dict):
-            engine["time_accounting"] = accounting.to_json()
-        report.profiles["engine_kwargs"] = result.engine_kwargs
-        if result.deep:
-            report.profiles["torch_profiler"] = result.deep
-        report.timings.update({k if k.startswith("engine") else f"engine_{k}": v for k, v in result.timings.items()})
+        report = engine_report(result, target, _reference_shapes(guard), select, ignore)
     if static is None:
         return report
     # the performance lint ran on the worker's real model: its findings replace the meta-device build's
