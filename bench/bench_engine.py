@@ -114,12 +114,12 @@ def main() -> None:
     def doctored(name: str, **options: object) -> float:
         with vllm_doctor.attach(llm, probe=False, **options) as doc:  # type: ignore[arg-type]
             rate = run()
-        profile = doc.report().profiles["engine"]
-        over = profile.get("doctor_overhead") or {}
-        if over.get("share") is not None:
-            cost.setdefault(name, []).append(over["share"])
-            parts.setdefault(name, []).append({k: v / over["steps"] for k, v in over["host_s"].items()})
-        fraction = profile["layers"].get("timed_fraction")
+        profile = doc.report().profiles["engine"]  # an EngineProfile (vllm_doctor.analysis.records)
+        over = profile.doctor_overhead
+        if over is not None and over.share is not None:
+            cost.setdefault(name, []).append(over.share)
+            parts.setdefault(name, []).append({k: v / over.steps for k, v in over.host_s.items()})
+        fraction = profile.layers.timed_fraction
         if fraction is not None and name == "per-layer, all":
             coverage.append(fraction)
         return rate

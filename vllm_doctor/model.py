@@ -8,6 +8,7 @@ reads and writes these types, and :meth:`Report.to_dict` is the one JSON schema
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -138,15 +139,31 @@ def report_order(finding: Finding) -> tuple[int, int, str, str]:
     return (1, 0, finding.code, finding.subject)
 
 
+def _json(value: Any) -> Any:
+    """A section's entry as report.json holds it: a record (anything with ``to_json``, e.g.
+    :class:`vllm_doctor.facts.wire.Record`) written, plain JSON as it is."""
+    to_json = getattr(value, "to_json", None)
+    return to_json() if callable(to_json) else value
+
+
+# what reads a section's entry back into its record: (section, key) -> reader, e.g.
+# ("profiles", "engine") -> EngineProfile.of (vllm_doctor.analysis.records.SECTIONS)
+SectionReaders = Mapping[tuple[str, str], Callable[[Any], Any]]
+
+
 @dataclass
 class Report:
-    """Everything one doctor run found: environment, findings, timings, profiles."""
+    """Everything one doctor run found: environment, findings, timings, profiles.
+
+    ``facts`` and ``profiles`` hold records where the doctor has one (the engine's anatomy and
+    profile, the workload, the A/B: :data:`vllm_doctor.analysis.records.SECTIONS`) and plain JSON
+    for the rest; :meth:`to_dict` writes the records, :meth:`from_dict` reads them back."""
 
     target: str
     environment: dict[str, Any] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
-    facts: dict[str, Any] = field(default_factory=dict)  # probe snapshots worth keeping (JSON-able)
+    facts: dict[str, Any] = field(default_factory=dict)  # probe snapshots worth keeping: records or JSON
     profiles: dict[str, Any] = field(default_factory=dict)
 
     def problems(self, at_least: Severity = Severity.INFO) -> list[Finding]:
@@ -189,17 +206,27 @@ class Report:
             "summary": counts,
             "findings": [f.to_dict() for f in sorted(self.findings, key=report_order)],
             "timings": self.timings,
-            "facts": self.facts,
-            "profiles": self.profiles,
+            "facts": {k: _json(v) for k, v in self.facts.items()},
+            "profiles": {k: _json(v) for k, v in self.profiles.items()},
         }
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Report:
+    def from_dict(cls, data: dict[str, Any], records: SectionReaders | None = None) -> Report:
+        """The report from its JSON; ``records`` read the sections that have a record
+        (:func:`vllm_doctor.analysis.records.read_report` passes them all); without it the
+        sections stay JSON."""
+        readers = records or {}
+
+        def section(name: str) -> dict[str, Any]:
+            given = data.get(name)
+            entries = dict(given) if isinstance(given, dict) else {}
+            return {k: readers[(name, k)](v) if (name, k) in readers else v for k, v in entries.items()}
+
         return cls(
             target=data["target"],
             environment=dict(data.get("environment", {})),
             findings=[Finding.from_dict(f) for f in data.get("findings", [])],
             timings=dict(data.get("timings", {})),
-            facts=dict(data.get("facts", {})),
-            profiles=dict(data.get("profiles", {})),
+            facts=section("facts"),
+            profiles=section("profiles"),
         )

@@ -79,7 +79,7 @@ def default_mode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
 
 def test_the_engine_runs_compiled(default_mode: Run) -> None:
     assert default_mode.mode["enforce_eager"] is False and default_mode.mode["compilation_mode"] != "NONE"
-    compile_state = default_mode.report.facts["engine"]["compile"]
+    compile_state = default_mode.report.to_dict()["facts"]["engine"]["compile"]
     assert compile_state["compiled"] and not compile_state["eager"], compile_state
 
 
@@ -89,7 +89,7 @@ def test_outputs_are_bit_identical_with_and_without_the_doctor_in_default_mode(d
 
 
 def test_forward_and_per_layer_times_in_default_mode(default_mode: Run) -> None:
-    profile = default_mode.report.profiles["engine"]
+    profile = default_mode.report.to_dict()["profiles"]["engine"]
     assert profile["layers_on"] is True and profile["layers_reason"].startswith("compiled mode: timed at the token mixers' calls")
     steps = profile["steps"]
     assert steps and all(s["sampled"] and s["forward_s"] and 0 < s["forward_s"] <= s["step_s"] for s in steps)
@@ -113,7 +113,7 @@ def test_the_steps_and_the_idle_time_between_them_account_for_the_wall_time(defa
     tokenization and the outputs' detokenization are a fifth of it)."""
     from vllm_doctor.analysis.engine import time_accounting
 
-    profile = default_mode.report.profiles["engine"]
+    profile = default_mode.report.to_dict()["profiles"]["engine"]
     steps = profile["steps"]
     assert steps[0]["idle_before_s"] is None and all(s["idle_before_s"] >= 0 for s in steps[1:])
     for a, b in itertools.pairwise(steps):
@@ -127,7 +127,7 @@ def test_the_steps_and_the_idle_time_between_them_account_for_the_wall_time(defa
 
 
 def test_no_rate_above_a_peak_and_none_claimed_on_cpu(default_mode: Run) -> None:
-    roof = default_mode.report.profiles["engine"]["roofline"]
+    roof = default_mode.report.to_dict()["profiles"]["engine"]["roofline"]
     assert roof["available"] and not roof.get("above_peak")
     for phase in roof["phases"].values():
         assert phase["bytes_per_s"] > 0 and phase["bandwidth_share"] is None  # a CPU's peak is unknown

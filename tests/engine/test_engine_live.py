@@ -104,8 +104,8 @@ def outcomes(report: Any, code: str) -> list[tuple[str, str]]:
 def test_outputs_are_bit_identical_with_and_without_the_doctor(doctored: Run) -> None:
     assert doctored.base == doctored.during == doctored.after
     assert all(len(t) == MAX_TOKENS for t in doctored.base)
-    assert doctored.report.profiles["engine"]["layers_on"] is True  # per-layer hooks were on
-    assert [s["phase"] for s in doctored.report.facts["engine"]["workers"][:0]] == []
+    assert doctored.report.to_dict()["profiles"]["engine"]["layers_on"] is True  # per-layer hooks were on
+    assert [s["phase"] for s in doctored.report.to_dict()["facts"]["engine"]["workers"][:0]] == []
     assert doctored.status_during["wrapped_methods"] == ["execute_model", "sample_tokens"]
 
 
@@ -154,7 +154,7 @@ def test_kv_facts_count_shared_storage_once(doctored: Run) -> None:
 
 
 def test_step_profile_matches_the_workload(doctored: Run) -> None:
-    prof = doctored.report.profiles["engine"]
+    prof = doctored.report.to_dict()["profiles"]["engine"]
     steps = prof["steps"]
     assert prof["clock"] == "wall_clock"
     assert steps[0]["phase"] == "prefill" and steps[0]["prefill_tokens"] == sum(doctored.prompt_lens)
@@ -184,7 +184,7 @@ def test_step_profile_matches_the_workload(doctored: Run) -> None:
 
 
 def test_anatomy_of_a_single_process_engine(doctored: Run) -> None:
-    a = doctored.report.facts["engine"]
+    a = doctored.report.to_dict()["facts"]["engine"]
     pid = os.getpid()
     assert a["front_end"]["pid"] == pid and a["front_end"]["engine_core_in_process"] is True
     assert [w["pid"] for w in a["workers"]] == [pid]
@@ -207,7 +207,7 @@ def test_a_probe_that_raises_is_a_crash_finding_and_the_engine_keeps_serving(eng
     assert during == doctored.base
     crashed = {(f.code, f.evidence.get("component")) for f in report.findings if f.outcome.value == "crash"}
     assert {("VD400", "layers"), ("VD400", "probe"), ("VD501", None), ("VD504", None), ("VD208", None)} <= crashed
-    assert report.profiles["engine"]["steps"]  # per-step timing survived the layer-hook crash
+    assert report.to_dict()["profiles"]["engine"]["steps"]  # per-step timing survived the layer-hook crash
     assert generate(engine.llm) == doctored.base  # detached: faults gone with the session
     # a crashing step wrapper: vLLM's own execute_model still runs, every step
     engine.llm.collective_rpc(inject_fault, args=("steps",))
@@ -271,10 +271,10 @@ def test_multiprocess_engine_attach(tmp_path: Path) -> None:
 def test_the_roofline_of_a_real_cpu_worker(doctored: Run) -> None:
     """The worker sends the config's sizes (MLP, vocabulary, tied embeddings) and its device; on
     CPU the rates come without a share (no honest peak), and none is flagged above a peak."""
-    prof = doctored.report.profiles["engine"]
+    prof = doctored.report.to_dict()["profiles"]["engine"]
     roof = prof["roofline"]
     assert roof["available"], roof.get("reason")
-    hf = doctored.report.facts["engine"]["kv_cache"]
+    hf = doctored.report.to_dict()["facts"]["engine"]["kv_cache"]
     assert roof["model"]["layers"] == hf["num_layers"] == 2
     assert roof["model"]["vocab"] > 0 and roof["model"]["intermediate"] > 0
     assert roof["device"]["bandwidth_bytes_s"] is None and roof["device"]["flops_s"] is None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
+from vllm_doctor.analysis.records import TwinAB
 from vllm_doctor.checks import codes_for, run_checks
 from vllm_doctor.checks.perf import LintFacts
 from vllm_doctor.compat.perf_source import scan_class
@@ -134,7 +135,7 @@ def fused_layers() -> list[Projection]:
 
 def findings(perf: PerfAnatomy | None, twin: dict[str, Any] | None = None) -> dict[str, list[Any]]:
     out: dict[str, list[Any]] = {}
-    for f in run_checks(LintFacts(perf, twin=twin), codes_for("performance")):
+    for f in run_checks(LintFacts(perf, twin=TwinAB.of(twin) if twin else None), codes_for("performance")):
         out.setdefault(f.code, []).append(f)
     return out
 

@@ -20,7 +20,9 @@ from typing import Any
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.anatomy import CompileState
 from vllm_doctor.facts.kv import KvSpec
+from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.wire import Record
+from vllm_doctor.model import Report
 
 __all__ = ["CompileState", "Record"]  # and every record below
 
@@ -1016,5 +1018,33 @@ class WorkloadRun(Record):
     host_start_s: float | None = field(
         default=None, metadata=_doc("the workload's start on the host's monotonic clock (perf_counter)")
     )
-    images_per_prompt: int | None = field(default=None, metadata=_doc("a multimodal model's images in each prompt"))
-    image_size: list[int] | None = field(default=None, metadata=_doc("the images' [width, height]"))
+    # a multimodal model's workload only (absent from a text model's report)
+    images_per_prompt: int | None = field(
+        default=None, metadata=wire.rules(omit_none=True, doc="a multimodal model's images in each prompt")
+    )
+    image_size: list[int] | None = field(
+        default=None, metadata=wire.rules(omit_none=True, doc="the images' [width, height]")
+    )
+    images_error: str | None = field(
+        default=None, metadata=wire.rules(omit_none=True, doc="why the workload ran without images")
+    )
+
+
+# ---- the report's sections -----------------------------------------------------------------------
+
+# the records the report's sections hold: (section, key) -> record. A Report keeps them as records
+# from where they are built to report.json (Report.to_dict writes them; read_report reads them back)
+SECTIONS: dict[tuple[str, str], type[Record]] = {
+    ("facts", "engine"): EngineAnatomy,
+    ("facts", "engine_diagnosis"): EngineAnatomy,
+    ("facts", "perf"): PerfAnatomy,
+    ("profiles", "engine"): EngineProfile,
+    ("profiles", "workload"): WorkloadRun,
+    ("profiles", "twin"): TwinAB,
+}
+
+
+def read_report(data: dict[str, Any]) -> Report:
+    """A report from its JSON (report.json, ``check --json``), each section that has a record
+    read into it (leniently: an older report's missing keys read as their defaults)."""
+    return Report.from_dict(data, {where: record.of for where, record in SECTIONS.items()})

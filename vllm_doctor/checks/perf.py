@@ -16,7 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_doctor.analysis.records import TwinAB, TwinKind
 from vllm_doctor.checks.base import CATALOGUE, Emit, check, codes_for, gate, run_checks, select_codes
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.perf import PerfAnatomy, Projection
 from vllm_doctor.model import Finding, Report, Severity, Stage
 
@@ -51,9 +53,10 @@ def _times(n: int) -> str:
     return "" if n <= 1 else f" (x{n} layers)"
 
 
-def _twin(facts: Any) -> dict[str, Any] | None:
+def _twin(facts: Any) -> TwinAB | None:
+    """The A/B the lint may quote: one that ran (None: no A/B, or it says why none ran)."""
     twin = getattr(facts, "twin", None)
-    return twin if isinstance(twin, dict) and twin.get("architecture") and not twin.get("none") else None
+    return twin if isinstance(twin, TwinAB) and twin.architecture and not twin.none else None
 
 
 # where the A/B counts a projection's time, by its role (the per-layer profile's kind of the module
@@ -75,10 +78,10 @@ MEASURED_AS: dict[str, tuple[str, ...]] = {
 MIXERS = ("attention", "mla", "state")
 
 
-def _measured(facts: Any, role: str) -> tuple[str, dict[str, Any]] | None:
+def _measured(facts: Any, role: str) -> tuple[str, TwinKind] | None:
     """(kind, its A/B entry) where ``role``'s time is counted, or None without an A/B."""
     twin = _twin(facts)
-    kinds = {str(k).lower(): v for k, v in ((twin or {}).get("kinds") or {}).items() if isinstance(v, dict)}
+    kinds = {str(k).lower(): v for k, v in (twin.kinds if twin is not None else {}).items()}
     if not kinds:
         return None
     order = MEASURED_AS.get(role, (role,))
@@ -86,7 +89,7 @@ def _measured(facts: Any, role: str) -> tuple[str, dict[str, Any]] | None:
         order = ("dense", "decoder")
     for kind in order:
         entry = kinds.get(kind)
-        if entry is not None and isinstance(entry.get("ratio"), (int, float)) and entry["ratio"] > 0:
+        if entry is not None and entry.ratio is not None and entry.ratio > 0:
             return kind, entry
     return None
 
@@ -97,9 +100,9 @@ def _kind_cost(facts: Any, role: str) -> str:
     if got is None:
         return ""
     kind, entry = got
-    what = entry.get("covers") or f"{kind} time"
-    arch = (_twin(facts) or {}).get("architecture")
-    return f"; measured (profile --twin): {what} {entry['ratio']:.2f}x vLLM's {arch}"
+    what = entry.covers or f"{kind} time"
+    twin = _twin(facts)
+    return f"; measured (profile --twin): {what} {entry.ratio or 0:.2f}x vLLM's {twin and twin.architecture}"
 
 
 def _kind_evidence(facts: Any, role: str) -> dict[str, Any]:
@@ -107,7 +110,9 @@ def _kind_evidence(facts: Any, role: str) -> dict[str, Any]:
     if got is None:
         return {}
     kind, entry = got
-    return {"measured": {"kind": kind, **entry, "twin": (_twin(facts) or {}).get("architecture")}}
+    twin = _twin(facts)
+    # a finding's evidence is report.json's (JSON): the A/B's entry as the report writes it
+    return {"measured": {"kind": kind, **wire.write(entry), "twin": twin and twin.architecture}}
 
 
 @gate("perf", after_import=True)
@@ -297,12 +302,12 @@ def check_plain_layers(facts: Any, emit: Emit) -> Iterable[Finding]:
         )
 
 
-def _phase_costs(twin: dict[str, Any]) -> str:
+def _phase_costs(twin: TwinAB) -> str:
     parts = []
     for phase in ("prefill", "decode", "mixed"):
-        entry = (twin.get("phases") or {}).get(phase)
-        ratio = entry.get("step_ratio") if isinstance(entry, dict) else None
-        if isinstance(ratio, (int, float)) and ratio > 0:
+        entry = twin.phases.get(phase)
+        ratio = entry.step_ratio if entry is not None else None
+        if ratio is not None and ratio > 0:
             parts.append(f"{phase} step {ratio:.2f}x")
     return ", ".join(parts)
 
@@ -345,11 +350,11 @@ def check_compiled(facts: Any, emit: Emit) -> Iterable[Finding]:
     measured = ""
     evidence: dict[str, Any] = {"root_class": perf.root_class}
     twin = _twin(facts)
-    if twin is not None and (twin.get("compiled") or {}).get("twin"):
+    if twin is not None and twin.compiled.twin:
         costs = _phase_costs(twin)
         if costs:
-            measured = f"; measured against vLLM's {twin['architecture']} (compiled), same workload: {costs}"
-            evidence["measured"] = {"twin": twin["architecture"], "phases": twin.get("phases")}
+            measured = f"; measured against vLLM's {twin.architecture} (compiled), same workload: {costs}"
+            evidence["measured"] = {"twin": twin.architecture, "phases": wire.write(twin.phases)}
     yield emit.warn(
         f"no class of {perf.root_class.rpartition('.')[2]} has @support_torch_compile: vLLM runs it uncompiled "
         f"in its default mode while its in-tree decoders compile{measured}",
@@ -585,21 +590,21 @@ class LintFacts:
 
     perf: PerfAnatomy | None
     perf_error: str | None = None
-    twin: dict[str, Any] | None = None
+    twin: TwinAB | None = None
 
 
 def rerun_with_measurements(report: Report) -> None:
     """Run the performance lint again on ``report.facts["perf"]`` with what was measured since
     (``report.profiles["twin"]``), replacing its VD6xx findings (in place). A report without a
     module tree is left as it is."""
-    wire = report.facts.get("perf")
-    if not isinstance(wire, dict):
+    perf = report.facts.get("perf")
+    if not isinstance(perf, PerfAnatomy):
         return
     ran = {f.code for f in report.findings if f.code in CATALOGUE and CATALOGUE[f.code].meta.topic == "performance"}
     if not ran:
         return
     twin = report.profiles.get("twin")
-    measured = LintFacts(PerfAnatomy.of(wire), twin=twin if isinstance(twin, dict) else None)
+    measured = LintFacts(perf, twin=twin if isinstance(twin, TwinAB) else None)
     fresh = run_checks(measured, sorted(ran))
     kept = [f for f in report.findings if f.code not in ran]
     report.findings = sorted(kept + fresh, key=lambda f: (f.code, f.subject))

@@ -80,7 +80,7 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vllm_doctor.files import json_text, write_json_atomic
-    from vllm_doctor.report.profile import render_anatomy
+    from vllm_doctor.report.profile import answered_anatomy, render_anatomy
     from vllm_doctor.report.text import render
     from vllm_doctor.stages.engine import Workload, diagnose_engine
     from vllm_doctor.stages.static import CheckOptions, diagnose
@@ -113,8 +113,8 @@ def run(args: argparse.Namespace) -> int:
         print(render(report, verbose=args.verbose))
         if args.engine:
             print()
-            anatomy = report.facts.get("engine") or {}
-            if anatomy.get("workers"):
+            anatomy = answered_anatomy(report)
+            if anatomy is not None:
                 print(render_anatomy(anatomy))
             print_engine_outcome(report)
     if any(f.outcome.value == "crash" for f in report.findings):

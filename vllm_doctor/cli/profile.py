@@ -87,7 +87,7 @@ def add_parser(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_doctor.report.profile import render_anatomy, render_profile, render_twin
+    from vllm_doctor.report.profile import answered_anatomy, render_anatomy, render_profile, render_twin
     from vllm_doctor.stages.engine import Workload, diagnose_engine
 
     progress = progress_printer(args.quiet)
@@ -114,8 +114,8 @@ def run(args: argparse.Namespace) -> int:
     if twin_report is not None:
         paths += write_reports(out / "twin", twin_report)
     progress("wrote " + ", ".join(str(p) for p in paths))
-    anatomy = report.facts.get("engine") or {}
-    if anatomy.get("workers"):
+    anatomy = answered_anatomy(report)
+    if anatomy is not None:
         print(render_anatomy(anatomy))
     print_engine_outcome(report)
     failure = report.facts.get("engine_failure")

@@ -246,11 +246,11 @@ def build_engine_report(
     # the performance lint on the worker's real model (its static run reads the meta-device build)
     if checked.perf is not None:
         findings += run_checks(checked, perf_codes(select, ignore))
-        report.facts["perf"] = checked.perf.to_json()
+        report.facts["perf"] = checked.perf
     report.findings = sorted(findings, key=lambda f: (f.code, f.subject))
     report.environment = environment.collect()
-    # the report holds JSON (report.json's shape): each record written once here, read by its readers
-    report.facts["engine"] = anatomy(facts).to_json()
+    # the report holds the records; Report.to_dict writes them (report.json, a recording)
+    report.facts["engine"] = anatomy(facts)
     report.facts["engine_mode"] = facts.mode or None
     if facts.mode:  # a served engine that was attached to does not say how it runs
         report.facts["engine_mode_text"] = facts.mode_text()
@@ -258,7 +258,7 @@ def build_engine_report(
     if failure:
         report.facts["engine_failure"] = failure
     if checked is not facts:
-        report.facts["engine_diagnosis"] = anatomy(checked).to_json()
-    report.profiles["engine"] = summarize(facts, timeline=timeline).to_json()
+        report.facts["engine_diagnosis"] = anatomy(checked)
+    report.profiles["engine"] = summarize(facts, timeline=timeline)
     report.timings.update(timings or {})
     return report

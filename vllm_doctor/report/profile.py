@@ -28,11 +28,18 @@ from vllm_doctor.analysis.records import (
 )
 from vllm_doctor.analysis.roofline import KV_NOTES, fmt_rate, fmt_si_bytes, phase_text
 from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
+from vllm_doctor.model import Report
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
 
 
 def _short(qualname: Any) -> str:
     return str(qualname).rsplit(".", 1)[-1] if qualname else "?"
+
+
+def answered_anatomy(report: Report) -> EngineAnatomy | None:
+    """The engine's anatomy where its workers answered (None: no engine ran, or none answered)."""
+    anatomy = report.facts.get("engine")
+    return anatomy if isinstance(anatomy, EngineAnatomy) and anatomy.workers else None
 
 
 def render_anatomy(anatomy: EngineAnatomy | dict[str, Any] | None) -> str:

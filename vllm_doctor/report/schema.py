@@ -13,17 +13,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, TwinAB, WorkloadRun
+from vllm_doctor.analysis.records import SECTIONS
 from vllm_doctor.model import SCHEMA_VERSION
 
 COMMAND = "python -m vllm_doctor.report.schema --write docs/report-schema.json"
-# the records the report's sections hold: (section, key, record)
-SECTIONS = (
-    ("facts", "engine", EngineAnatomy),
-    ("profiles", "engine", EngineProfile),
-    ("profiles", "workload", WorkloadRun),
-    ("profiles", "twin", TwinAB),
-)
 
 REQUIRED = ("schema_version", "tool", "target", "environment", "summary", "findings", "timings", "facts", "profiles")
 FINDING: dict[str, Any] = {
@@ -65,7 +58,7 @@ def report_schema() -> dict[str, Any]:
     """The JSON schema of report.json (``Report.to_dict()``)."""
     sections: dict[str, dict[str, Any]] = {"facts": {}, "profiles": {}}
     defs: dict[str, Any] = {"finding": FINDING}
-    for section, key, record in SECTIONS:
+    for (section, key), record in SECTIONS.items():  # the records the report's sections hold
         defs[record.__name__] = record.json_schema()
         sections[section][key] = {"$ref": f"#/$defs/{record.__name__}"}
     return {

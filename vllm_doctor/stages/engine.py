@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.analysis.records import EngineProfile
+from vllm_doctor.analysis.records import EngineProfile, WorkloadRun
 from vllm_doctor.checks.perf import perf_codes
 from vllm_doctor.constants import DOCTOR_ENV, GRAPH_TIMING_ENV, SWITCH_ON
 from vllm_doctor.errors import DoctorInputError
@@ -423,11 +423,13 @@ def engine_report(
     result.facts.reference_shapes = reference_shapes or None
     report = build_engine_report(result.facts, target, select, ignore)
     report.facts["engine_log"] = result.log_path
-    report.profiles["workload"] = result.workload
+    workload = WorkloadRun.of(result.workload)
+    report.profiles["workload"] = workload
     engine = report.profiles.get("engine")
-    accounting = time_accounting(EngineProfile.of(engine), result.workload)
-    if accounting is not None and isinstance(engine, dict):
-        engine["time_accounting"] = accounting.to_json()
+    if isinstance(engine, EngineProfile):
+        accounting = time_accounting(engine, workload)
+        if accounting is not None:
+            report.profiles["engine"] = replace(engine, time_accounting=accounting)
     report.profiles["engine_kwargs"] = result.engine_kwargs
     if result.deep:
         report.profiles["torch_profiler"] = result.deep

@@ -187,7 +187,7 @@ def diagnose(model: str, options: CheckOptions | None = None, progress: Progress
         "weights": weights_report(facts),
     }
     if facts.perf is not None:  # the performance lint's module tree (a later A/B re-runs VD6xx on it)
-        report.facts["perf"] = facts.perf.to_json()
+        report.facts["perf"] = facts.perf
     return report
 
 

@@ -150,7 +150,7 @@ def _ran(report: Report) -> str | None:
 
 
 def _put(report: Report, ab: TwinAB) -> None:
-    report.profiles[TWIN] = ab.to_json()
+    report.profiles[TWIN] = ab
 
 
 def profile_with_twin(

@@ -1,0 +1,107 @@
+"""A report holds records inside the process: the engine's anatomy and profile, the workload, the
+A/B and the performance lint's module tree are records from where they are built to where the
+report is written (``Report.to_dict``) or read back (``read_report``); report.json keeps its keys.
+
+Plain data: the engine's facts as a worker's replies would hold them; the recorded reports under
+tests/fixtures/reports (written by earlier doctors) are read as they are.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from vllm_doctor.analysis.records import SECTIONS, EngineAnatomy, EngineProfile, TwinAB, WorkloadRun, read_report
+from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.live.attach import build_engine_report
+from vllm_doctor.model import Report
+
+ROOT = Path(__file__).resolve().parents[2]
+# the recorded reports whose findings this doctor reads (older_minimal's has an outcome it retired)
+RECORDED = [p for p in sorted((ROOT / "tests" / "fixtures" / "reports").glob("*.json")) if p.stem != "older_minimal"]
+
+
+def _engine_report_facts() -> EngineFacts:
+    steps = [
+        {"index": i, "t": 0.01 * i, "phase": "prefill" if i == 0 else "decode", "total_tokens": 4, "num_reqs": 2,
+         "prefill_tokens": 4 if i == 0 else 0, "decode_tokens": 0 if i == 0 else 2, "step_s": 0.01, "forward_s": 0.008,
+         "kv_blocks_used": 2}
+        for i in range(4)
+    ]  # fmt: skip
+    profile = {"profiling": True, "clock": "wall_clock", "layers_on": True, "steps": steps, "num_blocks": 11}
+    anatomy = {"rank": 0, "pid": 5, "device": "cpu", "model_class": "p.M"}
+    facts = EngineFacts(
+        front_end={"pid": 5, "engine_core_in_process": True, "engine_core_pids": [5]},
+        workers=[WorkerFacts(rank=0, parts={"profile": profile, "anatomy": anatomy})],
+    )
+    return facts
+
+
+def _engine_report() -> Report:
+    return build_engine_report(_engine_report_facts(), "/models/x")
+
+
+def test_the_engine_report_holds_records_and_writes_their_json() -> None:
+    report = _engine_report()
+    assert isinstance(report.profiles["engine"], EngineProfile)
+    assert isinstance(report.facts["engine"], EngineAnatomy)
+    assert report.profiles["engine"].phases["decode"].steps == 3  # read by attribute, no JSON between
+    data = report.to_dict()
+    assert data["profiles"]["engine"] == report.profiles["engine"].to_json()
+    assert data["facts"]["engine"] == report.facts["engine"].to_json()
+    assert json.loads(json.dumps(data)) == data  # JSON-able as it is
+
+
+def test_a_report_read_back_holds_the_same_records_and_writes_the_same_json() -> None:
+    report = _engine_report()
+    report.profiles["workload"] = WorkloadRun(prompts=2, generated_tokens=8, wall_s=0.5)
+    report.profiles["twin"] = TwinAB(none="no in-tree twin")
+    data = json.loads(json.dumps(report.to_dict()))
+    again = read_report(data)
+    assert again.profiles == report.profiles and again.facts == report.facts
+    assert again.to_dict() == data
+    assert "images_per_prompt" not in data["profiles"]["workload"]  # a text model's workload, as before
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
+def test_a_recorded_report_reads_into_records(path: Path) -> None:
+    data = json.loads(path.read_text(encoding="utf-8"))
+    report = read_report(data)
+    held = 0
+    for (section, key), record in SECTIONS.items():
+        if key in data.get(section, {}):
+            assert isinstance(getattr(report, section)[key], record), (section, key)
+            held += 1
+    assert held or not (data.get("profiles") or data["facts"].get("engine"))
+    for section in ("facts", "profiles"):  # the entries without a record stay as report.json has them
+        for key, value in data.get(section, {}).items():
+            if (section, key) not in SECTIONS:
+                assert getattr(report, section)[key] == value
+
+
+def test_the_workload_keeps_a_multimodal_runs_keys() -> None:
+    sent = {"prompts": 2, "input_len": 16, "output_len": 4, "generated_tokens": 8, "wall_s": 0.5,
+            "host_start_s": 1.0, "output_tokens_per_s": 16.0, "images_per_prompt": 1, "image_size": [64, 48]}  # fmt: skip
+    assert WorkloadRun.of(sent).to_json() == sent
+    failed = {**sent, "images_per_prompt": None, "image_size": None, "images_error": "PIL missing"}
+    assert WorkloadRun.of(failed).to_json() == {k: v for k, v in failed.items() if v is not None}
+
+
+def test_the_engine_stage_puts_the_time_accounting_into_the_profile_record() -> None:
+    """stages/engine.engine_report adds the workload and the time accounting to the profile it
+    built: as records (the profile replaced with its accounting), written once in report.json."""
+    from vllm_doctor.stages.engine import EngineStageResult, engine_report
+
+    facts = _engine_report_facts()
+    workload = {"prompts": 2, "input_len": 4, "output_len": 2, "generated_tokens": 4, "wall_s": 0.1,
+                "host_start_s": 1.0, "output_tokens_per_s": 40.0}  # fmt: skip
+    result = EngineStageResult(facts=facts, workload=workload, timings={}, log_path=None, engine_kwargs={})
+    report = engine_report(result, "/models/x")
+    profile, run = report.profiles["engine"], report.profiles["workload"]
+    assert isinstance(profile, EngineProfile) and isinstance(run, WorkloadRun)
+    assert profile.time_accounting is not None and profile.time_accounting.steps_s == pytest.approx(0.04)
+    data = report.to_dict()
+    assert data["profiles"]["workload"] == workload
+    assert data["profiles"]["engine"]["time_accounting"]["steps_s"] == pytest.approx(0.04)
