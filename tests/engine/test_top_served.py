@@ -28,7 +28,7 @@ from vllm_doctor.live.attach import served_engine as engine_at
 from vllm_doctor.live.channel import ChannelHandle
 from vllm_doctor.live.derive import Deriver
 from vllm_doctor.live.record import ReplaySource
-from vllm_doctor.live.sources import Frame, LiveSource, ModelChannel
+from vllm_doctor.live.sources import Frame, LiveSource, ModelChannel, ModelSummary
 from vllm_doctor.tui.top_app import HelpScreen, Panel, StatusBar, TopApp
 
 pytestmark = [
@@ -66,13 +66,13 @@ def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: 
             gen0 = first.metrics.values.get("generation_tokens", 0.0)
             req0 = first.metrics.values.get("requests", 0.0)
             # the model channel attaches before the traffic, so its profile sees these steps
-            await wait_for(pilot, app, lambda f: bool(f.model and f.model.get("available")), timeout=60)
+            await wait_for(pilot, app, lambda f: bool(f.model and f.model.available), timeout=60)
             done = await _complete_async(served_engine, 4, 8)
             generated = sum(c["usage"]["completion_tokens"] for c in done)
             frame = await wait_for(
                 pilot,
                 app,
-                lambda f: f.metrics.values.get("requests", 0) >= req0 + 4 and bool(f.model and f.model.get("steps")),
+                lambda f: f.metrics.values.get("requests", 0) >= req0 + 4 and bool(f.model and f.model.steps),
             )
             m = frame.metrics
             assert generated == 32
@@ -87,7 +87,7 @@ def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: 
             assert "end-to-end" in latency and "    4 " in latency
             model_text = panel_text(app, "model")
             assert "TinyDoctorForCausalLM" in model_text and "decode" in model_text
-            assert frame.model is not None and frame.model["phases"]["decode"]["steps"] > 0
+            assert frame.model is not None and frame.model.phases["decode"].steps > 0
             # keys: pause is visible, help names the metric, zoom shows one panel, 80x24 hides two
             await pilot.press("p")
             assert "PAUSED" in app.query_one(StatusBar).plain
@@ -128,7 +128,7 @@ def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: 
     replay = ReplaySource(record)
     frames = [replay.poll() for _ in range(len(replay.records))]
     assert frames[-1].metrics.latency["e2e"] is not None and frames[-1].metrics.latency["e2e"].n == 4
-    assert frames[-1].model is not None and frames[-1].model["available"]
+    assert frames[-1].model is not None and frames[-1].model.available
 
 
 def test_the_model_channel_gathers_windows_not_everything_since_the_attach(served_engine: ServedEngine) -> None:
@@ -181,11 +181,12 @@ def test_the_model_channel_asks_for_the_profile_each_window_and_the_rest_once_a_
     assert seen.count("doctor_collect") >= 6, seen
     for part in ("doctor_anatomy", "doctor_placement", "doctor_kv", "doctor_memory"):
         assert seen.count(part) == 1, (part, seen)
-    assert latest["available"] and latest["steps"], latest
-    assert latest["model_class"] and latest["kv"]["num_blocks"], latest  # the reused parts are there
-    doctor = latest["doctor"]  # the worker's own clock: this window's steps and the calls served in it
-    assert doctor["rpc_s"] > 0 and doctor["window_s"] > 0, doctor  # the previous gather's own time, at least
-    assert 0 < doctor["worker_share"] < 1 and doctor["per_step_s"] > 0, doctor
+    assert latest.available and latest.steps, latest
+    assert latest.model_class and latest.kv.num_blocks, latest  # the reused parts are there
+    doctor = latest.doctor  # the worker's own clock: this window's steps and the calls served in it
+    assert doctor is not None, latest
+    assert (doctor.rpc_s or 0) > 0 and (doctor.window_s or 0) > 0, doctor  # the previous gather's own time, at least
+    assert doctor.worker_share is not None and 0 < doctor.worker_share < 1 and doctor.per_step_s > 0, doctor
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP], ids=["kill", "terminal-closed"])
@@ -283,7 +284,7 @@ def test_server_killed_and_restarted_goes_stale_then_counts_one_restart(served_e
     before = source.poll()
     assert before.metrics.ok and before.metrics.values["generation_tokens"] > 0
     old_pids = {p.pid for p in ChannelHandle(served_engine.base).procs}
-    _wait_model(model, lambda m: m["steps"] > 0, "the first server's steps", lambda: served_engine.complete("a", 2))
+    _wait_model(model, lambda m: m.steps > 0, "the first server's steps", lambda: served_engine.complete("a", 2))
     served_engine.stop()
     stale = [source.poll() for _ in range(3)]
     assert all(f.metrics.stale for f in stale) and stale[-1].metrics.age_s is not None
@@ -298,17 +299,17 @@ def test_server_killed_and_restarted_goes_stale_then_counts_one_restart(served_e
     assert nxt.metrics.restarts == 1 and nxt.metrics.rates["gen_tps"] is not None and nxt.metrics.rates["gen_tps"] > 0
     assert all(v is None or v >= 0 for h in nxt.metrics.history.values() for v in h)
     try:  # the model panel: the new server's workers, through their new channel
-        _wait_model(model, lambda m: m["steps"] > 0 and "trying again" not in m["reason"], "the new server's steps",
+        _wait_model(model, lambda m: m.steps > 0 and "trying again" not in m.reason, "the new server's steps",
                     lambda: served_engine.complete("again", 2), timeout=240)  # fmt: skip
         new_pids = {p.pid for p in ChannelHandle(served_engine.base).procs}
         assert new_pids and not new_pids & old_pids
-        assert {p["pid"] for p in model.latest["processes"]} <= new_pids  # read from the new server's workers
+        assert {p.pid for p in model.latest.processes} <= new_pids  # read from the new server's workers
     finally:
         model.close()
 
 
 def _wait_model(
-    model: ModelChannel, ok: Callable[[dict], bool], what: str, load: Callable[[], object], timeout: float = 120
+    model: ModelChannel, ok: Callable[[ModelSummary], bool], what: str, load: Callable[[], object], timeout: float = 120
 ) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

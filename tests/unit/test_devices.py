@@ -152,7 +152,7 @@ def test_frame_json_round_trip() -> None:
                         (GpuProcess(7, 2**29, "python3"), GpuProcess(8, None, ""))),),
         processes=(ProcSample(7, "worker", None, 123, 4), ProcSample(8, "engine core", 12.5, 456, 9)),
     )
-    assert DevicesFrame.from_json(json.loads(json.dumps(frame.to_json()))) == frame
+    assert DevicesFrame.of(json.loads(json.dumps(frame.to_json()))) == frame
 
 
 # --- the gateway's degradation: an old driver without some functions. No such driver exists

@@ -105,3 +105,31 @@ def test_the_engine_stage_puts_the_time_accounting_into_the_profile_record() -> 
     data = report.to_dict()
     assert data["profiles"]["workload"] == workload
     assert data["profiles"]["engine"]["time_accounting"]["steps_s"] == pytest.approx(0.04)
+
+
+def test_a_frame_holds_records_and_a_recording_gives_them_back(tmp_path: Path) -> None:
+    """top's frame holds the devices and the model panel's summary as records; the recorder
+    writes their JSON (the edge) and a replay reads the same records back."""
+    import gzip
+
+    from vllm_doctor.live.derive import Deriver
+    from vllm_doctor.live.devices import DevicesFrame, GpuProcess, GpuSample, ProcSample
+    from vllm_doctor.live.record import Recorder, ReplaySource
+    from vllm_doctor.live.sources import Frame, ModelSummary, model_summary
+
+    gpu = GpuSample(0, "H200", "GPU-a", 50.0, 10.0, 2**30, 2**34, 300.0, 700.0, 60.0, 1980, 2619,
+                    (GpuProcess(7, 2**29, "python"),))  # fmt: skip
+    devices = DevicesFrame(1.0, True, "", (gpu,), (ProcSample(7, "worker 0", 99.0, 2**28, 12),))
+    model = model_summary(_engine_report())
+    assert isinstance(model, ModelSummary) and model.phases["decode"].steps == 3
+    text = "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n"
+    frame = Frame(seq=1, t=1.0, url="http://127.0.0.1:1", interval_s=1.0, metrics=Deriver().update(1.0, text),
+                  devices=devices, model=model, raw=text)  # fmt: skip
+    path = tmp_path / "r.jsonl.gz"
+    rec = Recorder(path, {"url": frame.url, "interval_s": 1.0})
+    rec.write(frame)
+    rec.close()
+    line = json.loads(gzip.open(path).read().splitlines()[1])
+    assert line["devices"] == devices.to_json() and line["model"] == model.to_json()
+    again = ReplaySource(path).poll()
+    assert again.devices == devices and again.model == model

@@ -29,6 +29,7 @@ from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.facts.kv import HfShape, KvCache, KvGroup, KvSpec
 from vllm_doctor.facts.memory import MemoryFacts
 from vllm_doctor.facts.placement import DevicePlace, Placement
+from vllm_doctor.model import Report
 from vllm_doctor.report.profile import render_roofline
 
 LLAMA3_8B = DecoderShape(
@@ -225,7 +226,7 @@ def test_tops_model_panel_draws_a_roofline_line_that_fits_its_width() -> None:
     frame = ReplaySource(Path(__file__).resolve().parents[1] / "data" / "top" / "loaded.jsonl.gz").poll()
 
     def panel(step_s: float, width: int) -> list[str]:
-        summary = model_summary({"profiles": {"engine": summarize(EngineFacts(workers=[_worker(step_s, H200)]))}})
+        summary = model_summary(Report("t", profiles={"engine": summarize(EngineFacts(workers=[_worker(step_s, H200)]))}))
         return model_panel(dataclasses.replace(frame, model=summary), width).plain.splitlines()
 
     wide = [line for line in panel(7.5e-3, 96) if line.startswith("roofline ")]

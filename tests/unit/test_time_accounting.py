@@ -7,8 +7,10 @@ import dataclasses
 import pytest
 
 from vllm_doctor.analysis.engine import idle_between_steps, phase_summary, time_accounting
+from vllm_doctor.analysis.records import EngineProfile
 from vllm_doctor.facts.steps import StepTable
 from vllm_doctor.live.sources import model_summary
+from vllm_doctor.model import Report
 from vllm_doctor.report.html import phases_table
 from vllm_doctor.report.profile import accounting_text, render_profile
 from vllm_doctor.tui.panels import model_panel
@@ -89,7 +91,7 @@ def test_reports_and_top_name_the_clock() -> None:
     assert "forward 7.20 ms (97% of its steps)" in text and "  time          steps add up to" in text
     assert "device clock (CUDA events)" in phases_table(profile, None)
     assert clock_name("wall_clock") == "wall clock (the CPU is the device)"
-    model = model_summary({"profiles": {"engine": {**profile, "available": True}}})
+    model = model_summary(Report("t", profiles={"engine": EngineProfile.of({**profile, "available": True})}))
     assert model.clock == "cuda_events"
     panel = model_panel(type("F", (), {"model": model})(), 60).plain  # type: ignore[arg-type]
     assert "times on the device clock (CUDA events)" in panel and "p50 step 7.40 ms" in panel
@@ -132,7 +134,8 @@ def test_tops_model_panel_shows_the_encoders_time_where_a_phase_ran_it() -> None
         "prefill": {"steps": 1, "step_s_mean": 0.6875, "encoder_steps": 1, "encoder_s": 0.22574, "encoder_step_s": 0.6875},
         "decode": {"steps": 127, "step_s_mean": 0.01469},
     }
-    model = model_summary({"profiles": {"engine": {"clock": "cuda_events", "phases": phases, "available": True}}})
+    engine = EngineProfile.of({"clock": "cuda_events", "phases": phases, "available": True})
+    model = model_summary(Report("t", profiles={"engine": engine}))
     lines = model_panel(type("F", (), {"model": model})(), 60).plain.splitlines()  # type: ignore[arg-type]
     assert [x for x in lines if x.startswith("encoder ")] == ["encoder prefill 225.74 ms in 1 step(s) = 33 %"]
     narrow = model_panel(type("F", (), {"model": model})(), 40).plain.splitlines()  # type: ignore[arg-type]

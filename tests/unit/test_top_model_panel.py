@@ -18,7 +18,7 @@ from vllm_doctor.tui.panels import model_panel
 def _panel(**summary: Any) -> str:
     model = ModelSummary(available=True, model_class="pkg.TinyDoctorForCausalLM", steps=200, **summary)
     frame = Frame(
-        seq=1, t=0.0, url="u", interval_s=1.0, metrics=Deriver().update(0.0, exposition()), model=model.to_json()
+        seq=1, t=0.0, url="u", interval_s=1.0, metrics=Deriver().update(0.0, exposition()), model=model
     )
     return model_panel(frame, 80).plain
 

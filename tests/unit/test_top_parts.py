@@ -17,7 +17,7 @@ import pytest
 from rich.text import Text
 
 from vllm_doctor.live.record import ReplaySource
-from vllm_doctor.live.sources import EnginePids, LiveSource, Scraper
+from vllm_doctor.live.sources import EnginePids, LiveSource, ModelSummary, Scraper
 from vllm_doctor.tui.panels import (
     PANELS,
     buckets,
@@ -205,9 +205,9 @@ def test_the_model_panel_says_which_window_its_numbers_are_from() -> None:
     frame = ReplaySource(DATA / "loaded.jsonl.gz").poll()
     model = {"available": True, "model_class": "pkg.TinyForCausalLM", "steps": 40, "window_s": 5.0, "as_of": 1.0,
              "phases": {"decode": {"steps": 40, "forward_s_mean": 0.002, "step_s_p50": 0.003}}, "findings": []}
-    live = model_panel(dataclasses.replace(frame, model=model), 60).plain
+    live = model_panel(dataclasses.replace(frame, model=ModelSummary.of(model)), 60).plain
     assert live.splitlines()[0] == "TinyForCausalLM  last 5 s" and "decode" in live
-    quiet = model_panel(dataclasses.replace(frame, model={**model, "quiet_s": 12.0}), 60).plain
+    quiet = model_panel(dataclasses.replace(frame, model=ModelSummary.of({**model, "quiet_s": 12.0})), 60).plain
     assert quiet.splitlines()[0] == "TinyForCausalLM  idle; last steps 12 s ago (5 s)"
     assert "   40 steps" in quiet  # the last window that ran steps stays on screen
 
@@ -217,10 +217,10 @@ def test_the_model_panel_says_what_the_doctor_took_of_the_worker() -> None:
     model = {"available": True, "model_class": "pkg.TinyForCausalLM", "steps": 40, "window_s": 5.0, "as_of": 1.0,
              "phases": {}, "findings": [],
              "doctor": {"per_step_s": 1.4e-05, "share": 0.004, "rpc_s": 0.0021, "window_s": 5.0, "worker_share": 0.0052}}
-    lines = model_panel(dataclasses.replace(frame, model=model), 70).plain.splitlines()
+    lines = model_panel(dataclasses.replace(frame, model=ModelSummary.of(model)), 70).plain.splitlines()
     assert "doctor 0.52 % of the worker, 14.0 µs/step, calls 2.10 ms" in lines
     # the model panel at 160x48 has 51 columns: the calls' time is left out, nothing is cut
-    narrow = model_panel(dataclasses.replace(frame, model=model), 51).plain.splitlines()
+    narrow = model_panel(dataclasses.replace(frame, model=ModelSummary.of(model)), 51).plain.splitlines()
     assert "doctor 0.52 % of the worker, 14.0 µs/step" in narrow
     older = {k: v for k, v in model.items() if k != "doctor"}  # a recording from before: no line, no error
-    assert not any(line.startswith("doctor ") for line in model_panel(dataclasses.replace(frame, model=older), 70).plain.splitlines())
+    assert not any(line.startswith("doctor ") for line in model_panel(dataclasses.replace(frame, model=ModelSummary.of(older)), 70).plain.splitlines())

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.test_live_metrics import exposition
+from vllm_doctor.live.devices import DevicesFrame
 from vllm_doctor.live.sources import Frame, LiveSource
 from vllm_doctor.tui.panels import devices_panel
 from vllm_doctor.tui.top_app import Panel, StatusBar, TopApp
@@ -98,7 +99,8 @@ def test_the_app_shows_stale_with_the_age_and_greys_the_numbers(metrics_server: 
 def _frame_with_devices(devices: dict) -> Frame:
     from vllm_doctor.live.derive import Deriver
 
-    return Frame(seq=1, t=0.0, url="u", interval_s=1.0, metrics=Deriver().update(0.0, exposition()), devices=devices)
+    return Frame(seq=1, t=0.0, url="u", interval_s=1.0, metrics=Deriver().update(0.0, exposition()),
+                 devices=DevicesFrame.of(devices))  # a recording's JSON of the devices
 
 
 def test_no_nvml_shows_the_reason_and_the_engine_processes() -> None:

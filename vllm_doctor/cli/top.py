@@ -194,9 +194,10 @@ def run_once(url: str, args: argparse.Namespace) -> int:
         print(f"vllm-doctor: error: {frame.metrics.error}", file=sys.stderr)
         return 2
     if args.json:
-        body = {"url": url, "interval_s": args.interval, **frame.metrics.to_json(), "devices": frame.devices}
+        devices = frame.devices.to_json() if frame.devices is not None else None  # --json: the edge
+        body = {"url": url, "interval_s": args.interval, **frame.metrics.to_json(), "devices": devices}
         if model is not None:
-            body["model"] = model
+            body["model"] = model.to_json()
         print(json.dumps(body, indent=2, default=str))
         return 0
     from vllm_doctor.tui.panels import PANELS

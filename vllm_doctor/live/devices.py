@@ -1,9 +1,10 @@
 """The devices side of the live view: every GPU through NVML, and the engine's processes from /proc.
 
-``DeviceSampler.sample()`` returns a frozen ``DevicesFrame`` (JSON round-trippable, so a
-recording replays it). NVML is read in the doctor's own process only, initialised once per
-sampler (``compat.nvml.NvmlSession``) and shut down in ``close()``. On a host without NVML the
-frame says why (``nvml_reason``) and the processes' CPU%, RSS and threads still come.
+``DeviceSampler.sample()`` returns a frozen ``DevicesFrame``, a record (``to_json`` /
+``DevicesFrame.of``: a recording holds its JSON and replays it). NVML is read in the doctor's own
+process only, initialised once per sampler (``compat.nvml.NvmlSession``) and shut down in
+``close()``. On a host without NVML the frame says why (``nvml_reason``) and the processes' CPU%,
+RSS and threads still come.
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from vllm_doctor.compat.nvml import NvmlSession
 from vllm_doctor.facts import wire
@@ -31,7 +31,7 @@ MIN_CPU_INTERVAL_S = 0.25
 
 
 @dataclass(frozen=True)
-class GpuProcess:
+class GpuProcess(wire.Record):
     """A compute process NVML sees on a GPU (``used_memory`` None where the driver hides it)."""
 
     pid: int
@@ -40,7 +40,7 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
-class GpuSample:
+class GpuSample(wire.Record):
     """One GPU at one moment; a reading the driver cannot give is None."""
 
     index: int
@@ -59,7 +59,7 @@ class GpuSample:
 
 
 @dataclass(frozen=True)
-class ProcSample:
+class ProcSample(wire.Record):
     """One engine process from /proc: CPU% since the previous sample (None on the first), RSS bytes, threads."""
 
     pid: int
@@ -70,7 +70,7 @@ class ProcSample:
 
 
 @dataclass(frozen=True)
-class DevicesFrame:
+class DevicesFrame(wire.Record):
     """Everything the devices panel draws at time ``t`` (seconds since the epoch)."""
 
     t: float
@@ -78,13 +78,6 @@ class DevicesFrame:
     nvml_reason: str
     gpus: tuple[GpuSample, ...]
     processes: tuple[ProcSample, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> DevicesFrame:
-        return wire.read(cls, d)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ from typing import IO, Any
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.facts import wire
 from vllm_doctor.live.derive import HISTORY_LEN, Deriver
-from vllm_doctor.live.sources import Frame
+from vllm_doctor.live.devices import DevicesFrame
+from vllm_doctor.live.sources import Frame, ModelSummary
 
 FORMAT = "vllm-doctor-top"
 VERSION = 1
@@ -48,12 +49,13 @@ class RecordedRefresh:
     interval_s: float | None = None
     raw: str | None = None  # the /metrics text as scraped
     error: str | None = None  # why the scrape failed
-    devices: dict[str, Any] | None = None  # DevicesFrame.to_json()
-    model: dict[str, Any] | None = None  # the model panel's data
+    devices: DevicesFrame | None = None  # read from its JSON
+    model: ModelSummary | None = None  # the model panel's data, read from its JSON
 
 
 class Recorder:
-    """Appends frames to ``path`` (gzip JSONL), flushed after every line."""
+    """Appends frames to ``path`` (gzip JSONL), flushed after every line: the edge where a
+    frame's records (the devices, the model panel's summary) become their JSON."""
 
     def __init__(self, path: str | os.PathLike[str], header: dict[str, Any]) -> None:
         self.path = Path(path)
@@ -80,8 +82,8 @@ class Recorder:
                 "raw": frame.raw,
                 "error": frame.metrics.error,
                 "derived": frame.metrics.to_json(),
-                "devices": frame.devices,
-                "model": frame.model,
+                "devices": frame.devices.to_json() if frame.devices is not None else None,
+                "model": frame.model.to_json() if frame.model is not None else None,
             }
         )
         self.frames += 1

@@ -31,6 +31,8 @@ from vllm_doctor.analysis.records import (
 from vllm_doctor.compat.http import normalize_url
 from vllm_doctor.facts.anatomy import CompileState
 from vllm_doctor.live.derive import Deriver, MetricsFrame
+from vllm_doctor.live.devices import DevicesFrame
+from vllm_doctor.model import Report, report_order
 from vllm_doctor.units import clip
 
 __all__ = [
@@ -75,7 +77,7 @@ class PanelFinding(Record):
 @dataclass(frozen=True)
 class ModelSummary(Record):
     """What ``top``'s model panel draws of one window (:attr:`ModelChannel.latest`, a frame's
-    ``model``, recorded as its JSON): the engine profile's summaries, bounded."""
+    ``model``; a recording holds its JSON): the engine profile's summaries, bounded."""
 
     available: bool = False
     reason: str = ""
@@ -104,15 +106,16 @@ class ModelSummary(Record):
 
 @dataclass(frozen=True)
 class Frame:
-    """One refresh: what every panel draws."""
+    """One refresh: what every panel draws. Its parts are records; the recorder writes their JSON
+    (:class:`vllm_doctor.live.record.Recorder`) and a replay reads them back."""
 
     seq: int
     t: float
     url: str
     interval_s: float
     metrics: MetricsFrame
-    devices: dict[str, Any] | None = None  # DevicesFrame.to_json() (live/devices.py), or None
-    model: dict[str, Any] | None = None  # ModelChannel.latest, a ModelSummary's JSON (None: the channel is off)
+    devices: DevicesFrame | None = None  # the devices sampler's (None: sampling is off)
+    model: ModelSummary | None = None  # ModelChannel.latest (None: the channel is off)
     raw: str | None = field(default=None, repr=False)  # the scrape as received (recording only)
     replay: dict[str, Any] | None = None  # position in a recording: {"index", "count", "speed"}
     sent: float | None = None  # when the scrape's request went out (``t``: when its reply was read)
@@ -203,7 +206,7 @@ class ModelChannel:
         self.url = url
         self.every_s = every_s
         self.timeout = timeout
-        self.latest: dict[str, Any] = ModelSummary(reason="connecting to the worker extension").to_json()
+        self.latest = ModelSummary(reason="connecting to the worker extension")
         self._read_once = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vllm-doctor-model", daemon=True)
@@ -220,7 +223,7 @@ class ModelChannel:
                 return
             if self._read_once:
                 wait = self.every_s  # it read before it failed: a new server is tried soon
-            self.latest = ModelSummary(reason=clip(f"{reason} (trying again in {wait:.0f} s)", 300)).to_json()
+            self.latest = ModelSummary(reason=clip(f"{reason} (trying again in {wait:.0f} s)", 300))
             self._stop.wait(wait)
             wait = min(MODEL_RETRY_MAX_S, wait * 2)
 
@@ -238,15 +241,15 @@ class ModelChannel:
             while not self._stop.is_set():
                 summary = reader.read()
                 self._read_once = True
-                last = ModelSummary.of(self.latest)
+                last = self.latest
                 if summary.steps and not summary.slowest_layers:
                     # no step of this window was sampled per layer: the last sampled ones stand
                     summary = replace(summary, slowest_layers=last.slowest_layers)
                 if summary.steps or not last.steps:
-                    self.latest = summary.to_json()
+                    self.latest = summary
                 else:  # an idle window: keep the last window that ran steps, say how old it is
                     now = summary.as_of or time.time()
-                    self.latest = replace(last, quiet_s=round(now - (last.as_of or now), 1)).to_json()
+                    self.latest = replace(last, quiet_s=round(now - (last.as_of or now), 1))
                 self._stop.wait(self.every_s)
             return None
         except (ExtensionMissing, DoctorInputError) as exc:
@@ -299,7 +302,7 @@ class WindowReader:
             return ModelSummary(reason=f"{lost}: attached again, a new window starts now", as_of=now)
         # the panel draws summaries: no per-step records, no per-layer trace
         report = build_engine_report(facts, doc.handle.model_name(), timeline=False)
-        summary = replace(model_summary(report.to_dict()), window_s=round(now - self.since, 2), as_of=now)
+        summary = replace(model_summary(report), window_s=round(now - self.since, 2), as_of=now)
         self.since = now
         return summary
 
@@ -364,13 +367,13 @@ class ModelWindow:
             self.reason = clip(str(getattr(exc, "message", exc)), 300)
         return self
 
-    def read(self) -> dict[str, Any]:
+    def read(self) -> ModelSummary:
         if self.reader is None:
-            return ModelSummary(reason=self.reason or "not attached").to_json()
+            return ModelSummary(reason=self.reason or "not attached")
         try:
-            return self.reader.read().to_json()
+            return self.reader.read()
         except Exception as exc:  # the model is optional in --once: say why it is missing
-            return ModelSummary(reason=clip(f"model channel failed: {type(exc).__name__}: {exc}", 300)).to_json()
+            return ModelSummary(reason=clip(f"model channel failed: {type(exc).__name__}: {exc}", 300))
         finally:
             self.close()
 
@@ -380,13 +383,24 @@ class ModelWindow:
             reader.close()
 
 
-def model_summary(report: dict[str, Any], top_layers: int = 5) -> ModelSummary:
-    """What the model panel draws, from an engine report (bounded: no steps, no per-layer rows)."""
-    sections = report.get("profiles") or {}
-    profile = EngineProfile.of(sections.get("engine"))
-    anatomy = EngineAnatomy.of((report.get("facts") or {}).get("engine"))
+def model_summary(report: Report, top_layers: int = 5) -> ModelSummary:
+    """What the model panel draws, from an engine report's records (bounded: no steps, no
+    per-layer rows)."""
+    held, facts = report.profiles.get("engine"), report.facts.get("engine")
+    profile = held if isinstance(held, EngineProfile) else EngineProfile()
+    anatomy = facts if isinstance(facts, EngineAnatomy) else EngineAnatomy()
     slow = sorted(profile.layers.by_layer, key=lambda x: -x.total_s)[:top_layers]
-    findings = [PanelFinding.of(f) for f in report.get("findings") or []]
+    findings = [  # in the report's order (report.json's)
+        PanelFinding(
+            code=f.code,
+            outcome=f.outcome.value,
+            severity=f.severity.value,
+            message=f.message,
+            hint=f.hint,
+            subject=f.subject,
+        )
+        for f in sorted(report.findings, key=report_order)
+    ]
     roof = profile.roofline
     return ModelSummary(
         available=profile.available,
@@ -473,7 +487,7 @@ class EnginePids:
             return [(p.pid, p.label()) for p in discover(url=self.url) if p.role != "other"]
         except (DoctorInputError, OSError):
             pass
-        procs = ModelSummary.of(self.model.latest).processes if self.model is not None else []
+        procs = self.model.latest.processes if self.model is not None else []
         return [(p.pid, p.role) for p in procs if p.pid]
 
 
@@ -548,14 +562,9 @@ class LiveSource:
         devices = None
         if self.devices is not None:
             try:
-                devices = self.devices.sample().to_json()
+                devices = self.devices.sample()
             except Exception as exc:  # the sampler is a gateway; it should not raise, but never take top down
-                devices = {
-                    "nvml_available": False,
-                    "nvml_reason": f"device sampler failed: {exc}",
-                    "gpus": [],
-                    "processes": [],
-                }
+                devices = DevicesFrame(t, False, f"device sampler failed: {exc}", (), ())
         self.seq += 1
         return Frame(
             seq=self.seq,
@@ -564,7 +573,7 @@ class LiveSource:
             interval_s=self.interval_s,
             metrics=metrics,
             devices=devices,
-            model=dict(self.model.latest) if self.model is not None else None,
+            model=self.model.latest if self.model is not None else None,
             raw=text,
             sent=sent,
         )

@@ -191,37 +191,33 @@ def kv_panel(frame: Frame, width: int) -> Text:
 
 
 def devices_panel(frame: Frame, width: int) -> Text:
-    d: dict[str, Any] | None = frame.devices
+    d = frame.devices
     out = Text()
     if d is None:
         out.append("device sampling is off\n", style="dim")
         return out
-    gpus = d.get("gpus") or []
-    if not d.get("nvml_available") or not gpus:
+    if not d.nvml_available or not d.gpus:
         out.append("no NVML: ", style="yellow")
-        out.append(str(d.get("nvml_reason") or "no NVIDIA GPU") + "\n", style="dim")
-    for g in gpus:
-        util = num(g.get("util_gpu_pct"), "{:.0f}", "%")
-        mem = f"{fmt_bytes(g.get('mem_used'))}/{fmt_bytes(g.get('mem_total'))}"
-        out.append(f"GPU{g.get('index')} ", style="cyan")
-        out.append(f"{str(g.get('name') or '')[:20]}\n", style="dim")
+        out.append(str(d.nvml_reason or "no NVIDIA GPU") + "\n", style="dim")
+    for g in d.gpus:
+        util = num(g.util_gpu_pct, "{:.0f}", "%")
+        mem = f"{fmt_bytes(g.mem_used)}/{fmt_bytes(g.mem_total)}"
+        out.append(f"GPU{g.index} ", style="cyan")
+        out.append(f"{str(g.name or '')[:20]}\n", style="dim")
         out.append(f" util {util} mem {mem}\n", style="bold")
-        power = f"{num(g.get('power_w'), '{:.0f}')}/{num(g.get('power_limit_w'), '{:.0f}')} W"
-        clocks = f"sm {num(g.get('sm_clock_mhz'), '{:.0f}')} MHz"
-        out.append(f" {power} {num(g.get('temp_c'), '{:.0f}', '°C')} {clocks}\n")
-        for p in (g.get("processes") or [])[:4]:
-            out.append(
-                f"  pid {p.get('pid')} {str(p.get('name') or '')[:16]} {fmt_bytes(p.get('used_memory'))}\n", style="dim"
-            )
-    procs = d.get("processes") or []
-    if procs:
+        power = f"{num(g.power_w, '{:.0f}')}/{num(g.power_limit_w, '{:.0f}')} W"
+        clocks = f"sm {num(g.sm_clock_mhz, '{:.0f}')} MHz"
+        out.append(f" {power} {num(g.temp_c, '{:.0f}', '°C')} {clocks}\n")
+        for p in g.processes[:4]:
+            out.append(f"  pid {p.pid} {str(p.name or '')[:16]} {fmt_bytes(p.used_memory)}\n", style="dim")
+    if d.processes:
         out.append(f"{'pid':>7} {'role':<12} {'cpu%':>6} {'rss':>11} {'thr':>4}\n", style="cyan")
-        for p in procs[:8]:
+        for q in d.processes[:8]:
             out.append(
-                f"{p.get('pid'):>7} {str(p.get('role') or '')[:12]:<12} {num(p.get('cpu_pct'), '{:.0f}'):>6} "
-                f"{fmt_bytes(p.get('rss')):>11} {num(p.get('threads'), '{:.0f}'):>4}\n"
+                f"{q.pid:>7} {str(q.role or '')[:12]:<12} {num(q.cpu_pct, '{:.0f}'):>6} "
+                f"{fmt_bytes(q.rss):>11} {num(q.threads, '{:.0f}'):>4}\n"
             )
-    elif not gpus:
+    elif not d.gpus:
         out.append("no engine processes known yet\n", style="dim")
     return out
 
@@ -231,7 +227,7 @@ def model_panel(frame: Frame, width: int) -> Text:
     if frame.model is None:
         out.append("model channel off (start the server with VLLM_DOCTOR=1, as this user)\n", style="dim")
         return out
-    model = ModelSummary.of(frame.model)
+    model = frame.model
     if not model.available and not model.steps:
         out.append((model.reason or "not available") + "\n", style="dim")
         return out

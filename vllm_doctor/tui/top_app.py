@@ -31,7 +31,7 @@ from textual.widgets import Footer, Static
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.live.glossary import glossary
 from vllm_doctor.live.record import Recorder
-from vllm_doctor.live.sources import Frame, ModelSummary, Source
+from vllm_doctor.live.sources import Frame, Source
 from vllm_doctor.tui.panels import PANELS, chart_rows, history_key, history_panel, latency_panel
 from vllm_doctor.units import clip
 
@@ -575,7 +575,7 @@ class TopApp(App[None]):
     # -- keys ---------------------------------------------------------------------------------
     def action_help(self) -> None:
         model = self.frame.model if self.frame is not None else None
-        self.push_screen(HelpScreen(ModelSummary.of(model).mode if model else None))
+        self.push_screen(HelpScreen(model.mode if model else None))
 
     def action_pause(self) -> None:
         self.paused = not self.paused
