@@ -159,3 +159,84 @@ def test_observe_counts_what_the_plain_rules_count(seed: int, by_index: int, mon
     for i, so in enumerate(sequence):
         assert tracker.observe(so) == reference.observe(so), (seed, i)
     assert tracker.decoding == reference.decoding
+
+
+def _mutate_as_the_runner_does(so: Any) -> None:
+    """What vLLM changes in a SchedulerOutput after its step: the V1 runner keeps a new request's
+    ``block_ids`` lists (and a resumed request's ``new_block_ids``) as its block table and extends
+    them on later steps; the n-gram drafter pops speculative tokens."""
+    for req in so.scheduled_new_reqs:
+        for group in req.block_ids:
+            group.extend([10**6, 10**6 + 1])
+    cached = so.scheduled_cached_reqs
+    for rid, added in zip(cached.req_ids, cached.new_block_ids, strict=True):
+        if rid in cached.resumed_req_ids and added is not None:
+            added[0].append(10**6 + 2)
+    so.scheduled_spec_decode_tokens.clear()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_counting_later_counts_what_counting_on_the_step_counts(seed: int) -> None:
+    """The profiler keeps each unsampled step as captured and counts it later, in a batch: after
+    vLLM changed the parts it changes, the counts are those of the step as it ran."""
+    sequence = _steps(seed)
+    ref = Reference()
+    expected = [ref.observe(so) for so in sequence]
+    tracker = StepTracker()
+    captured = []
+    for so in sequence:
+        captured.append(tracker.capture(so))
+        _mutate_as_the_runner_does(so)
+    assert [tracker.count(c) for c in captured] == expected
+    assert tracker.decoding == ref.decoding
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_quick_phase_is_the_counted_phase_where_it_answers(seed: int) -> None:
+    """``quick_phase`` (what the profiler samples by, read on the step's path) gives the phase the
+    counts give wherever it answers, and leaves the steps it cannot read to the counts (None)."""
+    tracker, answered = StepTracker(), 0
+    for so in _steps(seed):
+        captured = tracker.capture(so)
+        quick = tracker.quick_phase(captured)
+        counts = tracker.count(captured)
+        if quick is None:
+            continue
+        answered += 1
+        prefill, decode = counts[0], counts[1]
+        assert quick == ((2 if decode else 1) if prefill else 0), (seed, counts)
+    assert answered >= 5  # these sequences are hard on it: speculative tokens and prompts in chunks
+
+
+def test_the_quick_phase_answers_a_served_engines_steps() -> None:
+    """A served engine's usual step: 128 requests decoding, now and then one finishes and one
+    arrives with its prompt in one step, a block for some: every step is read on its path."""
+    tracker, rng = StepTracker(), random.Random(1)
+    live, serial, answers = [f"r{i}" for i in range(128)], 0, []
+    tracker.count(tracker.capture(_plain_step([], [], {r: 1 for r in live})))
+    tracker.decoding.update(live)
+    for _ in range(400):
+        new, finished = [], set()
+        if rng.random() < 0.5:
+            finished = {live.pop(rng.randrange(len(live)))}
+            serial += 1
+            new = [SimpleNamespace(req_id=f"n{serial}", prompt_token_ids=[0] * 128, block_ids=([serial],),
+                                   num_computed_tokens=0)]  # fmt: skip
+        sched = {**dict.fromkeys(live, 1), **{n.req_id: 128 for n in new}}
+        captured = tracker.capture(_plain_step(new, list(live), sched, finished))
+        answers.append(tracker.quick_phase(captured))
+        counts = tracker.count(captured)
+        assert answers[-1] == (2 if new else 0) and counts[0] == 128 * len(new)
+        live += [n.req_id for n in new]
+
+
+def _plain_step(new: list[Any], running: list[str], sched: dict[str, int], finished: Any = ()) -> Any:
+    cached = SimpleNamespace(
+        req_ids=running, num_computed_tokens=[200] * len(running), new_block_ids=[None] * len(running),
+        resumed_req_ids=set(),
+    )  # fmt: skip
+    return SimpleNamespace(
+        scheduled_new_reqs=new, scheduled_cached_reqs=cached, num_scheduled_tokens=sched,
+        total_num_scheduled_tokens=sum(sched.values()), scheduled_spec_decode_tokens={},
+        finished_req_ids=set(finished), preempted_req_ids=set(),
+    )  # fmt: skip

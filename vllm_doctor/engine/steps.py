@@ -4,6 +4,15 @@ Reads only the ``SchedulerOutput`` vLLM hands to ``execute_model``, with ``getat
 older and newer layouts both work. A request is decoding once its computed tokens reach its
 prompt length; without the prompt length (a request first seen mid-run), one scheduled token
 (plus speculative ones) counts as decode.
+
+Counting can wait: :meth:`StepTracker.capture` keeps, on the step's path, what a later
+:meth:`StepTracker.count` reads (the profiler counts captured steps in batches, in step order).
+vLLM hands each step a new ``SchedulerOutput`` (the scheduler builds one per step; a worker of
+a multiprocess engine gets its own copy), and most of it is never changed after the step, but not
+all: vLLM's V1 runner keeps a new request's ``block_ids`` lists (and a resumed request's
+``new_block_ids``) as the request's own block table and extends them in place on later steps,
+and its n-gram drafter pops entries of ``scheduled_spec_decode_tokens``. Those are copied at
+capture; the rest is kept by reference.
 """
 
 from __future__ import annotations
@@ -21,6 +30,12 @@ NULL_BLOCK = 0  # vLLM's block pool reserves block 0 as a placeholder; it holds 
 # a step's counts, as StepTracker.observe returns them (a flat tuple: it is made on every step)
 COUNT_FIELDS = STEP_COUNT_FIELDS
 Counts = tuple[int, int, int, int, int, int, int, int]
+# a new request as captured: (id, prompt length or None, its block ids per KV cache group, its
+# tokens computed before this step: a prefix-cache hit)
+NewRequest = tuple[str, int | None, list[list[int]], int]
+# a step's SchedulerOutput as captured (StepTracker.capture): the output, its new requests, the
+# resumed requests' new block ids (None: none resumed), a copy of the speculative tokens (None: none)
+Captured = tuple[Any, tuple[NewRequest, ...], dict[str, list[list[int]]] | None, dict[str, Any] | None]
 
 
 class StepTracker:
@@ -37,6 +52,9 @@ class StepTracker:
         self.refs: dict[int, int] = {}  # block id -> number of (request, group) lists holding it
         self.decoding: set[str] = set()  # requests past their prompt (until finished or preempted)
         self._layout: bool | None = None  # the SchedulerOutput has every field the fast path reads
+        # quick_phase's requests still in their prompt: id -> prompt tokens left after the steps it
+        # saw (a prompt in chunks), or None (resumed: until the counts have it decoding)
+        self.in_prompt: dict[str, int | None] = {}
 
     def _add(self, ids: Any) -> None:
         refs = self.refs
@@ -65,16 +83,116 @@ class StepTracker:
 
     def observe(self, so: Any) -> Counts:
         """Update from one SchedulerOutput; return the step's token/request/KV counts
-        (:data:`COUNT_FIELDS`; :func:`counts_dict` names them).
+        (:data:`COUNT_FIELDS`; :func:`counts_dict` names them): :meth:`count` of :meth:`capture`."""
+        return self.count(self.capture(so))
+
+    def capture(self, so: Any) -> Captured:
+        """What :meth:`count` will read of ``so``, safe to keep past the step: the output itself
+        (the parts vLLM never changes after the step) and copies of the parts it may change: each
+        new request's id, prompt length and block ids; a resumed request's new block ids; the
+        speculative tokens. On the step's path: a few attribute reads where nothing is new."""
+        layout = self._layout
+        if layout is None:
+            layout = self._layout = _has_fast_layout(so)
+        if layout:
+            new_reqs, cached, spec = so.scheduled_new_reqs, so.scheduled_cached_reqs, so.scheduled_spec_decode_tokens
+            resumed = cached.resumed_req_ids
+        else:
+            new_reqs = getattr(so, "scheduled_new_reqs", None)
+            cached = getattr(so, "scheduled_cached_reqs", None)
+            spec = getattr(so, "scheduled_spec_decode_tokens", None)
+            resumed = _resumed(cached)
+        new: tuple[NewRequest, ...] = ()
+        if new_reqs:
+            new = tuple(
+                (
+                    req.req_id,
+                    None if (prompt := getattr(req, "prompt_token_ids", None)) is None else len(prompt),
+                    [list(g) for g in getattr(req, "block_ids", None) or ()],
+                    getattr(req, "num_computed_tokens", 0) or 0,
+                )
+                for req in new_reqs
+            )
+        resumed_blocks: dict[str, list[list[int]]] | None = None
+        if resumed:
+            req_ids = getattr(cached, "req_ids", None) or ()
+            blocks = getattr(cached, "new_block_ids", None) or ()
+            resumed_blocks = {
+                rid: [list(g) for g in added or ()]
+                for rid, added in zip(req_ids, blocks, strict=False)
+                if rid in resumed
+            }
+        return (so, new, resumed_blocks, dict(spec) if spec else None)
+
+    def quick_phase(self, captured: Captured) -> int | None:
+        """The step's phase where a few attribute reads can tell (0 decode, 1 prefill, 2 mixed),
+        else None: then the profiler counts the step at once (:meth:`count`, with every earlier
+        step counted). It tells when no request resumed, no running request is still in its
+        prompt (:attr:`in_prompt`: a prompt in chunks counted down from the tokens each step
+        schedules; a resumed request until the counts have it decoding) and every running
+        request scheduled one token (a speculative token makes it None); new requests are in
+        their prompt. Called once per step, in step order (it follows the prompts in chunks)."""
+        so, new, resumed, _ = captured
+        if not self._layout:
+            return None
+        in_prompt = self.in_prompt
+        sched = so.num_scheduled_tokens
+        busy = False
+        if in_prompt:
+            busy = self._follow_prompts(so, sched)
+        for rid, plen, _, computed in new:
+            if plen is not None and plen - computed - sched.get(rid, 0) > 0:
+                in_prompt[rid] = plen - computed - sched.get(rid, 0)
+        if resumed:
+            in_prompt.update(dict.fromkeys(resumed))
+            return None
+        total = so.total_num_scheduled_tokens
+        if busy or not total:
+            return None
+        running = len(so.scheduled_cached_reqs.req_ids)
+        if not new:
+            return 0 if total == running else None
+        rest = total - sum(sched.get(rid, 0) for rid, _, _, _ in new)
+        if rest == running:
+            return 2 if running else 1
+        return None
+
+    def _follow_prompts(self, so: Any, sched: dict[str, int]) -> bool:
+        """One step of the requests :meth:`quick_phase` follows through their prompts: is one of
+        them scheduled in its prompt in this step? (Those that finished, were preempted or left
+        their prompt are let go.)"""
+        in_prompt, busy = self.in_prompt, False
+        for rid in so.finished_req_ids or ():
+            in_prompt.pop(rid, None)
+        for rid in so.preempted_req_ids or ():
+            in_prompt.pop(rid, None)
+        for rid, left in list(in_prompt.items()):
+            n = sched.get(rid)
+            if not n:
+                continue
+            if left is None:  # resumed: every step it runs is counted at once until it decodes
+                if rid in self.decoding:
+                    del in_prompt[rid]
+                else:
+                    busy = True
+            elif left <= 0:
+                del in_prompt[rid]
+            else:
+                in_prompt[rid] = left - n
+                busy = True
+        return busy
+
+    def count(self, captured: Captured) -> Counts:
+        """Update from one captured SchedulerOutput (:meth:`capture`), in step order; return the
+        step's token/request/KV counts (:data:`COUNT_FIELDS`; :func:`counts_dict` names them).
 
         A pure decode step (no new, resumed or still-prefilling requests) is counted with set
         and list operations that run in C; the per-request loop runs only for the requests
         whose phase can have changed.
         """
+        so, new, resumed_blocks, spec_copy = captured
         decoding = self.decoding
         layout = self._layout
-        if layout is None:
-            layout = self._layout = _has_fast_layout(so)
         if layout:
             # a pure decode step: nothing new, finished, preempted or resumed, no new blocks, and
             # every request past its prompt: attribute reads and C calls only
@@ -104,13 +222,11 @@ class StepTracker:
         total = int(getattr(so, "total_num_scheduled_tokens", 0) or sum(num_sched.values()))
         prefill_tokens = decode_tokens = prefill_reqs = decode_reqs = 0
 
-        for req in getattr(so, "scheduled_new_reqs", None) or ():
-            rid = req.req_id
-            prompt = getattr(req, "prompt_token_ids", None)
-            if prompt is not None:
-                prompt_len[rid] = len(prompt)
+        for rid, plen, groups, _ in new:
+            if plen is not None:
+                prompt_len[rid] = plen
             decoding.discard(rid)
-            self._set_blocks(rid, getattr(req, "block_ids", None))
+            self._set_blocks(rid, groups)
             prefill_tokens += num_sched.get(rid, 0)
             prefill_reqs += 1
 
@@ -118,10 +234,7 @@ class StepTracker:
         req_ids = getattr(cached, "req_ids", None) or ()
         resumed_reqs = 0
         if req_ids:
-            resumed: Any = getattr(cached, "resumed_req_ids", None) or ()
-            flags = getattr(cached, "resumed_from_preemption", None) or ()  # older vLLM: a bool per request
-            if not resumed and True in flags:
-                resumed = {rid for rid, flag in zip(req_ids, flags, strict=False) if flag}
+            resumed: Any = resumed_blocks or ()
             if resumed:
                 resumed_reqs = len(resumed)
                 decoding.difference_update(resumed)  # recomputed from the start: prefill again
@@ -129,7 +242,10 @@ class StepTracker:
             if new_blocks.count(None) != len(new_blocks):  # some request got blocks this step
                 # only the requests that got blocks (vLLM gives None for the others): picked in C
                 for rid, added in compress(zip(req_ids, new_blocks, strict=False), new_blocks):
-                    if rid in resumed or rid not in blocks:
+                    if rid in resumed:
+                        self._set_blocks(rid, resumed_blocks[rid])  # type: ignore[index]
+                        continue
+                    if rid not in blocks:
                         self._set_blocks(rid, added)
                         continue
                     groups = blocks[rid]
@@ -146,7 +262,7 @@ class StepTracker:
             else:
                 # only the requests not known to decode are looked at one by one (a step where a
                 # request's prompt just ended looks at that one, not at the hundreds decoding)
-                spec: dict[str, Any] = getattr(so, "scheduled_spec_decode_tokens", None) or {}
+                spec: dict[str, Any] = spec_copy or {}
                 computed = getattr(cached, "num_computed_tokens", None) or ()
                 n_computed = len(computed)
                 undecided = set(req_ids).difference(decoding)
@@ -174,6 +290,19 @@ class StepTracker:
         return (prefill_tokens, decode_tokens, prefill_reqs, decode_reqs, total, used, len(preempted), resumed_reqs)
 
 
+def _resumed(cached: Any) -> set[str]:
+    """The requests resumed from preemption this step: ``resumed_req_ids``, or (older vLLM) a
+    ``resumed_from_preemption`` flag per request."""
+    resumed = getattr(cached, "resumed_req_ids", None)
+    if resumed:
+        return set(resumed)
+    flags = getattr(cached, "resumed_from_preemption", None) or ()
+    if True not in flags:
+        return set()
+    req_ids = getattr(cached, "req_ids", None) or ()
+    return {rid for rid, flag in zip(req_ids, flags, strict=False) if flag}
+
+
 FAST_FIELDS = (
     "scheduled_new_reqs",
     "scheduled_cached_reqs",
@@ -182,6 +311,7 @@ FAST_FIELDS = (
     "total_num_scheduled_tokens",
 )
 FAST_CACHED_FIELDS = ("req_ids", "new_block_ids", "resumed_req_ids")
+FAST_OTHER_FIELDS = ("num_scheduled_tokens", "scheduled_spec_decode_tokens")
 
 
 def _has_fast_layout(so: Any) -> bool:
@@ -189,8 +319,9 @@ def _has_fast_layout(so: Any) -> bool:
     ``resumed_req_ids`` set, a ``new_block_ids`` list); else every step takes the general path."""
     cached = getattr(so, "scheduled_cached_reqs", None)
     return (
-        all(hasattr(so, f) for f in FAST_FIELDS)
+        all(hasattr(so, f) for f in FAST_FIELDS + FAST_OTHER_FIELDS)
         and all(hasattr(cached, f) for f in FAST_CACHED_FIELDS)
+        and isinstance(so.num_scheduled_tokens, dict)
         and isinstance(getattr(cached, "new_block_ids", None), list)
         and isinstance(so.total_num_scheduled_tokens, int)
     )
