@@ -4,7 +4,7 @@ buffer), VD208's prefix under vLLM's own wrappers, the roofline's KV bytes per k
 where the built model has experts, and the texts that state vLLM's capacity.
 
 The shapes are the ones vLLM 0.32 reported for the in-tree cases of ``tests/fixtures/in_tree_kinds.py``
-(tests/engine/test_attention_kinds_engine.py runs them on the real engine).
+(tests/unit/test_attention_kinds_replies.py on their recorded engine replies; tests/engine/test_engine_replies_drift.py re-runs MLA and the Mamba 2 hybrid live).
 """
 
 from __future__ import annotations
