@@ -79,11 +79,12 @@ def test_a_forward_that_hangs_is_found_at_its_line(engine: BlockingEngine) -> No
 
 
 def test_cpu_profile_records_the_engine_core_and_the_worker(engine: BlockingEngine, tmp_path: Path) -> None:
+    from vllm_doctor.model import Report
     from vllm_doctor.report.html import render_html
 
     out = tmp_path / "prof"
     out.mkdir()
-    (out / "report.html").write_text(render_html({"target": "served"}))  # a profile report to link from
+    (out / "report.html").write_text(render_html(Report("served")))  # a profile report to link from
     stop = threading.Event()
 
     def traffic() -> None:

@@ -1278,12 +1278,12 @@ def test_html_and_trace_render_from_a_report_dict_offline() -> None:
         front_end={"pid": 5, "engine_core_in_process": True, "engine_core_pids": [5]},
         workers=[worker(profile=profile, anatomy=anat, kv=kv(), memory=mem, placement=placement())],
     )
-    data = build_engine_report(facts, "/models/x").to_dict()
-    html = render_html(data)
+    report = build_engine_report(facts, "/models/x")
+    html = render_html(report)
     assert html.startswith("<!DOCTYPE html>") and html.count("<svg") == 5
     assert "<script" not in html and "https://" not in html and "src=" not in html
     assert "VD405" in html and "layer 0" in html and "not measurable" in html
-    trace = chrome_trace(data["profiles"]["engine"], data["facts"]["engine"])
+    trace = chrome_trace(report.profiles["engine"], report.facts["engine"])
     names = [e["name"] for e in trace["traceEvents"] if e.get("ph") == "X"]
     assert "step 0 prefill" in names and "model.layers.0" in names
     json.dumps(trace)

@@ -17,7 +17,7 @@ import pytest
 
 from tests.fixtures.tui import drive, text_of
 from vllm_doctor.analysis.engine import phase_summary, summarize
-from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, PhaseSummary
+from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, PhaseSummary, read_report
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.facts.steps import StepTable
 from vllm_doctor.report.html import render_html
@@ -87,10 +87,11 @@ def test_an_old_report_still_renders_in_view_and_the_html() -> None:
     # the forward beside "its steps' mean": n/a where the old report has no such step time
     assert seen["phases"][1][:3] == ["decode", "3", "6"] and seen["phases"][1][7:9] == ["23.90 ms", "n/a"]
     assert "timed modules cover" in seen["layers"]
-    html = render_html(report)
+    read = read_report(report)
+    html = render_html(read)
     assert "<td>decode</td><td>3</td><td>6</td>" in html and "TinyDoctorForCausalLM" in html
     assert html.count("<svg") == 5  # anatomy, steps, layers, KV usage, memory
-    text = render_profile(report["profiles"]["engine"], report["profiles"]["workload"])
+    text = render_profile(read.profiles["engine"], read.profiles["workload"])
     assert "forward 23.90 ms (92% of its steps)" in text and "timing cost" not in text
 
 
@@ -163,7 +164,8 @@ def test_the_text_the_html_and_view_name_the_per_layer_timings_cost() -> None:
     text = render_profile(profile)
     assert f"  timing cost   {line}" in text.splitlines()
     assert "forward 15.00 ms of 17.60 ms steps (85%)" in text
-    report = {"target": "/m", "findings": [], "profiles": {"engine": profile.to_json()}}
+    data = {"target": "/m", "findings": [], "profiles": {"engine": profile.to_json()}}
+    report = read_report(data)
     html = render_html(report)
     assert line.replace("'", "&#x27;") in html and "<td>15.00 ms</td><td>17.60 ms</td>" in html
     assert line in sec.steps_summary(report, sec.engine_profile(report))
@@ -171,5 +173,5 @@ def test_the_text_the_html_and_view_name_the_per_layer_timings_cost() -> None:
     assert row[sec.PHASE_COLUMNS.index("forward mean")] == "15.00 ms"
     assert row[sec.PHASE_COLUMNS.index("its steps' mean")] == "17.60 ms"
     # report.json carries both medians per phase
-    decode = report["profiles"]["engine"]["phases"]["decode"]
+    decode = data["profiles"]["engine"]["phases"]["decode"]
     assert (decode["timed_step_s_median"], decode["untimed_step_s_median"]) == (0.0176, 0.0139)

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import run_doctor
 from vllm_doctor.compat.pyspy import PySpy, PySpyError, _run, find_pyspy, parse_version
+from vllm_doctor.model import Report
 from vllm_doctor.report.html import CPU_BEGIN, link_cpu_profile, render_html
 
 needs_pyspy = pytest.mark.skipif(find_pyspy() is None, reason="py-spy is not installed")
@@ -181,12 +182,12 @@ def test_cpu_profile_section_is_put_into_a_report_once() -> None:
              "error": "process 6 ran no Python code in 3 s (idle: no samples)"},
         ],
     }
-    html = link_cpu_profile(render_html({"target": "t"}), index)
+    html = link_cpu_profile(render_html(Report("t")), index)
     assert html.count(CPU_BEGIN) == 1 and html.rstrip().endswith("</body></html>")
     assert '<a href="cpu-worker0-7.svg">flamegraph</a>' in html and "idle: no samples" in html
     again = link_cpu_profile(html, {**index, "processes": index["processes"][:1]})
     assert again.count(CPU_BEGIN) == 1 and "idle: no samples" not in again
-    assert '<a href="cpu-worker0-7.svg">' in render_html({"target": "t"}, index)
+    assert '<a href="cpu-worker0-7.svg">' in render_html(Report("t"), index)
 
 
 @pytest.mark.parametrize(

@@ -208,10 +208,10 @@ def test_a_model_without_its_sizes_says_why() -> None:
 def test_the_html_report_shows_the_roofline_and_marks_a_rate_above_the_peak() -> None:
     from vllm_doctor.report.html import render_html
 
-    ok = render_html({"profiles": {"engine": summarize(EngineFacts(workers=[_worker(7.5e-3, H200)]))}})
+    ok = render_html(Report("t", profiles={"engine": summarize(EngineFacts(workers=[_worker(7.5e-3, H200)]))}))
     assert 'id="roofline"' in ok and "device NVIDIA H200: peak 4.81 TB/s (device: 2 x 6016 bits" in ok
     assert "989.5 TFLOP/s dense bf16" in ok and "<td>54 %</td>" in ok
-    bad = render_html({"profiles": {"engine": summarize(EngineFacts(workers=[_worker(2.46e-3, H200)]))}})
+    bad = render_html(Report("t", profiles={"engine": summarize(EngineFacts(workers=[_worker(2.46e-3, H200)]))}))
     assert '<td class="bad">rate above the device&#x27;s peak: the weights alone need 6.10 TB/s' in bad
 
 

@@ -86,10 +86,10 @@ def test_reports_and_top_name_the_clock() -> None:
                                      "step_s_p50": 0.0074, "step_s_p90": 0.0076, "forward_s_mean": 0.0072,
                                      "forward_share": 0.97, "tokens_per_s": 17181.0}},
                "time_accounting": time_accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 2.358})}
-    text = render_profile(profile)
+    text = render_profile(EngineProfile.of(profile))
     assert text.splitlines()[0] == "forward profile: times on the device clock (CUDA events), per-layer on"
     assert "forward 7.20 ms (97% of its steps)" in text and "  time          steps add up to" in text
-    assert "device clock (CUDA events)" in phases_table(profile, None)
+    assert "device clock (CUDA events)" in phases_table(EngineProfile.of(profile), None)
     assert clock_name("wall_clock") == "wall clock (the CPU is the device)"
     model = model_summary(Report("t", profiles={"engine": EngineProfile.of({**profile, "available": True})}))
     assert model.clock == "cuda_events"

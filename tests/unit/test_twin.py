@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.fixtures.weights import write_raw_safetensors
-from vllm_doctor.analysis.records import TwinAB, TwinKind, TwinKindPhase, TwinPhase
+from vllm_doctor.analysis.records import TwinAB, TwinKind, TwinKindPhase, TwinPhase, read_report
 from vllm_doctor.analysis.twin import NoTwin, TwinMatch, find_twin, twin_config
 from vllm_doctor.analysis.twin_compare import compare_runs, fmt_ratio, largest_gap, roofline_text
 from vllm_doctor.errors import DoctorInputError
@@ -544,7 +544,7 @@ def _ab() -> TwinAB:
 
 
 def test_the_text_section_names_both_runs_the_ratios_and_the_largest_gap() -> None:
-    text = render_twin(_ab())
+    text = render_twin(TwinAB.of(_ab()))
     lines = text.splitlines()
     assert lines[0] == ("twin A/B: the port against vLLM's LlamaForCausalLM (found from the checkpoint's layout; the same "
                         "weights), same workload, same mode; times on the device clock (CUDA events)")
@@ -557,12 +557,12 @@ def test_the_text_section_names_both_runs_the_ratios_and_the_largest_gap() -> No
 
 def test_no_twin_is_one_line_in_text_and_html() -> None:
     reason = "no in-tree twin: the tensor layout matches none of LlamaForCausalLM (x: y)"
-    assert render_twin({"none": reason}) == f"twin A/B: {reason}"
-    assert reason in twin_section({"none": reason})
+    assert render_twin(TwinAB(none=reason)) == f"twin A/B: {reason}"
+    assert reason in twin_section(TwinAB(none=reason))
 
 
 def test_the_html_section_draws_side_by_side_bars_offline() -> None:
-    html = render_html({"target": "/m", "findings": [], "profiles": {"engine": {}, "twin": _ab()}})
+    html = render_html(read_report({"target": "/m", "findings": [], "profiles": {"engine": {}, "twin": _ab()}}))
     section = html[html.index('<h2 id="twin">'):]
     assert section.count('fill="#e15759"') == section.count('fill="#4e79a7"') >= 4  # a port bar beside each twin bar
     assert "decode decoder stack 4.38x slower than vLLM&#x27;s LlamaForCausalLM" in section
@@ -576,4 +576,4 @@ def test_cuda_graphs_of_an_uncompiled_port_do_not_count_as_compiled() -> None:
     twin = _side(_engine({"prefill": 0.01, "decode": 0.01}, COMPILED_KINDS, {"prefill": 0.009, "decode": 0.009}), 400.0, True)
     ab = wire.write(compare_runs(port, twin, "LlamaForCausalLM", {"how": "auto", "weights": "same", "notes": []}))
     assert (ab["compiled"], ab["cuda_graphs"]) == ({"port": False, "twin": True}, {"port": True, "twin": True})
-    assert "  execution     port uncompiled (in CUDA graphs), twin compiled (torch.compile, CUDA graphs)" in render_twin(ab).splitlines()
+    assert "  execution     port uncompiled (in CUDA graphs), twin compiled (torch.compile, CUDA graphs)" in render_twin(TwinAB.of(ab)).splitlines()

@@ -14,8 +14,9 @@ them, where every front end may import them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.anatomy import CompileState
@@ -27,6 +28,7 @@ from vllm_doctor.model import Report
 __all__ = ["CompileState", "Record"]  # and every record below
 
 PHASES = ("prefill", "decode", "mixed")
+R = TypeVar("R", bound=Record)
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -1046,5 +1048,17 @@ SECTIONS: dict[tuple[str, str], type[Record]] = {
 
 def read_report(data: dict[str, Any]) -> Report:
     """A report from its JSON (report.json, ``check --json``), each section that has a record
-    read into it (leniently: an older report's missing keys read as their defaults)."""
-    return Report.from_dict(data, {where: record.of for where, record in SECTIONS.items()})
+    read into it (leniently: an older report's missing keys read as their defaults); an empty
+    section (``{}``, null) stays as it is: the report has none."""
+    return Report.from_dict(data, {where: _reader(record) for where, record in SECTIONS.items()})
+
+
+def _reader(record: type[Record]) -> Callable[[Any], Any]:
+    return lambda value: record.of(value) if value else value
+
+
+def held(report: Report, section: str, key: str, record: type[R]) -> R | None:
+    """The record of ``record``'s type that ``report``'s ``section`` ("facts" or "profiles")
+    holds under ``key``; None where it holds none (no engine ran, an older report)."""
+    value = (report.facts if section == "facts" else report.profiles).get(key)
+    return value if isinstance(value, record) else None

@@ -8,6 +8,7 @@ engine sections are read into their records (:mod:`vllm_doctor.analysis.records`
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from html import escape
 from itertools import pairwise
@@ -23,9 +24,11 @@ from vllm_doctor.analysis.records import (
     StepRow,
     TwinAB,
     WorkloadRun,
+    held,
 )
 from vllm_doctor.analysis.roofline import fmt_rate, fmt_si_bytes
 from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
+from vllm_doctor.model import Report, report_order
 from vllm_doctor.report.profile import (
     accounting_text,
     execution_text,
@@ -311,10 +314,9 @@ def findings_table(findings: list[dict[str, Any]]) -> str:
     return html
 
 
-def phases_table(profile: EngineProfile | dict[str, Any], workload: WorkloadRun | dict[str, Any] | None) -> str:
+def phases_table(prof: EngineProfile, workload: WorkloadRun | None) -> str:
     """Per phase: steps, tokens, step times, the forward beside the step time of the same steps,
     and a line per phase naming what the doctor's per-layer timing cost its steps."""
-    prof = EngineProfile.of(profile)
     rows = "".join(
         f"<tr><td>{escape(ph)}</td><td>{p.steps}</td><td>{p.tokens}</td><td>{p.mean_batch}</td>"
         f"<td>{fmt_s(p.step_s_mean)}</td><td>{fmt_s(p.step_s_p90)}</td><td>{fmt_s(p.forward_s_mean)}</td>"
@@ -337,8 +339,8 @@ def phases_table(profile: EngineProfile | dict[str, Any], workload: WorkloadRun 
     if prof.time_accounting is not None:
         html += f'<p class="note">{escape(accounting_text(prof.time_accounting))}</p>'
 
-    if workload:
-        w = WorkloadRun.of(workload)
+    if workload is not None:
+        w = workload
         html += (
             f'<p class="note">workload: {w.prompts} prompt(s) x {w.input_len} tokens in, '
             f"{w.output_len} out; {w.generated_tokens} tokens in "
@@ -362,10 +364,10 @@ def _layer_row(x: RooflineLayer) -> str:
     )
 
 
-def roofline_table(profile: EngineProfile | dict[str, Any]) -> str:
+def roofline_table(profile: EngineProfile) -> str:
     """``profile.roofline``: per phase the bytes and FLOPs of a step, the achieved rates and
     their shares of the device's peaks; a rate above a peak in red as the doctor bug it is."""
-    roof = EngineProfile.of(profile).roofline
+    roof = profile.roofline
     if roof is None:
         return ""
     if not roof.available:
@@ -413,10 +415,9 @@ def roofline_table(profile: EngineProfile | dict[str, Any]) -> str:
     )
 
 
-def ranks_table(profile: EngineProfile | dict[str, Any]) -> str:
+def ranks_table(prof: EngineProfile) -> str:
     """Per-rank numbers side by side (each forward beside the step time of the same steps), and
     the imbalance (the slowest rank sets the step)."""
-    prof = EngineProfile.of(profile)
     if len(prof.per_rank) < 2:
         return ""
     rows = []
@@ -469,12 +470,11 @@ def _pair_rows(rows: Sequence[tuple[str, float | None, float | None, str]]) -> s
     return _svg(width, y + 4, "".join(body), "the port's time beside the twin's")
 
 
-def twin_section(twin: TwinAB | dict[str, Any] | None) -> str:
+def twin_section(ab: TwinAB | None) -> str:
     """``profiles["twin"]``: the port against vLLM's in-tree twin, side-by-side bars per phase and
     per layer kind, the largest gap, what could not be separated; one line when there is no twin."""
-    if not twin:
+    if ab is None:
         return ""
-    ab = TwinAB.of(twin)
     head = '<h2 id="twin">Twin A/B: the port against vLLM\'s in-tree twin</h2>'
     if ab.none:
         return head + f'<p class="note">{escape(ab.none)}</p>'
@@ -573,25 +573,27 @@ def link_cpu_profile(html: str, index: dict[str, Any]) -> str:
     return html[:body_end].rstrip("\n") + "\n" + cpu_profile_section(index) + "\n" + html[body_end:]
 
 
-def render_html(report: dict[str, Any], cpu_profile: dict[str, Any] | None = None) -> str:
-    env = report.get("environment") or {}
-    sections = report.get("profiles") or {}
-    profile = EngineProfile.of(sections.get("engine"))
-    workload = sections.get("workload")
-    engine_facts = (report.get("facts") or {}).get("engine")
-    anatomy = EngineAnatomy.of(engine_facts) if engine_facts else None
-    summary = ", ".join(f"{v} {k}" for k, v in sorted((report.get("summary") or {}).items()))
+def render_html(report: Report, cpu_profile: dict[str, Any] | None = None) -> str:
+    """report.html of ``report``: its records (the engine's anatomy and profile, the workload,
+    the A/B) drawn by attribute; the findings as report.json lists them."""
+    env = report.environment
+    profile = held(report, "profiles", "engine", EngineProfile) or EngineProfile()
+    workload = held(report, "profiles", "workload", WorkloadRun)
+    anatomy = held(report, "facts", "engine", EngineAnatomy)
+    findings = [f.to_dict() for f in sorted(report.findings, key=report_order)]
+    counts = Counter(f["outcome"] for f in findings)
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items()))
     layers_note = "" if profile.layers_on else f'<p class="note">{escape(str(profile.layers_reason or ""))}</p>'
     parts = [
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>vllm-doctor profile: {escape(str(report.get('target')))}</title><style>{CSS}</style></head><body>",
-        f'<h1>vllm-doctor profile</h1><div class="meta"><code>{escape(str(report.get("target")))}</code><br>'
+        f"<title>vllm-doctor profile: {escape(str(report.target))}</title><style>{CSS}</style></head><body>",
+        f'<h1>vllm-doctor profile</h1><div class="meta"><code>{escape(str(report.target))}</code><br>'
         f"vLLM {escape(str(env.get('vllm')))} | torch {escape(str(env.get('torch')))} | transformers "
         f"{escape(str(env.get('transformers')))} | vllm-doctor {escape(str(env.get('vllm_doctor')))} | timer: "
         f"{escape(clock_name(profile.clock))} | findings: {escape(summary)}</div>",
         '<h2 id="findings">Findings</h2>',
-        findings_table(report.get("findings") or []),
+        findings_table(findings),
         '<h2 id="anatomy">Engine anatomy</h2>',
         anatomy_svg(anatomy),
         '<h2 id="steps">Steps: prefill vs decode</h2>',
@@ -607,7 +609,7 @@ def render_html(report: dict[str, Any], cpu_profile: dict[str, Any] | None = Non
         kv_chart(profile.kv_usage, profile.kv_num_blocks),
         '<h2 id="memory">Memory breakdown</h2>',
         memory_chart(profile.memory),
-        twin_section(sections.get("twin")),
+        twin_section(held(report, "profiles", "twin", TwinAB)),
         cpu_profile_section(cpu_profile) if cpu_profile else "",
         '<p class="note">Generated by vllm-doctor. Self-contained: no scripts, fonts or network requests.</p>',
         "</body></html>",

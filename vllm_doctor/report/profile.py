@@ -1,7 +1,7 @@
 """Terminal rendering of the engine stage: anatomy, memory, per-step and per-layer summary.
 
-Each function takes the record (:mod:`vllm_doctor.analysis.records`) or the report's JSON of it:
-``wire.read`` turns the JSON into the record (an older report's missing keys read as defaults).
+Each function takes the record (:mod:`vllm_doctor.analysis.records`), as a Report holds it (a
+report.json read back with ``read_report``: an older report's missing keys read as defaults).
 """
 
 from __future__ import annotations
@@ -42,11 +42,10 @@ def answered_anatomy(report: Report) -> EngineAnatomy | None:
     return anatomy if isinstance(anatomy, EngineAnatomy) and anatomy.workers else None
 
 
-def render_anatomy(anatomy: EngineAnatomy | dict[str, Any] | None) -> str:
+def render_anatomy(a: EngineAnatomy | None) -> str:
     """Which process holds what, the model's origin and the KV layout."""
-    if not anatomy:
+    if a is None:
         return "engine anatomy: unavailable (the engine did not start)"
-    a = EngineAnatomy.of(anatomy)
     fe, ex, model, kv, runner, comp = a.front_end, a.executor, a.model, a.kv_cache, a.model_runner, a.compile
     lines = ["engine anatomy"]
     if fe.url:
@@ -294,17 +293,17 @@ def marks_cost_text(layers: LayerTables) -> str:
     return "per-layer figures less the doctor's timing marks: " + "; ".join(parts) if parts else ""
 
 
-def render_profile(
-    profile: EngineProfile | dict[str, Any] | None, workload: WorkloadRun | dict[str, Any] | None = None
-) -> str:
-    prof = EngineProfile.of(profile)
+def render_profile(profile: EngineProfile | None, workload: WorkloadRun | None = None) -> str:
+    """The engine profile in words: the workload, the time accounting, each phase's steps and
+    forward, the doctor's cost, the roofline and the ranks."""
+    prof = profile or EngineProfile()
     if not prof.steps:
         return "forward profile: no steps recorded"
     lines = [f"forward profile: times on the {clock_name(prof.clock)}, per-layer {'on' if prof.layers_on else 'off'}"]
     if prof.layers_reason:
         lines.append(f"  {prof.layers_reason}")
-    if workload:
-        w = WorkloadRun.of(workload)
+    if workload is not None:
+        w = workload
         lines.append(
             f"  workload      {w.prompts} prompt(s) x {w.input_len} in{images_text(w)} / {w.output_len} out: "
             f"{w.generated_tokens} tokens in {fmt_s(w.wall_s)} ({w.output_tokens_per_s} tok/s)"
@@ -321,9 +320,7 @@ def render_profile(
         if encoder:
             lines.append(f"  encoder       {encoder}")
     if prof.encoder_cache is not None:
-        lines.append(
-            f"  encoder cache {encoder_cache_text(prof.encoder_cache, WorkloadRun.of(workload) if workload else None)}"
-        )
+        lines.append(f"  encoder cache {encoder_cache_text(prof.encoder_cache, workload)}")
     for phase, p in prof.phases.items():
         cost = timing_cost_text(phase, p)
         if cost:
@@ -357,9 +354,8 @@ def render_profile(
     return "\n".join(lines)
 
 
-def accounting_text(acc: TimeAccounting | dict[str, Any]) -> str:
+def accounting_text(a: TimeAccounting) -> str:
     """:func:`vllm_doctor.analysis.engine.time_accounting` in words."""
-    a = TimeAccounting.of(acc)
     clock = clock_name(a.clock).split(" (")[0]
     head = (
         f"steps add up to {fmt_s(a.steps_s)} on the {clock} = "
@@ -400,10 +396,9 @@ def slowest_layer(by_layer: list[LayerTotal]) -> LayerTotal | None:
     return max(by_layer, key=lambda x: x.total_s, default=None)
 
 
-def render_ranks(profile: EngineProfile | dict[str, Any]) -> list[str]:
+def render_ranks(prof: EngineProfile) -> list[str]:
     """Per-rank lines of a multi-rank profile, side by side, and the imbalance between ranks:
     each rank's forward beside the step time of the same steps."""
-    prof = EngineProfile.of(profile)
     if len(prof.per_rank) < 2:
         return []
     lines = [
@@ -429,9 +424,9 @@ def render_ranks(profile: EngineProfile | dict[str, Any]) -> list[str]:
     return lines
 
 
-def doctor_cost_text(over: DoctorOverhead | dict[str, Any] | None) -> str:
+def doctor_cost_text(over: DoctorOverhead | None) -> str:
     """``analysis.engine.doctor_overhead`` in words: per step, and of the worker's wall time."""
-    o = DoctorOverhead.of(over)
+    o = over or DoctorOverhead()
     if o.share is None or not o.steps:
         return ""
     parts = ", ".join(f"{k.replace('_', ' ')} {fmt_s(v / o.steps)}" for k, v in o.host_s.items())
@@ -444,10 +439,10 @@ def doctor_cost_text(over: DoctorOverhead | dict[str, Any] | None) -> str:
     return text
 
 
-def render_roofline(profile: EngineProfile | dict[str, Any]) -> str:
+def render_roofline(profile: EngineProfile) -> str:
     """``profile.roofline`` (analysis.roofline) in words: one line per phase, the timed
     layers' range, and every rate above the device's peak as the doctor bug it is."""
-    roof = EngineProfile.of(profile).roofline
+    roof = profile.roofline
     if roof is None:
         return ""
     if not roof.available:
@@ -501,12 +496,11 @@ def execution_text(state: CompileState | None) -> str:
     return "uncompiled (in CUDA graphs)" if graphs else "uncompiled"
 
 
-def render_twin(twin: TwinAB | dict[str, Any] | None) -> str:
+def render_twin(ab: TwinAB | None) -> str:
     """``profiles["twin"]`` (analysis.twin_compare) in words: the port against vLLM's in-tree twin
     per phase, per layer kind and the largest gap; one line when there is no twin."""
-    if not twin:
+    if ab is None:
         return ""
-    ab = TwinAB.of(twin)
     arch = ab.architecture
     if ab.none:
         head = f"twin A/B: vLLM's {arch}: " if arch else "twin A/B: "

@@ -15,12 +15,9 @@ from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, StepRow, 
 STEP_ARGS = ("num_reqs", "prefill_tokens", "decode_tokens", "kv_blocks_used", "forward_s", "logits_s")
 
 
-def chrome_trace(
-    profile: EngineProfile | dict[str, Any], anatomy: EngineAnatomy | dict[str, Any] | None = None
-) -> dict[str, Any]:
+def chrome_trace(prof: EngineProfile, anatomy: EngineAnatomy | None = None) -> dict[str, Any]:
     """One process track per rank (the primary rank's from the profile itself, the others' from
     ``per_rank``): steps, KV blocks in use, and each sampled step's forward and layers."""
-    prof = EngineProfile.of(profile)
     tracks: list[tuple[int | None, str | None, list[StepRow], list[TraceStep]]] = [
         (prof.rank if prof.rank is not None else 0, prof.device, prof.steps, prof.trace)
     ]
@@ -29,8 +26,8 @@ def chrome_trace(
     for i, (rank, device, steps, trace) in enumerate(tracks):
         events.extend(_rank_events(i + 1, rank, device, steps, trace))
     meta: dict[str, Any] = {"clock": prof.clock, "layers_on": prof.layers_on, "ranks": [t[0] for t in tracks]}
-    if anatomy:
-        meta["model"] = EngineAnatomy.of(anatomy).model.class_name
+    if anatomy is not None:
+        meta["model"] = anatomy.model.class_name
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": meta}
 
 

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, held
 from vllm_doctor.model import Report
 
 CPU_PROFILE_INDEX = "index.json"
@@ -31,9 +32,9 @@ def write_reports(out: Path, report: Report) -> list[Path]:
     from vllm_doctor.report.trace import chrome_trace
 
     out.mkdir(parents=True, exist_ok=True)
-    data = report.to_dict()
     paths = [out / "report.json", out / "report.html", out / "trace.json"]
-    write_json_atomic(paths[0], data)
-    write_text_atomic(paths[1], render_html(data, cpu_profile_index(out)))
-    write_json_atomic(paths[2], chrome_trace(report.profiles.get("engine") or {}, report.facts.get("engine")))
+    write_json_atomic(paths[0], report.to_dict())  # the records' JSON: written here, at the edge
+    write_text_atomic(paths[1], render_html(report, cpu_profile_index(out)))
+    profile = held(report, "profiles", "engine", EngineProfile) or EngineProfile()
+    write_json_atomic(paths[2], chrome_trace(profile, held(report, "facts", "engine", EngineAnatomy)))
     return paths

@@ -1,17 +1,19 @@
 """What each pane of ``vllm-doctor view`` shows, as plain text and table rows (no widgets: testable alone).
 
-Every function takes the report's JSON (``Report.to_dict()`` of any doctor version); its engine
-sections are read into their records (:mod:`vllm_doctor.analysis.records`, leniently: a key an older
-doctor did not write reads as its default). A section an older doctor (or a static check) did
-not write is "not in this report" with the reason, never an error.
+The view reads a report file once into :func:`viewed`: a :class:`Report` whose sections are their
+records (:mod:`vllm_doctor.analysis.records`, leniently: a key an older doctor did not write reads
+as its default), which the panes read by attribute; the header and the findings read the file's
+JSON (a finding of any doctor version, even of an outcome this one retired). A section an older
+doctor (or a static check) did not write is "not in this report" with the reason, never an error.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, LayerModule, WorkloadRun
+from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, LayerModule, WorkloadRun, held, read_report
 from vllm_doctor.checks import codes_for
+from vllm_doctor.model import Report
 from vllm_doctor.report.profile import (
     kv_capacity_text,
     kv_group_text,
@@ -34,22 +36,27 @@ def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def engine_profile(report: dict[str, Any]) -> EngineProfile:
-    return EngineProfile.of(_dict(report.get("profiles")).get("engine"))
+def viewed(data: dict[str, Any]) -> Report:
+    """The report file's JSON (``load_report``) as the panes read it: its sections' records, read
+    once. Its findings stay in the JSON (the findings pane and the header read those)."""
+    return read_report({**data, "findings": []})
 
 
-def engine_anatomy(report: dict[str, Any]) -> EngineAnatomy | None:
+def engine_profile(report: Report) -> EngineProfile:
+    return held(report, "profiles", "engine", EngineProfile) or EngineProfile()
+
+
+def engine_anatomy(report: Report) -> EngineAnatomy | None:
     """``facts["engine"]``, None where the report has none."""
-    data = _dict(_dict(report.get("facts")).get("engine"))
-    return EngineAnatomy.of(data) if data else None
+    return held(report, "facts", "engine", EngineAnatomy)
 
 
-def missing(report: dict[str, Any], what: str) -> str:
+def missing(report: Report, what: str) -> str:
     """ "<what>: not in this report" and why: an engine that failed, or a report without an engine stage."""
-    failure = _dict(report.get("facts")).get("engine_failure")
+    failure = report.facts.get("engine_failure")
     if failure:
         return f"{what}: {NOT_IN_REPORT} (the engine failed: {str(failure).splitlines()[0]})"
-    if not _dict(report.get("profiles")).get("engine") and engine_anatomy(report) is None:
+    if held(report, "profiles", "engine", EngineProfile) is None and engine_anatomy(report) is None:
         return (
             f"{what}: {NOT_IN_REPORT} (no engine ran for it; `vllm-doctor check DIR --engine`, "
             "`vllm-doctor profile DIR --out OUT` and `vllm-doctor attach URL` write one)"
@@ -67,9 +74,9 @@ def header_line(report: dict[str, Any]) -> str:
     return f"{counts}  |  {report.get('target')}  |  {versions}"
 
 
-def anatomy_text(report: dict[str, Any]) -> str:
+def anatomy_text(report: Report) -> str:
     """The engine's anatomy as ``profile`` prints it, or what a static check found of the model."""
-    facts = _dict(report.get("facts"))
+    facts = report.facts
     lines: list[str] = []
     engine = engine_anatomy(report)
     if engine is not None:
@@ -82,10 +89,10 @@ def anatomy_text(report: dict[str, Any]) -> str:
     static = static_facts_lines(facts)
     if static:
         lines += ["", "model (static checks)", *static]
-    env = _dict(report.get("environment"))
+    env = report.environment
     if env:
         lines += ["", "environment"] + [f"  {k:<13} {v}" for k, v in env.items()]
-    timings = _dict(report.get("timings"))
+    timings = report.timings
     if timings:
         seconds = {k: fmt_s(v) if k.endswith("_s") and isinstance(v, int | float) else v for k, v in timings.items()}
         lines += ["", "timings", *(f"  {k:<18} {v}" for k, v in seconds.items())]
@@ -109,11 +116,10 @@ def static_facts_lines(facts: dict[str, Any]) -> list[str]:
     return lines
 
 
-def workload_line(report: dict[str, Any]) -> str:
-    data = _dict(_dict(report.get("profiles")).get("workload"))
-    if not data:
+def workload_line(report: Report) -> str:
+    w = held(report, "profiles", "workload", WorkloadRun)
+    if w is None:
         return ""
-    w = WorkloadRun.of(data)
     return (
         f"workload: {w.prompts} prompt(s) x {w.input_len} tokens in, {w.output_len} out; "
         f"{w.generated_tokens} tokens in {fmt_s(w.wall_s)} ({w.output_tokens_per_s} tok/s)"
@@ -166,7 +172,7 @@ def step_rows(profile: EngineProfile) -> list[tuple[str, ...]]:
     return rows
 
 
-def steps_summary(report: dict[str, Any], profile: EngineProfile) -> str:
+def steps_summary(report: Report, profile: EngineProfile) -> str:
     steps = profile.steps
     lines = [f"{len(steps)} step(s) recorded; timer: {profile.clock or '?'}"]
     if profile.dropped_steps:
@@ -228,7 +234,7 @@ def layers_summary(profile: EngineProfile, sort: str) -> str:
     return "\n".join(lines)
 
 
-def memory_text(report: dict[str, Any]) -> str:
+def memory_text(report: Report) -> str:
     profile = engine_profile(report)
     if not profile.memory:
         return missing(report, "memory breakdown")
@@ -259,7 +265,7 @@ def memory_text(report: dict[str, Any]) -> str:
 KV_CODES = codes_for("kv-cache")
 
 
-def kv_text(report: dict[str, Any]) -> str:
+def kv_text(report: Report) -> str:
     anatomy = engine_anatomy(report)
     kv = anatomy.kv_cache if anatomy is not None else None
     profile = engine_profile(report)
@@ -297,12 +303,13 @@ def _tokens(blocks: int | None, size: int | None) -> str:
     return str(blocks * size) if blocks is not None and size is not None else "?"
 
 
-def kv_usage_series(report: dict[str, Any]) -> list[float]:
+def kv_usage_series(report: Report) -> list[float]:
     return [u.usage for u in engine_profile(report).kv_usage]
 
 
-def kv_findings_text(report: dict[str, Any]) -> str:
-    found = [_dict(f) for f in _list(report.get("findings")) if _dict(f).get("code") in KV_CODES]
+def kv_findings_text(data: dict[str, Any]) -> str:
+    """The KV-cache checks' findings, from the report file's JSON (any doctor's)."""
+    found = [_dict(f) for f in _list(data.get("findings")) if _dict(f).get("code") in KV_CODES]
     if not found:
         return f"KV findings ({', '.join(KV_CODES)}): {NOT_IN_REPORT}"
     first_lines = [(str(f.get("message") or "").splitlines() or [""])[0] for f in found]
