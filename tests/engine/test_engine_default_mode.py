@@ -112,13 +112,14 @@ def test_the_steps_and_the_idle_time_between_them_account_for_the_wall_time(defa
     left ran before the first step and after the last: in this short workload the prompts'
     tokenization and the outputs' detokenization are a fifth of it)."""
     from vllm_doctor.analysis.engine import time_accounting
+    from vllm_doctor.analysis.records import EngineProfile, WorkloadRun
 
     profile = default_mode.report.to_dict()["profiles"]["engine"]
     steps = profile["steps"]
     assert steps[0]["idle_before_s"] is None and all(s["idle_before_s"] >= 0 for s in steps[1:])
     for a, b in itertools.pairwise(steps):
         assert b["t"] - a["t"] == pytest.approx(a["step_s"] + b["idle_before_s"], abs=2e-3)
-    acc = time_accounting(profile, {"wall_s": default_mode.wall_s})
+    acc = time_accounting(EngineProfile.of(profile), WorkloadRun(wall_s=default_mode.wall_s))
     assert acc is not None and acc.between_steps_s == pytest.approx(sum(s["idle_before_s"] for s in steps[1:]))
     # measured, not capped: the steps and the gaps between them fit in the wall time
     assert acc.steps_s + sum(s["idle_before_s"] for s in steps[1:]) <= default_mode.wall_s

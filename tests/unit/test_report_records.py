@@ -8,7 +8,9 @@ tests/fixtures/reports (written by earlier doctors) are read as they are.
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -133,3 +135,65 @@ def test_a_frame_holds_records_and_a_recording_gives_them_back(tmp_path: Path) -
     assert line["devices"] == devices.to_json() and line["model"] == model.to_json()
     again = ReplaySource(path).poll()
     assert again.devices == devices and again.model == model
+
+
+# ---- the rule, held: JSON only at the edges ------------------------------------------------------
+
+PACKAGE = ROOT / "vllm_doctor"
+# where a record becomes JSON: the worker's side of the wire (compat sends its replies), the recorder,
+# `top --once --json`, top's own metrics frame (no record), and a finding's evidence (report.json's)
+TO_JSON_EDGES = {
+    "compat": "the worker's side of the wire: a reply is the record's JSON",
+    "live/record.py": "the recorder writes a frame's records",
+    "cli/top.py": "top --once --json prints them",
+    "live/derive.py": "the metrics frame's own JSON (no record)",
+    "checks/kv_cache.py": "a finding's evidence is JSON",
+    "analysis/engine.py": "memory_breakdown: the memory check's evidence",
+}
+SECTION_KEYS = sorted({key for _, key in SECTIONS})
+KEYS = "|".join(SECTION_KEYS)
+# a section's entry: report.profiles["engine"], data["profiles"].get("engine"), _dict(report.get("profiles")).get("engine")
+HELD = r"""report\w*\.(profiles|facts)\b|['"](profiles|facts)['"]"""  # a report's sections, held or as JSON
+SECTION = rf"""(profiles|facts)['"]?\)*(\[['"]({KEYS})['"]\]|\.get\(['"]({KEYS})['"]\))"""
+
+
+def _modules() -> list[tuple[str, ast.Module]]:
+    return [
+        (path.relative_to(PACKAGE).as_posix(), ast.parse(path.read_text(encoding="utf-8")))
+        for path in sorted(PACKAGE.rglob("*.py"))
+    ]
+
+
+def _edge(rel: str) -> bool:
+    return any(rel == edge or rel.startswith(edge + "/") for edge in TO_JSON_EDGES)
+
+
+def test_no_reader_writes_a_record_back_to_json_mid_process() -> None:
+    found = [
+        f"{rel}:{node.lineno}: {ast.unparse(node)}"
+        for rel, tree in _modules()
+        if not _edge(rel)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "to_json"
+        and not node.args
+    ]  # fmt: skip
+    why = "a record turned into JSON outside the edges (Report.to_dict, the wire, the recorder):\n"
+    assert found == [], why + "\n".join(found)
+
+
+def test_no_reader_indexes_a_sections_json_or_reads_a_held_record_again() -> None:
+    """A report's section that has a record is read by attribute: never ``profiles["engine"]["steps"]``
+    (the record's JSON indexed by key), nor ``EngineProfile.of(report.profiles...)`` (a record the
+    report already holds read again); a report's JSON is read into records where it is read back
+    (read_report, view's ``viewed``)."""
+    indexed = re.compile(SECTION + r"""(\[|\.get\()""")
+    found = []
+    for rel, tree in _modules():
+        for node in ast.walk(tree):
+            text = ast.unparse(node) if isinstance(node, (ast.Subscript, ast.Call)) else ""
+            if isinstance(node, ast.Subscript) and indexed.search(text):
+                found.append(f"{rel}:{node.lineno}: {text}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "of"
+                  and any(re.search(HELD, ast.unparse(a)) for a in node.args)):  # fmt: skip
+                found.append(f"{rel}:{node.lineno}: {text}")
+    assert found == [], "a section that has a record read as JSON:\n" + "\n".join(sorted(set(found)))

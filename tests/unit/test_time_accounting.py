@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
 from vllm_doctor.analysis.engine import idle_between_steps, phase_summary, time_accounting
-from vllm_doctor.analysis.records import EngineProfile
+from vllm_doctor.analysis.records import EngineProfile, TimeAccounting, WorkloadRun
 from vllm_doctor.facts.steps import StepTable
 from vllm_doctor.live.sources import model_summary
 from vllm_doctor.model import Report
@@ -16,12 +17,18 @@ from vllm_doctor.report.profile import accounting_text, render_profile
 from vllm_doctor.tui.panels import model_panel
 from vllm_doctor.units import clock_name
 
+
 # the H200 run of bench/bench_clock.py (Llama-3-8B shape, default mode): 1 prefill + 255 decode steps
+def accounting(profile: dict[str, Any], workload: dict[str, Any] | None) -> TimeAccounting | None:
+    """time_accounting of a profile and a workload as report.json holds them (their records)."""
+    return time_accounting(EngineProfile.of(profile), WorkloadRun.of(workload) if workload is not None else None)
+
+
 H200 = {"prefill": {"steps": 1, "step_s_mean": 0.36522}, "decode": {"steps": 255, "step_s_mean": 0.00745}}
 
 
 def test_steps_that_fit_in_the_wall_time_leave_the_rest_to_the_engines_host() -> None:
-    acc = time_accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 2.358})
+    acc = accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 2.358})
     assert acc is not None and not acc.above_wall
     assert abs(acc.steps_s - (0.36522 + 255 * 0.00745)) < 1e-9 and 0.9 < acc.share < 1.0
     text = accounting_text(acc)
@@ -44,7 +51,7 @@ def test_the_devices_idle_time_between_steps_accounts_for_the_rest_of_the_wall_t
     assert phase_summary(table)["decode"].idle_before_s_mean == pytest.approx(0.0021)
     assert phase_summary(table)["prefill"].idle_before_s_mean is None  # the first step's began before the table
     profile = {"clock": "cuda_events", "phases": phase_summary(table), "idle_between_steps": idle}
-    acc = time_accounting(profile, {"wall_s": 4.977})
+    acc = accounting(profile, {"wall_s": 4.977})
     assert acc is not None and acc.share == pytest.approx((0.3 + 255 * 0.0156) / 4.977)
     assert acc.between_steps_s == pytest.approx(0.5355) and acc.edges_s == pytest.approx(
         4.977 - 0.3 - 255 * 0.0156 - 0.5355
@@ -55,17 +62,17 @@ def test_the_devices_idle_time_between_steps_accounts_for_the_rest_of_the_wall_t
     assert "between steps the device stood idle 535.50 ms (11%, 2.10 ms a step on the device clock" in text
     assert text.endswith("before the first step and after the last (requests in, outputs out)")
     # a gap longer than what the steps leave is capped (the table's first gap is never counted)
-    capped = time_accounting(profile | {"idle_between_steps": dataclasses.replace(idle, total_s=9.0)}, {"wall_s": 4.977})
+    capped = accounting(profile | {"idle_between_steps": dataclasses.replace(idle, total_s=9.0)}, {"wall_s": 4.977})
     assert capped is not None and capped.edges_s == 0.0
 
 
 def test_steps_longer_than_the_workload_are_a_doctor_bug() -> None:
     """The old host-time-as-step clock could not have failed this way; a device clock that double
     counts (overlapping steps) would: the check says so instead of printing the number."""
-    acc = time_accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 1.5})
+    acc = accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 1.5})
     assert acc is not None and acc.above_wall
     assert "DOCTOR BUG" in accounting_text(acc)
-    assert time_accounting({"phases": H200}, None) is None and time_accounting({"phases": {}}, {"wall_s": 1}) is None
+    assert accounting({"phases": H200}, None) is None and accounting({"phases": {}}, {"wall_s": 1}) is None
 
 
 def test_the_forward_share_is_of_the_steps_it_was_timed_on() -> None:
@@ -85,7 +92,7 @@ def test_reports_and_top_name_the_clock() -> None:
                "phases": {"decode": {"steps": 255, "tokens": 32640, "mean_batch": 128.0, "step_s_mean": 0.00745,
                                      "step_s_p50": 0.0074, "step_s_p90": 0.0076, "forward_s_mean": 0.0072,
                                      "forward_share": 0.97, "tokens_per_s": 17181.0}},
-               "time_accounting": time_accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 2.358})}
+               "time_accounting": accounting({"clock": "cuda_events", "phases": H200}, {"wall_s": 2.358})}
     text = render_profile(EngineProfile.of(profile))
     assert text.splitlines()[0] == "forward profile: times on the device clock (CUDA events), per-layer on"
     assert "forward 7.20 ms (97% of its steps)" in text and "  time          steps add up to" in text
@@ -115,14 +122,14 @@ def test_the_edges_are_measured_on_the_hosts_clock_when_both_sides_carry_their_t
     profile = {"clock": "cuda_events", "phases": phase_summary(table), "idle_between_steps": idle_between_steps(table),
                "host_span_s": span}  # fmt: skip
     wall = 0.4 + (span[1] - span[0]) + 0.02
-    acc = time_accounting(profile, {"wall_s": wall, "host_start_s": span[0] - 0.4})
+    acc = accounting(profile, {"wall_s": wall, "host_start_s": span[0] - 0.4})
     assert acc is not None and acc.before_first_s == pytest.approx(0.4) and acc.after_last_s == pytest.approx(0.02)
     assert acc.edges_s == pytest.approx(0.42) and acc.measured_share == pytest.approx(1.0, abs=1e-3)
     text = accounting_text(acc)
     assert "400.00 ms before the first step (requests in: tokenizing, a multimodal processor)" in text
     assert "20.00 ms after the last (outputs out), each measured on the host's clock: 100.0% of the wall time" in text
     # a worker on another host (its monotonic clock is not the driver's): not measured, the rest as before
-    far = time_accounting(profile, {"wall_s": wall, "host_start_s": span[0] + 50.0})
+    far = accounting(profile, {"wall_s": wall, "host_start_s": span[0] + 50.0})
     assert far is not None and far.measured_share is None and far.before_first_s is None
     assert far.edges_s == pytest.approx(wall - far.steps_s - far.between_steps_s)  # type: ignore[operator]
 

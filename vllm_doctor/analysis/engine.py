@@ -563,22 +563,20 @@ def host_span(steps: StepTable) -> list[float] | None:
     return [float(starts[0]), float(starts[-1]) + float(durations[-1])]
 
 
-def time_accounting(
-    profile: EngineProfile | dict[str, Any], workload: WorkloadRun | dict[str, Any] | None
-) -> TimeAccounting | None:
+def time_accounting(profile: EngineProfile, workload: WorkloadRun | None) -> TimeAccounting | None:
     """Do the step times add up to the workload's wall time? Steps of one engine do not overlap, so
     their sum (on the step clock) cannot exceed the wall time around ``llm.generate``; what is left
     ran outside any step (scheduling, output processing, request handling: the engine's host, or
     a device waiting for it). A sum above the wall time is a wrong clock: a doctor bug."""
-    profile = EngineProfile.of(profile)
-    wall = WorkloadRun.of(workload).wall_s
+    run = workload or WorkloadRun()
+    wall = run.wall_s
     if not wall or not profile.phases:
         return None
     total = sum(float(p.steps) * float(p.step_s_mean) for p in profile.phases.values())
     outside = max(0.0, wall - total)
     idle = profile.idle_between_steps
     between = min(outside, idle.total_s) if idle is not None else None
-    before, after = _edges(profile, WorkloadRun.of(workload), wall)
+    before, after = _edges(profile, run, wall)
     measured = None
     if before is not None and after is not None and between is not None:
         measured = (total + between + before + after) / wall

@@ -64,10 +64,13 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm_doctor.compat.prometheus import Family
 from vllm_doctor.constants import DOCTOR_ENV, METRICS_ENV, env_switch
+
+if TYPE_CHECKING:  # the exporter loads in the API server: live.sources only when a window is read
+    from vllm_doctor.live.sources import ModelSummary
 
 WINDOW_S = 5.0  # one window of the workers' records per this many seconds
 RETRY_S = 5.0  # the workers not reachable yet (still loading): try again after this
@@ -143,9 +146,9 @@ class ExportState:
     # those it cannot (a Ray engine's workers on other nodes: each node's channel is its own)
     ranks: dict[str, int] = field(default_factory=dict)
 
-    def add(self, summary: Any) -> None:
-        """One window (a :class:`~vllm_doctor.live.sources.ModelSummary`): its sums onto the
-        counters, its ratios in place of the last ones (a window without steps keeps them)."""
+    def add(self, summary: ModelSummary) -> None:
+        """One window (the channel's record of it): its sums onto the counters, its ratios in
+        place of the last ones (a window without steps keeps them); read by attribute."""
         self.windows += 1
         self.clock = summary.clock or self.clock
         self.model_class = summary.model_class or self.model_class

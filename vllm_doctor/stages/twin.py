@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, TwinAB, TwinMatchInfo, WorkloadRun
+from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, TwinAB, TwinMatchInfo, WorkloadRun, held
 from vllm_doctor.analysis.twin import NoTwin, TwinMatch, find_twin, twin_config
 from vllm_doctor.analysis.twin_compare import TwinSide, compare_runs
 from vllm_doctor.errors import DoctorInputError
@@ -132,10 +132,12 @@ def _prefixed(progress: Progress | None, who: str) -> Progress | None:
 
 
 def _side(report: Report) -> TwinSide:
+    """One side of the A/B: the records its engine-stage report holds."""
+    anatomy = held(report, "facts", ENGINE, EngineAnatomy)
     return TwinSide(
-        engine=EngineProfile.of(report.profiles.get(ENGINE)),
-        workload=WorkloadRun.of(report.profiles.get(WORKLOAD)),
-        compile=EngineAnatomy.of(report.facts.get(ENGINE)).compile,
+        engine=held(report, "profiles", ENGINE, EngineProfile) or EngineProfile(),
+        workload=held(report, "profiles", WORKLOAD, WorkloadRun) or WorkloadRun(),
+        compile=anatomy.compile if anatomy is not None else None,
     )
 
 
@@ -144,7 +146,8 @@ def _ran(report: Report) -> str | None:
     failure = report.facts.get(FAILURE)
     if failure:
         return str(failure).splitlines()[0]
-    if not EngineProfile.of(report.profiles.get(ENGINE)).steps:
+    profile = held(report, "profiles", ENGINE, EngineProfile)
+    if profile is None or not profile.steps:
         return "no steps recorded"
     return None
 
