@@ -46,7 +46,7 @@ import struct
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from vllm_doctor.constants import DIR_ENV
+from vllm_doctor.constants import DIR_ENV, STEP_CLOCKS
 
 PROTOCOL = 1
 HEADER = struct.Struct(">I")
@@ -70,11 +70,15 @@ VERBS: dict[str, dict[str, tuple[type, int | None, int | None]]] = {
         "layers": (bool, None, None),
         "sample_every": (int, 1, 100_000),
         "trace_steps": (int, 0, 100_000),
+        "step_clock": (str, None, None),
     },
     "doctor_arm_probe": {"phases": (list, 1, len(PHASES))},
     "doctor_collect": {"reset": (bool, None, None), "timeline": (bool, None, None)},
     "doctor_detach": {},
 }
+
+# a ``str`` option's values
+CHOICES: dict[str, tuple[str, ...]] = {"step_clock": STEP_CLOCKS}
 
 
 class ChannelError(Exception):
@@ -303,6 +307,9 @@ def validate(request: Any) -> tuple[str, dict[str, Any]]:
         elif kind is int:
             if isinstance(value, bool) or not isinstance(value, int) or not (low or 0) <= value <= (high or value):
                 raise ChannelError(f"{method}: {key} must be an integer in [{low}, {high}]")
+        elif kind is str:
+            if value not in CHOICES[key]:
+                raise ChannelError(f"{method}: {key} must be one of {', '.join(CHOICES[key])}")
         elif kind is list:
             if (
                 not isinstance(value, list)

@@ -40,6 +40,13 @@ SWITCH_ON = "1"  # what the doctor sets a switch of the environment to
 # the private channel from its start until it stops: the workers' hooks are on all that time;
 # off (the default), no scrape or other request turns them on
 METRICS_ENV = "VLLM_DOCTOR_METRICS"
+# which steps carry the device clock's step time on a GPU (vllm_doctor.engine.profiler):
+# "sampled" (the default: the sampled steps and the step after each) or "every" (every step, the
+# doctor's clock before the sampled one); read in the workers when a reader installs without
+# naming one (profile's and the pytest plugin's engines, a served engine's top, attach, /metrics)
+STEP_CLOCK_ENV = "VLLM_DOCTOR_STEP_CLOCK"
+STEP_CLOCKS = ("sampled", "every")
+DEFAULT_STEP_CLOCK = "sampled"
 
 
 def env_switch(name: str) -> bool:

@@ -54,7 +54,7 @@ def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
     marker (what the channel decides about them is what is tested)."""
 
     def install(self: WorkerSession, layers: bool = True, trace_steps: int = 0, sample_every: int = 8,
-                reader: Any = None) -> dict[str, Any]:  # fmt: skip
+                reader: Any = None, step_clock: str | None = None) -> dict[str, Any]:  # fmt: skip
         if self.profiler is None:
             self.profiler = ForwardProfiler(WallClock(), [])
         self.open_window(reader, sample_every)

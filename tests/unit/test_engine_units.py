@@ -591,26 +591,28 @@ class CountingEventClock:
         return float(end.t - start.t)
 
 
+def _run_gpu_steps(prof: ForwardProfiler, sos: list[Any]) -> int:
+    """Each step as the session runs it, the sampled ones with a forward and a logits processor."""
+    samples = 0
+    for so in sos:
+        prof.begin_step(so)
+        if isinstance(prof.current, OpenStep):
+            samples += 1
+            prof.module_enter("", True)
+            prof.module_exit("")
+            prof.module_enter("logits_processor", True)  # starts where the forward ended
+            prof.module_exit("logits_processor")
+        prof.after_execute(0.001, output_is_final=False)
+        prof.after_sample(0.0005)
+    return samples
+
+
 def test_every_step_on_gpu_is_timed_by_an_event_pair_and_samples_add_three_events() -> None:
+    """The every-step clock (``step_clock="every"``, the doctor's clock before the sampled one)."""
     clock = CountingEventClock()
-    prof = ForwardProfiler(clock, select_modules(ToyForCausalLM()))  # type: ignore[arg-type]
-
-    def run(sos: list[Any]) -> int:
-        samples = 0
-        for so in sos:
-            prof.begin_step(so)
-            if isinstance(prof.current, OpenStep):
-                samples += 1
-                prof.module_enter("", True)
-                prof.module_exit("")
-                prof.module_enter("logits_processor", True)  # starts where the forward ended
-                prof.module_exit("logits_processor")
-            prof.after_execute(0.001, output_is_final=False)
-            prof.after_sample(0.0005)
-        return samples
-
+    prof = ForwardProfiler(clock, select_modules(ToyForCausalLM()), step_clock="every")  # type: ignore[arg-type]
     steps = _two_requests(300)
-    samples = run(steps)
+    samples = _run_gpu_steps(prof, steps)
     assert samples == 1 + 8 + 37  # the prefill, 8 warm-up decode steps, then every 8th of 291
     plain = len(steps) - samples
     # every step: an event as execute_model is entered and one as sample_tokens returns; a
@@ -628,6 +630,57 @@ def test_every_step_on_gpu_is_timed_by_an_event_pair_and_samples_add_three_event
     assert all(s["idle_before_s"] == 1.0 for s in rows[1:]) and rows[0]["idle_before_s"] is None
     # one stream: when the newest of the pending steps has completed, so have the others
     assert clock.calls["ready"] <= samples // 32 + plain // 128 + 2
+    assert snap["step_clock"] == "every"
+
+
+def test_the_sampled_step_clock_puts_events_on_the_samples_and_the_step_after_each_only() -> None:
+    """The default step clock on GPU: a sampled step's event pair (and its forward and logits
+    marks), and an event pair on the step after it (its untimed neighbour); every other step
+    carries its host span, named as the host's, with no device idle time."""
+    clock = CountingEventClock()
+    prof = ForwardProfiler(clock, select_modules(ToyForCausalLM()))  # type: ignore[arg-type]
+    steps = _two_requests(300)
+    samples = _run_gpu_steps(prof, steps)
+    assert samples == 1 + 8 + 37  # as with the every-step clock: the same steps are sampled
+    # steps 0-9 are samples (the prefill, 8 warm-up decode steps, the 8th after them), then every 8th
+    neighbours = 37  # the step after step 9, 17, ..., 297
+    assert clock.calls["mark"] == 5 * samples + 2 * neighbours
+    snap = prof.snapshot()
+    assert snap["step_clock"] == "sampled"
+    rows = StepTable.of(snap).rows()
+    assert [r["index"] for r in rows] == list(range(300))
+    device = [r for r in rows if r["step_clock"] == "cuda_events"]
+    host = [r for r in rows if r["step_clock"] == "host"]
+    assert len(device) == samples + neighbours and len(host) == 300 - samples - neighbours
+    after_sample = {r["index"] + 1 for r in rows if r["sampled"]}
+    assert all(r["index"] in after_sample and not r["sampled"] for r in device if not r["sampled"])
+    assert all(r["step_s"] == 1.0 and r["idle_before_s"] == 1.0 for r in device if not r["sampled"])
+    assert all(r["step_s"] >= 0 and r["idle_before_s"] is None and not r["sampled"] for r in host)
+    # the counts are every step's, whichever clock timed it
+    assert [(r["decode_tokens"], r["kv_blocks_used"]) for r in rows[1:]] == [(2, 2)] * 299
+
+
+def test_a_host_clock_step_with_an_encoder_call_waits_for_its_events() -> None:
+    """On the sampled step clock an unsampled step off the device clock is a record once counted,
+    but an encoder call's events (any step that runs the encoder) are read only once completed."""
+    clock = CountingEventClock()
+    prof = ForwardProfiler(clock, [], sample_every=1 << 20)  # type: ignore[arg-type]
+    sos = _two_requests(14)
+    for i, so in enumerate(sos):
+        step = prof.begin_step(so)
+        if i == 12:  # a host-clock step (the samples are 0-9, the device-clock neighbour 10)
+            assert isinstance(step, list) and step[5] is None
+            clock.done = clock.now  # what ran so far has completed, the encoder's events not yet
+            prof.encoder_exit(prof.encoder_enter())
+        prof.after_execute(0.001, output_is_final=False)
+        prof.after_sample(0.0005)
+    prof.resolve(block=False)
+    assert 12 not in {row[0] for row in prof.steps} and 13 in {row[0] for row in prof.steps}
+    clock.done = None
+    rows = StepTable.of(prof.snapshot()).rows()
+    encoded = rows[12]
+    assert encoded["step_clock"] == "host" and encoded["encoder_s"] == 1.0 and encoded["idle_before_s"] is None
+    assert [r["step_clock"] for r in rows[9:14]] == ["cuda_events", "cuda_events", "host", "host", "host"]
 
 
 class RecyclingEventClock(CountingEventClock):
@@ -655,16 +708,18 @@ class RecyclingEventClock(CountingEventClock):
             self.released += 1
 
 
+@pytest.mark.parametrize("step_clock", ["every", "sampled"])
 @pytest.mark.parametrize("collect_every", [1, 3, 1000])
 def test_the_devices_idle_time_between_steps_is_measured_and_no_event_is_reused_while_needed(
-    collect_every: int,
+    collect_every: int, step_clock: str
 ) -> None:
     """Each step's idle_before_s is the time from the previous step's end mark to its start mark.
     The previous end is shared by two steps: with events reused from a free list, giving it back
     before both read it would make the next step read a re-recorded event. Collected after every
-    step (the next step begins after its predecessor was resolved), every 3rd, or at the end."""
+    step (the next step begins after its predecessor was resolved), every 3rd, or at the end.
+    On the sampled step clock only a step on the device clock after one on it has an idle time."""
     clock = RecyclingEventClock()
-    prof = ForwardProfiler(clock, [], sample_every=3)  # type: ignore[arg-type]
+    prof = ForwardProfiler(clock, [], sample_every=3, step_clock=step_clock)  # type: ignore[arg-type]
     gaps = {}
     rows = []
     for i, so in enumerate(_two_requests(60)):
@@ -679,9 +734,14 @@ def test_the_devices_idle_time_between_steps_is_measured_and_no_event_is_reused_
     assert [r["index"] for r in rows] == list(range(60))
     # the first step has no predecessor; each later one is idle for the gap plus the mark of its start
     assert rows[0]["idle_before_s"] is None
-    assert [r["idle_before_s"] for r in rows[1:]] == [gaps[i] + 1.0 for i in range(1, 60)]
+    device = [r["step_clock"] == "cuda_events" for r in rows]
+    assert [r["idle_before_s"] for r in rows[1:]] == [
+        gaps[i] + 1.0 if device[i - 1] and device[i] else None for i in range(1, 60)
+    ]
     assert any(r["sampled"] for r in rows) and any(not r["sampled"] for r in rows)
-    assert clock.released >= 2 * 59  # events do go back for reuse (all but the newest end)
+    assert all(device) if step_clock == "every" else 0 < sum(device) < 60
+    pairs = sum(1 for i in range(1, 60) if device[i - 1] and device[i])
+    assert clock.released >= 2 * pairs  # events do go back for reuse (all but the newest end)
 
 
 def test_an_aborted_step_leaves_no_idle_time_to_the_next() -> None:
@@ -702,7 +762,7 @@ def test_an_aborted_step_leaves_no_idle_time_to_the_next() -> None:
 
 def test_gpu_steps_become_records_only_once_their_events_completed() -> None:
     clock = CountingEventClock()
-    prof = ForwardProfiler(clock, [], sample_every=1 << 30)  # type: ignore[arg-type]
+    prof = ForwardProfiler(clock, [], sample_every=1 << 30, step_clock="every")  # type: ignore[arg-type]
     sos = _two_requests(200)
     clock.done = 0.0  # nothing has run on the device yet
     for so in sos:

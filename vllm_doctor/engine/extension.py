@@ -190,7 +190,9 @@ class DoctorWorkerExtension:
         """Start the forward profiler: per step always, per layer if ``layers`` (default true).
 
         ``sample_every``: after the first steps of each phase, time every N-th step per layer
-        (default 4; 1 = every step). ``trace_steps``: steps kept with their layer events.
+        (default 8; 1 = every step). ``trace_steps``: steps kept with their layer events.
+        ``step_clock``: ``sampled`` or ``every`` (which steps carry the device clock on GPU;
+        default: ``VLLM_DOCTOR_STEP_CLOCK`` in the worker's environment, else ``sampled``).
         """
 
         def run() -> dict[str, Any]:
@@ -204,6 +206,7 @@ class DoctorWorkerExtension:
                 trace_steps=int(opts.get("trace_steps", DEFAULT_TRACE_STEPS)),
                 sample_every=int(opts.get("sample_every", DEFAULT_SAMPLE_EVERY)),
                 reader=opts.get(READER_OPTION),
+                step_clock=opts.get("step_clock"),
             )
 
         return _envelope(self, "doctor_install", run)

@@ -1,14 +1,27 @@
 """The forward profiler that runs inside a worker: per step always, per layer on samples.
 
 Per step (cheap enough to leave on): prefill/decode tokens, batch size, KV blocks in use, host
-time of ``execute_model`` (+ ``sample_tokens``) and the step's time on the device's clock: on
-GPU a CUDA event pair on the current stream from ``execute_model``'s entry to
-``sample_tokens``' return (under async scheduling the host's time is enqueue time, not the
-step), on CPU the wall clock (the host is the device). On sampled steps also the model's forward
-and the logits processor. Per layer: in eager mode the modules :func:`select_modules` picks
-(timing ``forward`` wrappers); in compiled modes the attention calls, the compiled graph's only
-Python calls, split the forward into layers (:meth:`ForwardProfiler.boundary`). Marks are
-resolved lazily: on GPU a step's events are read back only once they completed, or at collection.
+time of ``execute_model`` (+ ``sample_tokens``) and the step's time: on CPU the wall clock (the
+host is the device); on GPU the device's clock, a CUDA event pair on the current stream from
+``execute_model``'s entry to ``sample_tokens``' return (under async scheduling the host's time
+is enqueue time, not the step), on the steps :data:`~vllm_doctor.constants.STEP_CLOCKS` says: ``sampled`` (the default)
+puts the pair on the sampled steps and on the step after each (its untimed neighbour: the
+device-clock step time of a step the doctor does not time inside), the others carry their host
+span (``device_timed`` false); ``every`` puts it on every step (the doctor's behaviour before
+the sampled clock; each pair and its reading cost the host tens of µs a step on an H200). On
+sampled steps also the model's forward and the logits processor.
+
+The counts wait: an unsampled step's wrapper keeps its ``SchedulerOutput`` as captured
+(:meth:`~vllm_doctor.engine.steps.StepTracker.capture`) and the steps are counted in batches of
+:data:`COUNT_BATCH`, in step order, in one warm loop (and before any sampled step, or a reader's
+collection); a step is a record once counted and finished. Where a few attribute reads cannot
+tell the step's phase (:meth:`~vllm_doctor.engine.steps.StepTracker.quick_phase`: a request
+resumed, a prompt's next chunk, speculative tokens) it is counted at once.
+
+Per layer: in eager mode the modules :func:`select_modules` picks (timing ``forward``
+wrappers); in compiled modes the attention calls, the compiled graph's only Python calls, split
+the forward into layers (:meth:`ForwardProfiler.boundary`). Marks are resolved lazily: on GPU a
+step's events are read back only once they completed, or at collection.
 
 Detailed timing is *sampled*: the first :data:`SAMPLE_WARMUP_STEPS` steps of each phase
 (prefill, decode, mixed), then every ``sample_every``-th step of that phase (default
@@ -42,7 +55,13 @@ from itertools import pairwise
 from operator import itemgetter
 from typing import Any
 
-from vllm_doctor.constants import DEFAULT_DETAIL_EVERY, STEP_COLUMN_TYPES, STEP_COLUMNS, STEP_SUMMARY_COLUMNS
+from vllm_doctor.constants import (
+    DEFAULT_DETAIL_EVERY,
+    DEFAULT_STEP_CLOCK,
+    STEP_COLUMN_TYPES,
+    STEP_COLUMNS,
+    STEP_SUMMARY_COLUMNS,
+)
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
 from vllm_doctor.engine.clock import CudaEventClock, WallClock
 from vllm_doctor.engine.graphs import Fixed
@@ -59,6 +78,8 @@ DEFAULT_TRACE_STEPS = 64  # steps whose per-layer events are kept for trace.json
 # finished steps are turned into records in batches (one warm loop instead of a cold call per
 # step); on GPU a batch holds at most this many sampled steps' events
 RESOLVE_BATCH = 32
+# unsampled steps are counted this many at a time (StepTracker.count in one loop)
+COUNT_BATCH = 64
 # a multimodal model's encoder calls: items and embedding rows they returned, and the runner's
 # encoder cache at its fullest (entries, rows, bytes); the budget is the session's to set
 ENCODER_USE_ZERO = {"calls": 0, "items": 0, "rows": 0, "peak_entries": 0, "peak_rows": 0, "peak_bytes": 0}
@@ -117,10 +138,21 @@ class ForwardProfiler:
         trace_steps: int = DEFAULT_TRACE_STEPS,
         sample_every: int = DEFAULT_SAMPLE_EVERY,
         detail_every: int = DEFAULT_DETAIL_EVERY,
+        step_clock: str = DEFAULT_STEP_CLOCK,
     ) -> None:
         self.clock = clock
         self._wall = clock.domain == "host"  # marks are perf_counter floats (no events to resolve)
         self.tracker = StepTracker()
+        # the step clock on every step (True) or on the sampled steps and their next ones
+        self.clock_every = step_clock == "every"
+        self._step_clocks: dict[Any, str] = {}  # reader -> the step clock it asked for ("every" wins)
+        self._clock_next = False  # the next step is a sampled step's untimed neighbour: device clock
+        # unsampled steps not counted yet, in step order: (the step's list, its captured output)
+        self.to_count: list[tuple[list[Any], Any]] = []
+        # finished steps on the wall clock or the host's whose counts wait: (step, step_s, idle_s)
+        self.done_plain: list[tuple[list[Any], float, float]] = []
+        # the doctor's own-time counters (the session's ``own_s``): counting adds to "counts"
+        self.own: dict[str, float] = {"counts": 0.0}
         self.layers_enabled = False  # set by the session once its per-layer timing forwards exist
         self.sample_every = max(1, int(sample_every))
         self._cadences: dict[Any, int] = {}  # reader -> the sample_every it asked for (the finest wins)
@@ -163,24 +195,41 @@ class ForwardProfiler:
 
     # -- step boundaries (called from the execute_model / sample_tokens wrappers) ----------
     def begin_step(self, so: Any) -> OpenStep | list[Any] | None:
-        """Count one ``SchedulerOutput`` and open its step: a sample (:class:`OpenStep`) or not
-        (a list). The hot path of every step. None when nothing is scheduled (not a step)."""
+        """Open the step of one ``SchedulerOutput``: a sample (:class:`OpenStep`, counted now) or
+        not (a list, counted later: ``to_count``). The hot path of every step. None when nothing
+        is scheduled (not a step; counted at once: its finished requests free their blocks)."""
         if self.current is not None:  # the previous step never reached sample_tokens
             self.finish_step()
-        counts = self.tracker.observe(so)
-        if not counts[4]:  # total tokens
-            return None
+        tracker = self.tracker
+        captured = tracker.capture(so)
+        phase = tracker.quick_phase(captured)
+        counts: Any = None
+        if phase is None:
+            counts = self.count_now(captured)
+            if not counts[4]:  # total tokens
+                return None
+            phase = (2 if counts[1] else 1) if counts[0] else 0
         prev, self._last_end = self._last_end, None
-        phase = (2 if counts[1] else 1) if counts[0] else 0
         n = self._phase_steps[phase]
         self._phase_steps[phase] = n + 1
         index = self.step_index
         self.step_index = index + 1
         if n >= SAMPLE_WARMUP_STEPS and (n - SAMPLE_WARMUP_STEPS) % self.sample_every:
-            start = None if self._wall else self.clock.mark(True)
+            start = None
+            if not self._wall and (self._clock_next or self.clock_every):
+                start = self.clock.mark(True)
+            self._clock_next = False
             plain = [index, time.perf_counter(), counts, 0.0, 0.0, start, prev, None]
+            if counts is None:
+                to_count = self.to_count
+                to_count.append((plain, captured))
+                if len(to_count) >= COUNT_BATCH:
+                    self.count_pending()
             self.current = plain
             return plain
+        if counts is None:
+            counts = self.count_now(captured)
+        self._clock_next = not self._wall  # the next step: this one's untimed neighbour on the device clock
         self._stack.clear()
         self._after_forward = None
         detail = False
@@ -237,29 +286,74 @@ class ForwardProfiler:
         self.finish_plain(step, time.perf_counter())
 
     def finish_plain(self, step: list[Any], end: float) -> None:
-        """An unsampled step ended (``end``: perf_counter when its last method returned). On the
-        wall clock it is a record at once; on GPU its end event is recorded and it becomes a
-        record once that event completed (:meth:`resolve`)."""
+        """An unsampled step ended (``end``: perf_counter when its last method returned). On GPU
+        with a start event (or an encoder call's events) its end event is recorded and it becomes
+        a record once that event completed (:meth:`resolve`); else (the wall clock, or the host's
+        on GPU) it is a record once counted."""
         self.current = None
-        if not self._wall:
+        if step[5] is not None or (step[7] and not self._wall):  # device events to read once completed
             pending = self.pending_plain
             pending.append((step, self._end_mark(), end))
             if len(pending) >= 4 * RESOLVE_BATCH:
                 self.resolve(block=False)
             return
-        self._last_end = end
-        self._plain_record(step, end - step[1], self._idle(step[6], step[1]))
+        if self._wall:
+            self._last_end = end
+            idle = self._idle(step[6], step[1])
+        else:  # the host's clock: no device idle time (and none for the next step)
+            self._give_back(step[6])
+            idle = NAN
+        if step[2] is None:
+            self.done_plain.append((step, end - step[1], idle))
+        else:
+            self._plain_record(step, end - step[1], idle)
+
+    def count_now(self, captured: Any) -> Any:
+        """Count ``captured`` now, after the steps still waiting (the tracker counts in step order)."""
+        self.count_pending()
+        t = time.perf_counter()
+        counts = self.tracker.count(captured)
+        self.own["counts"] += time.perf_counter() - t
+        return counts
+
+    def count_pending(self) -> None:
+        """Count the unsampled steps that wait (in step order, one loop), and make records of
+        those that finished: the doctor's own time, in ``own["counts"]``."""
+        to_count = self.to_count
+        if not to_count and not self.done_plain:
+            return
+        t = time.perf_counter()
+        count = self.tracker.count
+        for step, captured in to_count:
+            step[2] = count(captured)
+        to_count.clear()
+        record = self._plain_record
+        for step, step_s, idle in self.done_plain:
+            record(step, step_s, idle)
+        self.done_plain.clear()
+        self.own["counts"] += time.perf_counter() - t
+
+    def want_step_clock(self, reader: Any, step_clock: str) -> None:
+        """``reader`` asks for the device clock on every step (``every``) or on the sampled ones
+        and their next steps (``sampled``): every step while any present reader asks for it."""
+        self._step_clocks[reader] = step_clock
+        self.clock_every = "every" in self._step_clocks.values()
+
+    @property
+    def step_clock(self) -> str:
+        """Which steps carry the device clock's step time (``every``, ``sampled``; on the wall clock every step)."""
+        return "every" if self.clock_every or self._wall else "sampled"
 
     def _plain_record(self, step: list[Any], step_s: float, idle_s: float) -> None:
         steps = self.steps
-        index, host_start, counts, host_execute_s, host_sample_s, _, _, encoder = step
+        index, host_start, counts, host_execute_s, host_sample_s, start, _, encoder = step
         encoder_s = NAN if encoder is None else self._encoder_seconds(encoder)
         if len(steps) >= MAX_STEP_RECORDS:
             self._evict()
         steps.append(
             (
-                index, host_start, counts, step_s, True, None, None, host_execute_s, host_sample_s,
-                False, False, False, idle_s, encoder_s,
+                index, host_start, counts, step_s, self._wall or start is not None, None, None, host_execute_s,
+                host_sample_s, False, False, False, idle_s, encoder_s,
             )
         )  # fmt: skip
 
@@ -440,7 +534,9 @@ class ForwardProfiler:
 
     def _resolve_plain(self, block: bool) -> None:
         """GPU: unsampled steps whose end event completed become records (their step time is
-        the event pair's); all of them when ``block``."""
+        the event pair's); all of them when ``block``. The steps that wait for their counts are
+        counted first."""
+        self.count_pending()
         pending, clock = self.pending_plain, self.clock
         if not pending:
             return
@@ -456,9 +552,12 @@ class ForwardProfiler:
                 ready += 1
         sec, release, give_back = clock.seconds, getattr(clock, "release", None), self._give_back
         for _ in range(ready):
-            step, end, _ = pending.popleft()
+            step, end, host_end = pending.popleft()
             start, prev = step[5], step[6]
-            self._plain_record(step, sec(start, end), self._idle(prev, start))
+            if start is None:  # on the host's clock, with an encoder call's events to read
+                self._plain_record(step, host_end - step[1], NAN)
+            else:
+                self._plain_record(step, sec(start, end), self._idle(prev, start))
             if release is not None:
                 release(start)
             give_back(prev)
@@ -690,6 +789,8 @@ class ForwardProfiler:
         finest of the readers left."""
         if self._cadences.pop(reader, None) is not None and self._cadences:
             self.sample_every = min(self._cadences.values())
+        if self._step_clocks.pop(reader, None) is not None:
+            self.clock_every = "every" in self._step_clocks.values()
         if self.windows.pop(reader, None) is not None:
             self._trim()
 
@@ -732,6 +833,8 @@ class ForwardProfiler:
         encoder = {**self.encoder_use, **{k: self.encoder_use[k] - window.encoder.get(k, 0) for k in ENCODER_SUMS}}
         out = {
             "clock": self.clock.kind,
+            # which steps carry that clock's step time (the others: the host's, device_timed false)
+            "step_clock": self.step_clock,
             "sample_every": self.sample_every,
             "sample_warmup_steps": SAMPLE_WARMUP_STEPS,
             "detail_every": self.detail_every,

@@ -16,6 +16,7 @@ recorded as a crash, that piece is switched off, and vLLM's own call goes on unt
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import traceback
@@ -25,7 +26,7 @@ from torch import nn
 
 from vllm_doctor.compat import mixers
 from vllm_doctor.compat import worker as wv
-from vllm_doctor.constants import GRAPH_TIMING_ENV, SWITCH_ON
+from vllm_doctor.constants import DEFAULT_STEP_CLOCK, GRAPH_TIMING_ENV, STEP_CLOCK_ENV, STEP_CLOCKS, SWITCH_ON
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
 from vllm_doctor.engine.clock import clock_for
 from vllm_doctor.engine.layers import decoder_layer_name, layer_index, moe_parts, select_modules
@@ -100,8 +101,9 @@ class WorkerSession:
         self.crashes: list[dict[str, Any]] = []
         self.disabled: set[str] = set()
         self.profiler: ForwardProfiler | None = None
-        # the doctor's own host time while attached (measured inside its wrappers and hooks) ...
-        self.own_s: dict[str, float] = {"wrappers": 0.0, "timers": 0.0, "layer_forwards": 0.0}
+        # the doctor's own host time while attached (measured inside its wrappers and hooks; "counts":
+        # the steps' counting, which waits for a batch and runs in a wrapper or a reader's collect) ...
+        self.own_s: dict[str, float] = {"wrappers": 0.0, "counts": 0.0, "timers": 0.0, "layer_forwards": 0.0}
         # ... and in the watchers' calls between steps (extension.TIMED_RPCS); both cumulative:
         # each reader's window is the difference from where it last reset (``windows``)
         self.rpc_s = 0.0
@@ -190,13 +192,17 @@ class WorkerSession:
         trace_steps: int = DEFAULT_TRACE_STEPS,
         sample_every: int = DEFAULT_SAMPLE_EVERY,
         reader: Any = None,
+        step_clock: str | None = None,
     ) -> dict[str, Any]:
         """Start the profiler (or keep the one running), and open ``reader``'s window: what it
         collects counts from here (each reader of the private channel has its own; callers
-        through vLLM's ``collective_rpc`` share the one of ``None``)."""
+        through vLLM's ``collective_rpc`` share the one of ``None``). ``step_clock``: which steps
+        carry the device clock on GPU (:data:`~vllm_doctor.constants.STEP_CLOCKS`; None:
+        ``VLLM_DOCTOR_STEP_CLOCK`` in the worker's environment, else ``sampled``)."""
         model = wv.model(self.worker)
         if model is None:
             raise RuntimeError("the worker has no model loaded yet")
+        step_clock = step_clock_of(step_clock)
         state = wv.compile_state(self.worker)
         if self.profiler is None:
             lm = wv.language_model(model)
@@ -208,7 +214,8 @@ class WorkerSession:
             )
             clock = clock_for(wv.device(self.worker))
             clock.reserve(RESOLVE_BATCH * (2 * len(timed) + 8))  # a batch of samples' marks (capped)
-            self.profiler = ForwardProfiler(clock, timed, trace_steps, sample_every)
+            self.profiler = ForwardProfiler(clock, timed, trace_steps, sample_every, step_clock=step_clock)
+            self.profiler.own = self.own_s
             self._wrap_runner()
             # the root model's forward where it runs Python: eager mode, or a root class that
             # vLLM does not compile (vLLM's own models compile their inner model: the root's
@@ -237,7 +244,7 @@ class WorkerSession:
                 self._merge = [self._merge_call(model, merge)]
                 for obj, attr, fn, _ in self._merge:
                     obj.__dict__[attr] = fn
-        self.open_window(reader, sample_every)
+        self.open_window(reader, sample_every, step_clock)
         if layers and not self.layers_on:
             if state["eager"]:
                 boundaries: list[Armed] = []
@@ -326,6 +333,7 @@ class WorkerSession:
         return {
             "installed": True,
             "clock": self.profiler.clock.kind,
+            "step_clock": self.profiler.step_clock,
             "layers_on": self.layers_on,
             "sample_every": self.profiler.sample_every,
             "layers_reason": self.layers_reason,
@@ -633,6 +641,7 @@ class WorkerSession:
 
         def step(*args: Any, **kwargs: Any) -> Any:
             t0 = clock()
+            counted = own["counts"]  # counting done in here is its own part
             if "steps" not in disabled:
                 try:
                     if self.faults:
@@ -664,7 +673,7 @@ class WorkerSession:
                             self._end_special()
                 except Exception as exc:
                     self._crashed("steps", exc)
-            own["wrappers"] += (t - t0) + (clock() - t1)
+            own["wrappers"] += (t - t0) + (clock() - t1) - (own["counts"] - counted)
             return out
 
         execute_model.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
@@ -681,6 +690,7 @@ class WorkerSession:
 
         def sample(*args: Any, **kwargs: Any) -> Any:
             t = clock()
+            counted = own["counts"]
             try:
                 return original(*args, **kwargs)
             finally:
@@ -697,7 +707,7 @@ class WorkerSession:
                             self._end_special()
                     except Exception as exc:
                         self._crashed("steps", exc)
-                own["wrappers"] += clock() - t1
+                own["wrappers"] += clock() - t1 - (own["counts"] - counted)
 
         sample_tokens.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return sample_tokens
@@ -709,6 +719,8 @@ class WorkerSession:
             self._end_probe_step()
             return
         sampled = isinstance(step, OpenStep)
+        if isinstance(step, list) and step[2] is None and self.profiler is not None:  # the probe reads its phase now
+            self.profiler.count_pending()
         counts = step.counts if isinstance(step, OpenStep) else step[2]
         self.probe_step = bool(self.probe_plan) and self._probe_wants(phase_of(counts))
         if sampled or self.probe_step:
@@ -822,7 +834,10 @@ class WorkerSession:
             "layers_reason": self.layers_reason,
         }
         if self.profiler is not None:
+            counted = self.own_s["counts"]
             data.update(self._safely("collect", self.profiler.snapshot, reset, timeline, reader) or {})
+            # the steps counted for this collect are the doctor's counting ("counts"), not its call's time
+            self.rpc_s -= self.own_s["counts"] - counted
             data["num_blocks"] = _num_blocks(self.worker)
             now = time.perf_counter()
             t0, own0, rpc0 = self.windows[reader]
@@ -837,11 +852,14 @@ class WorkerSession:
             data["mm_merge"] = {"method": self._merge[0][1] if self._merge else None, "calls": list(self.merge_calls)}
         return data
 
-    def open_window(self, reader: Any, sample_every: int = DEFAULT_SAMPLE_EVERY) -> None:
+    def open_window(
+        self, reader: Any, sample_every: int = DEFAULT_SAMPLE_EVERY, step_clock: str = DEFAULT_STEP_CLOCK
+    ) -> None:
         """``reader``'s window of the running profiler starts now (one it has stays open), at the
-        sampling cadence it asks for."""
+        sampling cadence and on the step clock it asks for."""
         assert self.profiler is not None
         self.profiler.want_sample_every(reader, sample_every)
+        self.profiler.want_step_clock(reader, step_clock)
         self.profiler.open_window(reader)
         if reader not in self.windows:
             self.windows[reader] = (time.perf_counter(), dict(self.own_s), self.rpc_s)
@@ -855,6 +873,17 @@ class WorkerSession:
 
 
 MERGE_CALLS_CHECKED = 3
+
+
+def step_clock_of(asked: str | None) -> str:
+    """The step clock a reader asked for, else the worker environment's (``VLLM_DOCTOR_STEP_CLOCK``),
+    else :data:`~vllm_doctor.constants.DEFAULT_STEP_CLOCK`; ValueError for a name not in
+    :data:`~vllm_doctor.constants.STEP_CLOCKS`."""
+    value = asked if asked is not None else (os.environ.get(STEP_CLOCK_ENV, "").strip().lower() or DEFAULT_STEP_CLOCK)
+    if value not in STEP_CLOCKS:
+        source = "step_clock" if asked is not None else STEP_CLOCK_ENV
+        raise ValueError(f"{source}={value!r}: the step clock is one of {', '.join(STEP_CLOCKS)}")
+    return value
 
 
 def _compare_merge(out: Any, embeds: Any, mask: Any) -> dict[str, Any]:

@@ -86,6 +86,7 @@ class EngineDoctor:
         probe_phases: Iterable[str] = ("prefill", "decode"),
         select: Iterable[str] = (),
         ignore: Iterable[str] = (),
+        step_clock: str | None = None,
     ) -> None:
         self.handle: EngineHandle | HttpEngineHandle | ChannelHandle
         if isinstance(engine, (EngineHandle, HttpEngineHandle, ChannelHandle)):
@@ -94,6 +95,9 @@ class EngineDoctor:
             self.handle = served_engine(engine) if isinstance(engine, str) else EngineHandle(engine)
         self.layers = layers
         self.sample_every = sample_every
+        # which steps carry the device clock on GPU (constants.STEP_CLOCKS); None: the workers'
+        # environment's VLLM_DOCTOR_STEP_CLOCK, else "sampled"
+        self.step_clock = step_clock
         self.probe = probe
         self.probe_phases = list(probe_phases)
         self.select = set(select)
@@ -109,9 +113,10 @@ class EngineDoctor:
     def attach(self) -> EngineDoctor:
         t = time.perf_counter()
         self.handle.ensure_extension()
-        self.install_replies = self.handle.rpc(
-            "doctor_install", {"layers": self.layers, "sample_every": self.sample_every}
-        )
+        install: dict[str, Any] = {"layers": self.layers, "sample_every": self.sample_every}
+        if self.step_clock is not None:
+            install["step_clock"] = self.step_clock
+        self.install_replies = self.handle.rpc("doctor_install", install)
         if self.probe:
             self.probe_replies = self.handle.rpc("doctor_arm_probe", {"phases": self.probe_phases})
         self.attached = True
@@ -203,6 +208,7 @@ def attach(
     probe: bool = True,
     select: Iterable[str] = (),
     ignore: Iterable[str] = (),
+    step_clock: str | None = None,
 ) -> EngineDoctor:
     """Attach to ``engine``; use as a context manager.
 
@@ -210,10 +216,18 @@ def attach(
     served engine (``"http://127.0.0.1:8000"``, started with ``VLLM_DOCTOR=1`` by this user: its
     private channel). Raises :class:`ExtensionMissing` (with the fix) if the engine
     lacks the extension, and :class:`vllm_doctor.compat.http.ServerError` if a URL cannot be
-    reached or has no ``/collective_rpc``.
+    reached or has no ``/collective_rpc``. ``step_clock``: which steps carry the device clock on a
+    GPU, ``"sampled"`` (the sampled steps and the step after each) or ``"every"``; None: the
+    workers' ``VLLM_DOCTOR_STEP_CLOCK``, else ``"sampled"``.
     """
     return EngineDoctor(
-        engine, layers=layers, sample_every=sample_every, probe=probe, select=select, ignore=ignore
+        engine,
+        layers=layers,
+        sample_every=sample_every,
+        probe=probe,
+        select=select,
+        ignore=ignore,
+        step_clock=step_clock,
     ).attach()
 
 
