@@ -2,7 +2,8 @@
 
 One session-scoped single-process engine, started as users start it (no ``enforce_eager``): the
 forward is compiled, so the per-layer timings come from the attention calls (the compiled graph's
-only Python calls), the forward's from the root model's Python forward. Asserts that the outputs
+only Python calls), the forward's from the runner's call of the model (vLLM's V1 runner, which the
+CPU runner subclasses: ``_model_forward``, where a GPU's FULL CUDA graph replays). Asserts that the outputs
 are bit-identical with and without the doctor (every step sampled, per-layer wrappers on), that
 forward and per-layer times exist and account for the forward, and that the steps fit in the wall
 time of the workload (steps of one engine do not overlap). No wall-clock thresholds.
@@ -36,6 +37,8 @@ class Run:
     mode: dict[str, Any]
     layer_wrappers: int  # the doctor's wrappers while attached (attention calls)
     left_on_impls: int  # attention implementations still carrying one after detach
+    timer_targets: list[str]  # what the doctor's timers time while attached
+    left_on_runner: list[str]  # the doctor's instance attributes left on the model runner after detach
 
 
 def _generate(llm: Any) -> list[list[int]]:
@@ -64,11 +67,13 @@ def default_mode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             t = time.perf_counter()
             during = _generate(llm)
             wall = time.perf_counter() - t
-            wrappers = EngineHandle(llm).rpc("doctor_status")[0]["data"]["layer_wrappers"]
+            status = EngineHandle(llm).rpc("doctor_status")[0]["data"]
         after = _generate(llm)
         worker = llm.llm_engine.model_executor.driver_worker.worker
         left = sum(1 for c in mixer_calls(wv.forward_context(worker)) if set(c.attrs) & set(vars(c.obj)))
-        yield Run(base, during, after, wall, doc.report(), execution_mode(llm), wrappers, left)
+        on_runner = [k for k in ("_model_forward", "execute_model", "sample_tokens") if k in vars(worker.model_runner)]
+        yield Run(base, during, after, wall, doc.report(), execution_mode(llm), status["layer_wrappers"], left,
+                  status["timer_targets"], on_runner)
     finally:
         shutdown(llm)
         if saved is None:
@@ -137,3 +142,14 @@ def test_no_rate_above_a_peak_and_none_claimed_on_cpu(default_mode: Run) -> None
 def test_detach_takes_the_attention_wrappers_off(default_mode: Run) -> None:
     assert default_mode.layer_wrappers >= LAYERS  # each layer's attention (and KV write) calls were wrapped
     assert default_mode.left_on_impls == 0
+
+
+def test_the_forward_is_timed_at_the_v1_runners_model_call_and_detach_takes_it_off(default_mode: Run) -> None:
+    """vLLM's V1 runner calls the model through ``_model_forward`` (on a GPU a CUDAGraphWrapper that
+    replays a FULL graph: no Python of the model runs): the doctor times the forward there, in place
+    of the root model's forward (the two would nest), on sampled steps only, and detach takes it off."""
+    runner_timers = [t for t in default_mode.timer_targets if t.endswith("._model_forward")]
+    assert len(runner_timers) == 1 and "Runner" in runner_timers[0], default_mode.timer_targets
+    others = [t for t in default_mode.timer_targets if t not in runner_timers]
+    assert not any(t.startswith("LlamaForCausalLM.") for t in others), default_mode.timer_targets
+    assert default_mode.left_on_runner == []  # nor the step wrappers

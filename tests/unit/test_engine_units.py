@@ -1850,6 +1850,24 @@ def test_compiled_mode_layers_are_cut_at_the_attention_calls() -> None:
     assert tables.by_kind == {"embedding": 1.0, "attention": 6.0, "dense": 4.0, "other": 0.0}
 
 
+def test_without_the_forwards_marks_the_first_and_last_layer_spans_are_missing() -> None:
+    """Why the V1 runner's decode showed "forward n/a" and 31 of 32 layers: its FULL CUDA graph ran
+    the attention calls' events but nothing timed the forward around them, and the span before the
+    first attention and the last layer's (to the forward's end) need the forward's marks. The
+    doctor now times the V1 runner's ``_model_forward`` (the engine tier's default-mode test)."""
+    prof = _compiled_profiler()
+    prof.begin_step(_two_requests(1)[0])
+    for name in ATTN:  # no module_enter(""): the forward is not timed
+        prof.boundary(name, True)
+        prof.boundary(name, False)
+        prof.clock.mark()
+    prof.after_execute(0.001, output_is_final=True)
+    snap = prof.snapshot()
+    names = {m["name"] for m in snap["layers"]}
+    assert "model.layers.0" in names and "model.layers.1" not in names and "[before the first attention]" not in names
+    assert StepTable.of(snap).rows()[0]["forward_s"] is None
+
+
 def test_a_compiled_step_without_attention_calls_has_no_layer_times() -> None:
     """A step that replayed a FULL CUDA graph with no events in it ran no Python inside the forward:
     it is not a per-layer sample (its forward would dilute the layers' share)."""

@@ -209,6 +209,20 @@ def full_graph_replay(worker: Any) -> tuple[Any, str] | None:
     return None
 
 
+def model_forward_call(worker: Any) -> tuple[Any, str] | None:
+    """(runner, method) through which the V1 model runner calls the model in ``execute_model``:
+    ``_model_forward(input_ids=..., positions=..., ...)``, which calls ``self.model`` (in default
+    mode a ``CUDAGraphWrapper`` that replays a FULL CUDA graph, or the compiled forward). The
+    CPU runner subclasses it. None where the runner has no such method (the V2 runner calls
+    ``self.model`` or ``cudagraph_manager.run_fullgraph`` inline)."""
+    mr = runner(worker)
+    if mr is None or not hasattr(mr, "__dict__"):
+        return None
+    if callable(getattr(type(mr), "_model_forward", None)):
+        return mr, "_model_forward"
+    return None
+
+
 def runner_kind(worker: Any) -> str:
     """ "v2" for vLLM's V2 model runner (``vllm.v1.worker.gpu.model_runner`` or a subclass)."""
     mr = runner(worker)

@@ -173,6 +173,9 @@ class WorkerSession:
         return {
             "wrapped_methods": sorted(n for n in WRAPPED_METHODS if _is_doctor_wrapper(vars(mr).get(n))),
             "timers": len(self._timers),
+            # what each timer times, as "Class.attribute" (the root model's or logits processor's
+            # forward, the V2 runner's run_fullgraph, the V1 runner's _model_forward)
+            "timer_targets": [f"{type(obj).__name__}.{attr}" for obj, attr, _, _ in self._timers],
             "layer_wrappers": len(self._layer_wrappers),
             "armed": len(self._armed) + len(self._armed_layers),
             "probe_hooks": len(self.probe._handles) if self.probe else 0,
@@ -220,11 +223,17 @@ class WorkerSession:
             # the root model's forward where it runs Python: eager mode, or a root class that
             # vLLM does not compile (vLLM's own models compile their inner model: the root's
             # forward calls it); a compiled root's __call__ hands ``self.forward`` to the compiler.
-            # A FULL CUDA graph replays the whole forward without either: its replay is timed.
-            # The logits processor runs eagerly outside the compiled forward either way
-            if state["eager"] or not wv.compiled_root(model):
-                self._timers.append(self._timing_forward(model, "", "timers", "steps", outer=True, probe=True))
+            # A FULL CUDA graph replays the whole forward without either: the V2 runner's replay
+            # is timed; in compiled modes the V1 runner's call of the (graph-wrapped) model
+            # (``_model_forward``: a replay, or the compiled forward) is timed in place of the
+            # root's forward (the two would nest). The logits processor runs eagerly outside the
+            # compiled forward either way
             replay = wv.full_graph_replay(self.worker)
+            model_call = None if state["eager"] or replay is not None else wv.model_forward_call(self.worker)
+            if model_call is not None:
+                self._timers.append(self._timing_call(*model_call, "", "timers", "steps"))
+            elif state["eager"] or not wv.compiled_root(model):
+                self._timers.append(self._timing_forward(model, "", "timers", "steps", outer=True, probe=True))
             if replay is not None:
                 self._timers.append(self._timing_call(*replay, "", "timers", "steps"))
             self._timers += [
