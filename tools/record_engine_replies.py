@@ -6,9 +6,9 @@
     python tools/record_engine_replies.py --diff          # re-run, compare with the recordings, write nothing
     python tools/record_engine_replies.py --list
 
-Each case is a doctor command (``profile``, ``check --engine``) run in this process; its engine
-children start the real vLLM and what each engine stage answered (the workers' facts, profiles,
-timings) and the engine log it wrote are saved as
+Each case is a doctor command (``profile``, ``check``, ``check --engine``) run in this process; its
+children import the real vLLM and start its engines, and what each child answered (the import and
+weights passes' facts, the workers' facts, profiles and timings) and the log it wrote are saved as
 ``tests/data/engine_replies/vllm-<version>/<case>.json.gz`` with the vLLM version that made them.
 The unit tier replays them (tests/unit/test_engine_replies*.py); the engine tier re-runs one case per
 family and fails where vLLM no longer answers as recorded. Re-record after a change to what the
@@ -61,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
                     recording, run = engine_replies.record(name, Path(tmp))
                     path = engine_replies.save(recording)
                     where = path.relative_to(engine_replies.REPO)
-                    said = f"exit {run.rc}, {len(recording['stages'])} engine stage(s) -> {where}"
+                    tasks = [c["task"] for c in recording["children"]]
+                    said = f"exit {run.rc}, children {', '.join(tasks)} -> {where}"
             except Exception as exc:  # a case that cannot record is named, the others go on
                 failed += 1
                 said = f"FAILED: {type(exc).__name__}: {exc}"

@@ -107,8 +107,9 @@ def test_eager_mode_times_each_mixer_module_by_its_kind(tmp_path: Path) -> None:
 def test_a_recording_is_the_engines_answer_with_the_vllm_that_made_it() -> None:
     recording = engine_replies.load("kinds-mla-deepseek-v2")
     assert engine_replies.path_of("kinds-mla-deepseek-v2", recording["vllm"]).is_file()
-    assert len(recording["stages"]) == 1 and recording["rc"] == 0
-    assert "KV cache size" in recording["stages"][0]["log"]
+    engines = [c for c in recording["children"] if c["task"] == "engine"]
+    assert len(engines) == 1 and recording["rc"] == 0
+    assert "KV cache size" in engines[0]["log"]
     assert engine_replies.essentials(recording)["stages"][0]["workers"][0]["kv_layers"][0][1:3] == [
         "mla",
         "MLAAttentionSpec",
