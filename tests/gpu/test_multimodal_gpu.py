@@ -1,6 +1,6 @@
 """The vision-language example on an NVIDIA GPU (``pytest -m gpu tests/gpu/test_multimodal_gpu.py``).
 
-What tests/engine/test_multimodal_parity.py and test_multimodal_profile.py assert on CPU, on
+What tests/engine/test_multimodal_parity.py and tests/unit/test_multimodal_profile_replies.py assert on CPU, on
 ``cuda``: parity with one image per prompt (the working example agrees, vision tower and
 projector included; the variant whose tower keeps its construction values is named "vision
 tower"), and a profile in vLLM's default mode whose encoder calls are timed on the device clock,

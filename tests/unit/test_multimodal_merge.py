@@ -1,6 +1,6 @@
 """VD213's two halves without an engine: the worker's comparison of one ``embed_input_ids`` call
 (real torch tensors, as the session's wrapper gets them) and the check over the replies.
-The engine run: tests/engine/test_multimodal_profile.py."""
+The engine run: tests/unit/test_multimodal_profile_replies.py (recorded)."""
 
 from __future__ import annotations
 

@@ -1,68 +1,38 @@
-"""`profile` on the vision-language example (examples/tiny_vl_plugin) on a real vLLM CPU engine:
-prompts carry an image each (the processor's dummy-image size, random pixels per prompt), the
-encoder (``embed_multimodal``: vision tower and projector) is timed apart from the decoder on the
-step clock, per step and per phase, and the per-layer tables hold the language model's modules
-only. ``--images 0`` gives text prompts and no encoder time."""
+"""`profile` on the vision-language example (examples/tiny_vl_plugin) on its engine's recorded replies
+(tests/fixtures/engine_replies.py, cases ``mm-ok-eager``, ``mm-ok-twin``,
+``mm-embeddings-not-merged-eager``, recorded on a vLLM CPU engine by
+``tools/record_engine_replies.py``): prompts carry an image each (the processor's dummy-image size,
+random pixels per prompt), the encoder (``embed_multimodal``: vision tower and projector) is timed
+apart from the decoder on the step clock, per step and per phase, and the per-layer tables hold the
+language model's modules only."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import REPO
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
+from tests.fixtures import engine_replies
 
 
-@pytest.fixture(scope="module")
-def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("mm")
-    subprocess.run(
-        [sys.executable, str(REPO / "examples" / "make_multimodal.py"), str(out), "--only", "mm-ok",
-         "mm-embeddings-not-merged"],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
-    return out
+def _replayed(case: str, workdir: Path, returncode: int = 0) -> tuple[engine_replies.Run, dict[str, Any]]:
+    run = engine_replies.replay(case, workdir)
+    assert run.rc == returncode, run.stdout[-3000:] + run.stderr[-3000:]
+    return run, run.report()
 
 
 @pytest.fixture(scope="module")
-def example(examples: Path) -> Path:
-    return examples / "mm-ok"
-
-
-def _profile(
-    example: Path, out: Path, *args: str, returncode: int = 0
-) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
-    # what PYTHONPATH already holds stays after them (the GPU machine carries vLLM in that way)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(example / "site"), str(REPO), os.environ.get("PYTHONPATH")] if p)
-    proc = subprocess.run(
-        [sys.executable, "-m", "vllm_doctor", "profile", str(example / "model"), "--out", str(out),
-         "--prompts", "3", "--input-len", "24", "--output-len", "8", *args],
-        env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == returncode, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc, json.loads((out / "report.json").read_text())
-
-
-@pytest.fixture(scope="module")
-def eager(example: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], dict]:
-    return _profile(example, tmp_path_factory.mktemp("eager"), "--eager")
+def eager(tmp_path_factory: pytest.TempPathFactory) -> tuple[engine_replies.Run, dict]:
+    return _replayed("mm-ok-eager", tmp_path_factory.mktemp("eager"))
 
 
 def test_prompts_carry_an_image_each_and_the_encoder_is_timed_apart(eager: tuple[Any, dict]) -> None:
     proc, report = eager
     workload = report["profiles"]["workload"]
     assert (workload["images_per_prompt"], workload["image_size"]) == (1, [32, 32])
-    assert "1 image(s) each (32x32)" in proc.stderr
     assert " in + 1 image (32x32) / " in proc.stdout  # the workload line
     engine = report["profiles"]["engine"]
     steps = engine["steps"]
@@ -131,12 +101,12 @@ def test_per_layer_tables_hold_the_language_models_modules_only(eager: tuple[Any
     assert [row["layer"] for row in by_layer] == [0, 1]
 
 
-def test_the_twin_of_a_multimodal_port_is_its_decoders_fed_text_prompts(example: Path, tmp_path: Path) -> None:
+def test_the_twin_of_a_multimodal_port_is_its_decoders_fed_text_prompts(tmp_path: Path) -> None:
     """``--twin auto`` on the vision-language port: vLLM's LlamaForCausalLM stands for the language
     model (``language_model.*``); both runs get text prompts (images 0: the port's report has no
     image and no encoder time) and random weights, and the A/B compares the decoders."""
-    proc, report = _profile(example, tmp_path, "--eager", "--twin", "auto")
-    for side in (report, json.loads((tmp_path / "twin" / "report.json").read_text())):
+    proc, report = _replayed("mm-ok-twin", tmp_path)
+    for side in (report, json.loads((proc.out / "twin" / "report.json").read_text())):
         assert "images_per_prompt" not in side["profiles"]["workload"]
         assert all(s["encoder_s"] is None for s in side["profiles"]["engine"]["steps"])
         assert side["profiles"]["engine_kwargs"]["load_format"] == "dummy"
@@ -164,12 +134,10 @@ def test_the_image_embeddings_are_on_the_placeholder_rows(eager: tuple[Any, dict
     ), finding
 
 
-def test_embed_input_ids_that_drops_the_images_is_vd213(examples: Path, tmp_path: Path) -> None:
+def test_embed_input_ids_that_drops_the_images_is_vd213(tmp_path: Path) -> None:
     """mm-embeddings-not-merged: vLLM runs it silently (tests/engine/test_multimodal_ground_truth.py);
     the doctor compares the merge's output rows with the image embeddings: none of them is there."""
-    proc, report = _profile(
-        examples / "mm-embeddings-not-merged", tmp_path, "--eager", "--prompts", "2", "--output-len", "2", returncode=1
-    )
+    proc, report = _replayed("mm-embeddings-not-merged-eager", tmp_path, returncode=1)
     finding = _finding(report, "VD213")
     assert finding["outcome"] == "fail" and finding["severity"] == "error"
     # two prompts of one 32x32 image each: 2 x 16 placeholder rows, prefilled in one step
