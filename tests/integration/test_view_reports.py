@@ -1,5 +1,6 @@
 """``vllm-doctor view`` on reports the real doctor writes in this session: ``profile`` of the example
-model on a real vLLM CPU engine, and ``check --json`` of a broken example. Each pane is compared
+model (eager, on its engine's recorded reply: tests/fixtures/engine_replies.py, case
+``ok-eager-deep``), and ``check --json`` of a broken example. Each pane is compared
 with the report's own numbers, so a change of the report's shape that the view does not follow
 fails here (the committed-report tests are tests/unit/test_view.py).
 """
@@ -15,6 +16,7 @@ import pytest
 from textual.widgets import DataTable
 
 from tests.conftest import run_doctor, variant_env
+from tests.fixtures import engine_replies
 from tests.fixtures.tui import drive, text_of
 from vllm_doctor.checks import CATALOGUE
 from vllm_doctor.report.rule import render_rule
@@ -27,14 +29,11 @@ pytestmark = [
 
 
 @pytest.fixture(scope="session")
-def profile_dir(examples_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("view-profile")
-    # eager: a fast engine, each module timed (the layers pane); the example compiles in vLLM's default mode
-    args = ["profile", str(examples_dir / "ok" / "model"), "--out", str(out), "--eager", "--prompts", "2",
-            "--input-len", "16", "--output-len", "4", "-q"]  # fmt: skip
-    proc = run_doctor(args, variant_env(examples_dir, "ok"), timeout=600)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return out
+def profile_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # eager: each module timed (the layers pane)
+    run = engine_replies.replay("ok-eager-deep", tmp_path_factory.mktemp("view-profile"))
+    assert run.rc == 0, run.stdout[-2000:] + run.stderr[-3000:]
+    return run.out
 
 
 @pytest.fixture(scope="session")
