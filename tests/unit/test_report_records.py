@@ -73,7 +73,7 @@ def test_a_recorded_report_reads_into_records(path: Path) -> None:
     report = read_report(data)
     held = 0
     for (section, key), record in SECTIONS.items():
-        if key in data.get(section, {}):
+        if data.get(section, {}).get(key):  # an empty section ({}, null) stays as it is
             assert isinstance(getattr(report, section)[key], record), (section, key)
             held += 1
     assert held or not (data.get("profiles") or data["facts"].get("engine"))
@@ -197,3 +197,63 @@ def test_no_reader_indexes_a_sections_json_or_reads_a_held_record_again() -> Non
                   and any(re.search(HELD, ast.unparse(a)) for a in node.args)):  # fmt: skip
                 found.append(f"{rel}:{node.lineno}: {text}")
     assert found == [], "a section that has a record read as JSON:\n" + "\n".join(sorted(set(found)))
+
+
+# ---- the weights pass's reply as records ---------------------------------------------------------
+
+
+def test_the_weights_pass_reply_is_read_once_into_records_and_the_checks_read_attributes() -> None:
+    """VD301-VD304 read the weights pass's reply as its record (Facts.usable_weights): the same
+    findings and evidence as the reply's JSON gives; a finding's evidence stays JSON."""
+    from vllm_doctor.checks import run_checks
+    from vllm_doctor.facts.checkpoint import CheckpointFacts, FileHeader, TensorHeader
+    from vllm_doctor.facts.static import Facts, HandedTo, ParamLoad, TensorLoad, WeightLoad
+
+    names = ["w.weight", "v.weight", "u.weight"]
+    f = Facts(model_dir="/nonexistent", config={"architectures": ["X"]})
+    headers = [TensorHeader(n, "BF16", [2, 2], "model.safetensors", (0, 8)) for n in names]
+    f.checkpoint = CheckpointFacts("/nonexistent", "safetensors", [FileHeader("model.safetensors", 8, 8, headers, ok=True)])
+    handed = [{"param": "w.weight", "shard": None, "loader": "default"}]
+    f.weight_load = {
+        "params": {"w.weight": {"shape": [2, 2], "dtype": "torch.bfloat16", "numel": 4, "covered": 0, "written": False,
+                                "sources": [], "shards_expected": None, "shards_loaded": None, "shards_missing": None,
+                                "failed_from": [], "in_returned": True, "vllm_exempt": False}},
+        "tensors": {
+            "w.weight": {"status": "handed_not_written", "shape": [2, 2], "dtype": "BF16", "params": [],
+                         "handed_to": handed, "consumed": 0, "numel": 4, "errors": []},
+            "v.weight": {"status": "shape_mismatch", "shape": [4, 1], "dtype": "BF16", "params": [],
+                         "handed_to": [{"param": "w.weight", "shard": 0, "loader": "default"}], "consumed": 0,
+                         "numel": 4, "errors": [], "expected_shape": [1, 4]},
+            "u.weight": {"status": "raised", "shape": [2, 2], "dtype": "BF16", "params": [], "handed_to": [],
+                         "consumed": 0, "numel": 4, "errors": [{"where": "load_weights", "error": "KeyError: 'u.weight'",
+                         "kind": "raised", "looked_up": "u.weight", "traceback": "tb"}]},
+        },
+        "load_weights": {"returned": "set", "returned_count": 1, "returned_approximate": False, "restarts": 1,
+                         "global_errors": []},
+        "nearest": {"u.weight": ["w.weight"]},
+    }  # fmt: skip
+    got = f.usable_weights()
+    assert isinstance(got, WeightLoad) and got is f.usable_weights()  # read once per reply
+    assert isinstance(got.tensors["w.weight"], TensorLoad) and isinstance(got.params["w.weight"], ParamLoad)
+    assert got.tensors["w.weight"].handed_to == [HandedTo("w.weight", None, "default")]
+    by_code = {x.code: x for x in run_checks(f, ["VD301", "VD302", "VD303"]) if x.outcome.value in ("fail", "warn")}
+    assert by_code["VD301"].subject == "w.weight" and by_code["VD301"].evidence["load_weights_reports_it"] is True
+    raised = next(x for x in run_checks(f, ["VD302"]) if x.subject == "u.weight")
+    assert raised.evidence["nearest_parameters"] == ["w.weight"] and raised.evidence["traceback"] == "tb"
+    written = next(x for x in run_checks(f, ["VD302"]) if x.subject == "w.weight")
+    assert written.evidence["handed_to"] == handed  # the reply's JSON, as before
+    shape = by_code["VD303"]
+    assert (shape.evidence["expected_shape"], shape.evidence["actual_shape"], shape.evidence["transposed"]) == (
+        [1, 4], [4, 1], True
+    )
+
+
+def test_the_static_stage_resolves_into_a_record_and_the_text_reads_it() -> None:
+    from vllm_doctor.analysis.records import ResolvedClass
+    from vllm_doctor.report.text import render
+
+    data = json.loads((ROOT / "tests" / "fixtures" / "reports" / "check_engine.json").read_text(encoding="utf-8"))
+    report = read_report(data)
+    resolved = report.facts["resolved"]
+    assert isinstance(resolved, ResolvedClass) and report.to_dict()["facts"]["resolved"] == data["facts"]["resolved"]
+    assert f"  resolves to: {resolved.architecture} -> {resolved.target}" in render(report).splitlines()

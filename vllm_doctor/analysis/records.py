@@ -1032,6 +1032,18 @@ class WorkloadRun(Record):
     )
 
 
+# ---- the static stage's facts ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ResolvedClass(Record):
+    """``report.facts["resolved"]``: the architecture vLLM picks from config.json and the class it
+    resolves to (``module:Class``)."""
+
+    architecture: str = ""
+    target: str = ""
+
+
 # ---- the report's sections -----------------------------------------------------------------------
 
 # the records the report's sections hold: (section, key) -> record. A Report keeps them as records
@@ -1040,6 +1052,7 @@ SECTIONS: dict[tuple[str, str], type[Record]] = {
     ("facts", "engine"): EngineAnatomy,
     ("facts", "engine_diagnosis"): EngineAnatomy,
     ("facts", "perf"): PerfAnatomy,
+    ("facts", "resolved"): ResolvedClass,
     ("profiles", "engine"): EngineProfile,
     ("profiles", "workload"): WorkloadRun,
     ("profiles", "twin"): TwinAB,

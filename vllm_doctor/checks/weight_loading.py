@@ -24,6 +24,7 @@ from vllm_doctor.checks.quant_load import (
 )
 from vllm_doctor.checks.tower_load import tower_params, tower_tensors, unbuilt_groups
 from vllm_doctor.checks.weights_base import built_model, text_config
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.checkpoint import FLOAT_DTYPES
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
@@ -69,12 +70,10 @@ def _shard_text(shards: list[Any]) -> str:
     requires=("checkpoint", "weights-load"),
 )
 def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = known(facts.usable_weight_load())
-    params: dict[str, Any] = got["params"]
-    tensors: dict[str, Any] = got["tensors"]
-    unused = [
-        n for n, t in tensors.items() if t["status"] in ("skipped", "raised", "handed_not_written", "shape_mismatch")
-    ]
+    got = known(facts.usable_weights())
+    params, tensors = got.params, got.tensors
+    lost = ("skipped", "raised", "handed_not_written", "shape_mismatch")
+    unused = [n for n, t in tensors.items() if t.status in lost]
     unread_prefixes = {_module_prefix(n) for n in known(facts.checkpoint).unread_tensors}
     findings: list[Finding] = []
     unverifiable: list[str] = []
@@ -86,23 +85,23 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
     unquantized = unquantized_modules(facts)
     deferred_quant: list[str] = []
     for name, p in sorted(params.items()):
-        if p["written"] or name in defaulted:
+        if p.written or name in defaulted:
             continue
         if name in scales or name.rsplit(".", 1)[0] in unquantized:
             deferred_quant.append(name)  # VD315 names a layer's missing scales, VD314 a layer built unquantized
             continue
-        if p.get("num_experts") and p.get("expert_loads"):
+        if p.num_experts and p.expert_loads:
             continue  # a fused-MoE layer that got some experts: VD311 names the missing ones
         if name in by_tower:
             continue  # its whole tower is unloaded: VD313 names it once, with the cause
         if _module_prefix(name) in unread_prefixes:
             unverifiable.append(name)
             continue
-        failed = p.get("failed_from") or []
-        if failed and all(tensors.get(t, {}).get("status") == "unverifiable" for t in failed):
+        failed = p.failed_from
+        if failed and all(t in tensors and tensors[t].status == "unverifiable" for t in failed):
             meta_limited.append(name)
             continue
-        vllm_notices = p["in_returned"] is False and not p["vllm_exempt"]
+        vllm_notices = p.in_returned is False and not p.vllm_exempt
         consequence = (
             f"vLLM's own check catches this one (`{NOT_INITIALIZED}`)"
             if vllm_notices
@@ -115,16 +114,14 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
             message = (
                 f"{name} is not filled: loading checkpoint tensor {', '.join(failed)} into it fails (see VD302/VD303)"
             )
-        elif p.get("shards_missing") and p.get("shards_loaded"):
+        elif p.shards_missing and p.shards_loaded:
             message = (
-                f"{name}: shard(s) {_shard_text(p['shards_missing'])} of the fused parameter are never loaded "
-                f"(loaded: {_shard_text(p['shards_loaded'])}; {p['covered']} of {p['numel']} elements written); "
+                f"{name}: shard(s) {_shard_text(p.shards_missing)} of the fused parameter are never loaded "
+                f"(loaded: {_shard_text(p.shards_loaded)}; {p.covered} of {p.numel} elements written); "
                 f"{consequence}"
             )
-        elif p["covered"]:
-            message = (
-                f"{name}: only {p['covered']} of {p['numel']} elements are written by the checkpoint; {consequence}"
-            )
+        elif p.covered:
+            message = f"{name}: only {p.covered} of {p.numel} elements are written by the checkpoint; {consequence}"
         else:
             message = f"no checkpoint tensor fills {name}; {consequence}"
         same_block = [t for t in unused if _module_prefix(t) == _module_prefix(name)]
@@ -134,9 +131,9 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
             hint = f"checkpoint tensor(s) {', '.join(related)} did not load (see VD302/VD303); "
         if failed:
             hint = "fix the tensor's shape or name (VD302/VD303) and this parameter is filled"
-        elif p.get("shards_missing"):
+        elif p.shards_missing:
             hint += (
-                f"add the tensor for shard {_shard_text(p['shards_missing'])} to the checkpoint, or map its name in "
+                f"add the tensor for shard {_shard_text(p.shards_missing)} to the checkpoint, or map its name in "
                 f"`stacked_params_mapping`"
             )
         else:
@@ -146,16 +143,16 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 message,
                 name,
                 {
-                    "shape": p["shape"],
-                    "dtype": p["dtype"],
-                    "elements_written": p["covered"],
-                    "numel": p["numel"],
-                    "shards_expected": p["shards_expected"],
-                    "shards_loaded": p["shards_loaded"],
-                    "shards_missing": p["shards_missing"],
-                    "sources": p["sources"],
+                    "shape": p.shape,
+                    "dtype": p.dtype,
+                    "elements_written": p.covered,
+                    "numel": p.numel,
+                    "shards_expected": p.shards_expected,
+                    "shards_loaded": p.shards_loaded,
+                    "shards_missing": p.shards_missing,
+                    "sources": p.sources,
                     "failed_from": failed,
-                    "load_weights_reports_it": p["in_returned"],
+                    "load_weights_reports_it": p.in_returned,
                     "vllm_notices": vllm_notices,
                     "related_checkpoint_tensors": related,
                     "vllm_error": NOT_INITIALIZED if vllm_notices else "",
@@ -176,7 +173,7 @@ def parameter_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
             f"not verified: {', '.join(meta_limited[:5])}{' ...' if len(meta_limited) > 5 else ''}",
             "(parameters not verifiable on the meta device)",
         )
-    unfilled_defaults = sorted(n for n in defaulted if not params.get(n, {"written": True})["written"])
+    unfilled_defaults = sorted(n for n in defaulted if n in params and not params[n].written)
     also = (
         f" ({len(unfilled_defaults)} KV-cache/query scale(s) and zero point(s) the checkpoint lacks, e.g. "
         f"{unfilled_defaults[0]}: vLLM fills them itself)"
@@ -246,43 +243,42 @@ def _module_prefix(name: str) -> str:
     requires=("checkpoint", "weights-load"),
 )
 def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = known(facts.usable_weight_load())
-    tensors: dict[str, Any] = got["tensors"]
-    nearest: dict[str, list[str]] = got.get("nearest", {})
+    got = known(facts.usable_weights())
+    tensors, nearest = got.tensors, got.nearest
     findings: list[Finding] = []
     unverifiable: list[str] = []
-    for err in got.get("load_weights", {}).get("global_errors", []):
+    for err in got.load_weights.global_errors:
         findings.append(
             emit.fail(
-                f"load_weights raised before taking any checkpoint tensor: {err.get('error')}",
+                f"load_weights raised before taking any checkpoint tensor: {err.error}",
                 "load_weights",
-                {"error": err.get("error"), "traceback": err.get("traceback", "")},
+                {"error": err.error, "traceback": err.traceback},
                 "run load_weights on a small model in a debugger; the traceback shows where",
             )
         )
     deferred = tower_tensors(facts) | unquantized_tensors(facts)  # VD313 names their tower, VD314 their layer
-    not_built = unbuilt_groups(facts, [n for n, t in tensors.items() if t["status"] == "skipped"])
+    not_built = unbuilt_groups(facts, [n for n, t in tensors.items() if t.status == "skipped"])
     deliberate = {n for g in not_built.values() for n in g["tensors"]}
     discardable = dropped_by_method(facts)
-    discarded = discardable & {n for n, t in tensors.items() if t["status"] == "skipped"}
+    discarded = discardable & {n for n, t in tensors.items() if t.status == "skipped"}
     deliberate |= discarded  # the quantization method's checkpoint mapper drops them (GPTQ's g_idx)
     for name, t in tensors.items():
-        status = t["status"]
+        status = t.status
         if status == "unverifiable":
             unverifiable.append(name)
             continue
         if status not in ("raised", "skipped", "handed_not_written") or name in deferred or name in deliberate:
             continue
-        evidence: dict[str, Any] = {"status": status, "shape": t["shape"], "dtype": t["dtype"]}
+        evidence: dict[str, Any] = {"status": status, "shape": t.shape, "dtype": t.dtype}
         if status == "raised":
-            err = next(e for e in t["errors"] if e["kind"] == "raised")
-            looked = err.get("looked_up")
+            err = next(e for e in t.errors if e.kind == "raised")
+            looked = err.looked_up
             evidence.update(
-                error=err["error"],
+                error=err.error,
                 looked_up=looked,
-                where=err["where"],
-                traceback=err.get("traceback", ""),
-                vllm_error=err["error"],
+                where=err.where,
+                traceback=err.traceback,
+                vllm_error=err.error,
             )
             near = nearest.get(looked or "", []) or nearest.get(name, [])
             evidence["nearest_parameters"] = near
@@ -300,7 +296,7 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
                 )
             findings.append(
                 emit.fail(
-                    f"load_weights raises {err['error'].splitlines()[0]} for checkpoint tensor {name}{lookup}",
+                    f"load_weights raises {err.error.splitlines()[0]} for checkpoint tensor {name}{lookup}",
                     name,
                     evidence,
                     hint,
@@ -337,7 +333,7 @@ def checkpoint_tensor_not_consumed(facts: Facts, emit: Emit) -> Iterable[Finding
                 )
             )
         else:
-            evidence["handed_to"] = t.get("handed_to", [])
+            evidence["handed_to"] = wire.write(t.handed_to)  # a finding's evidence is report.json's
             findings.append(
                 emit.warn(
                     f"checkpoint tensor {name} is handed to a weight_loader that writes nothing",
@@ -423,28 +419,28 @@ def _not_built(emit: Emit, group: dict[str, Any]) -> Finding:
     requires=("checkpoint", "weights-load"),
 )
 def checkpoint_shape_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    got = known(facts.usable_weight_load())
+    got = known(facts.usable_weights())
     findings: list[Finding] = []
-    for name, t in got["tensors"].items():
-        status = t["status"]
+    for name, t in got.tensors.items():
+        status = t.status
         if status not in ("shape_mismatch", "partial", "broadcast"):
             continue
-        handed = t.get("handed_to") or []
-        param = handed[0]["param"] if handed else (t["params"][0] if t["params"] else None)
-        shard = handed[0]["shard"] if handed else None
-        err = next((e for e in t["errors"] if e["kind"] == "shape"), None)
-        want = (err or {}).get("expected_shape") or t.get("expected_shape")
-        actual = t["shape"]
+        handed = t.handed_to
+        param = handed[0].param if handed else (t.params[0] if t.params else None)
+        shard = handed[0].shard if handed else None
+        err = next((e for e in t.errors if e.kind == "shape"), None)
+        want = (err.expected_shape if err is not None else None) or t.expected_shape
+        actual = t.shape
         target = f"{param}" + (f" (shard {shard})" if shard is not None else "") if param else "its parameter"
         if status == "shape_mismatch":
             message = (
                 f"checkpoint tensor {name} has shape {actual} but {target} wants {want if want else 'another shape'}"
             )
-            if err:
-                message += f"; the loader fails with {err['error'].splitlines()[0]}"
+            if err is not None:
+                message += f"; the loader fails with {err.error.splitlines()[0]}"
         elif status == "partial":
             message = (
-                f"only {t['consumed']} of {t['numel']} elements of {name} {actual} are loaded into {target} (wants "
+                f"only {t.consumed} of {t.numel} elements of {name} {actual} are loaded into {target} (wants "
                 f"{want}): vLLM's loader silently takes a slice"
             )
         else:
@@ -464,8 +460,8 @@ def checkpoint_shape_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
                     "expected_shape": want,
                     "actual_shape": actual,
                     "transposed": transposed,
-                    "error": (err or {}).get("error"),
-                    "vllm_error": (err or {}).get("error") or "",
+                    "error": err.error if err is not None else None,
+                    "vllm_error": err.error if err is not None else "",
                 },
                 "the tensor is stored transposed: transpose it when exporting (or in load_weights)"
                 if transposed
@@ -531,22 +527,22 @@ def _config_dtype(config: dict[str, Any]) -> str | None:
 )
 def lossy_checkpoint_dtype(facts: Facts, emit: Emit) -> Iterable[Finding]:
     checkpoint = known(facts.checkpoint)
-    data = facts.usable_weight_load()
+    data = facts.usable_weights()
     pairs: dict[tuple[str, str], list[str]] = {}
     source = "the parameters the tensors load into"
     if data is not None:
-        params = data["params"]
+        params = data.params
         # VD314 names the layer built unquantized, VD315 a scale stored as an integer or boolean
         deferred = unquantized_tensors(facts) | malformed_tensors(facts)
-        for name, t in data["tensors"].items():
+        for name, t in data.tensors.items():
             if name in deferred:
                 continue
-            for pname in t["params"][:1]:
+            for pname in t.params[:1]:
                 p = params.get(pname)
                 if p is None:
                     continue
-                pdt = _torch_to_st(p["dtype"])
-                pairs.setdefault((t["dtype"], pdt), []).append(name)
+                pdt = _torch_to_st(p.dtype)
+                pairs.setdefault((t.dtype, pdt), []).append(name)
     else:
         model = built_model(facts)
         model_dtype = model.get("dtype_name") or _config_dtype(facts.config)
@@ -558,9 +554,9 @@ def lossy_checkpoint_dtype(facts: Facts, emit: Emit) -> Iterable[Finding]:
             if model.get("dtype_name")
             else "config.json's dtype (the model could not be built)"
         )
-        for t in checkpoint.tensors:
-            if t.dtype in FLOAT_DTYPES:
-                pairs.setdefault((t.dtype, model_dtype), []).append(t.name)
+        for header in checkpoint.tensors:
+            if header.dtype in FLOAT_DTYPES:
+                pairs.setdefault((header.dtype, model_dtype), []).append(header.name)
     found = False
     for (ck, pdt), names in sorted(pairs.items()):
         if ck not in FLOAT_DTYPES and ck != "BOOL" and pdt in FLOAT_DTYPES:

@@ -23,6 +23,96 @@ def is_transformers_backend(target: str) -> bool:
     return module[len(TRANSFORMERS_BACKEND_PACKAGE) :].startswith("transformers")
 
 
+# ---- the weights pass's reply (compat/weights.py, stages/weights_trace.py): what the VD3xx checks read
+
+
+@dataclass(frozen=True)
+class HandedTo(wire.Record):
+    """A weight_loader call a checkpoint tensor was handed to."""
+
+    param: str = ""
+    shard: Any = None  # the shard id (None: the parameter is not sharded)
+    loader: str | None = None  # the kind of loader
+
+
+@dataclass(frozen=True)
+class LoadError(wire.Record):
+    """An error load_weights (``where``: "load_weights") or a weight_loader ("weight_loader") raised."""
+
+    where: str | None = None
+    error: str = ""
+    kind: str | None = None  # "raised", "meta-limitation", "shape", ...
+    looked_up: str | None = None  # the parameter name load_weights looked for
+    traceback: str = ""
+    param: str | None = None
+    shard: Any = None
+    expected_shape: list[int] | None = None
+    actual_shape: list[int] | None = None
+
+
+@dataclass(frozen=True)
+class TensorLoad(wire.Record):
+    """One checkpoint tensor: what became of it (``status``), the parameters it filled, the loaders
+    it was handed to and the errors it met."""
+
+    status: str = ""  # "loaded", "skipped", "raised", "handed_not_written", "shape_mismatch", "partial", ...
+    shape: list[int] = field(default_factory=list)
+    dtype: str = ""
+    params: list[str] = field(default_factory=list)  # the parameters it wrote
+    handed_to: list[HandedTo] = field(default_factory=list)
+    consumed: int = 0
+    numel: int = 0
+    errors: list[LoadError] = field(default_factory=list)
+    expected_shape: list[int] | None = None  # a tensor of the wrong shape: the shape its parameter wants
+
+
+@dataclass(frozen=True)
+class ParamLoad(wire.Record):
+    """One parameter of the built model: how much of it the checkpoint filled, and from where."""
+
+    shape: list[int] = field(default_factory=list)
+    dtype: str = ""
+    numel: int = 0
+    covered: int = 0  # elements written
+    written: bool = False
+    fill_only: bool = False
+    sources: list[str] = field(default_factory=list)  # the checkpoint tensors written into it
+    shards_expected: list[Any] | None = None
+    shards_loaded: list[Any] | None = None
+    shards_missing: list[Any] | None = None
+    loader: Any = None
+    module: str | None = None
+    replaced_by_assignment: bool = False
+    failed_from: list[str] = field(default_factory=list)  # the tensors whose loading into it failed
+    in_returned: bool | None = None  # in load_weights' returned names (None: it returned none)
+    vllm_exempt: bool = False  # vLLM does not require it
+    num_experts: int | None = None  # a fused-MoE parameter
+    expert_loads: list[Any] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LoadWeightsCall(wire.Record):
+    """How load_weights itself went: what it returned, its restarts, the errors before any tensor."""
+
+    returned: str | None = None
+    returned_count: int | None = None
+    returned_approximate: bool = False
+    restarts: int = 0
+    global_errors: list[LoadError] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class WeightLoad(wire.Record):
+    """The weights pass's reply as the VD3xx checks read it: each checkpoint tensor and each
+    parameter of the model built on the meta device, load_weights' own outcome and the
+    parameters nearest to each name that failed. Read once per reply (:attr:`Facts.weights`)."""
+
+    tensors: dict[str, TensorLoad] = field(default_factory=dict)
+    params: dict[str, ParamLoad] = field(default_factory=dict)
+    load_weights: LoadWeightsCall = field(default_factory=LoadWeightsCall)
+    nearest: dict[str, list[str]] = field(default_factory=dict)
+
+
 @dataclass
 class Facts:
     model_dir: str
@@ -72,6 +162,8 @@ class Facts:
     pass_failures: list[dict[str, str]] = field(default_factory=list)
     # (the import pass reply it was read from, its record): read once per reply
     _imports: tuple[dict[str, Any], ImportPass] | None = field(default=None, init=False, repr=False, compare=False)
+    # (the weights pass reply it was read from, its record): read once per reply
+    _weights: tuple[dict[str, Any], WeightLoad] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def imports(self) -> ImportPass | None:
@@ -138,6 +230,15 @@ class Facts:
         if data is None or data.get("error") or "tensors" not in data:
             return None
         return data
+
+    def usable_weights(self) -> WeightLoad | None:
+        """:meth:`usable_weight_load` as its record (read once per reply); None as there."""
+        data = self.usable_weight_load()
+        if data is None:
+            return None
+        if self._weights is None or self._weights[0] is not data:
+            self._weights = (data, WeightLoad.of(data))
+        return self._weights[1]
 
     def class_record(self, arch: str) -> dict[str, Any] | None:
         """The import pass's record for the class registered under ``arch``."""

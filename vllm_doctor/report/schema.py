@@ -17,6 +17,8 @@ from vllm_doctor.analysis.records import SECTIONS
 from vllm_doctor.model import SCHEMA_VERSION
 
 COMMAND = "python -m vllm_doctor.report.schema --write docs/report-schema.json"
+# the sections the static stage writes as null where it has none (no class resolved)
+NULLABLE = {("facts", "resolved")}
 
 REQUIRED = ("schema_version", "tool", "target", "environment", "summary", "findings", "timings", "facts", "profiles")
 FINDING: dict[str, Any] = {
@@ -60,7 +62,8 @@ def report_schema() -> dict[str, Any]:
     defs: dict[str, Any] = {"finding": FINDING}
     for (section, key), record in SECTIONS.items():  # the records the report's sections hold
         defs[record.__name__] = record.json_schema()
-        sections[section][key] = {"$ref": f"#/$defs/{record.__name__}"}
+        ref = {"$ref": f"#/$defs/{record.__name__}"}
+        sections[section][key] = {"anyOf": [ref, {"type": "null"}]} if (section, key) in NULLABLE else ref
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"vllm-doctor/report-schema/{SCHEMA_VERSION}",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vllm_doctor.analysis.records import ResolvedClass, held
 from vllm_doctor.checks import CATALOGUE
 from vllm_doctor.model import Finding, Outcome, Report, report_order
 from vllm_doctor.units import clip
@@ -43,9 +44,9 @@ def render(report: Report, verbose: bool = False) -> str:
         f"  vLLM {env.get('vllm') or 'not installed'} | torch {env.get('torch') or '-'} | "
         f"transformers {env.get('transformers') or '-'} | registry from {report.facts.get('registry_source', '?')}"
     )
-    resolved = report.facts.get("resolved")
-    if resolved:
-        out.append(f"  resolves to: {resolved['architecture']} -> {resolved['target']}")
+    resolved = held(report, "facts", "resolved", ResolvedClass)
+    if resolved is not None:
+        out.append(f"  resolves to: {resolved.architecture} -> {resolved.target}")
     out.append("")
     ordered = sorted(report.findings, key=report_order)  # the most severe first
     problems = [f for f in ordered if f.is_problem]

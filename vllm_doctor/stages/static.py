@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from vllm_doctor.analysis.records import ResolvedClass
 from vllm_doctor.checks import CATALOGUE, needs_import, run_checks, select_codes
 from vllm_doctor.checks.base import run_from_config
 from vllm_doctor.compat.plugins import discover_general_plugins, plugin_quantization_methods
@@ -191,11 +192,11 @@ def diagnose(model: str, options: CheckOptions | None = None, progress: Progress
     return report
 
 
-def _resolved(facts: Facts) -> dict[str, str] | None:
+def _resolved(facts: Facts) -> ResolvedClass | None:
     from vllm_doctor.checks.registry import resolved_target
 
     got = resolved_target(facts)
-    return {"architecture": got[0], "target": got[1]} if got else None
+    return ResolvedClass(architecture=got[0], target=got[1]) if got else None
 
 
 def _import_summary(facts: Facts) -> dict[str, object] | None:

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_doctor.analysis.records import EngineAnatomy, EngineProfile, LayerModule, WorkloadRun, held, read_report
+from vllm_doctor.analysis.records import (
+    EngineAnatomy,
+    EngineProfile,
+    LayerModule,
+    ResolvedClass,
+    WorkloadRun,
+    held,
+    read_report,
+)
 from vllm_doctor.checks import codes_for
 from vllm_doctor.model import Report
 from vllm_doctor.report.profile import (
@@ -104,9 +112,9 @@ def static_facts_lines(facts: dict[str, Any]) -> list[str]:
     for key, label in (("model_dir", "directory"), ("architectures", "architectures"), ("model_type", "model_type")):
         if facts.get(key) is not None:
             lines.append(f"  {label:<13} {facts[key]}")
-    resolved = _dict(facts.get("resolved"))
-    if resolved:
-        lines.append(f"  resolves to   {resolved.get('architecture')} -> {resolved.get('target')}")
+    resolved = facts.get("resolved")
+    if isinstance(resolved, ResolvedClass):
+        lines.append(f"  resolves to   {resolved.architecture} -> {resolved.target}")
     if facts.get("registry_source"):
         lines.append(f"  registry from {facts['registry_source']}")
     for p in _list(facts.get("plugins")):
