@@ -1,46 +1,56 @@
-"""The doctor on the MoE example (examples/tiny_moe_plugin) and its broken variants: the
-weights pass records every call of vLLM's fused-MoE weight loader (expert id, shard id,
-checkpoint tensor), so a missing expert is named by layer and expert (VD311, where VD301 could
-only count elements) and a mapping that swaps gate and up, which writes every element, is named
-with both names (VD312); a router load_weights skips is VD301 per layer; three experts at
---tensor-parallel-size 2 are an info of VD305 (vLLM slices every expert: it runs). What the real
+"""The doctor on the MoE example (examples/tiny_moe_plugin) and its broken variants, on the
+import and weights passes' recorded replies (tests/fixtures/engine_replies.py,
+``tools/record_engine_replies.py --family check-moe``): the weights pass records every call of vLLM's
+fused-MoE weight loader (expert id, shard id, checkpoint tensor), so a missing expert is named by
+layer and expert (VD311, where VD301 could only count elements) and a mapping that swaps gate and
+up, which writes every element, is named with both names (VD312); a router load_weights skips is
+VD301 per layer; three experts at --tensor-parallel-size 2 are an info of VD305 (vLLM slices every
+expert: it runs); config.json edits of the MoE and quantized examples are one finding each. That
+vLLM still answers as recorded: tests/integration/test_check_replies_drift.py; what the real
 engine does with the same variants: tests/engine/test_moe_quant_ground_truth.py. Each variant's
 EXPECT_CODE (examples/moe/NAME/variant.py) is the code asserted here."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.conftest import CHECK_LIMIT, REPO, doctor_json
+from tests.fixtures import engine_replies
+from tests.fixtures.engine_replies import MOE_BAD_INPUTS, MOE_VARIANTS, Run, check_name
 
-VARIANTS = (
-    "moe-ok",
-    "moe-swapped-w1-w3",
-    "moe-missing-expert",
-    "moe-router-not-loaded",
-    "moe-experts-not-divisible-by-tp",
-)
-# the doctor's flags for a variant (the engine_kwargs it is served with, as the command line spells them)
-ARGS = {"moe-experts-not-divisible-by-tp": ("--tensor-parallel-size", "2")}
+VARIANTS = MOE_VARIANTS
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    out = tmp_path_factory.mktemp("moe-examples")
-    subprocess.run(
-        [sys.executable, str(REPO / "examples" / "make_examples.py"), str(out), "--only", *VARIANTS],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        reports = dict(zip(VARIANTS, pool.map(lambda n: doctor_json(out, n, *ARGS.get(n, ())), VARIANTS), strict=True))
-    for name, report in reports.items():
-        report["expect_code"] = json.loads((out / name / "variant.json").read_text())["expect_code"]
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    """``check NAME --json -q`` replayed per variant (``--tensor-parallel-size 2`` where the variant
+    is served so) and per config.json edit, in one directory (the examples built once)."""
+    workdir = tmp_path_factory.mktemp("moe-replies")
+    return {name: engine_replies.replay(check_name(name), workdir) for name in [*VARIANTS, *MOE_BAD_INPUTS]}
+
+
+@pytest.fixture(scope="module")
+def reports(runs: dict[str, Run], tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    reports = {}
+    for name in VARIANTS:
+        run = runs[name]
+        assert run.rc in (0, 1), f"{run.case}: exit {run.rc}\n{run.stderr[-3000:]}"
+        reports[name] = run.report()
+        reports[name]["expect_code"] = json.loads((run.model.parent / "variant.json").read_text())["expect_code"]
     return reports
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(runs: dict[str, Run]) -> dict[str, tuple[Run, dict]]:
+    """config.json edits of the MoE and quantized examples a user can make: one finding each, with
+    vLLM's words where vLLM has any, exit 1, no traceback."""
+    return {name: (runs[name], runs[name].report() if runs[name].stdout else {}) for name in MOE_BAD_INPUTS}
+
+
+def test_every_case_is_recorded() -> None:
+    for name in [*VARIANTS, *MOE_BAD_INPUTS]:
+        assert engine_replies.recorded_versions(check_name(name)), f"tools/record_engine_replies.py {check_name(name)}"
 
 
 def _findings(report: dict, code: str) -> list[dict]:
@@ -111,44 +121,6 @@ def test_three_experts_at_tp_2_run_sliced_an_info_not_a_failure(reports: dict[st
     assert info["evidence"]["tensor_parallel_size"] == 2 and info["evidence"]["enable_expert_parallel"] is False
 
 
-BAD_INPUTS = {
-    # (the example it edits, the config.json edit)
-    "quant-config-a-string": ("quant-ok", lambda c: c.__setitem__("quantization_config", "compressed-tensors")),
-    "quant-method-unknown": ("quant-ok", lambda c: c["quantization_config"].__setitem__("quant_method", "frobnicate")),
-    "moe-zero-experts": ("moe-ok", lambda c: c.__setitem__("num_local_experts", 0)),
-}
-
-
-@pytest.fixture(scope="module")
-def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subprocess.CompletedProcess[str], dict]]:
-    """config.json edits of the MoE and quantized examples a user can make: one finding each, with vLLM's words
-    where vLLM has any, exit 1, no traceback."""
-    import json
-    import shutil
-
-    from tests.conftest import run_doctor, variant_env
-
-    out = tmp_path_factory.mktemp("moe-quant-bad")
-    subprocess.run(
-        [sys.executable, str(REPO / "examples" / "make_examples.py"), str(out), "--only", "quant-ok", "moe-ok"],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
-    for name, (source, edit) in BAD_INPUTS.items():
-        shutil.copytree(out / source, out / name, symlinks=True)
-        config_path = out / name / "model" / "config.json"
-        config = json.loads(config_path.read_text())
-        edit(config)
-        config_path.write_text(json.dumps(config))
-
-    def run(name: str) -> tuple[subprocess.CompletedProcess[str], dict]:
-        proc = run_doctor(["check", str(out / name / "model"), "--json", "-q", *CHECK_LIMIT], variant_env(out, name),
-                          timeout=600)
-        return proc, json.loads(proc.stdout) if proc.stdout else {}
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(BAD_INPUTS, pool.map(run, BAD_INPUTS), strict=True))
-
-
 @pytest.mark.parametrize(
     ("name", "code", "says"),
     [
@@ -159,7 +131,7 @@ def bad_inputs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[subp
 )
 def test_bad_moe_and_quantization_configs_are_one_finding(bad_inputs: dict, name: str, code: str, says: str) -> None:
     proc, report = bad_inputs[name]
-    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.rc == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     (finding,) = _findings(report, code)
     assert finding["outcome"] == "fail" and finding["severity"] == "error"
