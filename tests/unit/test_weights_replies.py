@@ -1,67 +1,67 @@
-"""`vllm-doctor check` on the weight fixtures (tests/fixtures/weights.py): every VD30x fires on its
-fixture with the exact subject, the working example reports full coverage, and the checks degrade
-(skip with a reason) when the model class cannot be built.
-
-Each fixture is checked once per session by the real CLI in a fresh process (fast pass + import
-pass + weights pass), two at a time; the tests read the JSON reports.
+"""`vllm-doctor check` on the weight fixtures (tests/fixtures/weights.py), on the import and
+weights passes' recorded replies (tests/fixtures/engine_replies.py, ``tools/record_engine_replies.py
+--family check-weights``): every VD30x fires on its fixture with the exact subject, the working example
+reports full coverage, and the checks degrade (skip with a reason) when the model class cannot be
+built. Each fixture's ``check --json -q`` is replayed once per module in one directory (the
+fixtures built once). That vLLM still answers as recorded:
+tests/integration/test_check_replies_drift.py; the engine on the same fixtures:
+tests/engine/test_weights_engine.py. ``--fast`` (headers only, no pass) and a bad
+``--tensor-parallel-size`` run the doctor's command line in a subprocess on the same fixtures.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.util
 import json
 import os
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import CHECK_LIMIT
-from tests.fixtures.weights import FIXTURES, Fixture, built
+from tests.conftest import REPO
+from tests.fixtures import engine_replies
+from tests.fixtures.engine_replies import Run, check_name
+from tests.fixtures.weights import FIXTURES
 
-REPO = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")
+UNBUILDABLE = check_name("weights-untied-without-lm-head", "-no-site")
 
 
-def doctor(fx: Fixture, *args: str, site: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
+    workdir = tmp_path_factory.mktemp("weights-replies")
+    names = [check_name(f"weights-{n}") for n in FIXTURES] + [UNBUILDABLE]
+    return {name: engine_replies.replay(name, workdir) for name in names}
+
+
+@pytest.fixture(scope="module")
+def fixtures_dir(runs: dict[str, Run]) -> Path:
+    """{workdir}/weight-fixtures/weights: each fixture's model/ and site/ (built by the first replay)."""
+    return runs[check_name("weights-ok")].model.parent.parent
+
+
+def doctor(fixture: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``vllm-doctor check FIXTURE ARGS`` in a fresh process, as a shell runs it."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VLLM_PLUGINS")}
-    env["PYTHONPATH"] = os.pathsep.join([str(fx.site_dir), str(REPO)] if site else [str(REPO)])
+    env["PYTHONPATH"] = os.pathsep.join([str(fixture / "site"), str(REPO)])
     env["HF_HUB_OFFLINE"] = "1"
-    env["VLLM_CACHE_ROOT"] = str(fx.out_dir / "vllm-cache")
-    return subprocess.run(
-        [sys.executable, "-m", "vllm_doctor", "check", str(fx.model_dir), *CHECK_LIMIT, *args],
-        env=env, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-    )
+    return subprocess.run([sys.executable, "-m", "vllm_doctor", "check", str(fixture / "model"), *args],
+                          env=env, capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)  # fmt: skip
 
 
-@functools.cache
-def _reports(root: str) -> dict[str, tuple[int, dict[str, Any], str]]:
-    fixtures = built(root)
-
-    def one(fx: Fixture) -> tuple[int, dict[str, Any], str]:
-        proc = doctor(fx, "--json", "-q", *fx.cli_args)
-        try:
-            return proc.returncode, json.loads(proc.stdout), proc.stderr
-        except ValueError:
-            return proc.returncode, {}, proc.stderr + proc.stdout[-2000:]
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {name: pool.submit(one, fx) for name, fx in fixtures.items()}
-        return {name: f.result() for name, f in futures.items()}
+@pytest.fixture(scope="module")
+def reports(runs: dict[str, Run]) -> dict[str, tuple[int, dict[str, Any], str]]:
+    """fixture -> (exit code, report, stderr), as tests/integration/test_weights.py had them."""
+    return {n: (runs[check_name(f"weights-{n}")].rc, runs[check_name(f"weights-{n}")].report(),
+                runs[check_name(f"weights-{n}")].stderr) for n in FIXTURES}  # fmt: skip
 
 
-@pytest.fixture(scope="session")
-def weight_fixtures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Fixture]:
-    return built(str(tmp_path_factory.getbasetemp() / "weight-fixtures"))
-
-
-@pytest.fixture(scope="session")
-def reports(tmp_path_factory: pytest.TempPathFactory, weight_fixtures: dict[str, Fixture]) -> dict[str, tuple[int, dict[str, Any], str]]:
-    return _reports(str(tmp_path_factory.getbasetemp() / "weight-fixtures"))
+def test_every_case_is_recorded() -> None:
+    cases = {n for n, c in engine_replies.CASES.items() if c.family == "check-weights"}
+    assert cases == {check_name(f"weights-{n}") for n in FIXTURES} | {UNBUILDABLE}
+    for name in cases:
+        assert engine_replies.recorded_versions(name), f"{name}: tools/record_engine_replies.py {name}"
 
 
 def vd3(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -168,12 +168,10 @@ def test_unreadable_checkpoint_makes_load_checks_skip_and_header_checks_report(r
         assert outcomes == {"VD301": "skip", "VD302": "skip", "VD303": "skip"}, (name, outcomes)
 
 
-def test_model_class_not_buildable_degrades(weight_fixtures: dict[str, Fixture]) -> None:
+def test_model_class_not_buildable_degrades(runs: dict[str, Run]) -> None:
     """Without the plugin on the path the class cannot be built: VD301-303 skip with the reason,
     VD305-VD308 still run from headers and config.json."""
-    fx = weight_fixtures["untied-without-lm-head"]
-    proc = doctor(fx, "--json", "-q", "--tensor-parallel-size", "3", site=False)
-    report = json.loads(proc.stdout)
+    report = runs[UNBUILDABLE].report()
     by_code: dict[str, list[dict[str, Any]]] = {}
     for f in vd3(report):
         by_code.setdefault(f["code"], []).append(f)
@@ -189,8 +187,15 @@ def test_model_class_not_buildable_degrades(weight_fixtures: dict[str, Fixture])
     assert "load_error" in report["facts"]["weights"]
 
 
-def test_fast_mode_reads_headers_only(weight_fixtures: dict[str, Fixture]) -> None:
-    proc = doctor(weight_fixtures["index-outside-dir"], "--json", "-q", "--fast")
+def test_keyerror_names_the_lookup_and_the_nearest_parameter(reports: dict[str, Any]) -> None:
+    _, report, _ = reports["renamed-tensor"]
+    (f,) = [f for f in vd3_problems(report) if f["code"] == "VD302"]
+    assert f["evidence"]["nearest_parameters"][0] == "model.layers.1.mlp.gate_up_proj.weight"
+    assert "it looked up 'model.layers.1.mlp.gate_up_projection.weight'" in f["message"]
+
+
+def test_fast_mode_reads_headers_only(fixtures_dir: Path) -> None:
+    proc = doctor(fixtures_dir / "index-outside-dir", "--json", "-q", "--fast")
     report = json.loads(proc.stdout)
     outcomes = {f["code"]: f["outcome"] for f in vd3(report)}
     assert outcomes["VD306"] == "fail"
@@ -199,14 +204,7 @@ def test_fast_mode_reads_headers_only(weight_fixtures: dict[str, Fixture]) -> No
     assert proc.returncode == 1
 
 
-def test_keyerror_names_the_lookup_and_the_nearest_parameter(reports: dict[str, Any]) -> None:
-    _, report, _ = reports["renamed-tensor"]
-    (f,) = [f for f in vd3_problems(report) if f["code"] == "VD302"]
-    assert f["evidence"]["nearest_parameters"][0] == "model.layers.1.mlp.gate_up_proj.weight"
-    assert "it looked up 'model.layers.1.mlp.gate_up_projection.weight'" in f["message"]
-
-
 @pytest.mark.parametrize("value", ["0", "-2", "two"])
-def test_bad_tensor_parallel_size_is_a_usage_error(weight_fixtures: dict[str, Fixture], value: str) -> None:
-    proc = doctor(weight_fixtures["ok"], "--fast", "--tensor-parallel-size", value)
+def test_bad_tensor_parallel_size_is_a_usage_error(fixtures_dir: Path, value: str) -> None:
+    proc = doctor(fixtures_dir / "ok", "--fast", "--tensor-parallel-size", value)
     assert proc.returncode == 2 and "--tensor-parallel-size" in proc.stderr
