@@ -104,11 +104,10 @@ STEP_COLUMNS = (
     # step, on the step clock (NaN: no encoder call in the step)
     "encoder_s",
 )
-# what the summaries read (phases, layer shares, the doctor's overhead, VD502): top's model panel
-# asks for these only (``doctor_collect`` with ``timeline: false``)
-STEP_SUMMARY_COLUMNS = tuple(
-    c for c in STEP_COLUMNS if c not in ("index", "host_start", "device_timed", "logits_s", "sampled")
-)
+# what the summaries read (phases, layer shares, the doctor's overhead, VD502; the phase means need
+# each step's clock and whether it was sampled): top's model panel and the /metrics exporter ask for
+# these only (``doctor_collect`` with ``timeline: false``)
+STEP_SUMMARY_COLUMNS = tuple(c for c in STEP_COLUMNS if c not in ("index", "host_start", "logits_s"))
 # each field's array type code: "d" float64 (NaN: no value), "q" int64, "i" int32, "b" a flag
 STEP_COLUMN_TYPES = {
     "index": "q",

@@ -178,13 +178,36 @@ def _median(values: list[float]) -> float | None:
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
+def clock_mean(step_s: list[float], on_clock: list[bool], sampled: list[bool]) -> tuple[float, int, int, float | None]:
+    """One phase's mean step time on the step clock, where only some of its steps are on it (the
+    sampled step clock on a GPU: the sampled steps and the step after each): the sampled steps as
+    measured, every other step at the mean of the unsampled steps on the clock (the steps after a
+    sample: the device clock's time of a step the doctor does not time inside). Returns (mean,
+    steps on the clock, of those unsampled, the mean host span of the steps not on it)."""
+    n = len(step_s)
+    on = [s for s, c in zip(step_s, on_clock, strict=True) if c]
+    host = [s for s, c in zip(step_s, on_clock, strict=True) if not c]
+    host_mean = sum(host) / len(host) if host else None
+    if not on:  # no step on the clock: the host's spans are all there is
+        return (host_mean or 0.0), 0, 0, host_mean
+    if len(on) == n:
+        return sum(on) / n, n, sum(1 for m in sampled if not m), None
+    timed = [s for s, c, m in zip(step_s, on_clock, sampled, strict=True) if c and m]
+    untimed = [s for s, c, m in zip(step_s, on_clock, sampled, strict=True) if c and not m]
+    if not untimed:  # only samples on the clock: their mean for every step
+        return sum(on) / len(on), len(on), 0, host_mean
+    unsampled = n - sum(1 for m in sampled if m)
+    return (sum(timed) + unsampled * sum(untimed) / len(untimed)) / n, len(on), len(untimed), host_mean
+
+
 def phase_summary(steps: StepTable) -> dict[str, PhaseSummary]:
     """Per phase: counts, step times, the forward beside the step time of the same steps, and
-    the steps timed per layer against the others (what the doctor's per-layer timing costs)."""
+    the steps timed per layer against the others (what the doctor's per-layer timing costs).
+    Step times are the step clock's (:func:`clock_mean` where only some steps are on it)."""
     out: dict[str, PhaseSummary] = {}
     step_s, forward_s, tokens_col = steps["step_s"], steps["forward_s"], steps["total_tokens"]
     prefill_reqs, decode_reqs, layers_timed = steps["prefill_reqs"], steps["decode_reqs"], steps["layers_timed"]
-    layers_detail = steps["layers_detail"]
+    layers_detail, on_clock_col, sampled_col = steps["layers_detail"], steps["device_timed"], steps["sampled"]
     encoder_col = steps["encoder_s"]
     idle_col = _idle_column(steps)
     phases = steps.phases
@@ -193,29 +216,35 @@ def phase_summary(steps: StepTable) -> dict[str, PhaseSummary]:
         n = sum(chosen)
         if not n:
             continue
-        times = sorted(compress(step_s, chosen))
+        phase_s, on_clock = list(compress(step_s, chosen)), list(compress(on_clock_col, chosen))
+        mean, clock_steps, clock_untimed, host_mean = clock_mean(phase_s, on_clock, list(compress(sampled_col, chosen)))
+        times = sorted(s for s, c in zip(phase_s, on_clock, strict=True) if c) or sorted(phase_s)
         # the forward beside the steps it was timed on (samples only: set beside all steps' mean, a
         # sample's heavier instrumentation could make the forward look longer than the step)
         paired = [
             (f, s) for f, s in zip(compress(forward_s, chosen), compress(step_s, chosen), strict=True) if f is not None
         ]
         paired_step = sum(s for _, s in paired)
-        timed = [s for s, on in zip(compress(step_s, chosen), compress(layers_timed, chosen), strict=True) if on]
-        untimed = [s for s, on in zip(compress(step_s, chosen), compress(layers_timed, chosen), strict=True) if not on]
+        phase_timed = list(compress(layers_timed, chosen))
+        timed = [s for s, on in zip(phase_s, phase_timed, strict=True) if on]
+        untimed = [s for s, on, c in zip(phase_s, phase_timed, on_clock, strict=True) if not on and c]
         against, against_detail, pairs = _against_neighbours(
-            list(compress(step_s, chosen)), list(compress(layers_timed, chosen)), list(compress(layers_detail, chosen))
+            phase_s, phase_timed, list(compress(layers_detail, chosen)), on_clock
         )
         idle = [v for v in compress(idle_col, chosen) if v is not None]
         encoded = [(e, s) for e, s in zip(compress(encoder_col, chosen), compress(step_s, chosen), strict=True) if e]
         tokens = sum(compress(tokens_col, chosen))
-        total = sum(times)
+        total = mean * n
         out[phase] = PhaseSummary(
             steps=n,
             tokens=tokens,
             mean_batch=round((sum(compress(prefill_reqs, chosen)) + sum(compress(decode_reqs, chosen))) / n, 2),
-            step_s_mean=total / n,
+            step_s_mean=mean,
             step_s_p50=_pct(times, 0.5),
             step_s_p90=_pct(times, 0.9),
+            clock_steps=clock_steps,
+            clock_untimed_steps=clock_untimed,
+            host_step_s_mean=host_mean,
             forward_s_mean=sum(f for f, _ in paired) / len(paired) if paired else None,
             forward_steps=len(paired),
             forward_steps_step_s_mean=paired_step / len(paired) if paired else None,
@@ -235,21 +264,27 @@ def phase_summary(steps: StepTable) -> dict[str, PhaseSummary]:
     return out
 
 
-def _untimed_neighbours(step_s: list[float], timed: list[bool]) -> list[tuple[int, float, float]]:
+def _untimed_neighbours(
+    step_s: list[float], timed: list[bool], on_clock: list[bool] | None = None
+) -> list[tuple[int, float, float]]:
     """One phase's steps in order: (index, step time, the mean of its untimed neighbours) of each
-    step timed per layer next to an untimed one (every time positive)."""
+    step timed per layer next to an untimed one on the step clock (every time positive)."""
     out = []
     for i, (s, on) in enumerate(zip(step_s, timed, strict=True)):
         if not on:
             continue
-        near = [step_s[j] for j in (i - 1, i + 1) if 0 <= j < len(step_s) and not timed[j]]
+        near = [
+            step_s[j]
+            for j in (i - 1, i + 1)
+            if 0 <= j < len(step_s) and not timed[j] and (on_clock is None or on_clock[j])
+        ]
         if near and s > 0 and min(near) > 0:
             out.append((i, s, sum(near) / len(near)))
     return out
 
 
 def _against_neighbours(
-    step_s: list[float], timed: list[bool], detail: list[bool]
+    step_s: list[float], timed: list[bool], detail: list[bool], on_clock: list[bool] | None = None
 ) -> tuple[float | None, float | None, int]:
     """The steps timed per layer against the untimed steps next to them (one phase's steps in
     order): per timed step with an untimed neighbour, its time over the mean of those neighbours;
@@ -260,7 +295,7 @@ def _against_neighbours(
     are all timed."""
     ratios: list[float] = []
     detail_ratios: list[float] = []
-    for i, s, near in _untimed_neighbours(step_s, timed):
+    for i, s, near in _untimed_neighbours(step_s, timed, on_clock):
         ratios.append(s / near)
         if detail[i]:
             detail_ratios.append(s / near)
@@ -437,13 +472,15 @@ def timing_mark_costs(profile: ProfileReply, steps: StepTable) -> list[TimingMar
     readings: dict[str, tuple[list[float], list[float]]] = {"prefill": ([], []), "decode": ([], [])}
     counts = {"prefill": [0, 0], "decode": [0, 0]}
     step_s, timed, detail, phases = steps["step_s"], steps["layers_timed"], steps["layers_detail"], steps.phases
+    clocked = steps["device_timed"]
     for phase in PHASES:
         bucket = "decode" if phase == "decode" else "prefill"
         idx = [i for i, p in enumerate(phases) if p == phase]
         for i in idx:
             if timed[i]:
                 counts[bucket][1 if detail[i] else 0] += 1
-        for n, s, near in _untimed_neighbours([step_s[i] for i in idx], [timed[i] for i in idx]):
+        on_clock = [clocked[i] for i in idx]
+        for n, s, near in _untimed_neighbours([step_s[i] for i in idx], [timed[i] for i in idx], on_clock):
             grain = 1 if detail[idx[n]] else 0
             readings[bucket][grain].append((s - near) / (marks_d if grain else marks_b))
 
@@ -776,6 +813,7 @@ def summarize(facts: EngineFacts, timeline: bool = True) -> EngineProfile:
         rank=primary.rank,
         device=placement.worker.device if placement is not None and placement.worker is not None else None,
         clock=profile.clock,
+        step_clock=profile.step_clock,
         layers_on=profile.layers_on,
         layers_reason=profile.layers_reason,
         steps=[StepRow.of(row) for row in steps.rows()] if timeline else [],

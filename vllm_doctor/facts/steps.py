@@ -39,9 +39,11 @@ ROW_FIELDS = (
 
 # a field a reply may lack: counts are 0; without ``sampled`` / ``layers_timed`` (the oldest
 # records) every step was timed; without ``layers_detail`` (a doctor from before eager mode's two
-# grains) every step timed per layer was timed inside its layers too
+# grains) every step timed per layer was timed inside its layers too; without ``device_timed`` (a
+# doctor from before the sampled step clock) every step was on the profile's clock
 DEFAULTS: dict[str, Any] = {
     **dict.fromkeys(STEP_COUNT_FIELDS, 0),
+    "device_timed": True,
     "sampled": True,
     "layers_timed": True,
     "layers_detail": True,
@@ -72,7 +74,7 @@ class _StepRow:
     """The fields of an older doctor's per-step dict that the table reads by name."""
 
     t: float | None = None
-    step_clock: str | None = "host"
+    step_clock: str | None = None  # "host": not on the profile's clock (a dict without it: on it)
     phase: str | None = None
 
 

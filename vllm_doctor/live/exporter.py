@@ -24,6 +24,9 @@ mixed; times on the doctor's step clock, named in ``vllm_doctor_info``'s ``clock
   ``vllm_doctor_dropped_steps_total``: steps not counted there (their records let go in the
   workers: the buffer full while another reader lagged; 0 unless something is wrong);
 - ``vllm_doctor_step_seconds_total``: their step time (the device clock on a GPU: CUDA events);
+  ``vllm_doctor_clock_steps_total``: the steps whose step time is on that clock (on a GPU by
+  default the sampled steps and the step after each; the others count at the mean of those after
+  a sample);
 - ``vllm_doctor_forward_seconds_total`` over ``vllm_doctor_forward_steps_total``: the model's
   forward on the steps whose forward was timed;
 - ``vllm_doctor_roofline_bandwidth_ratio``, ``vllm_doctor_roofline_compute_ratio``: the last
@@ -161,6 +164,7 @@ class ExportState:
             add("steps_total", phase, p.steps)
             add("tokens_total", phase, p.tokens)
             add("step_seconds_total", phase, p.steps * p.step_s_mean)
+            add("clock_steps_total", phase, p.steps if p.clock_steps is None else p.clock_steps)
             if p.forward_s_mean is not None and p.forward_steps:
                 add("forward_seconds_total", phase, p.forward_steps * p.forward_s_mean)
                 add("forward_steps_total", phase, p.forward_steps)
@@ -198,7 +202,15 @@ class ExportState:
 COUNTERS = {
     "steps_total": ("phase", "Steps the engine ran, per phase, as the doctor's step records count them"),
     "tokens_total": ("phase", "Tokens those steps scheduled, per phase"),
-    "step_seconds_total": ("phase", "Their step time on the doctor's step clock (vllm_doctor_info's clock)"),
+    "step_seconds_total": (
+        "phase",
+        "Their step time on the doctor's step clock (vllm_doctor_info's clock); where only some steps are on it "
+        "(vllm_doctor_clock_steps_total), the others counted at the mean of those not sampled",
+    ),
+    "clock_steps_total": (
+        "phase",
+        "Steps whose step time is on the step clock (on a GPU by default the sampled steps and the step after each)",
+    ),
     "forward_seconds_total": ("phase", "The model's forward time on the steps whose forward was timed"),
     "forward_steps_total": ("phase", "Steps whose forward was timed (vllm_doctor_forward_seconds_total's steps)"),
     "dropped_steps_total": (

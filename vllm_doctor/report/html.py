@@ -35,6 +35,7 @@ from vllm_doctor.report.profile import (
     forward_step,
     marks_cost_text,
     slowest_layer,
+    step_clock_text,
     timing_cost_text,
 )
 from vllm_doctor.units import clock_name, fmt_bytes, fmt_s
@@ -329,6 +330,10 @@ def phases_table(prof: EngineProfile, workload: WorkloadRun | None) -> str:
         f"{rows}</table>"
         f'<p class="note">step and forward times on the {escape(clock_name(prof.clock))}</p>'
     )
+    for ph, p in prof.phases.items():
+        on_clock = step_clock_text(ph, p, prof.clock)
+        if on_clock:
+            html += f'<p class="note">step clock: {escape(on_clock)}</p>'
     for ph, p in prof.phases.items():
         cost = timing_cost_text(ph, p)
         if cost:

@@ -190,6 +190,29 @@ def forward_step(p: PhaseSummary | None) -> str:
     return f"{fmt_s(p.forward_s_mean)} / {fmt_s(p.forward_steps_step_s_mean)}"
 
 
+def step_clock_text(phase: str, p: PhaseSummary, clock: str | None) -> str:
+    """Which of a phase's steps are on the step clock, where not all are (the sampled step clock on
+    a GPU), e.g. ``decode: device clock (CUDA events) on 92 of 700 steps (46 sampled, 46 the step
+    after a sample: the mean counts the other 608 unsampled steps at those 46's); host spans on
+    608 (1.21 ms mean: enqueue time under async scheduling, not the device's)``; '' where every
+    step is on it."""
+    if p.clock_steps is None or not p.host_steps:
+        return ""
+    sampled = p.clock_steps - p.clock_untimed_steps
+    unsampled = p.steps - sampled
+    if p.clock_untimed_steps:
+        how = (
+            f"{sampled} sampled, {p.clock_untimed_steps} the step after a sample: the mean counts the other "
+            f"{unsampled - p.clock_untimed_steps} unsampled steps at those {p.clock_untimed_steps}'s"
+        )
+    else:
+        how = f"{sampled} sampled: the mean counts every step at theirs"
+    return (
+        f"{phase}: {clock_name(clock)} on {p.clock_steps} of {p.steps} steps ({how}); host spans on {p.host_steps} "
+        f"({fmt_s(p.host_step_s_mean)} mean: enqueue time under async scheduling, not the device's)"
+    )
+
+
 def timing_cost_text(phase: str, p: PhaseSummary) -> str:
     """The steps timed per layer against the others of one phase, on the step clock, e.g.
     ``decode: steps timed per layer 17.60 ms median vs 13.90 ms untimed (+27 %, the doctor's
@@ -315,6 +338,10 @@ def render_profile(profile: EngineProfile | None, workload: WorkloadRun | None =
             f"  {phase:<8}      {p.steps} step(s), {p.tokens} tokens, batch {p.mean_batch}, step "
             f"{fmt_s(p.step_s_mean)} mean (p90 {fmt_s(p.step_s_p90)}), forward {forward_text(p)}"
         )
+    for phase, p in prof.phases.items():
+        on_clock = step_clock_text(phase, p, prof.clock)
+        if on_clock:
+            lines.append(f"  step clock    {on_clock}")
     for phase, p in prof.phases.items():
         encoder = encoder_text(phase, p)
         if encoder:

@@ -239,7 +239,7 @@ def model_panel(frame: Frame, width: int) -> Text:
             out.append(f"  idle; last steps {quiet:.0f} s ago ({window})" if quiet else f"  last {window}", style="dim")
         out.append("\n")
     if model.clock and model.phases:
-        out.append(f"times on the {clock_name(model.clock)}"[:width] + "\n", style="dim")
+        out.append(clock_line(model)[:width] + "\n", style="dim")
     for phase, p in model.phases.items():
         out.append(f"{phase:<8}", style="cyan")
         if p.forward_steps_step_s_mean is not None:  # the forward beside the step time of the same steps
@@ -302,6 +302,16 @@ def model_panel(frame: Frame, width: int) -> Text:
         if f.hint:
             out.append(f"  fix: {f.hint[: max(20, width - 9)]}\n", style="dim")
     return out
+
+
+def clock_line(model: ModelSummary) -> str:
+    """The clock the panel's times are on, and on how many of the window's steps where not all
+    (the sampled step clock on a GPU: the sampled steps and the step after each on the device's
+    clock; the step means count the others at the mean of those after a sample)."""
+    steps = sum(p.steps for p in model.phases.values())
+    on = sum(p.steps if p.clock_steps is None else p.clock_steps for p in model.phases.values())
+    text = f"times on the {clock_name(model.clock)}"
+    return text if on >= steps else text + f", {on} of {steps} steps (the rest at their mean)"
 
 
 def forward_missing(model: ModelSummary) -> str:
