@@ -12,6 +12,7 @@ import ast
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -257,3 +258,76 @@ def test_the_static_stage_resolves_into_a_record_and_the_text_reads_it() -> None
     resolved = report.facts["resolved"]
     assert isinstance(resolved, ResolvedClass) and report.to_dict()["facts"]["resolved"] == data["facts"]["resolved"]
     assert f"  resolves to: {resolved.architecture} -> {resolved.target}" in render(report).splitlines()
+
+
+def _weights_json_before(facts: Any) -> dict[str, Any] | None:
+    """report.facts["weights"] as the doctor wrote it before the record (stages/weights.py at 6646de5)."""
+    if facts.checkpoint is None:
+        return None
+    out: dict[str, Any] = {"checkpoint": facts.checkpoint.to_dict(), "tensor_parallel_size": facts.tensor_parallel_size}
+    data = facts.weight_load
+    if facts.weight_load_error:
+        out["load_error"] = facts.weight_load_error
+    if data is not None:
+        out["model"] = data.get("model")
+        out["timings"] = {**(data.get("timings") or {}), "probe_wall_s": facts.weight_load_seconds}
+        if "tensors" in data:
+            out["load_weights"] = data.get("load_weights")
+            out["mapping"] = {
+                name: {
+                    "status": t["status"], "params": t["params"],
+                    "shards": sorted({str(h["shard"]) for h in t["handed_to"] if h["shard"] is not None}),
+                    "shape": t["shape"], "dtype": t["dtype"],
+                    **({"error": t["errors"][0]["error"]} if t["errors"] else {}),
+                    **({"looked_up": t["errors"][0]["looked_up"]} if t["errors"] and t["errors"][0].get("looked_up") else {}),
+                }
+                for name, t in data["tensors"].items()
+            }  # fmt: skip
+            keys = ("shape", "dtype", "written", "covered", "numel", "sources", "shards_expected", "shards_missing",
+                    "loader", "in_returned", "vllm_exempt")  # fmt: skip
+            out["params"] = {name: {k: p[k] for k in keys} for name, p in data["params"].items()}
+            if data.get("tracer_errors"):
+                out["tracer_errors"] = data["tracer_errors"]
+    return out
+
+
+def test_the_weights_section_is_a_record_that_writes_what_the_report_had() -> None:
+    """report.facts["weights"] (WeightsReport): the same JSON as before it was a record, whether the
+    pass loaded, raised, failed before building or did not run; stages/engine reads its parameters'
+    shapes by attribute (VD406's reference)."""
+    from vllm_doctor.analysis.records import WeightsReport
+    from vllm_doctor.facts.checkpoint import CheckpointFacts, FileHeader, TensorHeader
+    from vllm_doctor.facts.static import Facts
+    from vllm_doctor.stages.engine import _reference_shapes
+    from vllm_doctor.stages.weights import weights_report
+
+    f = Facts(model_dir="/m", config={"architectures": ["X"]})
+    assert weights_report(f) is None  # no checkpoint read
+    headers = [TensorHeader("w.weight", "BF16", [2, 2], "model.safetensors", (0, 8))]
+    f.checkpoint = CheckpointFacts("/m", "safetensors", [FileHeader("model.safetensors", 8, 8, headers, ok=True)])
+    param = {"shape": [2, 2], "dtype": "torch.bfloat16", "numel": 4, "covered": 4, "written": True, "fill_only": False,
+             "sources": ["w.weight"], "shards_expected": [0, 1], "shards_loaded": [0, 1], "shards_missing": [],
+             "loader": "default", "module": "Linear", "replaced_by_assignment": False, "failed_from": [],
+             "in_returned": True, "vllm_exempt": False}  # fmt: skip
+    error = {"where": "load_weights", "error": "KeyError: 'u'", "kind": "raised", "looked_up": "u", "traceback": ""}
+    replies: list[dict[str, Any] | None] = [
+        None,
+        {"error": {"stage": "build", "summary": "no"}, "model": {"dtype": "bfloat16"}, "timings": {"config_s": 0.1}},
+        {"model": {"dtype": "bfloat16", "class": "m.M"}, "timings": {"build_s": 0.2},
+         "params": {"w.weight": param},
+         "tensors": {"w.weight": {"status": "loaded", "shape": [2, 2], "dtype": "BF16", "params": ["w.weight"],
+                                  "handed_to": [{"param": "w.weight", "shard": 0, "loader": "default"}],
+                                  "consumed": 4, "numel": 4, "errors": []},
+                     "u.weight": {"status": "raised", "shape": [2], "dtype": "BF16", "params": [], "handed_to": [],
+                                  "consumed": 0, "numel": 2, "errors": [error]}},
+         "load_weights": {"returned": "set", "returned_count": 1, "returned_approximate": False, "restarts": 1,
+                          "global_errors": []},
+         "tracer_errors": ["a hook failed"]},
+    ]  # fmt: skip
+    for reply, failed in zip(replies, (None, "failed while building", None), strict=True):
+        f.weight_load, f.weight_load_error, f.weight_load_seconds = reply, failed, 1.5
+        record = weights_report(f)
+        assert isinstance(record, WeightsReport)
+        assert json.loads(json.dumps(record.to_json())) == _weights_json_before(f)
+        assert WeightsReport.of(record.to_json()).to_json() == record.to_json()
+    assert _reference_shapes(Report("/m", facts={"weights": record})) == {"w.weight": [2, 2]}

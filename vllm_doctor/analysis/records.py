@@ -87,30 +87,9 @@ class PhaseSummary(Record):
     steps: int = 0
     tokens: int = 0
     mean_batch: float = 0.0
-    step_s_mean: float = field(
-        default=0.0,
-        metadata=_doc(
-            "mean step time on the step clock: where only some steps are on it (clock_steps < steps, the "
-            "sampled step clock on a GPU), the sampled steps as measured and the others at the mean of the "
-            "clock_untimed_steps (the steps after a sample, on the device clock but not timed inside)"
-        ),
-    )
-    step_s_p50: float | None = field(default=None, metadata=_doc("median step time of the clock_steps"))
-    step_s_p90: float | None = field(default=None, metadata=_doc("90th percentile step time of the clock_steps"))
-    clock_steps: int | None = field(
-        default=None,
-        metadata=_doc("steps whose step time is on the step clock (None: a report from before, all of them)"),
-    )
-    clock_untimed_steps: int = field(
-        default=0, metadata=_doc("of those, steps not sampled: their mean stands for every unsampled step")
-    )
-    host_step_s_mean: float | None = field(
-        default=None,
-        metadata=_doc(
-            "mean host span (execute_model's entry to sample_tokens' return) of the steps not on the step "
-            "clock (None: every step is on it)"
-        ),
-    )
+    step_s_mean: float = 0.0
+    step_s_p50: float | None = None
+    step_s_p90: float | None = None
     forward_s_mean: float | None = field(
         default=None, metadata=_doc("mean forward time of the steps whose forward was timed (forward_steps)")
     )
@@ -156,13 +135,8 @@ class PhaseSummary(Record):
 
     @property
     def untimed_steps(self) -> int:
-        """Steps of the phase on the step clock not timed per layer."""
-        return max(0, (self.steps if self.clock_steps is None else self.clock_steps) - self.timed_steps)
-
-    @property
-    def host_steps(self) -> int:
-        """Steps of the phase whose step time is the host's (not on the step clock)."""
-        return 0 if self.clock_steps is None else max(0, self.steps - self.clock_steps)
+        """Steps of the phase not timed per layer."""
+        return max(0, self.steps - self.timed_steps)
 
     @property
     def too_few_to_tell(self) -> bool:
@@ -681,13 +655,6 @@ class EngineProfile(Record):
     rank: int | None = None
     device: str | None = None
     clock: str | None = field(default=None, metadata=_doc("the step and forward times' clock (units.clock_name)"))
-    step_clock: str | None = field(
-        default=None,
-        metadata=_doc(
-            "which steps carry that clock's step time: every (each step), sampled (a GPU's default: the sampled "
-            "steps and the step after each; the others their host span, step_clock host); None: a report from before"
-        ),
-    )
     layers_on: bool | None = None
     layers_reason: str | None = None
     steps: list[StepRow] = field(default_factory=list)
@@ -1022,7 +989,6 @@ class ProfileReply(Record):
 
     profiling: bool = False
     clock: str | None = None
-    step_clock: str | None = None  # "every" or "sampled" (which steps carry the clock's step time)
     layers_on: bool | None = None
     layers_reason: str | None = None
     sample_every: int | None = None
@@ -1078,6 +1044,69 @@ class ResolvedClass(Record):
     target: str = ""
 
 
+@dataclass(frozen=True)
+class TensorMapping(Record):
+    """``facts["weights"]["mapping"][tensor]``: where one checkpoint tensor went."""
+
+    status: str = ""
+    params: list[str] = field(default_factory=list)
+    shards: list[str] = field(default_factory=list)
+    shape: list[int] = field(default_factory=list)
+    dtype: str = ""
+    error: str | None = field(default=None, metadata=wire.rules(omit_none=True, doc="its first error"))
+    looked_up: str | None = field(
+        default=None, metadata=wire.rules(omit_none=True, doc="the name load_weights looked up for it")
+    )
+
+
+@dataclass(frozen=True)
+class ParamMapping(Record):
+    """``facts["weights"]["params"][name]``: one parameter of the model built on the meta device."""
+
+    shape: list[int] = field(default_factory=list)
+    dtype: str = ""
+    written: bool = False
+    covered: int = field(default=0, metadata=_doc("elements the checkpoint wrote"))
+    numel: int = 0
+    sources: list[str] = field(default_factory=list)
+    shards_expected: list[Any] | None = None
+    shards_missing: list[Any] | None = None
+    loader: Any = None
+    in_returned: bool | None = None
+    vllm_exempt: bool = False
+
+
+@dataclass(frozen=True)
+class WeightsBuilt(Record):
+    """The model the weights pass built (its dtype, its HF config's sizes) and the pass's times."""
+
+    model: Any = None
+    timings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WeightsLoaded(Record):
+    """What load_weights did with the checkpoint: per tensor and per parameter."""
+
+    load_weights: Any = None
+    mapping: dict[str, TensorMapping] = field(default_factory=dict)
+    params: dict[str, ParamMapping] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WeightsReport(Record):
+    """``report.facts["weights"]``: the checkpoint as read, the tensor-parallel size checked, and
+    where the weights pass got: why it did not load (``load_error``), the model it built, the
+    full tensor -> parameter mapping."""
+
+    checkpoint: dict[str, Any] = field(default_factory=dict)
+    tensor_parallel_size: int = 1
+    load_error: str | None = field(default=None, metadata=wire.rules(omit_none=True))
+    built: WeightsBuilt | None = field(default=None, metadata=wire.rules(inline=True, omit_none=True))
+    loaded: WeightsLoaded | None = field(default=None, metadata=wire.rules(inline=True, omit_none=True))
+    tracer_errors: list[Any] | None = field(default=None, metadata=wire.rules(omit_none=True))
+
+
 # ---- the report's sections -----------------------------------------------------------------------
 
 # the records the report's sections hold: (section, key) -> record. A Report keeps them as records
@@ -1087,6 +1116,7 @@ SECTIONS: dict[tuple[str, str], type[Record]] = {
     ("facts", "engine_diagnosis"): EngineAnatomy,
     ("facts", "perf"): PerfAnatomy,
     ("facts", "resolved"): ResolvedClass,
+    ("facts", "weights"): WeightsReport,
     ("profiles", "engine"): EngineProfile,
     ("profiles", "workload"): WorkloadRun,
     ("profiles", "twin"): TwinAB,

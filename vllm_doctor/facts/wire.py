@@ -219,6 +219,8 @@ def _read_special(f: dataclasses.Field[Any], key: str, decode: Callable[[Any], A
         value = _MISSING  # a list with an item of another type is not one
     if md.get(_EMPTY_NONE) and raw == {}:
         value = None
+    if md.get(_INLINE) and md.get(_OMIT_NONE) and isinstance(value, Record) and value == type(value)():
+        value = None  # an optional record written beside its owner's fields, none of them there: not written
     return value
 
 
@@ -329,8 +331,9 @@ def json_schema(tp: Any) -> dict[str, Any]:
         props: dict[str, Any] = {}
         for f in dataclasses.fields(tp):
             prop = json_schema(hints[f.name])
-            if f.metadata.get(_INLINE):
-                props.update(prop["properties"])
+            if f.metadata.get(_INLINE):  # an optional record's too (its properties, where it is written)
+                inner = prop if "properties" in prop else next(o for o in prop["anyOf"] if "properties" in o)
+                props.update(inner["properties"])
                 continue
             if f.metadata.get(_PREFIX):
                 continue  # keys made of a name (the schema cannot list them)

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.analysis.records import EngineProfile, WorkloadRun
+from vllm_doctor.analysis.records import EngineProfile, WeightsReport, WorkloadRun, held
 from vllm_doctor.checks.perf import perf_codes
 from vllm_doctor.constants import DOCTOR_ENV, GRAPH_TIMING_ENV, SWITCH_ON
 from vllm_doctor.errors import DoctorInputError
@@ -402,8 +402,9 @@ def _guard_report(model: str, options: EngineOptions, progress: Progress | None)
 def _reference_shapes(report: Report) -> dict[str, list[int]]:
     """Each parameter's shape as the weights pass built it at tensor-parallel size 1 (VD406 checks
     each rank's shard against it); empty without a weights pass."""
-    params = (report.facts.get("weights") or {}).get("params") or {}
-    return {name: p["shape"] for name, p in params.items() if p.get("shape")}
+    weights = held(report, "facts", "weights", WeightsReport)
+    params = weights.loaded.params if weights is not None and weights.loaded is not None else {}
+    return {name: p.shape for name, p in params.items() if p.shape}
 
 
 def engine_report(

@@ -14,13 +14,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_doctor.analysis.records import ParamMapping, TensorMapping, WeightsBuilt, WeightsLoaded, WeightsReport
 from vllm_doctor.checks.base import codes_for, informative_line, needs_import
 from vllm_doctor.checks.config_sizes import config_size_problems
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.checkpoint import OUTSIDE_KINDS
 from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.quant_checkpoint import quantization_config
-from vllm_doctor.facts.static import Facts
+from vllm_doctor.facts.static import Facts, TensorLoad, WeightLoad
 from vllm_doctor.facts.user_regex import unbounded_patterns
 from vllm_doctor.model import Stage
 from vllm_doctor.probes.model_files import handover_refusal, refused_files
@@ -151,25 +152,6 @@ class WeightsPassReply:
     tracer_errors: Any = None
 
 
-@dataclass(frozen=True)
-class _Handed:
-    shard: Any = None  # the shard id load_weights handed the tensor to (None: not sharded)
-
-
-@dataclass(frozen=True)
-class _LoadError:
-    error: Any = None
-    looked_up: Any = None  # the parameter name load_weights looked for
-
-
-@dataclass(frozen=True)
-class _TensorLoad:
-    """The parts of one checkpoint tensor's trace that the report's mapping summarises."""
-
-    handed_to: list[_Handed] = field(default_factory=list)
-    errors: list[_LoadError] = field(default_factory=list)
-
-
 def finish_weights_pass(facts: Facts, job: ChildJob | None) -> None:
     """Wait for the meta-device load and put its result (or why there is none) into ``facts``."""
     if job is None:
@@ -204,58 +186,43 @@ def finish_weights_pass(facts: Facts, job: ChildJob | None) -> None:
         facts.pass_failures.append({"pass": "the weights pass", "error": facts.weight_load_error})
 
 
-def weights_report(facts: Facts) -> dict[str, Any] | None:
+def weights_report(facts: Facts) -> WeightsReport | None:
     """report.facts["weights"]: the checkpoint as read, and the full tensor -> parameter mapping."""
     if facts.checkpoint is None:
         return None
-    out: dict[str, Any] = {
-        "checkpoint": facts.checkpoint.to_dict(),
-        "tensor_parallel_size": facts.tensor_parallel_size,
-    }
     data = facts.weight_load
-    if facts.weight_load_error:
-        out["load_error"] = facts.weight_load_error
+    built = loaded = tracer_errors = None
     if data is not None:
         reply = wire.read(WeightsPassReply, data)
-        out["model"] = reply.model
-        out["timings"] = {**reply.timings, "probe_wall_s": facts.weight_load_seconds}
-        if "tensors" in data:
-            out["load_weights"] = reply.load_weights
-            out["mapping"] = {name: _mapping_entry(t) for name, t in data["tensors"].items()}
-            out["params"] = {
-                name: {
-                    k: p[k]
-                    for k in (
-                        "shape",
-                        "dtype",
-                        "written",
-                        "covered",
-                        "numel",
-                        "sources",
-                        "shards_expected",
-                        "shards_missing",
-                        "loader",
-                        "in_returned",
-                        "vllm_exempt",
-                    )
-                }
-                for name, p in data["params"].items()
-            }
-            if reply.tracer_errors:
-                out["tracer_errors"] = reply.tracer_errors
-    return out
+        built = WeightsBuilt(model=reply.model, timings={**reply.timings, "probe_wall_s": facts.weight_load_seconds})
+        if "tensors" in data:  # the model was built and load_weights driven (it may have raised)
+            loads = WeightLoad.of(data)
+            loaded = WeightsLoaded(
+                load_weights=reply.load_weights,
+                mapping={name: _mapping_entry(t) for name, t in loads.tensors.items()},
+                # the report keeps these of each parameter's record, as the reply has them
+                params={name: ParamMapping.of(p) for name, p in wire.mapping(data.get("params")).items()},
+            )
+            tracer_errors = reply.tracer_errors or None
+    return WeightsReport(
+        checkpoint=facts.checkpoint.to_dict(),
+        tensor_parallel_size=facts.tensor_parallel_size,
+        load_error=facts.weight_load_error or None,
+        built=built,
+        loaded=loaded,
+        tracer_errors=tracer_errors,
+    )
 
 
-def _mapping_entry(t: dict[str, Any]) -> dict[str, Any]:
+def _mapping_entry(t: TensorLoad) -> TensorMapping:
     """report.facts["weights"]["mapping"][tensor]: where one checkpoint tensor went."""
-    load = wire.read(_TensorLoad, t)
-    first = load.errors[0] if load.errors else None
-    return {
-        "status": t["status"],
-        "params": t["params"],
-        "shards": sorted({str(h.shard) for h in load.handed_to if h.shard is not None}),
-        "shape": t["shape"],
-        "dtype": t["dtype"],
-        **({"error": first.error} if first is not None else {}),
-        **({"looked_up": first.looked_up} if first is not None and first.looked_up else {}),
-    }
+    first = t.errors[0] if t.errors else None
+    return TensorMapping(
+        status=t.status,
+        params=t.params,
+        shards=sorted({str(h.shard) for h in t.handed_to if h.shard is not None}),
+        shape=t.shape,
+        dtype=t.dtype,
+        error=first.error if first is not None else None,
+        looked_up=first.looked_up if first is not None and first.looked_up else None,
+    )
