@@ -216,3 +216,37 @@ def test_a_summary_window_carries_each_steps_clock() -> None:
     # last 8 followed by its neighbour on the clock
     assert (decode.steps, decode.clock_steps, decode.clock_untimed_steps) == (39, 16 + 8, 8)
     assert decode.host_step_s_mean is not None and decode.step_s_mean > 0
+
+
+def test_the_command_lines_step_clock_reaches_the_engines_workers(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``profile --step-clock every``: the engine stage (replaced here) starts with
+    VLLM_DOCTOR_STEP_CLOCK=every in the environment its child inherits (the workers read it at the
+    install); ``attach --step-clock`` takes sampled or every, anything else is a usage error."""
+    import os
+
+    import vllm_doctor.cli.profile
+    import vllm_doctor.stages.engine
+    from vllm_doctor.cli import build_parser, main
+    from vllm_doctor.model import Report
+
+    seen: list[str | None] = []
+
+    def stage(model: str, options: Any, static: Any = None, **_: Any) -> Report:
+        seen.append(os.environ.get(STEP_CLOCK_ENV))
+        report = Report(target=model)
+        report.facts["engine_failure"] = "not started: the test reads the environment only"
+        return report
+
+    monkeypatch.setattr(vllm_doctor.stages.engine, "diagnose_engine", stage)
+    monkeypatch.setattr(vllm_doctor.cli.profile, "write_reports", lambda out, report: [])
+    monkeypatch.setenv(STEP_CLOCK_ENV, "sampled")
+    assert main(["profile", "/m", "--out", str(tmp_path), "-q", "--step-clock", "every"]) == 1  # engine_failure
+    assert seen == ["every"]
+    assert build_parser().parse_args(["attach", "--step-clock", "every"]).step_clock == "every"
+    assert build_parser().parse_args(["attach"]).step_clock is None  # the workers' environment decides
+    with pytest.raises(SystemExit) as exit_info:
+        build_parser().parse_args(["attach", "--step-clock", "sometimes"])
+    assert exit_info.value.code == 2
+    assert "--step-clock: invalid choice: 'sometimes'" in capsys.readouterr().err

@@ -13,6 +13,7 @@ from vllm_doctor.cli.common import (
     add_fail_on,
     add_quiet,
     add_sample_every,
+    add_step_clock,
     add_url,
     on_stop_signals,
     print_problems,
@@ -79,6 +80,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer timing)")
     add_sample_every(p)
+    add_step_clock(p)
     p.add_argument("--no-probe", action="store_true", help="do not probe the first steps op by op (VD403/VD404)")
     p.add_argument(
         "--request-timeout",
@@ -108,7 +110,13 @@ def run(args: argparse.Namespace) -> int:
             f"no private channel found ({getattr(handle, 'fallback_reason', '')}): reading the workers through "
             f"vLLM's dev endpoint {handle.url}/collective_rpc"
         )
-    doc = EngineDoctor(handle, layers=not args.no_layers, sample_every=args.sample_every, probe=not args.no_probe)
+    doc = EngineDoctor(
+        handle,
+        layers=not args.no_layers,
+        sample_every=args.sample_every,
+        probe=not args.no_probe,
+        step_clock=args.step_clock,
+    )
     # Ctrl-C, kill, a closed terminal: from the attach until the detach, a stop signal ends the
     # window (or skips it) and the doctor still detaches and reports; it never leaves its hooks
     stops: list[int] = []

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS
+from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, STEP_CLOCK_ENV, STEP_CLOCKS
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.model import Report, Severity
 
@@ -120,6 +120,18 @@ def add_sample_every(parser: argparse.ArgumentParser) -> None:
         f"steps of "
         f"each phase, then every N-th (default {DEFAULT_SAMPLE_EVERY}; 1 = every step, the most detail "
         "and the most overhead); every step still gets its token counts and host times",
+    )
+
+
+def add_step_clock(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--step-clock",
+        choices=STEP_CLOCKS,
+        default=None,
+        help="which steps carry the device clock's step time on a GPU: sampled (the sampled steps and the step "
+        "after each; the others their host span, and the phase means count them at the mean of those after a "
+        "sample) or every (an event pair on every step: the doctor's clock before, host time on every step); "
+        f"default: {STEP_CLOCK_ENV} in the engine's environment, else sampled. A CPU's wall clock times every step",
     )
 
 

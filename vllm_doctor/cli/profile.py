@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -11,11 +12,13 @@ from vllm_doctor.cli.common import (
     add_fail_on,
     add_quiet,
     add_sample_every,
+    add_step_clock,
     engine_options,
     print_engine_outcome,
     print_problems,
     progress_printer,
 )
+from vllm_doctor.constants import STEP_CLOCK_ENV
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.report.write import write_reports
 
@@ -74,6 +77,7 @@ def add_parser(sub: Any) -> None:
     )
     p.add_argument("--no-layers", action="store_true", help="per-step timing only (no per-layer timing)")
     add_sample_every(p)
+    add_step_clock(p)
     p.add_argument(
         "--twin",
         metavar="auto|ARCH",
@@ -99,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         raise DoctorInputError("--images must be 0 or more")
     workload = Workload(prompts=args.prompts, input_len=args.input_len, output_len=args.output_len, images=args.images)
     deep_dir = str((out / "torch").resolve()) if args.deep else None
+    if args.step_clock is not None:  # the engine's workers read it when the doctor installs (its child inherits it)
+        os.environ[STEP_CLOCK_ENV] = args.step_clock
     progress(f"profile: {args.model} -> {out}")
     options = engine_options(
         args, workload=workload, deep_dir=deep_dir, layers=not args.no_layers, sample_every=args.sample_every
