@@ -25,11 +25,12 @@ step's events are read back only once they completed, or at collection.
 
 Detailed timing is *sampled*: the first :data:`SAMPLE_WARMUP_STEPS` steps of each phase
 (prefill, decode, mixed), then every ``sample_every``-th step of that phase (default
-:data:`DEFAULT_SAMPLE_EVERY`; 1 = every step). Every step gets its counts, host times and
-device-clock step time; a sampled step also gets the model's forward and logits time and
+:data:`DEFAULT_SAMPLE_EVERY`; 1 = every step). Every step gets its counts, host times and a
+step time (the step clock's, or its host span); a sampled step also gets the model's forward and logits time and
 per-layer timing. Shares and per-call times need a sample, not every step; every piece of
 Python on a launch-bound step's path costs throughput (bench/bench_engine.py), so an unsampled
-step pays for counting (and on GPU two events) only.
+step pays for keeping its ``SchedulerOutput`` to count later (and, on GPU, two events where the
+step clock puts them on it) only.
 
 In eager mode per-layer timing has two grains (:data:`DEFAULT_DETAIL_EVERY`): a step timed per
 layer times the decoder layers' boundaries (``layers_timed``), and every ``detail_every``-th of
