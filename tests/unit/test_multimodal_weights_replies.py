@@ -10,46 +10,33 @@
   tower (tests/fixtures/in_tree_vlm.py), whose load_weights skip the checkpoint's layers past the
   built ones, post_layernorm and SigLIP's head.
 
-The working example's weights: tests/integration/test_multimodal_checks.py. What the real engine
+On the import and weights passes' recorded replies (tests/fixtures/engine_replies.py,
+``tools/record_engine_replies.py --family check-multimodal``; vLLM's LLaVA recorded where torchvision
+imports). The working example's weights: tests/unit/test_multimodal_checks_replies.py. That vLLM
+still answers as recorded: tests/integration/test_check_replies_drift.py; what the real engine
 does with these variants: tests/engine/test_multimodal_ground_truth.py.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
-from tests.conftest import REPO, doctor_json
-from tests.fixtures.in_tree_vlm import IN_TREE_VLMS, build_in_tree_vlm
+from tests.fixtures import engine_replies
+from tests.fixtures.engine_replies import IN_TREE_VLMS, check_name
 
 VARIANTS = ("mm-ok-truncated-tower", "mm-vision-weights-skipped", "mm-unmapped-weight-prefix")
 WEIGHT_CODES = ("VD301", "VD302", "VD303", "VD307", "VD313")
-# vLLM's LLaVA imports torchvision (llava -> pixtral -> transformers' image processor): make setup builds a
-# CPU one (docs/multimodal-environment.md); where that build failed, VD106 says so and these cannot run
-NO_TORCHVISION = "vLLM's in-tree LLaVA needs torchvision, which this environment lacks (make cpu-torchvision)"
-
-
-def _needs_torchvision(name: str) -> None:
-    if name in IN_TREE_VLMS and importlib.util.find_spec("torchvision") is None:
-        pytest.skip(NO_TORCHVISION)
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    out = tmp_path_factory.mktemp("mm-weights")
-    subprocess.run(
-        [sys.executable, str(REPO / "examples" / "make_multimodal.py"), str(out), "--only", *VARIANTS],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
-    for name in IN_TREE_VLMS:
-        build_in_tree_vlm(name, out / name / "model")
-    names = [*VARIANTS, *IN_TREE_VLMS]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(names, pool.map(lambda n: doctor_json(out, n), names), strict=True))
+    workdir = tmp_path_factory.mktemp("mm-weights-replies")
+    reports = {}
+    for name in [*VARIANTS, *IN_TREE_VLMS]:
+        run = engine_replies.replay(check_name(name), workdir)
+        assert run.rc in (0, 1), f"{run.case}: exit {run.rc}\n{run.stderr[-3000:]}"
+        reports[name] = run.report()
+    return reports
 
 
 def _of(report: dict, code: str) -> list[dict]:
@@ -130,7 +117,6 @@ def test_unmapped_checkpoint_prefixes_name_the_mapper_entry_per_tower(reports: d
 def test_layers_the_class_deliberately_does_not_build_are_not_findings(
     reports: dict[str, dict], name: str, not_built: list[str]
 ) -> None:
-    _needs_torchvision(name)
     report = reports[name]
     assert _problems(report) == []
     assert [f["outcome"] for f in _of(report, "VD313")] == ["pass"]
@@ -147,7 +133,6 @@ def test_layers_the_class_deliberately_does_not_build_are_not_findings(
 
 def test_in_tree_llava_runs_clean(reports: dict[str, dict]) -> None:
     """vLLM's own LlavaForConditionalGeneration: no finding at warn or above from the static stage."""
-    _needs_torchvision(IN_TREE_VLMS[0])
     for name in IN_TREE_VLMS:
         report = reports[name]
         assert report["findings"], name
