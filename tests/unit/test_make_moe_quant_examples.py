@@ -21,14 +21,14 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 MOE = ["moe-ok", *sorted(p.name for p in (EXAMPLES / "moe").iterdir() if (p / "variant.py").is_file())]
 QUANT = ["quant-ok", *sorted(p.name for p in (EXAMPLES / "quant").iterdir() if (p / "variant.py").is_file())]
-# the finding each MoE variant is built to get (tests/integration/test_moe_checks.py asserts it)
+# the finding each MoE variant is built to get (tests/unit/test_moe_checks_replies.py asserts it)
 MOE_CODES = {
     "moe-ok": None,
     "moe-missing-expert": "VD311",
     "moe-swapped-w1-w3": "VD312",
     "moe-router-not-loaded": "VD301",
     "moe-experts-not-divisible-by-tp": "VD305",  # an info, at --tensor-parallel-size 2
-    # the quantized variants the static checks catch (tests/integration/test_quant_checks.py); the
+    # the quantized variants the static checks catch (tests/unit/test_quant_checks_replies.py); the
     # probes and quant-layer-runs-unquantized (an engine-stage check, VD407): none
     "quant-unquantized-down-proj": "VD314",
     "quant-missing-scales": "VD315",

@@ -1,5 +1,5 @@
 """VD316 and facts/quant_checkpoint.py on config.json + headers alone (no vLLM): the checkpoint's weight
-format against the quantization_config's method. The real examples: tests/integration/test_quant_checks.py."""
+format against the quantization_config's method. The real examples: tests/unit/test_quant_checks_replies.py (recorded passes)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ Every layer gets quant_config; vLLM's GPTQ decides which layers are quantized by
 (the checkpoint's quantized modules, `modules_in_block_to_quantize`), and the MLP's names match
 none of them."""
 
-EXPECT_CODE = "VD317"  # tests/integration/test_quant_checks.py
+EXPECT_CODE = "VD317"  # tests/unit/test_quant_checks_replies.py
 ENGINE_MODE = "inprocess"
 DESCRIPTION = "GPTQ checkpoint whose module names (mlp.*) differ from the model's (feed_forward.*)"
 GROUP_SIZE = 64

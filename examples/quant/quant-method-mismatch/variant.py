@@ -2,7 +2,7 @@
 quant-fp8's) but config.json still carries quant-ok's compressed-tensors W8A8 **int8**
 quantization_config (a conversion script that wrote new tensors and copied the old config)."""
 
-EXPECT_CODE = "VD316"  # tests/integration/test_quant_checks.py
+EXPECT_CODE = "VD316"  # tests/unit/test_quant_checks_replies.py
 ENGINE_MODE = "inprocess"
 DESCRIPTION = "float8 weights under a compressed-tensors W8A8 int8 quantization_config"
 FP8_MAX = 448.0  # largest float8_e4m3fn

@@ -2,7 +2,7 @@
 are there, their per-channel scales are not (e.g. a conversion script that wrote the scales of
 one layer under another name, or dropped a shard)."""
 
-EXPECT_CODE = "VD315"  # tests/integration/test_quant_checks.py
+EXPECT_CODE = "VD315"  # tests/unit/test_quant_checks_replies.py
 ENGINE_MODE = "inprocess"
 DESCRIPTION = "W8A8 int8 checkpoint without the weight_scale tensors of layer 1"
 MISSING_LAYER = 1

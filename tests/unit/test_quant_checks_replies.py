@@ -1,5 +1,7 @@
 """The quantization checks on the quantized examples (examples/quant) and on vLLM's own Llama
-under each quantization method this vLLM builds on the meta device (issue 33, parts 3 and 4).
+under each quantization method this vLLM builds on the meta device (issue 33, parts 3 and 4), on
+the weights pass's recorded replies (tests/fixtures/engine_replies.py,
+``tools/record_engine_replies.py --family check-quantized``).
 
 - VD314: a layer built without quant_config in front of a quantized checkpoint is named once (all
   layers' repeats grouped), with vLLM's KeyError and the fix; VD302/VD304 defer to it;
@@ -10,45 +12,39 @@ under each quantization method this vLLM builds on the meta device (issue 33, pa
   quant-w4a16, and vLLM's LlamaForCausalLM in compressed-tensors int8/fp8/w4a16, native fp8 and
   GPTQ: tests/fixtures/in_tree_quant.py); GPTQ's g_idx, which vLLM's loader drops, is no VD302.
 
-Weights-pass runs only (``--select VD3``); what the real engine does with the same variants:
+Weights-pass runs only (``--select VD3``). That vLLM still answers as recorded:
+tests/integration/test_check_replies_drift.py; what the real engine does with the same variants:
 tests/engine/test_moe_quant_ground_truth.py.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
-
 import pytest
 
-from tests.conftest import REPO, doctor_json
-from tests.fixtures.in_tree_quant import IN_TREE_QUANT, build_in_tree_quant
+from tests.fixtures import engine_replies
+from tests.fixtures.engine_replies import IN_TREE_QUANT, QUANT_VARIANTS, check_name
 
-VARIANTS = (
-    "quant-gptq-names",
-    "quant-ok",
-    "quant-fp8",
-    "quant-w4a16",
-    "quant-unquantized-down-proj",
-    "quant-missing-scales",
-    "quant-method-mismatch",
-)
+VARIANTS = QUANT_VARIANTS
 CORRECT = ("quant-ok", "quant-fp8", "quant-w4a16", *IN_TREE_QUANT)
 
 
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
-    out = tmp_path_factory.mktemp("quant-checks")
-    subprocess.run(
-        [sys.executable, str(REPO / "examples" / "make_examples.py"), str(out), "--only", *VARIANTS],
-        check=True, capture_output=True, timeout=600,
-    )  # fmt: skip
-    for name in IN_TREE_QUANT:
-        build_in_tree_quant(name, out / name / "model")
-    names = [*VARIANTS, *IN_TREE_QUANT]
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip(names, pool.map(lambda n: doctor_json(out, n, "--select", "VD3"), names), strict=True))
+    """``check NAME --json -q --select VD3`` replayed per variant and in-tree checkpoint, in one
+    directory (the examples built once)."""
+    workdir = tmp_path_factory.mktemp("quant-replies")
+    reports = {}
+    for name in [*VARIANTS, *IN_TREE_QUANT]:
+        run = engine_replies.replay(check_name(name, "-vd3"), workdir)
+        assert run.rc in (0, 1), f"{run.case}: exit {run.rc}\n{run.stderr[-3000:]}"
+        reports[name] = run.report()
+    return reports
+
+
+def test_every_case_is_recorded() -> None:
+    for name in [*VARIANTS, *IN_TREE_QUANT]:
+        case = check_name(name, "-vd3")
+        assert engine_replies.recorded_versions(case), f"tools/record_engine_replies.py {case}"
 
 
 def _of(report: dict, code: str) -> list[dict]:
