@@ -103,11 +103,11 @@ def test_every_check_code_has_a_variant() -> None:
     # refuses the directory) and tests/unit/test_checks_pure.py
     # VD100 (a pass did not complete): tests/integration/test_passes_cut_short.py
     # VD209-VD212 and VD112 (multimodal): the vision-language variants and bad inputs,
-    # tests/integration/test_multimodal_checks.py
+    # tests/unit/test_multimodal_checks_replies.py
     multimodal = {"VD112", "VD209", "VD210", "VD211", "VD212"}
-    # VD214 and VD215 (hybrid ports): examples/hybrid, tests/integration/test_hybrid_checks.py; VD216 (an MLA
+    # VD214 and VD215 (hybrid ports): examples/hybrid, tests/unit/test_hybrid_checks_replies.py; VD216 (an MLA
     # port's latent, vLLM's reading of it as MLA) and VD217 (a mixer's prefix, before launch: mla-wrong-prefix):
-    # examples/mla, tests/integration/test_mla_checks.py
+    # examples/mla, tests/unit/test_mla_checks_replies.py
     hybrid = {"VD214", "VD215", "VD216", "VD217"}
     # VD113 (a file of the model directory links out, blocks or is oversized): tests/unit/test_hostile_handover.py
     # and tests/integration/test_hostile_children.py (no example directory carries a link out of itself)

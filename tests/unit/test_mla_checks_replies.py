@@ -1,24 +1,33 @@
-"""The doctor's finding on each example of the MLA family before launch (``vllm-doctor check``: the
-import and weights passes, no engine), against what vLLM does with each
-(tests/fixtures/mla_expected.py, recorded on the real engine by tests/engine/test_mla_ground_truth.py)."""
+"""The doctor's finding on each example of the MLA family before launch (``vllm-doctor check``:
+the import and weights passes, no engine), on the passes' recorded replies
+(tests/fixtures/engine_replies.py, ``tools/record_engine_replies.py --family check-mla``), against
+what vLLM does with each (tests/fixtures/mla_expected.py, recorded on the real engine by
+tests/engine/test_mla_ground_truth.py). That vLLM still answers the passes as recorded:
+tests/integration/test_check_replies_drift.py."""
 
 from __future__ import annotations
 
-import importlib.util
+import json
 from typing import Any
 
 import pytest
 
-from tests.conftest import check_family
+from tests.fixtures import engine_replies
+from tests.fixtures.engine_replies import check_name
 from tests.fixtures.mla_expected import EXPECTED
-
-pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")]
 
 
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """``vllm-doctor check --json`` of each variant, its plugin site on PYTHONPATH."""
-    return check_family(tmp_path_factory.mktemp("mla-examples"), list(EXPECTED))
+    """``vllm-doctor check --json -q`` of each variant replayed: name -> (exit code, report, the run,
+    the variant's ``expect_code``), as tests/conftest.check_family gives them."""
+    workdir = tmp_path_factory.mktemp("mla-replies")
+    got = {}
+    for name in EXPECTED:
+        run = engine_replies.replay(check_name(name), workdir)
+        expect = json.loads((run.model.parent / "variant.json").read_text())["expect_code"]
+        got[name] = (run.rc, run.report() if run.stdout.strip().startswith("{") else None, run, expect)
+    return got
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
