@@ -35,7 +35,7 @@ the doctor's graph timing on, as ``profile`` starts its engines; ``--eager`` for
 per-phase step means on the device clock, so the two clocks' means stand side by side.
 
 Both print a markdown table and write a JSON summary (``--json PATH``; default
-bench/records/<device>-<date>-footprint-<kind>.json): the device, vLLM's version, the model
+bench/records/<device>-<date>-footprint-<kind>[-<reader>]-<runner>-<mode>-<step clock(s)>.json): the device, vLLM's version, the model
 runner (v1/v2), the mode, the step clock, the steps, the doctor's own clock (``worker_share``:
 its time in the worker, its calls between steps included, over the worker's wall time;
 ``per_step_us``), and the throughput with and without it: per round, the paired difference's
@@ -493,6 +493,9 @@ def default_name(summary: dict[str, Any]) -> str:
     device = re.sub(r"[^a-z0-9]+", "-", str(summary.get("device") or "device").lower()).strip("-")
     device = re.sub(r"^nvidia-", "", device)
     tag = summary["kind"] + (f"-{summary['reader']}" if summary.get("reader") else "")
+    tag += f"-{summary.get('runner') or 'runner'}-{summary.get('mode') or 'mode'}"
+    clocks = summary.get("step_clock") or "-".join(summary.get("doctors", {})) or "clock"
+    tag = re.sub(r"[^a-z0-9.]+", "-", f"{tag}-{clocks}".lower()).strip("-")
     return f"{device}-{datetime.date.today().isoformat()}-footprint-{tag}.json"
 
 
