@@ -2,9 +2,11 @@
 (issue 46 item 2).
 
 The unit tier runs what the doctor makes of the import and weights passes' answers on replies
-recorded once per example variant (tests/fixtures/engine_replies.py, ``check-*`` cases;
-tests/unit/test_doctor_on_examples_replies.py, test_multimodal_checks_replies.py,
-test_moe_checks_replies.py, test_quant_checks_replies.py). Here one case per family runs again on
+recorded once per example variant, bad input and weight fixture (tests/fixtures/engine_replies.py,
+``check-*`` cases; tests/unit/test_doctor_on_examples_replies.py, test_multimodal_checks_replies.py,
+test_multimodal_weights_replies.py, test_moe_checks_replies.py, test_quant_checks_replies.py,
+test_weights_replies.py, test_hybrid_checks_replies.py, test_mla_checks_replies.py). Here one case
+per family runs again on
 the real vLLM (``check`` starts no engine: an import pass and a weights pass, each a child that
 imports vLLM), and what vLLM answered (the registry, each resolved class's contract, vLLM's
 verdict on the config, what each plugin did; where the weights pass stopped, every parameter's and
@@ -22,8 +24,9 @@ import pytest
 
 from tests.fixtures import engine_replies
 
-# one case per family: the working example of each (both passes answer in full)
-LIVE = ("check-ok",)
+# one case per family: the working example of each (both passes answer in full); of the weight
+# fixtures one whose load_weights skips tensors (the trace's misses, vLLM's own error)
+LIVE = ("check-ok", "check-mm-ok", "check-moe-ok", "check-quant-ok-vd3", "check-weights-loader-skips-norm", "check-hybrid-ok", "check-mla-ok")
 
 
 @pytest.mark.parametrize("name", LIVE)
