@@ -87,9 +87,30 @@ class PhaseSummary(Record):
     steps: int = 0
     tokens: int = 0
     mean_batch: float = 0.0
-    step_s_mean: float = 0.0
-    step_s_p50: float | None = None
-    step_s_p90: float | None = None
+    step_s_mean: float = field(
+        default=0.0,
+        metadata=_doc(
+            "mean step time on the step clock: where only some steps are on it (clock_steps < steps, the "
+            "sampled step clock on a GPU), the sampled steps as measured and the others at the mean of the "
+            "clock_untimed_steps (the steps after a sample, on the device clock but not timed inside)"
+        ),
+    )
+    step_s_p50: float | None = field(default=None, metadata=_doc("median step time of the clock_steps"))
+    step_s_p90: float | None = field(default=None, metadata=_doc("90th percentile step time of the clock_steps"))
+    clock_steps: int | None = field(
+        default=None,
+        metadata=_doc("steps whose step time is on the step clock (None: a report from before, all of them)"),
+    )
+    clock_untimed_steps: int = field(
+        default=0, metadata=_doc("of those, steps not sampled: their mean stands for every unsampled step")
+    )
+    host_step_s_mean: float | None = field(
+        default=None,
+        metadata=_doc(
+            "mean host span (execute_model's entry to sample_tokens' return) of the steps not on the step "
+            "clock (None: every step is on it)"
+        ),
+    )
     forward_s_mean: float | None = field(
         default=None, metadata=_doc("mean forward time of the steps whose forward was timed (forward_steps)")
     )
@@ -135,8 +156,13 @@ class PhaseSummary(Record):
 
     @property
     def untimed_steps(self) -> int:
-        """Steps of the phase not timed per layer."""
-        return max(0, self.steps - self.timed_steps)
+        """Steps of the phase on the step clock not timed per layer."""
+        return max(0, (self.steps if self.clock_steps is None else self.clock_steps) - self.timed_steps)
+
+    @property
+    def host_steps(self) -> int:
+        """Steps of the phase whose step time is the host's (not on the step clock)."""
+        return 0 if self.clock_steps is None else max(0, self.steps - self.clock_steps)
 
     @property
     def too_few_to_tell(self) -> bool:
@@ -655,6 +681,13 @@ class EngineProfile(Record):
     rank: int | None = None
     device: str | None = None
     clock: str | None = field(default=None, metadata=_doc("the step and forward times' clock (units.clock_name)"))
+    step_clock: str | None = field(
+        default=None,
+        metadata=_doc(
+            "which steps carry that clock's step time: every (each step), sampled (a GPU's default: the sampled "
+            "steps and the step after each; the others their host span, step_clock host); None: a report from before"
+        ),
+    )
     layers_on: bool | None = None
     layers_reason: str | None = None
     steps: list[StepRow] = field(default_factory=list)
@@ -989,6 +1022,7 @@ class ProfileReply(Record):
 
     profiling: bool = False
     clock: str | None = None
+    step_clock: str | None = None  # "every" or "sampled" (which steps carry the clock's step time)
     layers_on: bool | None = None
     layers_reason: str | None = None
     sample_every: int | None = None
