@@ -10,13 +10,18 @@ float32 for parity, the model's bf16 for the profile."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.conftest import REPO
 from tests.engine.test_multimodal_parity import OK, PACKAGES, PROMPTS, SKIPPED, _engine, _options, built
-from tests.engine.test_multimodal_profile import _profile, examples
 from tests.gpu.test_engine_gpu import _cuda
 from vllm_doctor.api import compare_with_reference
 from vllm_doctor.stages.parity import ParityEngine, run_parity
@@ -27,7 +32,34 @@ pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
     pytest.mark.skipif(not _cuda(), reason="no CUDA device"),
 ]
-__all__ = ["built", "examples"]  # the fixtures, shared with the CPU tests
+__all__ = ["built"]  # the fixture, shared with the CPU tests
+
+
+@pytest.fixture(scope="module")
+def examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("mm")
+    subprocess.run(
+        [sys.executable, str(REPO / "examples" / "make_multimodal.py"), str(out), "--only", "mm-ok",
+         "mm-embeddings-not-merged"],
+        check=True, capture_output=True, timeout=600,
+    )  # fmt: skip
+    return out
+
+
+def _profile(
+    example: Path, out: Path, *args: str, returncode: int = 0
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """``vllm-doctor profile`` of an example variant as a user runs it (its plugin site on PYTHONPATH)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_PLUGINS", "VLLM_ENABLE_V1_MULTIPROCESSING")}
+    # what PYTHONPATH already holds stays after them (the GPU machine carries vLLM in that way)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(example / "site"), str(REPO), os.environ.get("PYTHONPATH")] if p)
+    proc = subprocess.run(
+        [sys.executable, "-m", "vllm_doctor", "profile", str(example / "model"), "--out", str(out),
+         "--prompts", "3", "--input-len", "24", "--output-len", "8", *args],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == returncode, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, json.loads((out / "report.json").read_text())
 
 
 # first: before the parity engines of the module take their share of the memory
