@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY
+from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY, STEP_CLOCKS
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.model import Report
 from vllm_doctor.report.write import write_reports
@@ -127,6 +127,7 @@ def profile(
     sample_every: int = DEFAULT_SAMPLE_EVERY,
     progress: Callable[[str], None] | None = None,
     twin: str | None = None,
+    step_clock: str | None = None,
     **options: Any,
 ) -> Report:
     """``vllm-doctor profile`` from Python: a greedy workload of ``prompts`` x ``input_len`` tokens in,
@@ -145,14 +146,23 @@ def profile(
     reports go to ``out/twin``. A named architecture that does not fit raises
     :class:`vllm_doctor.DoctorInputError` before any engine starts.
 
+    ``step_clock``: which steps carry the device clock's step time on a GPU, ``"sampled"`` (the
+    sampled steps and the step after each; the default) or ``"every"`` (every step: the doctor's
+    clock before issue 44, a CUDA event pair a step), as ``profile --step-clock``; None: the
+    engine's ``VLLM_DOCTOR_STEP_CLOCK``, else sampled.
+
     ``options``: the engine options below, as :func:`check_engine` takes them.
     """
+    if step_clock is not None and step_clock not in STEP_CLOCKS:
+        raise DoctorInputError(f"step_clock must be one of {', '.join(STEP_CLOCKS)}, not {step_clock!r}")
     if min(prompts, input_len, output_len) < 1:
         raise DoctorInputError("prompts, input_len and output_len must be at least 1")
     if images is not None and images < 0:
         raise DoctorInputError("images must be 0 or more")
     workload = Workload(prompts=prompts, input_len=input_len, output_len=output_len, images=images)
-    engine = from_keywords(options, "profile", workload=workload, layers=layers, sample_every=sample_every)
+    engine = from_keywords(
+        options, "profile", workload=workload, layers=layers, sample_every=sample_every, step_clock=step_clock
+    )
     log_dir = str(out) if out is not None else None
     twin_report = None
     if twin is not None:

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import inspect
 import json
+import os
 import re
 import warnings
 from pathlib import Path
@@ -87,7 +88,7 @@ def test_the_command_line_offers_every_engine_option_under_its_name(verb: str) -
     actions = verbs()[verb]._option_string_actions
     for spec in specs():
         assert actions[f"--{spec.flag}"].dest == spec.name, spec
-    run = {"workload", "layers", "sample_every", "probe", "deep_dir"}  # the verb's own: --prompts, --no-layers, ...
+    run = {"workload", "layers", "sample_every", "step_clock", "probe", "deep_dir"}  # the verb's own: --prompts, --step-clock, ...
     engine_dests = {a.dest for a in set(actions.values())} & {f.name for f in dataclasses.fields(EngineOptions)}
     assert engine_dests - run == set(option_names())
 
@@ -333,3 +334,28 @@ def test_docs_options_lists_every_engine_option() -> None:
     text = (Path(__file__).resolve().parents[2] / "docs" / "options.md").read_text(encoding="utf-8")
     for spec in specs():
         assert f"| `{spec.name}` | `--{spec.flag}" in text and f"`--vllm-doctor-{spec.flag}`" in text, spec.name
+
+
+def test_the_step_clock_reaches_the_engine_stage_from_the_cli_and_the_api(
+    stage_calls: list[EngineOptions], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One option, one path: ``profile --step-clock`` and ``vllm_doctor.profile(step_clock=)`` hand
+    the engine stage the same EngineOptions field (the child attaches with it); the process
+    environment is left alone."""
+    import vllm_doctor.api
+    import vllm_doctor.cli.profile
+    from vllm_doctor.constants import STEP_CLOCK_ENV
+    from vllm_doctor.errors import DoctorInputError
+
+    monkeypatch.delenv(STEP_CLOCK_ENV, raising=False)
+    monkeypatch.setattr(vllm_doctor.cli.profile, "write_reports", lambda out, report: [])
+    assert main(["profile", "/m", "--out", str(tmp_path), "-q", "--step-clock", "every"]) == 1  # engine_failure
+    vllm_doctor.api.profile("/m", step_clock="every")
+    main(["profile", "/m", "--out", str(tmp_path), "-q"])
+    assert [o.step_clock for o in stage_calls] == ["every", "every", None]
+    assert STEP_CLOCK_ENV not in os.environ
+    with pytest.raises(DoctorInputError, match="step_clock must be one of sampled, every"):
+        vllm_doctor.api.profile("/m", step_clock="sometimes")
+    with pytest.raises(SystemExit) as exited:
+        main(["profile", "/m", "--out", str(tmp_path), "--step-clock", "sometimes"])
+    assert exited.value.code == 2

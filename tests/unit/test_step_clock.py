@@ -221,9 +221,9 @@ def test_a_summary_window_carries_each_steps_clock() -> None:
 def test_the_command_lines_step_clock_reaches_the_engines_workers(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``profile --step-clock every``: the engine stage (replaced here) starts with
-    VLLM_DOCTOR_STEP_CLOCK=every in the environment its child inherits (the workers read it at the
-    install); ``attach --step-clock`` takes sampled or every, anything else is a usage error."""
+    """``profile --step-clock every``: the engine stage (replaced here) gets it as its options'
+    ``step_clock`` (its child attaches with it), and the process environment is left as it was;
+    ``attach --step-clock`` takes sampled or every, anything else is a usage error."""
     import os
 
     import vllm_doctor.cli.profile
@@ -231,10 +231,10 @@ def test_the_command_lines_step_clock_reaches_the_engines_workers(
     from vllm_doctor.cli import build_parser, main
     from vllm_doctor.model import Report
 
-    seen: list[str | None] = []
+    seen: list[tuple[str | None, str | None]] = []
 
     def stage(model: str, options: Any, static: Any = None, **_: Any) -> Report:
-        seen.append(os.environ.get(STEP_CLOCK_ENV))
+        seen.append((options.step_clock, os.environ.get(STEP_CLOCK_ENV)))
         report = Report(target=model)
         report.facts["engine_failure"] = "not started: the test reads the environment only"
         return report
@@ -243,7 +243,7 @@ def test_the_command_lines_step_clock_reaches_the_engines_workers(
     monkeypatch.setattr(vllm_doctor.cli.profile, "write_reports", lambda out, report: [])
     monkeypatch.setenv(STEP_CLOCK_ENV, "sampled")
     assert main(["profile", "/m", "--out", str(tmp_path), "-q", "--step-clock", "every"]) == 1  # engine_failure
-    assert seen == ["every"]
+    assert seen == [("every", "sampled")]
     assert build_parser().parse_args(["attach", "--step-clock", "every"]).step_clock == "every"
     assert build_parser().parse_args(["attach"]).step_clock is None  # the workers' environment decides
     with pytest.raises(SystemExit) as exit_info:

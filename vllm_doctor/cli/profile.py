@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ from vllm_doctor.cli.common import (
     print_problems,
     progress_printer,
 )
-from vllm_doctor.constants import STEP_CLOCK_ENV
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.report.write import write_reports
 
@@ -103,11 +101,14 @@ def run(args: argparse.Namespace) -> int:
         raise DoctorInputError("--images must be 0 or more")
     workload = Workload(prompts=args.prompts, input_len=args.input_len, output_len=args.output_len, images=args.images)
     deep_dir = str((out / "torch").resolve()) if args.deep else None
-    if args.step_clock is not None:  # the engine's workers read it when the doctor installs (its child inherits it)
-        os.environ[STEP_CLOCK_ENV] = args.step_clock
     progress(f"profile: {args.model} -> {out}")
     options = engine_options(
-        args, workload=workload, deep_dir=deep_dir, layers=not args.no_layers, sample_every=args.sample_every
+        args,
+        workload=workload,
+        deep_dir=deep_dir,
+        layers=not args.no_layers,
+        sample_every=args.sample_every,
+        step_clock=args.step_clock,
     )
     twin_report = None
     if args.twin:

@@ -246,7 +246,13 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     from vllm_doctor.compat.llm import EngineHandle
     from vllm_doctor.live.attach import EngineDoctor
 
-    doc = EngineDoctor(llm, layers=options.layers, sample_every=options.sample_every, probe=options.probe).attach()
+    doc = EngineDoctor(
+        llm,
+        layers=options.layers,
+        sample_every=options.sample_every,
+        probe=options.probe,
+        step_clock=options.step_clock,
+    ).attach()
     handle = EngineHandle(llm)
     vocab = handle.vocab_size() or 1000
     prompts: list[dict[str, Any]] = list(make_prompts(workload, vocab))

@@ -13,7 +13,7 @@ way vLLM's ``EngineArgs`` generates its command line:
 
 An option a front end was not given (:data:`NOT_GIVEN`; a keyword left out) is the field's
 default. The other fields
-(``workload``, ``layers``, ``sample_every``, ``probe``, ``deep_dir``) describe a verb's own run:
+(``workload``, ``layers``, ``sample_every``, ``step_clock``, ``probe``, ``deep_dir``) describe a verb's own run:
 each verb sets them itself (``profile --prompts``, ``--no-layers``, ``--deep``).
 """
 
@@ -221,6 +221,9 @@ class EngineOptions:
     workload: Workload = field(default_factory=Workload)
     layers: bool = True
     sample_every: int = DEFAULT_SAMPLE_EVERY  # per-layer sampling (1 = every step)
+    # which steps carry the device clock on a GPU (constants.STEP_CLOCKS); None: the engine
+    # workers' VLLM_DOCTOR_STEP_CLOCK, else "sampled"
+    step_clock: str | None = None
     probe: bool = True
     deep_dir: str | None = None  # vLLM's torch profiler writes here when set
 
