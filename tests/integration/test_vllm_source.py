@@ -51,7 +51,8 @@ CLASS_READS: dict[tuple[str, str], str] = {
     # the worker and its model runner (V1 and V2 runners, CUDA and CPU): compat/worker*.py, engine/session.py
     ("vllm.v1.worker.gpu_worker", "Worker"): WORKER,
     ("vllm.v1.worker.cpu_worker", "CPUWorker"): WORKER,
-    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"): RUNNER + " encoder_cache mm_budget",
+    # _model_forward: where the V1 runner calls the model, timed as the forward (compat/worker.model_forward_call)
+    ("vllm.v1.worker.gpu_model_runner", "GPUModelRunner"): RUNNER + " encoder_cache mm_budget _model_forward?",
     ("vllm.v1.worker.cpu_model_runner", "CPUModelRunner"): RUNNER,
     ("vllm.v1.worker.gpu.model_runner", "GPUModelRunner"): RUNNER + " cudagraph_manager encoder_cache",
     # a multimodal model's encoder cache and its budget (compat/worker.encoder_cache, encoder_cache_budget)
