@@ -31,8 +31,4 @@ LIVE = ("check-ok", "check-mm-ok", "check-moe-ok", "check-quant-ok-vd3", "check-
 
 @pytest.mark.parametrize("name", LIVE)
 def test_vllm_answers_the_passes_as_recorded(name: str, tmp_path: Path) -> None:
-    version = engine_replies.vllm_version()
-    if version not in engine_replies.recorded_versions(name):
-        pytest.skip(f"{name} has no recording for vLLM {version} (tools/record_engine_replies.py {name})")
-    drift = engine_replies.drift(name, tmp_path)
-    assert not drift, f"{name}: vLLM {version} no longer answers as recorded (re-record and read the diff):\n" + "\n".join(drift)
+    engine_replies.assert_as_recorded(name, tmp_path)
