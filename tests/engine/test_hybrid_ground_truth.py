@@ -6,7 +6,7 @@ pattern M*M-); examples/hybrid/NAME are its broken variants. Each runs once on i
 (tests/engine_tokens.py: eager, engine core in process). vLLM's messages for these mistakes name
 neither the class nor the interface: a bare AssertionError, a TypeError about None; VD214 and
 VD215 name the layer and what is missing (the doctor's side, before launch:
-tests/integration/test_hybrid_checks.py).
+tests/unit/test_hybrid_checks_replies.py, on recorded pass replies).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ own engine (tests/engine_tokens.py: eager, engine core in process; none of these
 the compiled mode). vLLM's words for a hard-coded latent are a tensor-size assertion while it loads;
 for a model type it does not know as MLA, a head size nobody configured at the first request; a
 prefix that is no place in the model it takes silently. The doctor's side:
-tests/integration/test_mla_checks.py (before launch), tests/engine/test_mla_checks_engine.py.
+tests/unit/test_mla_checks_replies.py (before launch, on recorded pass replies), tests/engine/test_mla_checks_engine.py.
 """
 
 from __future__ import annotations

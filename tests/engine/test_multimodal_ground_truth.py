@@ -188,7 +188,7 @@ def test_truncated_tower_answers_as_the_working_example(mm_results: dict[str, di
     """The vision tower built up to vision_feature_layer (vLLM's LLaVA's rule) over a checkpoint
     that holds one layer more, which its load_weights skips: starts without a word and answers
     exactly as mm-ok (the built layer, post_layernorm and projector are mm-ok's). The doctor
-    reports nothing for it (tests/integration/test_multimodal_weights.py)."""
+    reports nothing for it (tests/unit/test_multimodal_weights_replies.py, on recorded pass replies)."""
     result, ok = _get(mm_results, "mm-ok-truncated-tower"), _get(mm_results, OK)
     assert result["start"] == {"ok": True}, _describe(result)
     for phase in PHASE_NAMES[1:]:

@@ -3,7 +3,7 @@
 Every fixture with an engine expectation (tests/fixtures/weights.py) runs once per session in a
 fresh engine process (VLLM_ENABLE_V1_MULTIPROCESSING=0, enforce_eager, 64 MiB KV cache,
 max_model_len 256, PYTHONPATH = the fixture's plugin site), two at a time. The engine either
-fails with the text the doctor's finding quotes as `vllm_error` (test_weights.py checks that
+fails with the text the doctor's finding quotes as `vllm_error` (tests/unit/test_weights_replies.py checks that
 side), or it runs with a parameter left uninitialised, which greedy decoding shows: the tokens
 or logprobs differ from the working model's.
 """

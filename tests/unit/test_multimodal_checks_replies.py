@@ -86,7 +86,7 @@ def test_working_vision_language_example_passes_the_multimodal_and_lm_head_check
         "is_multimodal"
     )
     assert _by_code(report, "VD112")["outcome"] == "pass"  # the vision_* fields are in config.json
-    # every tower loads (the weights by tower: tests/integration/test_multimodal_weights.py)
+    # every tower loads (the weights by tower: tests/unit/test_multimodal_weights_replies.py)
     assert [_by_code(report, c)["outcome"] for c in ("VD301", "VD302", "VD313")] == ["pass", "pass", "pass"]
     errors = [f["code"] for f in report["findings"] if f["outcome"] == "fail" and f["severity"] == "error"]
     assert errors == []

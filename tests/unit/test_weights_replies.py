@@ -111,13 +111,13 @@ def test_ok_example_has_full_coverage(reports: dict[str, Any]) -> None:
     assert report, stderr
     assert not vd3_problems(report)
     outcomes = {f["code"]: f["outcome"] for f in vd3(report)}
-    # VD301-VD310, VD313; the fused-MoE checks have no MoE layer here (tests/integration/test_moe_checks.py)
+    # VD301-VD310, VD313; the fused-MoE checks have no MoE layer here (tests/unit/test_moe_checks_replies.py)
     assert outcomes == {
         **{f"VD3{i:02d}": "pass" for i in range(1, 11)},
         "VD311": "not_applicable",
         "VD312": "not_applicable",
         "VD313": "pass",
-        # the quantization checks: the checkpoint is not quantized (tests/integration/test_quant_checks.py)
+        # the quantization checks: the checkpoint is not quantized (tests/unit/test_quant_checks_replies.py)
         **{code: "not_applicable" for code in ("VD314", "VD315", "VD316", "VD317")},
     }
     weights = report["facts"]["weights"]
