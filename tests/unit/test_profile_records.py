@@ -90,6 +90,7 @@ def test_an_old_report_still_renders_in_view_and_the_html() -> None:
     read = read_report(report)
     html = render_html(read)
     assert "<td>decode</td><td>3</td><td>6</td>" in html and "TinyDoctorForCausalLM" in html
+    assert render_html(report) == html  # the public edge takes report.json's JSON as well
     assert html.count("<svg") == 5  # anatomy, steps, layers, KV usage, memory
     text = render_profile(read.profiles["engine"], read.profiles["workload"])
     assert "forward 23.90 ms (92% of its steps)" in text and "timing cost" not in text

@@ -9,7 +9,7 @@ engine sections are read into their records (:mod:`vllm_doctor.analysis.records`
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from html import escape
 from itertools import pairwise
 from typing import Any
@@ -25,6 +25,7 @@ from vllm_doctor.analysis.records import (
     TwinAB,
     WorkloadRun,
     held,
+    read_report,
 )
 from vllm_doctor.analysis.roofline import fmt_rate, fmt_si_bytes
 from vllm_doctor.analysis.twin_compare import fmt_ratio, kind_label, roofline_text
@@ -578,9 +579,12 @@ def link_cpu_profile(html: str, index: dict[str, Any]) -> str:
     return html[:body_end].rstrip("\n") + "\n" + cpu_profile_section(index) + "\n" + html[body_end:]
 
 
-def render_html(report: Report, cpu_profile: dict[str, Any] | None = None) -> str:
+def render_html(report: Report | Mapping[str, Any], cpu_profile: dict[str, Any] | None = None) -> str:
     """report.html of ``report``: its records (the engine's anatomy and profile, the workload,
-    the A/B) drawn by attribute; the findings as report.json lists them."""
+    the A/B) drawn by attribute; the findings as report.json lists them. ``report`` may also be a
+    report.json as JSON (any doctor version's): it is read into its records first."""
+    if not isinstance(report, Report):
+        report = read_report(dict(report))
     env = report.environment
     profile = held(report, "profiles", "engine", EngineProfile) or EngineProfile()
     workload = held(report, "profiles", "workload", WorkloadRun)
