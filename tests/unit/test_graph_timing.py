@@ -4,6 +4,7 @@ a replay (the real capture runs in tests/gpu). Also the one switch that turns it
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, ClassVar
@@ -25,6 +26,12 @@ class FakeEvent:
 
     def record(self) -> None:
         FakeEvent.recorded.append(self)
+
+    def query(self) -> bool:
+        return True
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return 1.5  # ms
 
 
 class FakeGraph:
@@ -110,6 +117,14 @@ def test_a_capture_records_two_events_per_attention_layer_and_a_sampled_replay_n
     assert graph.replay() == "replayed"
     assert marks.unread is not None and marks.unread[0] is step and step.graph_reads == [marks]
     assert graph.calls == ["capture_begin", "capture_end", "replay", "replay"]
+    # the graph's next replay (an unsampled step) reads the sampled one's events first, and that
+    # read is the doctor's own time (the step wrapper leaves it out of vLLM's)
+    own = {"wrappers": 0.0}
+    timing.active = SimpleNamespace(current=None, own=own)
+    assert graph.replay() == "replayed"
+    assert marks.unread is None and [(n, entered, t.s) for n, entered, t in step.bounds] == [(name, True, 0.0015), (name, False, 0.0015)]
+    assert own[graphs.GRAPH_READS] > 0.0 and set(own) == {"wrappers", graphs.GRAPH_READS}
+    assert graph.replay() == "replayed" and len(step.bounds) == 2  # nothing left to read
 
     timing.uninstall()
     assert {n: FakeGraph.__dict__[n] for n in fake_cuda.methods} == fake_cuda.methods
@@ -184,3 +199,32 @@ def test_one_switch_parser_for_graph_timing(
 def test_the_doctor_sets_the_switch_to_a_value_it_reads_as_on(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(constants.GRAPH_TIMING_ENV, constants.SWITCH_ON)
     assert constants.GRAPH_TIMING_ENV == "VLLM_DOCTOR_GRAPH_TIMING" and constants.env_switch(constants.GRAPH_TIMING_ENV)
+
+
+def test_a_graph_read_inside_vllms_execute_model_is_the_doctors_time_not_vllms() -> None:
+    """The step wrapper times vLLM's ``execute_model``; a replay inside it that reads a sampled
+    replay's events adds that read to the doctor's ``graph_reads`` and the wrapper leaves it out of
+    the step's host time (real wrappers, session and profiler; the replay's read stands in as the
+    call's first 40 ms)."""
+    from tests.fixtures.channel_worker import Worker, step
+    from vllm_doctor.engine.clock import WallClock
+    from vllm_doctor.engine.profiler import ForwardProfiler
+    from vllm_doctor.engine.session import session_for
+
+    session = session_for(Worker())
+    session.profiler = ForwardProfiler(WallClock(), [])
+    session.profiler.own = session.own_s
+
+    def execute_model(scheduler_output: Any) -> None:  # vLLM's call: a graph read, then its own work
+        time.sleep(0.04)
+        session.own_s[graphs.GRAPH_READS] = session.own_s.get(graphs.GRAPH_READS, 0.0) + 0.04
+        time.sleep(0.01)
+
+    wrapped = session._execute_wrapper(execute_model)
+    t = time.perf_counter()
+    wrapped(step(True))
+    outside = time.perf_counter() - t
+    current = session.profiler.current
+    host_execute_s = current[3] if isinstance(current, list) else current.host_execute_s
+    assert session.own_s[graphs.GRAPH_READS] == 0.04
+    assert 0.01 <= host_execute_s <= outside - 0.04  # vLLM's part: the call less the doctor's read

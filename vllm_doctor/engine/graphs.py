@@ -21,7 +21,9 @@ served engine opts in with the same variable):
   it and is noted on the step. Its events are read (relative to the step's start event)
   before that graph replays again (the replay waits for the previous one to finish: once per
   sampled step, a host stall of at most one step), or when the profiler resolves the step,
-  whichever comes first.
+  whichever comes first. That read runs inside vLLM's ``execute_model`` (in the replay), so it
+  is timed here, as the doctor's own time (:data:`GRAPH_READS`, a part of the session's
+  ``own_s``), and the step wrapper leaves it out of vLLM's host time.
 
 Nothing here changes what a graph computes: event nodes only record timestamps. Piecewise
 graphs capture no attention (vLLM splits them at attention, which runs between the pieces in
@@ -34,6 +36,7 @@ on, the graphs it saw captured and the profiler it reports to.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +45,10 @@ import torch
 from vllm_doctor.compat import mixers
 from vllm_doctor.compat import worker as wv
 from vllm_doctor.constants import GRAPH_TIMING_ENV, env_switch
+
+# the doctor's own time reading a sampled replay's events at the graph's next replay (the wait for
+# it to finish, then the reads): a part of the session's own_s, kept only where graphs carry events
+GRAPH_READS = "graph_reads"
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,9 +236,13 @@ class GraphTiming:
         if entry is None or not entry[1].marks:
             return self.originals["replay"](graph, *args, **kwargs)
         marks = entry[1]
-        if marks.unread is not None:  # read the previous sampled replay before this one overwrites it
-            read(marks, block=True)
         prof = self.active
+        if marks.unread is not None:  # read the previous sampled replay before this one overwrites it
+            t = time.perf_counter()
+            read(marks, block=True)
+            own = getattr(prof, "own", None)
+            if own is not None:
+                own[GRAPH_READS] = own.get(GRAPH_READS, 0.0) + time.perf_counter() - t
         step = getattr(prof, "current", None) if prof is not None else None
         if step is None or not getattr(step, "layers_timed", False) or getattr(step, "start", None) is None:
             return self.originals["replay"](graph, *args, **kwargs)

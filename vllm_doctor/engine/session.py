@@ -29,6 +29,7 @@ from vllm_doctor.compat import worker as wv
 from vllm_doctor.constants import DEFAULT_STEP_CLOCK, GRAPH_TIMING_ENV, STEP_CLOCK_ENV, STEP_CLOCKS, SWITCH_ON
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
 from vllm_doctor.engine.clock import clock_for
+from vllm_doctor.engine.graphs import GRAPH_READS
 from vllm_doctor.engine.layers import decoder_layer_name, layer_index, moe_parts, select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
 from vllm_doctor.engine.profiler import (
@@ -651,6 +652,9 @@ class WorkerSession:
         def step(*args: Any, **kwargs: Any) -> Any:
             t0 = clock()
             counted = own["counts"]  # counting done in here is its own part
+            # a CUDA graph's replay inside vLLM's call may read a sampled replay's events (graphs.py):
+            # the doctor's time, not vLLM's
+            reads = own.get(GRAPH_READS, 0.0)
             if "steps" not in disabled:
                 try:
                     if self.faults:
@@ -669,15 +673,16 @@ class WorkerSession:
                 self._safely("steps", self._abort_step)
                 raise
             t1 = clock()
+            inner = t1 - t - (own.get(GRAPH_READS, 0.0) - reads)
             if "steps" not in disabled:
                 try:
                     step = prof.current
                     if step.__class__ is list and out is None:  # an unsampled step, sample_tokens follows
-                        step[3] += t1 - t  # type: ignore[index]
+                        step[3] += inner  # type: ignore[index]
                     else:
                         if self._armed_layers:  # the forward ran inside execute_model
                             self._disarm_layers()
-                        prof.after_execute(t1 - t, out is not None)
+                        prof.after_execute(inner, out is not None)
                         if out is not None and (self._armed or self.probe is not None):
                             self._end_special()
                 except Exception as exc:
