@@ -1,8 +1,8 @@
 """The test suite's time against its budget, printed at the end of `make test`, `make test-fast` and `.ci/run`.
 
-The budgets live here and in docs/development.md ("Budget"), nowhere else. `make test` runs its two
-streams (tests/engine; the other tiers) side by side, each writing into a run directory (``TEST_RUN``,
-out/test-run by default):
+The budgets live here and in docs/development.md ("Budget"), nowhere else. `make test` runs its
+streams (:data:`STREAMS`: the engine tier in two halves, the other tiers in one) side by side, each
+writing into a run directory (``TEST_RUN``, out/test-run by default):
 
 - ``STREAM.xml``: pytest's junit XML (``--junitxml``, ``junit_family=xunit1`` so each test names its
   file); pytest writes it when its session ends, so a stream that crashed leaves none, or a cut one;
@@ -12,6 +12,7 @@ out/test-run by default):
 ::
 
     python tools/suite_budget.py make-test --run out/test-run --seconds 1234   # prints, and writes RUN/summary.txt
+    python tools/suite_budget.py make-test --run DIR --streams engine rest     # a run of other streams
     python tools/suite_budget.py total .ci/run 4162                            # one line against that budget
 
 Only the standard library: `.ci/run` calls it with the system python3. It never fails the run it
@@ -34,7 +35,8 @@ BUDGET_MIN: dict[str, int] = {
     ".ci/run": 50,
     "make test-fast": 3,
 }
-STREAMS = ("engine", "rest")  # the Makefile's test-stream-engine and test-stream-rest
+# the Makefile's test-stream-engine-a, test-stream-engine-b and test-stream-rest (its STREAMS)
+STREAMS = ("engine-a", "engine-b", "rest")
 SLOWEST = 15
 SUMMARY_FILE = "summary.txt"
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,11 +183,13 @@ def stream_line(stream: Stream, budget_min: int) -> str:
     return head + (f" ({'; '.join(notes)})" if notes else "")
 
 
-def make_test_summary(run: Path, seconds: float | None, root: Path = ROOT) -> str:
+def make_test_summary(
+    run: Path, seconds: float | None, root: Path = ROOT, names: tuple[str, ...] = STREAMS
+) -> str:
     """The summary `make test` prints at its end: the whole run and each stream against the budget,
-    what could not be read, and the slowest tests across both streams."""
+    what could not be read, and the slowest tests across the streams."""
     budget = BUDGET_MIN["make test"]
-    streams = [read_stream(run, name, root) for name in STREAMS]
+    streams = [read_stream(run, name, root) for name in names]
     lines = ["== make test: time against the budget (tools/suite_budget.py; docs/development.md, Budget)"]
     whole = budget_line("whole run", seconds, budget) if seconds is not None else "whole run: no time given"
     lines.append("  " + whole)
@@ -193,8 +197,8 @@ def make_test_summary(run: Path, seconds: float | None, root: Path = ROOT) -> st
         lines.append(stream_line(stream, budget))
         lines += [f"    {problem}" for problem in stream.problems]
     top = slowest(streams)
-    lines.append(f"== the {SLOWEST} slowest tests of both streams (seconds: setup + call + teardown)")
-    width = max((len(s) for s in STREAMS), default=0)
+    lines.append(f"== the {SLOWEST} slowest tests of all streams (seconds: setup + call + teardown)")
+    width = max((len(s) for s in names), default=0)
     lines += [f"  {t.seconds:8.1f} s  {t.stream:<{width}}  {t.test_id}" for t in top]
     if not top:
         lines.append("  (no test times: no stream left a readable junit XML)")
@@ -215,6 +219,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     mt = sub.add_parser("make-test", help="summarise a `make test` run directory")
     mt.add_argument("--run", type=Path, default=ROOT / "out" / "test-run", help="the run directory (TEST_RUN)")
     mt.add_argument("--seconds", type=float, default=None, help="the whole run's wall time")
+    mt.add_argument("--streams", nargs="+", default=list(STREAMS), help=f"the streams' names (default: {' '.join(STREAMS)})")
     total = sub.add_parser("total", help="one line: a command's wall time against its budget")
     total.add_argument("what", choices=sorted(BUDGET_MIN))
     total.add_argument("seconds", type=float)
@@ -227,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         print(budget_line(args.what, args.seconds, BUDGET_MIN[args.what]))
         return 0
     try:
-        text = make_test_summary(args.run, args.seconds)
+        text = make_test_summary(args.run, args.seconds, names=tuple(args.streams))
     except Exception as exc:  # the summary never fails the run it reports on
         text = f"== make test: no budget summary ({type(exc).__name__}: {exc})\n"
     print(text, end="")

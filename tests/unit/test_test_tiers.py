@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import importlib.util
 import re
 import shutil
 import subprocess
@@ -315,24 +316,47 @@ def test_the_unit_tier_fails_a_test_that_imports_vllm(pytester: pytest.Pytester)
     assert result.stdout.str().count("tests/unit imports no vLLM") >= 2
 
 
-def test_make_test_runs_every_tier_once_cheapest_first_in_two_streams() -> None:
-    """``make test`` runs the engine tier in one stream and the other tiers, cheapest first, in
-    another, side by side; it names the tier folders and nothing above them: given ``tests`` too,
-    pytest collects the tiers alphabetically and the unit tier runs last, after the engine tier's
-    session fixtures exist (CI failed that way: an engine fixture's shutdown at the session's end
-    imported vLLM inside the last unit test's teardown)."""
+def stream_paths(target: str) -> list[str]:
+    """The test paths a Makefile stream runs, as make prints its pytest line (-n: nothing runs; BIN
+    outside the checkout: no setup)."""
+    shown = subprocess.run(["make", "-s", "-n", "-C", str(TESTS.parent), target, "BIN=/nowhere/bin"],
+                           capture_output=True, text=True, check=True).stdout
+    pytest_line = next(line for line in shown.splitlines() if line.startswith("mkdir"))
+    args = pytest_line.split("-m pytest", 2)[2].split(";")[0].split()
+    return [a for a in args if a.startswith("tests")]
+
+
+def test_make_test_runs_every_tier_once_cheapest_first_in_three_streams() -> None:
+    """``make test`` runs the engine tier in two streams (every engine file in exactly one) and the
+    other tiers, cheapest first, in a third, side by side; it names the tier folders and nothing
+    above them: given ``tests`` too, pytest collects the tiers alphabetically and the unit tier runs
+    last, after the engine tier's session fixtures exist (CI failed that way: an engine fixture's
+    shutdown at the session's end imported vLLM inside the last unit test's teardown). The summary
+    at its end reads the same streams the Makefile runs."""
     make = (TESTS.parent / "Makefile").read_text(encoding="utf-8").replace("\\\n", " ")
     tiers = re.search(r"^TIERS := (.+)$", make, re.M)
     assert tiers is not None and tiers.group(1).split() == [f"tests/{t}" for t in TIERS]
+    streams = re.search(r"^STREAMS := (.+)$", make, re.M)
+    assert streams is not None and tuple(streams.group(1).split()) == suite_budget_streams()
     recipe = re.search(r"^test: .*\n\t(.+)$", make, re.M)
-    assert recipe is not None and "test-stream-engine test-stream-rest" in recipe.group(1) and "-j2" in recipe.group(1)
-    # what each stream runs, as make prints it (-n: nothing runs; BIN outside the checkout: no setup)
-    for target, paths in (("test-stream-engine", ["tests/engine"]), ("test-stream-rest", ["tests/unit", "tests/integration", "tests/gpu"])):
-        shown = subprocess.run(["make", "-s", "-n", "-C", str(TESTS.parent), target, "BIN=/nowhere/bin"],
-                               capture_output=True, text=True, check=True).stdout
-        pytest_line = next(line for line in shown.splitlines() if line.startswith("mkdir"))
-        args = pytest_line.split("-m pytest", 2)[2].split(";")[0].split()
-        assert [a for a in args if a.startswith("tests")] == paths, shown
+    assert recipe is not None and "$(addprefix test-stream-,$(STREAMS))" in recipe.group(1) and "-j3" in recipe.group(1)
+    assert "--streams $(STREAMS)" in recipe.group(1)
+    engine_a, engine_b = stream_paths("test-stream-engine-a"), stream_paths("test-stream-engine-b")
+    engine_files = sorted(str(p.relative_to(TESTS.parent)) for p in (TESTS / "engine").glob("test_*.py"))
+    assert sorted(engine_a + engine_b) == engine_files  # each engine file once, none missing, none made up
+    # the served engine (a session fixture of tests/conftest.py) is started once: its files share a stream
+    served = {str(p.relative_to(TESTS.parent)) for p in (TESTS / "engine").glob("test_*.py") if "served_engine" in p.read_text()}
+    assert served and (served <= set(engine_a) or served <= set(engine_b)), served
+    assert stream_paths("test-stream-rest") == ["tests/unit", "tests/integration", "tests/gpu"]
+
+
+def suite_budget_streams() -> tuple[str, ...]:
+    spec = importlib.util.spec_from_file_location("suite_budget_streams", TESTS.parent / "tools" / "suite_budget.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return tuple(module.STREAMS)
 
 
 def test_the_sessions_last_teardown_is_not_the_unit_tiers() -> None:
