@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import make_examples
+from tests.engine_harness import run_concurrently
 from tests.engine_tokens import PROMPTS, run_tokens
 from tests.fixtures.hybrid_expected import EXPECTED
 
@@ -35,7 +37,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def runs(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     work = tmp_path_factory.mktemp("hybrid-engines")
-    return {name: run_tokens(name, built / name, work / name) for name in EXPECTED}
+    return run_concurrently({name: partial(run_tokens, name, built / name, work / name) for name in EXPECTED})
 
 
 def test_every_hybrid_variant_has_an_expectation() -> None:

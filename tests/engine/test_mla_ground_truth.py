@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import make_examples
+from tests.engine_harness import run_concurrently
 from tests.engine_tokens import PROMPTS, run_tokens
 from tests.fixtures.mla_expected import EXPECTED
 
@@ -36,7 +38,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def runs(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     work = tmp_path_factory.mktemp("mla-engines")
-    return {name: run_tokens(name, built / name, work / name) for name in EXPECTED}
+    return run_concurrently({name: partial(run_tokens, name, built / name, work / name) for name in EXPECTED})
 
 
 def test_every_mla_variant_has_an_expectation() -> None:

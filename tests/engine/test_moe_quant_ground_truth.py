@@ -15,12 +15,14 @@ import importlib.util
 import json
 import math
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import make_examples
+from tests.engine_harness import run_concurrently
 from tests.engine_tokens import PROMPTS, run_tokens
 
 pytestmark = [
@@ -140,9 +142,9 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Each variant on its own engine, one at a time."""
+    """Each variant on its own engine, two at a time (tests/engine_harness.run_concurrently)."""
     work = tmp_path_factory.mktemp("moe-quant-engines")
-    results = {name: run_tokens(name, built / name, work / name) for name in EXPECTED}
+    results = run_concurrently({name: partial(run_tokens, name, built / name, work / name) for name in EXPECTED})
     (work / "results.json").write_text(json.dumps(results, indent=2))
     return results
 

@@ -17,11 +17,13 @@ import json
 import re
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.engine_harness import run_concurrently
 from tests.engine_mm_harness import run_mm_variant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,11 +51,11 @@ PHASE_NAMES = ("start", "text", "image", "image_other")
 
 @pytest.fixture(scope="module")
 def mm_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Every multimodal variant built and run on a real engine, one after the other."""
+    """Every multimodal variant built and run on a real engine, two at a time."""
     out = tmp_path_factory.mktemp("mm-examples")
     subprocess.run([sys.executable, str(BUILDER), str(out)], check=True, capture_output=True, timeout=600)
     work = tmp_path_factory.mktemp("mm-engine")
-    results = {d.name: run_mm_variant(d, work / d.name) for d in sorted(out.iterdir()) if d.is_dir()}
+    results = run_concurrently({d.name: partial(run_mm_variant, d, work / d.name) for d in sorted(out.iterdir()) if d.is_dir()})
     (tmp_path_factory.getbasetemp() / "mm_ground_truth.json").write_text(json.dumps(results, indent=2))
     return results
 
