@@ -219,7 +219,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     mt = sub.add_parser("make-test", help="summarise a `make test` run directory")
     mt.add_argument("--run", type=Path, default=ROOT / "out" / "test-run", help="the run directory (TEST_RUN)")
     mt.add_argument("--seconds", type=float, default=None, help="the whole run's wall time")
-    mt.add_argument("--streams", nargs="+", default=list(STREAMS), help=f"the streams' names (default: {' '.join(STREAMS)})")
+    mt.add_argument(
+        "--streams", nargs="+", default=list(STREAMS), help=f"the streams' names (default: {' '.join(STREAMS)})"
+    )
     total = sub.add_parser("total", help="one line: a command's wall time against its budget")
     total.add_argument("what", choices=sorted(BUDGET_MIN))
     total.add_argument("seconds", type=float)
