@@ -22,7 +22,7 @@ from vllm_doctor.analysis.engine import (
     process_memory,
     summarize,
 )
-from vllm_doctor.analysis.records import RankSummary
+from vllm_doctor.analysis.records import ProfileReply, RankSummary
 from vllm_doctor.checks import CATALOGUE, run_checks
 from vllm_doctor.checks.kv_cache import blocks_needed, largest_length
 from vllm_doctor.compat import nvml
@@ -307,7 +307,7 @@ def test_eager_per_layer_timing_splits_inside_the_layers_on_every_nth_timed_step
     # the layer's time on the detailed steps: the prefill's (its only step) and three decode steps'
     assert layer_stats["prefill_detail_s"] == layer_stats["prefill_s"]
     assert 0 < layer_stats["decode_detail_s"] < layer_stats["decode_s"]
-    tables = layer_tables(snap, StepTable.of(snap))
+    tables = layer_tables(ProfileReply.of(snap), StepTable.of(snap))
     assert tables.doctor_cost[0].measured is False  # every step timed: no untimed neighbour, nothing taken out
     scaled = next(m for m in tables.modules if m.name == "model.layers.0.self_attn")
     # scaled by its layer's time on all timed steps over its time on the detailed ones
@@ -450,7 +450,7 @@ def test_eager_boundary_steps_mark_each_module_once_and_the_tables_take_the_mark
     snap = prof.snapshot()
     assert snap["boundary_marks"] == "entry"
     steps = StepTable.of(snap)
-    tables = layer_tables(snap, steps)
+    tables = layer_tables(ProfileReply.of(snap), steps)
     (decode,) = [c for c in tables.doctor_cost if c.bucket == "decode"]
     assert decode.per_mark_s == pytest.approx(cost) and decode.detail_per_mark_s == pytest.approx(cost)
     assert decode.boundary_marks == len(boundary) + 4
@@ -498,7 +498,7 @@ def test_a_marks_cost_from_one_noisy_step_is_no_estimate_the_modules_keep_their_
         + ["untimed"] * 6
     )
     snap = run.prof.snapshot()
-    tables = layer_tables(snap, StepTable.of(snap))
+    tables = layer_tables(ProfileReply.of(snap), StepTable.of(snap))
     (decode,) = [c for c in tables.doctor_cost if c.bucket == "decode"]
     assert (decode.pairs, decode.detail_pairs) == (1, 1)
     assert decode.per_mark_s is None and decode.detail_per_mark_s is None and not decode.measured
@@ -524,7 +524,7 @@ def test_compiled_mode_profiles_and_old_reports_have_no_marks_correction() -> No
         prof.after_execute(0.0, output_is_final=True)
     snap = prof.snapshot()
     snap.pop("boundary_marks")
-    tables = layer_tables(snap, StepTable.of(snap))
+    tables = layer_tables(ProfileReply.of(snap), StepTable.of(snap))
     assert tables.doctor_cost == []
     layer = next(m for m in tables.modules if m.name == "model.layers.0")
     assert layer.bucket_s("decode") == layer.decode_s and layer.decode_cost_s == 0.0
@@ -786,7 +786,7 @@ def test_layer_tables_compare_layer_times_with_the_sampled_steps_only() -> None:
         "layers": [{"name": "model.layers.0", "kind": "layer", "layer": 0, "decode_s": 0.9, "decode_calls": 1}],
         "sample_every": 4,
     }
-    tables = layer_tables(profile, StepTable.of({"steps": steps}))
+    tables = layer_tables(ProfileReply.of(profile), StepTable.of({"steps": steps}))
     assert tables.forward_total_s == 1.0 and tables.timed_fraction == pytest.approx(0.9)
     assert tables.timed_steps == 1 and tables.sample_every == 4
     assert "total_s" not in profile["layers"][0]  # new records: the worker's reply is left as it came
@@ -1252,7 +1252,7 @@ def test_summaries_and_anatomy_from_synthetic_facts() -> None:
     assert s.kv_usage[0].usage == pytest.approx(0.2)
     assert s.layers.by_kind["attention"] == pytest.approx(0.04)
     assert s.layers.by_kind["other"] == pytest.approx(0.15 - 0.04)
-    assert layer_tables(profile, StepTable.of({"steps": steps})).by_layer[0].kinds["attention"] == pytest.approx(0.04)
+    assert layer_tables(ProfileReply.of(profile), StepTable.of({"steps": steps})).by_layer[0].kinds["attention"] == pytest.approx(0.04)
     a = anatomy(facts)
     assert a.model.origin == "plugin" and a.processes[1].in_process_with == "engine core"
     # report.json keeps its keys: the records written are the dicts of before
@@ -1760,14 +1760,14 @@ def test_doctor_overhead_counts_the_calls_served_between_steps_against_the_windo
         "doctor_rpc_s": 0.003,
         "window_s": 0.5,
     }
-    over = doctor_overhead(profile, steps)
+    over = doctor_overhead(ProfileReply.of(profile), steps)
     assert over is not None
     assert over.per_step_s == pytest.approx(0.0001)
     assert over.step_host_s == pytest.approx(0.019 / 4 + 0.00005)  # the wrappers run outside the step's timer
     assert over.rpc_s == 0.003 and over.window_s == 0.5
     assert over.worker_share == pytest.approx((0.0004 + 0.003) / 0.5)
     older = {k: v for k, v in profile.items() if k not in ("doctor_rpc_s", "window_s")}  # a worker before this field
-    old_over = doctor_overhead(older, steps)
+    old_over = doctor_overhead(ProfileReply.of(older), steps)
     assert old_over is not None and old_over.worker_share is None and old_over.rpc_s is None
 
 
@@ -1845,7 +1845,7 @@ def test_compiled_mode_layers_are_cut_at_the_attention_calls() -> None:
     }
     row = StepTable.of(snap).rows()[0]
     assert row["forward_s"] == 11.0 and row["layers_timed"] is True
-    tables = layer_tables(snap, StepTable.of(snap))
+    tables = layer_tables(ProfileReply.of(snap), StepTable.of(snap))
     assert tables.timed_fraction == pytest.approx(1.0)  # the cut adds up to the forward
     assert tables.by_kind == {"embedding": 1.0, "attention": 6.0, "dense": 4.0, "other": 0.0}
 

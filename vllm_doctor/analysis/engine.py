@@ -339,7 +339,7 @@ def idle_between_steps(steps: StepTable) -> IdleBetweenSteps | None:
     )
 
 
-def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> LayerTables:
+def layer_tables(profile: ProfileReply, steps: StepTable) -> LayerTables:
     """Per module, per decoder layer and per kind (with "other" = forward not in any kind). New
     records: the worker's reply is left as it came.
 
@@ -349,7 +349,6 @@ def layer_tables(profile: ProfileReply | dict[str, Any], steps: StepTable) -> La
     ones (steps of one bucket differ in size: the first prefill, always detailed, is the largest),
     or, from a doctor that did not record the latter, by the steps' counts. In eager mode the
     doctor's own cost is taken out of each module's time (:func:`timing_mark_costs`)."""
-    profile = ProfileReply.of(profile)
     timed_per_bucket = {"prefill": 0, "decode": 0}
     for phase, on in zip(steps.phases, steps["layers_timed"], strict=True):
         if on:
@@ -749,14 +748,13 @@ def _torch_stats(cuda: CudaMemory) -> dict[str, int | None]:
     return {f.name: getattr(cuda, f.name) for f in fields(cuda)}
 
 
-def doctor_overhead(profile: ProfileReply | dict[str, Any], steps: StepTable) -> DoctorOverhead | None:
+def doctor_overhead(profile: ProfileReply, steps: StepTable) -> DoctorOverhead | None:
     """The doctor's own host time per step, against the worker's host time of the step.
 
     Measured inside the doctor's wrappers and hooks (``perf_counter`` around its own code), so
     it is precise where end-to-end throughput comparisons drown in run-to-run noise. Not
     included: PyTorch's cost of calling a hook (about a microsecond per hooked module call).
     """
-    profile = ProfileReply.of(profile)
     own = profile.doctor_host_s
     if not own or not len(steps):
         return None
