@@ -24,9 +24,10 @@ served engine opts in with the same variable):
   whichever comes first. That read runs inside vLLM's ``execute_model`` (in the replay), so it
   is timed here, as the doctor's own time in two parts of the session's ``own_s``: the wait for
   the sampled replay to finish (:data:`GRAPH_WAITS`: the host blocked, not working; it costs
-  throughput by the gap it leaves on the device before this replay, not by its length: measured
-  on an H100 at every 8th step, 0.71 ms a step of waiting against -0.56 % throughput) and the
-  reading (:data:`GRAPH_READS`); the step wrapper leaves both out of vLLM's host time.
+  throughput by the gap it leaves on the device before this replay, not by its length: on an
+  H100 at every 8th step, 0.71 ms a step of waiting and reading, where six paired rounds of the
+  same workload measured -0.56 % throughput; bench/README.md) and the reading
+  (:data:`GRAPH_READS`); the step wrapper leaves both out of vLLM's host time.
 
 Nothing here changes what a graph computes: event nodes only record timestamps. Piecewise
 graphs capture no attention (vLLM splits them at attention, which runs between the pieces in
