@@ -249,8 +249,8 @@ class GraphTiming:
                 end.synchronize()
             t1 = time.perf_counter()
             read(marks, block=True)
-            own = getattr(prof, "own", None)
-            if own is not None:
+            if prof is not None:  # the attached session's profiler: its own-time counters
+                own = prof.own
                 own[GRAPH_WAITS] = own.get(GRAPH_WAITS, 0.0) + t1 - t
                 own[GRAPH_READS] = own.get(GRAPH_READS, 0.0) + time.perf_counter() - t1
         step = getattr(prof, "current", None) if prof is not None else None
