@@ -14,13 +14,13 @@ TIERS := tests/unit tests/integration tests/engine tests/gpu
 # the tier `make test` runs in two streams of its own: one engine process leaves about half of the
 # two cores idle (imports, start-up handshakes, wall-clock windows), two streams fill them. The
 # files of stream b by name (each file's session fixtures live in one stream: the served engine's
-# three files together); every other engine file runs in stream a. Balanced on the engine tier's
-# time alone per file, 2026-12-06 (docs/development.md, Budget)
+# three files together); every other engine file runs in stream a. Balanced on each file's time in
+# a three-stream run, 2026-12-06 (docs/development.md, Budget); the two tensor-parallel files
+# (multirank, channel_tp2_served: their workers slow most beside other load) in different streams
 ENGINE_TIER := tests/engine
 ENGINE_B := $(addprefix $(ENGINE_TIER)/,$(addsuffix .py,test_multimodal_ground_truth test_weights_engine \
-	test_multirank test_pytest_for_model_authors test_channel_tp2_served test_channel_served test_top_served \
-	test_engine_served test_engine_replies_drift test_multimodal_parity test_metrics_served test_mla_checks_engine \
-	test_quant_engine test_parity_decode))
+	test_multirank test_pytest_for_model_authors test_channel_served test_top_served test_engine_served \
+	test_multimodal_parity test_metrics_served test_mla_checks_engine test_quant_engine test_parity_decode))
 ENGINE_A := $(filter-out $(ENGINE_B),$(sort $(wildcard $(ENGINE_TIER)/test_*.py)))
 STREAMS := engine-a engine-b rest
 
