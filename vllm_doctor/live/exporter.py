@@ -230,6 +230,22 @@ RATIOS = {
 }
 
 
+def more_channels(pid: int, known: int) -> bool:
+    """Whether the engine around ``pid`` has more worker channels now than the ``known`` ones the
+    exporter attached to (a scan of its process tree and of the channel directory; asked only
+    while ranks are missing, once a window)."""
+    from vllm_doctor.live.channel import ChannelHandle
+
+    try:
+        handle = ChannelHandle(None, pid=pid, timeout=5.0)
+    except Exception:  # none at all now (the engine restarting): the read's own error says so
+        return False
+    try:
+        return len(handle.paths) > known
+    finally:
+        handle.close()
+
+
 def rows(state: ExportState, now: float | None = None) -> list[Family]:
     """The metric families of ``state``, as plain rows (:mod:`vllm_doctor.compat.prometheus`);
     ``now``: the server's clock as this answer is rendered (``vllm_doctor_scrape_timestamp_seconds``)."""
@@ -359,6 +375,8 @@ class DoctorCollector:
         from vllm_doctor.live.sources import WindowReader
 
         reader = None
+        handle: Any = None
+        unreachable: list[int] = []
         try:
             while not self._stop.is_set():
                 try:
@@ -387,6 +405,12 @@ class DoctorCollector:
                         self.state.up = True
                         # this thread's CPU in the API server (reading and analysing the window)
                         self.state.add_own("exporter", time.thread_time() - cpu0)
+                    if unreachable and more_channels(self.pid, len(handle.paths)):
+                        # a rank still starting when the exporter attached has its channel now
+                        # (a tensor-parallel worker publishes after another): attach again to read it
+                        reader.close()
+                        reader = None
+                        continue
                     self._stop.wait(self.window_s)
                 except Exception as exc:  # the workers not up yet, gone, or restarted: try again
                     why = getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}"
