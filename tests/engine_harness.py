@@ -168,19 +168,19 @@ def run_variant(job: EngineJob, work_dir: Path, timeout_s: float = 240) -> dict[
     return result
 
 
+# engine runs side by side: one engine process leaves about half of the two-core machine idle
+# (imports, start-up handshakes, the first request); each run is its own process with its own
+# work directory, caches and environment, so two at a time change nothing they report
+CONCURRENCY = 2
+
+
 def run_variants(
-    jobs: Iterable[EngineJob], work_root: Path, concurrency: int = 2, timeout_s: float = 240
+    jobs: Iterable[EngineJob], work_root: Path, concurrency: int = CONCURRENCY, timeout_s: float = 240
 ) -> dict[str, dict[str, Any]]:
     """Run jobs `concurrency` at a time; results by job name."""
     return run_concurrently(
         {j.name: partial(run_variant, j, work_root / j.name, timeout_s) for j in jobs}, concurrency
     )
-
-
-# engine runs side by side: one engine process leaves about half of the two-core machine idle
-# (imports, start-up handshakes, the first request); each run is its own process with its own
-# work directory, caches and environment, so two at a time change nothing they report
-CONCURRENCY = 2
 
 
 def run_concurrently(

@@ -174,7 +174,7 @@ def ground_truth(
     )
     # The slow ones (engine core + worker processes: ~45 s each) first, so they overlap.
     jobs.sort(key=lambda job: job.engine_mode == "inprocess")
-    results = run_variants(jobs, tmp_path_factory.mktemp("engine"), concurrency=2)
+    results = run_variants(jobs, tmp_path_factory.mktemp("engine"))
     summary = tmp_path_factory.getbasetemp() / "ground_truth.json"
     summary.write_text(json.dumps(results, indent=2))
     return results
