@@ -7,6 +7,7 @@ find its own package metadata), in its own process group, killed with its childr
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import signal
@@ -117,7 +118,7 @@ class BlockingEngine:
     base: str
     api_pid: int
     model: str
-    block: Path  # while this file exists, the model's forward waits
+    block: Path  # while this file exists (locked by the test: hung()), the model's forward waits
     hang_line: str  # "tiny_doctor_forward_blocks/model.py:N": where it waits
 
 
@@ -126,7 +127,7 @@ def blocking_engine(tmp: Path, args: Sequence[str] = SMALL_ENGINE) -> Iterator[B
     """The forward-blocks example served WITHOUT the doctor's plugin (a hang is read as it is)."""
     example = build_example(tmp, "forward-blocks", VARIANTS)
     source = example / "site" / "tiny_doctor_forward_blocks" / "model.py"
-    line = next(i for i, text in enumerate(source.read_text().splitlines(), 1) if "time.sleep(0.05)" in text)
+    line = next(i for i, text in enumerate(source.read_text().splitlines(), 1) if "fcntl.flock(held" in text)
     env = {
         k: v
         for k, v in os.environ.items()
@@ -176,21 +177,25 @@ def hung(engine: BlockingEngine) -> Iterator[list[Any]]:
 
     Yields the list the request's response lands in once released.
     """
-    engine.block.touch()
-    done: list[Any] = []
-    request = threading.Thread(target=lambda: done.append(complete(engine)), daemon=True)
-    request.start()
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # until the request reached the forward
-            _, report = stacks_json("--url", engine.base, "--samples", "1")
-            if any(p["state"] == "model" for p in report["processes"]):
-                break
-            time.sleep(0.5)
-        yield done
-    finally:
-        engine.block.unlink(missing_ok=True)
-        request.join(timeout=120)
+    staged = engine.block.with_name(engine.block.name + ".staged")
+    with open(staged, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        os.replace(staged, engine.block)  # appears already locked: no forward opens it unlocked
+        done: list[Any] = []
+        request = threading.Thread(target=lambda: done.append(complete(engine)), daemon=True)
+        request.start()
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:  # until the request reached the forward
+                _, report = stacks_json("--url", engine.base, "--samples", "1")
+                if any(p["state"] == "model" for p in report["processes"]):
+                    break
+                time.sleep(0.5)
+            yield done
+        finally:
+            engine.block.unlink(missing_ok=True)  # first: the next forward must not wait again
+            fcntl.flock(lock, fcntl.LOCK_UN)  # lets the waiting forward go
+            request.join(timeout=120)
 
 
 # --- the session's served engine with the doctor's plugin (VLLM_DOCTOR=1), restartable ----------
