@@ -71,6 +71,18 @@ def test_pythonpath_still_reaches_the_child(tmp_path: Path) -> None:
     assert res.ok and str(tmp_path) in res.data["sys_path"]
 
 
+def test_vllms_sockets_go_in_the_jobs_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM's ZeroMQ sockets are made in the job's directory, removed with it (a user's choice stays)."""
+    monkeypatch.delenv("VLLM_RPC_BASE_PATH", raising=False)
+    res = run_child("selftest", {}, timeout=60, what="the self-test")
+    assert res.ok, res.error
+    job = res.data["scratch"]
+    assert res.data["rpc_base"] == job and Path(job).name.startswith("vllm-doctor-selftest-")
+    assert not os.path.exists(job)
+    mine = {**os.environ, "VLLM_RPC_BASE_PATH": str(tmp_path)}
+    assert run_child("selftest", {}, timeout=60, what="the self-test", env=mine).data["rpc_base"] == str(tmp_path)
+
+
 def test_timeout_kills_the_whole_process_group(tmp_path: Path) -> None:
     pid_file = tmp_path / "pids.json"
     t = time.monotonic()

@@ -76,6 +76,7 @@ CHILD_ENV_DEFAULTS = {
     "HF_HUB_OFFLINE": "1",  # the doctor never downloads
 }
 MEMORY_POLL_S = 0.2
+RPC_BASE_ENV = "VLLM_RPC_BASE_PATH"  # vLLM's directory for its ZeroMQ ipc:// sockets
 
 # drop the current directory from sys.path before anything is imported, then run the task
 _BOOTSTRAP = (
@@ -233,6 +234,10 @@ class ChildJob:
         # downloaded model directory is never imported (Python >= 3.11)
         child_env["PYTHONSAFEPATH"] = "1"
         child_env[SCRATCH_DIR_ENV] = self._tmp  # what the child writes goes with the job's directory
+        # vLLM's ZeroMQ sockets too (one per engine channel, in the temp directory by default): an
+        # engine killed at its deadline left them in /tmp for good; a socket's path has 107 bytes
+        if RPC_BASE_ENV not in child_env and len(self._tmp) + len("/") + 36 <= 107:  # + a uuid4
+            child_env[RPC_BASE_ENV] = self._tmp
         if threading.current_thread() is threading.main_thread():
             # the kernel's parent-death signal follows the spawning thread: only from the main one
             child_env[PARENT_PID_ENV] = str(os.getpid())
@@ -471,4 +476,10 @@ def selftest_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]
     time.sleep(asked.sleep)
     if asked.raise_message:
         raise RuntimeError(asked.raise_message)
-    return {"sys_path": sys.path, "cwd": os.getcwd(), "echo": asked.echo}
+    return {
+        "sys_path": sys.path,
+        "cwd": os.getcwd(),
+        "echo": asked.echo,
+        "scratch": os.environ.get(SCRATCH_DIR_ENV),
+        "rpc_base": os.environ.get(RPC_BASE_ENV),
+    }
