@@ -2,12 +2,15 @@
 
 The details are the CLI's own rendering (``report.text.finding_lines``), the evidence, and the
 check's explanation exactly as ``vllm-doctor rule CODE`` prints it (``report.rule.render_rule``).
-Reusable: ``FindingsPane(findings)`` and ``update_findings(findings)`` take the report's JSON dicts.
+Reusable: ``FindingsPane(findings)`` and ``update_findings(findings)`` take :class:`ShownFinding`
+records: ``ShownFinding.of(finding)`` for the doctor's own, ``ShownFinding.read(json)`` for a
+report.json's entry written by any version of the doctor.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rich.text import Text
@@ -17,10 +20,12 @@ from textual.widget import Widget
 from textual.widgets import DataTable, Static
 
 from vllm_doctor.checks import CATALOGUE
-from vllm_doctor.model import Finding
 from vllm_doctor.report.rule import render_rule
 from vllm_doctor.report.text import finding_lines
+from vllm_doctor.tui.report_sections import ShownFinding, shown
 from vllm_doctor.units import clip
+
+__all__ = ["FindingsPane", "ShownFinding", "finding_detail", "ordered", "shown"]
 
 PROBLEMS = ("crash", "fail", "warn")
 MARKS = {"fail": "FAIL", "warn": "WARN", "crash": "CRASH", "pass": "ok", "skip": "skip", "not_applicable": "n/a"}
@@ -37,15 +42,11 @@ OUTCOME_ORDER = {"crash": 0, "fail": 1, "warn": 2, "skip": 3, "pass": 4, "not_ap
 EVIDENCE_LINES = 60
 
 
-def ordered(findings: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ordered(findings: Iterable[ShownFinding]) -> list[ShownFinding]:
     """Problems first (crash, fail, warn; errors before warnings), then skips, passes, n/a; stable by code."""
     return sorted(
         findings,
-        key=lambda f: (
-            OUTCOME_ORDER.get(str(f.get("outcome")), 6),
-            SEVERITY_ORDER.get(str(f.get("severity")), 3),
-            f["code"],
-        ),
+        key=lambda f: (OUTCOME_ORDER.get(f.outcome, 6), SEVERITY_ORDER.get(f.severity, 3), f.code),
     )
 
 
@@ -56,21 +57,21 @@ def rule_text(code: str) -> str:
     return render_rule(entry.meta)
 
 
-def finding_detail(f: dict[str, Any]) -> str:
+def finding_detail(f: ShownFinding) -> str:
     """The finding as the CLI prints it (all of it), its evidence, then its check's explanation."""
-    try:
-        lines = finding_lines(Finding.from_dict(f), verbose=True)
-    except (KeyError, ValueError, TypeError):  # a finding of another doctor version: show what is there
-        lines = [f"{f.get('outcome', '?')} {f['code']} [{f.get('severity', '?')}]", f"      {f.get('message', '')}"]
-        lines += [f"      at: {f['subject']}"] if f.get("subject") else []
-        lines += [f"      fix: {f['hint']}"] if f.get("hint") else []
-    evidence = {k: v for k, v in (f.get("evidence") or {}).items() if k != "traceback"}
+    if f.finding is not None:
+        lines = finding_lines(f.finding, verbose=True)
+    else:  # a finding of another doctor version: show what is there
+        lines = [f"{f.outcome} {f.code} [{f.severity}]", f"      {f.message}"]
+        lines += [f"      at: {f.subject}"] if f.subject else []
+        lines += [f"      fix: {f.hint}"] if f.hint else []
+    evidence = {k: v for k, v in f.evidence.items() if k != "traceback"}
     if evidence:
-        shown = json.dumps(evidence, indent=2, default=str).splitlines()
-        more = len(shown) - EVIDENCE_LINES
-        lines += ["", "evidence"] + ["  " + line for line in shown[:EVIDENCE_LINES]]
+        dumped = json.dumps(evidence, indent=2, default=str).splitlines()
+        more = len(dumped) - EVIDENCE_LINES
+        lines += ["", "evidence"] + ["  " + line for line in dumped[:EVIDENCE_LINES]]
         lines += [f"  ... {more} more line(s) in the report's JSON"] if more > 0 else []
-    return "\n".join(lines) + "\n\n" + rule_text(f["code"])
+    return "\n".join(lines) + "\n\n" + rule_text(f.code)
 
 
 class FindingsPane(Widget):
@@ -89,7 +90,7 @@ class FindingsPane(Widget):
     }
     """
 
-    def __init__(self, findings: list[dict[str, Any]], *, id: str | None = None) -> None:
+    def __init__(self, findings: Sequence[ShownFinding], *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.findings = ordered(findings)
 
@@ -104,31 +105,30 @@ class FindingsPane(Widget):
         table.add_columns("", "severity", "code", "name", "message", "subject")
         self.update_findings(self.findings)
 
-    def update_findings(self, findings: list[dict[str, Any]]) -> None:
+    def update_findings(self, findings: Sequence[ShownFinding]) -> None:
         """Show another list of findings (a live view refreshes them); the highlighted code stays highlighted."""
         table = self.query_one("#findings-table", DataTable)
-        keep = self.selected["code"] if self.findings and table.row_count else None
+        keep = self.selected.code if self.findings and table.row_count else None
         self.findings = ordered(findings)
         table.clear()
         for i, f in enumerate(self.findings):
-            outcome = str(f.get("outcome", "?"))
-            meta = CATALOGUE.get(f["code"])
+            meta = CATALOGUE.get(f.code)
             table.add_row(
-                Text(MARKS.get(outcome, outcome), style=STYLES.get(outcome, "")),
-                str(f.get("severity", "?")),
-                f["code"],
+                Text(MARKS.get(f.outcome, f.outcome), style=STYLES.get(f.outcome, "")),
+                f.severity,
+                f.code,
                 meta.meta.name if meta else "",
-                clip(str(f.get("message") or "").splitlines()[0] if f.get("message") else "", 120),
-                clip(str(f.get("subject") or ""), 48),
+                clip(f.message.splitlines()[0] if f.message else "", 120),
+                clip(f.subject, 48),
                 key=str(i),
             )
-        codes = [f["code"] for f in self.findings]
+        codes = [f.code for f in self.findings]
         if keep in codes:
             table.move_cursor(row=codes.index(keep))
         self._show(table.cursor_row)
 
     @property
-    def selected(self) -> dict[str, Any]:
+    def selected(self) -> ShownFinding:
         row = self.query_one("#findings-table", DataTable).cursor_row
         return self.findings[min(max(row, 0), len(self.findings) - 1)]
 

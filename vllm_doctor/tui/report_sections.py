@@ -2,13 +2,16 @@
 
 The view reads a report file once into :func:`viewed`: a :class:`Report` whose sections are their
 records (:mod:`vllm_doctor.analysis.records`, leniently: a key an older doctor did not write reads
-as its default), which the panes read by attribute; the header and the findings read the file's
-JSON (a finding of any doctor version, even of an outcome this one retired). A section an older
+as its default), which the panes read by attribute, and its findings into :class:`ShownFinding`
+records (:func:`viewed_findings`: a finding of any doctor version, even of an outcome this one
+retired). A section an older
 doctor (or a static check) did not write is "not in this report" with the reason, never an error.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from vllm_doctor.analysis.records import (
@@ -21,7 +24,7 @@ from vllm_doctor.analysis.records import (
     read_report,
 )
 from vllm_doctor.checks import codes_for
-from vllm_doctor.model import Report
+from vllm_doctor.model import Finding, Report
 from vllm_doctor.report.profile import (
     kv_capacity_text,
     kv_group_text,
@@ -46,8 +49,13 @@ def _list(value: Any) -> list[Any]:
 
 def viewed(data: dict[str, Any]) -> Report:
     """The report file's JSON (``load_report``) as the panes read it: its sections' records, read
-    once. Its findings stay in the JSON (the findings pane and the header read those)."""
+    once. Its findings are read by :func:`viewed_findings` (any doctor version's)."""
     return read_report({**data, "findings": []})
+
+
+def viewed_findings(data: dict[str, Any]) -> list[ShownFinding]:
+    """The report file's findings as records (``load_report`` checked each is an object with a code)."""
+    return shown(_list(data.get("findings")))
 
 
 def engine_profile(report: Report) -> EngineProfile:
@@ -72,14 +80,18 @@ def missing(report: Report, what: str) -> str:
     return f"{what}: {NOT_IN_REPORT} (an older vllm-doctor, or this run did not record it)"
 
 
-def header_line(report: dict[str, Any]) -> str:
-    env = _dict(report.get("environment"))
-    summary = _dict(report.get("summary"))
+def header_line(report: Report, findings: Sequence[ShownFinding]) -> str:
+    """The findings by outcome (counted from the findings: an older report may have no summary),
+    the target, and the versions the report was made with."""
+    summary: dict[str, int] = {}
+    for f in findings:
+        summary[f.outcome] = summary.get(f.outcome, 0) + 1
     counts = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in sorted(summary.items())) or "no findings"
+    env = report.environment
     versions = (
         f"vLLM {env.get('vllm') or '?'} | torch {env.get('torch') or '?'} | doctor {env.get('vllm_doctor') or '?'}"
     )
-    return f"{counts}  |  {report.get('target')}  |  {versions}"
+    return f"{counts}  |  {report.target}  |  {versions}"
 
 
 def anatomy_text(report: Report) -> str:
@@ -105,6 +117,48 @@ def anatomy_text(report: Report) -> str:
         seconds = {k: fmt_s(v) if k.endswith("_s") and isinstance(v, int | float) else v for k, v in timings.items()}
         lines += ["", "timings", *(f"  {k:<18} {v}" for k, v in seconds.items())]
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ShownFinding:
+    """One finding as the pane shows it. ``finding`` is the doctor's :class:`Finding` when this
+    doctor can read it; a report of another version may carry an outcome or severity this one
+    does not know, and then the fields stand as written (``outcome``, ``severity`` as text)."""
+
+    code: str
+    outcome: str
+    severity: str
+    message: str = ""
+    subject: str = ""
+    hint: str = ""
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    finding: Finding | None = None
+
+    @classmethod
+    def of(cls, f: Finding) -> ShownFinding:
+        return cls(f.code, f.outcome.value, f.severity.value, f.message, f.subject, f.hint, f.evidence, f)
+
+    @classmethod
+    def read(cls, data: Mapping[str, Any]) -> ShownFinding:
+        """A report.json finding (``load_report`` made sure it is an object with a code)."""
+        try:
+            return cls.of(Finding.from_dict(dict(data)))
+        except (KeyError, ValueError, TypeError):  # another doctor version's finding: as written
+            evidence = data.get("evidence")
+            return cls(
+                code=str(data["code"]),
+                outcome=str(data.get("outcome", "?")),
+                severity=str(data.get("severity", "?")),
+                message=str(data.get("message") or ""),
+                subject=str(data.get("subject") or ""),
+                hint=str(data.get("hint") or ""),
+                evidence=evidence if isinstance(evidence, Mapping) else {},
+            )
+
+
+def shown(findings: Iterable[Finding | Mapping[str, Any]]) -> list[ShownFinding]:
+    """The doctor's findings, or a report.json's, as the pane shows them."""
+    return [ShownFinding.of(f) if isinstance(f, Finding) else ShownFinding.read(f) for f in findings]
 
 
 def static_facts_lines(facts: dict[str, Any]) -> list[str]:
@@ -315,12 +369,11 @@ def kv_usage_series(report: Report) -> list[float]:
     return [u.usage for u in engine_profile(report).kv_usage]
 
 
-def kv_findings_text(data: dict[str, Any]) -> str:
-    """The KV-cache checks' findings, from the report file's JSON (any doctor's)."""
-    found = [_dict(f) for f in _list(data.get("findings")) if _dict(f).get("code") in KV_CODES]
+def kv_findings_text(findings: Sequence[ShownFinding]) -> str:
+    """The KV-cache checks' findings (any doctor's)."""
+    found = [f for f in findings if f.code in KV_CODES]
     if not found:
         return f"KV findings ({', '.join(KV_CODES)}): {NOT_IN_REPORT}"
-    first_lines = [(str(f.get("message") or "").splitlines() or [""])[0] for f in found]
     return "KV findings\n" + "\n".join(
-        f"  {f.get('outcome', '?'):<5} {f.get('code')} {line}" for f, line in zip(found, first_lines, strict=True)
+        f"  {f.outcome:<5} {f.code} {(f.message.splitlines() or [''])[0]}" for f in found
     )

@@ -1,7 +1,8 @@
 """``vllm-doctor view REPORT.json``: any report the doctor wrote, browsable in the terminal.
 
 ``ReportScreen(report)`` is a Textual screen over a report's JSON (the live app may push it), whose
-sections it reads into their records once (``report_sections.viewed``);
+sections and findings it reads into their records once (``report_sections.viewed`` and
+``viewed_findings``);
 ``ViewApp(path)`` opens a file and shows that screen. Panes: findings (with each check's
 explanation), engine anatomy, steps (prefill / decode, every step), per-layer time (sortable),
 memory breakdown, KV cache. Keys: 1-6 panes, o layer order, ? help, q quit.
@@ -101,14 +102,14 @@ class ReportScreen(Screen[None]):
     def __init__(self, report: dict[str, Any], *, quit_app: bool = False) -> None:
         """``quit_app``: q quits the app (``vllm-doctor view``); otherwise q / escape return to the opener."""
         super().__init__()
-        self.data = report  # the file's JSON: the header and the findings (any doctor's)
         self.report = sec.viewed(report)  # its sections as records, read once
+        self.findings = sec.viewed_findings(report)  # any doctor version's findings
         self.quit_app = quit_app
         self.profile = sec.engine_profile(self.report)
         self.layer_sort = sec.LAYER_SORTS[0]
 
     def compose(self) -> ComposeResult:
-        yield Static(sec.header_line(self.data), id="report-header", markup=False)
+        yield Static(sec.header_line(self.report, self.findings), id="report-header", markup=False)
         with TabbedContent(initial="findings"):
             for i, (pane, title) in enumerate(PANES, 1):
                 with TabPane(f"{i} {title}", id=pane):
@@ -116,7 +117,7 @@ class ReportScreen(Screen[None]):
         yield Footer()
 
     def _compose_findings(self) -> ComposeResult:
-        yield FindingsPane(list(self.data.get("findings") or []), id="findings-pane")
+        yield FindingsPane(self.findings, id="findings-pane")
 
     @staticmethod
     def _text(text: str, widget_id: str) -> ComposeResult:
@@ -153,7 +154,7 @@ class ReportScreen(Screen[None]):
             if len(series) > 1:
                 yield Static("usage per step (scaled from its lowest to its highest value):", classes="section-note")
                 yield Sparkline(series, id="kv-usage")
-            yield Static(sec.kv_findings_text(self.data), id="kv-findings", markup=False)
+            yield Static(sec.kv_findings_text(self.findings), id="kv-findings", markup=False)
 
     def on_mount(self) -> None:
         for table_id, columns, rows in (
