@@ -142,6 +142,8 @@ def report_order(finding: Finding) -> tuple[int, int, str, str]:
 def _json(value: Any) -> Any:
     """A section's entry as report.json holds it: a record (anything with ``to_json``, e.g.
     :class:`vllm_doctor.facts.wire.Record`) written, plain JSON as it is."""
+    if isinstance(value, (list, tuple)):  # a list of records (facts["plugins"])
+        return [_json(v) for v in value]
     to_json = getattr(value, "to_json", None)
     return to_json() if callable(to_json) else value
 

@@ -64,6 +64,35 @@ def test_a_report_written_before_reads_into_the_records_and_back_to_the_same_jso
         assert _diff(anatomy, EngineAnatomy.of(anatomy).to_json()) == []
 
 
+@pytest.mark.parametrize("path", [BEFORE, *REPORTS], ids=lambda p: p.name)
+def test_a_reports_facts_read_into_their_records_and_back_lose_nothing(path: Path) -> None:
+    """Every facts section a report ever wrote (static: plugins, import pass, resolved, weights;
+    engine: anatomy, perf) reads into its record and is written back without losing a key."""
+    from vllm_doctor.analysis.records import LISTS, SECTIONS, read_report
+
+    data = json.loads(path.read_text())
+    report = read_report({**data, "findings": []})  # (findings: any doctor version's; the view reads those)
+    assert _diff(data.get("facts", {}), report.to_dict()["facts"]) == []
+    for (section, key), record in SECTIONS.items():
+        if section == "facts" and data.get("facts", {}).get(key):
+            assert isinstance(report.facts[key], record), key
+    for (section, key), record in LISTS.items():
+        assert all(isinstance(v, record) for v in report.facts.get(key) or []), key
+
+
+def test_a_static_checks_plugins_and_import_pass_are_records() -> None:
+    from vllm_doctor.analysis.records import ImportSummary, PluginFound, read_report
+
+    report = read_report({**json.loads((ROOT / "tests/fixtures/reports/check_engine.json").read_text()), "findings": []})
+    plugins, imported = report.facts["plugins"], report.facts["import_pass"]
+    assert plugins and all(isinstance(p, PluginFound) for p in plugins)
+    assert any(r.arch and r.target for p in plugins for r in p.registrations)
+    assert isinstance(imported, ImportSummary) and imported.vllm_version and imported.plugins[0].loaded
+    assert all(c.target for c in imported.classes.values()) and imported.classes
+    assert ImportSummary(error="vLLM did not import").to_json() == {
+        "timings": {}, "plugins": [], "classes": {}, "error": "vLLM did not import"}
+
+
 @pytest.mark.parametrize("path", [BEFORE, *(p for p in REPORTS if p.name != "older_minimal.json")], ids=lambda p: p.name)
 def test_reports_validate_against_the_generated_schema(path: Path) -> None:
     jsonschema = pytest.importorskip("jsonschema")

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.anatomy import CompileState
+from vllm_doctor.facts.import_pass import ClassRecord, PluginLoad
 from vllm_doctor.facts.kv import KvSpec
 from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.wire import Record
@@ -1079,6 +1080,47 @@ class ResolvedClass(Record):
 
 
 @dataclass(frozen=True)
+class PluginRegistration(Record):
+    """One ``ModelRegistry.register_model`` call a plugin makes, as the static scan read it."""
+
+    arch: str = ""
+    target: str = ""  # "module:Class" (lazy) or "module.Class" / "<name>" (an eager class)
+    lazy: bool = False
+    where: str = ""  # "path:line"
+
+
+@dataclass(frozen=True)
+class PluginFound(Record):
+    """One entry of ``report.facts["plugins"]``: a ``vllm.general_plugins`` entry point as the
+    static scan found it (:class:`vllm_doctor.facts.plugins.PluginInfo`, written)."""
+
+    name: str = ""
+    value: str = ""  # "module:function"
+    distribution: str | None = None
+    allowed: bool = False  # not excluded by VLLM_PLUGINS
+    module_file: str | None = None
+    function_found: bool = False
+    registrations: tuple[PluginRegistration, ...] = ()
+    config_registrations: tuple[tuple[str, str], ...] = ()  # (model_type, config class) for transformers
+    vllm_config_registrations: tuple[tuple[str, str], ...] = ()  # (model_type, config class) for vLLM
+    dynamic: bool = False  # a registration call whose arguments are not literals
+    problem: str | None = None  # why the static scan could not follow it
+
+
+@dataclass(frozen=True)
+class ImportSummary(Record):
+    """``report.facts["import_pass"]``: what the import pass (vLLM and the plugins loaded in a fresh
+    process) found: vLLM's version, its timings, each plugin's load and each architecture's
+    class; or why it did not complete (``error``)."""
+
+    vllm_version: str | None = field(default=None, metadata=wire.rules(omit_none=True))
+    timings: dict[str, float] = field(default_factory=dict)
+    plugins: tuple[PluginLoad, ...] = ()
+    classes: dict[str, ClassRecord] = field(default_factory=dict)
+    error: str | None = field(default=None, metadata=wire.rules(omit_none=True, doc="why the pass did not complete"))
+
+
+@dataclass(frozen=True)
 class TensorMapping(Record):
     """``facts["weights"]["mapping"][tensor]``: where one checkpoint tensor went."""
 
@@ -1148,6 +1190,7 @@ class WeightsReport(Record):
 SECTIONS: dict[tuple[str, str], type[Record]] = {
     ("facts", "engine"): EngineAnatomy,
     ("facts", "engine_diagnosis"): EngineAnatomy,
+    ("facts", "import_pass"): ImportSummary,
     ("facts", "perf"): PerfAnatomy,
     ("facts", "resolved"): ResolvedClass,
     ("facts", "weights"): WeightsReport,
@@ -1157,15 +1200,27 @@ SECTIONS: dict[tuple[str, str], type[Record]] = {
 }
 
 
+# the sections that hold a list of records: (section, key) -> the record of each entry
+LISTS: dict[tuple[str, str], type[Record]] = {
+    ("facts", "plugins"): PluginFound,
+}
+
+
 def read_report(data: dict[str, Any]) -> Report:
     """A report from its JSON (report.json, ``check --json``), each section that has a record
     read into it (leniently: an older report's missing keys read as their defaults); an empty
     section (``{}``, null) stays as it is: the report has none."""
-    return Report.from_dict(data, {where: _reader(record) for where, record in SECTIONS.items()})
+    readers = {where: _reader(record) for where, record in SECTIONS.items()}
+    readers.update({where: _list_reader(record) for where, record in LISTS.items()})
+    return Report.from_dict(data, readers)
 
 
 def _reader(record: type[Record]) -> Callable[[Any], Any]:
     return lambda value: record.of(value) if value else value
+
+
+def _list_reader(record: type[Record]) -> Callable[[Any], Any]:
+    return lambda value: [record.of(v) for v in value] if isinstance(value, list) else value
 
 
 def held(report: Report, section: str, key: str, record: type[R]) -> R | None:

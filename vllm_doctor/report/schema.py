@@ -13,12 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_doctor.analysis.records import SECTIONS
+from vllm_doctor.analysis.records import LISTS, SECTIONS
 from vllm_doctor.model import SCHEMA_VERSION
 
 COMMAND = "python -m vllm_doctor.report.schema --write docs/report-schema.json"
 # the sections the static stage writes as null where it has none (no class resolved)
-NULLABLE = {("facts", "resolved")}
+NULLABLE = {("facts", "resolved"), ("facts", "import_pass")}
 
 REQUIRED = ("schema_version", "tool", "target", "environment", "summary", "findings", "timings", "facts", "profiles")
 FINDING: dict[str, Any] = {
@@ -64,6 +64,9 @@ def report_schema() -> dict[str, Any]:
         defs[record.__name__] = record.json_schema()
         ref = {"$ref": f"#/$defs/{record.__name__}"}
         sections[section][key] = {"anyOf": [ref, {"type": "null"}]} if (section, key) in NULLABLE else ref
+    for (section, key), record in LISTS.items():  # the sections that hold a list of records
+        defs[record.__name__] = record.json_schema()
+        sections[section][key] = {"type": "array", "items": {"$ref": f"#/$defs/{record.__name__}"}}
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": f"vllm-doctor/report-schema/{SCHEMA_VERSION}",

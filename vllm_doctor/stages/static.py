@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from vllm_doctor.analysis.records import ResolvedClass
+from vllm_doctor.analysis.records import ImportSummary, PluginFound, ResolvedClass
 from vllm_doctor.checks import CATALOGUE, needs_import, run_checks, select_codes
 from vllm_doctor.checks.base import run_from_config
 from vllm_doctor.compat.plugins import discover_general_plugins, plugin_quantization_methods
@@ -182,7 +182,7 @@ def diagnose(model: str, options: CheckOptions | None = None, progress: Progress
         "architectures": facts.config.get("architectures"),
         "model_type": facts.config.get("model_type"),
         "registry_source": facts.registry_source,
-        "plugins": [p.to_dict() for p in facts.plugins],
+        "plugins": [PluginFound.of(p.to_dict()) for p in facts.plugins],
         "resolved": _resolved(facts),
         "import_pass": _import_summary(facts),
         "weights": weights_report(facts),
@@ -199,13 +199,12 @@ def _resolved(facts: Facts) -> ResolvedClass | None:
     return ResolvedClass(architecture=got[0], target=got[1]) if got else None
 
 
-def _import_summary(facts: Facts) -> dict[str, object] | None:
+def _import_summary(facts: Facts) -> ImportSummary | None:
     if facts.import_pass is None:
-        return {"error": facts.import_pass_error} if facts.import_pass_error else None
-    data = facts.import_pass
-    return {
-        "vllm_version": data.get("vllm_version"),
-        "timings": data.get("timings"),
-        "plugins": data.get("plugins"),
-        "classes": data.get("classes"),
-    }
+        return ImportSummary(error=facts.import_pass_error) if facts.import_pass_error else None
+    got = facts.imports
+    if got is None:
+        return None
+    return ImportSummary(
+        vllm_version=got.vllm_version, timings=got.timings, plugins=tuple(got.plugins), classes=got.classes
+    )

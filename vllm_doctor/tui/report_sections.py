@@ -18,6 +18,7 @@ from vllm_doctor.analysis.records import (
     EngineAnatomy,
     EngineProfile,
     LayerModule,
+    PluginFound,
     ResolvedClass,
     WorkloadRun,
     held,
@@ -172,9 +173,10 @@ def static_facts_lines(facts: dict[str, Any]) -> list[str]:
     if facts.get("registry_source"):
         lines.append(f"  registry from {facts['registry_source']}")
     for p in _list(facts.get("plugins")):
-        p = _dict(p)
-        regs = ", ".join(f"{_dict(r).get('arch')} -> {_dict(r).get('target')}" for r in _list(p.get("registrations")))
-        lines.append(f"  plugin        {p.get('name')} ({p.get('distribution')}): {regs or 'registers no model'}")
+        if not isinstance(p, PluginFound):
+            continue
+        regs = ", ".join(f"{r.arch} -> {r.target}" for r in p.registrations)
+        lines.append(f"  plugin        {p.name} ({p.distribution}): {regs or 'registers no model'}")
     return lines
 
 
