@@ -2,8 +2,9 @@
 per-name checks that defer to them (VD301, VD302, VD304); no check registers here.
 
 The weights pass (compat/quant_build.py) reports each layer's quantization method as vLLM picked it
-(``facts.weight_load["quant"]``) and the parameters vLLM fills itself when the checkpoint has
-none (the KV-cache methods' ``q/k/v_scale`` and zero points). With the ledger's accounts:
+(``facts.usable_weights().quant``, a :class:`~vllm_doctor.facts.static.QuantLayers`) and the
+parameters vLLM fills itself when the checkpoint has none (the KV-cache methods' ``q/k/v_scale``
+and zero points). With the ledger's accounts:
 
 - an *unquantized layer* (VD314): vLLM built it with an ``Unquantized*`` method (no
   ``quant_config`` passed, or a plain ``nn.Linear``) while the checkpoint holds quantized weights
@@ -19,9 +20,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
-from vllm_doctor.facts import wire
 from vllm_doctor.facts.checkpoint import FLOAT_DTYPES
 from vllm_doctor.facts.quant_checkpoint import (
     FP8_DTYPES,
@@ -31,7 +30,7 @@ from vllm_doctor.facts.quant_checkpoint import (
     checkpoint_quant,
     is_scale,
 )
-from vllm_doctor.facts.static import Facts
+from vllm_doctor.facts.static import Facts, QuantLayers, TensorLoad
 
 LAYER = re.compile(r"(?<=\.)(\d+)(?=\.)")
 # a parameter's dtype as the weights pass records it (torch's name) -> the safetensors name
@@ -52,29 +51,6 @@ ST_DTYPES = {
 
 
 @dataclass(frozen=True)
-class QuantModule:
-    """One layer of ``facts.weight_load["quant"]["modules"]`` (compat/quant_build.py)."""
-
-    quant_method: str | None = None
-    scheme: str | None = None
-    plain_linear: bool = False
-    kv_cache: bool = False
-    quantized: bool = False
-    params: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class QuantLayers:
-    """``facts.weight_load["quant"]``."""
-
-    method: str | None = None
-    modules: dict[str, QuantModule] = field(default_factory=dict)
-    defaulted: dict[str, str] = field(default_factory=dict)
-    dropped: list[str] = field(default_factory=list)  # checkpoint tensors the method's mapper discards
-    by_name: list[str] | None = None  # the module names a method quantizes by name (GPTQ); None: not by name
-
-
-@dataclass(frozen=True)
 class UnquantizedLayer:
     """A layer vLLM builds unquantized in front of quantized checkpoint tensors."""
 
@@ -90,10 +66,9 @@ class UnquantizedLayer:
 
 
 def quant_layers(facts: Facts) -> QuantLayers | None:
-    data = facts.usable_weight_load()
-    if data is None or "quant" not in data:
-        return None
-    return wire.read(QuantLayers, data["quant"])
+    """The layers' quantization methods (the reply's ``quant``), or None without them."""
+    got = facts.usable_weights()
+    return got.quant if got is not None else None
 
 
 def checkpoint_quantization(facts: Facts) -> CheckpointQuant:
@@ -114,44 +89,53 @@ def dropped_by_method(facts: Facts) -> set[str]:
     return set(layers.dropped) if layers is not None else set()
 
 
-def _targets(t: dict[str, Any]) -> set[str]:
+def _targets(t: TensorLoad) -> set[str]:
     """The parameter names a checkpoint tensor went to, was handed to, or was looked up as."""
-    out = set(t["params"])
-    out |= {h["param"] for h in t.get("handed_to") or [] if h.get("param")}
-    out |= {e["looked_up"] for e in t["errors"] if e.get("looked_up")}
+    out = set(t.params)
+    out |= {h.param for h in t.handed_to if h.param}
+    out |= {e.looked_up for e in t.errors if e.looked_up}
     return out
+
+
+@dataclass
+class _MeantFor:
+    """The checkpoint tensors meant for one layer built unquantized, as they are gathered."""
+
+    tensors: list[str] = field(default_factory=list)
+    quantized: list[tuple[str, str]] = field(default_factory=list)  # (tensor, dtype) of its quantized weights
+    unloadable: list[str] = field(default_factory=list)  # those that have no parameter
+    error: str = ""  # the first error loading one of those raised
 
 
 def unquantized_layers(facts: Facts) -> list[UnquantizedLayer]:
     """The layers VD314 names (empty unless the checkpoint is quantized by config and tensors)."""
-    layers = quant_layers(facts)
-    data = facts.usable_weight_load()
+    data = facts.usable_weights()
+    layers = data.quant if data is not None else None
     if layers is None or data is None:
         return []
     ckq = checkpoint_quantization(facts)
     if not ckq.quantized:
         return []
-    params: dict[str, Any] = data["params"]
-    tensors: dict[str, Any] = data["tensors"]
+    params, tensors = data.params, data.tensors
     candidates = {m: q for m, q in layers.modules.items() if m and not q.quantized and not q.kv_cache}
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, _MeantFor] = {}
     for tname, t in tensors.items():
         for target in _targets(t):
             module = target.rsplit(".", 1)[0]
             if module not in candidates:
                 continue
-            rec = found.setdefault(module, {"tensors": [], "quantized": [], "unloadable": [], "error": ""})
-            if tname not in rec["tensors"]:
-                rec["tensors"].append(tname)
-            if t["dtype"] in INT_DTYPES | FP8_DTYPES:
-                rec["quantized"].append((tname, t["dtype"]))
+            rec = found.setdefault(module, _MeantFor())
+            if tname not in rec.tensors:
+                rec.tensors.append(tname)
+            if t.dtype in INT_DTYPES | FP8_DTYPES:
+                rec.quantized.append((tname, t.dtype))
             if target not in params:
-                rec["unloadable"].append(tname)
-                if not rec["error"] and t["errors"]:
-                    rec["error"] = str(t["errors"][0]["error"])
+                rec.unloadable.append(tname)
+                if not rec.error and t.errors:
+                    rec.error = t.errors[0].error
     out = []
     for module, rec in sorted(found.items()):
-        if not rec["quantized"] and not any(is_scale(n) for n in rec["unloadable"]):
+        if not rec.quantized and not any(is_scale(n) for n in rec.unloadable):
             continue  # float tensors only (an ignored lm_head, a norm): not quantized in the checkpoint
         q = candidates[module]
         weight = params.get(f"{module}.weight")
@@ -159,11 +143,11 @@ def unquantized_layers(facts: Facts) -> list[UnquantizedLayer]:
             UnquantizedLayer(
                 module=module,
                 quant_method=q.quant_method,
-                param_dtype=weight["dtype"] if weight else None,
-                tensors=rec["tensors"],
-                quantized_tensors=rec["quantized"],
-                unloadable=rec["unloadable"],
-                error=rec["error"],
+                param_dtype=weight.dtype if weight is not None else None,
+                tensors=rec.tensors,
+                quantized_tensors=rec.quantized,
+                unloadable=rec.unloadable,
+                error=rec.error,
                 ignored_by=ckq.ignored(module),
                 unmatched=bool(layers.by_name) and not any(n in module for n in layers.by_name or []),
             )
@@ -224,14 +208,14 @@ def _wrong_kind(dtype: str, param_dtype: str) -> bool:
 def malformed_scales(facts: Facts) -> list[MalformedScale]:
     """The checkpoint's scales of layers vLLM quantizes that are there but stored wrong (VD315
     names them with the dtype/shape found and the one wanted; VD301, VD303, VD304 defer to it)."""
-    layers = quant_layers(facts)
-    data = facts.usable_weight_load()
+    data = facts.usable_weights()
+    layers = data.quant if data is not None else None
     if layers is None or data is None or not layers.method:
         return []
     targets = _quant_param_targets(layers)
-    params: dict[str, Any] = data["params"]
+    params = data.params
     out = []
-    for tname, t in data["tensors"].items():
+    for tname, t in data.tensors.items():
         if not is_scale(tname):
             continue
         for target in sorted(_targets(t)):
@@ -239,13 +223,13 @@ def malformed_scales(facts: Facts) -> list[MalformedScale]:
                 continue
             module, leaf = targets[target]
             p = params[target]
-            pdt = st_dtype(str(p["dtype"]))
-            error = str(t["errors"][0]["error"]) if t["errors"] else ""
-            want = list(t.get("expected_shape") or p["shape"])
-            if _wrong_kind(t["dtype"], pdt):
-                out.append(MalformedScale(module, leaf, tname, "dtype", t["dtype"], list(t["shape"]), pdt, want, error))
-            elif t["status"] == "shape_mismatch":
-                out.append(MalformedScale(module, leaf, tname, "shape", t["dtype"], list(t["shape"]), pdt, want, error))
+            pdt = st_dtype(p.dtype)
+            error = t.errors[0].error if t.errors else ""
+            want = list(t.expected_shape or p.shape)
+            if _wrong_kind(t.dtype, pdt):
+                out.append(MalformedScale(module, leaf, tname, "dtype", t.dtype, list(t.shape), pdt, want, error))
+            elif t.status == "shape_mismatch":
+                out.append(MalformedScale(module, leaf, tname, "shape", t.dtype, list(t.shape), pdt, want, error))
             break
     return out
 
@@ -258,11 +242,11 @@ def malformed_tensors(facts: Facts) -> set[str]:
 def missing_quant_params(facts: Facts) -> dict[str, list[str]]:
     """Module -> the quantization parameters (scales, zero points, ...) of a layer vLLM quantizes
     that no checkpoint tensor fills (VD315; VD301 defers to it)."""
-    layers = quant_layers(facts)
-    data = facts.usable_weight_load()
+    data = facts.usable_weights()
+    layers = data.quant if data is not None else None
     if layers is None or data is None or not layers.method:
         return {}
-    params: dict[str, Any] = data["params"]
+    params = data.params
     present = {(m.module, m.leaf) for m in malformed_scales(facts)}  # there, stored wrong: not "missing"
     out: dict[str, list[str]] = {}
     for module, q in layers.modules.items():
@@ -271,7 +255,7 @@ def missing_quant_params(facts: Facts) -> dict[str, list[str]]:
         for leaf in q.params:
             name = f"{module}.{leaf}" if module else leaf
             p = params.get(name)
-            if p is None or p["written"] or leaf in WEIGHT_LEAVES or leaf == "bias" or name in layers.defaulted:
+            if p is None or p.written or leaf in WEIGHT_LEAVES or leaf == "bias" or name in layers.defaulted:
                 continue
             if (module, leaf) not in present:
                 out.setdefault(module, []).append(leaf)

@@ -13,33 +13,24 @@ with the cause, read off the checkpoint's names:
 - ``raised``: the names match, and load_weights raises on them;
 - ``absent``: the checkpoint has nothing that looks like the tower's parameters.
 
-The weights pass also reports (``layout.unbuilt``) the checkpoint tensors whose module the model
-deliberately did not build: a layer past the end of a built ``ModuleList`` (vLLM's CLIP/SigLIP
-towers under LLaVA's ``vision_feature_layer``) or a sub-module the class set to None.
+The weights pass also reports (its :class:`~vllm_doctor.facts.static.Layout`'s ``unbuilt``) the
+checkpoint tensors whose module the model deliberately did not build: a layer past the end of a
+built ``ModuleList`` (vLLM's CLIP/SigLIP towers under LLaVA's ``vision_feature_layer``) or a
+sub-module the class set to None.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from vllm_doctor.facts import wire
-from vllm_doctor.facts.static import Facts
+from vllm_doctor.facts.static import Facts, HfMapper, Layout, ParamLoad, TensorLoad
 
 # a tower is reported when at least this share of its parameters (and two of them) is never written
 MOST = 0.8
 MIN_SUFFIX = 2  # dotted components two names must share at the end to be the same parameter
 LAYER_COUNT_KEYS = ("num_hidden_layers", "num_layers")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """``facts.weight_load["layout"]``: the built model's side of the names (compat/weights.py)."""
-
-    mapper: dict[str, dict[str, Any]] | None = None  # hf_to_vllm_mapper's tables; None: the class has none
-    mapped: dict[str, Any] = field(default_factory=dict)  # checkpoint name -> the mapper's name (None: dropped)
-    unbuilt: dict[str, dict[str, Any]] = field(default_factory=dict)  # checkpoint name -> the module not built
 
 
 @dataclass(frozen=True)
@@ -56,35 +47,30 @@ class Tower:
     error: str = ""
 
 
-def layout(data: dict[str, Any]) -> Layout:
-    return wire.read(Layout, data["layout"] if "layout" in data else None)
-
-
 def _module_prefix(name: str) -> str:
     parts = name.split(".")
     return ".".join(parts[:-2]) if len(parts) > 2 else name
 
 
-def _unfilled(p: dict[str, Any]) -> bool:
+def _unfilled(p: ParamLoad) -> bool:
     """Nothing was written into it and no load into it failed (VD303 has those); a fused-MoE
     parameter that got some experts is VD311's."""
-    if p.get("written") or p.get("covered") or p.get("failed_from"):  # a record of an older doctor lacks some
+    if p.written or p.covered or p.failed_from:  # a field an older doctor's reply lacks reads as not
         return False
-    return not ("num_experts" in p and p.get("expert_loads"))
+    return not (p.num_experts is not None and p.expert_loads)
 
 
 def unloaded_towers(facts: Facts) -> list[Tower]:
     """The towers load_weights leaves (nearly) empty, with the cause read off the names."""
-    data = facts.usable_weight_load()
+    data = facts.usable_weights()
     if data is None:
         return []
-    params: dict[str, Any] = data["params"]
-    tensors: dict[str, Any] = data["tensors"]
+    params, tensors = data.params, data.tensors
     unread = {_module_prefix(n) for n in (facts.checkpoint.unread_tensors if facts.checkpoint else [])}
     groups: dict[str, list[str]] = {}
     for name in params:
         groups.setdefault(name.split(".", 1)[0], []).append(name)
-    lay = layout(data)
+    lay = data.layout
     towers = []
     for tower, members in groups.items():
         if any(_module_prefix(n) in unread for n in members):
@@ -95,7 +81,7 @@ def unloaded_towers(facts: Facts) -> list[Tower]:
     return towers
 
 
-def _cause(tower: str, count: int, unfilled: list[str], tensors: dict[str, Any], lay: Layout) -> Tower:
+def _cause(tower: str, count: int, unfilled: list[str], tensors: dict[str, TensorLoad], lay: Layout) -> Tower:
     # the parameters by their trailing components, to find the checkpoint tensor each one is
     index: dict[str, str] = {}
     for name in unfilled:
@@ -105,11 +91,11 @@ def _cause(tower: str, count: int, unfilled: list[str], tensors: dict[str, Any],
     same: dict[str, list[str]] = {}  # status -> tensors whose mapped name is a parameter's
     pairs: dict[tuple[str, str], list[str]] = {}  # (checkpoint prefix, parameter prefix) -> tensors
     for tname, t in tensors.items():
-        if t["status"] not in ("raised", "skipped") or tname in lay.unbuilt:
+        if t.status not in ("raised", "skipped") or tname in lay.unbuilt:
             continue
         mapped = lay.mapped[tname] if tname in lay.mapped else tname
         if mapped in index and index[mapped] == mapped:
-            same.setdefault(t["status"], []).append(tname)
+            same.setdefault(t.status, []).append(tname)
             continue
         parts = tname.split(".")
         for k in range(len(parts), MIN_SUFFIX - 1, -1):
@@ -125,7 +111,7 @@ def _cause(tower: str, count: int, unfilled: list[str], tensors: dict[str, Any],
         (ck, pp), names = best
         # the prefix's other failing tensors are the tower's too (q/k/v of a fused qkv_proj, layers
         # it did not build): one mapper entry settles them all
-        names = [n for n, t in tensors.items() if n.startswith(ck) and t["status"] in ("raised", "skipped")]
+        names = [n for n, t in tensors.items() if n.startswith(ck) and t.status in ("raised", "skipped")]
         return Tower(
             tower,
             count,
@@ -145,13 +131,13 @@ def _cause(tower: str, count: int, unfilled: list[str], tensors: dict[str, Any],
     return Tower(tower, count, unfilled, "absent", [])
 
 
-def _error(names: list[str], tensors: dict[str, Any]) -> str:
+def _error(names: list[str], tensors: dict[str, TensorLoad]) -> str:
     """The first error load_weights raised on one of ``names`` (what vLLM stops with), shortened
     to its first sentence: vLLM's "no module or parameter named" lists every parameter after it."""
     for name in names:
-        for err in tensors[name]["errors"]:
-            if err["kind"] == "raised":
-                text = str(err["error"]).splitlines()[0]
+        for err in tensors[name].errors:
+            if err.kind == "raised":
+                text = err.error.splitlines()[0]
                 return text.split(". The available parameters")[0][:300]
     return ""
 
@@ -192,10 +178,10 @@ def unbuilt_groups(facts: Facts, names: list[str]) -> dict[str, dict[str, Any]]:
     """The skipped tensors ``names`` whose module the model deliberately did not build, by the
     module they would have gone into, each with what says so. A layer past the built ones counts
     only where config.json declares that many layers (``*num_hidden_layers`` / ``*num_layers``)."""
-    data = facts.usable_weight_load()
+    data = facts.usable_weights()
     if data is None:
         return {}
-    unbuilt = layout(data).unbuilt
+    unbuilt = data.layout.unbuilt
     ints = config_ints(facts.config)
     counts = [(k, v) for k, v in ints if k.rsplit(".", 1)[-1].endswith(LAYER_COUNT_KEYS)]
     feature = [(k, v) for k, v in ints if "feature_layer" in k]
@@ -204,9 +190,9 @@ def unbuilt_groups(facts: Facts, names: list[str]) -> dict[str, dict[str, Any]]:
         if name not in unbuilt:
             continue
         part = unbuilt[name]
-        module = str(part["module"])
-        if part["kind"] == "layer":
-            index, built = int(part["index"]), int(part["built"])
+        module = part.module
+        if part.kind == "layer":
+            index, built = part.index, part.built
             # the count nearest the module by name (vision_config.num_hidden_layers for vision_tower.*)
             words = set(re.split(r"[._]", module))
             declared = sorted((len(words & set(re.split(r"[._]", k))), v, k) for k, v in counts if v > index)
@@ -232,10 +218,10 @@ def unbuilt_groups(facts: Facts, names: list[str]) -> dict[str, dict[str, Any]]:
     return groups
 
 
-def mapper_text(mapper: dict[str, dict[str, Any]] | None) -> str:
+def mapper_text(mapper: HfMapper | None) -> str:
     if mapper is None:
         return "the class has no hf_to_vllm_mapper"
-    prefixes = mapper["orig_to_new_prefix"] if "orig_to_new_prefix" in mapper else {}
+    prefixes = mapper.orig_to_new_prefix or {}
     if not prefixes:
         return "its hf_to_vllm_mapper maps no prefix"
     return "its hf_to_vllm_mapper maps " + ", ".join(f"{k!r} -> {v!r}" for k, v in prefixes.items())

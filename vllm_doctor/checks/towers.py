@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from vllm_doctor.checks.base import Emit, check, known
-from vllm_doctor.checks.tower_load import Tower, layout, mapper_text, unloaded_towers
+from vllm_doctor.checks.tower_load import Tower, mapper_text, unloaded_towers
 from vllm_doctor.checks.weight_loading import NOT_INITIALIZED, REFS_LOADING
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
 
@@ -51,16 +52,16 @@ MAX_LISTED = 50
     requires=("checkpoint", "weights-load"),
 )
 def tower_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    data = known(facts.usable_weight_load())
+    data = known(facts.usable_weights())
     towers = unloaded_towers(facts)
     if not towers:
-        tops = sorted({n.split(".", 1)[0] for n in data["params"]})
+        tops = sorted({n.split(".", 1)[0] for n in data.params})
         yield emit.ok(f"every top-level module gets its parameters from the checkpoint ({', '.join(tops)})", "model")
         return
-    mapper = layout(data).mapper
-    params = data["params"]
+    mapper = data.layout.mapper
+    params = data.params
     for tower in towers:
-        notices = any(params[n]["in_returned"] is False and not params[n]["vllm_exempt"] for n in tower.unfilled)
+        notices = any(params[n].in_returned is False and not params[n].vllm_exempt for n in tower.unfilled)
         if tower.error:
             consequence = f"vLLM fails at start-up, loading the weights: {tower.error}"
         elif notices:
@@ -84,7 +85,7 @@ def tower_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 "checkpoint_tensors": len(tower.tensors),
                 "tensors": tower.tensors[:MAX_LISTED],
                 "parameters_never_loaded": tower.unfilled[:MAX_LISTED],
-                "hf_to_vllm_mapper": mapper,
+                "hf_to_vllm_mapper": wire.write(mapper),  # a finding's evidence is report.json's
                 "error": tower.error,
                 "vllm_notices": notices,
                 "vllm_error": vllm_error,

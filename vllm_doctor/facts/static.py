@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.checkpoint import CheckpointFacts
@@ -102,15 +102,72 @@ class LoadWeightsCall(wire.Record):
 
 
 @dataclass(frozen=True)
+class QuantModule(wire.Record):
+    """One layer of the built model with the quantization method vLLM gave it (compat/quant_build.py)."""
+
+    class_name: str | None = field(default=None, metadata=wire.rules(key="class"))  # the layer's class
+    quant_method: str | None = None  # its quant_method's class (None: it has none)
+    scheme: str | None = None  # a compressed-tensors layer's scheme class
+    plain_linear: bool = False  # a torch nn.Linear (no quant_config can reach it)
+    kv_cache: bool = False  # a KV-cache quantization method (its scales only)
+    quantized: bool = False  # a method that quantizes its weights
+    params: list[str] = field(default_factory=list)  # its own parameters' leaves
+
+
+@dataclass(frozen=True)
+class QuantLayers(wire.Record):
+    """The built model's layers by quantization method (the reply's ``quant``): what VD314-VD317 read."""
+
+    method: str | None = None  # vLLM's quantization method for the model (None: unquantized)
+    modules: dict[str, QuantModule] = field(default_factory=dict)
+    defaulted: dict[str, str] = field(default_factory=dict)  # parameter -> why vLLM fills it itself
+    dropped: list[str] = field(default_factory=list)  # checkpoint tensors the method's mapper discards
+    by_name: list[str] | None = None  # the module names a method quantizes by name (GPTQ); None: not by name
+
+
+@dataclass(frozen=True)
+class HfMapper(wire.Record):
+    """The class's ``hf_to_vllm_mapper`` (vLLM's WeightsMapper) as plain tables; a table it lacks is not sent."""
+
+    WIRE_SPARSE: ClassVar[bool] = True
+
+    orig_to_new_prefix: dict[str, str | None] | None = None  # checkpoint prefix -> the model's (None: dropped)
+    orig_to_new_suffix: dict[str, str | None] | None = None
+    orig_to_new_substr: dict[str, str | None] | None = None
+
+
+@dataclass(frozen=True)
+class UnbuiltPart(wire.Record):
+    """The module a checkpoint tensor's name leads to that the model deliberately did not build."""
+
+    module: str = ""  # its path in the model
+    kind: str = ""  # "layer": past the end of a built ModuleList; "none": a sub-module the class set to None
+    index: int = 0  # a layer's index (kind "layer")
+    built: int = 0  # the layers the list holds (kind "layer")
+
+
+@dataclass(frozen=True)
+class Layout(wire.Record):
+    """The built model's side of the checkpoint's names (the reply's ``layout``; compat/weights.py)."""
+
+    mapper: HfMapper | None = None  # hf_to_vllm_mapper's tables; None: the class has none
+    mapped: dict[str, str | None] = field(default_factory=dict)  # checkpoint name -> the mapper's (None: dropped)
+    unbuilt: dict[str, UnbuiltPart] = field(default_factory=dict)  # checkpoint name -> the module not built
+
+
+@dataclass(frozen=True)
 class WeightLoad(wire.Record):
     """The weights pass's reply as the VD3xx checks read it: each checkpoint tensor and each
-    parameter of the model built on the meta device, load_weights' own outcome and the
-    parameters nearest to each name that failed. Read once per reply (:attr:`Facts.weights`)."""
+    parameter of the model built on the meta device, load_weights' own outcome, the parameters
+    nearest to each name that failed, the layers' quantization methods and the model's layout.
+    Read once per reply (:meth:`Facts.usable_weights`)."""
 
     tensors: dict[str, TensorLoad] = field(default_factory=dict)
     params: dict[str, ParamLoad] = field(default_factory=dict)
     load_weights: LoadWeightsCall = field(default_factory=LoadWeightsCall)
     nearest: dict[str, list[str]] = field(default_factory=dict)
+    quant: QuantLayers | None = None  # None: not read (the reading failed: ``quant_error``)
+    layout: Layout = field(default_factory=Layout)
 
 
 @dataclass
