@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from vllm_doctor.checks.base import Emit, capped_findings, check, known
-from vllm_doctor.facts.static import Facts
+from vllm_doctor.facts.static import Facts, ParamLoad
 from vllm_doctor.model import Finding, Severity, Stage
 
 # the shards each fused-MoE projection is loaded with (vLLM's names: w1 gate, w3 up, w2 down)
@@ -39,9 +39,9 @@ def _projection(param: str) -> str | None:
     return None
 
 
-def _moe_params(facts: Facts) -> dict[str, dict[str, Any]]:
-    got = known(facts.usable_weight_load())
-    return {n: p for n, p in got["params"].items() if p.get("num_experts")}
+def _moe_params(facts: Facts) -> dict[str, ParamLoad]:
+    got = known(facts.usable_weights())
+    return {n: p for n, p in got.params.items() if p.num_experts}
 
 
 @check(
@@ -83,8 +83,8 @@ def moe_experts_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
         if projection is None:
             continue
         checked += 1
-        loaded = {(e, s) for e, s, _ in p.get("expert_loads") or []}
-        for expert in range(int(p["num_experts"])):
+        loaded = {(e, s) for e, s, _ in p.expert_loads}
+        for expert in range(p.num_experts or 0):
             for shard in SHARDS_OF[projection]:
                 if (expert, shard) not in loaded:
                     found = LAYER_INDEX.search(name)
@@ -92,7 +92,7 @@ def moe_experts_not_loaded(facts: Facts, emit: Emit) -> Iterable[Finding]:
     if not missing:
         yield emit.ok(f"every expert of {checked} fused-MoE parameter(s) is loaded (w1, w3, w2 per expert)")
         return
-    experts = sum(int(p["num_experts"]) for n, p in params.items() if _projection(n) == "w2")
+    experts = sum(p.num_experts or 0 for n, p in params.items() if _projection(n) == "w2")
     findings = []
     for (layer, expert), shards in sorted(missing.items(), key=lambda kv: (kv[0][0] or -1, kv[0][1])):
         where = f"layer {layer}, expert {expert}" if layer is not None else f"expert {expert}"
@@ -143,7 +143,7 @@ def moe_expert_mapping_swapped(facts: Facts, emit: Emit) -> Iterable[Finding]:
     wrong: dict[tuple[str, str], list[tuple[str, int, Any, int]]] = {}
     seen = 0
     for p in params.values():
-        for expert, shard, tensor in p.get("expert_loads") or []:
+        for expert, shard, tensor in p.expert_loads:
             match = EXPERT_TENSOR.search(str(tensor or ""))
             if match is None:
                 continue
