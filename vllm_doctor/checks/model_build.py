@@ -51,29 +51,28 @@ _BUILD_STAGES = {
     defers_to=("VD101", "VD103", "VD104", "VD105", "VD106", "VD108", "VD109", "VD111", "VD2", "VD309"),
 )
 def model_build_failed(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    data = facts.weight_load
-    if data is None:
+    if facts.weights_reply() is None:
         yield emit.not_applicable(facts.weight_load_error or "the weights pass did not run")
         return
-    err = data.get("error")
-    if not isinstance(err, dict):
+    err = facts.weights_build_error()
+    if err is None:
         yield emit.ok("vLLM built the model on the meta device and load_weights ran to the end")
         return
-    stage = str(err.get("stage"))
+    stage = str(err.stage)
     if stage not in _BUILD_STAGES:  # "import" / "internal": the pass itself failed (VD100)
-        yield emit.not_applicable(f"the weights pass itself did not complete (VD100): {err.get('summary')}")
+        yield emit.not_applicable(f"the weights pass itself did not complete (VD100): {err.summary}")
         return
     doing, subject = _BUILD_STAGES[stage]
-    where = err.get("where")
-    summary = informative_line(str(err.get("summary")))
+    where = err.where
+    summary = informative_line(str(err.summary))
     yield emit.fail(
         f"failed while {doing}: {summary}" + (f" at {where}" if where else ""),
         subject,
         {
             "stage": stage,
-            "vllm_error": str(err.get("summary"))[:3000],
+            "vllm_error": str(err.summary)[:3000],
             "where": where,
-            "traceback": str(err.get("traceback"))[-4000:],
+            "traceback": str(err.traceback)[-4000:],
         },
         f"fix the line named ({where})"
         if where

@@ -23,7 +23,7 @@ from vllm_doctor.checks.quant_load import (
     unquantized_tensors,
 )
 from vllm_doctor.checks.tower_load import tower_params, tower_tensors, unbuilt_groups
-from vllm_doctor.checks.weights_base import built_model, text_config
+from vllm_doctor.checks.weights_base import built, text_config
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.checkpoint import FLOAT_DTYPES
 from vllm_doctor.facts.static import Facts
@@ -544,16 +544,13 @@ def lossy_checkpoint_dtype(facts: Facts, emit: Emit) -> Iterable[Finding]:
                 pdt = _torch_to_st(p.dtype)
                 pairs.setdefault((t.dtype, pdt), []).append(name)
     else:
-        model = built_model(facts)
-        model_dtype = model.get("dtype_name") or _config_dtype(facts.config)
+        model = built(facts)
+        resolved = model.dtype_name if model is not None else None  # vLLM's dtype for the model it built
+        model_dtype = resolved or _config_dtype(facts.config)
         if model_dtype is None:
             yield emit.skip("the model dtype is unknown: " + (facts.weight_load_error or "config.json names no dtype"))
             return
-        source = (
-            "the model dtype vLLM resolves"
-            if model.get("dtype_name")
-            else "config.json's dtype (the model could not be built)"
-        )
+        source = "the model dtype vLLM resolves" if resolved else "config.json's dtype (the model could not be built)"
         for header in checkpoint.tensors:
             if header.dtype in FLOAT_DTYPES:
                 pairs.setdefault((header.dtype, model_dtype), []).append(header.name)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_doctor.checks.base import Emit, gate, known
-from vllm_doctor.facts.static import Facts
+from vllm_doctor.facts.static import BuiltModel, Facts
 from vllm_doctor.model import Finding
 
 # the language model's part of a multimodal config.json
@@ -51,7 +51,7 @@ def _weights_pass_over(facts: Facts, emit: Emit) -> None:
 @gate("weights-load", after_import=True)
 def _weights_loaded(facts: Facts, emit: Emit) -> Finding | None:
     """The weights pass built the model on the meta device and drove its load_weights."""
-    if facts.usable_weight_load() is None:
+    if facts.usable_weights() is None:
         reason = facts.weight_load_error or "the weights pass did not run"
         return emit.skip(f"the model could not be built and loaded on the meta device: {reason}")
     return None
@@ -68,5 +68,13 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def built_model(facts: Facts) -> dict[str, Any]:
     """What the weights pass read off the model it built (``dtype_name``; ``hf``: its HF config's
-    flags), even when load_weights then failed; empty without a weights pass."""
+    flags), even when load_weights then failed; empty without a weights pass. As JSON, for
+    checkpoint_files' VD307 (``hf``); a check reads :func:`built` instead."""
     return (facts.weight_load or {}).get("model") or {}
+
+
+def built(facts: Facts) -> BuiltModel | None:
+    """The model the weights pass built (its record), even when load_weights then failed; None
+    without a weights pass or where vLLM's config could not be built."""
+    reply = facts.weights_reply()
+    return reply.model if reply is not None else None

@@ -156,11 +156,35 @@ class Layout(wire.Record):
 
 
 @dataclass(frozen=True)
+class BuildError(wire.Record):
+    """Where the weights pass stopped (the reply's ``error``): the stage, vLLM's error, the model's line."""
+
+    stage: str | None = None  # "import" | "class" | "config" | "build" | "load" | "internal"
+    summary: str | None = None  # the error's type and message
+    traceback: str | None = None
+    where: str | None = None  # "file:line in function" of the model's own frame (None: none)
+
+
+@dataclass(frozen=True)
+class BuiltModel(wire.Record):
+    """The model the weights pass built (the reply's ``model``): vLLM's dtype and class for it."""
+
+    dtype: str | None = None  # torch's name ("bfloat16")
+    dtype_name: str | None = None  # the safetensors name ("BF16")
+    architectures: list[str] = field(default_factory=list)  # config.json's, as vLLM read them
+    hf: dict[str, Any] = field(default_factory=dict)  # the HF text config's sizes and tie_word_embeddings
+    architecture: str | None = None  # the one vLLM resolved (None: it stopped before)
+    class_name: str | None = field(default=None, metadata=wire.rules(key="class"))  # "module.Class"
+    parameters: int | None = None  # elements of the built model's parameters
+
+
+@dataclass(frozen=True)
 class WeightLoad(wire.Record):
-    """The weights pass's reply as the VD3xx checks read it: each checkpoint tensor and each
-    parameter of the model built on the meta device, load_weights' own outcome, the parameters
-    nearest to each name that failed, the layers' quantization methods and the model's layout.
-    Read once per reply (:meth:`Facts.usable_weights`)."""
+    """The weights pass's reply as the checks read it: each checkpoint tensor and each parameter
+    of the model built on the meta device, load_weights' own outcome and the parameters nearest
+    to each name that failed, the layers' quantization methods and the model's layout; and, there
+    even when load_weights was not driven, where the pass stopped and the model built. Read once
+    per reply (:meth:`Facts.weights_reply`)."""
 
     tensors: dict[str, TensorLoad] = field(default_factory=dict)
     params: dict[str, ParamLoad] = field(default_factory=dict)
@@ -168,6 +192,8 @@ class WeightLoad(wire.Record):
     nearest: dict[str, list[str]] = field(default_factory=dict)
     quant: QuantLayers | None = None  # None: not read (the reading failed: ``quant_error``)
     layout: Layout = field(default_factory=Layout)
+    error: BuildError | None = None  # where the pass stopped (None: it ran to the end)
+    model: BuiltModel | None = None  # None: vLLM's config could not be built
 
 
 @dataclass
@@ -288,14 +314,25 @@ class Facts:
             return None
         return data
 
-    def usable_weights(self) -> WeightLoad | None:
-        """:meth:`usable_weight_load` as its record (read once per reply); None as there."""
-        data = self.usable_weight_load()
+    def weights_reply(self) -> WeightLoad | None:
+        """The weights pass's reply (``weight_load``, kept as sent) as its record, read once per
+        reply, whatever stage it got to; None when the pass did not run or failed."""
+        data = self.weight_load
         if data is None:
             return None
         if self._weights is None or self._weights[0] is not data:
             self._weights = (data, WeightLoad.of(data))
         return self._weights[1]
+
+    def usable_weights(self) -> WeightLoad | None:
+        """:meth:`weights_reply` when the model was built and load_weights was driven
+        (:meth:`usable_weight_load`); None otherwise."""
+        return self.weights_reply() if self.usable_weight_load() is not None else None
+
+    def weights_build_error(self) -> BuildError | None:
+        """Where the weights pass stopped (its reply's ``error``), or None: it ran to the end or did not run."""
+        reply = self.weights_reply()
+        return reply.error if reply is not None else None
 
     def class_record(self, arch: str) -> dict[str, Any] | None:
         """The import pass's record for the class registered under ``arch``."""
