@@ -4,8 +4,8 @@
 A model with Mamba / linear-attention mixers keeps a fixed state per request that vLLM sizes
 from the class before it builds the model; a hybrid's config says which layer is which. The
 weights pass builds the model on the meta device and reads which token mixers it registered in
-vLLM's forward context (``weight_load["mixers"]``) and what its class declares
-(``weight_load["state_interfaces"]``); the layer pattern is config.json's.
+vLLM's forward context (its reply's ``mixers``, :class:`~vllm_doctor.facts.static.MixerRecord`) and
+what its class declares (``state_interfaces``); the layer pattern is config.json's.
 
 What vLLM 0.32 does with each mistake (examples/hybrid, tests/engine/test_hybrid_ground_truth.py):
 no ``IsHybrid``: a bare ``AssertionError`` (``assert mamba_block_size is not None``) while it sets
@@ -22,8 +22,9 @@ from typing import Any
 
 from vllm_doctor.checks.base import Emit, capped_findings, check
 from vllm_doctor.checks.weights_base import text_config
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.mixers import STATE_METHODS, prefix_matches
-from vllm_doctor.facts.static import Facts
+from vllm_doctor.facts.static import AttentionReading, Facts, MixerRecord, WeightLoad
 from vllm_doctor.model import Finding, Severity, Stage
 
 # a module path's decoder layer index (checks/moe.py's; importing moe here would register its checks before
@@ -39,6 +40,22 @@ FAMILY_NAMES = {"state": "a Mamba / linear-attention mixer", "attention": "atten
 def _layer(path: str | None) -> int | None:
     match = LAYER_INDEX.search(path or "")
     return int(match.group(1)) if match else None
+
+
+def _reply(facts: Facts) -> WeightLoad:
+    """The weights pass's reply, an empty one where it did not run: the mixers are there whenever
+    the model was built, whether or not load_weights then ran."""
+    return facts.weights_reply() or WeightLoad()
+
+
+def _model_class(load: WeightLoad) -> str | None:
+    """The built model's class ("module.Class"), or None."""
+    return load.model.class_name if load.model is not None else None
+
+
+def _where(m: MixerRecord) -> str | None:
+    """A mixer's place in the model, else the name it registered under."""
+    return m.path or m.prefix
 
 
 @check(
@@ -70,37 +87,35 @@ def _layer(path: str | None) -> int | None:
     requires=("weights-pass",),
 )
 def hybrid_interface_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    load = facts.weight_load or {}
-    mixers, declared = load.get("mixers"), load.get("state_interfaces")
-    if not isinstance(mixers, list) or not isinstance(declared, dict):
-        yield emit.skip(load.get("mixers_error") or "the weights pass did not build the model")
+    load = _reply(facts)
+    mixers, declared = load.mixers, load.state_interfaces
+    if mixers is None or declared is None:
+        yield emit.skip(load.mixers_error or "the weights pass did not build the model")
         return
-    state = [m for m in mixers if m.get("family") == "state"]
+    state = [m for m in mixers if m.family == "state"]
     if not state:
         yield emit.not_applicable("no Mamba / linear-attention mixer in the built model")
         return
-    attention = [m for m in mixers if m.get("family") in ("attention", "mla")]
-    first = state[0].get("path") or state[0].get("prefix") or "?"
-    where = ", ".join(str(m.get("path") or m.get("prefix")) for m in state[:3]) + (
-        f" and {len(state) - 3} more" if len(state) > 3 else ""
-    )
+    attention = [m for m in mixers if m.family in ("attention", "mla")]
+    first = _where(state[0]) or "?"
+    where = ", ".join(str(_where(m)) for m in state[:3]) + (f" and {len(state) - 3} more" if len(state) > 3 else "")
     missing: list[str] = []
-    if not declared.get("has_inner_state"):
+    if not declared.has_inner_state:
         missing.append("HasInnerState")
-    if attention and not declared.get("is_hybrid"):
+    if attention and not declared.is_hybrid:
         missing.append("IsHybrid (it has attention too)")
-    if not attention and not (declared.get("is_hybrid") or declared.get("is_attention_free")):
+    if not attention and not (declared.is_hybrid or declared.is_attention_free):
         missing.append("IsAttentionFree (or IsHybrid)")
-    methods = declared.get("methods") or {}
+    methods = declared.methods or {}
     missing += [f"the class method {m}" for m in STATE_METHODS if not methods.get(m)]
     evidence = {
-        "state_mixers": [m.get("path") for m in state],
-        "declared": declared,
+        "state_mixers": [m.path for m in state],
+        "declared": wire.write(declared),  # a finding's evidence is report.json's
         "attention_layers": len(attention),
     }
     if missing:
         yield emit.fail(
-            f"the model builds {len(state)} state mixer(s) ({where}: {state[0].get('class')}) but its class lacks "
+            f"the model builds {len(state)} state mixer(s) ({where}: {state[0].class_name}) but its class lacks "
             + "; ".join(missing),
             first,
             evidence,
@@ -108,7 +123,7 @@ def hybrid_interface_missing(facts: Facts, emit: Emit) -> Iterable[Finding]:
             "get_mamba_state_dtype_from_config, as vLLM's Nemotron-H does",
         )
     else:
-        kind = "IsHybrid" if attention else ("IsAttentionFree" if declared.get("is_attention_free") else "IsHybrid")
+        kind = "IsHybrid" if attention else ("IsAttentionFree" if declared.is_attention_free else "IsHybrid")
         yield emit.ok(
             f"{len(state)} state mixer(s) beside {len(attention)} attention layer(s): the class declares "
             f"{kind}, HasInnerState and the state's shape and dtype methods",
@@ -201,13 +216,13 @@ def layer_pattern_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
         return
     key, entries = found
     problems = [(p["message"], f"config.json:{p['key']}") for p in pattern_problems(config)]
-    mixers = (facts.weight_load or {}).get("mixers")
-    if isinstance(mixers, list):
+    mixers = _reply(facts).mixers
+    if mixers is not None:
         built: dict[int, set[str]] = {}
         for m in mixers:
-            index = _layer(m.get("path") or m.get("prefix"))
-            if index is not None and m.get("family"):
-                built.setdefault(index, set()).add(m["family"])
+            index = _layer(_where(m))
+            if index is not None and m.family:
+                built.setdefault(index, set()).add(m.family)
         for i, entry in enumerate(entries):
             known_kind, want = expected_family(key, entry)
             if not known_kind:
@@ -236,7 +251,7 @@ def layer_pattern_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
     # one problem repeated per layer costs the report a constant (a pattern may hold 10,000 layers: VD309's bound)
     yield from capped_findings(findings, emit, f"layers where {key} and the model disagree")
     if not problems:
-        compared = "and every layer builds what it names" if isinstance(mixers, list) else "(the layers were not built)"
+        compared = "and every layer builds what it names" if mixers is not None else "(the layers were not built)"
         yield emit.ok(f"{key}: {len(entries)} layer(s), each a known kind, {compared}", f"config.json:{key}")
 
 
@@ -276,30 +291,35 @@ def layer_pattern_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
     requires=("weights-pass",),
 )
 def mla_latent_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    load = facts.weight_load or {}
-    mixers = load.get("mixers")
-    if not isinstance(mixers, list):
-        yield emit.skip(load.get("mixers_error") or "the weights pass did not build the model")
+    load = _reply(facts)
+    mixers = load.mixers
+    if mixers is None:
+        yield emit.skip(load.mixers_error or "the weights pass did not build the model")
         return
-    mla = [m for m in mixers if m.get("kind") == "mla"]
+    mla = [m for m in mixers if m.kind == "mla"]
     if not mla:
         yield emit.not_applicable("no MLA layer in the built model")
         return
     cfg = text_config(facts.config or {})
     want = {k: cfg.get(k) for k in ("kv_lora_rank", "qk_rope_head_dim") if isinstance(cfg.get(k), int)}
-    unread = mla_not_read_as_mla(mla, load.get("attention_reading"), (load.get("model") or {}).get("class"))
+    reading = load.attention_reading
+    unread = mla_not_read_as_mla(mla, reading, _model_class(load))
     if unread is not None:
         yield emit.fail(
             unread,
-            str(mla[0].get("path") or mla[0].get("prefix")),
-            {"attention_reading": load.get("attention_reading"), "mla_layers": [m.get("path") for m in mla]},
+            str(_where(mla[0])),
+            {
+                "attention_reading": wire.write(reading),
+                "mla_layers": [m.path for m in mla],
+            },
             "register a convertor for the model_type whose is_deepseek_mla() is true "
             "(vllm.transformers_utils.model_arch_config_convertor.MODEL_ARCH_CONFIG_CONVERTORS), as "
             "examples/tiny_mla_plugin/tiny_mla_model/arch.py does",
         )
     bad = 0
     for m in mla:
-        wrong = {k: (m.get(k), v) for k, v in want.items() if isinstance(m.get(k), int) and m.get(k) != v}
+        latent = {"kv_lora_rank": m.kv_lora_rank, "qk_rope_head_dim": m.qk_rope_head_dim}  # the config's keys
+        wrong = {k: (latent[k], v) for k, v in want.items() if latent[k] is not None and latent[k] != v}
         if not wrong:
             continue
         bad += 1
@@ -307,40 +327,41 @@ def mla_latent_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
             continue
         text = ", ".join(f"{k} {have} (config.json: {cfg_v})" for k, (have, cfg_v) in wrong.items())
         yield emit.fail(
-            f"{m.get('path') or m.get('prefix')}: MLA latent with {text}",
-            str(m.get("path") or m.get("prefix")),
-            {"layer": {k: m.get(k) for k in ("kv_lora_rank", "qk_rope_head_dim", "head_size")}, "config": want},
+            f"{_where(m)}: MLA latent with {text}",
+            str(_where(m)),
+            {"layer": {**latent, "head_size": m.head_size}, "config": want},
             "pass kv_lora_rank and qk_rope_head_dim from config.json to the MLA layer",
         )
     if bad > 8:
         yield emit.fail(f"... and {bad - 8} more MLA layer(s) with the same mismatch", "model", {"layers": bad})
     if not bad and unread is None:
         sizes = ", ".join(f"{k} {v}" for k, v in want.items()) or "no latent sizes in config.json to compare"
-        yield emit.ok(f"{len(mla)} MLA layer(s) cache config.json's latent ({sizes})", str(mla[0].get("path")))
+        yield emit.ok(f"{len(mla)} MLA layer(s) cache config.json's latent ({sizes})", str(mla[0].path))
 
 
-def mla_not_read_as_mla(mla: list[dict[str, Any]], reading: Any, model_class: Any) -> str | None:
+def mla_not_read_as_mla(
+    mla: list[MixerRecord], reading: AttentionReading | None, model_class: str | None
+) -> str | None:
     """Why vLLM will not run the built MLA layers as MLA, or None: vLLM read config.json's
     ``model_type`` as no MLA model (``use_mla`` false), so it sizes attention metadata by its
     ``get_head_size()`` (hidden_size / heads), not the latent. vLLM's own classes are left to vLLM
     (``VLLM_MLA_DISABLE`` makes them build no MLA layer)."""
-    if not isinstance(reading, dict) or reading.get("use_mla") is not False:
+    if reading is None or reading.use_mla is not False:
         return None
     if str(model_class or "").startswith("vllm."):
         return None
     first = mla[0]
-    where = first.get("path") or first.get("prefix")
-    latent = first.get("head_size")
-    if not isinstance(latent, int) and isinstance(first.get("kv_lora_rank"), int):
-        latent = first["kv_lora_rank"] + (first.get("qk_rope_head_dim") or 0)
-    sizes = f"kv_lora_rank {first.get('kv_lora_rank')} + qk_rope_head_dim {first.get('qk_rope_head_dim')}"
-    head = reading.get("head_size")
-    sized = f"a head of {head}" if isinstance(head, int) else "config.json's head size"
+    latent = first.head_size
+    if latent is None and first.kv_lora_rank is not None:
+        latent = first.kv_lora_rank + (first.qk_rope_head_dim or 0)
+    sizes = f"kv_lora_rank {first.kv_lora_rank} + qk_rope_head_dim {first.qk_rope_head_dim}"
+    head = reading.head_size
+    sized = f"a head of {head}" if head is not None else "config.json's head size"
     said = f"; vLLM 0.32 fails the first request with 'Head dimension {head} is not supported by MLA.'"
     return (
-        f"{where}: the model builds {len(mla)} MLA layer(s), but vLLM does not read model_type "
-        f"{reading.get('model_type')!r} as an MLA model (ModelConfig.use_mla is false): it sizes their attention "
-        f"metadata by {sized}, not the latent's {latent} ({sizes})" + (said if isinstance(head, int) else "")
+        f"{_where(first)}: the model builds {len(mla)} MLA layer(s), but vLLM does not read model_type "
+        f"{reading.model_type!r} as an MLA model (ModelConfig.use_mla is false): it sizes their attention "
+        f"metadata by {sized}, not the latent's {latent} ({sizes})" + (said if head is not None else "")
     )
 
 
@@ -373,24 +394,23 @@ def mla_not_read_as_mla(mla: list[dict[str, Any]], reading: Any, model_class: An
     requires=("weights-pass",),
 )
 def mixer_prefix_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
-    load = facts.weight_load or {}
-    mixers = load.get("mixers")
-    if not isinstance(mixers, list):
-        yield emit.skip(load.get("mixers_error") or "the weights pass did not build the model")
+    load = _reply(facts)
+    mixers = load.mixers
+    if mixers is None:
+        yield emit.skip(load.mixers_error or "the weights pass did not build the model")
         return
     if not mixers:
         yield emit.not_applicable("no token mixer registered in vLLM's forward context by the built model")
         return
-    if str((load.get("model") or {}).get("class") or "").startswith("vllm."):
+    if str(_model_class(load) or "").startswith("vllm."):
         yield emit.ok(f"{len(mixers)} mixer(s) of vLLM's own model, registered by vLLM")
         return
-    bad = [m for m in mixers if m.get("path") and not prefix_matches(str(m.get("prefix")), [str(m["path"])])]
+    bad = [m for m in mixers if m.path and not prefix_matches(str(m.prefix), [str(m.path)])]
     for m in bad[:8]:
         yield emit.warn(
-            f"{FAMILY_NAMES.get(str(m.get('family')), 'a token mixer')} registered as {m.get('prefix')!r} sits at "
-            f"{m.get('path')!r}",
-            str(m.get("path")),
-            {"prefix": m.get("prefix"), "path": m.get("path"), "class": m.get("class"), "kind": m.get("kind")},
+            f"{FAMILY_NAMES.get(str(m.family), 'a token mixer')} registered as {m.prefix!r} sits at {m.path!r}",
+            str(m.path),
+            {"prefix": m.prefix, "path": m.path, "class": m.class_name, "kind": m.kind},
             "pass the module's own path as prefix (thread `prefix` down from the model's constructor)",
         )
     if len(bad) > 8:

@@ -179,12 +179,51 @@ class BuiltModel(wire.Record):
 
 
 @dataclass(frozen=True)
+class MixerRecord(wire.Record):
+    """A token mixer the built model registered in vLLM's forward context (compat/mixers.py)."""
+
+    prefix: str | None = None  # the name it registered under
+    path: str | None = None  # where it sits in the model (None: not found in the module tree)
+    kind: str | None = None  # facts/mixers.py's kind by class (attention, mla, mamba, ...)
+    family: str | None = None  # attention, mla or state
+    class_name: str | None = field(default=None, metadata=wire.rules(key="class"))
+    # the sizes it caches by, where the layer has them (an MLA layer: its latent width and rope dim)
+    num_kv_heads: int | None = None
+    head_size: int | None = None
+    kv_lora_rank: int | None = None
+    qk_rope_head_dim: int | None = None
+
+
+@dataclass(frozen=True)
+class StateInterfaces(wire.Record):
+    """What the model's class declares of vLLM's state interfaces (compat/mixers.py state_interfaces)."""
+
+    WIRE_SPARSE: ClassVar[bool] = True  # written as sent (an older reply may lack a flag)
+
+    is_hybrid: bool | None = None
+    has_inner_state: bool | None = None
+    is_attention_free: bool | None = None
+    methods: dict[str, bool] | None = None  # facts/mixers.py STATE_METHODS -> whether a class of the model's defines it
+
+
+@dataclass(frozen=True)
+class AttentionReading(wire.Record):
+    """How vLLM reads config.json's attention (compat/mixers.py): an answer vLLM could not give is not sent."""
+
+    WIRE_SPARSE: ClassVar[bool] = True
+
+    model_type: str | None = None  # the HF text config's model_type
+    use_mla: bool | None = None  # ModelConfig.use_mla
+    head_size: int | None = None  # ModelConfig.get_head_size(): what it sizes attention metadata by
+
+
+@dataclass(frozen=True)
 class WeightLoad(wire.Record):
     """The weights pass's reply as the checks read it: each checkpoint tensor and each parameter
     of the model built on the meta device, load_weights' own outcome and the parameters nearest
     to each name that failed, the layers' quantization methods and the model's layout; and, there
-    even when load_weights was not driven, where the pass stopped and the model built. Read once
-    per reply (:meth:`Facts.weights_reply`)."""
+    even when load_weights was not driven, where the pass stopped, the model built and its token
+    mixers. Read once per reply (:meth:`Facts.weights_reply`)."""
 
     tensors: dict[str, TensorLoad] = field(default_factory=dict)
     params: dict[str, ParamLoad] = field(default_factory=dict)
@@ -194,6 +233,10 @@ class WeightLoad(wire.Record):
     layout: Layout = field(default_factory=Layout)
     error: BuildError | None = None  # where the pass stopped (None: it ran to the end)
     model: BuiltModel | None = None  # None: vLLM's config could not be built
+    mixers: list[MixerRecord] | None = None  # None: not read (the model was not built, or ``mixers_error``)
+    mixers_error: str | None = None
+    state_interfaces: StateInterfaces | None = None
+    attention_reading: AttentionReading | None = None
 
 
 @dataclass
