@@ -21,7 +21,7 @@ from vllm_doctor.facts import wire
 from vllm_doctor.facts.checkpoint import OUTSIDE_KINDS
 from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.quant_checkpoint import quantization_config
-from vllm_doctor.facts.static import Facts, TensorLoad, WeightLoad
+from vllm_doctor.facts.static import BuildError, Facts, ParamLoad, TensorLoad
 from vllm_doctor.facts.user_regex import unbounded_patterns
 from vllm_doctor.model import Stage
 from vllm_doctor.probes.model_files import handover_refusal, refused_files
@@ -131,19 +131,11 @@ def start_weights_pass(
 
 
 @dataclass(frozen=True)
-class WeightsPassError:
-    """Where the weights pass stopped (its reply's ``error``)."""
-
-    stage: str | None = None  # "import" | "config" | "build" | "load" | "internal"
-    summary: str | None = None
-
-
-@dataclass(frozen=True)
 class WeightsPassReply:
-    """The parts of the weights pass's reply that this stage reads (the VD3xx checks read the
-    rest from ``facts.weight_load``, the reply as sent); what the report shows as it came is Any."""
+    """The parts of the weights pass's reply that this stage reads (the checks read the reply's
+    record, :meth:`Facts.weights_reply`); what the report shows as it came is Any."""
 
-    error: WeightsPassError | None = field(default=None, metadata=wire.rules(empty_none=True))
+    error: BuildError | None = field(default=None, metadata=wire.rules(empty_none=True))  # {}: none
     perf: PerfAnatomy | None = None  # the performance lint's module tree of the meta-device build
     perf_error: str | None = None
     model: Any = None
@@ -195,13 +187,13 @@ def weights_report(facts: Facts) -> WeightsReport | None:
     if data is not None:
         reply = wire.read(WeightsPassReply, data)
         built = WeightsBuilt(model=reply.model, timings={**reply.timings, "probe_wall_s": facts.weight_load_seconds})
-        if "tensors" in data:  # the model was built and load_weights driven (it may have raised)
-            loads = WeightLoad.of(data)
+        loads = facts.weights_reply()
+        # the reply has tensors: the model was built and load_weights driven (it may have raised)
+        if loads is not None and "tensors" in data:
             loaded = WeightsLoaded(
                 load_weights=reply.load_weights,
                 mapping={name: _mapping_entry(t) for name, t in loads.tensors.items()},
-                # the report keeps these of each parameter's record, as the reply has them
-                params={name: ParamMapping.of(p) for name, p in wire.mapping(data.get("params")).items()},
+                params={name: _param_entry(p) for name, p in loads.params.items()},
             )
             tracer_errors = reply.tracer_errors or None
     return WeightsReport(
@@ -211,6 +203,23 @@ def weights_report(facts: Facts) -> WeightsReport | None:
         built=built,
         loaded=loaded,
         tracer_errors=tracer_errors,
+    )
+
+
+def _param_entry(p: ParamLoad) -> ParamMapping:
+    """report.facts["weights"]["params"][name]: what the report keeps of one parameter's record."""
+    return ParamMapping(
+        shape=p.shape,
+        dtype=p.dtype,
+        written=p.written,
+        covered=p.covered,
+        numel=p.numel,
+        sources=p.sources,
+        shards_expected=p.shards_expected,
+        shards_missing=p.shards_missing,
+        loader=p.loader,
+        in_returned=p.in_returned,
+        vllm_exempt=p.vllm_exempt,
     )
 
 
