@@ -76,7 +76,7 @@ def test_a_reports_facts_read_into_their_records_and_back_lose_nothing(path: Pat
     for (section, key), record in SECTIONS.items():
         if section == "facts" and data.get("facts", {}).get(key):
             assert isinstance(report.facts[key], record), key
-    for (section, key), record in LISTS.items():
+    for (_section, key), record in LISTS.items():
         assert all(isinstance(v, record) for v in report.facts.get(key) or []), key
 
 

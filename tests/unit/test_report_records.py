@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from vllm_doctor.analysis.records import SECTIONS, EngineAnatomy, EngineProfile, TwinAB, WorkloadRun, read_report
+from vllm_doctor.analysis.records import LISTS, SECTIONS, EngineAnatomy, EngineProfile, TwinAB, WorkloadRun, read_report
 from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
 from vllm_doctor.live.attach import build_engine_report
 from vllm_doctor.model import Report
@@ -78,9 +78,11 @@ def test_a_recorded_report_reads_into_records(path: Path) -> None:
             assert isinstance(getattr(report, section)[key], record), (section, key)
             held += 1
     assert held or not (data.get("profiles") or data["facts"].get("engine"))
+    for (section, key), record in LISTS.items():  # the sections that hold a list of records
+        assert all(isinstance(v, record) for v in getattr(report, section).get(key) or []), (section, key)
     for section in ("facts", "profiles"):  # the entries without a record stay as report.json has them
         for key, value in data.get(section, {}).items():
-            if (section, key) not in SECTIONS:
+            if (section, key) not in SECTIONS and (section, key) not in LISTS:
                 assert getattr(report, section)[key] == value
 
 
