@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from vllm_doctor.checks.base import Emit, capped_findings, check, known
-from vllm_doctor.checks.weights_base import built_model, text_config
+from vllm_doctor.checks.weights_base import built, text_config
 from vllm_doctor.facts.checkpoint import INDEX_NAME, OUTSIDE_KINDS
 from vllm_doctor.facts.static import Facts
 from vllm_doctor.model import Finding, Severity, Stage
@@ -113,7 +113,8 @@ def broken_shard_index(facts: Facts, emit: Emit) -> Iterable[Finding]:
 def tie_word_embeddings_mismatch(facts: Facts, emit: Emit) -> Iterable[Finding]:
     checkpoint = known(facts.checkpoint)
     cfg = text_config(facts.config)
-    hf = built_model(facts).get("hf") or {}  # the config class vLLM built, from the weights pass
+    model = built(facts)
+    hf = model.hf if model is not None else {}  # the config class vLLM built (its values), from the weights pass
     tie = cfg.get("tie_word_embeddings", facts.config.get("tie_word_embeddings"))
     source = "config.json"
     if not isinstance(tie, bool):

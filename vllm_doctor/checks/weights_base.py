@@ -66,13 +66,6 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def built_model(facts: Facts) -> dict[str, Any]:
-    """What the weights pass read off the model it built (``dtype_name``; ``hf``: its HF config's
-    flags), even when load_weights then failed; empty without a weights pass. As JSON, for
-    checkpoint_files' VD307 (``hf``); a check reads :func:`built` instead."""
-    return (facts.weight_load or {}).get("model") or {}
-
-
 def built(facts: Facts) -> BuiltModel | None:
     """The model the weights pass built (its record), even when load_weights then failed; None
     without a weights pass or where vLLM's config could not be built."""
