@@ -35,7 +35,7 @@ from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
 from vllm_doctor.engine.profiler import MOE_SPAN, ForwardProfiler, OpenStep
 from vllm_doctor.engine.steps import COUNT_FIELDS, StepTracker, counts_dict, phase_of
 from vllm_doctor.facts import wire
-from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+from vllm_doctor.facts.engine import EngineFacts, ExecutionMode, WorkerFacts
 from vllm_doctor.facts.kv import KvGroup
 from vllm_doctor.facts.memory import MemoryFacts
 from vllm_doctor.facts.placement import Shard
@@ -1354,7 +1354,7 @@ def test_html_and_trace_render_from_a_report_dict_offline() -> None:
 
 def test_vd500_passes_with_the_mode_when_the_engine_ran() -> None:
     facts = EngineFacts(
-        workers=[worker(placement=placement("cpu", []))], mode={"summary": "eager", "enforce_eager": True}
+        workers=[worker(placement=placement("cpu", []))], mode=ExecutionMode(summary="eager", enforce_eager=True)
     )
     (f,) = run("VD500", facts)
     assert f.outcome is Outcome.PASS and "eager" in f.message
@@ -1406,7 +1406,7 @@ def test_vd500_names_vllms_error_the_phase_and_the_cause_from_the_eager_rerun() 
         workers=[worker(placement=placement("cuda:0", misplaced), profile={"probe": {"events": events, "steps": [1]}})]
     )
     failed = EngineFacts(
-        startup_error=error, startup_phase="graph capture", mode={"requested": "vllm-default"}, diagnosis=eager
+        startup_error=error, startup_phase="graph capture", mode=ExecutionMode(requested="vllm-default"), diagnosis=eager
     )
     causes = start_failure_causes(error, eager)
     # the copy the error names first, the builtin vLLM module never
@@ -1434,12 +1434,12 @@ def test_vd500_says_when_the_model_fails_in_eager_mode_too_and_points_at_vd501()
     facts = EngineFacts(
         startup_error=err,
         startup_phase="KV cache allocation",
-        mode={"requested": "vllm-default"},
+        mode=ExecutionMode(requested="vllm-default"),
         diagnosis=EngineFacts(startup_error=err),
     )
     (f,) = run("VD500", facts)
     assert f.outcome is Outcome.FAIL and "(see VD501)" in f.message and "it fails in eager mode too" in f.message
-    (ok,) = run("VD500", EngineFacts(runtime_error="RuntimeError: boom", workers=[worker()], mode={}))
+    (ok,) = run("VD500", EngineFacts(runtime_error="RuntimeError: boom", workers=[worker()]))
     assert ok.outcome is Outcome.FAIL and ok.subject == "engine start-up / first step"
 
 
@@ -1471,7 +1471,7 @@ def test_vd500_names_the_import_error_and_its_line_when_vllm_says_only_failed_to
         "failed to be inspected. Please check the logs for more details. [type=value_error, input_value=...]"
     )
     facts = facts_from_dict(
-        facts_to_dict(EngineFacts(startup_error=error, mode={"requested": "vllm-default"}, class_import_errors=[record]))
+        facts_to_dict(EngineFacts(startup_error=error, mode=ExecutionMode(requested="vllm-default"), class_import_errors=[record]))
     )
     (f,) = run("VD500", facts)
     assert (f.outcome, f.subject) == (Outcome.FAIL, "engine start-up / engine start-up")

@@ -87,20 +87,20 @@ def test_report_merge_adds_findings_in_report_order_and_keeps_the_static_environ
 
 
 def test_engine_facts_say_what_ran_and_what_vllm_said() -> None:
-    from vllm_doctor.facts.engine import EngineFacts, WorkerFacts
+    from vllm_doctor.facts.engine import EngineFacts, ExecutionMode, WorkerFacts
 
-    default = {"requested": "vllm-default", "enforce_eager": False, "summary": "compilation VLLM_COMPILE, CUDA graphs FULL"}
+    default = ExecutionMode(requested="vllm-default", enforce_eager=False, summary="compilation VLLM_COMPILE, CUDA graphs FULL")
     ran = EngineFacts(workers=[WorkerFacts(rank=0)], mode=default)
     assert ran.failure_text() == ""
     assert ran.mode_text() == "execution mode: compilation VLLM_COMPILE, CUDA graphs FULL (vLLM's default; --eager forces eager)"
     failed = EngineFacts(startup_error="RuntimeError: capture failed\n  more", startup_phase="graph capture", mode=default,
-                         diagnosis=EngineFacts(workers=[WorkerFacts(rank=0)], mode={"requested": "eager"}))
+                         diagnosis=EngineFacts(workers=[WorkerFacts(rank=0)], mode=ExecutionMode(requested="eager")))
     assert failed.failure_text() == (
         "the engine did not start (failed in graph capture; mode: compilation VLLM_COMPILE, CUDA graphs FULL):\n"
         "  RuntimeError: capture failed"
     )
     assert failed.mode_text().endswith("; re-run eagerly to find the cause: it ran")
-    workload = EngineFacts(workers=[WorkerFacts(rank=0)], runtime_error="ValueError: bad\nx", mode={"requested": "eager"})
+    workload = EngineFacts(workers=[WorkerFacts(rank=0)], runtime_error="ValueError: bad\nx", mode=ExecutionMode(requested="eager"))
     assert workload.failure_text() == "the engine started, then the workload failed (mode: eager):\n  ValueError: bad"
     assert workload.mode_text() == "execution mode: eager"
 

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.anatomy import CompileState
+from vllm_doctor.facts.engine import ExecutionMode
 from vllm_doctor.facts.import_pass import ClassRecord, PluginLoad
 from vllm_doctor.facts.kv import KvSpec
 from vllm_doctor.facts.perf import PerfAnatomy
@@ -1191,6 +1192,7 @@ SECTIONS: dict[tuple[str, str], type[Record]] = {
     ("facts", "engine"): EngineAnatomy,
     ("facts", "engine_diagnosis"): EngineAnatomy,
     ("facts", "import_pass"): ImportSummary,
+    ("facts", "engine_mode"): ExecutionMode,
     ("facts", "perf"): PerfAnatomy,
     ("facts", "resolved"): ResolvedClass,
     ("facts", "weights"): WeightsReport,

@@ -13,6 +13,7 @@ from typing import Any
 
 from vllm_doctor.checks.base import Emit, check, informative_line
 from vllm_doctor.checks.registry import class_import_failure
+from vllm_doctor.facts import wire
 from vllm_doctor.facts.engine import EngineFacts, import_error_line
 from vllm_doctor.model import Finding, Severity, Stage
 
@@ -128,8 +129,8 @@ def start_failure_causes(error: str, diagnosis: EngineFacts | None) -> list[dict
     requires=("engine-facts",),
 )
 def engine_failed_to_start(facts: EngineFacts, emit: Emit) -> Iterable[Finding]:
-    mode = facts.mode or {}
-    mode_text = mode.get("summary") or ("eager" if mode.get("enforce_eager") else "vLLM's default execution mode")
+    mode = wire.write(facts.mode)  # as the evidence shows it
+    mode_text = facts.mode.summary or ("eager" if facts.mode.enforce_eager else "vLLM's default execution mode")
     error = facts.startup_error or facts.runtime_error
     if error is None:
         if facts.started:

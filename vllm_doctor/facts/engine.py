@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from vllm_doctor.facts import wire
 from vllm_doctor.facts.anatomy import Anatomy
@@ -155,6 +155,27 @@ class WorkerFacts:
         return {"rank": self.rank, "parts": self.parts, "errors": self.errors}
 
 
+@dataclass(frozen=True)
+class ExecutionMode(wire.Record):
+    """How the engine ran the model (``report.facts["engine_mode"]``): what was asked for and
+    what vLLM's config says it did (compat/llm.py:execution_mode); written as sent (only the
+    keys known: an engine that failed before its config was read has no compilation mode)."""
+
+    WIRE_SPARSE: ClassVar[bool] = True
+
+    requested: str | None = None  # "vllm-default" | "eager": what the doctor asked vLLM for
+    enforce_eager: bool | None = None
+    compilation_mode: str | None = None  # vLLM's CompilationMode name
+    cudagraph_mode: str | None = None  # vLLM's CUDAGraphMode name
+    summary: str | None = None  # the line the front ends print
+    torch_compile: Any = None  # an engine that failed to start: was torch.compile compiling then
+
+    @property
+    def known(self) -> bool:
+        """Anything known of the mode (a served engine that was attached to says nothing of it)."""
+        return self != ExecutionMode()
+
+
 @dataclass
 class EngineFacts:
     front_end: dict[str, Any] = field(default_factory=dict)
@@ -163,9 +184,7 @@ class EngineFacts:
     runtime_error: str | None = None  # the engine started, then the workload failed
     nvml: dict[str, Any] | None = None  # from the doctor's own process (compat/nvml.py)
     model_dir: str | None = None
-    # how the engine ran: {"requested": "vllm-default" | "eager", "enforce_eager", "compilation_mode",
-    # "cudagraph_mode", "summary"} (compat/llm.py:execution_mode)
-    mode: dict[str, Any] = field(default_factory=dict)
+    mode: ExecutionMode = field(default_factory=ExecutionMode)  # how the engine ran
     startup_phase: str | None = None  # where vLLM failed: "load", "profile run", "graph capture", ...
     startup_function: str | None = None  # the vLLM function that names the phase, with file:line
     # after a failure outside eager mode: the same model re-run eagerly with the op probe
@@ -192,12 +211,12 @@ class EngineFacts:
     @property
     def mode_summary(self) -> str:
         """What ran: vLLM's own summary of the mode, else what was asked for."""
-        return str(self.mode.get("summary") or self.mode.get("requested") or "unknown")
+        return str(self.mode.summary or self.mode.requested or "unknown")
 
     def mode_text(self) -> str:
         """``execution mode: ...``: what ran, and the eager re-run after a failure if there was one."""
         text = f"execution mode: {self.mode_summary}"
-        if self.mode.get("requested") == "vllm-default":
+        if self.mode.requested == "vllm-default":
             text += " (vLLM's default; --eager forces eager)"
         if self.diagnosis is not None:
             d = self.diagnosis
@@ -253,7 +272,7 @@ def facts_to_dict(facts: EngineFacts) -> dict[str, Any]:
         "runtime_error": facts.runtime_error,
         "nvml": facts.nvml,
         "model_dir": facts.model_dir,
-        "mode": facts.mode,
+        "mode": wire.write(facts.mode),
         "startup_phase": facts.startup_phase,
         "startup_function": facts.startup_function,
         "diagnosis": facts_to_dict(facts.diagnosis) if facts.diagnosis is not None else None,

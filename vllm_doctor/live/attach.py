@@ -265,8 +265,8 @@ def build_engine_report(
     report.environment = environment.collect()
     # the report holds the records; Report.to_dict writes them (report.json, a recording)
     report.facts["engine"] = anatomy(facts)
-    report.facts["engine_mode"] = facts.mode or None
-    if facts.mode:  # a served engine that was attached to does not say how it runs
+    report.facts["engine_mode"] = facts.mode if facts.mode.known else None
+    if facts.mode.known:  # a served engine that was attached to does not say how it runs
         report.facts["engine_mode_text"] = facts.mode_text()
     failure = facts.failure_text()
     if failure:

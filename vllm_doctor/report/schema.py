@@ -18,7 +18,7 @@ from vllm_doctor.model import SCHEMA_VERSION
 
 COMMAND = "python -m vllm_doctor.report.schema --write docs/report-schema.json"
 # the sections the static stage writes as null where it has none (no class resolved)
-NULLABLE = {("facts", "resolved"), ("facts", "import_pass")}
+NULLABLE = {("facts", "resolved"), ("facts", "import_pass"), ("facts", "engine_mode")}
 
 REQUIRED = ("schema_version", "tool", "target", "environment", "summary", "findings", "timings", "facts", "profiles")
 FINDING: dict[str, Any] = {

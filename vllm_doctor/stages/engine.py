@@ -29,7 +29,13 @@ from vllm_doctor.analysis.records import EngineProfile, WeightsReport, WorkloadR
 from vllm_doctor.checks.perf import perf_codes
 from vllm_doctor.constants import DOCTOR_ENV, GRAPH_TIMING_ENV, SWITCH_ON
 from vllm_doctor.errors import DoctorInputError
-from vllm_doctor.facts.engine import EngineFacts, class_import_text, facts_from_dict, facts_to_dict
+from vllm_doctor.facts.engine import (
+    EngineFacts,
+    ExecutionMode,
+    class_import_text,
+    facts_from_dict,
+    facts_to_dict,
+)
 from vllm_doctor.model import Finding, Outcome, Report
 from vllm_doctor.stages.child import run_child
 from vllm_doctor.stages.options import EngineOptions, Workload
@@ -150,7 +156,7 @@ def run_engine_stage(
     _root_cause_from_log(facts, log_path)
     failed = bool(facts.startup_error or facts.runtime_error)
     # a class that does not import fails the same way in eager mode: no re-run for it
-    if failed and options.diagnose and not facts.mode.get("enforce_eager") and not facts.class_import_errors:
+    if failed and options.diagnose and not facts.mode.enforce_eager and not facts.class_import_errors:
         if progress is not None:
             progress("engine stage: re-running the model in eager mode with the op probe to find the cause")
         kept = {k: v for k, v in options.engine_args.items() if k not in EAGER_CONFLICTS}
@@ -209,7 +215,7 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
         if binding:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = binding
             result["cpu_thread_binding"] = binding
-    requested = {"requested": "eager" if kwargs.get("enforce_eager") else "vllm-default"}
+    requested = "eager" if kwargs.get("enforce_eager") else "vllm-default"
     progress(
         f"engine stage: importing vLLM and starting a {'multiprocess' if options.multiprocess else 'single-process'} "
         f"engine ({'CUDA' if cuda else 'CPU'}, {'eager' if kwargs.get('enforce_eager') else 'vLLM default mode'})"
@@ -225,7 +231,9 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
     except Exception as exc:  # the engine's own refusal is the finding (VD500, with VD501, VD208, ...)
         result["timings"]["engine_start_s"] = round(time.perf_counter() - t, 3)
         where = startup_phase(exc)
-        mode = {**requested, "enforce_eager": bool(kwargs.get("enforce_eager")), "torch_compile": where["compiling"]}
+        mode = ExecutionMode(
+            requested=requested, enforce_eager=bool(kwargs.get("enforce_eager")), torch_compile=where["compiling"]
+        )
         failed = EngineFacts(
             startup_error=describe_exception(exc),
             model_dir=request["model"],
@@ -240,7 +248,7 @@ def child_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]:
         for record in failed.class_import_errors[:3]:
             progress(f"engine stage: the cause: {class_import_text(record)[:400]}")
         return result
-    mode = {**requested, **execution_mode(llm)}
+    mode = ExecutionMode.of({**execution_mode(llm), "requested": requested})
     result["timings"]["engine_start_s"] = round(time.perf_counter() - t, 3)
     progress(f"engine stage: engine up in {result['timings']['engine_start_s']:.1f} s; attaching the doctor")
     from vllm_doctor.compat.llm import EngineHandle

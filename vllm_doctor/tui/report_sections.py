@@ -25,6 +25,7 @@ from vllm_doctor.analysis.records import (
     read_report,
 )
 from vllm_doctor.checks import codes_for
+from vllm_doctor.facts.engine import ExecutionMode
 from vllm_doctor.model import Finding, Report
 from vllm_doctor.report.profile import (
     kv_capacity_text,
@@ -102,9 +103,9 @@ def anatomy_text(report: Report) -> str:
     engine = engine_anatomy(report)
     if engine is not None:
         lines.append(render_anatomy(engine))
-        mode = _dict(facts.get("engine_mode")).get("summary")
-        if mode:
-            lines.append(f"  mode          {mode}")
+        mode = held(report, "facts", "engine_mode", ExecutionMode)
+        if mode is not None and mode.summary:
+            lines.append(f"  mode          {mode.summary}")
     else:
         lines.append(missing(report, "engine anatomy"))
     static = static_facts_lines(facts)
