@@ -27,7 +27,7 @@ from vllm_doctor.facts.perf import PerfAnatomy
 from vllm_doctor.facts.wire import Record
 from vllm_doctor.model import Report
 
-__all__ = ["CompileState", "Record"]  # and every record below
+__all__ = ["ClassRecord", "CompileState", "ExecutionMode", "PluginLoad", "Record"]  # and every record below
 
 PHASES = ("prefill", "decode", "mixed")
 R = TypeVar("R", bound=Record)

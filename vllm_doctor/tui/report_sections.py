@@ -17,6 +17,7 @@ from typing import Any
 from vllm_doctor.analysis.records import (
     EngineAnatomy,
     EngineProfile,
+    ExecutionMode,
     LayerModule,
     PluginFound,
     ResolvedClass,
@@ -25,7 +26,6 @@ from vllm_doctor.analysis.records import (
     read_report,
 )
 from vllm_doctor.checks import codes_for
-from vllm_doctor.facts.engine import ExecutionMode
 from vllm_doctor.model import Finding, Report
 from vllm_doctor.report.profile import (
     kv_capacity_text,
