@@ -110,7 +110,7 @@ class _MeantFor:
 def unquantized_layers(facts: Facts) -> list[UnquantizedLayer]:
     """The layers VD314 names (empty unless the checkpoint is quantized by config and tensors)."""
     data = facts.usable_weights()
-    layers = data.quant if data is not None else None
+    layers = quant_layers(facts)
     if layers is None or data is None:
         return []
     ckq = checkpoint_quantization(facts)
@@ -209,7 +209,7 @@ def malformed_scales(facts: Facts) -> list[MalformedScale]:
     """The checkpoint's scales of layers vLLM quantizes that are there but stored wrong (VD315
     names them with the dtype/shape found and the one wanted; VD301, VD303, VD304 defer to it)."""
     data = facts.usable_weights()
-    layers = data.quant if data is not None else None
+    layers = quant_layers(facts)
     if layers is None or data is None or not layers.method:
         return []
     targets = _quant_param_targets(layers)
@@ -243,7 +243,7 @@ def missing_quant_params(facts: Facts) -> dict[str, list[str]]:
     """Module -> the quantization parameters (scales, zero points, ...) of a layer vLLM quantizes
     that no checkpoint tensor fills (VD315; VD301 defers to it)."""
     data = facts.usable_weights()
-    layers = data.quant if data is not None else None
+    layers = quant_layers(facts)
     if layers is None or data is None or not layers.method:
         return {}
     params = data.params
