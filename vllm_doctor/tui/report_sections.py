@@ -4,8 +4,8 @@ The view reads a report file once into :func:`viewed`: a :class:`Report` whose s
 records (:mod:`vllm_doctor.analysis.records`, leniently: a key an older doctor did not write reads
 as its default), which the panes read by attribute, and its findings into :class:`ShownFinding`
 records (:func:`viewed_findings`: a finding of any doctor version, even of an outcome this one
-retired). A section an older
-doctor (or a static check) did not write is "not in this report" with the reason, never an error.
+retired). A section an older doctor (or a static check) did not write is "not in this report"
+with the reason, never an error.
 """
 
 from __future__ import annotations
@@ -39,10 +39,6 @@ from vllm_doctor.units import fmt_bytes, fmt_s
 NOT_IN_REPORT = "not in this report"
 NVML_AVAILABLE, NVML_REASON = "available", "reason"  # the NVML snapshot's keys (compat.nvml)
 BAR_WIDTH = 32
-
-
-def _dict(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
 
 
 def _list(value: Any) -> list[Any]:
