@@ -10,7 +10,6 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -76,11 +75,10 @@ def serve(
 ) -> Iterator[Served]:
     """Start the server, wait for /health, yield it; SIGTERM (then SIGKILL) its process group at the end."""
     port = free_port()
-    # vLLM's ZeroMQ sockets in a directory of the server's own, removed at the end: a server
-    # stopped by a signal leaves them behind (seven in /tmp per server)
-    rpc = tempfile.mkdtemp(prefix="vd-rpc-")
-    env = {"VLLM_RPC_BASE_PATH": rpc, **env}
-    with open(log_path, "w") as log:
+    # vLLM's ZeroMQ sockets in a directory of the server's own, removed at the end (also when the
+    # server does not start): a server stopped by a signal leaves them behind (seven in /tmp per server)
+    with tempfile.TemporaryDirectory(prefix="vd-rpc-", ignore_cleanup_errors=True) as rpc, open(log_path, "w") as log:
+        env = {"VLLM_RPC_BASE_PATH": rpc, **env}
         proc = subprocess.Popen(
             [
                 sys.executable,
@@ -112,7 +110,6 @@ def serve(
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=30)
-            shutil.rmtree(rpc, ignore_errors=True)
 
 
 # --- an engine whose forward hangs on demand (tests/fixtures/variants/forward-blocks) ------------
