@@ -109,7 +109,9 @@ def test_a_capture_records_two_events_per_attention_layer_and_a_sampled_replay_n
     assert [(n, entered) for n, entered, _ in marks.marks] == [(name, True), (name, False)]
     assert all(event.external for _, _, event in marks.marks)
     assert timing.captured_graphs == 1 and timing.timed_graphs() == 1
-    assert timing.status() == {"installed": True, "graphs_with_events": 1, "events_per_graph": 2, "errors": []}
+    assert timing.status() == {
+        "installed": True, "graphs_with_events": 1, "events_per_graph": 2, "graphs_retargeted": 0, "errors": [],
+    }  # fmt: skip
 
     assert graph.replay() == "replayed" and marks.unread is None  # no doctor attached: nothing noted
     step = OpenStep(0, 0.0, (0, 1, 0, 1, 1, 1, 0, 0), start=FakeEvent(), layers_timed=True)
@@ -120,7 +122,7 @@ def test_a_capture_records_two_events_per_attention_layer_and_a_sampled_replay_n
     # the graph's next replay (an unsampled step) reads the sampled one's events first, and that
     # read is the doctor's own time (the step wrapper leaves it out of vLLM's)
     own = {"wrappers": 0.0}
-    timing.active = SimpleNamespace(current=None, own=own)
+    timing.active = SimpleNamespace(current=None, own=own, graph_s=0.0)
     assert graph.replay() == "replayed"
     assert marks.unread is None and [(n, entered, t.s) for n, entered, t in step.bounds] == [(name, True, 0.0015), (name, False, 0.0015)]
     assert own[graphs.GRAPH_READS] > 0.0 and set(own) == {"wrappers", graphs.GRAPH_WAITS, graphs.GRAPH_READS}
@@ -219,6 +221,7 @@ def test_a_graph_read_inside_vllms_execute_model_is_the_doctors_time_not_vllms()
         time.sleep(0.04)
         session.own_s[graphs.GRAPH_WAITS] = 0.03
         session.own_s[graphs.GRAPH_READS] = 0.01
+        session.profiler.graph_s += 0.04  # type: ignore[union-attr]
         time.sleep(0.01)
 
     wrapped = session._execute_wrapper(execute_model)
@@ -228,3 +231,158 @@ def test_a_graph_read_inside_vllms_execute_model_is_the_doctors_time_not_vllms()
     current = session.profiler.current
     host_execute_s = current[3] if isinstance(current, list) else current.host_execute_s
     assert 0.01 <= host_execute_s <= outside - 0.04  # vLLM's part: the call less the doctor's wait and read
+
+
+class HandleEvent(FakeEvent):
+    """A fake event with a driver handle (torch's ``cuda_event``), made when first recorded."""
+
+    made = 0
+
+    def __init__(self, enable_timing: bool = False, external: bool = False) -> None:
+        super().__init__(enable_timing, external)
+        self.cuda_event = 0
+
+    def record(self) -> None:
+        if not self.cuda_event:
+            HandleEvent.made += 1
+            self.cuda_event = 0x1000 + HandleEvent.made
+        super().record()
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        return float(getattr(end, "cuda_event", 0) - 0x1000)  # ms: tells which event was read
+
+
+class KeptGraph(FakeGraph):
+    """torch's CUDAGraph as far as retargeting needs: ``keep_graph``, the raw handles, instantiate."""
+
+    def __new__(cls, keep_graph: bool = False) -> KeptGraph:
+        graph = super().__new__(cls)
+        graph.keep_graph = keep_graph
+        return graph
+
+    def instantiate(self) -> None:
+        self.calls.append("instantiate")
+
+    def raw_cuda_graph(self) -> int:
+        assert self.keep_graph, "raw_cuda_graph needs keep_graph=True"
+        return 0xA
+
+    def raw_cuda_graph_exec(self) -> int:
+        return 0xE
+
+
+class RecordingDriver:
+    """The four driver calls as plain data: the graph's event nodes, and each pointing noted."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[int | None, Any] = {}
+        self.points: list[list[int]] = []
+
+    def event_nodes(self, raw_graph: int) -> dict[int | None, Any]:
+        assert raw_graph == 0xA
+        return dict(self.nodes)
+
+    def point(self, raw_exec: int, nodes: list[Any], events: list[Any]) -> None:
+        assert raw_exec == 0xE and len(nodes) == len(events)
+        self.points.append([e.value for e in events])
+
+
+def test_a_sampled_replay_records_into_events_of_its_own_and_the_next_replay_does_not_wait(
+    fake_cuda: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the driver's calls, a sampled replay points the graph's event nodes at a fresh set,
+    the next unsampled replay points them back at the captured events (no wait, nothing read in
+    the replay), and the fresh set is read when the profiler resolves the step, then reused."""
+    monkeypatch.setattr(torch.cuda, "Event", HandleEvent)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", KeptGraph)
+    driver = RecordingDriver()
+    timing = graphs.GraphTiming(driver)  # type: ignore[arg-type]
+    timing.install()
+    try:
+        graph = KeptGraph()  # made while installed: kept; the caller asked for no keep_graph
+        assert graph.keep_graph is True and graph.__dict__[graphs.KEPT] is False
+        graph.capture_begin()
+        fake_cuda.impl.do_kv_cache_update()
+        fake_cuda.impl.forward()
+        marks = timing.graphs[id(graph)][1]
+        captured = [e.cuda_event for _, _, e in marks.marks]
+        driver.nodes = {h: f"node-{h:x}" for h in captured}
+        graph.capture_end()
+        assert graph.calls == ["capture_begin", "capture_end", "instantiate"]  # instantiated as torch would
+        assert marks.nodes == [f"node-{h:x}" for h in captured] and timing.status()["graphs_retargeted"] == 1
+
+        own: dict[str, float] = {}
+        prof = SimpleNamespace(current=None, own=own, graph_s=0.0)
+        timing.active = prof
+        prof.current = step = OpenStep(0, 0.0, (0, 1, 0, 1, 1, 1, 0, 0), start=HandleEvent(), layers_timed=True)
+        step.start.record()
+        assert graph.replay() == "replayed"
+        fresh = driver.points[-1]
+        assert len(driver.points) == 1 and set(fresh).isdisjoint(captured)
+        assert marks.unread is None and len(step.graph_reads) == 1 and marks.pointed is step.graph_reads[0]
+        prof.current = None  # the next step, not sampled: pointed back, nothing waited for or read
+        assert graph.replay() == "replayed"
+        assert driver.points[-1] == captured and marks.pointed is None and step.bounds == []
+        assert set(own) == {graphs.GRAPH_RETARGETS} and prof.graph_s == own[graphs.GRAPH_RETARGETS] > 0
+        assert graph.replay() == "replayed" and len(driver.points) == 2  # nothing to point back
+
+        assert graphs.read(step.graph_reads[0], block=False) is True  # the step resolved: its own events
+        name = "model.layers.0.self_attn.attn"
+        assert [(n, entered, t.s) for n, entered, t in step.bounds] == [
+            (name, True, (fresh[0] - 0x1000) / 1000.0), (name, False, (fresh[1] - 0x1000) / 1000.0),
+        ]  # fmt: skip
+        assert graphs.read(step.graph_reads[0], block=False) is True and len(step.bounds) == 2  # read once
+
+        prof.current = later = OpenStep(1, 0.0, (0, 1, 0, 1, 1, 1, 0, 0), start=HandleEvent(), layers_timed=True)
+        later.start.record()
+        made = HandleEvent.made
+        graph.replay()
+        assert driver.points[-1] == fresh and HandleEvent.made == made  # the read set is reused
+    finally:
+        timing.uninstall()
+    assert driver.points[-1] == captured  # uninstall points a graph left on a sampled set back
+    assert "__new__" not in KeptGraph.__dict__ or KeptGraph().__dict__.get(graphs.KEPT) is None
+
+
+def test_a_failed_retarget_leaves_the_graph_untimed_and_says_why(
+    fake_cuda: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "Event", HandleEvent)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", KeptGraph)
+
+    class FailingDriver(RecordingDriver):
+        def point(self, raw_exec: int, nodes: list[Any], events: list[Any]) -> None:
+            raise RuntimeError("cuGraphExecEventRecordNodeSetEvent returned CUresult 1")
+
+    driver = FailingDriver()
+    timing = graphs.GraphTiming(driver)  # type: ignore[arg-type]
+    timing.install()
+    try:
+        graph = KeptGraph()
+        graph.capture_begin()
+        fake_cuda.impl.forward()
+        marks = timing.graphs[id(graph)][1]
+        driver.nodes = {e.cuda_event: "node" for _, _, e in marks.marks}
+        graph.capture_end()
+        assert marks.nodes == ["node"]
+        step = OpenStep(0, 0.0, (0,) * 8, start=HandleEvent(), layers_timed=True)
+        timing.active = SimpleNamespace(current=step, own={}, graph_s=0.0)
+        assert graph.replay() == "replayed"
+        assert step.graph_reads == [] and marks.marks == [] and marks.unread is None
+        assert timing.status()["errors"] == ["retarget: RuntimeError: cuGraphExecEventRecordNodeSetEvent returned CUresult 1"]
+        assert graph.calls[-1] == "replay"  # vLLM's replay ran all the same
+    finally:
+        timing.uninstall()
+
+
+def test_without_the_driver_graphs_are_made_as_asked_and_read_by_waiting(
+    fake_cuda: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", KeptGraph)
+    monkeypatch.setattr(graphs.Retarget, "load", classmethod(lambda cls: None))
+    timing = graphs.GraphTiming()
+    timing.install()
+    try:
+        assert KeptGraph().keep_graph is False and "__new__" not in timing.originals
+    finally:
+        timing.uninstall()

@@ -17,17 +17,26 @@ served engine opts in with the same variable):
   created during a capture (V2 runner: the context is set inside the capture) or at
   ``capture_begin`` from the context already set (V1 runner);
 - ``CUDAGraph.replay`` is wrapped: on a sampled step of an attached doctor
-  (:attr:`GraphTiming.active`), a replay of a graph with captured events gets an ordinary event pair around
-  it and is noted on the step. Its events are read (relative to the step's start event)
-  before that graph replays again (the replay waits for the previous one to finish: once per
-  sampled step, a host stall of at most one step), or when the profiler resolves the step,
-  whichever comes first. That read runs inside vLLM's ``execute_model`` (in the replay), so it
-  is timed here, as the doctor's own time in two parts of the session's ``own_s``: the wait for
-  the sampled replay to finish (:data:`GRAPH_WAITS`: the host blocked, not working; it costs
-  throughput by the gap it leaves on the device before this replay, not by its length: on an
-  H100 at every 8th step, 0.71 ms a step of waiting and reading, where six paired rounds of the
-  same workload measured -0.56 % throughput; bench/README.md) and the reading
-  (:data:`GRAPH_READS`); the step wrapper leaves both out of vLLM's host time.
+  (:attr:`GraphTiming.active`), a replay of a graph with captured events is noted on the step
+  and its events are read when the profiler resolves the step. The next replay of the same graph
+  would record the same events again, so the sampled replay records into events of its own:
+  before it, the graph's event nodes are pointed at a fresh set (the CUDA driver's
+  ``cuGraphExecEventRecordNodeSetEvent``: it changes later launches only, not one already
+  queued), and before the graph's next unsampled replay back at the captured ones, two calls a
+  node per sampled replay and no wait (:class:`Retarget`; :data:`GRAPH_RETARGETS`). To reach the
+  nodes the graph itself is kept after it is instantiated: graphs made while this is installed
+  are made with ``keep_graph=True`` and instantiated at ``capture_end`` as before (host memory
+  only; vLLM's graphs replay as they did).
+- Where the driver's calls are not there (no ``libcuda``, a torch without ``keep_graph``) or one
+  fails, the sampled replay's events are read before the graph replays again: the replay waits
+  for the sampled one to finish (a host stall of at most one step), or the profiler resolves the
+  step first. That read runs inside vLLM's ``execute_model`` (in the replay), so it is the
+  doctor's own time in two parts of the session's ``own_s``: the wait (:data:`GRAPH_WAITS`: the
+  host blocked, not working; it costs throughput by the gap it leaves on the device before this
+  replay, not by its length: on an H100 at every 8th step, 0.71 ms a step of waiting and
+  reading, where six paired rounds of the same workload measured -0.56 % throughput;
+  bench/README.md) and the reading (:data:`GRAPH_READS`). The step wrapper leaves every
+  ``GRAPH_PARTS`` time out of vLLM's host time.
 
 Nothing here changes what a graph computes: event nodes only record timestamps. Piecewise
 graphs capture no attention (vLLM splits them at attention, which runs between the pieces in
@@ -39,6 +48,8 @@ on, the graphs it saw captured and the profiler it reports to.
 
 from __future__ import annotations
 
+import ctypes
+import inspect
 import threading
 import time
 from dataclasses import dataclass, field
@@ -54,6 +65,12 @@ from vllm_doctor.constants import GRAPH_TIMING_ENV, env_switch
 # to finish, then reading its events; parts of the session's own_s, kept only where graphs carry events
 GRAPH_WAITS = "graph_waits"
 GRAPH_READS = "graph_reads"
+# pointing a graph's event nodes at a sampled replay's own events and back (the driver's calls)
+GRAPH_RETARGETS = "graph_retargets"
+# every part of the doctor's own time spent inside a replay (in vLLM's execute_model)
+GRAPH_PARTS = (GRAPH_WAITS, GRAPH_READS, GRAPH_RETARGETS)
+# on a graph the doctor made with keep_graph=True: what its maker asked for (False: instantiate at capture_end)
+KEPT = "_vllm_doctor_keep_graph"
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,15 +85,100 @@ class GraphMarks:
     """A captured graph's external events, in the order its replay records them."""
 
     marks: list[tuple[str, bool, Any]] = field(default_factory=list)  # (attention layer, entered?, event)
-    # the last sampled replay not read yet: (step, an event recorded after the replay)
+    # the last sampled replay not read yet: (step, an event recorded after the replay) (waiting reads)
     unread: tuple[Any, Any] | None = None
+    # the graph's event record nodes in the order of ``marks`` (driver handles), once found at
+    # capture_end; None: this graph's sampled replays are read by waiting
+    nodes: list[Any] | None = None
+    captured: list[Any] = field(default_factory=list)  # the captured events' driver handles
+    pointed: Pointed | None = None  # the sampled replay the nodes point at now (None: the captured events)
+
+
+@dataclass(slots=True)
+class Pointed:
+    """A sampled replay that recorded into events of its own: read once its step has ended."""
+
+    labels: list[tuple[str, bool, Any]]  # the graph's marks: (attention layer, entered?, captured event)
+    step: Any
+    events: list[Any]
+    handles: list[Any]
+    owner: Any  # the GraphTiming whose free sets the events go back to once read
+    read: bool = False
+
+
+class Retarget:
+    """The CUDA driver's four graph calls that point a graph's event record nodes at other events
+    (``libcuda``, loaded by ctypes: handles are the runtime's, ``cudaGraph_t`` is a ``CUgraph``)."""
+
+    EVENT_RECORD = 7  # CU_GRAPH_NODE_TYPE_EVENT_RECORD
+
+    def __init__(self, lib: Any) -> None:
+        vp, size = ctypes.c_void_p, ctypes.c_size_t
+        self._get_nodes = lib.cuGraphGetNodes
+        self._get_nodes.argtypes = [vp, ctypes.POINTER(vp), ctypes.POINTER(size)]
+        self._node_type = lib.cuGraphNodeGetType
+        self._node_type.argtypes = [vp, ctypes.POINTER(ctypes.c_int)]
+        self._node_event = lib.cuGraphEventRecordNodeGetEvent
+        self._node_event.argtypes = [vp, ctypes.POINTER(vp)]
+        self._set_event = lib.cuGraphExecEventRecordNodeSetEvent
+        self._set_event.argtypes = [vp, vp, vp]
+        for fn in (self._get_nodes, self._node_type, self._node_event, self._set_event):
+            fn.restype = ctypes.c_int
+
+    @classmethod
+    def load(cls) -> Retarget | None:
+        """The driver's calls, or None where this process has no CUDA driver with them."""
+        try:
+            return cls(ctypes.CDLL("libcuda.so.1"))
+        except (OSError, AttributeError):
+            return None
+
+    def event_nodes(self, raw_graph: int) -> dict[int | None, Any]:
+        """The graph's event record nodes by the handle of the event each records."""
+        n = ctypes.c_size_t(0)
+        _check("cuGraphGetNodes", self._get_nodes(raw_graph, None, ctypes.byref(n)))
+        nodes = (ctypes.c_void_p * n.value)()
+        _check("cuGraphGetNodes", self._get_nodes(raw_graph, nodes, ctypes.byref(n)))
+        kind, event = ctypes.c_int(), ctypes.c_void_p()
+        out: dict[int | None, Any] = {}
+        for node in nodes[: n.value]:
+            _check("cuGraphNodeGetType", self._node_type(node, ctypes.byref(kind)))
+            if kind.value == self.EVENT_RECORD:
+                _check("cuGraphEventRecordNodeGetEvent", self._node_event(node, ctypes.byref(event)))
+                out[event.value] = ctypes.c_void_p(node)
+        return out
+
+    def point(self, raw_exec: int, nodes: list[Any], events: list[Any]) -> None:
+        """Point the instantiated graph's nodes at ``events`` (driver handles), for its next launches."""
+        graph_exec, set_event = ctypes.c_void_p(raw_exec), self._set_event
+        for node, event in zip(nodes, events, strict=True):
+            rc = set_event(graph_exec, node, event)
+            if rc:
+                _check("cuGraphExecEventRecordNodeSetEvent", rc)
+
+
+def _check(call: str, rc: int) -> None:
+    if rc:
+        raise RuntimeError(f"{call} returned CUresult {rc}")
+
+
+def _handle(event: Any) -> Any:
+    """An event's driver handle (the event is created by recording it once)."""
+    if not event.cuda_event:
+        event.record()
+    return ctypes.c_void_p(event.cuda_event)
 
 
 class GraphTiming:
     """This process's timing inside CUDA graphs: the wrappers on ``torch.cuda.CUDAGraph`` (and
     vLLM's forward context), the graphs captured with events, and the profiler they report to."""
 
-    def __init__(self) -> None:
+    def __init__(self, driver: Retarget | None = None) -> None:
+        # the driver's calls that point a graph's event nodes at other events (loaded by install;
+        # None: sampled replays are read by waiting)
+        self.driver = driver
+        # event sets no sampled replay holds, by length: (events, their driver handles)
+        self.free: dict[int, list[tuple[list[Any], list[Any]]]] = {}
         # the profiler of the doctor session attached in this process (set by WorkerSession.install
         # while per-layer timing is on, cleared by detach)
         self.active: Any = None
@@ -104,6 +206,7 @@ class GraphTiming:
             cls = torch.cuda.CUDAGraph
             for name in ("capture_begin", "capture_end", "replay"):
                 self.originals[name] = cls.__dict__.get(name, getattr(cls, name))
+            self._keep_graphs(cls)
 
             # plain functions: torch calls them as methods, the graph first
             def capture_begin(graph: Any, *args: Any, **kwargs: Any) -> Any:
@@ -133,6 +236,31 @@ class GraphTiming:
             self.installed = True
             return True
 
+    def _keep_graphs(self, cls: Any) -> None:
+        """Graphs made from now on keep their ``cudaGraph_t`` (``keep_graph=True``), so that their
+        event nodes can be found; ``capture_end`` instantiates them as torch would have. Only
+        where torch has ``keep_graph`` and the driver's calls are there."""
+        original = cls.__dict__.get("__new__")
+        if self.driver is None:
+            self.driver = Retarget.load()
+        if self.driver is None or not isinstance(original, staticmethod):
+            return
+        new = original.__func__
+        try:
+            takes = "keep_graph" in inspect.signature(new).parameters
+        except (TypeError, ValueError):
+            takes = False
+        if not takes or not hasattr(cls, "raw_cuda_graph") or not hasattr(cls, "instantiate"):
+            return
+        self.originals["__new__"] = original
+
+        def __new__(klass: Any, keep_graph: bool = False) -> Any:
+            graph = new(klass, True)
+            graph.__dict__[KEPT] = keep_graph  # what the caller asked: capture_end instantiates if False
+            return graph
+
+        cls.__new__ = staticmethod(__new__)
+
     def uninstall(self) -> None:
         """Put vLLM's and torch's methods back (the events already captured stay in their graphs)."""
         with self._lock:
@@ -141,6 +269,15 @@ class GraphTiming:
             cls = torch.cuda.CUDAGraph
             for name in ("capture_begin", "capture_end", "replay"):
                 setattr(cls, name, self.originals[name])
+            if "__new__" in self.originals:
+                cls.__new__ = self.originals["__new__"]  # type: ignore[method-assign]
+            for graph, marks in self.graphs.values():  # later replays record the captured events again
+                if marks.pointed is not None and marks.nodes is not None:
+                    try:
+                        self.driver.point(graph.raw_cuda_graph_exec(), marks.nodes, marks.captured)  # type: ignore[union-attr]
+                    except Exception as exc:
+                        self.errors.append(f"uninstall: {type(exc).__name__}: {exc}")
+                    marks.pointed = None
             fc, post_init = self.originals.get("__post_init__", (None, None))
             if fc is not None:
                 if post_init is None:
@@ -155,6 +292,8 @@ class GraphTiming:
             "installed": self.installed,
             "graphs_with_events": sum(1 for _, g in self.graphs.values() if g.marks),
             "events_per_graph": max((len(g.marks) for _, g in self.graphs.values()), default=0),
+            # graphs whose sampled replays record into events of their own (no wait to read them)
+            "graphs_retargeted": sum(1 for _, g in self.graphs.values() if g.marks and g.nodes is not None),
             "errors": list(self.errors[-5:]),
         }
 
@@ -173,13 +312,37 @@ class GraphTiming:
 
     def _capture_end(self, graph: Any, *args: Any, **kwargs: Any) -> Any:
         try:
-            return self.originals["capture_end"](graph, *args, **kwargs)
+            out = self.originals["capture_end"](graph, *args, **kwargs)
         finally:
             self.capturing = None
             self._unwrap_layers()
-            entry = self.graphs.get(id(graph))
-            if entry is not None and entry[1].marks:
-                self.captured_graphs += 1
+        kept = getattr(graph, "__dict__", {}).get(KEPT)
+        try:
+            if kept is False:  # kept by the doctor, not asked by the caller: instantiated now, as torch does
+                graph.instantiate()
+        except Exception as exc:  # the graph's first replay instantiates it then
+            self.errors.append(f"instantiate: {type(exc).__name__}: {exc}")
+        entry = self.graphs.get(id(graph))
+        if entry is not None and entry[1].marks:
+            self.captured_graphs += 1
+            if kept is not None:
+                self._find_nodes(graph, entry[1])
+        return out
+
+    def _find_nodes(self, graph: Any, marks: GraphMarks) -> None:
+        """The graph's event record nodes, one per captured event (else its replays are read by waiting)."""
+        try:
+            assert self.driver is not None
+            by_event = self.driver.event_nodes(graph.raw_cuda_graph())
+            captured = [_handle(event) for _, _, event in marks.marks]
+            nodes = [by_event.get(h.value) for h in captured]
+        except Exception as exc:
+            self.errors.append(f"event nodes: {type(exc).__name__}: {exc}")
+            return
+        if None in nodes:
+            self.errors.append(f"event nodes: {nodes.count(None)} of {len(nodes)} events have no node in the graph")
+            return
+        marks.nodes, marks.captured = nodes, captured
 
     def _wrap_layers(self, layers: Any) -> None:
         """While a graph is captured: wrap each attention implementation's calls (once per capture)."""
@@ -250,27 +413,83 @@ class GraphTiming:
             t1 = time.perf_counter()
             read(marks, block=True)
             if prof is not None:  # the attached session's profiler: its own-time counters
+                t2 = time.perf_counter()
                 own = prof.own
                 own[GRAPH_WAITS] = own.get(GRAPH_WAITS, 0.0) + t1 - t
-                own[GRAPH_READS] = own.get(GRAPH_READS, 0.0) + time.perf_counter() - t1
+                own[GRAPH_READS] = own.get(GRAPH_READS, 0.0) + t2 - t1
+                prof.graph_s += t2 - t
         step = getattr(prof, "current", None) if prof is not None else None
-        if step is None or not getattr(step, "layers_timed", False) or getattr(step, "start", None) is None:
+        sampled = step is not None and getattr(step, "layers_timed", False) and getattr(step, "start", None) is not None
+        pointed = None
+        if marks.nodes is not None and (sampled or marks.pointed is not None):
+            t = time.perf_counter()
+            pointed = self._point(graph, marks, step if sampled else None)
+            if prof is not None:
+                dt = time.perf_counter() - t
+                own = prof.own
+                own[GRAPH_RETARGETS] = own.get(GRAPH_RETARGETS, 0.0) + dt
+                prof.graph_s += dt
+        if not sampled or not marks.marks:  # (a failed retarget leaves the graph untimed)
             return self.originals["replay"](graph, *args, **kwargs)
         out = self.originals["replay"](graph, *args, **kwargs)
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
-        marks.unread = (step, end)
-        step.graph_reads.append(marks)
+        assert step is not None
+        if pointed is not None:  # read when the step resolves, whenever the graph replays next
+            step.graph_reads.append(pointed)
+        else:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            marks.unread = (step, end)
+            step.graph_reads.append(marks)
         return out
+
+    def _point(self, graph: Any, marks: GraphMarks, step: Any) -> Pointed | None:
+        """Point the graph's event nodes at a fresh set for ``step``'s replay (None: back at the
+        captured events). After a failure the graph's replays are not timed (its nodes may point
+        at events no reader follows); the error is in :meth:`status`."""
+        assert self.driver is not None and marks.nodes is not None
+        try:
+            graph_exec = graph.raw_cuda_graph_exec()
+            if step is None:
+                self.driver.point(graph_exec, marks.nodes, marks.captured)
+                marks.pointed = None
+                return None
+            free = self.free.setdefault(len(marks.marks), [])
+            if free:
+                events, handles = free.pop()
+            else:
+                events = [torch.cuda.Event(enable_timing=True) for _ in marks.marks]
+                handles = [_handle(event) for event in events]
+            self.driver.point(graph_exec, marks.nodes, handles)
+            marks.pointed = Pointed(marks.marks, step, events, handles, self)
+            return marks.pointed
+        except Exception as exc:  # some nodes may point elsewhere now: this graph is not timed again
+            self.errors.append(f"retarget: {type(exc).__name__}: {exc}")
+            marks.nodes, marks.pointed, marks.marks = None, None, []
+            return None
+
+    def give_back(self, pointed: Pointed) -> None:
+        """A read sampled replay's events are free for another (the graph points back before it replays)."""
+        self.free.setdefault(len(pointed.events), []).append((pointed.events, pointed.handles))
 
 
 # the process's one: the worker extension installs it, the attached session gives it its profiler
 TIMING = GraphTiming()
 
 
-def read(marks: GraphMarks, block: bool) -> bool:
-    """Turn the last sampled replay's events into the step's attention bounds (:class:`Fixed`
-    seconds since the step's start). False if not complete yet and not ``block``."""
+def read(item: GraphMarks | Pointed, block: bool) -> bool:
+    """Turn a sampled replay's events into the step's attention bounds (:class:`Fixed` seconds
+    since the step's start): a :class:`Pointed` replay's own events (its step has ended), or a
+    graph's last sampled replay of the captured events. False if not complete yet and not ``block``."""
+    if isinstance(item, Pointed):
+        if not item.read:
+            step = item.step
+            origin, bounds = step.start, step.bounds
+            for (name, enter, _), event in zip(item.labels, item.events, strict=True):
+                bounds.append((name, enter, Fixed(origin.elapsed_time(event) / 1000.0)))
+            item.read = True
+            item.owner.give_back(item)
+        return True
+    marks = item
     if marks.unread is None:
         return True
     step, end = marks.unread

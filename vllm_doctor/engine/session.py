@@ -29,7 +29,6 @@ from vllm_doctor.compat import worker as wv
 from vllm_doctor.constants import DEFAULT_STEP_CLOCK, GRAPH_TIMING_ENV, STEP_CLOCK_ENV, STEP_CLOCKS, SWITCH_ON
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
 from vllm_doctor.engine.clock import clock_for
-from vllm_doctor.engine.graphs import GRAPH_READS, GRAPH_WAITS
 from vllm_doctor.engine.layers import decoder_layer_name, layer_index, moe_parts, select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
 from vllm_doctor.engine.profiler import (
@@ -654,7 +653,7 @@ class WorkerSession:
             counted = own["counts"]  # counting done in here is its own part
             # a CUDA graph's replay inside vLLM's call may read a sampled replay's events (graphs.py):
             # the doctor's time, not vLLM's
-            reads = own.get(GRAPH_READS, 0.0) + own.get(GRAPH_WAITS, 0.0)
+            reads = prof.graph_s
             if "steps" not in disabled:
                 try:
                     if self.faults:
@@ -673,7 +672,7 @@ class WorkerSession:
                 self._safely("steps", self._abort_step)
                 raise
             t1 = clock()
-            inner = t1 - t - (own.get(GRAPH_READS, 0.0) + own.get(GRAPH_WAITS, 0.0) - reads)
+            inner = t1 - t - (prof.graph_s - reads)
             if "steps" not in disabled:
                 try:
                     step = prof.current
