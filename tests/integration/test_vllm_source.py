@@ -276,6 +276,8 @@ NOT_VLLM: dict[str, str] = {
     "capture_begin": "torch.cuda.CUDAGraph (engine/graphs.py wraps it)",
     "capture_end": "torch.cuda.CUDAGraph (engine/graphs.py wraps it)",
     "replay": "torch.cuda.CUDAGraph (engine/graphs.py wraps it)",
+    "raw_cuda_graph": "torch.cuda.CUDAGraph's kept cudaGraph_t (engine/graphs.py finds its event nodes)",
+    "instantiate": "torch.cuda.CUDAGraph (engine/graphs.py instantiates a graph it kept, as torch would)",
     "current": "the doctor's profiler (engine/profiler.py)",
     "layers_timed": "the doctor's profiler step (engine/profiler.py)",
     "start": "the doctor's profiler step (engine/profiler.py)",
