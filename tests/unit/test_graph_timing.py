@@ -124,7 +124,10 @@ def test_a_capture_records_two_events_per_attention_layer_and_a_sampled_replay_n
     own = {"wrappers": 0.0}
     timing.active = SimpleNamespace(current=None, own=own, graph_s=0.0)
     assert graph.replay() == "replayed"
-    assert marks.unread is None and [(n, entered, t.s) for n, entered, t in step.bounds] == [(name, True, 0.0015), (name, False, 0.0015)]
+    assert marks.unread is None and [(n, entered, t.s) for n, entered, t in step.bounds] == [
+        (name, True, 0.0015),
+        (name, False, 0.0015),
+    ]
     assert own[graphs.GRAPH_READS] > 0.0 and set(own) == {"wrappers", graphs.GRAPH_WAITS, graphs.GRAPH_READS}
     assert graph.replay() == "replayed" and len(step.bounds) == 2  # nothing left to read
 
@@ -255,10 +258,12 @@ class HandleEvent(FakeEvent):
 class KeptGraph(FakeGraph):
     """torch's CUDAGraph as far as retargeting needs: ``keep_graph``, the raw handles, instantiate."""
 
-    def __new__(cls, keep_graph: bool = False) -> KeptGraph:
-        graph = super().__new__(cls)
-        graph.keep_graph = keep_graph
-        return graph
+    def __new__(cls, keep_graph: bool = False) -> KeptGraph:  # torch's: passes keep_graph on to __init__
+        return super().__new__(cls)
+
+    def __init__(self, keep_graph: bool = False) -> None:  # torch's C++ constructor takes it
+        super().__init__()
+        self.keep_graph = keep_graph
 
     def instantiate(self) -> None:
         self.calls.append("instantiate")
@@ -341,7 +346,7 @@ def test_a_sampled_replay_records_into_events_of_its_own_and_the_next_replay_doe
     finally:
         timing.uninstall()
     assert driver.points[-1] == captured  # uninstall points a graph left on a sampled set back
-    assert "__new__" not in KeptGraph.__dict__ or KeptGraph().__dict__.get(graphs.KEPT) is None
+    assert KeptGraph().__dict__.get(graphs.KEPT) is None and KeptGraph().keep_graph is False
 
 
 def test_a_failed_retarget_leaves_the_graph_untimed_and_says_why(
@@ -369,7 +374,9 @@ def test_a_failed_retarget_leaves_the_graph_untimed_and_says_why(
         timing.active = SimpleNamespace(current=step, own={}, graph_s=0.0)
         assert graph.replay() == "replayed"
         assert step.graph_reads == [] and marks.marks == [] and marks.unread is None
-        assert timing.status()["errors"] == ["retarget: RuntimeError: cuGraphExecEventRecordNodeSetEvent returned CUresult 1"]
+        assert timing.status()["errors"] == [
+            "retarget: RuntimeError: cuGraphExecEventRecordNodeSetEvent returned CUresult 1"
+        ]
         assert graph.calls[-1] == "replay"  # vLLM's replay ran all the same
     finally:
         timing.uninstall()
@@ -383,6 +390,6 @@ def test_without_the_driver_graphs_are_made_as_asked_and_read_by_waiting(
     timing = graphs.GraphTiming()
     timing.install()
     try:
-        assert KeptGraph().keep_graph is False and "__new__" not in timing.originals
+        assert KeptGraph().keep_graph is False and "__init__" not in timing.originals
     finally:
         timing.uninstall()
