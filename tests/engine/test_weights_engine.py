@@ -1,8 +1,10 @@
 """Ground truth for VD301-VD308: what the real vLLM CPU engine does with each weight fixture.
 
-Every fixture with an engine expectation (tests/fixtures/weights.py) runs once per session in a
-fresh engine process (VLLM_ENABLE_V1_MULTIPROCESSING=0, enforce_eager, 64 MiB KV cache,
-max_model_len 256, PYTHONPATH = the fixture's plugin site), two at a time. The engine either
+Every fixture with an engine expectation (tests/fixtures/weights.py) runs in a fresh engine
+process (VLLM_ENABLE_V1_MULTIPROCESSING=0, enforce_eager, 64 MiB KV cache, max_model_len 256,
+PYTHONPATH = the fixture's plugin site), two at a time; where the installed vLLM's answers are
+recorded (tests/fixtures/ground_truth.py, tools/record_ground_truth.py) only the family's live
+few run and must answer as recorded, the others' answers are the recording's. The engine either
 fails with the text the doctor's finding quotes as `vllm_error` (tests/unit/test_weights_replies.py checks that
 side), or it runs with a parameter left uninitialised, which greedy decoding shows: the tokens
 or logprobs differ from the working model's.
@@ -16,27 +18,41 @@ from typing import Any
 
 import pytest
 
+from tests.fixtures import ground_truth
 from tests.fixtures.weights import FIXTURES, built
-from tests.fixtures.weights_engine import run_engines
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
 
+FAMILY = ground_truth.FAMILIES["weights"]
 ENGINE = {name: fx for name, fx in FIXTURES.items() if fx.engine is not None}
 FAILS = sorted(n for n, fx in ENGINE.items() if fx.engine is not None and not fx.engine.ok)
 DIFFERS = sorted(n for n, fx in ENGINE.items() if fx.engine is not None and fx.engine.differs_from_ok)
 
 
 @pytest.fixture(scope="session")
-def engines(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    fixtures = built(str(tmp_path_factory.getbasetemp() / "weight-fixtures"))
-    jobs: dict[str, tuple[Any, Any, int | None]] = {
-        name: (fixtures[name].model_dir, fixtures[name].site_dir, None) for name in ENGINE
-    }
-    # VD305: vLLM's own config validation for --tensor-parallel-size 3 (no engine start)
-    jobs["tp3"] = (fixtures["tp3"].model_dir, fixtures["tp3"].site_dir, 3)
-    return run_engines(jobs, concurrency=2, timeout=300)
+def truth(tmp_path_factory: pytest.TempPathFactory) -> ground_truth.Truth:
+    return ground_truth.gather(FAMILY, tmp_path_factory.getbasetemp() / "weight-fixtures")
+
+
+@pytest.fixture(scope="session")
+def engines(truth: ground_truth.Truth) -> dict[str, dict[str, Any]]:
+    return truth.answers
+
+
+def reference(truth: ground_truth.Truth, name: str) -> dict[str, Any]:
+    """The working model's answer from the same run as ``name``'s (live beside live, recorded
+    beside recorded: greedy tokens of random weights may differ between machines)."""
+    if name in truth.live or truth.recorded is None:
+        return truth.answers["ok"]
+    return truth.recorded["ok"]
+
+
+def test_the_live_fixtures_answer_as_recorded(truth: ground_truth.Truth) -> None:
+    """vLLM still does with the family's live fixtures what it did when the family was recorded
+    (none: nothing recorded for this vLLM, every fixture ran live)."""
+    assert ground_truth.drift(FAMILY, truth) == [], "re-record: python tools/record_ground_truth.py --family weights"
 
 
 def _differs(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -66,9 +82,9 @@ def test_engine_fails_the_way_the_finding_says(engines: dict[str, dict[str, Any]
 
 
 @pytest.mark.parametrize("name", DIFFERS)
-def test_engine_runs_with_a_parameter_left_uninitialised(engines: dict[str, dict[str, Any]], name: str) -> None:
+def test_engine_runs_with_a_parameter_left_uninitialised(truth: ground_truth.Truth, name: str) -> None:
     """vLLM starts without a word, and the outputs are not the working model's."""
-    res, ok = engines[name], engines["ok"]
+    res, ok = truth.answers[name], reference(truth, name)
     assert res["ok"], res["error"] or res["log_tail"]
     assert ok["ok"]
     assert _differs(res, ok), (res["tokens"], ok["tokens"])
@@ -79,11 +95,11 @@ SAME = sorted(n for n, fx in ENGINE.items() if fx.engine is not None and fx.engi
 
 
 @pytest.mark.parametrize("name", SAME)
-def test_engine_runs_and_matches_the_working_model(engines: dict[str, dict[str, Any]], name: str) -> None:
+def test_engine_runs_and_matches_the_working_model(truth: ground_truth.Truth, name: str) -> None:
     """Findings that are information, not failures: fp32-checkpoint (VD304: these float32 values
     were bfloat16 to begin with, casting them back changes nothing) and tied-with-lm-head (VD307:
     vLLM 0.32 unties the head at config time and loads the checkpoint's lm_head.weight)."""
-    res, ok = engines[name], engines["ok"]
+    res, ok = truth.answers[name], reference(truth, name)
     assert res["ok"], res["error"]
     assert not _differs(res, ok), (res["tokens"], ok["tokens"])
 
@@ -94,7 +110,9 @@ def test_tensor_parallel_size_3_is_rejected_by_vllm(engines: dict[str, dict[str,
     assert "Total number of attention heads (4) must be divisible by tensor parallel size (3)." in res["error"]
 
 
-def test_a_worker_that_fails_in_its_own_process_is_named_with_the_models_line(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_a_worker_that_fails_in_its_own_process_is_named_with_the_models_line(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     """Multiprocess engine: the model's __init__ raises inside vLLM's worker process, and vLLM's
     front end only says "Engine core initialization failed. See root cause above". VD500 takes
     the cause from the worker's traceback in the engine log: the error, the phase, the line."""
