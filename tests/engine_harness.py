@@ -23,6 +23,7 @@ import json
 import os
 import re
 import runpy
+import shutil
 import signal
 import subprocess
 import sys
@@ -117,6 +118,34 @@ def engine_env(job: EngineJob, work_dir: Path) -> dict[str, str]:
     return env
 
 
+PIP_INSTALLED = "ok-pip-installed"  # the working plugin, installed by pip, multiprocess engine
+
+
+def install_plugin_with_pip(scratch: Path) -> Path:
+    """`pip install --no-deps --no-build-isolation --target SCRATCH/site` of a copy of the example
+    plugin's source (pip builds in place; the copy keeps build/ and *.egg-info out of the repo)."""
+    source, target = scratch / "tiny_model_plugin", scratch / "site"
+    shutil.copytree(
+        REPO_ROOT / "examples" / "tiny_model_plugin",
+        source,
+        ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"),
+    )
+    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
+    cmd += ["--no-input", "--disable-pip-version-check", "--target", str(target), str(source)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return target
+
+
+def examples_jobs(examples_dir: Path, pip_site: Path) -> dict[str, EngineJob]:
+    """Every variant make_examples.py built, and the working plugin installed by pip (multiprocess)."""
+    jobs = {job.name: job for job in (job_for_variant(d) for d in sorted(examples_dir.iterdir()) if d.is_dir())}
+    jobs[PIP_INSTALLED] = EngineJob(
+        name=PIP_INSTALLED, model_dir=examples_dir / "ok" / "model", site_dir=pip_site, engine_mode="multiprocess"
+    )
+    return jobs
+
+
 def run_variant(job: EngineJob, work_dir: Path, timeout_s: float = 240) -> dict[str, Any]:
     """Run one job in a fresh process group; never raises for an engine failure."""
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -178,9 +207,7 @@ def run_variants(
     jobs: Iterable[EngineJob], work_root: Path, concurrency: int = CONCURRENCY, timeout_s: float = 240
 ) -> dict[str, dict[str, Any]]:
     """Run jobs `concurrency` at a time; results by job name."""
-    return run_concurrently(
-        {j.name: partial(run_variant, j, work_root / j.name, timeout_s) for j in jobs}, concurrency
-    )
+    return run_concurrently({j.name: partial(run_variant, j, work_root / j.name, timeout_s) for j in jobs}, concurrency)
 
 
 def run_concurrently(

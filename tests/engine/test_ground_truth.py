@@ -11,20 +11,17 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.engine_harness import EngineJob, job_for_variant, run_variants
+from tests.engine_harness import PIP_INSTALLED, examples_jobs, install_plugin_with_pip
+from tests.fixtures import ground_truth as truth_data
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
-PIP_INSTALLED = "ok-pip-installed"  # the working plugin, installed by pip, multiprocess engine
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
@@ -32,8 +29,7 @@ pytestmark = [
 
 UNSUPPORTED = "are not supported for now. Supported architectures: dict_keys(["
 NOT_INSPECTED = (
-    "Model architectures ['TinyDoctorForCausalLM'] failed to be inspected. "
-    "Please check the logs for more details."
+    "Model architectures ['TinyDoctorForCausalLM'] failed to be inspected. Please check the logs for more details."
 )
 NO_RUNNER_GENERATE = "This model does not support `--runner generate`."
 UNKNOWN_MODEL_TYPE = (
@@ -59,9 +55,7 @@ def custom_class(package: str) -> str:
 EXPECTED: dict[str, Expected] = {
     "ok": Expected(ok=True, model_class=custom_class("tiny_doctor_model")),
     # VD101
-    "arch-typo": Expected(
-        ok=False, error=f"Model architectures ['TinyDoctorForCausalLm'] {UNSUPPORTED}"
-    ),
+    "arch-typo": Expected(ok=False, error=f"Model architectures ['TinyDoctorForCausalLm'] {UNSUPPORTED}"),
     # VD102: the caller passes validation; the worker process cannot resolve the class
     "script-only-registration": Expected(
         ok=False,
@@ -108,21 +102,15 @@ EXPECTED: dict[str, Expected] = {
         ),
     ),
     # VD110: no error and no warning; the custom class replaces vLLM's Llama
-    "shadows-builtin-arch": Expected(
-        ok=True, model_class=custom_class("tiny_doctor_shadows_builtin_arch")
-    ),
+    "shadows-builtin-arch": Expected(ok=True, model_class=custom_class("tiny_doctor_shadows_builtin_arch")),
     # VD201-VD204, VD206: one message for all of them, the cause is not named
     "hf-style-init": Expected(ok=False, error=NO_RUNNER_GENERATE),
     # VD202: runs (the vllm_config constructor is kept; only the base class changed)
-    "pretrained-model-subclass": Expected(
-        ok=True, model_class=custom_class("tiny_doctor_pretrained_model_subclass")
-    ),
+    "pretrained-model-subclass": Expected(ok=True, model_class=custom_class("tiny_doctor_pretrained_model_subclass")),
     "forward-without-positions": Expected(ok=False, error=NO_RUNNER_GENERATE),
     "compute-logits-renamed": Expected(ok=False, error=NO_RUNNER_GENERATE),
     # VD205: runs; returning None only switches vLLM's missing-weight check off
-    "load-weights-returns-none": Expected(
-        ok=True, model_class=custom_class("tiny_doctor_load_weights_returns_none")
-    ),
+    "load-weights-returns-none": Expected(ok=True, model_class=custom_class("tiny_doctor_load_weights_returns_none")),
     "no-embed-input-ids": Expected(ok=False, error=NO_RUNNER_GENERATE),
     # VD207 on a CPU-only torch: the import fails in vLLM's inspection subprocess
     "cuda-at-import": Expected(
@@ -133,51 +121,47 @@ EXPECTED: dict[str, Expected] = {
 }
 
 
-def _install_plugin_with_pip(target: Path, scratch: Path) -> subprocess.CompletedProcess[str]:
-    """`pip install --no-deps --no-build-isolation --target` of a copy of the plugin source
-    (pip builds in place; the copy keeps build/ and *.egg-info out of the repo)."""
-    source = scratch / "tiny_model_plugin"
-    shutil.copytree(
-        EXAMPLES / "tiny_model_plugin",
-        source,
-        ignore=shutil.ignore_patterns("__pycache__", "build", "*.egg-info"),
-    )
-    cmd = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
-    cmd += ["--no-input", "--disable-pip-version-check", "--target", str(target), str(source)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-
-
 @pytest.fixture(scope="session")
 def pip_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    scratch = tmp_path_factory.mktemp("pip")
-    target = scratch / "site"
-    proc = _install_plugin_with_pip(target, scratch)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return target
+    return install_plugin_with_pip(tmp_path_factory.mktemp("pip"))
 
 
 @pytest.fixture(scope="session")
 def ground_truth(
     examples_dir: Path, pip_site: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, dict[str, Any]]:
-    """Every variant on a real engine, two at a time; results by variant name.
+    """Every variant's answer: the family's live ones on a real engine now, two at a time, the
+    others as recorded for this vLLM (tests/fixtures/ground_truth.py; all live without a recording).
 
     `examples_dir` (tests/conftest.py) is examples/make_examples.py's output."""
-    jobs = [job_for_variant(d) for d in sorted(examples_dir.iterdir()) if d.is_dir()]
-    jobs.append(
-        EngineJob(
-            name=PIP_INSTALLED,
-            model_dir=examples_dir / "ok" / "model",
-            site_dir=pip_site,
-            engine_mode="multiprocess",
-        )
-    )
-    # The slow ones (engine core + worker processes: ~45 s each) first, so they overlap.
-    jobs.sort(key=lambda job: job.engine_mode == "inprocess")
-    results = run_variants(jobs, tmp_path_factory.mktemp("engine"))
+    truth = recorded_truth(examples_dir, pip_site, tmp_path_factory)
+    results = truth.answers
     summary = tmp_path_factory.getbasetemp() / "ground_truth.json"
-    summary.write_text(json.dumps(results, indent=2))
+    summary.write_text(
+        json.dumps({k: {n: v for n, v in r.items() if n != "log"} for k, r in results.items()}, indent=2)
+    )
     return results
+
+
+_TRUTH: dict[str, truth_data.Truth] = {}
+
+
+def recorded_truth(examples_dir: Path, pip_site: Path, tmp_path_factory: pytest.TempPathFactory) -> truth_data.Truth:
+    if "examples" not in _TRUTH:
+        _TRUTH["examples"] = truth_data.gather(
+            truth_data.FAMILIES["examples"], tmp_path_factory.getbasetemp(), jobs=examples_jobs(examples_dir, pip_site)
+        )
+    return _TRUTH["examples"]
+
+
+def test_the_live_variants_answer_as_recorded(
+    examples_dir: Path, pip_site: Path, tmp_path_factory: pytest.TempPathFactory, ground_truth: dict[str, Any]
+) -> None:
+    """vLLM still does with the live variants what it did when the family was recorded (none
+    recorded for this vLLM: every variant ran live, nothing to compare)."""
+    truth = recorded_truth(examples_dir, pip_site, tmp_path_factory)
+    found = truth_data.drift(truth_data.FAMILIES["examples"], truth)
+    assert found == [], "re-record: python tools/record_ground_truth.py --family examples"
 
 
 def _describe(result: dict[str, Any]) -> str:
@@ -211,9 +195,7 @@ def test_shadowing_a_builtin_is_silent(ground_truth: dict[str, dict[str, Any]]) 
     """vLLM 0.32 overwrites LlamaForCausalLM with the plugin's class at DEBUG level only."""
     log = Path(ground_truth["shadows-builtin-arch"]["log_path"]).read_text()
     assert "already registered" not in log
-    assert "LlamaForCausalLM" not in "\n".join(
-        line for line in log.splitlines() if " WARNING " in line
-    )
+    assert "LlamaForCausalLM" not in "\n".join(line for line in log.splitlines() if " WARNING " in line)
 
 
 def test_pip_installed_plugin_generates_in_multiprocess_engine(

@@ -15,7 +15,7 @@ def family(ran: list[set[str]]) -> gt.Family:
     def jobs(workdir: Path) -> dict[str, Any]:
         return {name: workdir / name for name in ("ok", "fails", "differs")}
 
-    def run(chosen: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    def run(chosen: dict[str, Any], workdir: Path) -> dict[str, dict[str, Any]]:
         ran.append(set(chosen))
         return {
             name: {"ok": name != "fails", "error": f"Error at {path}: {{'b', 'a'}}\nmore"}
@@ -68,7 +68,7 @@ def test_an_answer_not_as_recorded_is_drift(data: Path) -> None:
     fam = family([])
     gt.save("toy", gt.gather(fam, data / "run1").answers, data / "run1")
 
-    def changed(chosen: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    def changed(chosen: dict[str, Any], workdir: Path) -> dict[str, dict[str, Any]]:
         return {name: {"ok": True, "error": None} for name in chosen}
 
     fam.run = changed
@@ -87,3 +87,25 @@ def test_a_recording_of_an_older_format_is_refused(data: Path) -> None:
         json.dump({"format": 0, "answers": {}}, fh)
     with pytest.raises(ValueError, match="re-record it"):
         gt.load("toy", data)
+
+
+def test_a_recorded_answer_puts_its_engine_log_back_where_it_says(data: Path) -> None:
+    """A family whose tests read the engine's log file: the recording carries the log, and a
+    recorded answer writes it at its (this run's) path; a live one wrote its own."""
+
+    def run(chosen: dict[str, Any], workdir: Path) -> dict[str, dict[str, Any]]:
+        out = {}
+        for name in chosen:
+            path = workdir / "engine-runs" / name / "engine.log"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"log of {name} in {workdir}")
+            out[name] = {"ok": True, "log_path": str(path), "log": path.read_text()}
+        return out
+
+    fam = gt.Family("logs", lambda w: {"ok": 1, "other": 2}, run, live=("ok",), restore=gt._write_log)
+    gt.save("logs", gt.gather(fam, data / "run1").answers, data / "run1")
+    truth = gt.gather(fam, data / "run2")
+    assert truth.live == {"ok"}
+    other = Path(truth.answers["other"]["log_path"])
+    assert other == data / "run2" / "engine-runs" / "other" / "engine.log"
+    assert other.read_text() == f"log of other in {data / 'run2'}"  # the recorded text, this run's paths
