@@ -14,18 +14,18 @@ from __future__ import annotations
 
 import importlib.util
 import json
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import make_examples
-from tests.engine_harness import run_concurrently
-from tests.engine_tokens import PROMPTS, run_tokens
+from tests.engine_tokens import PROMPTS
+from tests.fixtures import ground_truth
 from tests.fixtures.mla_expected import EXPECTED
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")]
+FAMILY = ground_truth.FAMILIES["mla"]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -36,9 +36,22 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    work = tmp_path_factory.mktemp("mla-engines")
-    return run_concurrently({name: partial(run_tokens, name, built / name, work / name) for name in EXPECTED})
+def truth(built: Path, tmp_path_factory: pytest.TempPathFactory) -> ground_truth.Truth:
+    """Each variant's answer: the family's live ones on their own engine now, two at a time
+    (tests/engine_harness.run_concurrently), the others as recorded for this vLLM
+    (tests/fixtures/ground_truth.py; every variant live without a recording)."""
+    jobs = {name: built / name for name in EXPECTED}
+    return ground_truth.gather(FAMILY, tmp_path_factory.getbasetemp(), jobs=jobs)
+
+
+@pytest.fixture(scope="module")
+def runs(truth: ground_truth.Truth) -> dict[str, dict[str, Any]]:
+    return truth.answers
+
+
+def test_the_live_variants_answer_as_recorded(truth: ground_truth.Truth) -> None:
+    """vLLM still does with the family's live variants what it did when it was recorded."""
+    assert ground_truth.drift(FAMILY, truth) == [], "re-record: python tools/record_ground_truth.py --family mla"
 
 
 def test_every_mla_variant_has_an_expectation() -> None:
@@ -47,15 +60,15 @@ def test_every_mla_variant_has_an_expectation() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_vllm_behaviour(name: str, runs: dict[str, dict[str, Any]]) -> None:
-    result, expected = runs[name], EXPECTED[name]
+def test_vllm_behaviour(name: str, truth: ground_truth.Truth) -> None:
+    result, expected = truth.answers[name], EXPECTED[name]
     shown = json.dumps({k: v for k, v in result.items() if k not in ("log_tail", "logprobs")}, indent=1)[:3000]
     assert result["phase"] == expected.phase, shown
     if expected.phase == "ran":
         assert len(result["token_ids"]) == len(PROMPTS) and all(result["token_ids"]), shown
         assert result["model_class"].endswith(".model.TinyMlaForCausalLM"), shown
         if expected.same_tokens_as_ok:
-            assert result["token_ids"] == runs["mla-ok"]["token_ids"], shown
+            assert result["token_ids"] == truth.beside(name, "mla-ok")["token_ids"], shown
         return
     assert expected.error is not None and expected.error in result["error_message"], shown
 

@@ -15,19 +15,19 @@ import importlib.util
 import json
 import math
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import make_examples
-from tests.engine_harness import run_concurrently
 from tests.engine_tokens import PROMPTS, run_tokens
+from tests.fixtures import ground_truth
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
 ]
+FAMILY = ground_truth.FAMILIES["moe-quant"]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO_ROOT / "examples"
@@ -141,12 +141,22 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(built: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Each variant on its own engine, two at a time (tests/engine_harness.run_concurrently)."""
-    work = tmp_path_factory.mktemp("moe-quant-engines")
-    results = run_concurrently({name: partial(run_tokens, name, built / name, work / name) for name in EXPECTED})
-    (work / "results.json").write_text(json.dumps(results, indent=2))
-    return results
+def truth(built: Path, tmp_path_factory: pytest.TempPathFactory) -> ground_truth.Truth:
+    """Each variant's answer: the family's live ones on their own engine now, two at a time
+    (tests/engine_harness.run_concurrently), the others as recorded for this vLLM
+    (tests/fixtures/ground_truth.py; every variant live without a recording)."""
+    jobs = {name: built / name for name in EXPECTED}
+    return ground_truth.gather(FAMILY, tmp_path_factory.getbasetemp(), jobs=jobs)
+
+
+@pytest.fixture(scope="module")
+def runs(truth: ground_truth.Truth) -> dict[str, dict[str, Any]]:
+    return truth.answers
+
+
+def test_the_live_variants_answer_as_recorded(truth: ground_truth.Truth) -> None:
+    """vLLM still does with the family's live variants what it did when it was recorded."""
+    assert ground_truth.drift(FAMILY, truth) == [], "re-record: python tools/record_ground_truth.py --family moe-quant"
 
 
 def _describe(result: dict[str, Any]) -> str:
@@ -155,13 +165,19 @@ def _describe(result: dict[str, Any]) -> str:
 
 
 def test_every_variant_has_an_expectation() -> None:
-    on_disk = {p.name for d in ("moe", "quant") if (EXAMPLES / d).is_dir() for p in (EXAMPLES / d).iterdir() if (p / "variant.py").is_file()}
+    on_disk = {
+        p.name
+        for d in ("moe", "quant")
+        if (EXAMPLES / d).is_dir()
+        for p in (EXAMPLES / d).iterdir()
+        if (p / "variant.py").is_file()
+    }
     assert on_disk | {"moe-ok", "ok", "quant-ok"} == set(EXPECTED)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_vllm_behaviour(name: str, runs: dict[str, dict[str, Any]]) -> None:
-    result, expected = runs[name], EXPECTED[name]
+def test_vllm_behaviour(name: str, truth: ground_truth.Truth) -> None:
+    result, expected = truth.answers[name], EXPECTED[name]
     assert result["error_type"] != "HarnessError", _describe(result)
     assert result["phase"] == expected.phase, _describe(result)
     if expected.phase != "ran":
@@ -180,13 +196,15 @@ def test_vllm_behaviour(name: str, runs: dict[str, dict[str, Any]]) -> None:
     if not expected.uninitialized:
         assert not any(math.isnan(lp) for lps in result["logprobs"] for lp in lps), _describe(result)
     if expected.compare_with is not None:
-        reference = runs[expected.compare_with]
+        reference = truth.beside(name, expected.compare_with)
         assert reference["phase"] == "ran", _describe(reference)
         divergence = tuple(
             first_divergence(ids, ref) for ids, ref in zip(result["token_ids"], reference["token_ids"], strict=True)
         )
         if expected.uninitialized:
-            assert any(d is not None for d in divergence), f"same tokens as {expected.compare_with}\n{_describe(result)}"
+            assert any(d is not None for d in divergence), (
+                f"same tokens as {expected.compare_with}\n{_describe(result)}"
+            )
         else:
             assert divergence == expected.first_divergent_token, (
                 f"first divergent token per prompt: {divergence}\n{_describe(result)}"
@@ -204,5 +222,8 @@ def test_weights_track_names_the_missing_scales(built: Path, tmp_path: Path) -> 
     )
     assert result["phase"] == "load", _describe(result)
     assert "ValueError: Following weights were not initialized from checkpoint: {" in result["error_message"]
-    named = {f"model.layers.1.{m}.weight_scale" for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")}
+    named = {
+        f"model.layers.1.{m}.weight_scale"
+        for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+    }
     assert all(f"'{n}'" in result["error_message"] for n in named), _describe(result)

@@ -41,14 +41,6 @@ def engines(truth: ground_truth.Truth) -> dict[str, dict[str, Any]]:
     return truth.answers
 
 
-def reference(truth: ground_truth.Truth, name: str) -> dict[str, Any]:
-    """The working model's answer from the same run as ``name``'s (live beside live, recorded
-    beside recorded: greedy tokens of random weights may differ between machines)."""
-    if name in truth.live or truth.recorded is None:
-        return truth.answers["ok"]
-    return truth.recorded["ok"]
-
-
 def test_the_live_fixtures_answer_as_recorded(truth: ground_truth.Truth) -> None:
     """vLLM still does with the family's live fixtures what it did when the family was recorded
     (none: nothing recorded for this vLLM, every fixture ran live)."""
@@ -84,7 +76,7 @@ def test_engine_fails_the_way_the_finding_says(engines: dict[str, dict[str, Any]
 @pytest.mark.parametrize("name", DIFFERS)
 def test_engine_runs_with_a_parameter_left_uninitialised(truth: ground_truth.Truth, name: str) -> None:
     """vLLM starts without a word, and the outputs are not the working model's."""
-    res, ok = truth.answers[name], reference(truth, name)
+    res, ok = truth.answers[name], truth.beside(name, "ok")
     assert res["ok"], res["error"] or res["log_tail"]
     assert ok["ok"]
     assert _differs(res, ok), (res["tokens"], ok["tokens"])
@@ -99,7 +91,7 @@ def test_engine_runs_and_matches_the_working_model(truth: ground_truth.Truth, na
     """Findings that are information, not failures: fp32-checkpoint (VD304: these float32 values
     were bfloat16 to begin with, casting them back changes nothing) and tied-with-lm-head (VD307:
     vLLM 0.32 unties the head at config time and loads the checkpoint's lm_head.weight)."""
-    res, ok = truth.answers[name], reference(truth, name)
+    res, ok = truth.answers[name], truth.beside(name, "ok")
     assert res["ok"], res["error"]
     assert not _differs(res, ok), (res["tokens"], ok["tokens"])
 

@@ -109,3 +109,13 @@ def test_a_recorded_answer_puts_its_engine_log_back_where_it_says(data: Path) ->
     other = Path(truth.answers["other"]["log_path"])
     assert other == data / "run2" / "engine-runs" / "other" / "engine.log"
     assert other.read_text() == f"log of other in {data / 'run2'}"  # the recorded text, this run's paths
+
+
+def test_an_answer_is_compared_with_a_reference_from_its_own_run(data: Path) -> None:
+    """A recorded variant beside the recorded working model, a live one beside the live one."""
+    fam = family([])
+    gt.save("toy", gt.gather(fam, data / "run1").answers, data / "run1")
+    truth = gt.gather(fam, data / "run2")
+    assert truth.recorded is not None and truth.live == {"ok", "fails"}
+    assert truth.beside("differs", "ok") is truth.recorded["ok"]
+    assert truth.beside("fails", "ok") is truth.answers["ok"] and truth.answers["ok"] is not truth.recorded["ok"]
