@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -24,7 +23,6 @@ from tests.fixtures import ground_truth
 from tests.fixtures.hybrid_expected import EXPECTED
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")]
-FAMILY = ground_truth.FAMILIES["hybrid"]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -34,23 +32,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_examples(tmp_path_factory.mktemp("hybrid-examples"), *EXPECTED)
 
 
-@pytest.fixture(scope="module")
-def truth(built: Path, tmp_path_factory: pytest.TempPathFactory) -> ground_truth.Truth:
-    """Each variant's answer: the family's live ones on their own engine now, two at a time
-    (tests/engine_harness.run_concurrently), the others as recorded for this vLLM
-    (tests/fixtures/ground_truth.py; every variant live without a recording)."""
-    jobs = {name: built / name for name in EXPECTED}
-    return ground_truth.gather(FAMILY, tmp_path_factory.getbasetemp(), jobs=jobs)
-
-
-@pytest.fixture(scope="module")
-def runs(truth: ground_truth.Truth) -> dict[str, dict[str, Any]]:
-    return truth.answers
-
-
-def test_the_live_variants_answer_as_recorded(truth: ground_truth.Truth) -> None:
-    """vLLM still does with the family's live variants what it did when it was recorded."""
-    assert ground_truth.drift(FAMILY, truth) == [], "re-record: python tools/record_ground_truth.py --family hybrid"
+truth, runs, test_the_live_variants_answer_as_recorded = ground_truth.variant_fixtures("hybrid", EXPECTED)
 
 
 def test_every_hybrid_variant_has_an_expectation() -> None:

@@ -25,7 +25,6 @@ from tests.fixtures import ground_truth
 from tests.fixtures.mla_expected import EXPECTED
 
 pytestmark = [pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed")]
-FAMILY = ground_truth.FAMILIES["mla"]
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -35,23 +34,7 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_examples(tmp_path_factory.mktemp("mla-examples"), *EXPECTED)
 
 
-@pytest.fixture(scope="module")
-def truth(built: Path, tmp_path_factory: pytest.TempPathFactory) -> ground_truth.Truth:
-    """Each variant's answer: the family's live ones on their own engine now, two at a time
-    (tests/engine_harness.run_concurrently), the others as recorded for this vLLM
-    (tests/fixtures/ground_truth.py; every variant live without a recording)."""
-    jobs = {name: built / name for name in EXPECTED}
-    return ground_truth.gather(FAMILY, tmp_path_factory.getbasetemp(), jobs=jobs)
-
-
-@pytest.fixture(scope="module")
-def runs(truth: ground_truth.Truth) -> dict[str, dict[str, Any]]:
-    return truth.answers
-
-
-def test_the_live_variants_answer_as_recorded(truth: ground_truth.Truth) -> None:
-    """vLLM still does with the family's live variants what it did when it was recorded."""
-    assert ground_truth.drift(FAMILY, truth) == [], "re-record: python tools/record_ground_truth.py --family mla"
+truth, runs, test_the_live_variants_answer_as_recorded = ground_truth.variant_fixtures("mla", EXPECTED)
 
 
 def test_every_mla_variant_has_an_expectation() -> None:
