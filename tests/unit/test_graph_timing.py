@@ -393,3 +393,17 @@ def test_without_the_driver_graphs_are_made_as_asked_and_read_by_waiting(
         assert KeptGraph().keep_graph is False and "__init__" not in timing.originals
     finally:
         timing.uninstall()
+
+
+def test_the_layers_line_says_how_sampled_replays_are_read() -> None:
+    timing = graphs.GraphTiming()
+    own, waits = graphs.GraphMarks(marks=[("a", True, None)], nodes=["n"]), graphs.GraphMarks(marks=[("a", True, None)])
+    timing.graphs = {1: (None, own)}
+    assert timing.how_read() == ", a sampled replay's read from events of its own (no wait)"
+    timing.graphs[2] = (None, waits)
+    assert "of its own in 1, by waiting in the rest" in timing.how_read()
+    timing.graphs = {2: (None, waits)}
+    timing.errors.append("event nodes: RuntimeError: no driver")
+    assert timing.how_read().endswith(
+        "by waiting for it at the graph's next replay [graph timing: event nodes: RuntimeError: no driver]"
+    )

@@ -304,6 +304,19 @@ class GraphTiming:
             "errors": list(self.errors[-5:]),
         }
 
+    def how_read(self) -> str:
+        """How sampled replays are read, for the layers line: from events of their own, or by
+        waiting at the graph's next replay (and the last error of graph timing, if any)."""
+        timed = [g for _, g in self.graphs.values() if g.marks]
+        own = sum(1 for g in timed if g.nodes is not None)
+        if own == len(timed):
+            out = ", a sampled replay's read from events of its own (no wait)"
+        elif own:
+            out = f", a sampled replay's read from events of its own in {own}, by waiting in the rest"
+        else:
+            out = ", a sampled replay's read by waiting for it at the graph's next replay"
+        return out + (f" [graph timing: {self.errors[-1]}]" if self.errors else "")
+
     def timed_graphs(self) -> int:
         return sum(1 for _, g in self.graphs.values() if g.marks)
 

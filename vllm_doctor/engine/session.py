@@ -316,6 +316,7 @@ class WorkerSession:
                     timed_graphs = graphs.TIMING.timed_graphs()
                     if timed_graphs:
                         how += f"; inside FULL CUDA graphs by events captured into {timed_graphs} graph(s)"
+                        how += graphs.TIMING.how_read()
                     elif state["cudagraphs"]:
                         how += (
                             "; steps that replay a FULL CUDA graph run no Python inside the forward: their "
