@@ -17,19 +17,18 @@ import json
 import re
 import subprocess
 import sys
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.engine_harness import run_concurrently
-from tests.engine_mm_harness import run_mm_variant
+from tests.fixtures import ground_truth
 
 REPO = Path(__file__).resolve().parents[2]
 BUILDER = REPO / "examples" / "make_multimodal.py"
 VARIANTS_SRC = REPO / "examples" / "multimodal"
 OK = "mm-ok"
+FAMILY = ground_truth.FAMILIES["multimodal"]
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM not installed"),
@@ -50,14 +49,35 @@ PHASE_NAMES = ("start", "text", "image", "image_other")
 
 
 @pytest.fixture(scope="module")
-def mm_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
-    """Every multimodal variant built and run on a real engine, two at a time."""
+def mm_truth(tmp_path_factory: pytest.TempPathFactory) -> ground_truth.Truth:
+    """Every multimodal variant built; the family's live ones run on a real engine now, two at a
+    time, the others as recorded for this vLLM (tests/fixtures/ground_truth.py; all live without
+    a recording)."""
     out = tmp_path_factory.mktemp("mm-examples")
     subprocess.run([sys.executable, str(BUILDER), str(out)], check=True, capture_output=True, timeout=600)
-    work = tmp_path_factory.mktemp("mm-engine")
-    results = run_concurrently({d.name: partial(run_mm_variant, d, work / d.name) for d in sorted(out.iterdir()) if d.is_dir()})
-    (tmp_path_factory.getbasetemp() / "mm_ground_truth.json").write_text(json.dumps(results, indent=2))
-    return results
+    jobs = {d.name: d for d in sorted(out.iterdir()) if d.is_dir()}
+    truth = ground_truth.gather(FAMILY, tmp_path_factory.getbasetemp(), jobs=jobs)
+    shown = {name: {k: v for k, v in r.items() if k != "log"} for name, r in truth.answers.items()}
+    (tmp_path_factory.getbasetemp() / "mm_ground_truth.json").write_text(json.dumps(shown, indent=2))
+    return truth
+
+
+@pytest.fixture(scope="module")
+def mm_results(mm_truth: ground_truth.Truth) -> dict[str, dict[str, Any]]:
+    return mm_truth.answers
+
+
+def test_the_live_variants_answer_as_recorded(mm_truth: ground_truth.Truth) -> None:
+    """vLLM still does with the family's live variants what it did when it was recorded."""
+    found = ground_truth.drift(FAMILY, mm_truth)
+    assert found == [], "re-record: python tools/record_ground_truth.py --family multimodal"
+
+
+def _ok_beside(truth: ground_truth.Truth, name: str) -> dict[str, Any]:
+    """The working example's answer from the same run as ``name``'s (recorded or live)."""
+    result = truth.beside(name, OK)
+    assert "harness_error" not in result, _describe(result)
+    return result
 
 
 def _describe(result: dict[str, Any]) -> str:
@@ -123,10 +143,12 @@ def test_working_example_serves_text_and_images(mm_results: dict[str, dict[str, 
     assert NO_PROCESSOR_WARNING not in log and WARMUP_FAILED not in log
 
 
-def test_processor_not_registered_runs_text_only(mm_results: dict[str, dict[str, Any]]) -> None:
+def test_processor_not_registered_runs_text_only(
+    mm_results: dict[str, dict[str, Any]], mm_truth: ground_truth.Truth
+) -> None:
     """(a) start: one warning; text as the working example; an image request is refused in
     the caller's input processing."""
-    result, ok = _get(mm_results, "mm-processor-not-registered"), _get(mm_results, OK)
+    result, ok = _get(mm_results, "mm-processor-not-registered"), _ok_beside(mm_truth, "mm-processor-not-registered")
     assert result["start"] == {"ok": True}, _describe(result)
     assert NO_PROCESSOR_WARNING in _log(result)
     assert _tokens(result, "text") == _tokens(ok, "text")
@@ -134,10 +156,12 @@ def test_processor_not_registered_runs_text_only(mm_results: dict[str, dict[str,
         _assert_failed(result[phase], TEXT_ONLY_ERROR, (RENDERER_FRAME,), result)
 
 
-def test_not_supports_multimodal_starts_silently(mm_results: dict[str, dict[str, Any]]) -> None:
+def test_not_supports_multimodal_starts_silently(
+    mm_results: dict[str, dict[str, Any]], mm_truth: ground_truth.Truth
+) -> None:
     """(b) no warning at all (limit_mm_per_prompt is accepted and ignored); text as the
     working example; an image request is refused with the same error as (a)."""
-    result, ok = _get(mm_results, "mm-not-supports-multimodal"), _get(mm_results, OK)
+    result, ok = _get(mm_results, "mm-not-supports-multimodal"), _ok_beside(mm_truth, "mm-not-supports-multimodal")
     assert result["start"] == {"ok": True}, _describe(result)
     log = _log(result)
     assert NO_PROCESSOR_WARNING not in log and "Multi-modal" not in log
@@ -161,11 +185,16 @@ def test_image_token_mismatch_fails_at_start(mm_results: dict[str, dict[str, Any
     assert all(result[p] is None for p in PHASE_NAMES[1:])
 
 
-def test_image_token_mismatch_with_precomputed_budget_fails_per_request(mm_results: dict[str, dict[str, Any]]) -> None:
+def test_image_token_mismatch_with_precomputed_budget_fails_per_request(
+    mm_results: dict[str, dict[str, Any]], mm_truth: ground_truth.Truth
+) -> None:
     """(c') the same mistake when the processor gives get_mm_max_tokens_per_item: the engine
     starts (the warmup's failure is one warning without its reason), text works, every image
     request fails with (c)'s assertion."""
-    result, ok = _get(mm_results, "mm-image-token-mismatch-precomputed"), _get(mm_results, OK)
+    result, ok = (
+        _get(mm_results, "mm-image-token-mismatch-precomputed"),
+        _ok_beside(mm_truth, "mm-image-token-mismatch-precomputed"),
+    )
     assert result["start"] == {"ok": True}, _describe(result)
     log = _log(result)
     assert WARMUP_FAILED in log and "Failed to apply prompt replacement" not in log
@@ -174,10 +203,12 @@ def test_image_token_mismatch_with_precomputed_budget_fails_per_request(mm_resul
         _assert_failed(result[phase], REPLACEMENT_ERROR, (RENDERER_FRAME, "processor.py:apply"), result)
 
 
-def test_vision_weights_skipped_answers_differently_without_error(mm_results: dict[str, dict[str, Any]]) -> None:
+def test_vision_weights_skipped_answers_differently_without_error(
+    mm_results: dict[str, dict[str, Any]], mm_truth: ground_truth.Truth
+) -> None:
     """(d) no error, no warning: the vision tower keeps PyTorch's default initialisation
     (finite, seeded), so image answers differ from the working example's; text is identical."""
-    result, ok = _get(mm_results, "mm-vision-weights-skipped"), _get(mm_results, OK)
+    result, ok = _get(mm_results, "mm-vision-weights-skipped"), _ok_beside(mm_truth, "mm-vision-weights-skipped")
     assert result["start"] == {"ok": True}, _describe(result)
     assert _tokens(result, "text") == _tokens(ok, "text")
     for phase in ("image", "image_other"):
@@ -186,12 +217,14 @@ def test_vision_weights_skipped_answers_differently_without_error(mm_results: di
     assert "not initialized from checkpoint" not in _log(result)
 
 
-def test_truncated_tower_answers_as_the_working_example(mm_results: dict[str, dict[str, Any]]) -> None:
+def test_truncated_tower_answers_as_the_working_example(
+    mm_results: dict[str, dict[str, Any]], mm_truth: ground_truth.Truth
+) -> None:
     """The vision tower built up to vision_feature_layer (vLLM's LLaVA's rule) over a checkpoint
     that holds one layer more, which its load_weights skips: starts without a word and answers
     exactly as mm-ok (the built layer, post_layernorm and projector are mm-ok's). The doctor
     reports nothing for it (tests/unit/test_multimodal_weights_replies.py, on recorded pass replies)."""
-    result, ok = _get(mm_results, "mm-ok-truncated-tower"), _get(mm_results, OK)
+    result, ok = _get(mm_results, "mm-ok-truncated-tower"), _ok_beside(mm_truth, "mm-ok-truncated-tower")
     assert result["start"] == {"ok": True}, _describe(result)
     for phase in PHASE_NAMES[1:]:
         assert _tokens(result, phase) == _tokens(ok, phase), _describe(result)
@@ -208,11 +241,13 @@ def test_unmapped_weight_prefix_fails_loading_weights(mm_results: dict[str, dict
     assert all(result[p] is None for p in PHASE_NAMES[1:])
 
 
-def test_embeddings_not_merged_ignores_the_image_silently(mm_results: dict[str, dict[str, Any]]) -> None:
+def test_embeddings_not_merged_ignores_the_image_silently(
+    mm_results: dict[str, dict[str, Any]], mm_truth: ground_truth.Truth
+) -> None:
     """(f) no error, no warning: embed_input_ids drops the image embeddings, so the decoder sees
     the <image> token's embedding on every placeholder: two different images give the same
     tokens, which are not the working example's; text is identical."""
-    result, ok = _get(mm_results, "mm-embeddings-not-merged"), _get(mm_results, OK)
+    result, ok = _get(mm_results, "mm-embeddings-not-merged"), _ok_beside(mm_truth, "mm-embeddings-not-merged")
     assert result["start"] == {"ok": True}, _describe(result)
     assert _tokens(result, "text") == _tokens(ok, "text")
     red, noise = _tokens(result, "image"), _tokens(result, "image_other")
@@ -222,12 +257,14 @@ def test_embeddings_not_merged_ignores_the_image_silently(mm_results: dict[str, 
     assert _warnings(result) == _warnings(ok)  # not one warning more than the working example's
 
 
-def test_no_embed_multimodal_fails_every_image_request_in_the_engine_core(mm_results: dict[str, dict[str, Any]]) -> None:
+def test_no_embed_multimodal_fails_every_image_request_in_the_engine_core(
+    mm_results: dict[str, dict[str, Any]], mm_truth: ground_truth.Truth
+) -> None:
     """(g) the encoder method under its pre-rename name (get_multimodal_embeddings): the engine
     starts and serves text; SupportsMultiModal's empty embed_multimodal returns None, which vLLM's
     sanity check of the encoder output refuses in the engine core (the runner's
     _execute_mm_encoder), on every image request."""
-    result, ok = _get(mm_results, "mm-no-embed-multimodal"), _get(mm_results, OK)
+    result, ok = _get(mm_results, "mm-no-embed-multimodal"), _ok_beside(mm_truth, "mm-no-embed-multimodal")
     assert result["start"] == {"ok": True}, _describe(result)
     assert _tokens(result, "text") == _tokens(ok, "text")
     frames = ("core.py:step", "gpu_model_runner.py:_execute_mm_encoder", "utils.py:sanity_check_mm_encoder_outputs")
