@@ -83,20 +83,18 @@ class StepTracker:
 
     def _extend(self, req_ids: list[str], new_blocks: list[Any]) -> None:
         """The blocks each request got this step (None for those that got none), none resumed."""
-        blocks, refs = self.blocks, self.refs
-        get = refs.get
+        blocks, add = self.blocks, self._add
         for rid, added in compress(zip(req_ids, new_blocks, strict=False), new_blocks):
             groups = blocks.get(rid)
-            if groups is None or len(added) > len(groups):
-                if groups is None:
-                    self._set_blocks(rid, added)
-                    continue
+            if groups is None:
+                self._set_blocks(rid, added)
+                continue
+            if len(added) > len(groups):
                 groups.extend([] for _ in range(len(added) - len(groups)))
             for g, ids in enumerate(added):
                 if ids:
                     groups[g].extend(ids)
-                    for b in ids:
-                        refs[b] = get(b, 0) + 1
+                    add(ids)
 
     def observe(self, so: Any) -> Counts:
         """Update from one SchedulerOutput; return the step's token/request/KV counts
@@ -260,13 +258,15 @@ class StepTracker:
             new_blocks = getattr(cached, "new_block_ids", None) or ()
             if new_blocks.count(None) != len(new_blocks):  # some request got blocks this step
                 # only the requests that got blocks (vLLM gives None for the others): picked in C
-                if resumed:
-                    for rid in resumed:
-                        self._set_blocks(rid, resumed_blocks[rid])  # type: ignore[index]
-                    new_blocks = [
-                        None if rid in resumed else added for rid, added in zip(req_ids, new_blocks, strict=False)
-                    ]
-                self._extend(list(req_ids), list(new_blocks))
+                if resumed:  # a resumed request that got blocks: its table is set afresh
+                    picked = []
+                    for rid, added in zip(req_ids, new_blocks, strict=False):
+                        if added is not None and rid in resumed:
+                            self._set_blocks(rid, resumed_blocks[rid])  # type: ignore[index]
+                            added = None
+                        picked.append(added)
+                    new_blocks = picked
+                self._extend(req_ids, new_blocks)
             if decoding.issuperset(req_ids):  # every one of them was decoding already
                 decode_reqs = len(req_ids)
             else:
