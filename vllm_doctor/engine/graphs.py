@@ -35,8 +35,8 @@ served engine opts in with the same variable):
   host blocked, not working; it costs throughput by the gap it leaves on the device before this
   replay, not by its length: on an H100 at every 8th step, 0.71 ms a step of waiting and
   reading, where six paired rounds of the same workload measured -0.56 % throughput;
-  bench/README.md) and the reading (:data:`GRAPH_READS`). The step wrapper leaves every
-  ``GRAPH_PARTS`` time out of vLLM's host time.
+  bench/README.md) and the reading (:data:`GRAPH_READS`). The step wrapper leaves all of the
+  doctor's time in a replay (the profiler's ``graph_s``) out of vLLM's host time.
 
 Nothing here changes what a graph computes: event nodes only record timestamps. Piecewise
 graphs capture no attention (vLLM splits them at attention, which runs between the pieces in
@@ -67,8 +67,6 @@ GRAPH_WAITS = "graph_waits"
 GRAPH_READS = "graph_reads"
 # pointing a graph's event nodes at a sampled replay's own events and back (the driver's calls)
 GRAPH_RETARGETS = "graph_retargets"
-# every part of the doctor's own time spent inside a replay (in vLLM's execute_model)
-GRAPH_PARTS = (GRAPH_WAITS, GRAPH_READS, GRAPH_RETARGETS)
 # on a graph the doctor made with keep_graph=True: what its maker asked for (False: instantiate at capture_end)
 KEPT = "_vllm_doctor_keep_graph"
 # event sets made per graph size when a graph's nodes are found: the sampled steps that wait to be
@@ -159,6 +157,13 @@ class Retarget:
             rc = set_event(graph_exec, node, event)
             if rc:
                 _check("cuGraphExecEventRecordNodeSetEvent", rc)
+
+
+def _own(prof: Any, part: str, seconds: float) -> None:
+    """The doctor's time inside a replay: its part of ``own_s``, and the total the step wrapper
+    leaves out of vLLM's host time (``graph_s``)."""
+    prof.own[part] = prof.own.get(part, 0.0) + seconds
+    prof.graph_s += seconds
 
 
 def _check(call: str, rc: int) -> None:
@@ -437,11 +442,8 @@ class GraphTiming:
             t1 = time.perf_counter()
             read(marks, block=True)
             if prof is not None:  # the attached session's profiler: its own-time counters
-                t2 = time.perf_counter()
-                own = prof.own
-                own[GRAPH_WAITS] = own.get(GRAPH_WAITS, 0.0) + t1 - t
-                own[GRAPH_READS] = own.get(GRAPH_READS, 0.0) + t2 - t1
-                prof.graph_s += t2 - t
+                _own(prof, GRAPH_WAITS, t1 - t)
+                _own(prof, GRAPH_READS, time.perf_counter() - t1)
         step = getattr(prof, "current", None) if prof is not None else None
         sampled = step is not None and getattr(step, "layers_timed", False) and getattr(step, "start", None) is not None
         pointed = None
@@ -449,10 +451,7 @@ class GraphTiming:
             t = time.perf_counter()
             pointed = self._point(graph, marks, step if sampled else None)
             if prof is not None:
-                dt = time.perf_counter() - t
-                own = prof.own
-                own[GRAPH_RETARGETS] = own.get(GRAPH_RETARGETS, 0.0) + dt
-                prof.graph_s += dt
+                _own(prof, GRAPH_RETARGETS, time.perf_counter() - t)
         if not sampled or not marks.marks:  # (a failed retarget leaves the graph untimed)
             return self.originals["replay"](graph, *args, **kwargs)
         out = self.originals["replay"](graph, *args, **kwargs)
@@ -507,10 +506,7 @@ def read(item: GraphMarks | Pointed, block: bool) -> bool:
     graph's last sampled replay of the captured events. False if not complete yet and not ``block``."""
     if isinstance(item, Pointed):
         if not item.read:
-            step = item.step
-            origin, bounds = step.start, step.bounds
-            for (name, enter, _), event in zip(item.labels, item.events, strict=True):
-                bounds.append((name, enter, Fixed(origin.elapsed_time(event) / 1000.0)))
+            _bounds(item.step, item.labels, item.events)
             item.read = True
             item.owner.give_back(item)
         return True
@@ -522,8 +518,16 @@ def read(item: GraphMarks | Pointed, block: bool) -> bool:
         if not block:
             return False
         end.synchronize()
-    origin = step.start
-    for name, enter, event in marks.marks:
-        step.bounds.append((name, enter, Fixed(origin.elapsed_time(event) / 1000.0)))
+    _bounds(step, marks.marks, [event for _, _, event in marks.marks])
     marks.unread = None
     return True
+
+
+def _bounds(step: Any, labels: list[tuple[str, bool, Any]], events: list[Any]) -> None:
+    """Each (layer, entered?) of ``labels`` with its event in ``events`` as the step's attention
+    bound: seconds since the step's start event."""
+    origin = step.start
+    step.bounds.extend(
+        (name, enter, Fixed(origin.elapsed_time(event) / 1000.0))
+        for (name, enter, _), event in zip(labels, events, strict=True)
+    )

@@ -154,7 +154,7 @@ class ForwardProfiler:
         self.done_plain: list[tuple[list[Any], float, float]] = []
         # the doctor's own-time counters (the session's ``own_s``): counting adds to "counts"
         self.own: dict[str, float] = {"counts": 0.0}
-        # the doctor's time inside vLLM's replays of CUDA graphs (engine/graphs.py's GRAPH_PARTS of
+        # the doctor's time inside vLLM's replays of CUDA graphs (engine/graphs.py's parts of
         # ``own``, summed): one attribute the step wrapper reads twice a step
         self.graph_s = 0.0
         self.layers_enabled = False  # set by the session once its per-layer timing forwards exist
