@@ -127,41 +127,29 @@ def pip_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ground_truth(
-    examples_dir: Path, pip_site: Path, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, dict[str, Any]]:
+def examples_truth(examples_dir: Path, pip_site: Path, tmp_path_factory: pytest.TempPathFactory) -> truth_data.Truth:
     """Every variant's answer: the family's live ones on a real engine now, two at a time, the
     others as recorded for this vLLM (tests/fixtures/ground_truth.py; all live without a recording).
 
     `examples_dir` (tests/conftest.py) is examples/make_examples.py's output."""
-    truth = recorded_truth(examples_dir, pip_site, tmp_path_factory)
-    results = truth.answers
+    jobs = examples_jobs(examples_dir, pip_site)
+    truth = truth_data.gather(truth_data.FAMILIES["examples"], tmp_path_factory.getbasetemp(), jobs=jobs)
     summary = tmp_path_factory.getbasetemp() / "ground_truth.json"
     summary.write_text(
-        json.dumps({k: {n: v for n, v in r.items() if n != "log"} for k, r in results.items()}, indent=2)
+        json.dumps({k: {n: v for n, v in r.items() if n != "log"} for k, r in truth.answers.items()}, indent=2)
     )
-    return results
+    return truth
 
 
-_TRUTH: dict[str, truth_data.Truth] = {}
+@pytest.fixture(scope="session")
+def ground_truth(examples_truth: truth_data.Truth) -> dict[str, dict[str, Any]]:
+    return examples_truth.answers
 
 
-def recorded_truth(examples_dir: Path, pip_site: Path, tmp_path_factory: pytest.TempPathFactory) -> truth_data.Truth:
-    if "examples" not in _TRUTH:
-        _TRUTH["examples"] = truth_data.gather(
-            truth_data.FAMILIES["examples"], tmp_path_factory.getbasetemp(), jobs=examples_jobs(examples_dir, pip_site)
-        )
-    return _TRUTH["examples"]
-
-
-def test_the_live_variants_answer_as_recorded(
-    examples_dir: Path, pip_site: Path, tmp_path_factory: pytest.TempPathFactory, ground_truth: dict[str, Any]
-) -> None:
+def test_the_live_variants_answer_as_recorded(examples_truth: truth_data.Truth) -> None:
     """vLLM still does with the live variants what it did when the family was recorded (none
     recorded for this vLLM: every variant ran live, nothing to compare)."""
-    truth = recorded_truth(examples_dir, pip_site, tmp_path_factory)
-    found = truth_data.drift(truth_data.FAMILIES["examples"], truth)
-    assert found == [], "re-record: python tools/record_ground_truth.py --family examples"
+    truth_data.assert_as_recorded("examples", examples_truth)
 
 
 def _describe(result: dict[str, Any]) -> str:

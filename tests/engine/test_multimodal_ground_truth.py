@@ -69,8 +69,7 @@ def mm_results(mm_truth: ground_truth.Truth) -> dict[str, dict[str, Any]]:
 
 def test_the_live_variants_answer_as_recorded(mm_truth: ground_truth.Truth) -> None:
     """vLLM still does with the family's live variants what it did when it was recorded."""
-    found = ground_truth.drift(FAMILY, mm_truth)
-    assert found == [], "re-record: python tools/record_ground_truth.py --family multimodal"
+    ground_truth.assert_as_recorded("multimodal", mm_truth)
 
 
 def _ok_beside(truth: ground_truth.Truth, name: str) -> dict[str, Any]:

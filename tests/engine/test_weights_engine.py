@@ -44,7 +44,7 @@ def engines(truth: ground_truth.Truth) -> dict[str, dict[str, Any]]:
 def test_the_live_fixtures_answer_as_recorded(truth: ground_truth.Truth) -> None:
     """vLLM still does with the family's live fixtures what it did when the family was recorded
     (none: nothing recorded for this vLLM, every fixture ran live)."""
-    assert ground_truth.drift(FAMILY, truth) == [], "re-record: python tools/record_ground_truth.py --family weights"
+    ground_truth.assert_as_recorded("weights", truth)
 
 
 def _differs(a: dict[str, Any], b: dict[str, Any]) -> bool:
