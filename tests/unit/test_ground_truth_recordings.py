@@ -107,8 +107,16 @@ def test_a_recorded_answer_puts_its_engine_log_back_where_it_says(data: Path) ->
     truth = gt.gather(fam, data / "run2")
     assert truth.live == {"ok"}
     other = Path(truth.answers["other"]["log_path"])
-    assert other == data / "run2" / "engine-runs" / "other" / "engine.log"
+    assert other == data / "run2" / "engine-runs" / "other" / "engine.log.recorded"
     assert other.read_text() == f"log of other in {data / 'run2'}"  # the recorded text, this run's paths
+    # the live fixture's recorded answer (what Truth.beside gives a recorded one) keeps the recorded
+    # log, not the one this run wrote at the same place (CI's environment put a warning in it)
+    live_log = Path(truth.answers["ok"]["log_path"])
+    recorded_ok = Path(truth.beside("other", "ok")["log_path"])
+    assert live_log == data / "run2" / "engine-runs" / "ok" / "engine.log"
+    assert recorded_ok != live_log and recorded_ok.read_text() == f"log of ok in {data / 'run2'}"
+    live_log.write_text("this run's log, another environment")
+    assert recorded_ok.read_text() == f"log of ok in {data / 'run2'}"
 
 
 def test_an_answer_is_compared_with_a_reference_from_its_own_run(data: Path) -> None:
