@@ -24,7 +24,7 @@ ENGINE_B := $(addprefix $(ENGINE_TIER)/,$(addsuffix .py,test_multimodal_ground_t
 ENGINE_A := $(filter-out $(ENGINE_B),$(sort $(wildcard $(ENGINE_TIER)/test_*.py)))
 STREAMS := engine-a engine-b rest
 
-.PHONY: setup demo test lint bench catalogue test-fast test-unit test-integration test-engine lint-ruff lint-mypy \
+.PHONY: setup demo test lint bench catalogue test-fast test-unit test-integration test-engine test-engine-loaded lint-ruff lint-mypy \
 	$(addprefix test-stream-,$(STREAMS))
 
 $(STAMP): pyproject.toml
@@ -112,6 +112,23 @@ test-stream-engine-b: $(SETUP)
 
 test-stream-rest: $(SETUP)
 	$(call STREAM,rest,--durations=20 $(filter-out $(ENGINE_TIER),$(TIERS)))
+
+# issue 46 item 4, no flakes: the engine tier in its two streams, LOADED_ROUNDS rounds in a row, each
+# beside two busy loops (a core's worth each, at the tests' own priority); stops at the first round
+# that fails. Each round's junit XML and summary in $(TEST_RUN)/loaded-N (docs/development.md, Budget)
+LOADED_ROUNDS ?= 3
+test-engine-loaded: $(SETUP)
+	@for i in $$(seq 1 $(LOADED_ROUNDS)); do \
+		yes > /dev/null & b1=$$!; yes > /dev/null & b2=$$!; trap "kill $$b1 $$b2 2>/dev/null" EXIT INT TERM; \
+		s=$$(date +%s); \
+		$(MAKE) --no-print-directory -j2 --output-sync=target test-stream-engine-a test-stream-engine-b \
+			BIN=$(BIN) TEST_RUN=$(TEST_RUN)/loaded-$$i; rc=$$?; \
+		kill $$b1 $$b2 2>/dev/null; \
+		$(BIN)/python tools/suite_budget.py make-test --run $(TEST_RUN)/loaded-$$i --seconds $$(( $$(date +%s) - s )) \
+			--streams engine-a engine-b || true; \
+		echo "== round $$i of $(LOADED_ROUNDS), the engine tier beside two busy loops: exit $$rc"; \
+		[ $$rc -eq 0 ] || exit $$rc; \
+	done
 
 # lint and the unit tier side by side (two cores), each one's output in one piece, then the total
 # against its budget (tools/suite_budget.py)
