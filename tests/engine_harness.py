@@ -118,6 +118,16 @@ def engine_env(job: EngineJob, work_dir: Path) -> dict[str, str]:
     return env
 
 
+def host_has_amx() -> bool:
+    """What vLLM's CPU backend asks torch before it picks an AMX kernel (bf16 attention, the
+    AMX_MLA backend, int8 GEMMs): where this is True, vLLM answers some fixtures otherwise than on
+    the host without AMX where they were recorded (docs/development.md, "AMX hosts")."""
+    import torch
+
+    check = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(check is not None and check())
+
+
 PIP_INSTALLED = "ok-pip-installed"  # the working plugin, installed by pip, multiprocess engine
 
 
