@@ -125,7 +125,7 @@ test-engine-loaded: $(SETUP)
 			BIN=$(BIN) TEST_RUN=$(TEST_RUN)/loaded-$$i; rc=$$?; \
 		kill $$b1 $$b2 2>/dev/null; \
 		$(BIN)/python tools/suite_budget.py make-test --run $(TEST_RUN)/loaded-$$i --seconds $$(( $$(date +%s) - s )) \
-			--streams engine-a engine-b || true; \
+			--streams engine-a engine-b --loaded || true; \
 		echo "== round $$i of $(LOADED_ROUNDS), the engine tier beside two busy loops: exit $$rc"; \
 		[ $$rc -eq 0 ] || exit $$rc; \
 	done

@@ -97,6 +97,21 @@ def test_whole_run_and_each_stream_against_the_budget(tmp_path: Path, capsys: py
     assert lines[3] == "  rest stream: 38 min 00 s, budget 25 min: over by 13 min (exit 0; 1 passed, 1 skipped)"
 
 
+def test_a_loaded_round_says_its_times_without_the_budget(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """make test-engine-loaded: beside busy loops on purpose, so no "over by" that means nothing."""
+    write_stream(tmp_path, "engine-a", [("tests/engine/test_e", "test_a", 60.0, "passed")], "2208 0\n")
+    write_stream(tmp_path, "engine-b", [("tests/engine/test_f", "test_b", 9.0, "skipped")], "1604 0\n")
+
+    assert sb.main(["make-test", "--run", str(tmp_path), "--seconds", "2208", "--streams", "engine-a", "engine-b",
+                    "--loaded"]) == 0  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+
+    assert lines[0].startswith("== a round beside two busy loops") and "no budget" in lines[0]
+    assert lines[1:4] == ["  whole run: 36 min 48 s", "  engine-a stream: 36 min 48 s (exit 0; 1 passed)",
+                          "  engine-b stream: 26 min 44 s (exit 0; 1 skipped)"]  # fmt: skip
+    assert not any("budget 25 min" in line for line in lines)
+
+
 @pytest.mark.parametrize(("seconds", "words"), [
     (0, "within (25 min to spare)"),
     (24 * 60 + 59, "within (0 min to spare)"),
