@@ -162,6 +162,41 @@ def test_the_first_scrape_starts_with_the_source_and_the_first_poll_uses_it(metr
     unreachable.close()
 
 
+class _Slow(http.server.BaseHTTPRequestHandler):
+    delay_s: ClassVar[float] = 0.0
+
+    def do_GET(self) -> None:
+        time.sleep(type(self).delay_s)
+        body = b"vllm:num_requests_running 1.0\n"
+        self.send_response(200)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_server_that_answers_late_is_named_as_late_and_a_longer_timeout_waits_for_it() -> None:
+    """A loaded server is reachable but slow: the error says how long the scrape waited, and
+    `top --once` waits as long as Prometheus would (ONCE_SCRAPE_TIMEOUT_S), not the live view's 2 s."""
+    from vllm_doctor.cli.top import ONCE_SCRAPE_TIMEOUT_S
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        _Slow.delay_s = 1.0
+        assert Scraper(url)(0.2) == (None, f"cannot reach {url}: no answer within 0.2 s")
+        text, error = Scraper(url)(5.0)
+        assert error == "" and text == "vllm:num_requests_running 1.0\n"
+        assert ONCE_SCRAPE_TIMEOUT_S >= 10.0  # Prometheus's default scrape_timeout
+    finally:
+        _Slow.delay_s = 0.0
+        server.shutdown()
+        server.server_close()
+
+
 def test_an_unreachable_server_is_one_error_line() -> None:
     text, error = Scraper("http://127.0.0.1:9")(1.0)
     assert text is None and error.startswith("cannot reach http://127.0.0.1:9")

@@ -159,6 +159,13 @@ def _exit_app(app: Any, done: threading.Event) -> None:
             done.wait(0.1)
 
 
+# --once gives a script one answer: each scrape may take as long as Prometheus's default
+# scrape_timeout (the live view keeps its 2 s: it asks again a second later). A loaded server
+# (TP=2 on two busy cores) once took over 2 s to answer the second scrape, and --once said
+# "cannot reach" (exit 2) of a server that was serving.
+ONCE_SCRAPE_TIMEOUT_S = 10.0
+
+
 def run_once(url: str, args: argparse.Namespace) -> int:
     from vllm_doctor.live.sources import EnginePids, LiveSource, ModelWindow
 
@@ -167,6 +174,7 @@ def run_once(url: str, args: argparse.Namespace) -> int:
         interval_s=args.interval,
         window_s=args.window,
         devices=None if args.no_devices else device_sampler(EnginePids(url, None)),
+        timeout_s=ONCE_SCRAPE_TIMEOUT_S,
     )
     first = source.poll()
     if not first.metrics.ok:

@@ -172,6 +172,8 @@ class Scraper:
                 self.close()
                 if fresh or attempt:
                     reason = getattr(exc, "reason", None) or exc or type(exc).__name__
+                    if isinstance(exc, TimeoutError):  # reached, but a loaded server answered too late
+                        reason = f"no answer within {timeout:g} s"
                     return None, f"cannot reach {self.url}: {reason}"
         return None, f"cannot reach {self.url}"
 
