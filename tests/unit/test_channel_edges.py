@@ -290,7 +290,8 @@ def test_idle_connections_never_lock_the_owner_out_and_a_full_channel_says_who_h
     holders = [_connect(server) for _ in range(server_mod.MAX_CONNECTIONS)]
     try:
         for conn in holders:
-            assert _ask(conn, "doctor_install", {"layers": False})["reply"]["ok"]
+            reply = _ask(conn, "doctor_install", {"layers": False})
+            assert reply.get("reply", {}).get("ok"), reply
         time.sleep(0.6)
         with _connect(server) as extra:
             refused = _ask(extra, "doctor_ping")
@@ -298,6 +299,26 @@ def test_idle_connections_never_lock_the_owner_out_and_a_full_channel_says_who_h
     finally:
         for conn in holders:
             conn.close()
+
+
+def test_readers_that_hung_up_leave_their_places_to_the_next_at_once(served: tuple[Worker, ChannelServer]) -> None:
+    """A full channel whose readers all hung up a moment ago (the loop has not read their ends
+    yet): the next readers take their places, none is refused."""
+    _, server = served
+    for _ in range(3):
+        gone = [_connect(server) for _ in range(server_mod.MAX_CONNECTIONS)]
+        for conn in gone:
+            assert _ask(conn, "doctor_ping")["ok"]  # active just now: none of them is idle
+        for conn in gone:
+            conn.close()
+        fresh = [_connect(server) for _ in range(server_mod.MAX_CONNECTIONS)]
+        try:
+            for conn in fresh:
+                reply = _ask(conn, "doctor_ping")
+                assert reply.get("ok"), reply
+        finally:
+            for conn in fresh:
+                conn.close()
 
 
 def test_the_readers_handle_shows_the_refusal_not_a_broken_pipe(

@@ -41,6 +41,7 @@ import contextlib
 import itertools
 import logging
 import os
+import select
 import selectors
 import socket
 import threading
@@ -185,8 +186,9 @@ class ChannelServer:
         if uid is not None and uid != os.getuid():
             self._refuse(conn, f"uid {uid} is not this server's user")
             return
+        leaving = self._reap_hung_up() if len(self._readers) >= MAX_CONNECTIONS else 0
         with self._state:
-            if len(self._readers) >= MAX_CONNECTIONS and not self._evict_idle():
+            if len(self._readers) - leaving >= MAX_CONNECTIONS and not self._evict_idle():
                 holders = ", ".join(
                     f"{who} x{n}" if n > 1 else who
                     for who, n in Counter(r.describe() for r in self._readers.values()).items()
@@ -205,6 +207,37 @@ class ChannelServer:
         conn.setblocking(False)
         assert self._selector is not None
         self._selector.register(conn, selectors.EVENT_READ, reader)
+
+    def _reap_hung_up(self) -> int:
+        """Close the connections whose reader has hung up and whose end the loop has not read yet,
+        so that a reader that closes and connects again at once finds its old place free, not a
+        full channel. A reader that hung up while its request's thread still runs (or has just
+        sent the reply) is left to that thread, which closes it; it holds no place: their number
+        is returned. The loop's thread only, not under ``_state``."""
+        leaving = 0
+        readers = [r for r in list(self._readers.values()) if not r.closed]
+        # which have something to read (an end is something): a poll that does not wait, since a
+        # request's thread may have set a timeout on its socket, and Python's recv waits that
+        # long for data before it reads, whatever its flags
+        poll = select.poll()
+        for reader in readers:
+            with contextlib.suppress(ValueError, OSError):  # closed by its request's thread meanwhile
+                poll.register(reader.sock, select.POLLIN)
+        ready = {fd for fd, _ in poll.poll(0)}
+        for reader in readers:
+            if reader.sock.fileno() not in ready:  # open, nothing sent
+                continue
+            try:
+                hung_up = reader.sock.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                hung_up = True
+            if not hung_up:
+                continue
+            if reader.busy:  # its socket is the request thread's until it is answered
+                leaving += 1
+            else:
+                self._close(reader)
+        return leaving
 
     def _evict_idle(self) -> bool:
         """Close the connection idle longest among those that hold nothing in the worker and are
