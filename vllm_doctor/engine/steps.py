@@ -51,15 +51,16 @@ class StepTracker:
         self.blocks: dict[str, list[list[int]]] = {}
         self.refs: dict[int, int] = {}  # block id -> number of (request, group) lists holding it
         self.decoding: set[str] = set()  # requests past their prompt (until finished or preempted)
+        # requests in their prompt whose prompt length is known (a new request, until its computed
+        # tokens reach its prompt), and every request the counts can place without looking at it:
+        # ``known`` is ``decoding`` and ``undecided`` together (a request first seen mid-run, or
+        # with no prompt tokens to count, is in neither until the general path decides it)
+        self.undecided: set[str] = set()
+        self.known: set[str] = set()
         self._layout: bool | None = None  # the SchedulerOutput has every field the fast path reads
         # quick_phase's requests still in their prompt: id -> prompt tokens left after the steps it
         # saw (a prompt in chunks), or None (resumed: until the counts have it decoding)
         self.in_prompt: dict[str, int | None] = {}
-
-    def _add(self, ids: Any) -> None:
-        refs = self.refs
-        for b in ids:
-            refs[b] = refs.get(b, 0) + 1
 
     def _drop_blocks(self, rid: str) -> None:
         groups = self.blocks.pop(rid, None)
@@ -74,16 +75,21 @@ class StepTracker:
                 else:
                     refs.pop(b, None)
 
-    def _set_blocks(self, rid: str, groups: Any) -> None:
+    def _set_blocks(self, rid: str, groups: Any, owned: bool = False) -> None:
+        """``rid``'s blocks are ``groups`` (one list of block ids per KV cache group): copied,
+        unless ``owned`` (the lists are the tracker's own: copied at capture)."""
         self._drop_blocks(rid)
-        copied = [list(g) for g in groups or ()]
-        self.blocks[rid] = copied
-        for ids in copied:
-            self._add(ids)
+        kept = groups if owned else [list(g) for g in groups or ()]
+        self.blocks[rid] = kept
+        refs = self.refs
+        get = refs.get
+        for ids in kept:
+            for b in ids:
+                refs[b] = get(b, 0) + 1
 
     def _extend(self, req_ids: list[str], new_blocks: list[Any]) -> None:
         """The blocks each request got this step (None for those that got none), none resumed."""
-        blocks, add = self.blocks, self._add
+        blocks, refs = self.blocks, self.refs
         for rid, added in compress(zip(req_ids, new_blocks, strict=False), new_blocks):
             groups = blocks.get(rid)
             if groups is None:
@@ -91,10 +97,11 @@ class StepTracker:
                 continue
             if len(added) > len(groups):
                 groups.extend([] for _ in range(len(added) - len(groups)))
-            for g, ids in enumerate(added):
+            for g, ids in enumerate(added):  # (not zip: its strict keyword costs more than the loop)
                 if ids:
                     groups[g].extend(ids)
-                    add(ids)
+                    for b in ids:
+                        refs[b] = refs.get(b, 0) + 1
 
     def observe(self, so: Any) -> Counts:
         """Update from one SchedulerOutput; return the step's token/request/KV counts
@@ -226,24 +233,35 @@ class StepTracker:
                 if new_blocks.count(None) != len(new_blocks):
                     self._extend(req_ids, new_blocks)
                 return (0, total, 0, len(req_ids), total, len(refs) - (NULL_BLOCK in refs), 0, 0)
-        prompt_len = self.prompt_len
+            if not cached.resumed_req_ids and self.known.issuperset(req_ids):
+                return self._count_known(so, new, req_ids)
+        prompt_len, undecided, known = self.prompt_len, self.undecided, self.known
         for rid in getattr(so, "finished_req_ids", None) or ():
             prompt_len.pop(rid, None)
             decoding.discard(rid)
+            undecided.discard(rid)
+            known.discard(rid)
             self._drop_blocks(rid)
         preempted = getattr(so, "preempted_req_ids", None) or ()
         for rid in preempted:
             decoding.discard(rid)
+            undecided.discard(rid)
+            known.discard(rid)  # it comes back resumed, on the general path
             self._drop_blocks(rid)  # a preempted request gives its blocks back
         num_sched: dict[str, int] = getattr(so, "num_scheduled_tokens", None) or {}
         total = int(getattr(so, "total_num_scheduled_tokens", 0) or sum(num_sched.values()))
         prefill_tokens = decode_tokens = prefill_reqs = decode_reqs = 0
 
         for rid, plen, groups, _ in new:
+            decoding.discard(rid)
             if plen is not None:
                 prompt_len[rid] = plen
-            decoding.discard(rid)
-            self._set_blocks(rid, groups)
+                undecided.add(rid)
+                known.add(rid)
+            else:
+                undecided.discard(rid)
+                known.discard(rid)
+            self._set_blocks(rid, groups, owned=True)  # copied at capture
             prefill_tokens += num_sched.get(rid, 0)
             prefill_reqs += 1
 
@@ -255,6 +273,12 @@ class StepTracker:
             if resumed:
                 resumed_reqs = len(resumed)
                 decoding.difference_update(resumed)  # recomputed from the start: prefill again
+                for rid in resumed:
+                    if rid in prompt_len:
+                        undecided.add(rid)
+                        known.add(rid)
+                    else:
+                        known.discard(rid)
             new_blocks = getattr(cached, "new_block_ids", None) or ()
             if new_blocks.count(None) != len(new_blocks):  # some request got blocks this step
                 # only the requests that got blocks (vLLM gives None for the others): picked in C
@@ -262,7 +286,7 @@ class StepTracker:
                     picked = []
                     for rid, added in zip(req_ids, new_blocks, strict=False):
                         if added is not None and rid in resumed:
-                            self._set_blocks(rid, resumed_blocks[rid])  # type: ignore[index]
+                            self._set_blocks(rid, resumed_blocks[rid], owned=True)  # type: ignore[index]
                             added = None
                         picked.append(added)
                     new_blocks = picked
@@ -290,6 +314,8 @@ class StepTracker:
                         is_decode = n - len(spec.get(rid, ())) <= 1
                     if is_decode:
                         decoding.add(rid)  # a request's computed tokens only grow until preempted
+                        undecided.discard(rid)
+                        known.add(rid)
                         decode_reqs += 1
                     else:
                         prefill_tokens += n
@@ -298,6 +324,65 @@ class StepTracker:
 
         used = len(self.refs) - (NULL_BLOCK in self.refs)
         return (prefill_tokens, decode_tokens, prefill_reqs, decode_reqs, total, used, len(preempted), resumed_reqs)
+
+    def _count_known(self, so: Any, new: tuple[NewRequest, ...], req_ids: list[str]) -> Counts:
+        """A step whose running requests are all known (:attr:`known`) and none resumed: the
+        requests that finish, arrive or get blocks, and those still in their prompt
+        (:attr:`undecided`, a few at a time), are looked at one by one; the hundreds decoding are
+        counted by subtraction. The same counts as the general path (its rule for a request in
+        its prompt: its computed tokens before the step have not reached its prompt)."""
+        decoding, undecided, known, prompt_len = self.decoding, self.undecided, self.known, self.prompt_len
+        finished = so.finished_req_ids
+        if finished:
+            for rid in finished:
+                prompt_len.pop(rid, None)
+                decoding.discard(rid)
+                undecided.discard(rid)
+                known.discard(rid)
+                self._drop_blocks(rid)
+        preempted = so.preempted_req_ids
+        if preempted:
+            for rid in preempted:
+                decoding.discard(rid)
+                undecided.discard(rid)
+                known.discard(rid)
+                self._drop_blocks(rid)
+        sched: dict[str, int] = so.num_scheduled_tokens
+        cached = so.scheduled_cached_reqs
+        prefill_tokens = prefill_reqs = 0
+        if undecided:  # running requests in their prompt (known: each is in req_ids if scheduled)
+            computed = cached.num_computed_tokens
+            fresh = {rid for rid, _, _, _ in new} if new else ()
+            for rid in list(undecided):
+                n = sched.get(rid)
+                if not n or rid in fresh:
+                    continue
+                if computed[req_ids.index(rid)] >= prompt_len[rid]:
+                    decoding.add(rid)  # a request's computed tokens only grow until preempted
+                    undecided.discard(rid)
+                else:
+                    prefill_tokens += n
+                    prefill_reqs += 1
+        decode_reqs = len(req_ids) - prefill_reqs
+        for rid, plen, groups, _ in new:
+            decoding.discard(rid)
+            if plen is not None:
+                prompt_len[rid] = plen
+                undecided.add(rid)
+                known.add(rid)
+            else:  # no prompt tokens to count: the general path decides it
+                undecided.discard(rid)
+                known.discard(rid)
+            self._set_blocks(rid, groups, owned=True)  # copied at capture
+            prefill_tokens += sched.get(rid, 0)
+            prefill_reqs += 1
+        new_blocks = cached.new_block_ids
+        if new_blocks.count(None) != len(new_blocks):
+            self._extend(req_ids, new_blocks)
+        total = so.total_num_scheduled_tokens
+        refs = self.refs
+        used = len(refs) - (NULL_BLOCK in refs)
+        return (prefill_tokens, total - prefill_tokens, prefill_reqs, decode_reqs, total, used, len(preempted or ()), 0)
 
 
 def _resumed(cached: Any) -> set[str]:
