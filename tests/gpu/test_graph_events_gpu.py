@@ -87,6 +87,9 @@ def test_a_sampled_replay_is_read_from_its_own_events_and_the_next_replay_does_n
     assert set(own) == {graphs.GRAPH_RETARGETS} and marks.unread is None and marks.pointed is None
     assert len(step.graph_reads) == 1 and graphs.read(step.graph_reads[0], block=True)
     seconds = [bound.s for _, _, bound in step.bounds]
+    # read by the driver's calls in one loop: the times torch's Event.elapsed_time reads
+    assert timing.driver is not None and timing.driver.elapsed_s(start, step.graph_reads[0].handles) is not None
+    assert seconds == [start.elapsed_time(e) / 1000.0 for e in step.graph_reads[0].events]
     whole = start.elapsed_time(end) / 1000.0
     # the sampled replay's own times: in order and inside its step (the two replays after it
     # recorded the captured events, later than the step's end)

@@ -75,9 +75,10 @@ KEPT = "_vllm_doctor_keep_graph"
 POOL_SETS = 48
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, eq=False)
 class Fixed:
-    """A time already read: seconds since the step's start mark (graph events read early)."""
+    """A time already read: seconds since the step's start mark (graph events read early).
+    Hashed by identity, as events are (a sampled step's marks go into a set to be given back)."""
 
     s: float
 
@@ -126,6 +127,15 @@ class Retarget:
         self._set_event.argtypes = [vp, vp, vp]
         for fn in (self._get_nodes, self._node_type, self._node_event, self._set_event):
             fn.restype = ctypes.c_int
+        # a sampled replay's events read in one loop of driver calls, where torch's
+        # ``Event.elapsed_time`` is a Python method and a device guard around the same call
+        # (CUDA 12.8 added the _v2 name; CUDA 13 keeps only that one)
+        self._elapsed = getattr(lib, "cuEventElapsedTime_v2", None) or getattr(lib, "cuEventElapsedTime", None)
+        if self._elapsed is not None:
+            self._elapsed.argtypes = [ctypes.POINTER(ctypes.c_float), vp, vp]
+            self._elapsed.restype = ctypes.c_int
+        self._ms = ctypes.c_float()
+        self._ms_ptr = ctypes.pointer(self._ms)
 
     @classmethod
     def load(cls) -> Retarget | None:
@@ -148,6 +158,20 @@ class Retarget:
             if kind.value == self.EVENT_RECORD:
                 _check("cuGraphEventRecordNodeGetEvent", self._node_event(node, ctypes.byref(event)))
                 out[event.value] = ctypes.c_void_p(node)
+        return out
+
+    def elapsed_s(self, start: Any, handles: list[Any]) -> list[float] | None:
+        """Seconds from the event ``start`` (torch's, completed) to each of ``handles`` (driver
+        handles of completed events); None where the driver has no such call or one fails (the
+        caller reads them through torch)."""
+        elapsed = self._elapsed
+        if elapsed is None or not start.cuda_event:
+            return None
+        origin, ms, ptr, out = ctypes.c_void_p(start.cuda_event), self._ms, self._ms_ptr, []
+        for handle in handles:
+            if elapsed(ptr, origin, handle):
+                return None
+            out.append(ms.value / 1000.0)
         return out
 
     def point(self, raw_exec: int, nodes: list[Any], events: list[Any]) -> None:
@@ -506,7 +530,9 @@ def read(item: GraphMarks | Pointed, block: bool) -> bool:
     graph's last sampled replay of the captured events. False if not complete yet and not ``block``."""
     if isinstance(item, Pointed):
         if not item.read:
-            _bounds(item.step, item.labels, item.events)
+            driver = item.owner.driver
+            seconds = driver.elapsed_s(item.step.start, item.handles) if driver is not None else None
+            _bounds(item.step, item.labels, item.events, seconds)
             item.read = True
             item.owner.give_back(item)
         return True
@@ -523,11 +549,12 @@ def read(item: GraphMarks | Pointed, block: bool) -> bool:
     return True
 
 
-def _bounds(step: Any, labels: list[tuple[str, bool, Any]], events: list[Any]) -> None:
+def _bounds(
+    step: Any, labels: list[tuple[str, bool, Any]], events: list[Any], seconds: list[float] | None = None
+) -> None:
     """Each (layer, entered?) of ``labels`` with its event in ``events`` as the step's attention
-    bound: seconds since the step's start event."""
-    origin = step.start
-    step.bounds.extend(
-        (name, enter, Fixed(origin.elapsed_time(event) / 1000.0))
-        for (name, enter, _), event in zip(labels, events, strict=True)
-    )
+    bound: seconds since the step's start event (``seconds``: read already, by the driver)."""
+    if seconds is None:
+        origin = step.start
+        seconds = [origin.elapsed_time(event) / 1000.0 for event in events]
+    step.bounds.extend((name, enter, Fixed(s)) for (name, enter, _), s in zip(labels, seconds, strict=True))

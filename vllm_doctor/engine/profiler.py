@@ -599,8 +599,11 @@ class ForwardProfiler:
         if step.__class__ is OpenStep:
             step.bounds.append((name, enter, self.clock.mark()))  # type: ignore[union-attr]
 
-    def _segments(self, step: OpenStep) -> list[tuple[str, Any, Any]]:
-        """A step's attention calls as (timed name, start, end) spans.
+    def _segments(
+        self, step: OpenStep, at: list[float], fwd: tuple[float, float] | None
+    ) -> list[tuple[str, float, float]]:
+        """A step's attention calls as (timed name, start, end) spans, in seconds since the step's
+        start (``at``: each of ``step.bounds`` read once; ``fwd``: the root forward's span).
 
         Each attention layer's calls (KV-cache write, attention) are one group, from its first
         entry to its last return. Layer i is timed from its attention's start to layer i+1's
@@ -609,19 +612,22 @@ class ForwardProfiler:
         before the first attention: the embedding and layer 0's input work.
         """
         groups: list[list[Any]] = []  # [name, first enter, last exit]
-        for name, enter, mark in step.bounds:
-            if enter and (not groups or groups[-1][0] != name):
-                groups.append([name, mark, mark])
-            elif groups and groups[-1][0] == name:
+        last: list[Any] = [None]
+        for (name, enter, _), s in zip(step.bounds, at, strict=True):
+            if last[0] == name:
                 if not enter:
-                    groups[-1][2] = mark
-        fwd = step.forward[0] if step.forward else None
-        out: list[tuple[str, Any, Any]] = []
+                    last[2] = s
+            elif enter:
+                last = [name, s, s]
+                groups.append(last)
+        out: list[tuple[str, float, float]] = []
         if fwd is not None and groups:
             out.append((BEFORE_LAYERS, fwd[0], groups[0][1]))
+        layers_of = self.boundary_layers
+        n = len(groups)
         for i, (name, start, end) in enumerate(groups):
-            layer_name = self.boundary_layers.get(name, (name, None))[0]
-            nxt = groups[i + 1][1] if i + 1 < len(groups) else (fwd[1] if fwd is not None else None)
+            layer_name = layers_of.get(name, (name, None))[0]
+            nxt = groups[i + 1][1] if i + 1 < n else (fwd[1] if fwd is not None else None)
             out.append((name, start, end))
             if nxt is not None:
                 out.append((layer_name + DENSE_SUFFIX, end, nxt))
@@ -636,7 +642,7 @@ class ForwardProfiler:
         """
         for marks in step.graph_reads:  # the graph's events, before it replays again
             graphs.read(marks, block=True)
-        sec, origin = self.clock.seconds, step.start
+        sec, origin, wall = self.clock.seconds, step.start, self._wall
         since: dict[Any, float] = {origin: 0.0}
 
         def t(mark: Any) -> float:
@@ -648,12 +654,18 @@ class ForwardProfiler:
             return v
 
         fwd, logits = step.forward, step.logits
+        # the layers' spans in seconds: (name, start, end)
+        spans = [(name, t(a), t(b)) for name, a, b in step.layers]
         if self.boundary_layers:  # compiled modes: a step whose forward ran no Python (a FULL graph) has none
             step.layers_timed = step.layers_timed and bool(step.bounds)
             if step.bounds:
-                step.layers.extend(self._segments(step))
+                if wall:  # one subtraction a mark (a graph's events are read already: Fixed)
+                    at = [m - origin if m.__class__ is not Fixed else m.s for _, _, m in step.bounds]
+                else:
+                    at = [t(m) for _, _, m in step.bounds]
+                spans.extend(self._segments(step, at, (t(fwd[0][0]), t(fwd[0][1])) if fwd else None))
         if step.entries:
-            step.layers.extend(_entry_spans(step.entries))
+            spans.extend((name, t(a), t(b)) for name, a, b in _entry_spans(step.entries))
         device_timed = origin is not None and step.end is not None
         forward_s = sum(t(b) - t(a) for a, b in fwd) if fwd else None
         logits_s = sum(t(b) - t(a) for a, b in logits) if logits else None
@@ -680,8 +692,8 @@ class ForwardProfiler:
                 sum(t(b) - t(a) for a, b in step.encoder) if step.encoder else NAN,
             )
         )
-        if step.layers:  # per-layer (and logits-processor) timings
-            self._account_layers(step, t, step_s, device_timed)
+        if spans:  # per-layer (and logits-processor) timings
+            self._account_layers(step, spans, step_s, device_timed, t)
         release = getattr(self.clock, "release", None)
         if release is not None:
             marks = {m for m in (step.start, step.end) if m is not None}
@@ -689,7 +701,7 @@ class ForwardProfiler:
                 marks.update((a, b))
             for _, a, b in step.layers:
                 marks.update((a, b))
-            marks.update(m for _, _, m in step.bounds)
+            marks.update(m for _, _, m in step.bounds if m.__class__ is not Fixed)
             marks.update(m for _, m in step.entries)
             for a, b in step.encoder or ():
                 marks.update((a, b))
@@ -698,45 +710,33 @@ class ForwardProfiler:
             self._give_back(step.end)
             self._give_back(step.prev_end)
 
-    def _account_layers(self, step: OpenStep, t: Any, step_s: float, device_timed: bool) -> None:
+    def _account_layers(
+        self, step: OpenStep, spans: list[tuple[str, float, float]], step_s: float, device_timed: bool, t: Any
+    ) -> None:
+        """Add a sampled step's layer spans (name, start, end: seconds since the step's start) to
+        the layers' sums, and to the trace while it has room."""
         phase = phase_of(step.counts)
         keep_trace = len(self.layer_trace) < self.trace_steps
         events = []
         bucket = "decode" if phase == "decode" else "prefill"
-        steps_key = f"{bucket}_steps"
+        steps_key, calls_key, s_key = f"{bucket}_steps", f"{bucket}_calls", f"{bucket}_s"
         detail, detail_key = step.layers_detail, f"{bucket}_detail_s"
         counted: set[str] = set()
-        for name, a, b in step.layers:
-            dur = t(b) - t(a)
-            stats = self.layer_stats.get(name)
+        layer_stats = self.layer_stats
+        for name, a, b in spans:
+            dur = b - a
+            stats = layer_stats.get(name)
             if stats is None:
-                tm = self.timed.get(name)
-                stats = self.layer_stats[name] = {
-                    "name": name,
-                    "kind": tm.kind if tm else "?",
-                    "layer": tm.layer if tm else None,
-                    "class": tm.cls if tm else "?",
-                    "prefill_calls": 0,
-                    "prefill_s": 0.0,
-                    "decode_calls": 0,
-                    "decode_s": 0.0,
-                    # the steps it was timed on (eager's inner modules: the detailed ones only)
-                    "prefill_steps": 0,
-                    "decode_steps": 0,
-                    # its time on the detailed steps: a decoder layer's there against its time on
-                    # all timed steps scales the modules inside it (eager's two grains)
-                    "prefill_detail_s": 0.0,
-                    "decode_detail_s": 0.0,
-                }
+                stats = layer_stats[name] = self._new_stats(name)
             if name not in counted:
                 counted.add(name)
                 stats[steps_key] += 1
-            stats[f"{bucket}_calls"] += 1
-            stats[f"{bucket}_s"] += dur
+            stats[calls_key] += 1
+            stats[s_key] += dur
             if detail:
                 stats[detail_key] += dur
             if keep_trace:
-                events.append({"name": name, "offset_s": t(a) if device_timed else 0.0, "dur_s": dur})
+                events.append({"name": name, "offset_s": a if device_timed else 0.0, "dur_s": dur})
         if keep_trace:
             fwd = [{"offset_s": t(a) if device_timed else 0.0, "dur_s": t(b) - t(a)} for a, b in step.forward]
             self.layer_trace.append(
@@ -749,6 +749,26 @@ class ForwardProfiler:
                     "layers": events,
                 }
             )
+
+    def _new_stats(self, name: str) -> dict[str, Any]:
+        tm = self.timed.get(name)
+        return {
+            "name": name,
+            "kind": tm.kind if tm else "?",
+            "layer": tm.layer if tm else None,
+            "class": tm.cls if tm else "?",
+            "prefill_calls": 0,
+            "prefill_s": 0.0,
+            "decode_calls": 0,
+            "decode_s": 0.0,
+            # the steps it was timed on (eager's inner modules: the detailed ones only)
+            "prefill_steps": 0,
+            "decode_steps": 0,
+            # its time on the detailed steps: a decoder layer's there against its time on
+            # all timed steps scales the modules inside it (eager's two grains)
+            "prefill_detail_s": 0.0,
+            "decode_detail_s": 0.0,
+        }
 
     def step_arrays(self, names: tuple[str, ...] = STEP_COLUMNS, steps: Any = None) -> dict[str, Any]:
         """The step records in step order, each field (``names`` of :data:`STEP_COLUMNS`) one

@@ -637,58 +637,57 @@ class WorkerSession:
         return restored
 
     def _execute_wrapper(self, original: Any) -> Any:
-        # the hot path of every step: _safely's checks inlined. An unsampled step (a list) costs
-        # two profiler calls, begin_step here and finish_plain when sample_tokens returns; the
-        # wrappers fill its host-time slots themselves (what ForwardProfiler.after_execute /
-        # after_sample do for a list), a call fewer on each side, measured in bench_engine.py
+        # the hot path of every step: _safely's checks inlined, and the body inside the worker's
+        # doctor lock in one frame (a nested call costs more than the lock). An unsampled step
+        # (a list) costs two profiler calls, begin_step here and finish_plain when sample_tokens
+        # returns; the wrappers fill its host-time slots themselves (what
+        # ForwardProfiler.after_execute / after_sample do for a list), a call fewer on each side,
+        # measured in bench_engine.py
         own, disabled, clock, prof = self.own_s, self.disabled, time.perf_counter, self.profiler
         assert prof is not None
         lock = worker_lock(self.worker)
 
         def execute_model(*args: Any, **kwargs: Any) -> Any:
             with lock:
-                return step(*args, **kwargs)
-
-        def step(*args: Any, **kwargs: Any) -> Any:
-            t0 = clock()
-            counted = own["counts"]  # counting done in here is its own part
-            # a CUDA graph's replay inside vLLM's call may read a sampled replay's events (graphs.py):
-            # the doctor's time, not vLLM's
-            reads = prof.graph_s
-            if "steps" not in disabled:
+                t0 = clock()
+                counted = own["counts"]  # counting done in here is its own part
+                # a CUDA graph's replay inside vLLM's call may read a sampled replay's events
+                # (graphs.py): the doctor's time, not vLLM's
+                reads = prof.graph_s
+                if "steps" not in disabled:
+                    try:
+                        if self.faults:
+                            self.fault("steps")
+                        if self._armed or self._armed_layers:  # the previous step never finished
+                            self._disarm()
+                        step = prof.begin_step(args[0] if args else kwargs.get("scheduler_output"))
+                        if self.probe_plan or step.__class__ is not list:
+                            self._begin_special(step)
+                    except Exception as exc:
+                        self._crashed("steps", exc)
+                t = clock()
                 try:
-                    if self.faults:
-                        self.fault("steps")
-                    if self._armed or self._armed_layers:  # the previous step never finished
-                        self._disarm()
-                    step = prof.begin_step(args[0] if args else kwargs.get("scheduler_output"))
-                    if self.probe_plan or not isinstance(step, list):
-                        self._begin_special(step)
-                except Exception as exc:
-                    self._crashed("steps", exc)
-            t = clock()
-            try:
-                out = original(*args, **kwargs)
-            except BaseException:
-                self._safely("steps", self._abort_step)
-                raise
-            t1 = clock()
-            inner = t1 - t - (prof.graph_s - reads)
-            if "steps" not in disabled:
-                try:
-                    step = prof.current
-                    if step.__class__ is list and out is None:  # an unsampled step, sample_tokens follows
-                        step[3] += inner  # type: ignore[index]
-                    else:
-                        if self._armed_layers:  # the forward ran inside execute_model
-                            self._disarm_layers()
-                        prof.after_execute(inner, out is not None)
-                        if out is not None and (self._armed or self.probe is not None):
-                            self._end_special()
-                except Exception as exc:
-                    self._crashed("steps", exc)
-            own["wrappers"] += (t - t0) + (clock() - t1) - (own["counts"] - counted)
-            return out
+                    out = original(*args, **kwargs)
+                except BaseException:
+                    self._safely("steps", self._abort_step)
+                    raise
+                t1 = clock()
+                inner = t1 - t - (prof.graph_s - reads)
+                if "steps" not in disabled:
+                    try:
+                        step = prof.current
+                        if step.__class__ is list and out is None:  # an unsampled step, sample_tokens follows
+                            step[3] += inner  # type: ignore[index]
+                        else:
+                            if self._armed_layers:  # the forward ran inside execute_model
+                                self._disarm_layers()
+                            prof.after_execute(inner, out is not None)
+                            if out is not None and (self._armed or self.probe is not None):
+                                self._end_special()
+                    except Exception as exc:
+                        self._crashed("steps", exc)
+                own["wrappers"] += (t - t0) + (clock() - t1) - (own["counts"] - counted)
+                return out
 
         execute_model.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return execute_model
@@ -700,28 +699,25 @@ class WorkerSession:
 
         def sample_tokens(*args: Any, **kwargs: Any) -> Any:
             with lock:
-                return sample(*args, **kwargs)
-
-        def sample(*args: Any, **kwargs: Any) -> Any:
-            t = clock()
-            counted = own["counts"]
-            try:
-                return original(*args, **kwargs)
-            finally:
-                t1 = clock()
-                if "steps" not in disabled:
-                    try:
-                        step = prof.current
-                        if step.__class__ is list:  # an unsampled step
-                            step[4] += t1 - t  # type: ignore[index]
-                            prof.finish_plain(step, t1)  # type: ignore[arg-type]
-                        else:
-                            prof.after_sample(t1 - t)
-                        if self._armed or self.probe is not None:
-                            self._end_special()
-                    except Exception as exc:
-                        self._crashed("steps", exc)
-                own["wrappers"] += clock() - t1 - (own["counts"] - counted)
+                t = clock()
+                counted = own["counts"]
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    t1 = clock()
+                    if "steps" not in disabled:
+                        try:
+                            step = prof.current
+                            if step.__class__ is list:  # an unsampled step
+                                step[4] += t1 - t  # type: ignore[index]
+                                prof.finish_plain(step, t1)  # type: ignore[arg-type]
+                            else:
+                                prof.after_sample(t1 - t)
+                            if self._armed or self.probe is not None:
+                                self._end_special()
+                        except Exception as exc:
+                            self._crashed("steps", exc)
+                    own["wrappers"] += clock() - t1 - (own["counts"] - counted)
 
         sample_tokens.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return sample_tokens
