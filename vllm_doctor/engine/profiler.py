@@ -842,8 +842,14 @@ class ForwardProfiler:
         opened (:meth:`open_window`; one that has none opens at the profiler's start).
         ``timeline=False`` leaves out the per-layer trace and the step columns only a timeline
         needs (top's windows draw none): :data:`STEP_SUMMARY_COLUMNS`. ``reset``: this reader's
-        window starts again after this snapshot; the other readers' windows are theirs."""
-        self.resolve(block=True)
+        window starts again after this snapshot; the other readers' windows are theirs.
+
+        Such a summary read does not wait on the device: a step whose events have not completed
+        yet is in the reader's next window. It runs under the worker's doctor lock (the channel
+        waits for the device before it takes it: ``session.settle``), and a wait there, for the
+        step the host launched meanwhile, holds the worker's next step. A timeline's read (a
+        report's) waits for every step recorded."""
+        self.resolve(block=timeline)
         window = self.windows.get(reader) or Window()
         steps = self.steps[max(0, window.step - self.steps_base) :]
         trace = self.layer_trace[max(0, window.trace - self.trace_base) :] if timeline else []
