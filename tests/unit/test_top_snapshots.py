@@ -19,6 +19,7 @@ import html
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 from textual.color import Color
@@ -186,12 +187,12 @@ def test_a_panel_with_an_effect_is_drawn_by_textual_row_by_row() -> None:
         app.paused = True
         async with app.run_test(size=(160, 48)) as pilot:
             app.show_frame(source.poll())
-            await pilot.pause()
             panel = app.query_one("#throughput", Panel)
-            assert panel._edges is not None
+            # each state is waited for (Textual draws when its loop gets to it: later under load)
+            assert await _drawn(pilot, lambda: panel._edges is not None)
             panel.styles.tint = Color(255, 0, 0, 0.3)
             app.show_frame(source.poll())
-            await pilot.pause()
+            assert await _drawn(pilot, lambda: panel._edges is None)
             whole = Region(0, 0, *panel.region.size)
             ours = panel.render_lines(whole)
             assert panel._edges is None and not panel._own_rows
@@ -199,6 +200,16 @@ def test_a_panel_with_an_effect_is_drawn_by_textual_row_by_row() -> None:
             assert _rows(ours) == _rows(Widget.render_lines(panel, whole))
 
     asyncio.run(scenario())
+
+
+async def _drawn(pilot: Any, done: Any, seconds: float = 10.0) -> bool:
+    """Let the app's loop run until ``done()`` holds (at most ``seconds``); whether it does."""
+    for _ in range(int(seconds / 0.05)):
+        await pilot.pause()
+        if done():
+            return True
+        await pilot.pause(0.05)
+    return bool(done())
 
 
 def _screen_rows(svg: str) -> list[str]:
