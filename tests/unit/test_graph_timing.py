@@ -282,6 +282,7 @@ class RecordingDriver:
     def __init__(self) -> None:
         self.nodes: dict[int | None, Any] = {}
         self.points: list[list[int]] = []
+        self.reads = 0  # sampled replays read through the driver
 
     def event_nodes(self, raw_graph: int) -> dict[int | None, Any]:
         assert raw_graph == 0xA
@@ -290,6 +291,11 @@ class RecordingDriver:
     def point(self, raw_exec: int, nodes: list[Any], events: list[Any]) -> None:
         assert raw_exec == 0xE and len(nodes) == len(events)
         self.points.append([e.value for e in events])
+
+    def elapsed_s(self, start: Any, handles: list[Any]) -> list[float]:
+        """Read as HandleEvent.elapsed_time reads (its handle tells which event was read)."""
+        self.reads += 1
+        return [(h.value - 0x1000) / 1000.0 for h in handles]
 
 
 def test_a_sampled_replay_records_into_events_of_its_own_and_the_next_replay_does_not_wait(
@@ -337,6 +343,7 @@ def test_a_sampled_replay_records_into_events_of_its_own_and_the_next_replay_doe
             (name, True, (fresh[0] - 0x1000) / 1000.0), (name, False, (fresh[1] - 0x1000) / 1000.0),
         ]  # fmt: skip
         assert graphs.read(step.graph_reads[0], block=False) is True and len(step.bounds) == 2  # read once
+        assert driver.reads == 1  # through the driver's calls, in one loop
 
         prof.current = later = OpenStep(1, 0.0, (0, 1, 0, 1, 1, 1, 0, 0), start=HandleEvent(), layers_timed=True)
         later.start.record()
