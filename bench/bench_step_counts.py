@@ -16,13 +16,20 @@ steps of ``--requests`` running requests:
 
 The clock is this thread's CPU time (``time.thread_time``): the work itself, whatever else the
 machine runs (a wall clock on a shared box mostly measures the others).
+
+``--against REV`` times the tracker of git revision REV (its ``vllm_doctor/engine/steps.py``)
+beside this tree's, ``--repeats`` times each, alternating, and prints the medians of both.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import statistics
+import subprocess
 import time
+import types
+from pathlib import Path
 from typing import Any
 
 from vllm.v1.core.sched.output import CachedRequestData, SchedulerOutput
@@ -55,17 +62,46 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--against", metavar="REV", help="a git revision whose StepTracker is timed beside this tree's")
+    ap.add_argument("--repeats", type=int, default=6, help="with --against: runs of each, alternating")
     args = ap.parse_args()
+    kinds = ("decode", "new blocks", "churn")
+    if not args.against:
+        print(f"StepTracker.observe, {args.requests} running requests, {args.steps} steps each (thread CPU time)")
+        for kind in kinds:
+            print(f"  {kind:<11} {run(StepTracker, kind, args.requests, args.steps):6.1f} µs a step")
+        return
+    before = tracker_at(args.against)
+    print(f"StepTracker.observe, {args.requests} running requests, {args.steps} steps each (thread CPU time), "
+          f"medians of {args.repeats} runs alternating: {args.against} against this tree")
+    for kind in kinds:
+        old, new = [], []
+        for _ in range(args.repeats):
+            old.append(run(before, kind, args.requests, args.steps))
+            new.append(run(StepTracker, kind, args.requests, args.steps))
+        print(f"  {kind:<11} {statistics.median(old):6.1f} -> {statistics.median(new):6.1f} µs a step")
+
+
+def tracker_at(rev: str) -> Any:
+    """The StepTracker class of ``vllm_doctor/engine/steps.py`` at git revision ``rev``."""
+    source = subprocess.run(["git", "show", f"{rev}:vllm_doctor/engine/steps.py"], cwd=Path(__file__).parent,
+                            check=True, capture_output=True, text=True).stdout  # fmt: skip
+    module = types.ModuleType(f"steps_{rev}")
+    exec(compile(source, f"{rev}:vllm_doctor/engine/steps.py", "exec"), module.__dict__)
+    return module.StepTracker
+
+
+def run(tracker_class: Any, kind: str, requests: int, steps: int) -> float:
+    """µs of this thread's CPU a step: ``steps`` steps of ``kind`` at ``requests`` running requests."""
     rng = random.Random(0)
-    tracker = StepTracker()
-    live = [f"r{i}" for i in range(args.requests)]
+    tracker = tracker_class()
+    live = [f"r{i}" for i in range(requests)]
     for rid in live:  # each request's prompt, then it decodes
         tracker.observe(scheduler_output([NewRequest(rid, rng)], [], [], set()))
     tracker.observe(scheduler_output([], live, [None] * len(live), set()))
     serial = 0
-
-    def step(kind: str) -> Any:
-        nonlocal serial
+    outputs = []
+    for _ in range(steps):
         blocks: list[Any] = [None] * len(live)
         if kind != "decode":
             blocks = [([rng.randrange(1, 10**6)],) if rng.random() < 1 / 16 else None for _ in live]
@@ -75,17 +111,12 @@ def main() -> None:
             blocks.pop(0)
             serial += 1
             new = [NewRequest(f"n{serial}", rng)]
-        so = scheduler_output(new, live, blocks, finished)
+        outputs.append(scheduler_output(new, live, blocks, finished))
         live.extend(n.req_id for n in new)
-        return so
-
-    print(f"StepTracker.observe, {args.requests} running requests, {args.steps} steps each (thread CPU time)")
-    for kind in ("decode", "new blocks", "churn"):
-        outputs = [step(kind) for _ in range(args.steps)]
-        t = time.thread_time()
-        for so in outputs:
-            tracker.observe(so)
-        print(f"  {kind:<11} {(time.thread_time() - t) / len(outputs) * 1e6:6.1f} µs a step")
+    t = time.thread_time()
+    for so in outputs:
+        tracker.observe(so)
+    return (time.thread_time() - t) / len(outputs) * 1e6
 
 
 if __name__ == "__main__":
