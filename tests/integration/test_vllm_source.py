@@ -241,6 +241,8 @@ NOT_VLLM: dict[str, str] = {
     "__name__": "a Python function or class",
     "__vllm_doctor_wrapper__": "the doctor's mark on its own wrappers",
     "_cuda_getCurrentRawStream": "torch's C++ binding of the current CUDA stream's handle (engine/clock.py)",
+    "cuEventElapsedTime_v2": "the CUDA driver's call (libcuda, engine/graphs.py's Retarget)",
+    "cuEventElapsedTime": "the CUDA driver's call (libcuda, engine/graphs.py's Retarget)",
     "_doctor_perf": "the doctor's cache of the module tree on its own extension (engine/extension.py)",
     "_doctor_quant": "the doctor's cache of the layers' quantization on its own extension (engine/extension.py)",
     "_extra_content": "transformers' CONFIG_MAPPING (AutoConfig.register)",
