@@ -236,34 +236,12 @@ class StepTracker:
             if not cached.resumed_req_ids and self.known.issuperset(req_ids):
                 return self._count_known(so, new, req_ids)
         prompt_len, undecided, known = self.prompt_len, self.undecided, self.known
-        for rid in getattr(so, "finished_req_ids", None) or ():
-            prompt_len.pop(rid, None)
-            decoding.discard(rid)
-            undecided.discard(rid)
-            known.discard(rid)
-            self._drop_blocks(rid)
         preempted = getattr(so, "preempted_req_ids", None) or ()
-        for rid in preempted:
-            decoding.discard(rid)
-            undecided.discard(rid)
-            known.discard(rid)  # it comes back resumed, on the general path
-            self._drop_blocks(rid)  # a preempted request gives its blocks back
+        self._leave(getattr(so, "finished_req_ids", None) or (), preempted)
         num_sched: dict[str, int] = getattr(so, "num_scheduled_tokens", None) or {}
         total = int(getattr(so, "total_num_scheduled_tokens", 0) or sum(num_sched.values()))
-        prefill_tokens = decode_tokens = prefill_reqs = decode_reqs = 0
-
-        for rid, plen, groups, _ in new:
-            decoding.discard(rid)
-            if plen is not None:
-                prompt_len[rid] = plen
-                undecided.add(rid)
-                known.add(rid)
-            else:
-                undecided.discard(rid)
-                known.discard(rid)
-            self._set_blocks(rid, groups, owned=True)  # copied at capture
-            prefill_tokens += num_sched.get(rid, 0)
-            prefill_reqs += 1
+        decode_tokens = decode_reqs = 0
+        prefill_tokens, prefill_reqs = self._arrive(new, num_sched)
 
         cached = getattr(so, "scheduled_cached_reqs", None)
         req_ids = getattr(cached, "req_ids", None) or ()
@@ -325,28 +303,50 @@ class StepTracker:
         used = len(self.refs) - (NULL_BLOCK in self.refs)
         return (prefill_tokens, decode_tokens, prefill_reqs, decode_reqs, total, used, len(preempted), resumed_reqs)
 
+    def _leave(self, finished: Any, preempted: Any) -> None:
+        """Requests that finished (forgotten) or were preempted (they give their blocks back and
+        come back resumed, on the general path)."""
+        decoding, undecided, known = self.decoding, self.undecided, self.known
+        for rid in finished:
+            self.prompt_len.pop(rid, None)
+            decoding.discard(rid)
+            undecided.discard(rid)
+            known.discard(rid)
+            self._drop_blocks(rid)
+        for rid in preempted:
+            decoding.discard(rid)
+            undecided.discard(rid)
+            known.discard(rid)
+            self._drop_blocks(rid)
+
+    def _arrive(self, new: tuple[NewRequest, ...], sched: dict[str, int]) -> tuple[int, int]:
+        """This step's new requests (their prompt, their blocks): their prompt tokens and count.
+        One without prompt tokens to count is left to the general path to decide."""
+        decoding, undecided, known, prompt_len = self.decoding, self.undecided, self.known, self.prompt_len
+        tokens = 0
+        for rid, plen, groups, _ in new:
+            decoding.discard(rid)
+            if plen is not None:
+                prompt_len[rid] = plen
+                undecided.add(rid)
+                known.add(rid)
+            else:
+                undecided.discard(rid)
+                known.discard(rid)
+            self._set_blocks(rid, groups, owned=True)  # copied at capture
+            tokens += sched.get(rid, 0)
+        return tokens, len(new)
+
     def _count_known(self, so: Any, new: tuple[NewRequest, ...], req_ids: list[str]) -> Counts:
         """A step whose running requests are all known (:attr:`known`) and none resumed: the
         requests that finish, arrive or get blocks, and those still in their prompt
         (:attr:`undecided`, a few at a time), are looked at one by one; the hundreds decoding are
         counted by subtraction. The same counts as the general path (its rule for a request in
         its prompt: its computed tokens before the step have not reached its prompt)."""
-        decoding, undecided, known, prompt_len = self.decoding, self.undecided, self.known, self.prompt_len
-        finished = so.finished_req_ids
-        if finished:
-            for rid in finished:
-                prompt_len.pop(rid, None)
-                decoding.discard(rid)
-                undecided.discard(rid)
-                known.discard(rid)
-                self._drop_blocks(rid)
-        preempted = so.preempted_req_ids
-        if preempted:
-            for rid in preempted:
-                decoding.discard(rid)
-                undecided.discard(rid)
-                known.discard(rid)
-                self._drop_blocks(rid)
+        decoding, undecided, prompt_len = self.decoding, self.undecided, self.prompt_len
+        finished, preempted = so.finished_req_ids, so.preempted_req_ids
+        if finished or preempted:
+            self._leave(finished or (), preempted or ())
         sched: dict[str, int] = so.num_scheduled_tokens
         cached = so.scheduled_cached_reqs
         prefill_tokens = prefill_reqs = 0
@@ -364,18 +364,10 @@ class StepTracker:
                     prefill_tokens += n
                     prefill_reqs += 1
         decode_reqs = len(req_ids) - prefill_reqs
-        for rid, plen, groups, _ in new:
-            decoding.discard(rid)
-            if plen is not None:
-                prompt_len[rid] = plen
-                undecided.add(rid)
-                known.add(rid)
-            else:  # no prompt tokens to count: the general path decides it
-                undecided.discard(rid)
-                known.discard(rid)
-            self._set_blocks(rid, groups, owned=True)  # copied at capture
-            prefill_tokens += sched.get(rid, 0)
-            prefill_reqs += 1
+        if new:
+            tokens, reqs = self._arrive(new, sched)
+            prefill_tokens += tokens
+            prefill_reqs += reqs
         new_blocks = cached.new_block_ids
         if new_blocks.count(None) != len(new_blocks):
             self._extend(req_ids, new_blocks)
