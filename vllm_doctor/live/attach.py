@@ -47,14 +47,18 @@ def served_engine(url: str, timeout: float = 60.0) -> ChannelHandle | HttpEngine
     return channel.served_engine(url, timeout=timeout)
 
 
+# the profile first: its window (and the doctor's share of the worker's time in it) ends where the
+# gather begins, so a report's own calls after a run (anatomy, placement, memory...: tens of ms
+# on an 8B model) are not counted as calls the doctor served between the run's steps; a live
+# reader's next window holds them (they were served while the engine ran)
 PART_METHODS = {
+    "profile": "doctor_collect",
     "anatomy": "doctor_anatomy",
     "placement": "doctor_placement",
     "kv": "doctor_kv",
     "memory": "doctor_memory",
     "perf": "doctor_perf",
     "quant": "doctor_quant",
-    "profile": "doctor_collect",
 }
 
 
