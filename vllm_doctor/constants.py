@@ -58,6 +58,18 @@ def env_switch(name: str) -> bool:
 # GPU, per-layer timing) on the first SAMPLE_WARMUP_STEPS steps of each phase, then on every N-th
 DEFAULT_SAMPLE_EVERY = 8
 SAMPLE_WARMUP_STEPS = 8
+# the doctor's own budget on the device clock (a GPU): a step due for a sample (the warm-up's or the
+# cadence's) is sampled only while the doctor's own time in the worker stays within this share of
+# the worker's time (a leaky bucket: credit accrues at the budget's rate, at most
+# OWN_BUDGET_HORIZON_S worth of it, and the doctor's own time spends it); the first step of each
+# phase is always sampled. A sampled step costs the host about a millisecond at the 8B shape (its
+# events, a FULL graph's retargeting and reads, the layers' sums), so at 8-9 ms steps the cadence
+# alone (every 8th) would take 1-2 % of the worker. OWN_BUDGET_ENV in the engine's environment:
+# a percentage ("0.5", "0.5%"), 0 or off: the cadence alone. A CPU engine (the wall clock) samples
+# at the cadence alone: the host is the device there, and its runs are short and deterministic.
+OWN_BUDGET_ENV = "VLLM_DOCTOR_OWN_BUDGET"
+DEFAULT_OWN_BUDGET = 0.005
+OWN_BUDGET_HORIZON_S = 2.0
 # eager mode's per-layer timing has two grains: every step timed per layer is timed at the decoder
 # layers' boundaries (each layer, the embedding, the final norm: one event where each is entered),
 # and every DEFAULT_DETAIL_EVERY-th of them per phase (the first included) also inside each layer

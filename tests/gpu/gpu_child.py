@@ -4,7 +4,9 @@
 
 v2: vLLM's default model runner (V2 on vLLM >= 0.26), eager; v1: VLLM_USE_V2_MODEL_RUNNER=0,
 eager; graphs: default runner, no torch.compile, FULL CUDA graphs for decode (per-layer timing at the
-attention calls, events captured into the graphs);
+attention calls, events captured into the graphs); budget: as graphs, 64 tokens a prompt, with the
+doctor's own budget as the environment leaves it (the parent sets VLLM_DOCTOR_OWN_BUDGET=0 for the
+other modes, whose tests count the cadence's samples);
 plugin: VLLM_DOCTOR=1 and a plain ``LLM(...)`` (no worker_extension_cls) with the engine core
 in its own process: the opt-in plugin must add the extension (the parent puts the doctor's
 entry point on PYTHONPATH).
@@ -29,13 +31,15 @@ def main(model_dir: str, out: str, mode: str) -> None:
 
     import vllm_doctor
     from vllm_doctor.compat.llm import greedy
+    from vllm_doctor.report.profile import render_profile
 
-    kwargs = vllm_doctor.engine_kwargs(enforce_eager=mode != "graphs", gpu_memory_utilization=0.15, max_model_len=512)
-    if mode == "graphs":
+    graphs = mode in ("graphs", "budget")
+    kwargs = vllm_doctor.engine_kwargs(enforce_eager=not graphs, gpu_memory_utilization=0.15, max_model_len=512)
+    if graphs:
         kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     llm = LLM(model=model_dir, **kwargs)
     prompts = ["hello world", "the capital of france is", "my name is"]
-    params = greedy(16, ignore_eos=True)
+    params = greedy(64 if mode == "budget" else 16, ignore_eos=True)
     base = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
     with vllm_doctor.attach(llm) as doc:
         during = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
@@ -50,6 +54,7 @@ def main(model_dir: str, out: str, mode: str) -> None:
         "mode": mode,
         "same": base == during == after,
         "report": report.to_dict(),
+        "report_text": render_profile(report.profiles["engine"]),
         "torch_kv_storage_bytes": sum(storages.values()),
         "vllm_planned_kv_bytes": planned,
         "torch_allocated": torch.cuda.memory_allocated(),

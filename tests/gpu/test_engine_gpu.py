@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from vllm_doctor.constants import DEFAULT_OWN_BUDGET, OWN_BUDGET_ENV, SAMPLE_WARMUP_STEPS
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -55,6 +57,10 @@ def run_mode(model_dir: Path, mode: str, tmp: Path) -> dict[str, Any]:
     if mode not in _results:
         out = tmp / f"{mode}.json"
         env = {k: v for k, v in os.environ.items() if k not in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_USE_V2_MODEL_RUNNER")}
+        if mode != "budget":  # these modes' tests count the cadence's samples: no budget to leave some out
+            env[OWN_BUDGET_ENV] = "0"
+        else:
+            env.pop(OWN_BUDGET_ENV, None)
         paths = [str(REPO_ROOT), env.get("PYTHONPATH", "")]
         if mode == "plugin":  # the doctor's vllm.general_plugins entry point, without pip install
             from tests.fixtures.entry_points import doctor_entry_point_site
@@ -134,6 +140,27 @@ def test_cuda_graphs_keep_per_layer_timing_on_and_the_probe_off(model_dir: Path,
     _idle_between_steps_on_the_device_clock(prof)
     probe = [f for f in r["report"]["findings"] if f["code"] == "VD404"]
     assert probe and probe[0]["outcome"] == "skip"
+
+
+def test_the_doctors_own_budget_leaves_due_samples_out_and_says_so(model_dir: Path, tmp_path: Path) -> None:
+    """On the device clock the doctor's own budget (0.5 % of the worker's time by default) decides
+    which due steps are sampled: on this tiny model a sample costs the host more than the budget
+    earns in a few steps, so most due steps are left out, counted in the report; the first step
+    of each phase is always sampled; the outputs are the same."""
+    r = run_mode(model_dir, "budget", tmp_path)
+    prof = r["report"]["profiles"]["engine"]
+    over = prof["doctor_overhead"]
+    assert r["same"] is True
+    assert over["own_budget"] == DEFAULT_OWN_BUDGET and over["samples_skipped"] > 0
+    sampled = [s for s in prof["steps"] if s["sampled"]]
+    assert {s["phase"] for s in sampled} == {"prefill", "decode"}
+    per_phase: dict[str, int] = {}
+    for s in prof["steps"]:
+        per_phase[s["phase"]] = per_phase.get(s["phase"], 0) + 1
+    every = prof["layers"]["sample_every"]
+    due = sum(min(n, SAMPLE_WARMUP_STEPS) + len(range(SAMPLE_WARMUP_STEPS, n, every)) for n in per_phase.values())
+    assert len(sampled) + over["samples_skipped"] == due
+    assert "left unsampled to keep the doctor within its budget of 0.5%" in r["report_text"]
 
 
 def _idle_between_steps_on_the_device_clock(prof: dict[str, Any]) -> None:

@@ -378,7 +378,7 @@ def _eager_run(
     model = ToyForCausalLM()
     timed_modules = select_modules(model)
     clock = StepperClock()
-    prof = ForwardProfiler(clock, timed_modules, sample_every=sample_every, detail_every=detail_every)  # type: ignore[arg-type]
+    prof = ForwardProfiler(clock, timed_modules, sample_every=sample_every, detail_every=detail_every, own_budget=0.0)  # type: ignore[arg-type]
     prof.layers_enabled = True
     boundary = [
         m.name for m in timed_modules if m.kind in ("layer", "embedding") or (m.kind == "norm" and m.layer is None)
@@ -610,7 +610,7 @@ def _run_gpu_steps(prof: ForwardProfiler, sos: list[Any]) -> int:
 def test_every_step_on_gpu_is_timed_by_an_event_pair_and_samples_add_three_events() -> None:
     """The every-step clock (``step_clock="every"``, the doctor's clock before the sampled one)."""
     clock = CountingEventClock()
-    prof = ForwardProfiler(clock, select_modules(ToyForCausalLM()), step_clock="every")  # type: ignore[arg-type]
+    prof = ForwardProfiler(clock, select_modules(ToyForCausalLM()), step_clock="every", own_budget=0.0)  # type: ignore[arg-type]
     steps = _two_requests(300)
     samples = _run_gpu_steps(prof, steps)
     assert samples == 1 + 8 + 37  # the prefill, 8 warm-up decode steps, then every 8th of 291
@@ -638,7 +638,7 @@ def test_the_sampled_step_clock_puts_events_on_the_samples_and_the_step_after_ea
     marks), and an event pair on the step after it (its untimed neighbour); every other step
     carries its host span, named as the host's, with no device idle time."""
     clock = CountingEventClock()
-    prof = ForwardProfiler(clock, select_modules(ToyForCausalLM()))  # type: ignore[arg-type]
+    prof = ForwardProfiler(clock, select_modules(ToyForCausalLM()), own_budget=0.0)  # type: ignore[arg-type]
     steps = _two_requests(300)
     samples = _run_gpu_steps(prof, steps)
     assert samples == 1 + 8 + 37  # as with the every-step clock: the same steps are sampled
@@ -664,7 +664,7 @@ def test_a_host_clock_step_with_an_encoder_call_waits_for_its_events() -> None:
     """On the sampled step clock an unsampled step off the device clock is a record once counted,
     but an encoder call's events (any step that runs the encoder) are read only once completed."""
     clock = CountingEventClock()
-    prof = ForwardProfiler(clock, [], sample_every=1 << 20)  # type: ignore[arg-type]
+    prof = ForwardProfiler(clock, [], sample_every=1 << 20, own_budget=0.0)  # type: ignore[arg-type]
     sos = _two_requests(14)
     for i, so in enumerate(sos):
         step = prof.begin_step(so)
@@ -719,7 +719,7 @@ def test_the_devices_idle_time_between_steps_is_measured_and_no_event_is_reused_
     step (the next step begins after its predecessor was resolved), every 3rd, or at the end.
     On the sampled step clock only a step on the device clock after one on it has an idle time."""
     clock = RecyclingEventClock()
-    prof = ForwardProfiler(clock, [], sample_every=3, step_clock=step_clock)  # type: ignore[arg-type]
+    prof = ForwardProfiler(clock, [], sample_every=3, step_clock=step_clock, own_budget=0.0)  # type: ignore[arg-type]
     gaps = {}
     rows = []
     for i, so in enumerate(_two_requests(60)):
@@ -746,7 +746,7 @@ def test_the_devices_idle_time_between_steps_is_measured_and_no_event_is_reused_
 
 def test_an_aborted_step_leaves_no_idle_time_to_the_next() -> None:
     clock = RecyclingEventClock()
-    prof = ForwardProfiler(clock, [], sample_every=1)  # type: ignore[arg-type]
+    prof = ForwardProfiler(clock, [], sample_every=1, own_budget=0.0)  # type: ignore[arg-type]
     sos = _two_requests(4)
     prof.begin_step(sos[0])
     prof.after_sample(0.0005)
@@ -762,7 +762,7 @@ def test_an_aborted_step_leaves_no_idle_time_to_the_next() -> None:
 
 def test_gpu_steps_become_records_only_once_their_events_completed() -> None:
     clock = CountingEventClock()
-    prof = ForwardProfiler(clock, [], sample_every=1 << 30, step_clock="every")  # type: ignore[arg-type]
+    prof = ForwardProfiler(clock, [], sample_every=1 << 30, step_clock="every", own_budget=0.0)  # type: ignore[arg-type]
     sos = _two_requests(200)
     clock.done = 0.0  # nothing has run on the device yet
     for so in sos:
@@ -1802,14 +1802,14 @@ ATTN = ("model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn")
 
 
 def _compiled_profiler() -> ForwardProfiler:
-    prof = ForwardProfiler(TickClock(), [], sample_every=1)  # type: ignore[arg-type]
+    prof = ForwardProfiler(TickClock(), [], sample_every=1, own_budget=0.0)  # type: ignore[arg-type]
     prof.layers_enabled = True
     prof.set_boundaries([(a, a.rsplit(".self_attn", 1)[0], i, "FlashAttentionImpl") for i, a in enumerate(ATTN)])
     return prof
 
 
 def test_compiled_mode_names_the_span_that_holds_an_moe_layers_experts() -> None:
-    prof = ForwardProfiler(TickClock(), [], sample_every=1)  # type: ignore[arg-type]
+    prof = ForwardProfiler(TickClock(), [], sample_every=1, own_budget=0.0)  # type: ignore[arg-type]
     prof.set_boundaries(
         [(a, a.rsplit(".self_attn", 1)[0], i, "FlashAttentionImpl") for i, a in enumerate(ATTN)],
         frozenset({"model.layers.1"}),

@@ -203,7 +203,7 @@ def test_a_summary_window_carries_each_steps_clock() -> None:
     columns): those carry each step's clock and whether it was sampled, so their phase means
     count the host-clock steps at the mean of those on the clock (a window without them read
     every step as on the clock, or none)."""
-    prof = ForwardProfiler(_Events(), [], sample_every=4)  # type: ignore[arg-type]
+    prof = ForwardProfiler(_Events(), [], sample_every=4, own_budget=0.0)  # type: ignore[arg-type]
     rids = ["a", "b"]
     for i in range(40):
         prof.begin_step(_decode_step(rids, i == 0))

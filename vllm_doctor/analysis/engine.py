@@ -782,6 +782,8 @@ def doctor_overhead(profile: ProfileReply, steps: StepTable) -> DoctorOverhead |
         rpc_s=rpc,
         window_s=window,
         worker_share=worker_share,
+        own_budget=profile.own_budget,
+        samples_skipped=profile.samples_skipped,
     )
 
 

@@ -407,6 +407,16 @@ class DoctorOverhead(Record):
     rpc_s: float | None = None
     window_s: float | None = None
     worker_share: float | None = None
+    own_budget: float | None = field(
+        default=None,
+        metadata=_doc(
+            "the doctor's own budget on the device clock, a share of the worker's time (0: none, the sampling "
+            "cadence alone: turned off, or a CPU's wall clock; None: an older doctor)"
+        ),
+    )
+    samples_skipped: int = field(
+        default=0, metadata=_doc("steps due for a sample (the warm-up's or the cadence's) left unsampled by the budget")
+    )
 
 
 # ---- memory and KV -------------------------------------------------------------------------------
@@ -1028,6 +1038,8 @@ class ProfileReply(Record):
     layers_on: bool | None = None
     layers_reason: str | None = None
     sample_every: int | None = None
+    own_budget: float | None = None  # the doctor's own budget (0: none, or the wall clock); None: an older doctor
+    samples_skipped: int = 0  # steps due for a sample that the budget left unsampled, in the window
     detail_every: int | None = None
     boundary_marks: str | None = None  # eager's boundary grain: "entry" (one mark per module)
     dropped_steps: int = 0

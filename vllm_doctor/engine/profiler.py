@@ -58,7 +58,9 @@ from typing import Any
 
 from vllm_doctor.constants import (
     DEFAULT_DETAIL_EVERY,
+    DEFAULT_OWN_BUDGET,
     DEFAULT_STEP_CLOCK,
+    OWN_BUDGET_HORIZON_S,
     STEP_COLUMN_TYPES,
     STEP_COLUMNS,
     STEP_SUMMARY_COLUMNS,
@@ -140,9 +142,21 @@ class ForwardProfiler:
         sample_every: int = DEFAULT_SAMPLE_EVERY,
         detail_every: int = DEFAULT_DETAIL_EVERY,
         step_clock: str = DEFAULT_STEP_CLOCK,
+        own_budget: float = DEFAULT_OWN_BUDGET,
     ) -> None:
         self.clock = clock
         self._wall = clock.domain == "host"  # marks are perf_counter floats (no events to resolve)
+        # the doctor's own budget (constants.OWN_BUDGET_ENV): a share of the worker's time, on the
+        # device clock only (0: the cadence alone); its leaky bucket: credit in seconds, and the
+        # time and the doctor's own total when it was last brought up to date (_over_budget)
+        self.own_budget = 0.0 if self._wall else max(0.0, float(own_budget))
+        self._credit = 0.0
+        self._credit_at: tuple[float, float] | None = None
+        self.samples_skipped = 0  # steps due for a sample that the budget left unsampled (cumulative)
+        # the doctor's time in the calls it served between steps (the session's rpc_s: a reader's
+        # collection resolves the samples of its window), which the budget counts too
+        self.calls_s: Any = _no_calls
+        self._now = time.perf_counter  # the bucket's clock (a test's own clock drives it)
         self.tracker = StepTracker()
         # the step clock on every step (True) or on the sampled steps and their next ones
         self.clock_every = step_clock == "every"
@@ -218,7 +232,9 @@ class ForwardProfiler:
         self._phase_steps[phase] = n + 1
         index = self.step_index
         self.step_index = index + 1
-        if n >= SAMPLE_WARMUP_STEPS and (n - SAMPLE_WARMUP_STEPS) % self.sample_every:
+        if (n >= SAMPLE_WARMUP_STEPS and (n - SAMPLE_WARMUP_STEPS) % self.sample_every) or (
+            self.own_budget and n and self._over_budget()
+        ):
             start = None
             if not self._wall and (self._clock_next or self.clock_every):
                 start = self.clock.mark(True)
@@ -253,6 +269,27 @@ class ForwardProfiler:
         )
         self.current = step
         return step
+
+    def _over_budget(self) -> bool:
+        """A step is due for a sample: is the doctor over its own budget? The bucket's credit
+        accrues at ``own_budget`` of the time since it was last brought up to date (at most
+        :data:`OWN_BUDGET_HORIZON_S` worth: an idle engine saves no more for a burst of samples),
+        and the doctor's own time since then (every part of ``own``: counts, wrappers, timers,
+        layers, the graphs' retargets and reads) and in the calls it served (:attr:`calls_s`)
+        spends it. Over (credit below zero): the step is
+        not sampled, and counted in :attr:`samples_skipped`. Runs on due steps only."""
+        now, own = self._now(), sum(self.own.values()) + self.calls_s()
+        last = self._credit_at
+        self._credit_at = (now, own)
+        if last is None:  # the first due step after the start: the bucket starts here, empty
+            return False
+        budget = self.own_budget
+        credit = min(budget * OWN_BUDGET_HORIZON_S, self._credit + budget * (now - last[0])) - (own - last[1])
+        self._credit = credit
+        if credit < 0.0:
+            self.samples_skipped += 1
+            return True
+        return False
 
     def after_execute(self, host_s: float, output_is_final: bool) -> None:
         step = self.current
@@ -824,6 +861,7 @@ class ForwardProfiler:
             trace=self.trace_base + len(self.layer_trace),
             layers={name: {k: stats[k] for k in LAYER_SUMS} for name, stats in self.layer_stats.items()},
             encoder={k: self.encoder_use[k] for k in ENCODER_SUMS},
+            skipped=self.samples_skipped,
         )
 
     def _trim(self) -> None:
@@ -867,6 +905,9 @@ class ForwardProfiler:
             "step_clock": self.step_clock,
             "sample_every": self.sample_every,
             "sample_warmup_steps": SAMPLE_WARMUP_STEPS,
+            # the doctor's own budget (0: the cadence alone) and the due samples it left out in the window
+            "own_budget": self.own_budget,
+            "samples_skipped": self.samples_skipped - window.skipped,
             "detail_every": self.detail_every,
             "boundary_marks": BOUNDARY_MARKS if self.layers_enabled and not self.boundary_layers else None,
             # unsampled steps are records when they finish, samples once resolved
@@ -899,6 +940,7 @@ class Window:
     trace: int = 0
     layers: dict[str, dict[str, Any]] = field(default_factory=dict)
     encoder: dict[str, Any] = field(default_factory=dict)
+    skipped: int = 0  # the profiler's samples_skipped then
 
 
 # a layer's sums and the encoder's counts (its peaks are the profiler's, not per window)
@@ -907,6 +949,10 @@ LAYER_SUMS = (
     "prefill_steps", "decode_steps", "prefill_detail_s", "decode_detail_s",
 )  # fmt: skip
 ENCODER_SUMS = ("calls", "items", "rows")
+
+
+def _no_calls() -> float:
+    return 0.0
 
 
 def _entry_spans(entries: list[tuple[str, Any]]) -> list[tuple[str, Any, Any]]:

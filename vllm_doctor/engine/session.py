@@ -26,7 +26,15 @@ from torch import nn
 
 from vllm_doctor.compat import mixers
 from vllm_doctor.compat import worker as wv
-from vllm_doctor.constants import DEFAULT_STEP_CLOCK, GRAPH_TIMING_ENV, STEP_CLOCK_ENV, STEP_CLOCKS, SWITCH_ON
+from vllm_doctor.constants import (
+    DEFAULT_OWN_BUDGET,
+    DEFAULT_STEP_CLOCK,
+    GRAPH_TIMING_ENV,
+    OWN_BUDGET_ENV,
+    STEP_CLOCK_ENV,
+    STEP_CLOCKS,
+    SWITCH_ON,
+)
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
 from vllm_doctor.engine.clock import clock_for
 from vllm_doctor.engine.layers import decoder_layer_name, layer_index, moe_parts, select_modules
@@ -206,6 +214,7 @@ class WorkerSession:
         if model is None:
             raise RuntimeError("the worker has no model loaded yet")
         step_clock = step_clock_of(step_clock)
+        own_budget = own_budget_of()
         state = wv.compile_state(self.worker)
         if self.profiler is None:
             lm = wv.language_model(model)
@@ -217,8 +226,11 @@ class WorkerSession:
             )
             clock = clock_for(wv.device(self.worker))
             clock.reserve(RESOLVE_BATCH * (2 * len(timed) + 8))  # a batch of samples' marks (capped)
-            self.profiler = ForwardProfiler(clock, timed, trace_steps, sample_every, step_clock=step_clock)
+            self.profiler = ForwardProfiler(
+                clock, timed, trace_steps, sample_every, step_clock=step_clock, own_budget=own_budget
+            )
             self.profiler.own = self.own_s
+            self.profiler.calls_s = lambda: self.rpc_s
             self._wrap_runner()
             # the root model's forward where it runs Python: eager mode, or a root class that
             # vLLM does not compile (vLLM's own models compile their inner model: the root's
@@ -894,6 +906,28 @@ def step_clock_of(asked: str | None) -> str:
         source = "step_clock" if asked is not None else STEP_CLOCK_ENV
         raise ValueError(f"{source}={value!r}: the step clock is one of {', '.join(STEP_CLOCKS)}")
     return value
+
+
+def own_budget_of(value: str | None = None) -> float:
+    """The doctor's own budget on the device clock, a share of the worker's time: ``value``, else
+    ``VLLM_DOCTOR_OWN_BUDGET`` in the worker's environment (a percentage: "0.5", "0.5%"; "0" or
+    "off": none), else :data:`~vllm_doctor.constants.DEFAULT_OWN_BUDGET`; ValueError for anything
+    else (a negative share, or one of 100 % or more)."""
+    raw = (value if value is not None else os.environ.get(OWN_BUDGET_ENV, "")).strip().lower()
+    if not raw:
+        return DEFAULT_OWN_BUDGET
+    if raw == "off":
+        return 0.0
+    try:
+        pct = float(raw.removesuffix("%").strip())
+    except ValueError:
+        pct = -1.0
+    if not 0.0 <= pct < 100.0:
+        raise ValueError(
+            f"{OWN_BUDGET_ENV}={raw!r}: the doctor's own budget is a percentage of the worker's time "
+            "from 0 (off: the sampling cadence alone) to under 100, e.g. 0.5"
+        )
+    return pct / 100.0
 
 
 def _compare_merge(out: Any, embeds: Any, mask: Any) -> dict[str, Any]:

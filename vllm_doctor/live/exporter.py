@@ -37,6 +37,8 @@ mixed; times on the doctor's step clock, named in ``vllm_doctor_info``'s ``clock
   wrappers, timers, per-layer marks, and the channel's calls), and the exporter thread's CPU
   time in the API server (``part="exporter"``: reading and analysing each window);
   ``vllm_doctor_own_ratio``: the last window's share of the workers' wall time;
+  ``vllm_doctor_samples_skipped_total``: steps due for a sample that the doctor's own budget
+  (``VLLM_DOCTOR_OWN_BUDGET``, 0.5 % of the workers' time by default, on a GPU) left unsampled;
 - ``vllm_doctor_kv_capacity_tokens``, ``vllm_doctor_kv_max_concurrency``: vLLM's own KV capacity
   (what it logs at start-up as "KV cache size" and "Maximum concurrency");
 - ``vllm_doctor_scrape_timestamp_seconds``: the API server's clock (``time.time()``, seconds since
@@ -186,6 +188,7 @@ class ExportState:
                 add("own_seconds_total", part, seconds)
             if doctor.rpc_s is not None:
                 add("own_seconds_total", "channel", doctor.rpc_s)
+            add("samples_skipped_total", "", doctor.samples_skipped)
             share = doctor.worker_share if doctor.worker_share is not None else doctor.share
             if share is not None and summary.steps:
                 self.own_ratio = share
@@ -222,6 +225,11 @@ COUNTERS = {
         "part",
         "The doctor's own host time in the workers (wrappers, timers, marks, channel) and the exporter's CPU time "
         "in the API server (exporter)",
+    ),
+    "samples_skipped_total": (
+        "",
+        "Steps due for a sample (forward and per-layer timing) that the doctor left unsampled to stay within its "
+        "own budget of the workers' time (VLLM_DOCTOR_OWN_BUDGET)",
     ),
 }
 RATIOS = {

@@ -463,7 +463,17 @@ def doctor_cost_text(over: DoctorOverhead | None) -> str:
             f"; with the calls it served between steps ({fmt_s(o.rpc_s)}), "
             f"{100 * o.worker_share:.2g}% of the worker's {fmt_s(o.window_s)}"
         )
-    return text
+    return text + budget_text(o)
+
+
+def budget_text(o: DoctorOverhead) -> str:
+    """What the doctor's own budget did to the sampling, where it left due samples out."""
+    if not o.own_budget or not o.samples_skipped:
+        return ""
+    return (
+        f"; {o.samples_skipped:,} steps due for a sample left unsampled to keep the doctor within its budget of "
+        f"{100 * o.own_budget:.2g}% of the worker's time (VLLM_DOCTOR_OWN_BUDGET)"  # constants.OWN_BUDGET_ENV
+    )
 
 
 def render_roofline(profile: EngineProfile) -> str:

@@ -291,6 +291,8 @@ def model_panel(frame: Frame, width: int) -> Text:
         # (the calls' own time only where the line has room: a cropped line reads as a cut number)
         line = f"{100 * doctor.worker_share:.2g} % of the worker, {fmt_s(doctor.per_step_s)}/step"
         calls = f", calls {fmt_s(doctor.rpc_s)}"
+        if doctor.own_budget and doctor.samples_skipped:  # the budget widened the sampling this window
+            calls += f", {doctor.samples_skipped:,} samples skipped (budget {100 * doctor.own_budget:.2g} %)"
         out.append("doctor ", style="cyan")
         out.append(line + (calls if len("doctor ") + len(line) + len(calls) <= width else "") + "\n", style="dim")
     if not model.findings:

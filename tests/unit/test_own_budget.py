@@ -1,0 +1,143 @@
+"""The doctor's own budget (issue 44): on the device clock a step due for a sample is sampled only
+while the doctor's own time stays within its share of the worker's time (a leaky bucket,
+``ForwardProfiler._over_budget``); the first step of each phase is always sampled; a CPU's wall
+clock samples at the cadence alone; the due samples left out are counted, and the report, top's
+model panel and /metrics say so. The profiler is driven here by its own clock (``_now``) and a
+decode step's ``SchedulerOutput`` as plain data; the real engine's side runs in the GPU tests."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any
+
+import pytest
+
+from tests.unit.test_step_clock import _decode_step, _Events
+from vllm_doctor.analysis.records import DoctorOverhead, ProfileReply
+from vllm_doctor.constants import OWN_BUDGET_ENV, OWN_BUDGET_HORIZON_S, SAMPLE_WARMUP_STEPS
+from vllm_doctor.engine.clock import WallClock
+from vllm_doctor.engine.profiler import ForwardProfiler, OpenStep
+from vllm_doctor.engine.session import own_budget_of
+from vllm_doctor.live.exporter import ExportState
+from vllm_doctor.live.sources import ModelSummary
+from vllm_doctor.report.profile import doctor_cost_text
+from vllm_doctor.tui.panels import model_panel
+
+STEP_S = 0.010  # a step's wall time
+PLAIN_S = 20e-6  # the doctor's own time on an unsampled step
+SAMPLE_S = 1e-3  # ... and on a sampled one (its events, retargets, reads and sums)
+
+
+class Run:
+    """A profiler driven step by step: the worker's time advances STEP_S a step, and the doctor's
+    own time by what the step cost it (a sample more than a plain step)."""
+
+    def __init__(self, clock: Any, own_budget: float, sample_every: int = 8) -> None:
+        self.t = 100.0
+        self.prof = ForwardProfiler(clock, [], sample_every=sample_every, own_budget=own_budget)
+        self.prof._now = lambda: self.t
+        self.rids = ["a", "b"]
+        self.sampled: list[bool] = []
+
+    def steps(self, n: int) -> None:
+        prof = self.prof
+        for _ in range(n):
+            step = prof.begin_step(_decode_step(self.rids, not self.sampled))
+            sampled = isinstance(step, OpenStep)
+            self.sampled.append(sampled)
+            prof.own["wrappers"] = prof.own.get("wrappers", 0.0) + (SAMPLE_S if sampled else PLAIN_S)
+            prof.after_execute(0.001, output_is_final=False)
+            prof.after_sample(0.0005)
+            self.t += STEP_S
+
+    def own_s(self) -> float:
+        return self.prof.own.get("wrappers", 0.0)
+
+
+def test_the_budget_keeps_the_doctors_share_of_the_workers_time_while_the_cadence_would_not() -> None:
+    budget = 0.005
+    run = Run(_Events(), budget)
+    run.steps(3000)
+    wall = 3000 * STEP_S
+    # the cadence alone (every 8th after 8 warm-up steps) would take 1 ms of every 8 steps of 10 ms
+    cadence = sum(1 for n in range(2999) if n < SAMPLE_WARMUP_STEPS or not (n - SAMPLE_WARMUP_STEPS) % 8)
+    assert (cadence * SAMPLE_S + 3000 * PLAIN_S) / wall > 2.5 * budget
+    # with the budget: within it, give or take the one sample the bucket may be into debt for
+    assert run.own_s() / wall <= budget + SAMPLE_S / wall
+    assert run.own_s() / wall > 0.8 * budget  # and it spends what it has: samples, not none
+    samples = sum(run.sampled)
+    assert run.prof.samples_skipped == cadence + 1 - samples > 0  # the prefill (step 0) is a sample too
+    assert run.sampled[0] and run.sampled[1], "the first step of each phase (prefill, decode) is always sampled"
+    # the samples are spread over the run, at the cadence's steps: no stretch without one for long
+    at = [i for i, s in enumerate(run.sampled) if s]
+    assert all((i - 1 - SAMPLE_WARMUP_STEPS) % 8 == 0 for i in at[2:] if i > SAMPLE_WARMUP_STEPS)
+    recovery = SAMPLE_S / (budget * STEP_S - PLAIN_S)  # the steps a sample's cost takes to earn back: 33.3
+    assert max(b - a for a, b in itertools.pairwise(at)) <= 8 * (math.ceil(recovery / 8) + 3)
+
+
+def test_an_idle_engine_saves_no_more_than_the_horizon_for_a_burst() -> None:
+    budget = 0.005
+    run = Run(_Events(), budget, sample_every=1)
+    run.steps(200)  # into the steady state: the bucket empty or in debt
+    run.t += 3600.0  # an hour without a step
+    before = sum(run.sampled)
+    run.steps(20)
+    burst = sum(run.sampled) - before
+    # what the horizon holds pays for this many samples (and one more the bucket may go into debt for)
+    assert 1 <= burst <= int(budget * OWN_BUDGET_HORIZON_S / (SAMPLE_S - budget * STEP_S)) + 1
+
+
+def test_without_a_budget_and_on_the_wall_clock_the_cadence_alone_decides() -> None:
+    for clock, budget in ((_Events(), 0.0), (WallClock(), 0.005)):
+        run = Run(clock, budget)
+        run.steps(200)
+        assert run.prof.own_budget == 0.0 and run.prof.samples_skipped == 0
+        # the prefill, then decode's 8 warm-up steps and every 8th after them
+        expected = [True] + [n < SAMPLE_WARMUP_STEPS or not (n - SAMPLE_WARMUP_STEPS) % 8 for n in range(199)]
+        assert run.sampled == expected
+
+
+def test_the_skipped_samples_are_in_each_readers_window() -> None:
+    run = Run(_Events(), 0.005)
+    run.prof.open_window("top")
+    run.steps(400)
+    first = run.prof.snapshot(reset=True, timeline=False, reader="top")
+    assert first["own_budget"] == 0.005 and first["samples_skipped"] == run.prof.samples_skipped > 0
+    run.steps(400)
+    second = run.prof.snapshot(reset=True, timeline=False, reader="top")
+    assert 0 < second["samples_skipped"] == run.prof.samples_skipped - first["samples_skipped"]
+    reply = ProfileReply.of(second)
+    assert (reply.own_budget, reply.samples_skipped) == (0.005, second["samples_skipped"])
+
+
+def test_the_budget_is_a_percentage_from_the_engines_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(OWN_BUDGET_ENV, raising=False)
+    assert own_budget_of() == 0.005
+    for raw, share in (("1", 0.01), (" 0.25 % ", 0.0025), ("0", 0.0), ("off", 0.0), ("OFF", 0.0)):
+        monkeypatch.setenv(OWN_BUDGET_ENV, raw)
+        assert own_budget_of() == pytest.approx(share)
+    for raw in ("-1", "100", "lots", "0.5%%"):
+        monkeypatch.setenv(OWN_BUDGET_ENV, raw)
+        with pytest.raises(ValueError, match=r"VLLM_DOCTOR_OWN_BUDGET=.*a percentage of the worker's time"):
+            own_budget_of()
+
+
+def test_the_report_top_and_metrics_say_how_many_due_samples_the_budget_left_out() -> None:
+    over = DoctorOverhead(
+        host_s={"wrappers": 0.02, "counts": 0.01}, steps=1000, per_step_s=30e-6, step_host_s=3e-3, share=0.01,
+        rpc_s=0.001, window_s=10.0, worker_share=0.0031, own_budget=0.005, samples_skipped=95,
+    )  # fmt: skip
+    text = doctor_cost_text(over)
+    assert text.endswith(
+        "; 95 steps due for a sample left unsampled to keep the doctor within its budget of 0.5% of the worker's "
+        "time (VLLM_DOCTOR_OWN_BUDGET)"
+    )
+    assert "unsampled" not in doctor_cost_text(dataclasses.replace(over, samples_skipped=0))
+    state = ExportState()
+    state.add(ModelSummary(available=True, clock="cuda_events", steps=1000, doctor=over))
+    assert state.counters[("samples_skipped_total", "")] == 95
+    model = ModelSummary(available=True, clock="cuda_events", steps=1000, doctor=over)
+    panel = model_panel(type("F", (), {"model": model})(), 200).plain  # type: ignore[arg-type]
+    assert "0.31 % of the worker, 30.0 µs/step, calls 1.00 ms, 95 samples skipped (budget 0.5 %)" in panel
