@@ -95,6 +95,7 @@ while True:
         "own_s": sum((d.host_s or {}).values()) if d else 0.0, "host_s": dict(d.host_s or {}) if d else {},
         "rpc_s": (d.rpc_s or 0.0) if d else 0.0, "window_s": (d.window_s or 0.0) if d else 0.0,
         "steps": d.steps if d else 0, "clock": summary.clock, "mode": summary.mode,
+        "own_budget": d.own_budget if d else None, "samples_skipped": d.samples_skipped if d else 0,
         "phases": {k: p.to_json() for k, p in summary.phases.items()},
     })
 runner = None
@@ -137,6 +138,10 @@ def main() -> None:
     offline.add_argument("--eager", action="store_true")
     offline.add_argument("--max-num-seqs", type=int, default=None)
     offline.add_argument("--gpu-memory-utilization", type=float, default=0.85)
+    offline.add_argument("--cpu-clock", action="store_true",
+                         help="the doctor's own clock reads this thread's CPU time (time.thread_time; the engine runs "
+                              "in this thread): what its code costs the CPU, without the time the thread waited "
+                              "(preempted, or for the GIL or a driver lock) inside its spans; throughput keeps the wall clock")
     for p in (served, offline):
         p.add_argument("--json", type=Path, default=None, help="the summary's path (default bench/records/...)")
     args = ap.parse_args()
@@ -211,6 +216,8 @@ def run_served(args: argparse.Namespace) -> dict[str, Any]:
         "failed_requests": failed,
         "steps": steps,
         "worker_share": own / wall if wall else None,
+        "own_budget": next((w.get("own_budget") for w in windows if w.get("own_budget") is not None), None),
+        "samples_skipped": sum(w.get("samples_skipped") or 0 for w in windows),
         "per_step_us": 1e6 * sum(w["own_s"] for w in windows) / steps if steps else None,
         "own_by_part_us_per_step": {
             part: 1e6 * sum(w["host_s"].get(part, 0.0) for w in windows) / steps
@@ -281,12 +288,14 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
     prompts = make_prompts(Workload(args.prompts, args.input_len, args.output_len), handle.vocab_size() or 1000)
     params = greedy(args.output_len, ignore_eos=True)
 
+    wall_clock = time.perf_counter
+
     def generate() -> float:
         if cuda:
             torch.cuda.synchronize()
-        t = time.perf_counter()
+        t = wall_clock()
         outs = llm.generate(prompts, params, use_tqdm=False)
-        wall = time.perf_counter() - t
+        wall = wall_clock() - t
         return sum(len(o.outputs[0].token_ids) for o in outs) / wall
 
     doctors = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -297,6 +306,8 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
     rates: dict[str, list[float]] = {m: [] for m in modes}
     profiles: dict[str, list[Any]] = {m: [] for m in doctors}
     generate()  # warm-up
+    if args.cpu_clock:  # the doctor's wrappers read time.perf_counter when they are put on (at attach)
+        time.perf_counter = time.thread_time
     runner = None
     for r in range(args.rounds):
         for mode in modes[r % len(modes):] + modes[:r % len(modes)]:
@@ -323,6 +334,7 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
         "output_len": args.output_len,
         "sample_every": args.sample_every,
         "rounds": args.rounds,
+        "own_clock": "thread CPU time" if args.cpu_clock else "perf_counter",
         "tok_s_without": rates["none"],
         "doctors": {},
     }
@@ -339,6 +351,9 @@ def run_offline(args: argparse.Namespace) -> dict[str, Any]:
             if any(o.worker_share is not None for o in overs) else None,
             "share_of_host_step": statistics.fmean(o.share for o in overs if o.share is not None)
             if any(o.share is not None for o in overs) else None,
+            "own_budget": next((o.own_budget for o in overs if o.own_budget is not None), None),
+            "samples_skipped": sum(o.samples_skipped for o in overs),
+            "samples": sum(sum(1 for s in p.steps if s.sampled) for p in runs),
             "per_step_us": 1e6 * sum(o.per_step_s * o.steps for o in overs) / steps if steps else None,
             "own_by_part_us_per_step": {
                 part: 1e6 * sum(o.host_s.get(part, 0.0) for o in overs) / steps
