@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from vllm_doctor.engine import steps
-from vllm_doctor.engine.steps import NULL_BLOCK, UNDECIDED_BY_INDEX, StepTracker
+from vllm_doctor.engine.steps import NULL_BLOCK, TAIL_SCAN, UNDECIDED_BY_INDEX, StepTracker
 
 
 class Reference:
@@ -149,10 +149,14 @@ def _steps(seed: int, n_steps: int = 300) -> list[Any]:
     return out
 
 
+@pytest.mark.parametrize("tail", [1, TAIL_SCAN])  # a request in its prompt found among the last ones, or not
 @pytest.mark.parametrize("by_index", [0, UNDECIDED_BY_INDEX])  # both ways of finding the undecided
 @pytest.mark.parametrize("seed", range(12))
-def test_observe_counts_what_the_plain_rules_count(seed: int, by_index: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_observe_counts_what_the_plain_rules_count(
+    seed: int, by_index: int, tail: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(steps, "UNDECIDED_BY_INDEX", by_index)
+    monkeypatch.setattr(steps, "TAIL_SCAN", tail)
     tracker, reference = StepTracker(), Reference()
     sequence = _steps(seed)
     assert any(so.finished_req_ids for so in sequence) and any(so.scheduled_new_reqs for so in sequence)
