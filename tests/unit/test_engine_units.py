@@ -536,7 +536,7 @@ def test_unsampled_steps_are_plain_records_and_empty_steps_still_free_blocks() -
     for i, so in enumerate(sos):
         if i == 6:  # a step with nothing scheduled is no step, but its finished requests free their blocks
             assert prof.begin_step(_so([], [], {}, finished={"a", "b"})) is None and prof.current is None
-            assert prof.tracker.refs == {}
+            assert prof.tracker.held == set() and prof.tracker.extra == {}
         step = prof.begin_step(so)
         # decode steps 0-7 of the phase are samples, then its 8th, 12th: steps 1-5 and 7-15 decode
         assert isinstance(step, OpenStep) == (i not in (11, 12, 13, 15))
@@ -854,7 +854,7 @@ def test_step_tracker_phases_of_resumed_and_mid_run_requests() -> None:
     so = _so([], [("a", 0, [7])], {"a": 5})
     so.scheduled_cached_reqs.resumed_req_ids = {"a"}
     raw = t.observe(so)
-    assert phase_of(raw) == "prefill" and raw[6:] == (0, 1) and "a" not in t.decoding and t.refs == {7: 1}
+    assert phase_of(raw) == "prefill" and raw[6:] == (0, 1) and "a" not in t.decoding and (t.held, t.extra) == ({7}, {})
     # requests already running when the doctor attached: one token is decode, more is a prompt chunk
     raw = t.observe(_so([], [("a", 5, None), ("x", 40, [8]), ("y", 16, [9])], {"a": 1, "x": 1, "y": 16}))
     assert counts_dict(raw)["decode_reqs"] == 2 and counts_dict(raw)["prefill_tokens"] == 16

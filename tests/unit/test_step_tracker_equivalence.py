@@ -104,10 +104,17 @@ def _steps(seed: int, n_steps: int = 300) -> list[Any]:
             prompt = rng.randint(1, 70)
             blocks = list(range(next_block, next_block + prompt // 16 + 1))
             next_block += len(blocks)
+            sharers = [s for s in state.values() if s.get("prefix")]
+            if sharers and rng.random() < 0.3:  # a prefix-cache hit: its first blocks are another request's
+                blocks = rng.choice(sharers)["prefix"][: rng.randint(1, 2)] + blocks
+            groups: tuple[list[int], ...] = (blocks,)
+            if rng.random() < 0.2:  # a sliding-window group: vLLM's placeholder block where it holds none
+                groups = (blocks, [NULL_BLOCK, NULL_BLOCK, next_block])
+                next_block += 1
             chunk = min(prompt, rng.choice((prompt, 16, 32)))
-            new.append(SimpleNamespace(req_id=rid, prompt_token_ids=[0] * prompt, block_ids=(blocks,)))
+            new.append(SimpleNamespace(req_id=rid, prompt_token_ids=[0] * prompt, block_ids=groups))
             sched[rid] = chunk
-            state[rid] = {"prompt": prompt, "computed": chunk, "known": True, "fresh": True}
+            state[rid] = {"prompt": prompt, "computed": chunk, "known": True, "fresh": True, "prefix": blocks[:2]}
         req_ids, computed, new_blocks = [], [], []
         for rid, st in state.items():
             if st.pop("fresh", False):
