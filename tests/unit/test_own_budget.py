@@ -141,3 +141,25 @@ def test_the_report_top_and_metrics_say_how_many_due_samples_the_budget_left_out
     model = ModelSummary(available=True, clock="cuda_events", steps=1000, doctor=over)
     panel = model_panel(type("F", (), {"model": model})(), 200).plain  # type: ignore[arg-type]
     assert "0.31 % of the worker, 30.0 µs/step, calls 1.00 ms, 95 samples skipped (budget 0.5 %)" in panel
+
+
+class _Later(_Events):
+    """CUDA-event-like marks that complete two marks after they were made (the device a step or
+    two behind the host)."""
+
+    def ready(self, mark: Any) -> bool:
+        return mark.t <= self.now - 2
+
+
+def test_under_a_budget_a_sample_is_resolved_once_its_events_completed_not_in_a_batch() -> None:
+    """The budget sees what a sample cost, its resolution included: the sample becomes a record
+    a few steps after it ran, where without a budget samples wait for a batch of 32."""
+    for budget in (0.005, 0.0):
+        run = Run(_Later(), budget)
+        run.steps(1)  # the prefill's first step: a sample
+        assert run.sampled == [True] and len(run.prof.pending) == 1
+        run.steps(6)  # decode: its first step sampled, the warm-up's due steps as the budget decides
+        if budget:
+            assert run.sampled[-1] is False and not run.prof.pending  # each resolved a few steps after it ran
+        else:  # the cadence alone: every warm-up step a sample, all of them waiting for a batch
+            assert all(run.sampled) and len(run.prof.pending) == 7

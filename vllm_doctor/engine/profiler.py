@@ -330,12 +330,17 @@ class ForwardProfiler:
         """An unsampled step ended (``end``: perf_counter when its last method returned). On GPU
         with a start event (or an encoder call's events) its end event is recorded and it becomes
         a record once that event completed (:meth:`resolve`); else (the wall clock, or the host's
-        on GPU) it is a record once counted."""
+        on GPU) it is a record once counted.
+
+        Under a budget a finished sample is resolved as soon as its events have completed (a
+        step or two later), not in a batch: its resolution (the event reads, the layers' sums)
+        is then the doctor's own time before the budget decides on the next due step, not after
+        the run, in a reader's collection."""
         self.current = None
         if step[5] is not None or (step[7] and not self._wall):  # device events to read once completed
             pending = self.pending_plain
             pending.append((step, self._end_mark(), end))
-            if len(pending) >= 4 * RESOLVE_BATCH:
+            if len(pending) >= 4 * RESOLVE_BATCH or (self.pending and self.own_budget):
                 self.resolve(block=False)
             return
         if self._wall:
@@ -348,6 +353,8 @@ class ForwardProfiler:
             self.done_plain.append((step, end - step[1], idle))
         else:
             self._plain_record(step, end - step[1], idle)
+        if self.pending and self.own_budget:
+            self.resolve(block=False)
 
     def count_now(self, captured: Any) -> Any:
         """Count ``captured`` now, after the steps still waiting (the tracker counts in step order)."""
