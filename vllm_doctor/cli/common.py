@@ -11,7 +11,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from vllm_doctor.constants import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, STEP_CLOCK_ENV, STEP_CLOCKS
+from vllm_doctor.constants import (
+    DEFAULT_OWN_BUDGET,
+    DEFAULT_SAMPLE_EVERY,
+    OWN_BUDGET_ENV,
+    SAMPLE_WARMUP_STEPS,
+    STEP_CLOCK_ENV,
+    STEP_CLOCKS,
+)
 from vllm_doctor.errors import DoctorInputError
 from vllm_doctor.model import Report, Severity
 
@@ -119,7 +126,10 @@ def add_sample_every(parser: argparse.ArgumentParser) -> None:
         help=f"detailed timing (forward and logits, per layer; CUDA events on GPU) on the first {SAMPLE_WARMUP_STEPS} "
         f"steps of "
         f"each phase, then every N-th (default {DEFAULT_SAMPLE_EVERY}; 1 = every step, the most detail "
-        "and the most overhead); every step still gets its token counts and host times",
+        "and the most overhead); every step still gets its token counts and host times. On a GPU a due step "
+        f"is sampled only while the doctor's own time stays within {OWN_BUDGET_ENV} of the worker's time (in the "
+        f"engine's environment: a percentage, default {100 * DEFAULT_OWN_BUDGET:g}; 0 = the cadence alone); the "
+        "report says how many due steps it left out",
     )
 
 
