@@ -147,7 +147,7 @@ def profile(
     :class:`vllm_doctor.DoctorInputError` before any engine starts.
 
     ``step_clock``: which steps carry the device clock's step time on a GPU, ``"sampled"`` (the
-    sampled steps and the step after each; the default) or ``"every"`` (every step: the doctor's
+    sampled steps, the step after each and every 32nd; the default) or ``"every"`` (every step: the doctor's
     clock before issue 44, a CUDA event pair a step), as ``profile --step-clock``; None: the
     engine's ``VLLM_DOCTOR_STEP_CLOCK``, else sampled.
 

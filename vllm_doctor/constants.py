@@ -41,12 +41,19 @@ SWITCH_ON = "1"  # what the doctor sets a switch of the environment to
 # off (the default), no scrape or other request turns them on
 METRICS_ENV = "VLLM_DOCTOR_METRICS"
 # which steps carry the device clock's step time on a GPU (vllm_doctor.engine.profiler):
-# "sampled" (the default: the sampled steps and the step after each) or "every" (every step, the
+# "sampled" (the default: the sampled steps, the step after each and every STEP_CLOCK_STRIDE-th
+# step) or "every" (every step, the
 # doctor's clock before the sampled one); read in the workers when a reader installs without
 # naming one (profile's and the pytest plugin's engines, a served engine's top, attach, /metrics)
 STEP_CLOCK_ENV = "VLLM_DOCTOR_STEP_CLOCK"
 STEP_CLOCKS = ("sampled", "every")
 DEFAULT_STEP_CLOCK = "sampled"
+# on the sampled step clock every STEP_CLOCK_STRIDE-th step also carries the device clock (its
+# event pair only, not timed inside): a reader's window then holds device-clock steps where the
+# doctor's own budget leaves few samples (served at 128 requests on an H100: 6 steps on the clock
+# in 5 rounds of top's panel without it), and a phase's mean is never its host spans alone. An
+# event pair and its reading cost the host tens of µs: about 1.5 µs a step at one step in 32
+STEP_CLOCK_STRIDE = 32
 
 
 def env_switch(name: str) -> bool:

@@ -27,6 +27,7 @@ from vllm_doctor.checks import CATALOGUE, run_checks
 from vllm_doctor.checks.kv_cache import blocks_needed, largest_length
 from vllm_doctor.compat import nvml
 from vllm_doctor.compat.llm import EngineHandle, ExtensionMissing, engine_kwargs
+from vllm_doctor.constants import STEP_CLOCK_STRIDE
 from vllm_doctor.engine import EXTENSION_QUALNAME, SAMPLE_WARMUP_STEPS
 from vllm_doctor.engine.clock import WallClock
 from vllm_doctor.engine.extension import DoctorWorkerExtension
@@ -635,8 +636,9 @@ def test_every_step_on_gpu_is_timed_by_an_event_pair_and_samples_add_three_event
 
 def test_the_sampled_step_clock_puts_events_on_the_samples_and_the_step_after_each_only() -> None:
     """The default step clock on GPU: a sampled step's event pair (and its forward and logits
-    marks), and an event pair on the step after it (its untimed neighbour); every other step
-    carries its host span, named as the host's, with no device idle time."""
+    marks), and an event pair on the step after it (its untimed neighbour) and on every
+    STEP_CLOCK_STRIDE-th step; every other step carries its host span, named as the host's, with
+    no device idle time."""
     clock = CountingEventClock()
     prof = ForwardProfiler(clock, select_modules(ToyForCausalLM()), own_budget=0.0)  # type: ignore[arg-type]
     steps = _two_requests(300)
@@ -644,6 +646,8 @@ def test_the_sampled_step_clock_puts_events_on_the_samples_and_the_step_after_ea
     assert samples == 1 + 8 + 37  # as with the every-step clock: the same steps are sampled
     # steps 0-9 are samples (the prefill, 8 warm-up decode steps, the 8th after them), then every 8th
     neighbours = 37  # the step after step 9, 17, ..., 297
+    strided = len(range(STEP_CLOCK_STRIDE, 300, STEP_CLOCK_STRIDE))  # steps 32, 64, ..., 288: none a sample's neighbour
+    neighbours += strided
     assert clock.calls["mark"] == 5 * samples + 2 * neighbours
     snap = prof.snapshot()
     assert snap["step_clock"] == "sampled"
@@ -653,8 +657,15 @@ def test_the_sampled_step_clock_puts_events_on_the_samples_and_the_step_after_ea
     host = [r for r in rows if r["step_clock"] == "host"]
     assert len(device) == samples + neighbours and len(host) == 300 - samples - neighbours
     after_sample = {r["index"] + 1 for r in rows if r["sampled"]}
-    assert all(r["index"] in after_sample and not r["sampled"] for r in device if not r["sampled"])
-    assert all(r["step_s"] == 1.0 and r["idle_before_s"] == 1.0 for r in device if not r["sampled"])
+    assert all(
+        (r["index"] in after_sample or not r["index"] % STEP_CLOCK_STRIDE) and not r["sampled"]
+        for r in device
+        if not r["sampled"]
+    )
+    assert all(r["step_s"] == 1.0 for r in device if not r["sampled"])
+    # a sample's neighbour has the device's idle time since the sample ended; a strided step none
+    # (the step before it carried no event)
+    assert all(r["idle_before_s"] == (1.0 if r["index"] in after_sample else None) for r in device if not r["sampled"])
     assert all(r["step_s"] >= 0 and r["idle_before_s"] is None and not r["sampled"] for r in host)
     # the counts are every step's, whichever clock timed it
     assert [(r["decode_tokens"], r["kv_blocks_used"]) for r in rows[1:]] == [(2, 2)] * 299

@@ -26,6 +26,17 @@ from vllm_doctor.report.profile import doctor_cost_text
 from vllm_doctor.tui.panels import model_panel
 
 STEP_S = 0.010  # a step's wall time
+
+
+@pytest.fixture(autouse=True)
+def _still_host_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The profiler's own host clock stands still: its counting adds no time of this machine's to
+    the doctor's own (the budget sees only what each step is said to cost here)."""
+    from types import SimpleNamespace
+
+    import vllm_doctor.engine.profiler as profiler
+
+    monkeypatch.setattr(profiler, "time", SimpleNamespace(perf_counter=lambda: 0.0))
 PLAIN_S = 20e-6  # the doctor's own time on an unsampled step
 SAMPLE_S = 1e-3  # ... and on a sampled one (its events, retargets, reads and sums)
 
@@ -64,8 +75,9 @@ def test_the_budget_keeps_the_doctors_share_of_the_workers_time_while_the_cadenc
     # the cadence alone (every 8th after 8 warm-up steps) would take 1 ms of every 8 steps of 10 ms
     cadence = sum(1 for n in range(2999) if n < SAMPLE_WARMUP_STEPS or not (n - SAMPLE_WARMUP_STEPS) % 8)
     assert (cadence * SAMPLE_S + 3000 * PLAIN_S) / wall > 2.5 * budget
-    # with the budget: within it, give or take the one sample the bucket may be into debt for
-    assert run.own_s() / wall <= budget + SAMPLE_S / wall
+    # with the budget: within it, give or take the first sample of each phase (taken before the
+    # bucket starts) and the one sample the bucket may be into debt for at the end
+    assert run.own_s() / wall <= budget + 3 * SAMPLE_S / wall
     assert run.own_s() / wall > 0.8 * budget  # and it spends what it has: samples, not none
     samples = sum(run.sampled)
     assert run.prof.samples_skipped == cadence + 1 - samples > 0  # the prefill (step 0) is a sample too

@@ -15,7 +15,7 @@ import pytest
 from vllm_doctor.analysis.engine import clock_mean, phase_summary
 from vllm_doctor.analysis.records import PhaseSummary
 from vllm_doctor.channel import ChannelError, validate
-from vllm_doctor.constants import STEP_CLOCK_ENV
+from vllm_doctor.constants import STEP_CLOCK_ENV, STEP_CLOCK_STRIDE
 from vllm_doctor.engine.clock import WallClock
 from vllm_doctor.engine.profiler import COUNT_BATCH, ForwardProfiler, OpenStep
 from vllm_doctor.engine.session import step_clock_of
@@ -83,8 +83,11 @@ def test_the_phase_summary_and_the_reports_say_which_steps_are_on_the_device_clo
     # the per-layer timing's cost: the timed steps against their untimed neighbours on the clock
     assert decode.untimed_step_s_median == pytest.approx(0.010) and decode.untimed_steps == 4
     text = step_clock_text("decode", decode, "cuda_events")
-    assert text.startswith("decode: device clock (CUDA events) on 8 of 32 steps (4 sampled, 4 the step after a sample")
-    assert "the other 24 unsampled steps at those 4's" in text and "host spans on 24" in text
+    assert text.startswith(
+        "decode: device clock (CUDA events) on 8 of 32 steps (4 sampled, 4 unsampled (the step after a sample, "
+        "every 32nd step): the mean counts the other 24 at those 4's)"
+    )
+    assert "host spans on 24" in text
     # every step on the clock: nothing to say
     every = phase_summary(_decode_table([0.01] * 8, [True] * 8, [True] + [False] * 7))["decode"]
     assert every.clock_steps == 8 and every.host_steps == 0 and step_clock_text("decode", every, "cuda_events") == ""
@@ -213,8 +216,9 @@ def test_a_summary_window_carries_each_steps_clock() -> None:
     assert {"device_timed", "sampled"} <= set(window["step_arrays"]["columns"])
     decode = phase_summary(StepTable.of(window))["decode"]
     # the phase's decode steps 0-7 sampled, then every 4th (8, 12, ..., 36): 16 samples, each of the
-    # last 8 followed by its neighbour on the clock
-    assert (decode.steps, decode.clock_steps, decode.clock_untimed_steps) == (39, 16 + 8, 8)
+    # last 8 followed by its neighbour on the clock, and the engine's step 32 (every STEP_CLOCK_STRIDE-th)
+    assert STEP_CLOCK_STRIDE == 32
+    assert (decode.steps, decode.clock_steps, decode.clock_untimed_steps) == (39, 16 + 8 + 1, 8 + 1)
     assert decode.host_step_s_mean is not None and decode.step_s_mean > 0
 
 

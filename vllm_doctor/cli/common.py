@@ -17,6 +17,7 @@ from vllm_doctor.constants import (
     OWN_BUDGET_ENV,
     SAMPLE_WARMUP_STEPS,
     STEP_CLOCK_ENV,
+    STEP_CLOCK_STRIDE,
     STEP_CLOCKS,
 )
 from vllm_doctor.errors import DoctorInputError
@@ -138,9 +139,10 @@ def add_step_clock(parser: argparse.ArgumentParser) -> None:
         "--step-clock",
         choices=STEP_CLOCKS,
         default=None,
-        help="which steps carry the device clock's step time on a GPU: sampled (the sampled steps and the step "
-        "after each; the others their host span, and the phase means count them at the mean of those after a "
-        "sample) or every (an event pair on every step: the doctor's clock before, host time on every step); "
+        help="which steps carry the device clock's step time on a GPU: sampled (the sampled steps, the step "
+        f"after each and every {STEP_CLOCK_STRIDE}th; the others their host span, and the phase means count them "
+        "at the mean of the unsampled steps on the clock) or every (an event pair on every step: the doctor's "
+        "clock before, host time on every step); "
         f"default: {STEP_CLOCK_ENV} in the engine's environment, else sampled. A CPU's wall clock times every step",
     )
 

@@ -5,8 +5,10 @@ time of ``execute_model`` (+ ``sample_tokens``) and the step's time: on CPU the 
 host is the device); on GPU the device's clock, a CUDA event pair on the current stream from
 ``execute_model``'s entry to ``sample_tokens``' return (under async scheduling the host's time
 is enqueue time, not the step), on the steps :data:`~vllm_doctor.constants.STEP_CLOCKS` says: ``sampled`` (the default)
-puts the pair on the sampled steps and on the step after each (its untimed neighbour: the
-device-clock step time of a step the doctor does not time inside), the others carry their host
+puts the pair on the sampled steps, on the step after each (its untimed neighbour: the
+device-clock step time of a step the doctor does not time inside) and on every
+:data:`~vllm_doctor.constants.STEP_CLOCK_STRIDE`-th step (so that a window holds device-clock
+steps where the own budget leaves few samples), the others carry their host
 span (``device_timed`` false); ``every`` puts it on every step (the doctor's behaviour before
 the sampled clock; each pair and its reading cost the host tens of µs a step on an H200). On
 sampled steps also the model's forward and the logits processor.
@@ -61,6 +63,7 @@ from vllm_doctor.constants import (
     DEFAULT_OWN_BUDGET,
     DEFAULT_STEP_CLOCK,
     OWN_BUDGET_HORIZON_S,
+    STEP_CLOCK_STRIDE,
     STEP_COLUMN_TYPES,
     STEP_COLUMNS,
     STEP_SUMMARY_COLUMNS,
@@ -236,7 +239,7 @@ class ForwardProfiler:
             self.own_budget and n and self._over_budget()
         ):
             start = None
-            if not self._wall and (self._clock_next or self.clock_every):
+            if not self._wall and (self._clock_next or self.clock_every or not index % STEP_CLOCK_STRIDE):
                 start = self.clock.mark(True)
             self._clock_next = False
             plain = [index, time.perf_counter(), counts, 0.0, 0.0, start, prev, None]

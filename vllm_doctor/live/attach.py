@@ -221,7 +221,7 @@ def attach(
     private channel). Raises :class:`ExtensionMissing` (with the fix) if the engine
     lacks the extension, and :class:`vllm_doctor.compat.http.ServerError` if a URL cannot be
     reached or has no ``/collective_rpc``. ``step_clock``: which steps carry the device clock on a
-    GPU, ``"sampled"`` (the sampled steps and the step after each) or ``"every"``; None: the
+    GPU, ``"sampled"`` (the sampled steps, the step after each and every 32nd) or ``"every"``; None: the
     workers' ``VLLM_DOCTOR_STEP_CLOCK``, else ``"sampled"``.
     """
     return EngineDoctor(
