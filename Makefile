@@ -20,7 +20,8 @@ TIERS := tests/unit tests/integration tests/engine tests/gpu
 ENGINE_TIER := tests/engine
 ENGINE_B := $(addprefix $(ENGINE_TIER)/,$(addsuffix .py,test_multimodal_ground_truth test_weights_engine \
 	test_multirank test_pytest_for_model_authors test_channel_served test_top_served test_engine_served \
-	test_multimodal_parity test_metrics_served test_mla_checks_engine test_quant_engine test_parity_decode))
+	test_multimodal_parity test_metrics_served test_mla_checks_engine test_quant_engine test_parity_decode \
+	test_hostile_input_engine))
 ENGINE_A := $(filter-out $(ENGINE_B),$(sort $(wildcard $(ENGINE_TIER)/test_*.py)))
 STREAMS := engine-a engine-b rest
 
