@@ -279,8 +279,8 @@ class ForwardProfiler:
         :data:`OWN_BUDGET_HORIZON_S` worth: an idle engine saves no more for a burst of samples),
         and the doctor's own time since then (every part of ``own``: counts, wrappers, timers,
         layers, the graphs' retargets and reads) and in the calls it served (:attr:`calls_s`)
-        spends it. Over (credit below zero): the step is
-        not sampled, and counted in :attr:`samples_skipped`. Runs on due steps only."""
+        spends it. Over (credit below zero): the step is not sampled, and counted in
+        :attr:`samples_skipped`. Runs on due steps only."""
         now, own = self._now(), sum(self.own.values()) + self.calls_s()
         last = self._credit_at
         self._credit_at = (now, own)
