@@ -48,11 +48,12 @@ METRICS_ENV = "VLLM_DOCTOR_METRICS"
 STEP_CLOCK_ENV = "VLLM_DOCTOR_STEP_CLOCK"
 STEP_CLOCKS = ("sampled", "every")
 DEFAULT_STEP_CLOCK = "sampled"
-# on the sampled step clock every STEP_CLOCK_STRIDE-th step also carries the device clock (its
-# event pair only, not timed inside): a reader's window then holds device-clock steps where the
-# doctor's own budget leaves few samples (served at 128 requests on an H100: 6 steps on the clock
-# in 5 rounds of top's panel without it), and a phase's mean is never its host spans alone. An
-# event pair and its reading cost the host tens of µs: about 1.5 µs a step at one step in 32
+# on the sampled step clock every STEP_CLOCK_STRIDE-th step of each phase also carries the device
+# clock (its event pair only, not timed inside): a reader's window then holds device-clock steps
+# of every phase it ran that many steps of, where the doctor's own budget leaves few samples
+# (served at 128 requests on an H100: 6 steps on the clock in 5 rounds of top's panel without
+# it), so such a phase's mean is not its host spans alone. An event pair and its reading cost
+# the host tens of µs: about 1.5 µs a step at one step in 32
 STEP_CLOCK_STRIDE = 32
 
 

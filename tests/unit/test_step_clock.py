@@ -216,9 +216,10 @@ def test_a_summary_window_carries_each_steps_clock() -> None:
     assert {"device_timed", "sampled"} <= set(window["step_arrays"]["columns"])
     decode = phase_summary(StepTable.of(window))["decode"]
     # the phase's decode steps 0-7 sampled, then every 4th (8, 12, ..., 36): 16 samples, each of the
-    # last 8 followed by its neighbour on the clock, and the engine's step 32 (every STEP_CLOCK_STRIDE-th)
+    # last 8 followed by its neighbour on the clock (decode's 32nd step, every STEP_CLOCK_STRIDE-th
+    # of the phase, is a sample already)
     assert STEP_CLOCK_STRIDE == 32
-    assert (decode.steps, decode.clock_steps, decode.clock_untimed_steps) == (39, 16 + 8 + 1, 8 + 1)
+    assert (decode.steps, decode.clock_steps, decode.clock_untimed_steps) == (39, 16 + 8, 8)
     assert decode.host_step_s_mean is not None and decode.step_s_mean > 0
 
 
@@ -254,3 +255,21 @@ def test_the_command_lines_step_clock_reaches_the_engines_workers(
         build_parser().parse_args(["attach", "--step-clock", "sometimes"])
     assert exit_info.value.code == 2
     assert "--step-clock: invalid choice: 'sometimes'" in capsys.readouterr().err
+
+
+def test_every_strideth_step_of_a_phase_is_on_the_device_clock_where_no_sample_is() -> None:
+    """The sampled step clock also puts an event pair on every STEP_CLOCK_STRIDE-th step of each
+    phase: a window of a phase with few samples (the own budget) still has device-clock steps."""
+    prof = ForwardProfiler(_Events(), [], sample_every=1 << 20, own_budget=0.0)  # type: ignore[arg-type]
+    rids = ["a", "b"]
+    for i in range(101):  # the prefill, then decode's steps 0-99
+        prof.begin_step(_decode_step(rids, i == 0))
+        prof.after_execute(0.001, output_is_final=False)
+        prof.after_sample(0.0005)
+    rows = StepTable.of(prof.snapshot()).rows()
+    on_clock_unsampled = [r["index"] - 1 for r in rows if r["step_clock"] == "cuda_events" and not r["sampled"]]
+    # decode's warm-up (0-7) and its 8th step are samples; the step after the last of them (9) is on
+    # the clock as its neighbour, and decode's 32nd, 64th and 96th steps as every 32nd
+    assert on_clock_unsampled == [9, 32, 64, 96]
+    decode = phase_summary(StepTable.of(prof.snapshot(timeline=False)))["decode"]
+    assert (decode.clock_steps, decode.clock_untimed_steps) == (9 + 4, 4)

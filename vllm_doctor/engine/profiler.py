@@ -7,8 +7,9 @@ host is the device); on GPU the device's clock, a CUDA event pair on the current
 is enqueue time, not the step), on the steps :data:`~vllm_doctor.constants.STEP_CLOCKS` says: ``sampled`` (the default)
 puts the pair on the sampled steps, on the step after each (its untimed neighbour: the
 device-clock step time of a step the doctor does not time inside) and on every
-:data:`~vllm_doctor.constants.STEP_CLOCK_STRIDE`-th step (so that a window holds device-clock
-steps where the own budget leaves few samples), the others carry their host
+:data:`~vllm_doctor.constants.STEP_CLOCK_STRIDE`-th step of each phase (so that a window holds
+device-clock steps of each phase it ran 32 steps of, where the own budget leaves few samples),
+the others carry their host
 span (``device_timed`` false); ``every`` puts it on every step (the doctor's behaviour before
 the sampled clock; each pair and its reading cost the host tens of µs a step on an H200). On
 sampled steps also the model's forward and the logits processor.
@@ -239,7 +240,7 @@ class ForwardProfiler:
             self.own_budget and n and self._over_budget()
         ):
             start = None
-            if not self._wall and (self._clock_next or self.clock_every or not index % STEP_CLOCK_STRIDE):
+            if not self._wall and (self._clock_next or self.clock_every or not n % STEP_CLOCK_STRIDE):
                 start = self.clock.mark(True)
             self._clock_next = False
             plain = [index, time.perf_counter(), counts, 0.0, 0.0, start, prev, None]
