@@ -401,9 +401,10 @@ class DoctorCollector:
                             handle.close()
                             raise
                         read = len([r for r in pings if r.get("ok")])
+                        # up once the first window is read (below): a scrape in between would say up
+                        # with no clock or model class yet
                         self._set(
                             model_name=handle.name or "",
-                            up=True,
                             reason="",
                             ranks={"read": read, "unreachable": len(unreachable)},
                         )
