@@ -1,6 +1,6 @@
 """What an unsampled step costs the worker on the doctor's path, in a hot loop (no GPU).
 
-    .venv/bin/python bench/bench_step_path.py [--requests 128] [--steps 3000] [--repeats 5]
+    .venv/bin/python bench/bench_step_path.py [--requests 128] [--steps 3000] [--repeats 5] [--cold]
 
 The floor under the doctor's own budget: every step, sampled or not, runs the session's
 ``execute_model`` and ``sample_tokens`` wrappers (vllm_doctor/engine/session.py) around vLLM's
@@ -17,8 +17,13 @@ hands the wrappers vLLM 0.32's own ``SchedulerOutput`` of
 
 The clock is this thread's CPU time, per step, the median of ``--repeats`` runs. In a serving
 engine the same code runs cold between vLLM's own Python: on an H100 host it cost 2.5-3 times
-this loop's figure (bench/README.md), so this measures changes, not the served cost.
-Run it from a tree's root (``PYTHONPATH=. python bench/bench_step_path.py``) to measure that tree.
+this loop's figure (bench/README.md). ``--cold`` runs a stand-in for vLLM's Python before each
+of the two calls (a walk over :data:`COLD_OBJECTS` objects, about 20 MB: what the CPU's caches
+held of the doctor is gone) and times the two calls alone (perf_counter around each; the
+counting of the last batch included): the cold cost, where a lock or a call costs several
+times its hot figure. The hot loop measures the code's own work; the cold one what touching it
+costs. Run it from a tree's root (``PYTHONPATH=. python bench/bench_step_path.py``) to measure
+that tree.
 """
 
 from __future__ import annotations
@@ -78,8 +83,23 @@ def steps(kind: str, requests: int, n: int) -> list[Any]:
     return out
 
 
-def run(kind: str, requests: int, n: int) -> float:
-    """µs of this thread's CPU a step on the doctor's path (vLLM's methods empty)."""
+COLD_OBJECTS = 100_000
+_JUNK: list[dict[str, Any]] = []
+
+
+def vllms_python() -> int:
+    """A stand-in for vLLM's own Python between the doctor's calls: a walk over many objects."""
+    if not _JUNK:
+        _JUNK.extend({"a": i, "b": [i], "c": str(i)} for i in range(3 * COLD_OBJECTS))
+    s = 0
+    for d in _JUNK[::3]:
+        s += d["a"]
+    return s
+
+
+def run(kind: str, requests: int, n: int, cold: bool = False) -> float:
+    """µs a step on the doctor's path (vLLM's methods empty): this thread's CPU time in a hot
+    loop, or (``cold``) perf_counter around each call, with vLLM's stand-in before each."""
     from vllm_doctor.engine.profiler import ForwardProfiler
     from vllm_doctor.engine.session import WorkerSession
 
@@ -96,6 +116,20 @@ def run(kind: str, requests: int, n: int) -> float:
         execute(so)
         sample(None)
     prof.count_pending()
+    if cold:
+        clock, total = time.perf_counter, 0.0
+        for so in sos[warm:]:
+            vllms_python()
+            t = clock()
+            execute(so)
+            total += clock() - t
+            vllms_python()
+            t = clock()
+            sample(None)
+            total += clock() - t
+        t = clock()
+        prof.count_pending()
+        return (total + clock() - t) / (len(sos) - warm) * 1e6
     t = time.thread_time()
     for so in sos[warm:]:
         execute(so)
@@ -118,11 +152,16 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=128)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--cold", action="store_true", help="vLLM's stand-in before each call; the calls timed alone")
     args = ap.parse_args()
-    print(f"the doctor's path of an unsampled step, {args.requests} running requests, {args.steps} steps, "
-          f"medians of {args.repeats} runs (thread CPU time)")
+    steps_n = min(args.steps, 600) if args.cold else args.steps
+    clock = "perf_counter around the calls, cold" if args.cold else "thread CPU time"
+    print(
+        f"the doctor's path of an unsampled step, {args.requests} running requests, {steps_n} steps, "
+        f"medians of {args.repeats} runs ({clock})"
+    )
     for kind in ("new blocks", "churn"):
-        med = statistics.median(run(kind, args.requests, args.steps) for _ in range(args.repeats))
+        med = statistics.median(run(kind, args.requests, steps_n, args.cold) for _ in range(args.repeats))
         print(f"  {kind:<11} {med:6.1f} µs a step")
 
 

@@ -1,7 +1,7 @@
 """The private channel on an NVIDIA GPU (``pytest -m gpu tests/gpu``): the example served on
 cuda:0 in vLLM's default mode (torch.compile + CUDA graphs) with ``VLLM_DOCTOR=1`` and no dev
 mode. The channel's thread reads CUDA events recorded by the worker's thread (its device set to
-the worker's, the device waited for outside the worker's lock); outputs stay the same.
+the worker's, the device waited for outside the worker's gate); outputs stay the same.
 """
 
 from __future__ import annotations

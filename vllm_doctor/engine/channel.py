@@ -5,10 +5,10 @@ calls :func:`serve` when vLLM creates the worker: the process binds
 ``<private dir>/chan-<pid>.sock`` (mode 0600, in the user's 0700 directory: see
 :mod:`vllm_doctor.channel`). One thread reads every connection (a ``selectors`` loop: an idle
 connection costs nothing and holds no thread); each complete request runs on a thread of its
-own, the doctor's worker method under the worker's doctor lock
-(:func:`~vllm_doctor.engine.session.worker_lock`): between two of the wrappers' bookkeeping
-sections, never through vLLM's engine core, its RPC queue or its HTTP server. What keeps the
-engine safe from the channel:
+own, the doctor's worker method behind the worker's doctor gate
+(:func:`~vllm_doctor.engine.session.worker_lock`, :mod:`vllm_doctor.engine.gate`): between two
+of the wrappers' bookkeeping sections, never through vLLM's engine core, its RPC queue or its
+HTTP server. What keeps the engine safe from the channel:
 
 - only the verbs of :data:`vllm_doctor.channel.VERBS`, options checked against their table;
   anything else gets an error reply and never reaches the worker;
@@ -348,7 +348,7 @@ class ChannelServer:
 
     def _close(self, reader: Reader, registered: bool = True) -> None:
         """The reader is gone: its connection closes, and what it held in the worker ends (on a
-        thread of its own: that waits for the worker's lock, the loop never does). From a
+        thread of its own: that waits for the worker's gate, the loop never does). From a
         request's thread ``registered`` is False (the loop does not read a reader while it waits
         for its reply)."""
         if reader.closed:

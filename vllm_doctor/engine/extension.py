@@ -78,10 +78,17 @@ TIMED_RPCS = frozenset(
 
 def _envelope(worker: Any, method: str, fn: Callable[[], Any]) -> dict[str, Any]:
     head = {"method": method, "rank": getattr(worker, "rank", None), "pid": os.getpid()}
+    from vllm_doctor.engine.gate import GATE_TIMEOUT_S
     from vllm_doctor.engine.session import worker_lock
 
-    with worker_lock(worker):  # never in the middle of the wrappers' bookkeeping of a step
+    gate = worker_lock(worker)
+    if not gate.acquire(timeout=GATE_TIMEOUT_S):  # never in the middle of the wrappers' bookkeeping of a step
+        message = f"the worker's step did not end within {GATE_TIMEOUT_S:.0f} s"
+        return {"ok": False, **head, "error": {"type": "Busy", "message": message, "traceback": ""}}
+    try:
         return _call(worker, method, fn, head)
+    finally:
+        gate.release()
 
 
 def _call(worker: Any, method: str, fn: Callable[[], Any], head: dict[str, Any]) -> dict[str, Any]:

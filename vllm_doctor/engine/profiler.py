@@ -554,7 +554,7 @@ class ForwardProfiler:
     # -- resolution ----------------------------------------------------------------------------
     def newest_end(self) -> Any:
         """The end mark of the newest recorded sample or unsampled step (None if none): once it
-        completed, every earlier one has too (one stream). Called under the worker's doctor lock."""
+        completed, every earlier one has too (one stream). Called behind the worker's doctor gate."""
         if self.pending:
             return self.pending[-1].end
         if self.pending_plain:
@@ -894,7 +894,7 @@ class ForwardProfiler:
         window starts again after this snapshot; the other readers' windows are theirs.
 
         Such a summary read does not wait on the device: a step whose events have not completed
-        yet is in the reader's next window. It runs under the worker's doctor lock (the channel
+        yet is in the reader's next window. It runs behind the worker's doctor gate (the channel
         waits for the device before it takes it: ``session.settle``), and a wait there, for the
         step the host launched meanwhile, holds the worker's next step. A timeline's read (a
         report's) waits for every step recorded."""

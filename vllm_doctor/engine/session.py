@@ -37,6 +37,7 @@ from vllm_doctor.constants import (
 )
 from vllm_doctor.engine import DEFAULT_SAMPLE_EVERY, SAMPLE_WARMUP_STEPS, graphs
 from vllm_doctor.engine.clock import clock_for
+from vllm_doctor.engine.gate import StepGate
 from vllm_doctor.engine.layers import decoder_layer_name, layer_index, moe_parts, select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
 from vllm_doctor.engine.profiler import (
@@ -53,17 +54,18 @@ LOCK_ATTR = "_vllm_doctor_lock"
 _LOCK_GUARD = threading.Lock()
 
 
-def worker_lock(worker: Any) -> threading.RLock:
-    """The worker's doctor lock: held by the doctor's ``execute_model`` / ``sample_tokens``
-    wrappers while they run, and by every doctor call into the worker (``collective_rpc`` on the
-    worker's own thread, the private channel's thread), so a call from the channel never reads
-    or changes the session in the middle of a step's bookkeeping. Kept on the worker, not the
-    session: a detach drops the session, the lock stays the one the wrappers hold."""
-    lock = worker.__dict__.get(LOCK_ATTR)
-    if lock is None:
+def worker_lock(worker: Any) -> StepGate:
+    """The worker's doctor gate (engine/gate.py): the doctor's ``execute_model`` /
+    ``sample_tokens`` wrappers pass it as a step while they run, and every doctor call into the
+    worker (``collective_rpc`` on the worker's own thread, the private channel's thread) holds it
+    (``with worker_lock(worker):``, or ``acquire(timeout=...)``), so a call from the channel never
+    reads or changes the session in the middle of a step's bookkeeping. Kept on the worker, not
+    the session: a detach drops the session, the gate stays the one the wrappers pass."""
+    gate = worker.__dict__.get(LOCK_ATTR)
+    if gate is None:
         with _LOCK_GUARD:
-            lock = worker.__dict__.setdefault(LOCK_ATTR, threading.RLock())
-    return lock
+            gate = worker.__dict__.setdefault(LOCK_ATTR, StepGate())
+    return gate
 
 
 # a timing wrapper: (object, attribute it shadows, the wrapper, the previous instance attribute or None)
@@ -80,7 +82,7 @@ class NoWindow(RuntimeError):
 
 
 def settle(worker: Any) -> None:
-    """Wait, without the worker's doctor lock, until the device has run what the profiler
+    """Wait, outside the worker's doctor gate, until the device has run what the profiler
     recorded so far: a collect from the channel's thread then resolves its events under the
     lock without waiting on the device, so the worker's next step never waits for the device
     on the reader's behalf."""
@@ -650,17 +652,24 @@ class WorkerSession:
 
     def _execute_wrapper(self, original: Any) -> Any:
         # the hot path of every step: _safely's checks inlined, and the body inside the worker's
-        # doctor lock in one frame (a nested call costs more than the lock). An unsampled step
-        # (a list) costs two profiler calls, begin_step here and finish_plain when sample_tokens
-        # returns; the wrappers fill its host-time slots themselves (what
+        # doctor gate in one frame, its step side inlined (StepGate.enter_step / leave_step: two
+        # attribute accesses each way where a lock's cold acquire and release cost 3-5 µs). An
+        # unsampled step (a list) costs two profiler calls, begin_step here and finish_plain when
+        # sample_tokens returns; the wrappers fill its host-time slots themselves (what
         # ForwardProfiler.after_execute / after_sample do for a list), a call fewer on each side,
         # measured in bench_engine.py
         own, disabled, clock, prof = self.own_s, self.disabled, time.perf_counter, self.profiler
         assert prof is not None
-        lock = worker_lock(self.worker)
+        gate = worker_lock(self.worker)
 
         def execute_model(*args: Any, **kwargs: Any) -> Any:
-            with lock:
+            d = gate.depth
+            gate.depth = d + 1
+            locked = gate.waiting > 0 and not d
+            if locked:  # a doctor call is in: it ends first, and none starts until this step leaves
+                gate.depth = d
+                gate.lock.acquire()
+            try:
                 t0 = clock()
                 counted = own["counts"]  # counting done in here is its own part
                 # a CUDA graph's replay inside vLLM's call may read a sampled replay's events
@@ -700,6 +709,13 @@ class WorkerSession:
                         self._crashed("steps", exc)
                 own["wrappers"] += (t - t0) + (clock() - t1) - (own["counts"] - counted)
                 return out
+            finally:
+                if locked:
+                    gate.lock.release()
+                else:
+                    gate.depth = d
+                    if gate.waiting:
+                        gate.left.set()
 
         execute_model.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return execute_model
@@ -707,10 +723,16 @@ class WorkerSession:
     def _sample_wrapper(self, original: Any) -> Any:
         own, disabled, clock, prof = self.own_s, self.disabled, time.perf_counter, self.profiler
         assert prof is not None
-        lock = worker_lock(self.worker)
+        gate = worker_lock(self.worker)
 
         def sample_tokens(*args: Any, **kwargs: Any) -> Any:
-            with lock:
+            d = gate.depth  # the gate's step side, as in execute_model
+            gate.depth = d + 1
+            locked = gate.waiting > 0 and not d
+            if locked:
+                gate.depth = d
+                gate.lock.acquire()
+            try:
                 t = clock()
                 counted = own["counts"]
                 try:
@@ -730,6 +752,13 @@ class WorkerSession:
                         except Exception as exc:
                             self._crashed("steps", exc)
                     own["wrappers"] += clock() - t1 - (own["counts"] - counted)
+            finally:
+                if locked:
+                    gate.lock.release()
+                else:
+                    gate.depth = d
+                    if gate.waiting:
+                        gate.left.set()
 
         sample_tokens.__vllm_doctor_wrapper__ = True  # type: ignore[attr-defined]
         return sample_tokens
