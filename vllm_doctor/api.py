@@ -147,8 +147,8 @@ def profile(
     :class:`vllm_doctor.DoctorInputError` before any engine starts.
 
     ``step_clock``: which steps carry the device clock's step time on a GPU, ``"sampled"`` (the
-    sampled steps, the step after each and every 32nd; the default) or ``"every"`` (every step: the doctor's
-    clock before issue 44, a CUDA event pair a step), as ``profile --step-clock``; None: the
+    sampled steps, the step after each, every 32nd and a window's first; the default) or ``"every"``
+    (every step: the doctor's clock before issue 44, a CUDA event pair a step), as ``profile --step-clock``; None: the
     engine's ``VLLM_DOCTOR_STEP_CLOCK``, else sampled.
 
     ``options``: the engine options below, as :func:`check_engine` takes them.

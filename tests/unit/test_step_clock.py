@@ -85,7 +85,7 @@ def test_the_phase_summary_and_the_reports_say_which_steps_are_on_the_device_clo
     text = step_clock_text("decode", decode, "cuda_events")
     assert text.startswith(
         "decode: device clock (CUDA events) on 8 of 32 steps (4 sampled, 4 unsampled (the step after a sample, "
-        "every 32nd step): the mean counts the other 24 at those 4's)"
+        "every 32nd step, a window's first): the mean counts the other 24 at those 4's)"
     )
     assert "host spans on 24" in text
     # every step on the clock: nothing to say
@@ -110,6 +110,30 @@ def test_top_and_metrics_say_on_how_many_steps_the_clock_ran() -> None:
     assert state.counters[("clock_steps_total", "decode")] == 20
     assert state.counters[("clock_steps_total", "prefill")] == 10
     assert state.counters[("step_seconds_total", "decode")] == pytest.approx(0.9)
+
+
+def test_a_readers_new_window_holds_a_device_clock_step_of_each_phase_it_runs() -> None:
+    """After a reader's window begins (its reset), the next unsampled step of each phase is on the
+    device clock, not only every 32nd: a window of a few steps of a phase (a served panel's second
+    with a prefill or two) holds one, and its mean is a device-clock mean, not enqueue time."""
+    prof = ForwardProfiler(_Events(), [], sample_every=1 << 20, own_budget=0.0)  # type: ignore[arg-type]
+    prof.open_window("panel")
+    rids = ["a", "b"]
+
+    def run(first: int, n: int) -> None:
+        for i in range(first, first + n):
+            prof.begin_step(_decode_step(rids, i == 0))
+            prof.after_execute(0.001, output_is_final=False)
+            prof.after_sample(0.0005)
+
+    run(0, 41)  # the prefill, then decode's steps 0-39 (32 on the clock as every 32nd)
+    prof.snapshot(reset=True, timeline=False, reader="panel")
+    run(41, 5)  # decode's steps 40-44: none a 32nd, none after a sample
+    rows = StepTable.of(prof.snapshot(reset=True, reader="panel")).rows()
+    assert [r["step_clock"] for r in rows] == ["cuda_events"] + ["host"] * 4
+    run(46, 3)  # decode's steps 45-47, after the second reset
+    decode = phase_summary(StepTable.of(prof.snapshot(timeline=False, reader="panel")))["decode"]
+    assert (decode.steps, decode.clock_steps, decode.clock_untimed_steps) == (3, 1, 1)
 
 
 def test_the_step_clock_option_is_checked_where_it_enters(monkeypatch: pytest.MonkeyPatch) -> None:

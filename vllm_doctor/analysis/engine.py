@@ -180,10 +180,10 @@ def _median(values: list[float]) -> float | None:
 
 def clock_mean(step_s: list[float], on_clock: list[bool], sampled: list[bool]) -> tuple[float, int, int, float | None]:
     """One phase's mean step time on the step clock, where only some of its steps are on it (the
-    sampled step clock on a GPU: the sampled steps, the step after each and every 32nd): the sampled steps as
-    measured, every other step at the mean of the unsampled steps on the clock (the steps after a
-    sample: the device clock's time of a step the doctor does not time inside). Returns (mean,
-    steps on the clock, of those unsampled, the mean host span of the steps not on it)."""
+    sampled step clock on a GPU: the sampled steps, the step after each, every 32nd and a window's
+    first): the sampled steps as measured, every other step at the mean of the unsampled steps on
+    the clock (the steps after a sample: the device clock's time of a step the doctor does not time
+    inside). Returns (mean, steps on the clock, of those unsampled, the mean host span of the steps not on it)."""
     n = len(step_s)
     on = [s for s, c in zip(step_s, on_clock, strict=True) if c]
     host = [s for s, c in zip(step_s, on_clock, strict=True) if not c]

@@ -94,7 +94,8 @@ class PhaseSummary(Record):
         metadata=_doc(
             "mean step time on the step clock: where only some steps are on it (clock_steps < steps, the "
             "sampled step clock on a GPU), the sampled steps as measured and the others at the mean of the "
-            "clock_untimed_steps (the step after a sample and every 32nd: on the device clock, not timed inside)"
+            "clock_untimed_steps (the step after a sample, every 32nd and a window's first: on the device clock, "
+            "not timed inside)"
         ),
     )
     step_s_p50: float | None = field(default=None, metadata=_doc("median step time of the clock_steps"))
@@ -697,8 +698,8 @@ class EngineProfile(Record):
         default=None,
         metadata=_doc(
             "which steps carry that clock's step time: every (each step), sampled (a GPU's default: the sampled "
-            "steps, the step after each and every 32nd; the others their host span, step_clock host); None: a report "
-            "from before"
+            "steps, the step after each, every 32nd and a window's first; the others their host span, step_clock "
+            "host); None: a report from before"
         ),
     )
     layers_on: bool | None = None

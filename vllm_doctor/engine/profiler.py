@@ -8,8 +8,9 @@ is enqueue time, not the step), on the steps :data:`~vllm_doctor.constants.STEP_
 puts the pair on the sampled steps, on the step after each (its untimed neighbour: the
 device-clock step time of a step the doctor does not time inside) and on every
 :data:`~vllm_doctor.constants.STEP_CLOCK_STRIDE`-th step of each phase (so that a window holds
-device-clock steps of each phase it ran 32 steps of, where the own budget leaves few samples),
-the others carry their host
+device-clock steps of each phase it ran 32 steps of, where the own budget leaves few samples)
+and on the first step of each phase after a reader's window begins (so that every window holds
+one of each phase it ran, however few), the others carry their host
 span (``device_timed`` false); ``every`` puts it on every step (the doctor's behaviour before
 the sampled clock; each pair and its reading cost the host tens of µs a step on an H200). On
 sampled steps also the model's forward and the logits processor.
@@ -166,6 +167,10 @@ class ForwardProfiler:
         self.clock_every = step_clock == "every"
         self._step_clocks: dict[Any, str] = {}  # reader -> the step clock it asked for ("every" wins)
         self._clock_next = False  # the next step is a sampled step's untimed neighbour: device clock
+        # per phase, the phase's step count from which its next unsampled step is on the device clock:
+        # the next multiple of STEP_CLOCK_STRIDE, or 0 after a reader's window began (so every window
+        # holds a device-clock step of each phase it ran, however few its steps)
+        self._clock_due = [0, 0, 0]
         # unsampled steps not counted yet, in step order: (the step's list, its captured output)
         self.to_count: list[tuple[list[Any], Any]] = []
         # finished steps on the wall clock or the host's whose counts wait: (step, step_s, idle_s)
@@ -240,8 +245,9 @@ class ForwardProfiler:
             self.own_budget and n and self._over_budget()
         ):
             start = None
-            if not self._wall and (self._clock_next or self.clock_every or not n % STEP_CLOCK_STRIDE):
+            if not self._wall and (self._clock_next or self.clock_every or n >= self._clock_due[phase]):
                 start = self.clock.mark(True)
+                self._clock_due[phase] = n - n % STEP_CLOCK_STRIDE + STEP_CLOCK_STRIDE
             self._clock_next = False
             plain = [index, time.perf_counter(), counts, 0.0, 0.0, start, prev, None]
             if counts is None:
@@ -848,6 +854,7 @@ class ForwardProfiler:
         if reader not in self.windows:
             self.resolve(block=True)
             self.windows[reader] = self._window_now()
+            self._clock_due = [0, 0, 0]
 
     def want_sample_every(self, reader: Any, every: int) -> None:
         """``reader`` asks for a sample every ``every`` steps: the profiler samples at the finest
@@ -938,6 +945,7 @@ class ForwardProfiler:
         }
         if reset:  # this reader's records start again; the sampling cadence goes on (no second warm-up)
             self.windows[reader] = self._window_now()
+            self._clock_due = [0, 0, 0]  # the new window's first step of each phase: on the device clock
             self._trim()
         return out
 

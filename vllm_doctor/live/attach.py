@@ -221,8 +221,8 @@ def attach(
     private channel). Raises :class:`ExtensionMissing` (with the fix) if the engine
     lacks the extension, and :class:`vllm_doctor.compat.http.ServerError` if a URL cannot be
     reached or has no ``/collective_rpc``. ``step_clock``: which steps carry the device clock on a
-    GPU, ``"sampled"`` (the sampled steps, the step after each and every 32nd) or ``"every"``; None: the
-    workers' ``VLLM_DOCTOR_STEP_CLOCK``, else ``"sampled"``.
+    GPU, ``"sampled"`` (the sampled steps, the step after each, every 32nd and a window's first) or
+    ``"every"``; None: the workers' ``VLLM_DOCTOR_STEP_CLOCK``, else ``"sampled"``.
     """
     return EngineDoctor(
         engine,

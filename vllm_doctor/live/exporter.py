@@ -25,7 +25,7 @@ mixed; times on the doctor's step clock, named in ``vllm_doctor_info``'s ``clock
   workers: the buffer full while another reader lagged; 0 unless something is wrong);
 - ``vllm_doctor_step_seconds_total``: their step time (the device clock on a GPU: CUDA events);
   ``vllm_doctor_clock_steps_total``: the steps whose step time is on that clock (on a GPU by
-  default the sampled steps, the step after each and every 32nd; the others count at the mean of the
+  default the sampled steps, the step after each, every 32nd and a window's first; the others count at the mean of the
   unsampled ones on it);
 - ``vllm_doctor_forward_seconds_total`` over ``vllm_doctor_forward_steps_total``: the model's
   forward on the steps whose forward was timed;
@@ -213,7 +213,7 @@ COUNTERS = {
     "clock_steps_total": (
         "phase",
         "Steps whose step time is on the step clock (on a GPU by default the sampled steps, the step after each "
-        "and every 32nd)",
+        "every 32nd and a window's first)",
     ),
     "forward_seconds_total": ("phase", "The model's forward time on the steps whose forward was timed"),
     "forward_steps_total": ("phase", "Steps whose forward was timed (vllm_doctor_forward_seconds_total's steps)"),

@@ -193,16 +193,17 @@ def forward_step(p: PhaseSummary | None) -> str:
 def step_clock_text(phase: str, p: PhaseSummary, clock: str | None) -> str:
     """Which of a phase's steps are on the step clock, where not all are (the sampled step clock on
     a GPU), e.g. ``decode: device clock (CUDA events) on 92 of 700 steps (46 sampled, 46 unsampled
-    (the step after a sample, every 32nd step): the mean counts the other 608 at those 46's); host spans on
-    608 (1.21 ms mean: enqueue time under async scheduling, not the device's)``; '' where every
-    step is on it."""
+    (the step after a sample, every 32nd step, a window's first): the mean counts the other 608 at
+    those 46's); host spans on 608 (1.21 ms mean: enqueue time under async scheduling, not the
+    device's)``; '' where every step is on it."""
     if p.clock_steps is None or not p.host_steps:
         return ""
     sampled = p.clock_steps - p.clock_untimed_steps
     unsampled = p.steps - sampled
     if p.clock_untimed_steps:  # (every 32nd: constants.STEP_CLOCK_STRIDE)
         how = (
-            f"{sampled} sampled, {p.clock_untimed_steps} unsampled (the step after a sample, every 32nd step): "
+            f"{sampled} sampled, {p.clock_untimed_steps} unsampled "
+            "(the step after a sample, every 32nd step, a window's first): "
             f"the mean counts the other {unsampled - p.clock_untimed_steps} at those {p.clock_untimed_steps}'s"
         )
     else:

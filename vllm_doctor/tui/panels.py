@@ -308,7 +308,7 @@ def model_panel(frame: Frame, width: int) -> Text:
 
 def clock_line(model: ModelSummary) -> str:
     """The clock the panel's times are on, and on how many of the window's steps where not all
-    (the sampled step clock on a GPU: the sampled steps, the step after each and every 32nd on the
+    (the sampled step clock on a GPU: the sampled steps, the step after each, every 32nd and a window's first on the
     device's clock; the step means count the others at the mean of the unsampled ones on it)."""
     steps = sum(p.steps for p in model.phases.values())
     on = sum(p.steps if p.clock_steps is None else p.clock_steps for p in model.phases.values())
