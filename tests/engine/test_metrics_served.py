@@ -145,8 +145,10 @@ def test_metrics_carry_the_doctors_series_and_they_count_what_vllm_counts(
         forward_steps = _value(after, "vllm_doctor_forward_steps", phase=phase)
         assert steps > 0 and seconds > 0 and 0 < forward_steps <= steps, (phase, steps, seconds, forward_steps)
         # the forward is timed on sampled steps only (the first ones, then every Nth: slower, with the
-        # doctor's marks), so its mean is not bounded by every step's mean; its sum by their sum is
-        assert 0 < forward <= seconds, (phase, forward, seconds)
+        # doctor's marks), so its mean is not bounded by every step's mean; its sum by their sum is,
+        # and by the step time of those same steps
+        forward_step = _value(after, "vllm_doctor_forward_step_seconds", phase=phase)
+        assert 0 < forward <= forward_step <= seconds, (phase, forward, forward_step, seconds)
     # the doctor's own cost is counted: in the workers, and the exporter's CPU in the API server
     assert _value(after, "vllm_doctor_own_seconds", part="wrappers") > 0
     assert _value(after, "vllm_doctor_own_seconds", part="exporter") > 0

@@ -40,6 +40,7 @@ def _window(decode_steps: int, step_s: float, forward_s: float, share: float | N
                 step_s_mean=step_s,
                 forward_s_mean=forward_s,
                 forward_steps=decode_steps - 1,
+                forward_steps_step_s_mean=step_s * 1.5,  # the sampled steps, slower than the mean step
             ),
         },
         slowest_layers=[LayerTotal(layer=3, total_s=0.03), LayerTotal(layer=0, total_s=0.01)],
@@ -79,6 +80,10 @@ def test_windows_add_up_to_counters_and_the_last_window_sets_the_ratios() -> Non
     assert value("vllm_doctor_step_seconds", phase="decode") == pytest.approx(10 * 0.010 + 20 * 0.012)
     assert value("vllm_doctor_forward_seconds", phase="decode") == pytest.approx(9 * 0.008 + 19 * 0.009)
     assert value("vllm_doctor_forward_steps", phase="decode") == 28
+    # the forward's own steps' time: its share of them, not of every step's mean
+    assert value("vllm_doctor_forward_step_seconds", phase="decode") == pytest.approx(9 * 0.015 + 19 * 0.018)
+    forward_steps_time = expo.families["vllm_doctor_forward_step_seconds"].samples
+    assert not [s for s in forward_steps_time if s.label("phase") == "prefill"]  # unknown there: no sample
     assert value("vllm_doctor_steps", phase="prefill") == 2
     assert value("vllm_doctor_dropped_steps") == 7 and expo.families["vllm_doctor_dropped_steps"].type == "counter"
     assert value("vllm_doctor_roofline_bandwidth_ratio", phase="decode") == 0.4

@@ -170,6 +170,10 @@ class ExportState:
             if p.forward_s_mean is not None and p.forward_steps:
                 add("forward_seconds_total", phase, p.forward_steps * p.forward_s_mean)
                 add("forward_steps_total", phase, p.forward_steps)
+                # the step time of those same steps: the forward's share of its step is the ratio of the
+                # two (not of every step's mean, where the forward is timed on sampled steps only)
+                if p.forward_steps_step_s_mean is not None:
+                    add("forward_step_seconds_total", phase, p.forward_steps * p.forward_steps_step_s_mean)
         roof = summary.roofline
         if roof is not None and roof.available:
             for phase, rp in roof.phases.items():
@@ -217,6 +221,11 @@ COUNTERS = {
     ),
     "forward_seconds_total": ("phase", "The model's forward time on the steps whose forward was timed"),
     "forward_steps_total": ("phase", "Steps whose forward was timed (vllm_doctor_forward_seconds_total's steps)"),
+    "forward_step_seconds_total": (
+        "phase",
+        "The step time of the steps whose forward was timed: the forward's share of its step is "
+        "vllm_doctor_forward_seconds_total over this (the forward is timed on sampled steps only)",
+    ),
     "dropped_steps_total": (
         "",
         "Steps the doctor did not count: their records were let go in the workers (a full buffer while another "
