@@ -80,7 +80,10 @@ def test_top_shows_what_the_server_did_and_the_model_from_inside(served_engine: 
             e2e = m.latency["e2e"]
             assert e2e is not None and e2e.n == 4  # exactly the requests made while top watched
             assert all(v is None or v >= 0 for v in m.history["gen_tps"])
-            assert max(v for v in m.history["gen_tps"] if v is not None) > 0
+            # the tokens show as a rate, or the refresh they fell in is a gap: a server interval too
+            # uncertain for a number (a reply that took long under load, no server clock) gets none
+            since = m.history["gen_tps"][len(first.metrics.history["gen_tps"]) :]
+            assert any(v is not None and v > 0 for v in since) or None in since, since
             assert m.kv_blocks and m.kv_blocks > 0 and m.block_size
             assert "running" in panel_text(app, "engine") and "LIVE" in app.query_one(StatusBar).plain
             latency = panel_text(app, "latency")
