@@ -69,8 +69,9 @@ SAMPLE_WARMUP_STEPS = 8
 # the doctor's own budget on the device clock (a GPU): a step due for a sample (the warm-up's or the
 # cadence's) is sampled only while the doctor's own time in the worker stays within this share of
 # the worker's time (a leaky bucket: credit accrues at the budget's rate, at most
-# OWN_BUDGET_HORIZON_S worth of it, and the doctor's own time spends it); the first step of each
-# phase is always sampled. A sampled step costs the host about a millisecond at the 8B shape (its
+# OWN_BUDGET_HORIZON_S worth of it, and the doctor's own time spends it; a due step is sampled
+# while the credit covers a sample's expected cost); the first step of each phase is always
+# sampled, on credit. A sampled step costs the host about a millisecond at the 8B shape (its
 # events, a FULL graph's retargeting and reads, the layers' sums), so at 8-9 ms steps the cadence
 # alone (every 8th) would take 1-2 % of the worker. OWN_BUDGET_ENV in the engine's environment:
 # a percentage ("0.5", "0.5%"), 0 or off: the cadence alone. A CPU engine (the wall clock) samples

@@ -156,7 +156,15 @@ class ForwardProfiler:
         # time and the doctor's own total when it was last brought up to date (_over_budget)
         self.own_budget = 0.0 if self._wall else max(0.0, float(own_budget))
         self._credit = 0.0
-        self._credit_at: tuple[float, float] | None = None
+        # (time, own total, step index, sampled) at the last due step: the bucket starts at the
+        # first step of the profiler's first phase, before its forced sample (which it pays for)
+        self._credit_at: tuple[float, float, int, bool] | None = None
+        # what a sample is expected to cost on top of the steps around it (its events, retargets,
+        # reads and sums), and what an unsampled step costs: a due step is sampled only while the
+        # credit covers the sample's expected cost, so the doctor's time stays within the budget
+        # rather than going into debt by a sample at a time (estimates from the due steps so far)
+        self._sample_cost = 0.0
+        self._plain_cost: float | None = None
         self.samples_skipped = 0  # steps due for a sample that the budget left unsampled (cumulative)
         # the doctor's time in the calls it served between steps (the session's rpc_s: a reader's
         # collection resolves the samples of its window), which the budget counts too
@@ -242,7 +250,7 @@ class ForwardProfiler:
         index = self.step_index
         self.step_index = index + 1
         if (n >= SAMPLE_WARMUP_STEPS and (n - SAMPLE_WARMUP_STEPS) % self.sample_every) or (
-            self.own_budget and n and self._over_budget()
+            self.own_budget and self._over_budget(n)
         ):
             start = None
             if not self._wall and (self._clock_next or self.clock_every or n >= self._clock_due[phase]):
@@ -280,26 +288,38 @@ class ForwardProfiler:
         self.current = step
         return step
 
-    def _over_budget(self) -> bool:
-        """A step is due for a sample: is the doctor over its own budget? The bucket's credit
-        accrues at ``own_budget`` of the time since it was last brought up to date (at most
-        :data:`OWN_BUDGET_HORIZON_S` worth: an idle engine saves no more for a burst of samples),
-        and the doctor's own time since then (every part of ``own``: counts, wrappers, timers,
-        layers, the graphs' retargets and reads) and in the calls it served (:attr:`calls_s`)
-        spends it. Over (credit below zero): the step is not sampled, and counted in
-        :attr:`samples_skipped`. Runs on due steps only."""
-        now, own = self._now(), sum(self.own.values()) + self.calls_s()
+    def _over_budget(self, n: int) -> bool:
+        """A step is due for a sample (``n``: its phase's step count): is the doctor over its own
+        budget? The bucket's credit accrues at ``own_budget`` of the time since it was last brought
+        up to date (at most :data:`OWN_BUDGET_HORIZON_S` worth: an idle engine saves no more for a
+        burst of samples), and the doctor's own time since then (every part of ``own``: counts,
+        wrappers, timers, layers, the graphs' retargets and reads) and in the calls it served
+        (:attr:`calls_s`) spends it. The bucket starts empty at the profiler's first step. The
+        first step of each phase (``n`` 0) is always sampled, on credit; any other due step only
+        while the credit covers what a sample is expected to cost (:attr:`_sample_cost`): so the
+        doctor stays within the budget instead of overrunning it by a sample at a time. Over: the
+        step is not sampled, and counted in :attr:`samples_skipped`. Runs on due steps only."""
+        now, own, index = self._now(), sum(self.own.values()) + self.calls_s(), self.step_index
         last = self._credit_at
-        self._credit_at = (now, own)
-        if last is None:  # the first due step after the start: the bucket starts here, empty
+        if last is None:  # the first step: the bucket starts here, empty
+            self._credit_at = (now, own, index, True)
             return False
         budget = self.own_budget
-        credit = min(budget * OWN_BUDGET_HORIZON_S, self._credit + budget * (now - last[0])) - (own - last[1])
+        spent, steps = own - last[1], max(1, index - last[2])
+        credit = min(budget * OWN_BUDGET_HORIZON_S, self._credit + budget * (now - last[0])) - spent
         self._credit = credit
-        if credit < 0.0:
+        plain = self._plain_cost
+        if not last[3]:  # no sample since the last due step: what the unsampled steps cost
+            rate = spent / steps
+            plain = self._plain_cost = rate if plain is None else 0.5 * (plain + rate)
+        elif plain is not None:  # a sample since: what it cost on top of its steps
+            cost = max(0.0, spent - plain * steps)
+            self._sample_cost = cost if not self._sample_cost else 0.5 * (self._sample_cost + cost)
+        over = bool(n) and credit < self._sample_cost
+        self._credit_at = (now, own, index, not over)
+        if over:
             self.samples_skipped += 1
-            return True
-        return False
+        return over
 
     def after_execute(self, host_s: float, output_is_final: bool) -> None:
         step = self.current
