@@ -37,8 +37,10 @@ per-phase step means on the device clock, so the two clocks' means stand side by
 Both print a markdown table and write a JSON summary (``--json PATH``; default
 bench/records/<device>-<date>-footprint-<kind>[-<reader>]-<runner>-<mode>-<step clock(s)>.json): the device, vLLM's version, the model
 runner (v1/v2), the mode, the step clock, the steps, the doctor's own clock (``worker_share``:
-its time in the worker, its calls between steps included, over the worker's wall time;
-``per_step_us``), and the throughput with and without it: per round, the paired difference's
+its time in the worker, its calls between steps included, over the worker's wall time; the
+calls a reader's thread served on that thread's CPU clock, and the same share with them by the
+wall, as counted before, beside it: ``worker_share_calls_by_wall``; ``per_step_us``), and the
+throughput with and without it: per round, the paired difference's
 mean and its 95 % interval (Student's t over the rounds).
 """
 
@@ -93,7 +95,8 @@ while True:
     d = summary.doctor
     windows.append({
         "own_s": sum((d.host_s or {}).values()) if d else 0.0, "host_s": dict(d.host_s or {}) if d else {},
-        "rpc_s": (d.rpc_s or 0.0) if d else 0.0, "window_s": (d.window_s or 0.0) if d else 0.0,
+        "rpc_s": (d.rpc_s or 0.0) if d else 0.0, "rpc_wall_s": (d.rpc_wall_s or 0.0) if d else 0.0,
+        "window_s": (d.window_s or 0.0) if d else 0.0,
         "steps": d.steps if d else 0, "clock": summary.clock, "mode": summary.mode,
         "own_budget": d.own_budget if d else None, "samples_skipped": d.samples_skipped if d else 0,
         "phases": {k: p.to_json() for k, p in summary.phases.items()},
@@ -216,6 +219,13 @@ def run_served(args: argparse.Namespace) -> dict[str, Any]:
         "failed_requests": failed,
         "steps": steps,
         "worker_share": own / wall if wall else None,
+        # the calls served: on the channel's threads' CPU clock (in worker_share), and by the wall
+        # (their waits for the GIL and the device included: the worker's share as counted before)
+        "calls_ms_per_read": 1e3 * sum(w["rpc_s"] for w in windows) / len(windows) if windows else None,
+        "calls_wall_ms_per_read": 1e3 * sum(w.get("rpc_wall_s", 0.0) for w in windows) / len(windows)
+        if windows else None,
+        "worker_share_calls_by_wall": sum(w["own_s"] + w.get("rpc_wall_s", 0.0) for w in windows) / wall
+        if wall else None,
         "own_budget": next((w.get("own_budget") for w in windows if w.get("own_budget") is not None), None),
         "samples_skipped": sum(w.get("samples_skipped") or 0 for w in windows),
         "per_step_us": 1e6 * sum(w["own_s"] for w in windows) / steps if steps else None,
@@ -431,6 +441,9 @@ def print_summary(s: dict[str, Any]) -> None:
           f"{fmt(s.get('diff_pct_mean'), '{:+.2f} %')} | {ci_text(s)} | {fmt(s.get('worker_share'), '{:.2%}')} | "
           f"{fmt(s.get('per_step_us'), '{:.1f}')} | {s['steps']} |")
     print("own clock by part, µs/step: " + ", ".join(f"{k} {v:.1f}" for k, v in s["own_by_part_us_per_step"].items()))
+    print(f"calls served, a read: {fmt(s.get('calls_ms_per_read'), '{:.2f}')} ms on the channel threads' CPU clock, "
+          f"{fmt(s.get('calls_wall_ms_per_read'), '{:.2f}')} ms by the wall; the worker's share with the calls by the "
+          f"wall: {fmt(s.get('worker_share_calls_by_wall'), '{:.2%}')}")
     print_phases({s["reader"]: s["phases"]})
 
 

@@ -768,8 +768,9 @@ def doctor_overhead(profile: ProfileReply, steps: StepTable) -> DoctorOverhead |
     worker_share = None
     if rpc is not None and window:
         # everything the doctor did in the worker over the window (per step, plus the watcher's
-        # calls served between steps) against the window's wall time: what it can take from a
-        # worker whose loop is the bottleneck (with the GPU the bottleneck, less)
+        # calls served between steps: a reader's thread's CPU, the engine's thread's wall) against
+        # the window's wall time: what it can take from a worker whose loop is the bottleneck (with
+        # the GPU the bottleneck, less)
         worker_share = (own_total + rpc) / window
     else:
         rpc = window = None
@@ -780,6 +781,7 @@ def doctor_overhead(profile: ProfileReply, steps: StepTable) -> DoctorOverhead |
         step_host_s=host_step,
         share=own_step / host_step if host_step else None,
         rpc_s=rpc,
+        rpc_wall_s=profile.doctor_rpc_wall_s if rpc is not None else None,
         window_s=window,
         worker_share=worker_share,
         own_budget=profile.own_budget,

@@ -405,7 +405,21 @@ class DoctorOverhead(Record):
     per_step_s: float = 0.0
     step_host_s: float = 0.0
     share: float | None = None
-    rpc_s: float | None = None
+    rpc_s: float | None = field(
+        default=None,
+        metadata=_doc(
+            "the doctor's time in the calls it served its readers between steps, with the rest of their requests: "
+            "on a reader's thread (the private channel) that thread's CPU time, on the engine's (collective_rpc) "
+            "the wall time"
+        ),
+    )
+    rpc_wall_s: float | None = field(
+        default=None,
+        metadata=_doc(
+            "the same calls' wall time: what the readers waited, their threads' waits for the GIL and the device "
+            "included (the engine's thread ran meanwhile); None: an older doctor"
+        ),
+    )
     window_s: float | None = None
     worker_share: float | None = None
     own_budget: float | None = field(
@@ -1050,6 +1064,7 @@ class ProfileReply(Record):
     trace: list[TraceStep] = field(default_factory=list)
     doctor_host_s: dict[str, float] = field(default_factory=dict)
     doctor_rpc_s: float | None = None
+    doctor_rpc_wall_s: float | None = None  # the calls' wall time (None: an older doctor)
     window_s: float | None = None
     crashes: list[dict[str, Any]] = field(default_factory=list)
     encoder_cache: EncoderCacheUse | None = None

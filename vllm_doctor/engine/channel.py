@@ -361,6 +361,14 @@ class ChannelServer:
 
     # -- one request ---------------------------------------------------------------------------
     def _request(self, reader: Reader, body: bytes) -> None:
+        from vllm_doctor.engine.extension import TIMED_RPCS
+        from vllm_doctor.engine.session import CALL_THREAD, SESSION_ATTR
+
+        # this thread's CPU is the doctor's cost to the engine: its calls' time goes to the
+        # session on its CPU clock (session.call_clock), and the rest of a timed request (its
+        # decoding, the settle, the reply's encoding and sending) with it, once sent
+        CALL_THREAD.side = True
+        c0, method = time.thread_time(), None
         conn = reader.sock
         try:
             try:
@@ -372,6 +380,10 @@ class ChannelServer:
             conn.settimeout(REPLY_TIMEOUT_S)
             conn.sendall(reply)
             conn.setblocking(False)
+            if method in TIMED_RPCS:
+                session = self.worker.__dict__.get(SESSION_ATTR)
+                if session is not None:
+                    session.add_side(max(0.0, time.thread_time() - c0 - CALL_THREAD.counted))
         except OSError:  # the reader went away, or did not take its reply in time
             self._close(reader, registered=False)
             return

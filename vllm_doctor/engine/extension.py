@@ -93,15 +93,21 @@ def _envelope(worker: Any, method: str, fn: Callable[[], Any]) -> dict[str, Any]
 
 def _call(worker: Any, method: str, fn: Callable[[], Any], head: dict[str, Any]) -> dict[str, Any]:
     try:
-        from vllm_doctor.engine.session import session_for
+        from vllm_doctor.engine.session import CALL_THREAD, call_clock, session_for
 
         session = session_for(worker)
         session.fault(f"rpc:{method}")
         if method not in TIMED_RPCS:
             return {"ok": True, **head, "data": fn()}
-        t0 = time.perf_counter()
+        # on a reader's thread the call's CPU time, on the engine's its wall (session.call_clock)
+        clock = call_clock()
+        t0, w0 = clock(), time.perf_counter()
         data = fn()
-        session.rpc_s += time.perf_counter() - t0  # after a reset too: this call's own time
+        spent = clock() - t0
+        session.rpc_s += spent  # after a reset too: this call's own time
+        session.rpc_wall_s += time.perf_counter() - w0
+        if CALL_THREAD.side:
+            CALL_THREAD.counted += spent
         return {"ok": True, **head, "data": data}
     except Exception as exc:
         return {

@@ -54,6 +54,25 @@ LOCK_ATTR = "_vllm_doctor_lock"
 _LOCK_GUARD = threading.Lock()
 
 
+class _CallThread(threading.local):
+    """Which clock the doctor's calls between steps are on, per thread. A reader's thread (the
+    private channel's) runs beside the engine's: while it waits for the GIL (the engine's thread
+    runs vLLM's Python between steps) or for the device (a CUDA call that lets the GIL go), the
+    engine goes on, so only its CPU time is the doctor's (``time.thread_time``). On the engine's
+    own thread (vLLM's ``collective_rpc``) the steps wait for the whole call: its wall time."""
+
+    side = False  # this thread is a reader's (engine/channel.py marks its request threads)
+    counted = 0.0  # the time of this thread's calls counted in a session's rpc_s so far
+
+
+CALL_THREAD = _CallThread()
+
+
+def call_clock() -> Any:
+    """The clock of a call served on this thread (:class:`_CallThread`)."""
+    return time.thread_time if CALL_THREAD.side else time.perf_counter
+
+
 def worker_lock(worker: Any) -> StepGate:
     """The worker's doctor gate (engine/gate.py): the doctor's ``execute_model`` /
     ``sample_tokens`` wrappers pass it as a step while they run, and every doctor call into the
@@ -114,11 +133,18 @@ class WorkerSession:
         # the doctor's own host time while attached (measured inside its wrappers and hooks; "counts":
         # the steps' counting, which waits for a batch and runs in a wrapper or a reader's collect) ...
         self.own_s: dict[str, float] = {"wrappers": 0.0, "counts": 0.0, "timers": 0.0, "layer_forwards": 0.0}
-        # ... and in the watchers' calls between steps (extension.TIMED_RPCS); both cumulative:
-        # each reader's window is the difference from where it last reset (``windows``)
+        # ... and in the watchers' calls between steps (extension.TIMED_RPCS; on a reader's thread
+        # its CPU time, on the engine's the wall: call_clock) with the rest of a reader's request
+        # around them (the channel's thread: its settle, its reply's encoding and sending, on
+        # that thread's CPU clock: ``side_s``, added under ``_side_lock`` by that thread), and the
+        # calls' wall time apart (``rpc_wall_s``: what a reader waited, GIL waits included); all
+        # cumulative: each reader's window is the difference from where it last reset (``windows``)
         self.rpc_s = 0.0
-        # reader -> (its window's start: perf_counter, own_s then, rpc_s then)
-        self.windows: dict[Any, tuple[float, dict[str, float], float]] = {}
+        self.side_s = 0.0
+        self.rpc_wall_s = 0.0
+        self._side_lock = threading.Lock()
+        # reader -> (its window's start: perf_counter, own_s then, calls_s() then, rpc_wall_s then)
+        self.windows: dict[Any, tuple[float, dict[str, float], float, float]] = {}
         self.layers_on = False
         self.layers_reason = ""
         self._saved_methods: dict[str, Any] = {}  # name -> previous instance attribute or None
@@ -178,6 +204,15 @@ class WorkerSession:
             self._end_probe_step()
 
     # -- install / detach --------------------------------------------------------------------
+    def calls_s(self) -> float:
+        """The doctor's time in the calls it served between steps, so far (cumulative)."""
+        return self.rpc_s + self.side_s
+
+    def add_side(self, seconds: float) -> None:
+        """A reader's thread spent ``seconds`` of its CPU around its call (engine/channel.py)."""
+        with self._side_lock:
+            self.side_s += seconds
+
     def status(self) -> dict[str, Any]:
         mr = wv.runner(self.worker)
         return {
@@ -232,7 +267,7 @@ class WorkerSession:
                 clock, timed, trace_steps, sample_every, step_clock=step_clock, own_budget=own_budget
             )
             self.profiler.own = self.own_s
-            self.profiler.calls_s = lambda: self.rpc_s
+            self.profiler.calls_s = self.calls_s
             self._wrap_runner()
             # the root model's forward where it runs Python: eager mode, or a root class that
             # vLLM does not compile (vLLM's own models compile their inner model: the root's
@@ -885,18 +920,26 @@ class WorkerSession:
             "layers_reason": self.layers_reason,
         }
         if self.profiler is not None:
-            counted = self.own_s["counts"]
+            # the steps that wait for their counts are counted first: the doctor's counting
+            # ("counts"), not its call's time, on the call's clock (call_clock)
+            clock, counted = call_clock(), self.own_s["counts"]
+            c0 = clock()
+            self._safely("collect", self.profiler.count_pending)
+            spent = clock() - c0
+            self.own_s["counts"] = counted + spent
+            self.rpc_s -= spent
             data.update(self._safely("collect", self.profiler.snapshot, reset, timeline, reader) or {})
-            # the steps counted for this collect are the doctor's counting ("counts"), not its call's time
-            self.rpc_s -= self.own_s["counts"] - counted
             data["num_blocks"] = _num_blocks(self.worker)
             now = time.perf_counter()
-            t0, own0, rpc0 = self.windows[reader]
+            t0, own0, calls0, wall0 = self.windows[reader]
             data["doctor_host_s"] = {k: v - own0.get(k, 0.0) for k, v in self.own_s.items()}
-            data["doctor_rpc_s"] = self.rpc_s - rpc0
+            # the calls served in the window: on a reader's thread its CPU time, on the engine's the
+            # wall (call_clock); and their wall time, a reader's waits for the GIL included
+            data["doctor_rpc_s"] = self.calls_s() - calls0
+            data["doctor_rpc_wall_s"] = self.rpc_wall_s - wall0
             data["window_s"] = now - t0
             if reset:
-                self.windows[reader] = (now, dict(self.own_s), self.rpc_s)
+                self.windows[reader] = (now, dict(self.own_s), self.calls_s(), self.rpc_wall_s)
         data["crashes"] = list(self.crashes)
         data["probe"] = self.probe_snapshot()
         if self._merge or self.merge_calls:
@@ -913,7 +956,7 @@ class WorkerSession:
         self.profiler.want_step_clock(reader, step_clock)
         self.profiler.open_window(reader)
         if reader not in self.windows:
-            self.windows[reader] = (time.perf_counter(), dict(self.own_s), self.rpc_s)
+            self.windows[reader] = (time.perf_counter(), dict(self.own_s), self.calls_s(), self.rpc_wall_s)
 
     def forget(self, reader: Any) -> None:
         """``reader`` went away without detaching the hooks (other readers still use them): the

@@ -460,8 +460,15 @@ def doctor_cost_text(over: DoctorOverhead | None) -> str:
     parts = ", ".join(f"{k.replace('_', ' ')} {fmt_s(v / o.steps)}" for k, v in o.host_s.items())
     text = f"{fmt_s(o.per_step_s)} host time per step = {100 * o.share:.2g}% of the worker's step ({parts})"
     if o.worker_share is not None:
+        # a reader's thread's calls are on its CPU clock; where they took longer by the wall (waits
+        # for the GIL while the engine ran, or for the device), that is said beside them
+        waited = (
+            f", {fmt_s(o.rpc_wall_s)} by the wall with the waits"
+            if o.rpc_wall_s is not None and o.rpc_s is not None and o.rpc_wall_s > 1.25 * o.rpc_s + 1e-4
+            else ""
+        )
         text += (
-            f"; with the calls it served between steps ({fmt_s(o.rpc_s)}), "
+            f"; with the calls it served between steps ({fmt_s(o.rpc_s)}{waited}), "
             f"{100 * o.worker_share:.2g}% of the worker's {fmt_s(o.window_s)}"
         )
     return text + budget_text(o)
