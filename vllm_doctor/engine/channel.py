@@ -398,7 +398,7 @@ class ChannelServer:
         self._wake()
 
     def _run(self, reader: Reader, method: str, options: dict[str, Any]) -> bytes:
-        from vllm_doctor.engine.session import settle, worker_lock
+        from vllm_doctor.engine.session import CALL_THREAD, settle, worker_lock
 
         key = reader.key
         if method == "doctor_detach":
@@ -413,7 +413,11 @@ class ChannelServer:
             options = {**options, READER_OPTION: key}  # each reader its own window of the records
         self._use_worker_device()
         if method == "doctor_collect":
-            settle(self.worker)  # the device's pending events, waited for outside the lock
+            # the device's pending events, waited for outside the lock: a wait (CUDA's may spin on
+            # this thread's CPU, with the GIL let go), not the engine's time
+            c0 = time.thread_time()
+            settle(self.worker)
+            CALL_THREAD.counted += time.thread_time() - c0
         lock = worker_lock(self.worker)
         if not lock.acquire(timeout=LOCK_TIMEOUT_S):
             return _error("Busy", f"the worker did not finish its step within {LOCK_TIMEOUT_S:.0f} s")

@@ -65,6 +65,7 @@ from vllm_doctor.constants import (
     DEFAULT_OWN_BUDGET,
     DEFAULT_STEP_CLOCK,
     OWN_BUDGET_HORIZON_S,
+    OWN_BUDGET_MARGIN,
     STEP_CLOCK_STRIDE,
     STEP_COLUMN_TYPES,
     STEP_COLUMNS,
@@ -304,7 +305,7 @@ class ForwardProfiler:
         if last is None:  # the first step: the bucket starts here, empty
             self._credit_at = (now, own, index, True)
             return False
-        budget = self.own_budget
+        budget = self.own_budget * (1.0 - OWN_BUDGET_MARGIN)
         spent, steps = own - last[1], max(1, index - last[2])
         credit = min(budget * OWN_BUDGET_HORIZON_S, self._credit + budget * (now - last[0])) - spent
         self._credit = credit

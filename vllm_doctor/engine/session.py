@@ -62,7 +62,9 @@ class _CallThread(threading.local):
     own thread (vLLM's ``collective_rpc``) the steps wait for the whole call: its wall time."""
 
     side = False  # this thread is a reader's (engine/channel.py marks its request threads)
-    counted = 0.0  # the time of this thread's calls counted in a session's rpc_s so far
+    # the CPU time of this thread not to add as the rest of its request: its calls' (counted in a
+    # session's rpc_s) and its waits for the device (CUDA's wait may spin on the CPU, GIL let go)
+    counted = 0.0
 
 
 CALL_THREAD = _CallThread()
