@@ -7,9 +7,11 @@ decode step's ``SchedulerOutput`` as plain data; the real engine's side runs in 
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import itertools
 import math
+from array import array
 from typing import Any
 
 import pytest
@@ -37,6 +39,8 @@ def _still_host_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     import vllm_doctor.engine.profiler as profiler
 
     monkeypatch.setattr(profiler, "time", SimpleNamespace(perf_counter=lambda: 0.0))
+
+
 PLAIN_S = 20e-6  # the doctor's own time on an unsampled step
 SAMPLE_S = 1e-3  # ... and on a sampled one (its events, retargets, reads and sums)
 
@@ -116,6 +120,27 @@ def test_where_the_unsampled_steps_alone_spend_the_budget_only_each_phases_first
     run.steps(400)
     assert [i for i, s in enumerate(run.sampled) if s] == [0, 1]
     assert run.prof.samples_skipped > 40
+
+
+def test_a_reader_that_attaches_gets_a_sample_of_each_phase_in_its_window_whatever_the_budget() -> None:
+    """A reader that attaches to an engine whose budget is spent (the /metrics exporter took each
+    phase's first sample at the server's start; a tiny model's steps where the floor alone is over
+    the budget) still gets a sample of each phase in its own window: its first due step of each."""
+    run = Run(_Events(), PLAIN_S / STEP_S / 2)
+    run.steps(200)
+    assert sum(run.sampled) == 2  # the prefill's and decode's first, at the start
+    run.prof.open_window("attach")
+    run.steps(20)
+    late = [i for i, s in enumerate(run.sampled) if s and i >= 200]
+    due = [i for i in range(200, 220) if not (i - 1 - SAMPLE_WARMUP_STEPS) % 8]  # decode's cadence
+    assert late == due[:1], (late, due)
+    window = run.prof.snapshot(reset=True, timeline=False, reader="attach")
+    code, packed = window["step_arrays"]["columns"]["sampled"]
+    assert window["step_arrays"]["n"] == 20 and sum(array(code, base64.b64decode(packed))) == 1
+    # a reader that reads again (its window reset) is owed nothing: the window-first step on the
+    # device clock is what each reset window holds, not a sample
+    run.steps(40)
+    assert [i for i, s in enumerate(run.sampled) if s and i >= 220] == []
 
 
 def test_without_a_budget_and_on_the_wall_clock_the_cadence_alone_decides() -> None:

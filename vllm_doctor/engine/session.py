@@ -166,6 +166,10 @@ class WorkerSession:
         # a multimodal model's merge (its embed_input_ids), checked on its first calls with
         # image embeddings: are they on the placeholder rows of the output? (VD213)
         self._merge: list[Armed] = []
+        # a V2 runner's FULL graph replay not there yet at the install (vLLM makes its graph manager
+        # with the KV cache: a reader that attached while the engine started, as the /metrics
+        # exporter does): looked for again on each sampled step until found
+        self._replay_later = False
         self.merge_calls: list[dict[str, Any]] = []
         self._armed_layers: list[Armed] = []
         self.probe: ProbeRecorder | None = None
@@ -287,6 +291,7 @@ class WorkerSession:
                 self._timers.append(self._timing_forward(model, "", "timers", "steps", outer=True, probe=True))
             if replay is not None:
                 self._timers.append(self._timing_call(*replay, "", "timers", "steps"))
+            self._replay_later = replay is None and model_call is None and wv.runner_kind(self.worker) == "v2"
             self._timers += [
                 self._timing_forward(model.get_submodule(tm.name), tm.name, "timers", "steps", outer=True)
                 for tm in timed
@@ -411,6 +416,7 @@ class WorkerSession:
         self._merge = []
         removed = len(self._timers) + len(self._layer_wrappers)  # the entry marks shadow the same forwards
         self._timers = []
+        self._replay_later = False
         self._layer_wrappers = []
         self._boundary_wrappers_only = []
         self._stop_probe()
@@ -812,8 +818,19 @@ class WorkerSession:
         counts = step.counts if isinstance(step, OpenStep) else step[2]
         self.probe_step = bool(self.probe_plan) and self._probe_wants(phase_of(counts))
         if sampled or self.probe_step:
+            if self._replay_later:
+                self._bind_replay()
             timed = isinstance(step, OpenStep) and step.layers_timed and "layers" not in self.disabled
             self._arm(timed, isinstance(step, OpenStep) and step.layers_detail)
+
+    def _bind_replay(self) -> None:
+        """The V2 runner's FULL graph replay, timed from the first sampled step that finds it (its
+        graph manager is made with the KV cache, after a reader that attached during the engine's
+        start installed: without this such a reader's decode steps, FULL replays, had no forward)."""
+        replay = wv.full_graph_replay(self.worker)
+        if replay is not None:
+            self._replay_later = False
+            self._timers.append(self._timing_call(*replay, "", "timers", "steps"))
 
     def _end_special(self) -> None:
         """The step ended: the timing forwards come off (V2 runners compute the logits in
