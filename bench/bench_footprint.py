@@ -226,6 +226,7 @@ def run_served(args: argparse.Namespace) -> dict[str, Any]:
         if windows else None,
         "worker_share_calls_by_wall": sum(w["own_s"] + w.get("rpc_wall_s", 0.0) for w in windows) / wall
         if wall else None,
+        **steady_share(with_doctor),
         "own_budget": next((w.get("own_budget") for w in windows if w.get("own_budget") is not None), None),
         "samples_skipped": sum(w.get("samples_skipped") or 0 for w in windows),
         "per_step_us": 1e6 * sum(w["own_s"] for w in windows) / steps if steps else None,
@@ -238,6 +239,25 @@ def run_served(args: argparse.Namespace) -> dict[str, Any]:
     summary.update(paired([s["tok_s"] for s in spans if not s["doctor"]], [s["tok_s"] for s in with_doctor]))
     print_summary(summary)
     return summary
+
+
+def steady_share(with_doctor: list[dict[str, Any]]) -> dict[str, Any]:
+    """The doctor's share of the worker without each span's first window, which carries the
+    reader's start-up calls (the model's anatomy, the source's scan, placement: served before the
+    span, counted in the window after them): what a reader attached for long costs; and those
+    first windows' calls apart."""
+    rest = [w for s in with_doctor for w in s["reader"]["windows"][1:]]
+    firsts = [s["reader"]["windows"][0] for s in with_doctor if s["reader"]["windows"]]
+    wall = sum(w["window_s"] for w in rest)
+    steps = sum(w["steps"] for w in rest)
+    return {
+        "worker_share_steady": sum(w["own_s"] + w["rpc_s"] for w in rest) / wall if wall else None,
+        "per_step_us_steady": 1e6 * sum(w["own_s"] for w in rest) / steps if steps else None,
+        "calls_ms_per_read_steady": 1e3 * sum(w["rpc_s"] for w in rest) / len(rest) if rest else None,
+        "calls_wall_ms_per_read_steady": 1e3 * sum(w.get("rpc_wall_s", 0.0) for w in rest) / len(rest)
+        if rest else None,
+        "first_window_calls_ms": [round(1e3 * w["rpc_s"], 2) for w in firsts],
+    }
 
 
 def served_span(bt: Any, server: Any, args: argparse.Namespace, out: Path, tag: str, doctor: bool,
@@ -444,6 +464,11 @@ def print_summary(s: dict[str, Any]) -> None:
     print(f"calls served, a read: {fmt(s.get('calls_ms_per_read'), '{:.2f}')} ms on the channel threads' CPU clock, "
           f"{fmt(s.get('calls_wall_ms_per_read'), '{:.2f}')} ms by the wall; the worker's share with the calls by the "
           f"wall: {fmt(s.get('worker_share_calls_by_wall'), '{:.2%}')}")
+    print(f"steady (each span's first window left out: the reader's start-up calls, "
+          f"{', '.join(f'{x:g}' for x in s.get('first_window_calls_ms') or [])} ms): the worker's share "
+          f"{fmt(s.get('worker_share_steady'), '{:.2%}')}, {fmt(s.get('per_step_us_steady'), '{:.1f}')} µs/step, calls "
+          f"{fmt(s.get('calls_ms_per_read_steady'), '{:.2f}')} ms a read on the CPU clock, "
+          f"{fmt(s.get('calls_wall_ms_per_read_steady'), '{:.2f}')} by the wall")
     print_phases({s["reader"]: s["phases"]})
 
 
