@@ -258,3 +258,24 @@ def test_a_step_that_raises_leaves_the_gate_open() -> None:
     gate = worker_lock(worker)
     assert gate.depth == 0 and gate.acquire(blocking=False)
     gate.release()
+
+
+def test_the_engines_start_up_runs_are_not_steps() -> None:
+    """vLLM's V2 runner runs its memory profile and warm-up through ``execute_model`` with
+    ``dummy_run=True`` and a made-up SchedulerOutput: a reader that attached while the engine
+    started (the /metrics exporter does) records them as no step, and vLLM's call goes through."""
+    session, worker, prof = wrapped_session()
+    seen: list[Any] = []
+
+    def vllm_execute(so: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs)
+        return None
+
+    execute = session._execute_wrapper(vllm_execute)
+    sample = session._sample_wrapper(lambda grammar: "output")
+    assert execute(scheduler_output(), dummy_run=True, is_profile=True) is None
+    assert seen == [{"dummy_run": True, "is_profile": True}]
+    assert prof.step_index == 0 and prof.current is None and session.own_s["wrappers"] == 0.0
+    execute(scheduler_output())
+    assert sample(None) == "output"
+    assert prof.step_index == 1 and prof.current is None

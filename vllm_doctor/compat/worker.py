@@ -199,6 +199,12 @@ def compiled_root(m: nn.Module) -> bool:
     return getattr(m, "do_not_compile", True) is False
 
 
+# the keyword with which the V2 runner's ``_dummy_run`` (its memory profile, warm-up and capture
+# sizes, while the engine starts) calls ``execute_model`` with a made-up SchedulerOutput: not an
+# engine step (the V1 runner's dummy runs call the model directly, not execute_model)
+DUMMY_RUN_KWARG = "dummy_run"
+
+
 def full_graph_replay(worker: Any) -> tuple[Any, str] | None:
     """(object, method) that replays a FULL CUDA graph in place of the model's forward: the V2
     runner's ``cudagraph_manager.run_fullgraph(desc)``. None where the runner has none (V1

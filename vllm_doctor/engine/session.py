@@ -704,8 +704,11 @@ class WorkerSession:
         own, disabled, clock, prof = self.own_s, self.disabled, time.perf_counter, self.profiler
         assert prof is not None
         gate = worker_lock(self.worker)
+        dummy = wv.DUMMY_RUN_KWARG
 
         def execute_model(*args: Any, **kwargs: Any) -> Any:
+            if kwargs and kwargs.get(dummy):  # the engine's start-up runs (a reader that attached early): no step
+                return original(*args, **kwargs)
             d = gate.depth
             gate.depth = d + 1
             locked = gate.waiting > 0 and not d
