@@ -264,7 +264,7 @@ def test_the_engines_start_up_runs_are_not_steps() -> None:
     """vLLM's V2 runner runs its memory profile and warm-up through ``execute_model`` with
     ``dummy_run=True`` and a made-up SchedulerOutput: a reader that attached while the engine
     started (the /metrics exporter does) records them as no step, and vLLM's call goes through."""
-    session, worker, prof = wrapped_session()
+    session, _, prof = wrapped_session()
     seen: list[Any] = []
 
     def vllm_execute(so: Any, **kwargs: Any) -> Any:

@@ -251,3 +251,50 @@ def _plain_step(new: list[Any], running: list[str], sched: dict[str, int], finis
         total_num_scheduled_tokens=sum(sched.values()), scheduled_spec_decode_tokens={},
         finished_req_ids=set(finished), preempted_req_ids=set(),
     )  # fmt: skip
+
+
+def _so(req_ids: list[str], computed: list[int], sched: dict[str, int], *, new: Any = (), finished: Any = (),
+        preempted: Any = (), resumed: Any = ()) -> Any:  # fmt: skip
+    return SimpleNamespace(
+        scheduled_new_reqs=list(new),
+        scheduled_cached_reqs=SimpleNamespace(
+            req_ids=list(req_ids),
+            num_computed_tokens=computed,
+            new_block_ids=[None] * len(req_ids),
+            resumed_req_ids=set(resumed),
+        ),
+        num_scheduled_tokens=sched,
+        total_num_scheduled_tokens=sum(sched.values()),
+        scheduled_spec_decode_tokens={},
+        finished_req_ids=set(finished),
+        preempted_req_ids=set(preempted),
+    )
+
+
+def test_a_running_list_equal_to_the_last_all_decoding_one_is_not_looked_at_again_until_one_leaves() -> None:
+    """A decode step whose running requests are the last all-decoding step's (the same id objects:
+    one process) skips the look at each id; a request preempted and resumed in between, back in the
+    same place of an equal list, is in its prompt again and counted so."""
+    a, b, c = "a", "b", "c"
+    prompts = [
+        SimpleNamespace(req_id=r, prompt_token_ids=[0] * 4, block_ids=([i + 1],)) for i, r in enumerate((a, b, c))
+    ]
+    sequence = [
+        _so([], [], {a: 4, b: 4, c: 4}, new=prompts),
+        _so([a, b, c], [4, 4, 4], {a: 1, b: 1, c: 1}),
+        _so([a, b, c], [5, 5, 5], {a: 1, b: 1, c: 1}),
+        _so([a, c], [6, 6], {a: 1, c: 1}, preempted={b}),
+        _so([a, b, c], [7, 0, 7], {a: 1, b: 2, c: 1}, resumed={b}),
+        _so([a, b, c], [8, 2, 8], {a: 1, b: 2, c: 1}),  # b still in its prompt, the list equal again
+        _so([a, b, c], [9, 4, 9], {a: 1, b: 1, c: 1}),  # b decodes: found on the general path
+        _so([a, b, c], [10, 5, 10], {a: 1, b: 1, c: 1}),
+    ]
+    tracker, reference = StepTracker(), Reference()
+    seen, counts = [], []
+    for i, so in enumerate(sequence):
+        counts.append(tracker.observe(so))
+        assert counts[-1] == reference.observe(so), i
+        seen.append(tracker._all_decoding is so.scheduled_cached_reqs.req_ids)
+    assert seen[2], "the third step's list equals the second's, found all decoding: not looked at again"
+    assert counts[5][2:4] == (1, 2) and not seen[5]  # b in its prompt, a and c decoding
+    assert seen[7]  # all decoding again

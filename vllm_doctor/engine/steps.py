@@ -70,6 +70,12 @@ class StepTracker:
         # quick_phase's requests still in their prompt: id -> prompt tokens left after the steps it
         # saw (a prompt in chunks), or None (resumed: until the counts have it decoding)
         self.in_prompt: dict[str, int | None] = {}
+        # the last step's running requests found all decoding (its req_ids list), until a request
+        # leaves ``decoding``: a decode step whose list equals it is all decoding without a look
+        # at each id (a list's == compares its items by identity first: the ids vLLM's scheduler
+        # hands every step are the same objects in one process, so the check reads the two lists'
+        # pointers, not 128 string objects a step, cold in the cache by the time a batch is counted)
+        self._all_decoding: list[str] | None = None
 
     def _hold(self, ids: list[int]) -> None:
         """One list's blocks are held once more: new ones (the common case) in one C call."""
@@ -271,8 +277,9 @@ class StepTracker:
                 and not so.finished_req_ids
                 and not so.preempted_req_ids
                 and not cached.resumed_req_ids
-                and decoding.issuperset(req_ids)
+                and (req_ids == self._all_decoding or decoding.issuperset(req_ids))
             ):
+                self._all_decoding = req_ids
                 held, total = self.held, so.total_num_scheduled_tokens
                 new_blocks = cached.new_block_ids
                 if new_blocks.count(None) != len(new_blocks):
@@ -297,6 +304,7 @@ class StepTracker:
             if resumed:
                 resumed_reqs = len(resumed)
                 decoding.difference_update(resumed)  # recomputed from the start: prefill again
+                self._all_decoding = None
                 for rid in resumed:
                     if rid in prompt_len:
                         undecided.add(rid)
@@ -353,6 +361,8 @@ class StepTracker:
         """Requests that finished (forgotten) or were preempted (they give their blocks back and
         come back resumed, on the general path)."""
         decoding, undecided, known = self.decoding, self.undecided, self.known
+        if finished or preempted:
+            self._all_decoding = None  # a request leaves decoding (a resumed one comes back in its prompt)
         for rid in finished:
             self.prompt_len.pop(rid, None)
             decoding.discard(rid)
@@ -370,6 +380,8 @@ class StepTracker:
         One without prompt tokens to count is left to the general path to decide."""
         decoding, undecided, known, prompt_len = self.decoding, self.undecided, self.known, self.prompt_len
         tokens = 0
+        if new:
+            self._all_decoding = None  # (an id seen before may come back new: it leaves decoding)
         for rid, plen, groups, _ in new:
             decoding.discard(rid)
             if plen is not None:
