@@ -34,7 +34,8 @@ mixed; times on the doctor's step clock, named in ``vllm_doctor_info``'s ``clock
 - ``vllm_doctor_layer_forward_ratio{layer}``: the slowest decoder layers' share of the forward
   (the last window timed per layer, five layers);
 - ``vllm_doctor_own_seconds_total{part}``: the doctor's own host time in the workers (its
-  wrappers, timers, per-layer marks, and the channel's calls), and the exporter thread's CPU
+  wrappers, timers, per-layer marks, and the channel's calls: its reader threads' CPU time in
+  them), and the exporter thread's CPU
   time in the API server (``part="exporter"``: reading and analysing each window);
   ``vllm_doctor_own_ratio``: the last window's share of the workers' wall time;
   ``vllm_doctor_samples_skipped_total``: steps due for a sample that the doctor's own budget
@@ -233,8 +234,8 @@ COUNTERS = {
     ),
     "own_seconds_total": (
         "part",
-        "The doctor's own host time in the workers (wrappers, timers, marks, channel) and the exporter's CPU time "
-        "in the API server (exporter)",
+        "The doctor's own host time in the workers (wrappers, timers, marks; channel: the calls its readers' "
+        "threads served, on their CPU clock) and the exporter's CPU time in the API server (exporter)",
     ),
     "samples_skipped_total": (
         "",
