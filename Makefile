@@ -25,7 +25,7 @@ ENGINE_B := $(addprefix $(ENGINE_TIER)/,$(addsuffix .py,test_multimodal_ground_t
 ENGINE_A := $(filter-out $(ENGINE_B),$(sort $(wildcard $(ENGINE_TIER)/test_*.py)))
 STREAMS := engine-a engine-b rest
 
-.PHONY: setup demo test lint bench catalogue test-fast test-unit test-integration test-engine test-engine-loaded lint-ruff lint-mypy \
+.PHONY: setup demo test lint bench catalogue test-fast test-unit test-unit-a test-unit-b test-integration test-engine test-engine-loaded lint-ruff lint-mypy \
 	$(addprefix test-stream-,$(STREAMS))
 
 $(STAMP): pyproject.toml
@@ -131,17 +131,28 @@ test-engine-loaded: $(SETUP)
 		[ $$rc -eq 0 ] || exit $$rc; \
 	done
 
-# lint and the unit tier side by side (two cores), each one's output in one piece, then the total
-# against its budget (tools/suite_budget.py)
+# lint and the unit tier side by side (two cores; the unit tier in two halves: its files taken
+# alternately), each one's output in one piece, then the total against its budget
+# (tools/suite_budget.py)
 test-fast: $(SETUP)
 	@start=$$(date +%s); \
-	$(MAKE) --no-print-directory -j3 --output-sync=target lint-ruff lint-mypy test-unit BIN=$(BIN); \
+	$(MAKE) --no-print-directory -j4 --output-sync=target lint-ruff lint-mypy test-unit-a test-unit-b BIN=$(BIN); \
 	rc=$$?; \
 	$(BIN)/python tools/suite_budget.py total "make test-fast" $$(( $$(date +%s) - start )) || true; \
 	exit $$rc
 
+UNIT_FILES = $(sort $(wildcard tests/unit/test_*.py))
+UNIT_HALF_A = $(foreach i,$(shell seq 1 2 $(words $(UNIT_FILES))),$(word $(i),$(UNIT_FILES)))
+UNIT_HALF_B = $(filter-out $(UNIT_HALF_A),$(UNIT_FILES))
+
 test-unit: $(SETUP)
 	$(PYTEST) --durations=10 tests/unit
+
+test-unit-a: $(SETUP)
+	$(PYTEST) --durations=5 $(UNIT_HALF_A)
+
+test-unit-b: $(SETUP)
+	$(PYTEST) --durations=5 $(UNIT_HALF_B)
 
 test-integration: $(SETUP)
 	$(PYTEST) tests/integration
