@@ -143,6 +143,28 @@ def test_a_reader_that_attaches_gets_a_sample_of_each_phase_in_its_window_whatev
     assert [i for i, s in enumerate(run.sampled) if s and i >= 220] == []
 
 
+def test_a_readers_long_call_spends_the_credit_but_does_not_stop_the_sampling() -> None:
+    """A reader's start-up calls (the model's anatomy, its source's scan: 25-156 ms on the H100)
+    land in a stretch after a sample: the budget pays for them, and the sampling goes on once the
+    credit is back; a sample's expected cost is the steps' own time, not the calls' (counted in
+    it, 25 ms expected of a sample would be more than the bucket holds: no sample again)."""
+    calls = [0.0]
+    run = Run(_Events(), 0.005)
+    run.prof.calls_s = lambda: calls[0]
+    run.steps(400)
+    while not run.sampled[-1]:  # up to a sample: the long call comes in the stretch after it
+        run.steps(1)
+    before = sum(run.sampled)
+    calls[0] += 0.050  # the budget's credit pays it back in about 1,800 steps of 10 ms
+    run.steps(3000)
+    assert run.prof._sample_cost < 2 * SAMPLE_S
+    late = [i for i, s in enumerate(run.sampled) if s and i > len(run.sampled) - 1000]
+    assert late and sum(run.sampled) > before
+    # and the doctor's time with the call stays within the budget over the run
+    wall = len(run.sampled) * STEP_S
+    assert (run.own_s() + calls[0]) / wall <= 0.005
+
+
 def test_without_a_budget_and_on_the_wall_clock_the_cadence_alone_decides() -> None:
     for clock, budget in ((_Events(), 0.0), (WallClock(), 0.005)):
         run = Run(clock, budget)

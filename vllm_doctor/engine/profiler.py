@@ -157,9 +157,10 @@ class ForwardProfiler:
         # time and the doctor's own total when it was last brought up to date (_over_budget)
         self.own_budget = 0.0 if self._wall else max(0.0, float(own_budget))
         self._credit = 0.0
-        # (time, own total, step index, sampled) at the last due step: the bucket starts at the
-        # first step of the profiler's first phase, before its forced sample (which it pays for)
-        self._credit_at: tuple[float, float, int, bool] | None = None
+        # (time, own total with the calls, step index, sampled, own total of the steps alone) at
+        # the last due step: the bucket starts at the first step of the profiler's first phase,
+        # before its forced sample (which it pays for)
+        self._credit_at: tuple[float, float, int, bool, float] | None = None
         # what a sample is expected to cost on top of the steps around it (its events, retargets,
         # reads and sums), and what an unsampled step costs: a due step is sampled only while the
         # credit covers the sample's expected cost, so the doctor's time stays within the budget
@@ -305,26 +306,31 @@ class ForwardProfiler:
         while the credit covers what a sample is expected to cost (:attr:`_sample_cost`): so the
         doctor stays within the budget instead of overrunning it by a sample at a time. Over: the
         step is not sampled, and counted in :attr:`samples_skipped`. Runs on due steps only."""
-        now, own, index = self._now(), sum(self.own.values()) + self.calls_s(), self.step_index
+        now, stepped, index = self._now(), sum(self.own.values()), self.step_index
+        own = stepped + self.calls_s()
         last = self._credit_at
         if last is None:  # the first step: the bucket starts here, empty
-            self._credit_at = (now, own, index, True)
+            self._credit_at = (now, own, index, True, stepped)
             self._owed[phase] = False
             return False
         budget = self.own_budget * (1.0 - OWN_BUDGET_MARGIN)
+        capacity = budget * OWN_BUDGET_HORIZON_S
         spent, steps = own - last[1], max(1, index - last[2])
-        credit = min(budget * OWN_BUDGET_HORIZON_S, self._credit + budget * (now - last[0])) - spent
+        credit = min(capacity, self._credit + budget * (now - last[0])) - spent
         self._credit = credit
-        plain = self._plain_cost
+        # the estimates read the steps' own time only: a reader's calls (its start-up's can take
+        # 150 ms) are the budget's to pay, not a sample's cost; and a sample is never expected to
+        # cost more than half the bucket holds, so no one-off stretch can stop the sampling for good
+        on_steps, plain = stepped - last[4], self._plain_cost
         if not last[3]:  # no sample since the last due step: what the unsampled steps cost
-            rate = spent / steps
+            rate = on_steps / steps
             plain = self._plain_cost = rate if plain is None else 0.5 * (plain + rate)
         elif plain is not None:  # a sample since: what it cost on top of its steps
-            cost = max(0.0, spent - plain * steps)
+            cost = min(max(0.0, on_steps - plain * steps), 0.5 * capacity)
             self._sample_cost = cost if not self._sample_cost else 0.5 * (self._sample_cost + cost)
         over = bool(n) and not self._owed[phase] and credit < self._sample_cost
         self._owed[phase] = False
-        self._credit_at = (now, own, index, not over)
+        self._credit_at = (now, own, index, not over, stepped)
         if over:
             self.samples_skipped += 1
         return over
