@@ -15,6 +15,7 @@ session and profiler answer.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -58,36 +59,41 @@ def sampled_install(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(WorkerSession, "install", install)
 
 
-def test_a_readers_call_counts_its_threads_cpu_not_its_waits(tmp_path: Path, sampled_install: None) -> None:
+@pytest.fixture
+def channel(tmp_path: Path, sampled_install: None) -> Iterator[tuple[Worker, ChannelServer]]:
+    """A worker without vLLM, its private channel's real server started on it."""
     worker = Worker()
     server = ChannelServer(worker, base=str(tmp_path))
     server.start()
-    try:
-        with _connect(server) as conn:
-            assert _ask(conn, "doctor_install", {"layers": False})["ok"]
-            run_steps(worker, 40, first=True)  # 40 samples: the last ones' marks are read at the collect
-            pending = len(session_for(worker).profiler.pending)  # type: ignore[union-attr]
-            assert pending >= 4
-            t = time.perf_counter()
-            first = _ask(conn, "doctor_collect", {"timeline": False, "reset": True})["data"]
-            waited = time.perf_counter() - t
-            assert first["step_arrays"]["n"] == 40
-            # the rest of the request (its reply's encoding and sending) is the doctor's too, added
-            # once the reply is sent
-            session = session_for(worker)
-            deadline = time.monotonic() + 10
-            while session.side_s == 0.0 and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert session.side_s > 0
-            # a call's time is in the window after it (it ends after its reply's data is made)
-            data = _ask(conn, "doctor_collect", {"timeline": False})["data"]
-            cpu, wall = data["doctor_rpc_s"], data["doctor_rpc_wall_s"]
-            # the collect waited at each of its reads: its wall time is mostly waits, its thread's
-            # CPU (the request around it included) a small part of it
-            assert pending * READ_WAIT_S <= wall <= waited, (pending, wall, waited)
-            assert session.side_s <= cpu < 0.5 * wall, (session.side_s, cpu, wall)
-    finally:
-        server.close()
+    yield worker, server
+    server.close()
+
+
+def test_a_readers_call_counts_its_threads_cpu_not_its_waits(channel: tuple[Worker, ChannelServer]) -> None:
+    worker, server = channel
+    with _connect(server) as conn:
+        assert _ask(conn, "doctor_install", {"layers": False})["ok"]
+        run_steps(worker, 40, first=True)  # 40 samples: the last ones' marks are read at the collect
+        pending = len(session_for(worker).profiler.pending)  # type: ignore[union-attr]
+        assert pending >= 4
+        t = time.perf_counter()
+        first = _ask(conn, "doctor_collect", {"timeline": False, "reset": True})["data"]
+        waited = time.perf_counter() - t
+        assert first["step_arrays"]["n"] == 40
+        # the rest of the request (its reply's encoding and sending) is the doctor's too, added
+        # once the reply is sent
+        session = session_for(worker)
+        deadline = time.monotonic() + 10
+        while session.side_s == 0.0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert session.side_s > 0
+        # a call's time is in the window after it (it ends after its reply's data is made)
+        data = _ask(conn, "doctor_collect", {"timeline": False})["data"]
+    cpu, wall = data["doctor_rpc_s"], data["doctor_rpc_wall_s"]
+    # the collect waited at each of its reads: its wall time is mostly waits, its thread's CPU
+    # (the request around it included) a small part of it
+    assert pending * READ_WAIT_S <= wall <= waited, (pending, wall, waited)
+    assert session.side_s <= cpu < 0.5 * wall, (session.side_s, cpu, wall)
 
 
 def test_a_call_on_the_engines_own_thread_counts_its_wall_time() -> None:
