@@ -194,10 +194,10 @@ class ForwardProfiler:
         self.sample_every = max(1, int(sample_every))
         self._cadences: dict[Any, int] = {}  # reader -> the sample_every it asked for (the finest wins)
         self._phase_steps = [0, 0, 0]  # steps seen per phase: decode, prefill, mixed
-        # per phase, a sample owed to a reader whose window began (open_window): its next due step
-        # is sampled whatever the budget says, so every reader's window holds a sample of each
-        # phase it ran due steps of, as the first step of each phase is (_over_budget)
-        self._owed = [False, False, False]
+        # per phase, a sample owed to a reader whose window began (open_window; the profiler's start
+        # begins one: the first step of each phase): its next due step is sampled whatever the
+        # budget says, so every reader's window holds a sample of each phase it ran due steps of
+        self._owed = [True, True, True]
         # of the steps timed per layer, which are timed inside the layers too (1: all of them)
         self.detail_every = max(1, int(detail_every))
         self._phase_layer_steps = [0, 0, 0]  # steps timed per layer so far, per phase
@@ -256,7 +256,7 @@ class ForwardProfiler:
         index = self.step_index
         self.step_index = index + 1
         if (n >= SAMPLE_WARMUP_STEPS and (n - SAMPLE_WARMUP_STEPS) % self.sample_every) or (
-            self.own_budget and self._over_budget(n, phase)
+            self.own_budget and self._over_budget(phase)
         ):
             start = None
             if not self._wall and (self._clock_next or self.clock_every or n >= self._clock_due[phase]):
@@ -294,18 +294,19 @@ class ForwardProfiler:
         self.current = step
         return step
 
-    def _over_budget(self, n: int, phase: int = 0) -> bool:
-        """A step is due for a sample (``n``: its phase's step count): is the doctor over its own
-        budget? The bucket's credit accrues at ``own_budget`` of the time since it was last brought
-        up to date (at most :data:`OWN_BUDGET_HORIZON_S` worth: an idle engine saves no more for a
-        burst of samples), and the doctor's own time since then (every part of ``own``: counts,
-        wrappers, timers, layers, the graphs' retargets and reads) and in the calls it served
+    def _over_budget(self, phase: int) -> bool:
+        """A step of ``phase`` is due for a sample: is the doctor over its own budget? The
+        bucket's credit accrues at ``own_budget`` of the time since it was last brought up to date
+        (at most :data:`OWN_BUDGET_HORIZON_S` worth: an idle engine saves no more for a burst of
+        samples), and the doctor's own time since then (every part of ``own``: counts, wrappers,
+        timers, layers, the graphs' retargets and reads) and in the calls it served
         (:attr:`calls_s`) spends it. The bucket starts empty at the profiler's first step. The
-        first step of each phase (``n`` 0), and the first due step of each phase after a reader's
-        window began (:attr:`_owed`), is always sampled, on credit; any other due step only
-        while the credit covers what a sample is expected to cost (:attr:`_sample_cost`): so the
-        doctor stays within the budget instead of overrunning it by a sample at a time. Over: the
-        step is not sampled, and counted in :attr:`samples_skipped`. Runs on due steps only."""
+        first due step of each phase after a reader's window began (:attr:`_owed`; the
+        profiler's start begins one, so the first step of each phase) is always sampled, on
+        credit; any other due step only while the credit covers what a sample is expected to
+        cost (:attr:`_sample_cost`): so the doctor stays within the budget instead of overrunning
+        it by a sample at a time. Over: the step is not sampled, and counted in
+        :attr:`samples_skipped`. Runs on due steps only."""
         now, stepped, index = self._now(), sum(self.own.values()), self.step_index
         own = stepped + self.calls_s()
         last = self._credit_at
@@ -328,7 +329,7 @@ class ForwardProfiler:
         elif plain is not None:  # a sample since: what it cost on top of its steps
             cost = min(max(0.0, on_steps - plain * steps), 0.5 * capacity)
             self._sample_cost = cost if not self._sample_cost else 0.5 * (self._sample_cost + cost)
-        over = bool(n) and not self._owed[phase] and credit < self._sample_cost
+        over = not self._owed[phase] and credit < self._sample_cost
         self._owed[phase] = False
         self._credit_at = (now, own, index, not over, stepped)
         if over:
