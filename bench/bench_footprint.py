@@ -196,8 +196,6 @@ def run_served(args: argparse.Namespace) -> dict[str, Any]:
         stack.close()
     with_doctor = [s for s in spans if s["doctor"]]
     windows = [w for s in with_doctor for w in s["reader"]["windows"]]
-    own = sum(w["own_s"] + w["rpc_s"] for w in windows)
-    wall = sum(w["window_s"] for w in windows)
     steps = sum(w["steps"] for w in windows)
     runner = next((s["reader"].get("runner") for s in with_doctor if s["reader"].get("runner")), None)
     summary: dict[str, Any] = {
@@ -218,18 +216,16 @@ def run_served(args: argparse.Namespace) -> dict[str, Any]:
         "rounds": args.rounds,
         "failed_requests": failed,
         "steps": steps,
-        "worker_share": own / wall if wall else None,
-        # the calls served: on the channel's threads' CPU clock (in worker_share), and by the wall
-        # (their waits for the GIL and the device included: the worker's share as counted before)
-        "calls_ms_per_read": 1e3 * sum(w["rpc_s"] for w in windows) / len(windows) if windows else None,
-        "calls_wall_ms_per_read": 1e3 * sum(w.get("rpc_wall_s", 0.0) for w in windows) / len(windows)
-        if windows else None,
-        "worker_share_calls_by_wall": sum(w["own_s"] + w.get("rpc_wall_s", 0.0) for w in windows) / wall
-        if wall else None,
-        **steady_share(with_doctor),
+        **window_figures(windows),
+        # the same without each span's first window, which carries the reader's start-up calls (the
+        # model's anatomy, the source's scan, placement: served before the span, counted in the
+        # window after them): what a reader attached for long costs; and those first calls apart
+        **{f"{k}_steady": v for k, v in window_figures([w for s in with_doctor for w in s["reader"]["windows"][1:]]).items()
+           if k != "worker_share_calls_by_wall"},
+        "first_window_calls_ms": [round(1e3 * s["reader"]["windows"][0]["rpc_s"], 2) for s in with_doctor
+                                  if s["reader"]["windows"]],
         "own_budget": next((w.get("own_budget") for w in windows if w.get("own_budget") is not None), None),
         "samples_skipped": sum(w.get("samples_skipped") or 0 for w in windows),
-        "per_step_us": 1e6 * sum(w["own_s"] for w in windows) / steps if steps else None,
         "own_by_part_us_per_step": {
             part: 1e6 * sum(w["host_s"].get(part, 0.0) for w in windows) / steps
             for part in sorted({p for w in windows for p in w["host_s"]})
@@ -241,22 +237,20 @@ def run_served(args: argparse.Namespace) -> dict[str, Any]:
     return summary
 
 
-def steady_share(with_doctor: list[dict[str, Any]]) -> dict[str, Any]:
-    """The doctor's share of the worker without each span's first window, which carries the
-    reader's start-up calls (the model's anatomy, the source's scan, placement: served before the
-    span, counted in the window after them): what a reader attached for long costs; and those
-    first windows' calls apart."""
-    rest = [w for s in with_doctor for w in s["reader"]["windows"][1:]]
-    firsts = [s["reader"]["windows"][0] for s in with_doctor if s["reader"]["windows"]]
-    wall = sum(w["window_s"] for w in rest)
-    steps = sum(w["steps"] for w in rest)
+def window_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The doctor's share of the worker over ``windows`` (its own time and the calls it served,
+    those on the channel threads' CPU clock, against the windows' wall time), per step, and the
+    calls per read on that clock and by the wall (their waits for the GIL and the device included:
+    the worker's share with them, as counted before)."""
+    wall = sum(w["window_s"] for w in windows)
+    steps = sum(w["steps"] for w in windows)
+    calls_wall = [w.get("rpc_wall_s", 0.0) for w in windows]
     return {
-        "worker_share_steady": sum(w["own_s"] + w["rpc_s"] for w in rest) / wall if wall else None,
-        "per_step_us_steady": 1e6 * sum(w["own_s"] for w in rest) / steps if steps else None,
-        "calls_ms_per_read_steady": 1e3 * sum(w["rpc_s"] for w in rest) / len(rest) if rest else None,
-        "calls_wall_ms_per_read_steady": 1e3 * sum(w.get("rpc_wall_s", 0.0) for w in rest) / len(rest)
-        if rest else None,
-        "first_window_calls_ms": [round(1e3 * w["rpc_s"], 2) for w in firsts],
+        "worker_share": sum(w["own_s"] + w["rpc_s"] for w in windows) / wall if wall else None,
+        "per_step_us": 1e6 * sum(w["own_s"] for w in windows) / steps if steps else None,
+        "calls_ms_per_read": 1e3 * sum(w["rpc_s"] for w in windows) / len(windows) if windows else None,
+        "calls_wall_ms_per_read": 1e3 * sum(calls_wall) / len(windows) if windows else None,
+        "worker_share_calls_by_wall": (sum(w["own_s"] for w in windows) + sum(calls_wall)) / wall if wall else None,
     }
 
 
