@@ -37,7 +37,9 @@ Counts = tuple[int, int, int, int, int, int, int, int]
 NewRequest = tuple[str, int | None, list[list[int]], int]
 # a step's SchedulerOutput as captured (StepTracker.capture): the output, its new requests, the
 # resumed requests' new block ids (None: none resumed), a copy of the speculative tokens (None: none)
-Captured = tuple[Any, tuple[NewRequest, ...], dict[str, list[list[int]]] | None, dict[str, Any] | None]
+# (or the output alone: a step with nothing new, resumed or speculative, as the profiler keeps a
+# decode step it told by a few attribute reads)
+Captured = tuple[Any, tuple[NewRequest, ...], dict[str, list[list[int]]] | None, dict[str, Any] | None] | Any
 
 
 class StepTracker:
@@ -263,7 +265,10 @@ class StepTracker:
         and list operations that run in C; the per-request loop runs only for the requests
         whose phase can have changed.
         """
-        so, new, resumed_blocks, spec_copy = captured
+        if captured.__class__ is tuple:
+            so, new, resumed_blocks, spec_copy = captured
+        else:  # a decode step the profiler told without capture: the output itself
+            so, new, resumed_blocks, spec_copy = captured, (), None, None
         decoding = self.decoding
         layout = self._layout
         if layout:
@@ -272,12 +277,14 @@ class StepTracker:
             # a block (at 128 requests and vLLM's 16 tokens a block, about 8 a step)
             cached = so.scheduled_cached_reqs
             req_ids = cached.req_ids
+            # (with a request still in its prompt, the look at each id is _count_known's: a look
+            # here would only find that one and be done again there)
             if (
                 not so.scheduled_new_reqs
                 and not so.finished_req_ids
                 and not so.preempted_req_ids
                 and not cached.resumed_req_ids
-                and (req_ids == self._all_decoding or decoding.issuperset(req_ids))
+                and (req_ids == self._all_decoding or (not self.undecided and decoding.issuperset(req_ids)))
             ):
                 self._all_decoding = req_ids
                 held, total = self.held, so.total_num_scheduled_tokens
@@ -434,6 +441,8 @@ class StepTracker:
             tokens, reqs = self._arrive(new, sched)
             prefill_tokens += tokens
             prefill_reqs += reqs
+        if decode_reqs == len(req_ids):  # all decoding (the arrivals are not in the list): the next step
+            self._all_decoding = req_ids  # with an equal list skips the look at each id
         new_blocks = cached.new_block_ids
         if new_blocks.count(None) != len(new_blocks):
             self._extend(req_ids, new_blocks)
