@@ -180,13 +180,13 @@ def test_unsampled_steps_are_counted_in_batches_and_the_counting_is_the_doctors_
         assert isinstance(step, OpenStep) == (i < 10)
         prof.after_execute(0.001, output_is_final=False)
         prof.after_sample(0.0005)
-    assert len(prof.to_count) == 5 and len(prof.done_plain) == 5 and not prof.steps  # samples resolve in batches
-    assert all(step[2] is None for step, _ in prof.to_count)  # not counted yet
+    assert len(prof.to_count) == 5 and not prof.steps  # samples resolve in batches
+    assert all(step[2] is None and step[9] is not None for step in prof.to_count)  # finished, not counted yet
     for _ in range(COUNT_BATCH - 5):
         prof.begin_step(_decode_step(rids, False))
         prof.after_sample(0.0005)
     # the batch was counted as its last step began: that one became a record as it finished
-    assert not prof.to_count and not prof.done_plain and len(prof.steps) == COUNT_BATCH
+    assert not prof.to_count and len(prof.steps) == COUNT_BATCH
     assert prof.own["counts"] > 0
     rows = StepTable.of(prof.snapshot()).rows()
     assert len(rows) == SAMPLE + COUNT_BATCH - 5 and [r["index"] for r in rows] == list(range(len(rows)))

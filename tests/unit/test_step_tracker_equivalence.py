@@ -74,9 +74,18 @@ class Reference:
         return (pre_t, dec_t, pre_r, dec_r, total, len(used), len(so.preempted_req_ids), len(resumed))
 
 
-def _steps(seed: int, n_steps: int = 300) -> list[Any]:
-    """A served engine's steps, as plain data: requests arrive, run their prompt in chunks,
-    decode, get a block every 16 tokens, finish, or are preempted and resumed."""
+def _steps(
+    seed: int,
+    n_steps: int = 300,
+    finish: float = 0.04,
+    preempt: float = 0.01,
+    arrivals: tuple[int, ...] = (0, 0, 1, 2),
+    spec_rate: float = 0.1,
+) -> list[Any]:
+    """A served engine's steps, as plain data: requests arrive (``arrivals``: a step's number,
+    picked from these), run their prompt in chunks, decode (``spec_rate``: a decoding request's
+    chance of speculative tokens), get a block every 16 tokens, finish, or are preempted and
+    resumed (``finish``, ``preempt``: a request's chance a step)."""
     rng = random.Random(seed)
     state: dict[str, dict[str, Any]] = {}  # rid -> prompt, computed, out
     waiting_resume: list[str] = []
@@ -88,17 +97,17 @@ def _steps(seed: int, n_steps: int = 300) -> list[Any]:
         sched: dict[str, int] = {}
         spec: dict[str, list[int]] = {}
         for rid in list(state):
-            if rng.random() < 0.04:
+            if rng.random() < finish:
                 finished.add(rid)
                 del state[rid]
-            elif rng.random() < 0.01:
+            elif rng.random() < preempt:
                 preempted.add(rid)
                 waiting_resume.append(rid)
                 del state[rid]
         if waiting_resume and rng.random() < 0.3:
             rid = waiting_resume.pop(0)
             state[rid] = {"prompt": rng.randint(4, 40), "computed": 0, "known": True, "resumed": True}
-        for _ in range(rng.choice((0, 0, 1, 2))):
+        for _ in range(rng.choice(arrivals)):
             serial += 1
             rid = f"r{serial}"
             prompt = rng.randint(1, 70)
@@ -124,7 +133,7 @@ def _steps(seed: int, n_steps: int = 300) -> list[Any]:
             plen = st["prompt"]
             left = (plen - st["computed"]) if plen is not None else 0
             n = min(left, 16) if left > 0 else 1
-            if n == 1 and rng.random() < 0.1:
+            if n == 1 and rng.random() < spec_rate:
                 spec[rid] = [0, 0]
                 n += 2
             req_ids.append(rid)

@@ -20,7 +20,11 @@ The counts wait: an unsampled step's wrapper keeps its ``SchedulerOutput`` as ca
 :data:`COUNT_BATCH`, in step order, in one warm loop (and before any sampled step, or a reader's
 collection); a step is a record once counted and finished. Where a few attribute reads cannot
 tell the step's phase (:meth:`~vllm_doctor.engine.steps.StepTracker.quick_phase`: a request
-resumed, a prompt's next chunk, speculative tokens) it is counted at once.
+resumed, a prompt's next chunk, speculative tokens) it is counted at once. Most steps of a
+serving engine are decode steps with nothing to time: :meth:`ForwardProfiler.begin_decode` opens
+those from a few attribute reads, without capture and quick_phase, up to the next step due for a
+sample or the device clock (:meth:`ForwardProfiler._fast_next`); tests/unit/test_decode_path.py
+holds it to begin_step's records.
 
 Per layer: in eager mode the modules :func:`select_modules` picks (timing ``forward``
 wrappers); in compiled modes the attention calls, the compiled graph's only Python calls, split
@@ -89,6 +93,14 @@ DEFAULT_TRACE_STEPS = 64  # steps whose per-layer events are kept for trace.json
 RESOLVE_BATCH = 32
 # unsampled steps are counted this many at a time (StepTracker.count in one loop)
 COUNT_BATCH = 64
+# an unsampled step's list (ForwardProfiler.begin_step: a list, not an OpenStep, where a few
+# slots are all it needs): its index, host start, counts (None until counted), host times of
+# execute_model and sample_tokens, start and previous end marks, encoder marks, the output as
+# captured (until counted), and its step and idle times once it finished (until counted)
+PLAIN_SLOTS = (
+    "index", "host_start", "counts", "host_execute_s", "host_sample_s", "start", "prev_end", "encoder",
+    "captured", "step_s", "idle_s",
+)  # fmt: skip
 # a multimodal model's encoder calls: items and embedding rows they returned, and the runner's
 # encoder cache at its fullest (entries, rows, bytes); the budget is the session's to set
 ENCODER_USE_ZERO = {"calls": 0, "items": 0, "rows": 0, "peak_entries": 0, "peak_rows": 0, "peak_bytes": 0}
@@ -174,24 +186,26 @@ class ForwardProfiler:
         self._now = time.perf_counter  # the bucket's clock (a test's own clock drives it)
         self.tracker = StepTracker()
         # the step clock on every step (True) or on the sampled steps and their next ones
-        self.clock_every = step_clock == "every"
+        # the decode step count below which a decode step may take begin_decode's short path:
+        # the next due sample's or device-clock step's (0: none may; _fast_next sets it)
+        self._fast_until = 0
+        self._clock_every = step_clock == "every"
         self._step_clocks: dict[Any, str] = {}  # reader -> the step clock it asked for ("every" wins)
         self._clock_next = False  # the next step is a sampled step's untimed neighbour: device clock
         # per phase, the phase's step count from which its next unsampled step is on the device clock:
         # the next multiple of STEP_CLOCK_STRIDE, or 0 after a reader's window began (so every window
         # holds a device-clock step of each phase it ran, however few its steps)
         self._clock_due = [0, 0, 0]
-        # unsampled steps not counted yet, in step order: (the step's list, its captured output)
-        self.to_count: list[tuple[list[Any], Any]] = []
-        # finished steps on the wall clock or the host's whose counts wait: (step, step_s, idle_s)
-        self.done_plain: list[tuple[list[Any], float, float]] = []
+        # unsampled steps not counted yet, in step order (their lists: PLAIN_SLOTS); those that
+        # finished on the wall clock or the host's become records once counted
+        self.to_count: list[list[Any]] = []
         # the doctor's own-time counters (the session's ``own_s``): counting adds to "counts"
         self.own: dict[str, float] = {"counts": 0.0}
         # the doctor's time inside vLLM's replays of CUDA graphs (engine/graphs.py's parts of
         # ``own``, summed): one attribute the step wrapper reads twice a step
         self.graph_s = 0.0
         self.layers_enabled = False  # set by the session once its per-layer timing forwards exist
-        self.sample_every = max(1, int(sample_every))
+        self._sample_every = max(1, int(sample_every))
         self._cadences: dict[Any, int] = {}  # reader -> the sample_every it asked for (the finest wins)
         self._phase_steps = [0, 0, 0]  # steps seen per phase: decode, prefill, mixed
         # per phase, a sample owed to a reader whose window began (open_window; the profiler's start
@@ -234,7 +248,79 @@ class ForwardProfiler:
         self._shared: set[int] = set()
         self._recycles = hasattr(clock, "release")  # marks are events given back for reuse
 
+    @property
+    def sample_every(self) -> int:
+        """A sample every this many steps of a phase (after its first SAMPLE_WARMUP_STEPS)."""
+        return self._sample_every
+
+    @sample_every.setter
+    def sample_every(self, every: int) -> None:
+        self._sample_every = every
+        self._fast_until = 0
+
+    @property
+    def clock_every(self) -> bool:
+        """Every step on the device clock (else the sampled steps, their next ones and every
+        STEP_CLOCK_STRIDE-th of each phase)."""
+        return self._clock_every
+
+    @clock_every.setter
+    def clock_every(self, every: bool) -> None:
+        self._clock_every = every
+        self._fast_until = 0
+
     # -- step boundaries (called from the execute_model / sample_tokens wrappers) ----------
+    def begin_decode(self, so: Any, now: float) -> list[Any] | None:
+        """The short path of :meth:`begin_step` (most steps of a serving engine, nearly all of
+        a batch's): a decode step that is neither due for a sample nor on the device clock, with
+        nothing left of the step before (no end mark to take, no sample to resolve), opened from
+        a few attribute reads of ``so`` and counted later, as begin_step's path for it would.
+        ``now``: the wrapper's clock at its entry (the step's host start). None: this step takes
+        begin_step (anything else, or the device clock on the CPU build's wall clock)."""
+        n = self._phase_steps[0]
+        if n >= self._fast_until or self.current is not None or self.tracker.in_prompt:
+            return None
+        cached = so.scheduled_cached_reqs
+        total = so.total_num_scheduled_tokens
+        if (
+            so.scheduled_new_reqs
+            or cached.resumed_req_ids
+            or so.scheduled_spec_decode_tokens
+            or total != len(cached.req_ids)
+            or not total
+        ):
+            return None
+        self._phase_steps[0] = n + 1
+        index = self.step_index
+        self.step_index = index + 1
+        plain = [index, now, None, 0.0, 0.0, None, None, None, so, None, NAN]
+        to_count = self.to_count
+        to_count.append(plain)
+        if len(to_count) >= COUNT_BATCH:
+            self.count_pending()
+        self.current = plain
+        return plain
+
+    def _fast_next(self) -> None:
+        """Where :meth:`begin_decode`'s path may run from: up to the next decode step due for a
+        sample (the cadence's: the budget and a reader's owed sample decide on due steps only)
+        or on the device clock; nowhere on the wall clock, with the device clock on every step,
+        on a sampled step's neighbour, with an end mark to take or (under a budget) a sample to
+        resolve."""
+        if (
+            self._wall
+            or self._clock_every
+            or self._clock_next
+            or self._last_end is not None
+            or (self.pending and self.own_budget)  # (finish_plain resolves it as soon as it can)
+            or not self.tracker._layout
+        ):
+            self._fast_until = 0
+            return
+        n = self._phase_steps[0]
+        due = n if n < SAMPLE_WARMUP_STEPS else n + (SAMPLE_WARMUP_STEPS - n) % self._sample_every
+        self._fast_until = min(due, self._clock_due[0])
+
     def begin_step(self, so: Any) -> OpenStep | list[Any] | None:
         """Open the step of one ``SchedulerOutput``: a sample (:class:`OpenStep`, counted now) or
         not (a list, counted later: ``to_count``). The hot path of every step. None when nothing
@@ -255,25 +341,30 @@ class ForwardProfiler:
         self._phase_steps[phase] = n + 1
         index = self.step_index
         self.step_index = index + 1
-        if (n >= SAMPLE_WARMUP_STEPS and (n - SAMPLE_WARMUP_STEPS) % self.sample_every) or (
+        if (n >= SAMPLE_WARMUP_STEPS and (n - SAMPLE_WARMUP_STEPS) % self._sample_every) or (
             self.own_budget and self._over_budget(phase)
         ):
             start = None
-            if not self._wall and (self._clock_next or self.clock_every or n >= self._clock_due[phase]):
+            if not self._wall and (self._clock_next or self._clock_every or n >= self._clock_due[phase]):
                 start = self.clock.mark(True)
                 self._clock_due[phase] = n - n % STEP_CLOCK_STRIDE + STEP_CLOCK_STRIDE
             self._clock_next = False
-            plain = [index, time.perf_counter(), counts, 0.0, 0.0, start, prev, None]
+            # (PLAIN_SLOTS: the output as captured until counted; the step and idle times once
+            # it finished on the host's clock, until counted)
+            plain = [index, time.perf_counter(), counts, 0.0, 0.0, start, prev, None, captured, None, NAN]
             if counts is None:
                 to_count = self.to_count
-                to_count.append((plain, captured))
+                to_count.append(plain)
                 if len(to_count) >= COUNT_BATCH:
                     self.count_pending()
             self.current = plain
+            if not phase:  # where the next decode steps may take begin_decode's path
+                self._fast_next()
             return plain
         if counts is None:
             counts = self.count_now(captured)
         self._clock_next = not self._wall  # the next step: this one's untimed neighbour on the device clock
+        self._fast_until = 0
         self._stack.clear()
         self._after_forward = None
         detail = False
@@ -392,10 +483,12 @@ class ForwardProfiler:
             self._last_end = end
             idle = self._idle(step[6], step[1])
         else:  # the host's clock: no device idle time (and none for the next step)
-            self._give_back(step[6])
+            if step[6] is not None:
+                self._give_back(step[6])
             idle = NAN
-        if step[2] is None:
-            self.done_plain.append((step, end - step[1], idle))
+        if step[2] is None:  # a record once counted (count_pending: it waits in to_count)
+            step[9] = end - step[1]
+            step[10] = idle
         else:
             self._plain_record(step, end - step[1], idle)
         if self.pending and self.own_budget:
@@ -413,17 +506,16 @@ class ForwardProfiler:
         """Count the unsampled steps that wait (in step order, one loop), and make records of
         those that finished: the doctor's own time, in ``own["counts"]``."""
         to_count = self.to_count
-        if not to_count and not self.done_plain:
+        if not to_count:
             return
         t = time.perf_counter()
-        count = self.tracker.count
-        for step, captured in to_count:
-            step[2] = count(captured)
+        count, record = self.tracker.count, self._plain_record
+        for step in to_count:
+            step[2] = count(step[8])
+            step[8] = None
+            if step[9] is not None:  # finished on the host's clock (or the wall clock)
+                record(step, step[9], step[10])
         to_count.clear()
-        record = self._plain_record
-        for step, step_s, idle in self.done_plain:
-            record(step, step_s, idle)
-        self.done_plain.clear()
         self.own["counts"] += time.perf_counter() - t
 
     def want_step_clock(self, reader: Any, step_clock: str) -> None:
@@ -439,14 +531,14 @@ class ForwardProfiler:
 
     def _plain_record(self, step: list[Any], step_s: float, idle_s: float) -> None:
         steps = self.steps
-        index, host_start, counts, host_execute_s, host_sample_s, start, _, encoder = step
+        encoder = step[7]
         encoder_s = NAN if encoder is None else self._encoder_seconds(encoder)
         if len(steps) >= MAX_STEP_RECORDS:
             self._evict()
         steps.append(
             (
-                index, host_start, counts, step_s, self._wall or start is not None, None, None, host_execute_s,
-                host_sample_s, False, False, False, idle_s, encoder_s,
+                step[0], step[1], step[2], step_s, self._wall or step[5] is not None, None, None, step[3], step[4],
+                False, False, False, idle_s, encoder_s,
             )
         )  # fmt: skip
 
@@ -525,6 +617,7 @@ class ForwardProfiler:
         """A step's end mark, which the next step takes as its prev_end: on GPU an event with two
         owners from the start (the next step may begin after this one was resolved)."""
         mark = self._last_end = self.clock.mark()
+        self._fast_until = 0  # the next step takes this mark (begin_step's path)
         if self._recycles:
             self._shared.add(id(mark))
         return mark
@@ -891,6 +984,7 @@ class ForwardProfiler:
             self.windows[reader] = self._window_now()
             self._clock_due = [0, 0, 0]
             self._owed = [True, True, True]  # the new window's first due step of each phase: a sample
+            self._fast_until = 0
 
     def want_sample_every(self, reader: Any, every: int) -> None:
         """``reader`` asks for a sample every ``every`` steps: the profiler samples at the finest

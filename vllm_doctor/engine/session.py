@@ -723,13 +723,22 @@ class WorkerSession:
                 reads = prof.graph_s
                 if "steps" not in disabled:
                     try:
-                        if self.faults:
-                            self.fault("steps")
-                        if self._armed or self._armed_layers:  # the previous step never finished
-                            self._disarm()
-                        step = prof.begin_step(args[0] if args else kwargs.get("scheduler_output"))
-                        if self.probe_plan or step.__class__ is not list:
-                            self._begin_special(step)
+                        so = args[0] if args else kwargs.get("scheduler_output")
+                        # most steps: a decode step with nothing to time or probe (begin_decode)
+                        if (
+                            self.faults
+                            or self.probe_plan
+                            or self._armed
+                            or self._armed_layers
+                            or prof.begin_decode(so, t0) is None
+                        ):
+                            if self.faults:
+                                self.fault("steps")
+                            if self._armed or self._armed_layers:  # the previous step never finished
+                                self._disarm()
+                            step = prof.begin_step(so)
+                            if self.probe_plan or step.__class__ is not list:
+                                self._begin_special(step)
                     except Exception as exc:
                         self._crashed("steps", exc)
                 t = clock()

@@ -1,0 +1,102 @@
+"""The short path of a decode step (ForwardProfiler.begin_decode, from the session's wrapper):
+the same records as begin_step's path, step for step.
+
+Most steps of a serving engine are decode steps neither due for a sample nor on the device
+clock; the wrapper opens those from a few attribute reads of the SchedulerOutput and leaves the
+rest to begin_step. Here the real wrappers run each sequence twice, with the short path and with
+it refused, and the two runs' records (counts, which steps were sampled, which were on the device
+clock and their times on it) must be equal, while readers open windows and change the cadence in
+the middle, as they do on a server.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.unit.test_step_clock import _Events
+from tests.unit.test_step_tracker_equivalence import _steps
+from vllm_doctor.constants import STEP_COUNT_FIELDS
+from vllm_doctor.engine.profiler import ForwardProfiler
+from vllm_doctor.engine.session import WorkerSession
+from vllm_doctor.facts.steps import StepTable
+
+COMPARED = ("index", *STEP_COUNT_FIELDS, "step_clock", "sampled")
+
+
+def _run(sequence: list[Any], short: bool, events: dict[int, Any]) -> tuple[list[tuple[Any, ...]], int]:
+    """The records of ``sequence`` through the session's wrappers (``events``: step index ->
+    what a reader does before it), and how many steps took the short path."""
+    session = WorkerSession(SimpleNamespace())
+    prof = ForwardProfiler(_Events(), [], sample_every=8, own_budget=0.0)  # type: ignore[arg-type]
+    prof.own = session.own_s
+    session.profiler = prof
+    taken = 0
+    decode = prof.begin_decode
+
+    def begin_decode(so: Any, now: float) -> Any:
+        nonlocal taken
+        step = decode(so, now) if short else None
+        taken += step is not None
+        return step
+
+    prof.begin_decode = begin_decode  # type: ignore[method-assign]
+    execute = session._execute_wrapper(lambda so: None)
+    sample = session._sample_wrapper(lambda grammar: "output")
+    for i, so in enumerate(sequence):
+        if i in events:
+            events[i](prof)
+        execute(so)
+        sample(None)
+    prof.resolve(block=True)
+    rows = StepTable.of(prof.snapshot()).rows()
+    # the device clock's times: _Events' marks count up, so a step's time is the number of marks
+    # between its start and end (the same in both runs only where the same steps took marks)
+    return [
+        (*(r[k] for k in COMPARED), r["step_s"] if r["step_clock"] != "host" else None) for r in rows
+    ], taken
+
+
+READERS: dict[int, Any] = {
+    150: lambda prof: prof.open_window("panel"),  # a reader attaches: each phase's next step on the clock
+    230: lambda prof: prof.want_sample_every("panel", 16),  # and asks for its cadence
+    420: lambda prof: prof.want_sample_every("attach", 6),  # another reader's, finer
+    560: lambda prof: prof.close_window("attach"),  # back to the panel's
+    700: lambda prof: prof.want_step_clock("panel", "every"),  # every step on the device clock
+    760: lambda prof: prof.want_step_clock("panel", "sampled"),
+}
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_short_decode_path_leaves_the_records_begin_step_leaves(seed: int) -> None:
+    # long decode stretches (a served engine's: arrivals and finishes now and then, speculative
+    # tokens rarely), and the general sequence's churn in between
+    sequence = _steps(seed, n_steps=900, finish=0.004, preempt=0.001, arrivals=(0,) * 30 + (1, 3), spec_rate=0.002)
+    sequence += _steps(seed + 100, n_steps=100)
+    short, taken = _run(sequence, True, READERS)
+    full, refused = _run(sequence, False, READERS)
+    assert refused == 0 and taken > len(sequence) // 8  # the short path carried its share of the steps
+    assert len(short) == len(full) == sum(1 for so in sequence if so.total_num_scheduled_tokens)
+    assert short == full
+    assert sum(r[COMPARED.index("sampled")] for r in short) > 40  # the cadences' samples are there
+
+
+def test_a_step_due_for_a_sample_or_the_device_clock_never_takes_the_short_path() -> None:
+    """On a plain decode run the short path carries every step but the phase's first 8 (the
+    warm-up samples), the samples, each sample's next step (on the clock), every
+    STEP_CLOCK_STRIDE-th, and the step after each on the clock (it takes that one's end mark)."""
+    sequence = _steps(0, n_steps=400, finish=0.0, preempt=0.0, arrivals=(0,), spec_rate=0.0)
+    sequence = [so for so in sequence if so.total_num_scheduled_tokens]
+    rows, taken = _run(sequence, True, {})
+    on_clock = [r[COMPARED.index("step_clock")] != "host" for r in rows]
+    sampled = [r[COMPARED.index("sampled")] for r in rows]
+    assert all(sampled[:8])
+    # a sample every 8th step after the warm-up (8, 16, ...), each followed by one on the clock
+    assert [i for i, s in enumerate(sampled) if s] == list(range(8)) + list(range(8, len(rows), 8))
+    assert all(on_clock[i] for i in range(9, len(rows), 8))
+    # the short path: the steps neither sampled nor on the device clock nor after one on it
+    after = [False, *on_clock[:-1]]
+    assert taken == sum(1 for c, s, a in zip(on_clock, sampled, after, strict=True) if not (c or s or a))
+    assert taken > len(rows) // 2
