@@ -42,6 +42,7 @@ class NewRequest:  # the fields StepTracker reads of vLLM's NewRequestData
         self.req_id = rid
         self.prompt_token_ids = list(range(128))
         self.block_ids = ([rng.randrange(1, 10**6) for _ in range(8)],)
+        self.num_computed_tokens = 0
 
 
 def scheduler_output(new: list[Any], live: list[str], blocks: list[Any], finished: set[str]) -> Any:

@@ -1,6 +1,6 @@
 """What an unsampled step costs the worker on the doctor's path, in a hot loop (no GPU).
 
-    .venv/bin/python bench/bench_step_path.py [--requests 128] [--steps 3000] [--repeats 5] [--cold]
+    .venv/bin/python bench/bench_step_path.py [--requests 128] [--steps 3000] [--repeats 5] [--cold] [--against REV]
 
 The floor under the doctor's own budget: every step, sampled or not, runs the session's
 ``execute_model`` and ``sample_tokens`` wrappers (vllm_doctor/engine/session.py) around vLLM's
@@ -10,7 +10,9 @@ methods, the profiler's step bookkeeping and, in batches, the counts
 stand-in whose marks are plain objects (the sampled step clock puts an event pair on every 32nd
 step: here a mark costs an object, not a CUDA call), no step is due for a sample, and each step
 hands the wrappers vLLM 0.32's own ``SchedulerOutput`` of
-``--requests`` running requests (bench_step_counts.py's steps):
+``--requests`` running requests (bench_step_counts.py's steps), made just before its call, as
+vLLM's scheduler makes it just before the worker's (with ``--cold``; the hot loop makes them
+first):
 
   new blocks    every request decoding, 1 in 16 gets a block (an offline batch's decode steps)
   churn         the same, and each step one request finishes and one arrives (a served engine)
@@ -23,7 +25,9 @@ held of the doctor is gone) and times the two calls alone (perf_counter around e
 counting of the last batch included): the cold cost, where a lock or a call costs several
 times its hot figure. The hot loop measures the code's own work; the cold one what touching it
 costs. Run it from a tree's root (``PYTHONPATH=. python bench/bench_step_path.py``) to measure
-that tree.
+that tree; ``--against REV`` times that revision beside this tree, each run a new process, the
+two alternating (a machine whose speed drifts, as this one's does by 10-20 % over minutes, moves
+both), the medians side by side.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -63,12 +69,15 @@ class Events:
         return 0.0
 
 
-def steps(kind: str, requests: int, n: int) -> list[Any]:
-    """``n`` SchedulerOutputs of ``kind`` after each request's prompt (bench_step_counts.py's)."""
+def steps(kind: str, requests: int, n: int) -> Iterator[Any]:
+    """``n`` SchedulerOutputs of ``kind`` after each request's prompt (bench_step_counts.py's),
+    each made when it is asked for: as vLLM's scheduler makes a step's output just before the
+    worker's ``execute_model``, its objects are fresh in the CPU's caches there."""
     rng = random.Random(0)
     live = [f"r{i}" for i in range(requests)]
-    out = [counts.scheduler_output([counts.NewRequest(rid, rng)], [], [], set()) for rid in live]
-    out.append(counts.scheduler_output([], live, [None] * len(live), set()))
+    for rid in list(live):
+        yield counts.scheduler_output([counts.NewRequest(rid, rng)], [], [], set())
+    yield counts.scheduler_output([], live, [None] * len(live), set())
     serial = 0
     for _ in range(n):
         blocks: list[Any] = [([rng.randrange(1, 10**6)],) if rng.random() < 1 / 16 else None for _ in live]
@@ -78,9 +87,8 @@ def steps(kind: str, requests: int, n: int) -> list[Any]:
             blocks.pop(0)
             serial += 1
             new = [counts.NewRequest(f"n{serial}", rng)]
-        out.append(counts.scheduler_output(new, live, blocks, finished))
+        yield counts.scheduler_output(new, live, blocks, finished)
         live.extend(x.req_id for x in new)
-    return out
 
 
 COLD_OBJECTS = 100_000
@@ -111,31 +119,36 @@ def run(kind: str, requests: int, n: int, cold: bool = False) -> float:
     sample = session._sample_wrapper(lambda grammar: "output")
     sos = steps(kind, requests, n)
     warm = requests + 1 + 2 * 8  # the prompts and the warm-up samples of both phases
-    for so in sos[:warm]:
+    for so in islice(sos, warm):
         prof._phase_steps = [1 << 20] * 3  # nothing due for a sample
         execute(so)
         sample(None)
     prof.count_pending()
     if cold:
         clock, total = time.perf_counter, 0.0
-        for so in sos[warm:]:
-            vllms_python()
+        while True:
+            vllms_python()  # (the scheduler's own Python, then its output: fresh)
+            so = next(sos, None)
+            if so is None:
+                break
             t = clock()
             execute(so)
             total += clock() - t
+            del so  # the doctor's references only (vLLM lets a step's output go when it ends)
             vllms_python()
             t = clock()
             sample(None)
             total += clock() - t
         t = clock()
         prof.count_pending()
-        return (total + clock() - t) / (len(sos) - warm) * 1e6
+        return (total + clock() - t) / n * 1e6
+    made = list(sos)  # (the outputs made before the clock starts: the hot loop times the doctor alone)
     t = time.thread_time()
-    for so in sos[warm:]:
+    for so in made:
         execute(so)
         sample(None)
     prof.count_pending()  # the last batch's counting: the steps' own
-    return (time.thread_time() - t) / (len(sos) - warm) * 1e6
+    return (time.thread_time() - t) / n * 1e6
 
 
 def budget_off() -> dict[str, Any]:
@@ -153,16 +166,53 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cold", action="store_true", help="vLLM's stand-in before each call; the calls timed alone")
+    ap.add_argument("--against", metavar="REV", help="a git revision timed beside this tree: each run a new process, "
+                    "the two trees alternating (a machine's drift falls on both)")
+    ap.add_argument("--one", metavar="KIND", help=argparse.SUPPRESS)  # (--against's child: one run, its µs printed)
     args = ap.parse_args()
     steps_n = min(args.steps, 600) if args.cold else args.steps
+    if args.one:
+        print(run(args.one, args.requests, steps_n, args.cold))
+        return
     clock = "perf_counter around the calls, cold" if args.cold else "thread CPU time"
     print(
         f"the doctor's path of an unsampled step, {args.requests} running requests, {steps_n} steps, "
-        f"medians of {args.repeats} runs ({clock})"
+        f"medians of {args.repeats} runs ({clock})" + (f", {args.against} against this tree" if args.against else "")
     )
+    if args.against:
+        against(args, steps_n)
+        return
     for kind in ("new blocks", "churn"):
         med = statistics.median(run(kind, args.requests, steps_n, args.cold) for _ in range(args.repeats))
         print(f"  {kind:<11} {med:6.1f} µs a step")
+
+
+def against(args: argparse.Namespace, steps_n: int) -> None:
+    """Each run in a new process, ``args.against``'s vllm_doctor (git archive into a temporary
+    directory) and this tree's alternating; the medians side by side."""
+    import subprocess
+    import tempfile
+
+    root = Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", args.against, "vllm_doctor"], cwd=root, check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+
+        def one(tree: str, kind: str) -> float:
+            cmd = [sys.executable, __file__, "--one", kind, "--requests", str(args.requests), "--steps", str(steps_n)]
+            env = {**__import__("os").environ, "PYTHONPATH": tree}
+            out = subprocess.run(cmd + (["--cold"] if args.cold else []), env=env, check=True, capture_output=True,
+                                 text=True).stdout
+            return float(out.split()[-1])
+
+        for kind in ("new blocks", "churn"):
+            old: list[float] = []
+            new: list[float] = []
+            for _ in range(args.repeats):
+                old.append(one(tmp, kind))
+                new.append(one(str(root), kind))
+            print(f"  {kind:<11} {statistics.median(old):6.1f} -> {statistics.median(new):6.1f} µs a step")
 
 
 if __name__ == "__main__":
