@@ -1,0 +1,48 @@
+#!/bin/bash
+# profile's footprint offline (bench_footprint.py offline) for several git revisions on one host,
+# in turn, in one call: a GPU host's speed drifts (on the H100 of 2026-12-07 the same tree gave
+# 61 µs a step and 0.62 % in one call, 43 µs and 0.46 % in another a quarter of an hour later), so
+# two trees are compared only where their runs alternate on the same machine.
+#
+#   bench/footprint_trees.sh prepare DIR REV...   # here: each revision's checkout (git archive) in DIR/tree_REV
+#   bench/footprint_trees.sh run DIR OUT [PASSES]  # on the GPU host: each tree in turn, PASSES times (default 1)
+#
+# run reads MODEL (default /tmp/m8b: bench/make_bench_model.py --size 8b) and ROUNDS (default 6),
+# writes OUT/offline-tree_REV[-PASS].json and .log, and prints each run's share and µs a step.
+# bench_footprint.py puts its own checkout first on sys.path, so each tree runs its own doctor.
+set -euo pipefail
+cmd=${1:?prepare or run}
+dir=${2:?a directory}
+shift 2
+case $cmd in
+prepare)
+    for rev in "$@"; do
+        t="$dir/tree_$rev"
+        rm -rf "$t" && mkdir -p "$t"
+        git archive "$rev" vllm_doctor bench tests/served.py tests/__init__.py tests/fixtures tests/conftest.py \
+            pyproject.toml | tar -x -C "$t"
+        echo "$t"
+    done
+    ;;
+run)
+    out=${1:?an output directory}
+    passes=${2:-1}
+    model=${MODEL:-/tmp/m8b}
+    mkdir -p "$out"
+    [ -d "$model" ] || python3 bench/make_bench_model.py "$model" --size 8b > /dev/null
+    for pass in $(seq 1 "$passes"); do
+        for t in "$dir"/tree_*; do
+            name=$(basename "$t")$([ "$passes" -gt 1 ] && echo "-$pass" || true)
+            echo "== $name"
+            PYTHONPATH="$t${PYTHONPATH:+:$PYTHONPATH}" timeout 300 python3 "$t/bench/bench_footprint.py" offline "$model" \
+                --load-format dummy --prompts 128 --input-len 128 --output-len 256 --rounds "${ROUNDS:-6}" \
+                --modes sampled --json "$out/offline-$name.json" > "$out/offline-$name.log" 2>&1 || true
+            grep -v "INFO\|WARN" "$out/offline-$name.log" | grep "profile's\|own clock" | head -2
+        done
+    done
+    ;;
+*)
+    echo "usage: $0 prepare DIR REV... | run DIR OUT [PASSES]" >&2
+    exit 2
+    ;;
+esac
