@@ -19,6 +19,7 @@ import pytest
 from tests.unit.test_step_clock import _Events
 from tests.unit.test_step_tracker_equivalence import _steps
 from vllm_doctor.constants import STEP_COUNT_FIELDS
+from vllm_doctor.engine.clock import WallClock
 from vllm_doctor.engine.profiler import ForwardProfiler
 from vllm_doctor.engine.session import WorkerSession
 from vllm_doctor.facts.steps import StepTable
@@ -26,11 +27,13 @@ from vllm_doctor.facts.steps import StepTable
 COMPARED = ("index", *STEP_COUNT_FIELDS, "step_clock", "sampled")
 
 
-def _run(sequence: list[Any], short: bool, events: dict[int, Any]) -> tuple[list[tuple[Any, ...]], int]:
+def _run(
+    sequence: list[Any], short: bool, events: dict[int, Any], clock: Any = _Events
+) -> tuple[list[tuple[Any, ...]], int]:
     """The records of ``sequence`` through the session's wrappers (``events``: step index ->
     what a reader does before it), and how many steps took the short path."""
     session = WorkerSession(SimpleNamespace())
-    prof = ForwardProfiler(_Events(), [], sample_every=8, own_budget=0.0)  # type: ignore[arg-type]
+    prof = ForwardProfiler(clock(), [], sample_every=8, own_budget=0.0)
     prof.own = session.own_s
     session.profiler = prof
     taken = 0
@@ -53,9 +56,15 @@ def _run(sequence: list[Any], short: bool, events: dict[int, Any]) -> tuple[list
     prof.resolve(block=True)
     rows = StepTable.of(prof.snapshot()).rows()
     # the device clock's times: _Events' marks count up, so a step's time is the number of marks
-    # between its start and end (the same in both runs only where the same steps took marks)
+    # between its start and end (the same in both runs only where the same steps took marks; the
+    # wall clock's and the host's are this machine's), and which steps have an idle time before them
     return [
-        (*(r[k] for k in COMPARED), r["step_s"] if r["step_clock"] != "host" else None) for r in rows
+        (
+            *(r[k] for k in COMPARED),
+            r["step_s"] if r["step_clock"] == "cuda_events" else None,
+            r["idle_before_s"] is None,
+        )
+        for r in rows
     ], taken
 
 
@@ -69,14 +78,15 @@ READERS: dict[int, Any] = {
 }
 
 
+@pytest.mark.parametrize("clock", [_Events, WallClock])  # a GPU's device clock; the CPU build's wall clock
 @pytest.mark.parametrize("seed", range(6))
-def test_the_short_decode_path_leaves_the_records_begin_step_leaves(seed: int) -> None:
+def test_the_short_decode_path_leaves_the_records_begin_step_leaves(seed: int, clock: Any) -> None:
     # long decode stretches (a served engine's: arrivals and finishes now and then, speculative
     # tokens rarely), and the general sequence's churn in between
     sequence = _steps(seed, n_steps=900, finish=0.004, preempt=0.001, arrivals=(0,) * 30 + (1, 3), spec_rate=0.002)
     sequence += _steps(seed + 100, n_steps=100)
-    short, taken = _run(sequence, True, READERS)
-    full, refused = _run(sequence, False, READERS)
+    short, taken = _run(sequence, True, READERS, clock)
+    full, refused = _run(sequence, False, READERS, clock)
     assert refused == 0 and taken > len(sequence) // 8  # the short path carried its share of the steps
     assert len(short) == len(full) == sum(1 for so in sequence if so.total_num_scheduled_tokens)
     assert short == full
@@ -85,8 +95,8 @@ def test_the_short_decode_path_leaves_the_records_begin_step_leaves(seed: int) -
 
 def test_a_step_due_for_a_sample_or_the_device_clock_never_takes_the_short_path() -> None:
     """On a plain decode run the short path carries every step but the phase's first 8 (the
-    warm-up samples), the samples, each sample's next step (on the clock), every
-    STEP_CLOCK_STRIDE-th, and the step after each on the clock (it takes that one's end mark)."""
+    warm-up samples), the samples, each sample's next step (on the clock) and every
+    STEP_CLOCK_STRIDE-th: the step after one on the clock takes its end mark on the short path."""
     sequence = _steps(0, n_steps=400, finish=0.0, preempt=0.0, arrivals=(0,), spec_rate=0.0)
     sequence = [so for so in sequence if so.total_num_scheduled_tokens]
     rows, taken = _run(sequence, True, {})
@@ -96,7 +106,6 @@ def test_a_step_due_for_a_sample_or_the_device_clock_never_takes_the_short_path(
     # a sample every 8th step after the warm-up (8, 16, ...), each followed by one on the clock
     assert [i for i, s in enumerate(sampled) if s] == list(range(8)) + list(range(8, len(rows), 8))
     assert all(on_clock[i] for i in range(9, len(rows), 8))
-    # the short path: the steps neither sampled nor on the device clock nor after one on it
-    after = [False, *on_clock[:-1]]
-    assert taken == sum(1 for c, s, a in zip(on_clock, sampled, after, strict=True) if not (c or s or a))
+    # the short path: the steps neither sampled nor on the device clock
+    assert taken == sum(1 for c, s in zip(on_clock, sampled, strict=True) if not (c or s))
     assert taken > len(rows) // 2

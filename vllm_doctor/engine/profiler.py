@@ -273,10 +273,9 @@ class ForwardProfiler:
     def begin_decode(self, so: Any, now: float) -> list[Any] | None:
         """The short path of :meth:`begin_step` (most steps of a serving engine, nearly all of
         a batch's): a decode step that is neither due for a sample nor on the device clock, with
-        nothing left of the step before (no end mark to take, no sample to resolve), opened from
-        a few attribute reads of ``so`` and counted later, as begin_step's path for it would.
-        ``now``: the wrapper's clock at its entry (the step's host start). None: this step takes
-        begin_step (anything else, or the device clock on the CPU build's wall clock)."""
+        no sample to resolve, opened from a few attribute reads of ``so`` and counted later, as
+        begin_step's path for it would. ``now``: the wrapper's clock at its entry (the step's
+        host start). None: this step takes begin_step."""
         n = self._phase_steps[0]
         if n >= self._fast_until or self.current is not None or self.tracker.in_prompt:
             return None
@@ -293,7 +292,10 @@ class ForwardProfiler:
         self._phase_steps[0] = n + 1
         index = self.step_index
         self.step_index = index + 1
-        plain = [index, now, None, 0.0, 0.0, None, None, None, so, None, NAN]
+        # the step before's end mark (a device event after a step on the device clock, the wall
+        # clock's time on the CPU build): finish_plain gives it back, or reads the idle time from it
+        prev, self._last_end = self._last_end, None
+        plain = [index, now, None, 0.0, 0.0, None, prev, None, so, None, NAN]
         to_count = self.to_count
         to_count.append(plain)
         if len(to_count) >= COUNT_BATCH:
@@ -304,14 +306,10 @@ class ForwardProfiler:
     def _fast_next(self) -> None:
         """Where :meth:`begin_decode`'s path may run from: up to the next decode step due for a
         sample (the cadence's: the budget and a reader's owed sample decide on due steps only)
-        or on the device clock; nowhere on the wall clock, with the device clock on every step,
-        on a sampled step's neighbour, with an end mark to take or (under a budget) a sample to
-        resolve."""
+        or, on a GPU, on the device clock; nowhere with the device clock on every step, on a
+        sampled step's neighbour or (under a budget) with a sample to resolve."""
         if (
-            self._wall
-            or self._clock_every
-            or self._clock_next
-            or self._last_end is not None
+            (not self._wall and (self._clock_every or self._clock_next))
             or (self.pending and self.own_budget)  # (finish_plain resolves it as soon as it can)
             or not self.tracker._layout
         ):
@@ -319,7 +317,7 @@ class ForwardProfiler:
             return
         n = self._phase_steps[0]
         due = n if n < SAMPLE_WARMUP_STEPS else n + (SAMPLE_WARMUP_STEPS - n) % self._sample_every
-        self._fast_until = min(due, self._clock_due[0])
+        self._fast_until = due if self._wall else min(due, self._clock_due[0])
 
     def begin_step(self, so: Any) -> OpenStep | list[Any] | None:
         """Open the step of one ``SchedulerOutput``: a sample (:class:`OpenStep`, counted now) or
@@ -617,7 +615,6 @@ class ForwardProfiler:
         """A step's end mark, which the next step takes as its prev_end: on GPU an event with two
         owners from the start (the next step may begin after this one was resolved)."""
         mark = self._last_end = self.clock.mark()
-        self._fast_until = 0  # the next step takes this mark (begin_step's path)
         if self._recycles:
             self._shared.add(id(mark))
         return mark
