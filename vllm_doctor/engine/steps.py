@@ -477,10 +477,13 @@ FAST_OTHER_FIELDS = ("num_scheduled_tokens", "scheduled_spec_decode_tokens")
 
 def _has_fast_layout(so: Any) -> bool:
     """Capability probe: the SchedulerOutput layout the decode fast path reads (a
-    ``resumed_req_ids`` set, a ``new_block_ids`` list); else every step takes the general path."""
+    ``resumed_req_ids`` set, a ``new_block_ids`` list); else every step takes the general path.
+    Not a tuple: the profiler's short path keeps such an output as it is, where a captured one is
+    a tuple (StepTracker.count tells the two apart by that)."""
     cached = getattr(so, "scheduled_cached_reqs", None)
     return (
-        all(hasattr(so, f) for f in FAST_FIELDS + FAST_OTHER_FIELDS)
+        not isinstance(so, tuple)
+        and all(hasattr(so, f) for f in FAST_FIELDS + FAST_OTHER_FIELDS)
         and all(hasattr(cached, f) for f in FAST_CACHED_FIELDS)
         and isinstance(so.num_scheduled_tokens, dict)
         and isinstance(getattr(cached, "new_block_ids", None), list)
