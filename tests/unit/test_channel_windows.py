@@ -150,3 +150,55 @@ def test_tops_reader_opens_a_new_window_when_its_connection_was_lost(tmp_path: P
             reader.close()
     finally:
         server.close()
+
+
+class _KvLaterWorker(ProfileOnlyWorker):
+    """A worker whose KV cache is made after a reader attached (the /metrics exporter attaches
+    while vLLM loads the model): its KV part has vLLM's capacity once ``made`` is set."""
+
+    made = False
+
+    def doctor_kv(self, options: Any = None) -> dict[str, Any]:
+        from vllm_doctor.engine.extension import _envelope
+        from vllm_doctor.facts.kv import KvCache
+
+        capacity = KvCache(capacity_tokens=4096, max_concurrency=2.0) if self.made else KvCache()
+        return _envelope(self, "doctor_kv", capacity.to_json)
+
+
+def test_a_reader_that_attached_before_the_kv_cache_was_made_reads_its_capacity_at_its_next_read(
+    tmp_path: Path, installs: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The full read (anatomy, KV cache, placement) comes once a minute; one that found no KV
+    cache is asked again at the next read, a bounded number of times, so the exporter that
+    attached while the engine started has vLLM's KV capacity from its next window on."""
+    from vllm_doctor.live import sources
+
+    monkeypatch.setattr(sources, "MODEL_FULL_RETRIES", 3)
+    worker = _KvLaterWorker()
+    server = ChannelServer(worker, base=str(tmp_path))
+    server.start()
+    try:
+        handle = _handle(server)
+        reader = WindowReader(handle)
+        run_steps(worker, 2, first=True)
+        assert reader.read().kv.capacity_tokens is None  # no KV cache yet
+        worker.made = True
+        run_steps(worker, 2)
+        kv = reader.read().kv  # within the minute
+        assert (kv.capacity_tokens, kv.max_concurrency) == (4096, 2.0)
+        assert reader.read().kv.capacity_tokens == 4096  # kept between the full reads
+        # an engine whose workers never tell one: asked again until the 3 early reads are spent
+        # (one went on the start), then once a minute
+        gathers: list[Any] = []
+        gather = reader.doc.gather
+        monkeypatch.setattr(reader.doc, "gather", lambda *a, **k: gathers.append(k.get("parts")) or gather(*a, **k))
+        worker.made = False
+        reader._full_at = 0.0  # the minute is up
+        for _ in range(6):
+            run_steps(worker, 1)
+            reader.read()
+        assert [p is None for p in gathers] == [True] * 3 + [False] * 3, gathers
+        reader.close()
+    finally:
+        server.close()

@@ -58,6 +58,11 @@ MODEL_SAMPLE_EVERY = 64
 # (each one more collective_rpc that the engine serves between two steps, plus /version,
 # /v1/models and an NVML snapshot in top) are asked for again once a minute.
 MODEL_FULL_EVERY_S = 60.0
+# a full read that found no KV cache in vLLM's workers (the engine still starting: the /metrics
+# exporter attaches while vLLM loads the model, before it makes the KV cache) is asked again at
+# the next read instead of a minute later, this many times at most (an engine with no KV cache
+# to find keeps its minute)
+MODEL_FULL_RETRIES = 12
 # the model channel failed (no channel yet, a server restarted): tried again after 5 s, doubling to this
 MODEL_RETRY_MAX_S = 60.0
 
@@ -283,12 +288,14 @@ class WindowReader:
         self.since = time.time()
         self._full: Any = None
         self._full_at = 0.0
+        self._full_again = 0  # full reads asked again early, for a KV cache not made yet
 
     def read(self) -> ModelSummary:
         from vllm_doctor.live.attach import build_engine_report
 
         doc = self.doc
-        if self._full is None or time.monotonic() - self._full_at >= MODEL_FULL_EVERY_S:
+        full = self._full is None or time.monotonic() - self._full_at >= MODEL_FULL_EVERY_S
+        if full:
             facts = self._full = doc.gather(reset=True, timeline=False)
             self._full_at = time.monotonic()
         else:
@@ -306,6 +313,9 @@ class WindowReader:
         report = build_engine_report(facts, doc.handle.model_name(), timeline=False)
         summary = replace(model_summary(report), window_s=round(now - self.since, 2), as_of=now)
         self.since = now
+        if full and summary.kv.capacity_tokens is None and self._full_again < MODEL_FULL_RETRIES:
+            self._full_again += 1
+            self._full_at = time.monotonic() - MODEL_FULL_EVERY_S  # the next read is a full one
         return summary
 
     def close(self) -> None:
