@@ -658,11 +658,7 @@ def test_the_sampled_step_clock_puts_events_on_the_samples_and_the_step_after_ea
     host = [r for r in rows if r["step_clock"] == "host"]
     assert len(device) == samples + neighbours and len(host) == 300 - samples - neighbours
     after_sample = {r["index"] + 1 for r in rows if r["sampled"]}
-    assert all(
-        r["index"] in after_sample and not r["sampled"]
-        for r in device
-        if not r["sampled"]
-    )
+    assert all(r["index"] in after_sample and not r["sampled"] for r in device if not r["sampled"])
     assert all(r["step_s"] == 1.0 for r in device if not r["sampled"])
     # a sample's neighbour has the device's idle time since the sample ended; a strided step none
     # (the step before it carried no event)
@@ -865,16 +861,16 @@ def test_step_tracker_phases_of_resumed_and_mid_run_requests() -> None:
     t = StepTracker()
     t.observe(_so([_new("a", 4, [1])], [], {"a": 4}))
     assert phase_of(t.observe(_so([], [("a", 4, None)], {"a": 1}))) == "decode"
-    assert "a" in t.decoding
+    assert "a" not in t.in_prompt
     # preempted and brought back: its prompt and outputs are recomputed, a prefill again
     so = _so([], [("a", 0, [7])], {"a": 5})
     so.scheduled_cached_reqs.resumed_req_ids = {"a"}
     raw = t.observe(so)
-    assert phase_of(raw) == "prefill" and raw[6:] == (0, 1) and "a" not in t.decoding and (t.held, t.extra) == ({7}, {})
+    assert phase_of(raw) == "prefill" and raw[6:] == (0, 1) and (t.held, t.extra) == ({7}, {})
     # requests already running when the doctor attached: one token is decode, more is a prompt chunk
     raw = t.observe(_so([], [("a", 5, None), ("x", 40, [8]), ("y", 16, [9])], {"a": 1, "x": 1, "y": 16}))
     assert counts_dict(raw)["decode_reqs"] == 2 and counts_dict(raw)["prefill_tokens"] == 16
-    assert {"a", "x"} <= t.decoding and "y" not in t.decoding and raw[5] == 3
+    assert raw[5] == 3 and not t.in_prompt  # (y's prompt is not known: the step's total finds it, not a follow)
 
 
 # ---- the extension envelope on a fake worker --------------------------------------------------
@@ -1268,7 +1264,9 @@ def test_summaries_and_anatomy_from_synthetic_facts() -> None:
     assert s.kv_usage[0].usage == pytest.approx(0.2)
     assert s.layers.by_kind["attention"] == pytest.approx(0.04)
     assert s.layers.by_kind["other"] == pytest.approx(0.15 - 0.04)
-    assert layer_tables(ProfileReply.of(profile), StepTable.of({"steps": steps})).by_layer[0].kinds["attention"] == pytest.approx(0.04)
+    assert layer_tables(ProfileReply.of(profile), StepTable.of({"steps": steps})).by_layer[0].kinds[
+        "attention"
+    ] == pytest.approx(0.04)
     a = anatomy(facts)
     assert a.model.origin == "plugin" and a.processes[1].in_process_with == "engine core"
     # report.json keeps its keys: the records written are the dicts of before
@@ -1422,7 +1420,10 @@ def test_vd500_names_vllms_error_the_phase_and_the_cause_from_the_eager_rerun() 
         workers=[worker(placement=placement("cuda:0", misplaced), profile={"probe": {"events": events, "steps": [1]}})]
     )
     failed = EngineFacts(
-        startup_error=error, startup_phase="graph capture", mode=ExecutionMode(requested="vllm-default"), diagnosis=eager
+        startup_error=error,
+        startup_phase="graph capture",
+        mode=ExecutionMode(requested="vllm-default"),
+        diagnosis=eager,
     )
     causes = start_failure_causes(error, eager)
     # the copy the error names first, the builtin vLLM module never
@@ -1487,7 +1488,9 @@ def test_vd500_names_the_import_error_and_its_line_when_vllm_says_only_failed_to
         "failed to be inspected. Please check the logs for more details. [type=value_error, input_value=...]"
     )
     facts = facts_from_dict(
-        facts_to_dict(EngineFacts(startup_error=error, mode=ExecutionMode(requested="vllm-default"), class_import_errors=[record]))
+        facts_to_dict(
+            EngineFacts(startup_error=error, mode=ExecutionMode(requested="vllm-default"), class_import_errors=[record])
+        )
     )
     (f,) = run("VD500", facts)
     assert (f.outcome, f.subject) == (Outcome.FAIL, "engine start-up / engine start-up")

@@ -15,14 +15,17 @@ span (``device_timed`` false); ``every`` puts it on every step (the doctor's beh
 the sampled clock; each pair and its reading cost the host tens of µs a step on an H200). On
 sampled steps also the model's forward and the logits processor.
 
-The counts wait: an unsampled step's wrapper keeps its ``SchedulerOutput`` as captured
-(:meth:`~vllm_doctor.engine.steps.StepTracker.capture`) and the steps are counted in batches of
-:data:`COUNT_BATCH`, in step order, in one warm loop (and before any sampled step, or a reader's
-collection); a step is a record once counted and finished. Where a few attribute reads cannot
-tell the step's phase (:meth:`~vllm_doctor.engine.steps.StepTracker.quick_phase`: a request
-resumed, a prompt's next chunk, speculative tokens) it is counted at once. Most steps of a
+The KV counts wait: on the step's path :meth:`~vllm_doctor.engine.steps.StepTracker.quick`
+tells the step's tokens and requests of each phase from a few attribute reads (the step's total,
+and the requests it follows through their prompts), and keeps what
+:meth:`~vllm_doctor.engine.steps.StepTracker.settle` reads later: the running ids, their new
+blocks, the ids that finished, the new requests' blocks (not the ``SchedulerOutput``: vLLM frees
+it when its step ends). The steps are settled in batches of :data:`COUNT_BATCH`, in step order,
+in one warm loop (and before any sampled step, or a reader's collection); a step is a record once
+settled and finished. Where its total does not add up (a request resumed, or first seen mid-run
+in a prompt chunk) a step is counted at once. Most steps of a
 serving engine are decode steps with nothing to time: :meth:`ForwardProfiler.begin_decode` opens
-those from a few attribute reads, without capture and quick_phase, up to the next step due for a
+those from a few attribute reads, without quick's bookkeeping, up to the next step due for a
 sample or the device clock (:meth:`ForwardProfiler._fast_next`); tests/unit/test_decode_path.py
 holds it to begin_step's records.
 
@@ -91,15 +94,15 @@ DEFAULT_TRACE_STEPS = 64  # steps whose per-layer events are kept for trace.json
 # finished steps are turned into records in batches (one warm loop instead of a cold call per
 # step); on GPU a batch holds at most this many sampled steps' events
 RESOLVE_BATCH = 32
-# unsampled steps are counted this many at a time (StepTracker.count in one loop)
+# unsampled steps are settled this many at a time (StepTracker.settle in one loop)
 COUNT_BATCH = 64
 # an unsampled step's list (ForwardProfiler.begin_step: a list, not an OpenStep, where a few
 # slots are all it needs): its index, host start, counts (None until counted), host times of
-# execute_model and sample_tokens, start and previous end marks, encoder marks, the output as
-# captured (until counted), and its step and idle times once it finished (until counted)
+# execute_model and sample_tokens, start and previous end marks, encoder marks, what
+# StepTracker.settle reads (until counted), and its step and idle times once it finished (until counted)
 PLAIN_SLOTS = (
     "index", "host_start", "counts", "host_execute_s", "host_sample_s", "start", "prev_end", "encoder",
-    "captured", "step_s", "idle_s",
+    "pending", "step_s", "idle_s",
 )  # fmt: skip
 # a multimodal model's encoder calls: items and embedding rows they returned, and the runner's
 # encoder cache at its fullest (entries, rows, bytes); the budget is the session's to set
@@ -295,7 +298,12 @@ class ForwardProfiler:
         # the step before's end mark (a device event after a step on the device clock, the wall
         # clock's time on the CPU build): finish_plain gives it back, or reads the idle time from it
         prev, self._last_end = self._last_end, None
-        plain = [index, now, None, 0.0, 0.0, None, prev, None, so, None, NAN]
+        req_ids = cached.req_ids  # (what StepTracker.settle reads: StepTracker.quick's tuple, for a decode step)
+        pending = (
+            req_ids, cached.new_block_ids, so.finished_req_ids, so.preempted_req_ids, (), 0, total, 0, len(req_ids),
+            total,
+        )  # fmt: skip
+        plain = [index, now, None, 0.0, 0.0, None, prev, None, pending, None, NAN]
         to_count = self.to_count
         to_count.append(plain)
         if len(to_count) >= COUNT_BATCH:
@@ -325,15 +333,15 @@ class ForwardProfiler:
         is scheduled (not a step; counted at once: its finished requests free their blocks)."""
         if self.current is not None:  # the previous step never reached sample_tokens
             self.finish_step()
-        tracker = self.tracker
-        captured = tracker.capture(so)
-        phase = tracker.quick_phase(captured)
+        pending = self.tracker.quick(so)
         counts: Any = None
-        if phase is None:
-            counts = self.count_now(captured)
+        if pending is None:
+            counts = self.count_now(so)
             if not counts[4]:  # total tokens
                 return None
             phase = (2 if counts[1] else 1) if counts[0] else 0
+        else:
+            phase = (2 if pending[6] else 1) if pending[5] else 0
         prev, self._last_end = self._last_end, None
         n = self._phase_steps[phase]
         self._phase_steps[phase] = n + 1
@@ -347,9 +355,9 @@ class ForwardProfiler:
                 start = self.clock.mark(True)
                 self._clock_due[phase] = n - n % STEP_CLOCK_STRIDE + STEP_CLOCK_STRIDE
             self._clock_next = False
-            # (PLAIN_SLOTS: the output as captured until counted; the step and idle times once
-            # it finished on the host's clock, until counted)
-            plain = [index, time.perf_counter(), counts, 0.0, 0.0, start, prev, None, captured, None, NAN]
+            # (PLAIN_SLOTS: what StepTracker.settle reads, until counted; the step and idle times
+            # once it finished on the host's clock, until counted)
+            plain = [index, time.perf_counter(), counts, 0.0, 0.0, start, prev, None, pending, None, NAN]
             if counts is None:
                 to_count = self.to_count
                 to_count.append(plain)
@@ -360,7 +368,7 @@ class ForwardProfiler:
                 self._fast_next()
             return plain
         if counts is None:
-            counts = self.count_now(captured)
+            counts = self.settle_now(pending)
         self._clock_next = not self._wall  # the next step: this one's untimed neighbour on the device clock
         self._fast_until = 0
         self._stack.clear()
@@ -492,11 +500,21 @@ class ForwardProfiler:
         if self.pending and self.own_budget:
             self.resolve(block=False)
 
-    def count_now(self, captured: Any) -> Any:
-        """Count ``captured`` now, after the steps still waiting (the tracker counts in step order)."""
+    def count_now(self, so: Any) -> Any:
+        """Count a step StepTracker.quick could not, now, after the steps still waiting (the
+        tracker counts in step order)."""
         self.count_pending()
         t = time.perf_counter()
-        counts = self.tracker.count(captured)
+        counts = self.tracker.count_at_once(so)
+        self.own["counts"] += time.perf_counter() - t
+        return counts
+
+    def settle_now(self, pending: Any) -> Any:
+        """Settle a step StepTracker.quick counted (a sample's: its counts now), after the steps
+        still waiting."""
+        self.count_pending()
+        t = time.perf_counter()
+        counts = self.tracker.settle(pending)
         self.own["counts"] += time.perf_counter() - t
         return counts
 
@@ -507,9 +525,9 @@ class ForwardProfiler:
         if not to_count:
             return
         t = time.perf_counter()
-        count, record = self.tracker.count, self._plain_record
+        settle, record = self.tracker.settle, self._plain_record
         for step in to_count:
-            step[2] = count(step[8])
+            step[2] = settle(step[8])
             step[8] = None
             if step[9] is not None:  # finished on the host's clock (or the wall clock)
                 record(step, step[9], step[10])
