@@ -38,19 +38,25 @@ from vllm_doctor.engine.steps import StepTracker
 
 
 class NewRequest:  # the fields StepTracker reads of vLLM's NewRequestData
-    def __init__(self, rid: str, rng: random.Random) -> None:
+    def __init__(self, rid: str, rng: random.Random, prompt_len: int = 128) -> None:
         self.req_id = rid
-        self.prompt_token_ids = list(range(128))
-        self.block_ids = ([rng.randrange(1, 10**6) for _ in range(8)],)
+        self.prompt_token_ids = list(range(prompt_len))
+        self.block_ids = ([rng.randrange(1, 10**6) for _ in range(-(-prompt_len // 16))],)
         self.num_computed_tokens = 0
 
 
-def scheduler_output(new: list[Any], live: list[str], blocks: list[Any], finished: set[str]) -> Any:
+def scheduler_output(
+    new: list[Any], live: list[str], blocks: list[Any], finished: set[str], computed: list[int] | None = None
+) -> Any:
+    """vLLM's SchedulerOutput of a step: ``live`` decoding (one token each; ``computed``: their
+    tokens computed, distinct ints as vLLM's are, or 200 each), ``new`` arriving (their prompts
+    whole)."""
     cached = CachedRequestData(
         req_ids=list(live), resumed_req_ids=set(), new_token_ids=[], all_token_ids={}, new_block_ids=blocks,
-        num_computed_tokens=[200] * len(live), num_output_tokens=[1] * len(live),
+        num_computed_tokens=computed if computed is not None else [200] * len(live),
+        num_output_tokens=[1] * len(live),
     )  # fmt: skip
-    sched = {**{r: 1 for r in live}, **{n.req_id: 128 for n in new}}
+    sched = {**{r: 1 for r in live}, **{n.req_id: len(n.prompt_token_ids) for n in new}}
     return SchedulerOutput(
         scheduled_new_reqs=new, scheduled_cached_reqs=cached, num_scheduled_tokens=sched,
         total_num_scheduled_tokens=sum(sched.values()), scheduled_spec_decode_tokens={},

@@ -15,7 +15,12 @@ vLLM's scheduler makes it just before the worker's (with ``--cold``; the hot loo
 first):
 
   new blocks    every request decoding, 1 in 16 gets a block (an offline batch's decode steps)
-  churn         the same, and each step one request finishes and one arrives (a served engine)
+  churn         the same, and each step one request finishes and one arrives
+  served        a served engine's mix, as bench_footprint.py's served runs on the H100 had it (128
+                clients, prompts of about 10 tokens, 256 +- 50 % tokens out): every request
+                decoding, 1 in 16 gets a block, a request finishes at a random place in the list
+                on half the steps, and a third of the steps are mixed, with one or two arrivals;
+                vLLM's request ids ("cmpl-<hex>-0-<hex>") and computed-token counts (distinct ints)
 
 The clock is this thread's CPU time, per step, the median of ``--repeats`` runs. In a serving
 engine the same code runs cold between vLLM's own Python: on an H100 host it cost 2.5-3 times
@@ -45,6 +50,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_step_counts as counts
+
+KINDS = ("new blocks", "churn", "served")
 
 
 class Events:
@@ -78,6 +85,9 @@ def steps(kind: str, requests: int, n: int) -> Iterator[Any]:
     for rid in list(live):
         yield counts.scheduler_output([counts.NewRequest(rid, rng)], [], [], set())
     yield counts.scheduler_output([], live, [None] * len(live), set())
+    if kind == "served":
+        yield from served_steps(rng, live, n)
+        return
     serial = 0
     for _ in range(n):
         blocks: list[Any] = [([rng.randrange(1, 10**6)],) if rng.random() < 1 / 16 else None for _ in live]
@@ -89,6 +99,29 @@ def steps(kind: str, requests: int, n: int) -> Iterator[Any]:
             new = [counts.NewRequest(f"n{serial}", rng)]
         yield counts.scheduler_output(new, live, blocks, finished)
         live.extend(x.req_id for x in new)
+
+
+def served_steps(rng: random.Random, live: list[str], n: int) -> Iterator[Any]:
+    """``served``'s steps after the first ``live`` requests' prompts (see the module's text)."""
+
+    def rid() -> str:
+        return f"cmpl-{rng.getrandbits(64):016x}-0-{rng.getrandbits(32):08x}"
+
+    computed = {r: 10 + rng.randrange(256) for r in live}
+    for _ in range(n):
+        finished = set()
+        if rng.random() < 0.5:
+            gone = live.pop(rng.randrange(len(live)))
+            finished.add(gone)
+            del computed[gone]
+        new = [counts.NewRequest(rid(), rng, 10) for _ in range(rng.choice((1, 1, 2)))] if rng.random() < 0.36 else []
+        blocks: list[Any] = [([rng.randrange(1, 10**6)],) if rng.random() < 1 / 16 else None for _ in live]
+        yield counts.scheduler_output(new, live, blocks, finished, [computed[r] for r in live])
+        for r in live:
+            computed[r] += 1
+        for x in new:
+            live.append(x.req_id)
+            computed[x.req_id] = 10
 
 
 COLD_OBJECTS = 100_000
@@ -182,7 +215,7 @@ def main() -> None:
     if args.against:
         against(args, steps_n)
         return
-    for kind in ("new blocks", "churn"):
+    for kind in KINDS:
         med = statistics.median(run(kind, args.requests, steps_n, args.cold) for _ in range(args.repeats))
         print(f"  {kind:<11} {med:6.1f} µs a step")
 
@@ -206,7 +239,7 @@ def against(args: argparse.Namespace, steps_n: int) -> None:
                                  text=True).stdout
             return float(out.split()[-1])
 
-        for kind in ("new blocks", "churn"):
+        for kind in KINDS:
             old: list[float] = []
             new: list[float] = []
             for _ in range(args.repeats):

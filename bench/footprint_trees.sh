@@ -6,10 +6,16 @@
 #
 #   bench/footprint_trees.sh prepare DIR REV...   # here: each revision's checkout (git archive) in DIR/tree_REV
 #   bench/footprint_trees.sh run DIR OUT [PASSES]  # on the GPU host: each tree in turn, PASSES times (default 1)
+#   bench/footprint_trees.sh served DIR OUT REV... # on the GPU host: bench_footprint.py served, each REV's tree
+#                                                  # in the order given (one served run is 5-6 minutes: a call
+#                                                  # of the device tool holds one; alternate them over calls)
 #
-# run reads MODEL (default /tmp/m8b: bench/make_bench_model.py --size 8b) and ROUNDS (default 6),
-# writes OUT/offline-tree_REV[-PASS].json and .log, and prints each run's share and µs a step.
-# bench_footprint.py puts its own checkout first on sys.path, so each tree runs its own doctor.
+# run and served read MODEL (default /tmp/m8b: bench/make_bench_model.py --size 8b) and ROUNDS (default
+# 6); served reads READER (default exporter: the /metrics exporter's reader, a window every 5 s) and
+# puts SERVESITE (default /tmp/servesite: the API server's packages) on the path where it exists.
+# They write OUT/offline-tree_REV[-PASS].json (served: OUT/served-READER-tree_REV.json) and .log,
+# and print each run's share and µs a step. bench_footprint.py puts its own checkout first on
+# sys.path, so each tree runs its own doctor.
 set -euo pipefail
 cmd=${1:?prepare or run}
 dir=${2:?a directory}
@@ -41,8 +47,28 @@ run)
         done
     done
     ;;
+served)
+    out=${1:?an output directory}
+    shift
+    model=${MODEL:-/tmp/m8b}
+    reader=${READER:-exporter}
+    site=${SERVESITE:-/tmp/servesite}
+    mkdir -p "$out"
+    [ -d "$model" ] || python3 bench/make_bench_model.py "$model" --size 8b > /dev/null
+    for rev in "$@"; do
+        t="$dir/tree_$rev"
+        name=served-$reader-tree_$rev
+        echo "== $name"
+        PYTHONPATH="$t${PYTHONPATH:+:$PYTHONPATH}$([ -d "$site" ] && echo ":$site" || true)" timeout 580 \
+            python3 "$t/bench/bench_footprint.py" served --serve "$model" \
+            --serve-args "--load-format dummy --max-model-len 2048 --gpu-memory-utilization 0.85" --clients 128 \
+            --max-tokens 256 --max-tokens-jitter 0.5 --seconds 12 --rounds "${ROUNDS:-6}" --warmup 10 \
+            --reader "$reader" --json "$out/$name.json" > "$out/$name.log" 2>&1 || true
+        grep -v "INFO\|WARN" "$out/$name.log" | grep "$reader\|own clock\|steady" | head -4
+    done
+    ;;
 *)
-    echo "usage: $0 prepare DIR REV... | run DIR OUT [PASSES]" >&2
+    echo "usage: $0 prepare DIR REV... | run DIR OUT [PASSES] | served DIR OUT REV..." >&2
     exit 2
     ;;
 esac
