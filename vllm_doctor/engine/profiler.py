@@ -336,7 +336,7 @@ class ForwardProfiler:
         pending = self.tracker.quick(so)
         counts: Any = None
         if pending is None:
-            counts = self.count_now(so)
+            counts = self.count_now(self.tracker.count_at_once, so)
             if not counts[4]:  # total tokens
                 return None
             phase = (2 if counts[1] else 1) if counts[0] else 0
@@ -368,7 +368,7 @@ class ForwardProfiler:
                 self._fast_next()
             return plain
         if counts is None:
-            counts = self.settle_now(pending)
+            counts = self.count_now(self.tracker.settle, pending)
         self._clock_next = not self._wall  # the next step: this one's untimed neighbour on the device clock
         self._fast_until = 0
         self._stack.clear()
@@ -500,21 +500,13 @@ class ForwardProfiler:
         if self.pending and self.own_budget:
             self.resolve(block=False)
 
-    def count_now(self, so: Any) -> Any:
-        """Count a step StepTracker.quick could not, now, after the steps still waiting (the
-        tracker counts in step order)."""
+    def count_now(self, count: Any, step: Any) -> Any:
+        """``count(step)`` now, after the steps still waiting (the tracker counts in step order):
+        StepTracker.count_at_once of a step quick could not count, or StepTracker.settle of one it
+        did (a sample's: its counts now)."""
         self.count_pending()
         t = time.perf_counter()
-        counts = self.tracker.count_at_once(so)
-        self.own["counts"] += time.perf_counter() - t
-        return counts
-
-    def settle_now(self, pending: Any) -> Any:
-        """Settle a step StepTracker.quick counted (a sample's: its counts now), after the steps
-        still waiting."""
-        self.count_pending()
-        t = time.perf_counter()
-        counts = self.tracker.settle(pending)
+        counts = count(step)
         self.own["counts"] += time.perf_counter() - t
         return counts
 

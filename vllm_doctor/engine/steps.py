@@ -181,15 +181,7 @@ class StepTracker:
         prefill_tokens = prefill_reqs = 0
         new: tuple[NewRequest, ...] = ()
         if new_reqs:
-            new = tuple(
-                (
-                    req.req_id,
-                    None if (prompt := getattr(req, "prompt_token_ids", None)) is None else len(prompt),
-                    [list(g) for g in getattr(req, "block_ids", None) or ()],
-                    getattr(req, "num_computed_tokens", 0) or 0,
-                )
-                for req in new_reqs
-            )
+            new = _capture_new(new_reqs)
             for rid, _, _, _ in new:  # (an id seen before that comes back new starts again)
                 in_prompt.pop(rid, None)
         if in_prompt:
@@ -209,12 +201,9 @@ class StepTracker:
                     prefill_reqs += 1
         req_ids = cached.req_ids
         decode_reqs = len(req_ids) - prefill_reqs
-        for rid, plen, _, computed in new:
-            n = sched.get(rid, 0)
-            prefill_tokens += n
-            if plen is not None and plen - computed - n > 0:
-                in_prompt[rid] = plen - computed - n
-        prefill_reqs += len(new)
+        if new:
+            prefill_tokens += self._follow_new(new, sched)
+            prefill_reqs += len(new)
         spec = so.scheduled_spec_decode_tokens
         if total - prefill_tokens != decode_reqs + (sum(map(len, spec.values())) if spec else 0):
             return None  # a running request not followed is in a prompt chunk: looked at one by one
@@ -231,13 +220,7 @@ class StepTracker:
         if finished or preempted:
             self._leave(finished or (), preempted or ())
         if new:
-            prompt_len, set_blocks = self.prompt_len, self._set_blocks
-            for rid, plen, groups, _ in new:
-                if plen is not None:
-                    prompt_len[rid] = plen
-                else:
-                    prompt_len.pop(rid, None)
-                set_blocks(rid, groups, owned=True)  # copied by quick
+            self._arrive(new)
         if new_blocks.count(None) != len(new_blocks):
             self._extend(req_ids, new_blocks)
         held = self.held
@@ -259,22 +242,12 @@ class StepTracker:
             in_prompt.pop(rid, None)
         num_sched: dict[str, int] = getattr(so, "num_scheduled_tokens", None) or {}
         total = int(getattr(so, "total_num_scheduled_tokens", 0) or sum(num_sched.values()))
-        prefill_tokens = prefill_reqs = decode_reqs = 0
-        for req in getattr(so, "scheduled_new_reqs", None) or ():
-            rid = req.req_id
-            prompt = getattr(req, "prompt_token_ids", None)
-            n = num_sched.get(rid, 0)
+        decode_reqs = 0
+        new = _capture_new(getattr(so, "scheduled_new_reqs", None) or ())
+        for rid, _, _, _ in new:
             in_prompt.pop(rid, None)
-            if prompt is not None:
-                prompt_len[rid] = len(prompt)
-                left = len(prompt) - (getattr(req, "num_computed_tokens", 0) or 0) - n
-                if left > 0:
-                    in_prompt[rid] = left
-            else:
-                prompt_len.pop(rid, None)
-            self._set_blocks(rid, getattr(req, "block_ids", None))
-            prefill_tokens += n
-            prefill_reqs += 1
+        prefill_tokens, prefill_reqs = self._follow_new(new, num_sched), len(new)
+        self._arrive(new)
 
         cached = getattr(so, "scheduled_cached_reqs", None)
         req_ids = getattr(cached, "req_ids", None) or ()
@@ -318,6 +291,28 @@ class StepTracker:
             len(resumed) if req_ids else 0,
         )  # fmt: skip
 
+    def _follow_new(self, new: tuple[NewRequest, ...], sched: dict[str, int]) -> int:
+        """A step's new requests are in their prompt: those with a known prompt that this step
+        does not finish are followed through it (:attr:`in_prompt`); their tokens this step."""
+        in_prompt, tokens = self.in_prompt, 0
+        for rid, plen, _, computed in new:
+            n = sched.get(rid, 0)
+            tokens += n
+            if plen is not None and plen - computed - n > 0:
+                in_prompt[rid] = plen - computed - n
+        return tokens
+
+    def _arrive(self, new: tuple[NewRequest, ...]) -> None:
+        """New requests, settled: their prompt lengths (known or not) and their blocks (copied by
+        :func:`_capture_new`)."""
+        prompt_len, set_blocks = self.prompt_len, self._set_blocks
+        for rid, plen, groups, _ in new:
+            if plen is not None:
+                prompt_len[rid] = plen
+            else:
+                prompt_len.pop(rid, None)
+            set_blocks(rid, groups, owned=True)
+
     def _leave(self, finished: Any, preempted: Any) -> None:
         """Requests that finished (forgotten) or were preempted (they give their blocks back and
         come back resumed, counted at once)."""
@@ -326,6 +321,20 @@ class StepTracker:
             self._drop_blocks(rid)
         for rid in preempted:
             self._drop_blocks(rid)
+
+
+def _capture_new(new_reqs: Any) -> tuple[NewRequest, ...]:
+    """A step's new requests as kept: id, prompt length (None: not known), copies of their block
+    lists (vLLM's V1 runner extends those in place on later steps), tokens computed before."""
+    return tuple(
+        (
+            req.req_id,
+            None if (prompt := getattr(req, "prompt_token_ids", None)) is None else len(prompt),
+            [list(g) for g in getattr(req, "block_ids", None) or ()],
+            getattr(req, "num_computed_tokens", 0) or 0,
+        )
+        for req in new_reqs
+    )
 
 
 def _resumed(cached: Any) -> set[str]:
