@@ -179,11 +179,9 @@ class StepTracker:
         finished, preempted = so.finished_req_ids, so.preempted_req_ids
         in_prompt = self.in_prompt
         prefill_tokens = prefill_reqs = 0
-        new: tuple[NewRequest, ...] = ()
-        if new_reqs:
-            new = _capture_new(new_reqs)
-            for rid, _, _, _ in new:  # (an id seen before that comes back new starts again)
-                in_prompt.pop(rid, None)
+        if new_reqs and in_prompt:  # (an id seen before that comes back new starts again)
+            for req in new_reqs:
+                in_prompt.pop(req.req_id, None)
         if in_prompt:
             for rid in finished or ():
                 in_prompt.pop(rid, None)
@@ -201,8 +199,10 @@ class StepTracker:
                     prefill_reqs += 1
         req_ids = cached.req_ids
         decode_reqs = len(req_ids) - prefill_reqs
-        if new:
-            prefill_tokens += self._follow_new(new, sched)
+        new: tuple[NewRequest, ...] = ()
+        if new_reqs:
+            new, tokens = self._take_new(new_reqs, sched)
+            prefill_tokens += tokens
             prefill_reqs += len(new)
         spec = so.scheduled_spec_decode_tokens
         if total - prefill_tokens != decode_reqs + (sum(map(len, spec.values())) if spec else 0):
@@ -243,10 +243,11 @@ class StepTracker:
         num_sched: dict[str, int] = getattr(so, "num_scheduled_tokens", None) or {}
         total = int(getattr(so, "total_num_scheduled_tokens", 0) or sum(num_sched.values()))
         decode_reqs = 0
-        new = _capture_new(getattr(so, "scheduled_new_reqs", None) or ())
-        for rid, _, _, _ in new:
-            in_prompt.pop(rid, None)
-        prefill_tokens, prefill_reqs = self._follow_new(new, num_sched), len(new)
+        new_reqs = getattr(so, "scheduled_new_reqs", None) or ()
+        for req in new_reqs:
+            in_prompt.pop(req.req_id, None)
+        new, prefill_tokens = self._take_new(new_reqs, num_sched)
+        prefill_reqs = len(new)
         self._arrive(new)
 
         cached = getattr(so, "scheduled_cached_reqs", None)
@@ -291,20 +292,30 @@ class StepTracker:
             len(resumed) if req_ids else 0,
         )  # fmt: skip
 
-    def _follow_new(self, new: tuple[NewRequest, ...], sched: dict[str, int]) -> int:
-        """A step's new requests are in their prompt: those with a known prompt that this step
-        does not finish are followed through it (:attr:`in_prompt`); their tokens this step."""
+    def _take_new(self, new_reqs: Any, sched: dict[str, int]) -> tuple[tuple[NewRequest, ...], int]:
+        """A step's new requests, as kept (:data:`NewRequest`: id, prompt length or None where
+        not known, copies of their block lists, which vLLM's V1 runner extends in place on later
+        steps, and their tokens computed before: a prefix-cache hit), and their tokens this step.
+        They are in their prompt: those with a known prompt that this step does not finish are
+        followed through it (:attr:`in_prompt`). One loop, no frame for each (a step with
+        arrivals is a third of a served engine's)."""
         in_prompt, tokens = self.in_prompt, 0
-        for rid, plen, _, computed in new:
+        new: list[NewRequest] = []
+        for req in new_reqs:
+            rid = req.req_id
+            prompt = getattr(req, "prompt_token_ids", None)
+            plen = None if prompt is None else len(prompt)
+            computed = getattr(req, "num_computed_tokens", 0) or 0
             n = sched.get(rid, 0)
             tokens += n
             if plen is not None and plen - computed - n > 0:
                 in_prompt[rid] = plen - computed - n
-        return tokens
+            new.append((rid, plen, [list(g) for g in getattr(req, "block_ids", None) or ()], computed))
+        return tuple(new), tokens
 
     def _arrive(self, new: tuple[NewRequest, ...]) -> None:
         """New requests, settled: their prompt lengths (known or not) and their blocks (copied by
-        :func:`_capture_new`)."""
+        :meth:`_take_new`)."""
         prompt_len, set_blocks = self.prompt_len, self._set_blocks
         for rid, plen, groups, _ in new:
             if plen is not None:
@@ -321,20 +332,6 @@ class StepTracker:
             self._drop_blocks(rid)
         for rid in preempted:
             self._drop_blocks(rid)
-
-
-def _capture_new(new_reqs: Any) -> tuple[NewRequest, ...]:
-    """A step's new requests as kept: id, prompt length (None: not known), copies of their block
-    lists (vLLM's V1 runner extends those in place on later steps), tokens computed before."""
-    return tuple(
-        (
-            req.req_id,
-            None if (prompt := getattr(req, "prompt_token_ids", None)) is None else len(prompt),
-            [list(g) for g in getattr(req, "block_ids", None) or ()],
-            getattr(req, "num_computed_tokens", 0) or 0,
-        )
-        for req in new_reqs
-    )
 
 
 def _resumed(cached: Any) -> set[str]:
