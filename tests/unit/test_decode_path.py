@@ -1,5 +1,5 @@
-"""The short path of a decode step (ForwardProfiler.begin_decode, from the session's wrapper):
-the same records as begin_step's path, step for step.
+"""The short path of a decode step (the session's wrappers open and finish it themselves): the
+same records as begin_step's path, step for step.
 
 Most steps of a serving engine are decode steps neither due for a sample nor on the device
 clock; the wrapper opens those from a few attribute reads of the SchedulerOutput and leaves the
@@ -36,16 +36,16 @@ def _run(
     prof = ForwardProfiler(clock(), [], sample_every=8, own_budget=0.0)
     prof.own = session.own_s
     session.profiler = prof
-    taken = 0
-    decode = prof.begin_decode
+    prof.hold_short_path(not short)  # (as the session holds it off while a probe waits)
+    general = 0
+    begin_step = prof.begin_step
 
-    def begin_decode(so: Any, now: float) -> Any:
-        nonlocal taken
-        step = decode(so, now) if short else None
-        taken += step is not None
-        return step
+    def counted(so: Any) -> Any:
+        nonlocal general
+        general += 1
+        return begin_step(so)
 
-    prof.begin_decode = begin_decode  # type: ignore[method-assign]
+    prof.begin_step = counted  # type: ignore[method-assign]
     execute = session._execute_wrapper(lambda so: None)
     sample = session._sample_wrapper(lambda grammar: "output")
     for i, so in enumerate(sequence):
@@ -65,7 +65,7 @@ def _run(
             r["idle_before_s"] is None,
         )
         for r in rows
-    ], taken
+    ], len(sequence) - general
 
 
 READERS: dict[int, Any] = {
@@ -109,3 +109,43 @@ def test_a_step_due_for_a_sample_or_the_device_clock_never_takes_the_short_path(
     # the short path: the steps neither sampled nor on the device clock
     assert taken == sum(1 for c, s in zip(on_clock, sampled, strict=True) if not (c or s))
     assert taken > len(rows) // 2
+
+
+@pytest.mark.parametrize("reason", ["fault", "probe"])
+def test_a_fault_or_a_waiting_probe_takes_the_next_step_off_the_short_path(reason: str) -> None:
+    """The short path checks neither a test's fault nor a waiting probe: the session holds it off
+    (hold_short_path) from the moment either comes, though the profiler had opened it for the
+    steps up to its next due sample."""
+    sequence = _steps(1, n_steps=120, finish=0.0, preempt=0.0, arrivals=(0,), spec_rate=0.0)
+    sequence = [so for so in sequence if so.total_num_scheduled_tokens]
+    session = WorkerSession(SimpleNamespace())
+    prof = ForwardProfiler(_Events(), [], sample_every=1000, own_budget=0.0)
+    prof.own = session.own_s
+    session.profiler = prof
+    seen: list[int] = []
+    begin_step = prof.begin_step
+
+    def counted(so: Any) -> Any:
+        seen.append(prof.step_index)
+        return begin_step(so)
+
+    prof.begin_step = counted  # type: ignore[method-assign]
+    execute = session._execute_wrapper(lambda so: None)
+    sample = session._sample_wrapper(lambda grammar: "output")
+    for so in sequence[:100]:
+        execute(so)
+        sample(None)
+    assert seen[-1] < prof.step_index - 2 and prof._phase_steps[0] < prof._fast_until  # on the short path, as the next
+    if reason == "fault":  # (tests/fixtures/faults.py's inject_fault)
+        session.faults.add("steps")
+    else:  # (arm_probe's plan, without a model to hook)
+        session.probe_plan = ["decode"]
+    session.hold_short_path()
+    index = prof.step_index
+    execute(sequence[100])
+    sample(None)
+    if reason == "fault":
+        assert "steps" in session.disabled and session.crashes[-1]["type"] == "InjectedFault"
+        assert prof.step_index == index  # no step counted once the bookkeeping is off
+    else:
+        assert seen[-1] == index and not session.probe_plan  # begin_step's path, where the probe took its step

@@ -24,10 +24,12 @@ it when its step ends). The steps are settled in batches of :data:`COUNT_BATCH`,
 in one warm loop (and before any sampled step, or a reader's collection); a step is a record once
 settled and finished. Where its total does not add up (a request resumed, or first seen mid-run
 in a prompt chunk) a step is counted at once. Most steps of a
-serving engine are decode steps with nothing to time: :meth:`ForwardProfiler.begin_decode` opens
-those from a few attribute reads, without quick's bookkeeping, up to the next step due for a
-sample or the device clock (:meth:`ForwardProfiler._fast_next`); tests/unit/test_decode_path.py
-holds it to begin_step's records.
+serving engine are decode steps with nothing to time: the session's wrappers open and finish
+those on a short path of their own (``WorkerSession._execute_wrapper``: a few attribute reads of
+the ``SchedulerOutput``, one list, no call into the profiler), up to the next step due for a
+sample or the device clock (:meth:`ForwardProfiler._fast_next`), on the fields the profiler keeps
+for it in slots (a few cache lines, where the step's path finds everything cold after vLLM's own
+Python); tests/unit/test_decode_path.py holds that path to begin_step's records.
 
 Per layer: in eager mode the modules :func:`select_modules` picks (timing ``forward``
 wrappers); in compiled modes the attention calls, the compiled graph's only Python calls, split
@@ -155,6 +157,14 @@ class OpenStep:
 
 
 class ForwardProfiler:
+    # the fields the step wrappers' short path reads and writes on every step (session.py), as
+    # slots: inside the object, next to each other (two cache lines, which the step's path finds
+    # cold after vLLM's Python); the rest, off that path, in the instance's dict
+    __slots__ = (
+        "__dict__", "_fast_open", "_fast_until", "_last_end", "_phase_steps", "_wall", "current", "graph_s",
+        "hold_fast", "step_index", "to_count",
+    )  # fmt: skip
+
     def __init__(
         self,
         clock: WallClock | CudaEventClock,
@@ -189,9 +199,16 @@ class ForwardProfiler:
         self._now = time.perf_counter  # the bucket's clock (a test's own clock drives it)
         self.tracker = StepTracker()
         # the step clock on every step (True) or on the sampled steps and their next ones
-        # the decode step count below which a decode step may take begin_decode's short path:
-        # the next due sample's or device-clock step's (0: none may; _fast_next sets it)
+        # the decode step count below which a decode step may take the wrappers' short path
+        # (session.py, WorkerSession._execute_wrapper): the next due sample's or device-clock
+        # step's (0: none may; _fast_next sets it, and whatever the path must not pass zeroes it)
         self._fast_until = 0
+        # the step the short path opened, while its end may take the short path too (no mark to
+        # give back): the sample_tokens wrapper finishes it in place of finish_plain
+        self._fast_open: list[Any] | None = None
+        # the session's reasons to keep every step off the short path (a fault a test injected, a
+        # probe waiting for its phases, the step bookkeeping switched off by a crash)
+        self.hold_fast = False
         self._clock_every = step_clock == "every"
         self._step_clocks: dict[Any, str] = {}  # reader -> the step clock it asked for ("every" wins)
         self._clock_next = False  # the next step is a sampled step's untimed neighbour: device clock
@@ -273,53 +290,26 @@ class ForwardProfiler:
         self._fast_until = 0
 
     # -- step boundaries (called from the execute_model / sample_tokens wrappers) ----------
-    def begin_decode(self, so: Any, now: float) -> list[Any] | None:
-        """The short path of :meth:`begin_step` (most steps of a serving engine, nearly all of
-        a batch's): a decode step that is neither due for a sample nor on the device clock, with
-        no sample to resolve, opened from a few attribute reads of ``so`` and counted later, as
-        begin_step's path for it would. ``now``: the wrapper's clock at its entry (the step's
-        host start). None: this step takes begin_step."""
-        n = self._phase_steps[0]
-        if n >= self._fast_until or self.current is not None or self.tracker.in_prompt:
-            return None
-        cached = so.scheduled_cached_reqs
-        total = so.total_num_scheduled_tokens
-        if (
-            so.scheduled_new_reqs
-            or cached.resumed_req_ids
-            or so.scheduled_spec_decode_tokens
-            or total != len(cached.req_ids)
-            or not total
-        ):
-            return None
-        self._phase_steps[0] = n + 1
-        index = self.step_index
-        self.step_index = index + 1
-        # the step before's end mark (a device event after a step on the device clock, the wall
-        # clock's time on the CPU build): finish_plain gives it back, or reads the idle time from it
-        prev, self._last_end = self._last_end, None
-        req_ids = cached.req_ids  # (what StepTracker.settle reads: StepTracker.quick's tuple, for a decode step)
-        pending = (
-            req_ids, cached.new_block_ids, so.finished_req_ids, so.preempted_req_ids, (), 0, total, 0, len(req_ids),
-            total,
-        )  # fmt: skip
-        plain = [index, now, None, 0.0, 0.0, None, prev, None, pending, None, NAN]
-        to_count = self.to_count
-        to_count.append(plain)
-        if len(to_count) >= COUNT_BATCH:
-            self.count_pending()
-        self.current = plain
-        return plain
+    def hold_short_path(self, held: bool) -> None:
+        """The session's reasons to keep every step off the wrappers' short path (``held``), or
+        none any more (the next decode step on begin_step's path opens it again: _fast_next)."""
+        self.hold_fast = held
+        if held:
+            self._fast_until = 0
+            self._fast_open = None
 
     def _fast_next(self) -> None:
-        """Where :meth:`begin_decode`'s path may run from: up to the next decode step due for a
+        """Where the wrappers' short path may run from: up to the next decode step due for a
         sample (the cadence's: the budget and a reader's owed sample decide on due steps only)
         or, on a GPU, on the device clock; nowhere with the device clock on every step, on a
-        sampled step's neighbour or (under a budget) with a sample to resolve."""
+        sampled step's neighbour, (under a budget) with a sample to resolve, with a request in its
+        prompt (the tracker follows it step by step) or while the session holds it off."""
         if (
             (not self._wall and (self._clock_every or self._clock_next))
             or (self.pending and self.own_budget)  # (finish_plain resolves it as soon as it can)
             or not self.tracker._layout
+            or self.tracker.in_prompt
+            or self.hold_fast
         ):
             self._fast_until = 0
             return
@@ -333,15 +323,18 @@ class ForwardProfiler:
         is scheduled (not a step; counted at once: its finished requests free their blocks)."""
         if self.current is not None:  # the previous step never reached sample_tokens
             self.finish_step()
-        pending = self.tracker.quick(so)
+        tracker = self.tracker
+        pending = tracker.quick(so)
         counts: Any = None
         if pending is None:
-            counts = self.count_now(self.tracker.count_at_once, so)
+            counts = self.count_now(tracker.count_at_once, so)
             if not counts[4]:  # total tokens
                 return None
             phase = (2 if counts[1] else 1) if counts[0] else 0
         else:
             phase = (2 if pending[6] else 1) if pending[5] else 0
+        if tracker.in_prompt:  # a request in its prompt: no step takes the short path until it left it
+            self._fast_until = 0
         prev, self._last_end = self._last_end, None
         n = self._phase_steps[phase]
         self._phase_steps[phase] = n + 1
@@ -364,7 +357,13 @@ class ForwardProfiler:
                 if len(to_count) >= COUNT_BATCH:
                     self.count_pending()
             self.current = plain
-            if not phase:  # where the next decode steps may take begin_decode's path
+            # its end may take the sample_tokens wrapper's short path (finish_plain's for a step on
+            # the host's clock, with no mark to give back and no sample to resolve at once)
+            self._fast_open = (
+                plain if start is None and prev is None and not self._wall and not (self.pending and self.own_budget)
+                else None
+            )  # fmt: skip
+            if not phase:  # where the next decode steps may take the wrappers' short path
                 self._fast_next()
             return plain
         if counts is None:

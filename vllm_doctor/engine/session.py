@@ -41,8 +41,10 @@ from vllm_doctor.engine.gate import StepGate
 from vllm_doctor.engine.layers import decoder_layer_name, layer_index, moe_parts, select_modules
 from vllm_doctor.engine.probe import ProbeModes, ProbeRecorder
 from vllm_doctor.engine.profiler import (
+    COUNT_BATCH,
     DEFAULT_TRACE_STEPS,
     DENSE_SUFFIX,
+    NAN,
     RESOLVE_BATCH,
     ForwardProfiler,
     OpenStep,
@@ -208,6 +210,13 @@ class WorkerSession:
         )
         if component == "probe":
             self._end_probe_step()
+        self.hold_short_path()
+
+    def hold_short_path(self) -> None:
+        """Keep every step off the wrappers' short path (which checks none of these) while a test's
+        fault is injected, a probe waits for its phases or the step bookkeeping is switched off."""
+        if self.profiler is not None:
+            self.profiler.hold_short_path(bool(self.faults or self.probe_plan or "steps" in self.disabled))
 
     # -- install / detach --------------------------------------------------------------------
     def calls_s(self) -> float:
@@ -274,6 +283,7 @@ class WorkerSession:
             )
             self.profiler.own = self.own_s
             self.profiler.calls_s = self.calls_s
+            self.hold_short_path()
             self._wrap_runner()
             # the root model's forward where it runs Python: eager mode, or a root class that
             # vLLM does not compile (vLLM's own models compile their inner model: the root's
@@ -648,6 +658,8 @@ class WorkerSession:
         return obj, attr, call, previous
 
     def _arm(self, layers: bool, detail: bool = True) -> None:
+        if self.profiler is not None:  # (a sampled or probed step: off the short path until disarmed)
+            self.profiler._fast_until = 0
         for obj, attr, fn, _ in self._timers:
             obj.__dict__[attr] = fn
         self._armed = self._timers
@@ -696,11 +708,14 @@ class WorkerSession:
     def _execute_wrapper(self, original: Any) -> Any:
         # the hot path of every step: _safely's checks inlined, and the body inside the worker's
         # doctor gate in one frame, its step side inlined (StepGate.enter_step / leave_step: two
-        # attribute accesses each way where a lock's cold acquire and release cost 3-5 µs). An
-        # unsampled step (a list) costs two profiler calls, begin_step here and finish_plain when
-        # sample_tokens returns; the wrappers fill its host-time slots themselves (what
-        # ForwardProfiler.after_execute / after_sample do for a list), a call fewer on each side,
-        # measured in bench_engine.py
+        # attribute accesses each way where a lock's cold acquire and release cost 3-5 µs).
+        #
+        # Most steps of a serving engine are decode steps with nothing to time or probe: the
+        # short path opens those here, with no call into the profiler (ForwardProfiler's slots:
+        # the step count, the index, the open step, the list of steps to count), up to the step
+        # its _fast_next allows; every field it touches is cold after vLLM's own Python, so each
+        # object, frame and attribute fewer is time off the step (bench_step_path.py --cold). The
+        # rest takes begin_step. tests/unit/test_decode_path.py holds the two to the same records
         own, disabled, clock, prof = self.own_s, self.disabled, time.perf_counter, self.profiler
         assert prof is not None
         gate = worker_lock(self.worker)
@@ -721,24 +736,57 @@ class WorkerSession:
                 # a CUDA graph's replay inside vLLM's call may read a sampled replay's events
                 # (graphs.py): the doctor's time, not vLLM's
                 reads = prof.graph_s
-                if "steps" not in disabled:
+                step: Any = None
+                steps = prof._phase_steps
+                n = steps[0]
+                if n < prof._fast_until and prof.current is None and args:
+                    try:  # the short path (begin_step's for such a step; the counts wait: steps.Pending)
+                        so = args[0]
+                        cached = so.scheduled_cached_reqs
+                        total = so.total_num_scheduled_tokens
+                        req_ids = cached.req_ids
+                        if not (
+                            so.scheduled_new_reqs
+                            or cached.resumed_req_ids
+                            or so.scheduled_spec_decode_tokens
+                            or total != len(req_ids)
+                            or not total
+                        ):
+                            steps[0] = n + 1
+                            index = prof.step_index
+                            prof.step_index = index + 1
+                            # the step before's end mark (a device event after a step on the device
+                            # clock; the wall clock's time on the CPU build): finish_plain gives it
+                            # back or reads the idle time from it; without one, the end is the
+                            # sample_tokens wrapper's own
+                            prev = prof._last_end
+                            prof._last_end = None
+                            step = [
+                                index, t0, None, 0.0, 0.0, None, prev, None,
+                                (
+                                    req_ids, cached.new_block_ids, so.finished_req_ids, so.preempted_req_ids, (),
+                                    0, total, 0, total, total,
+                                ),
+                                None, NAN,
+                            ]  # fmt: skip
+                            prof.current = step
+                            prof._fast_open = step if prev is None and not prof._wall else None
+                            to_count = prof.to_count
+                            to_count.append(step)
+                            if len(to_count) >= COUNT_BATCH:
+                                prof.count_pending()
+                    except Exception as exc:
+                        self._crashed("steps", exc)
+                if step is None and "steps" not in disabled:
                     try:
                         so = args[0] if args else kwargs.get("scheduler_output")
-                        # most steps: a decode step with nothing to time or probe (begin_decode)
-                        if (
-                            self.faults
-                            or self.probe_plan
-                            or self._armed
-                            or self._armed_layers
-                            or prof.begin_decode(so, t0) is None
-                        ):
-                            if self.faults:
-                                self.fault("steps")
-                            if self._armed or self._armed_layers:  # the previous step never finished
-                                self._disarm()
-                            step = prof.begin_step(so)
-                            if self.probe_plan or step.__class__ is not list:
-                                self._begin_special(step)
+                        if self.faults:
+                            self.fault("steps")
+                        if self._armed or self._armed_layers:  # the previous step never finished
+                            self._disarm()
+                        step = prof.begin_step(so)
+                        if self.probe_plan or step.__class__ is not list:
+                            self._begin_special(step)
                     except Exception as exc:
                         self._crashed("steps", exc)
                 t = clock()
@@ -789,24 +837,33 @@ class WorkerSession:
                 gate.lock.acquire()
             try:
                 t = clock()
-                counted = own["counts"]
                 try:
                     return original(*args, **kwargs)
                 finally:
                     t1 = clock()
-                    if "steps" not in disabled:
-                        try:
-                            step = prof.current
-                            if step.__class__ is list:  # an unsampled step
-                                step[4] += t1 - t  # type: ignore[index]
-                                prof.finish_plain(step, t1)  # type: ignore[arg-type]
-                            else:
-                                prof.after_sample(t1 - t)
-                            if self._armed or self.probe is not None:
-                                self._end_special()
-                        except Exception as exc:
-                            self._crashed("steps", exc)
-                    own["wrappers"] += clock() - t1 - (own["counts"] - counted)
+                    step = prof.current
+                    # a step the short path opened, not counted yet (a reader's collection may
+                    # count it between the two methods), with no encoder call's marks: its end on
+                    # the host's clock (finish_plain's for it)
+                    if step is not None and step is prof._fast_open and step[2] is None and step[7] is None:
+                        prof.current = prof._fast_open = None
+                        step[4] += t1 - t
+                        step[9] = t1 - step[1]
+                        own["wrappers"] += clock() - t1
+                    else:
+                        counted = own["counts"]
+                        if "steps" not in disabled:
+                            try:
+                                if step.__class__ is list:  # an unsampled step
+                                    step[4] += t1 - t  # type: ignore[index]
+                                    prof.finish_plain(step, t1)  # type: ignore[arg-type]
+                                else:
+                                    prof.after_sample(t1 - t)
+                                if self._armed or self.probe is not None:
+                                    self._end_special()
+                            except Exception as exc:
+                                self._crashed("steps", exc)
+                        own["wrappers"] += clock() - t1 - (own["counts"] - counted)
             finally:
                 if locked:
                     gate.lock.release()
@@ -878,6 +935,7 @@ class WorkerSession:
             self.probe_modes = ProbeModes(self.probe)
         self.probe_plan = list(phases)
         self.probe_result = None
+        self.hold_short_path()
         return {"armed": True, "phases": list(phases)}
 
     def disarm_probe(self) -> None:
@@ -889,6 +947,7 @@ class WorkerSession:
         for i, wanted in enumerate(self.probe_plan):
             if wanted == "any" or wanted == phase or (wanted == "prefill" and phase == "mixed"):
                 self.probe_plan.pop(i)
+                self.hold_short_path()
                 if self.probe is not None:
                     self.probe.steps_probed.append(
                         {"phase": phase, "index": self.profiler.step_index - 1 if self.profiler else None}
@@ -919,6 +978,7 @@ class WorkerSession:
         self.probe_modes = None
         self.probe_plan = []
         self.probe_step = False
+        self.hold_short_path()
 
     def probe_snapshot(self) -> dict[str, Any]:
         if self.probe is not None:  # still armed: report what it saw so far
