@@ -149,3 +149,38 @@ def test_a_fault_or_a_waiting_probe_takes_the_next_step_off_the_short_path(reaso
         assert prof.step_index == index  # no step counted once the bookkeeping is off
     else:
         assert seen[-1] == index and not session.probe_plan  # begin_step's path, where the probe took its step
+
+
+class _LateEvents(_Events):
+    """Marks that complete only once ``done`` is set (a sample's events still on the device)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.done = False
+
+    def ready(self, mark: Any) -> bool:
+        return self.done
+
+
+def test_under_a_budget_a_sample_is_resolved_at_the_first_step_end_after_its_events_completed() -> None:
+    """Under the doctor's budget a finished sample is resolved as soon as its events have completed
+    (its cost is the doctor's own before the budget decides on the next due step): the steps that
+    follow it while it waits end on finish_plain's path, which resolves it, never on the
+    sample_tokens wrapper's short end, which does not."""
+    sequence = _steps(2, n_steps=60, finish=0.0, preempt=0.0, arrivals=(0,), spec_rate=0.0)
+    sequence = [so for so in sequence if so.total_num_scheduled_tokens]
+    clock = _LateEvents()
+    session = WorkerSession(SimpleNamespace())
+    prof = ForwardProfiler(clock, [], sample_every=1000, own_budget=0.5)
+    prof.own = session.own_s
+    session.profiler = prof
+    execute = session._execute_wrapper(lambda so: None)
+    sample = session._sample_wrapper(lambda grammar: "output")
+    for so in sequence[:40]:  # the warm-up samples, their events never complete
+        execute(so)
+        sample(None)
+    assert prof.pending  # the samples wait for their events
+    clock.done = True
+    execute(sequence[40])
+    sample(None)
+    assert not prof.pending  # resolved at this step's end
