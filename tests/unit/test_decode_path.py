@@ -29,21 +29,23 @@ COMPARED = ("index", *STEP_COUNT_FIELDS, "step_clock", "sampled")
 
 def _run(
     sequence: list[Any], short: bool, events: dict[int, Any], clock: Any = _Events
-) -> tuple[list[tuple[Any, ...]], int]:
+) -> tuple[list[tuple[Any, ...]], set[int]]:
     """The records of ``sequence`` through the session's wrappers (``events``: step index ->
-    what a reader does before it), and how many steps took the short path."""
+    what a reader does before it), and the indices of the steps begin_step opened (the others
+    took the short path)."""
     session = WorkerSession(SimpleNamespace())
     prof = ForwardProfiler(clock(), [], sample_every=8, own_budget=0.0)
     prof.own = session.own_s
     session.profiler = prof
     prof.hold_short_path(not short)  # (as the session holds it off while a probe waits)
-    general = 0
+    general: set[int] = set()
     begin_step = prof.begin_step
 
-    def counted(so: Any) -> Any:
-        nonlocal general
-        general += 1
-        return begin_step(so)
+    def counted(so: Any, *quick: Any) -> Any:
+        step = begin_step(so, *quick)
+        if step is not None:
+            general.add(prof.step_index - 1)
+        return step
 
     prof.begin_step = counted  # type: ignore[method-assign]
     execute = session._execute_wrapper(lambda so: None)
@@ -65,7 +67,7 @@ def _run(
             r["idle_before_s"] is None,
         )
         for r in rows
-    ], len(sequence) - general
+    ], general
 
 
 READERS: dict[int, Any] = {
@@ -85,11 +87,18 @@ def test_the_short_decode_path_leaves_the_records_begin_step_leaves(seed: int, c
     # tokens rarely), and the general sequence's churn in between
     sequence = _steps(seed, n_steps=900, finish=0.004, preempt=0.001, arrivals=(0,) * 30 + (1, 3), spec_rate=0.002)
     sequence += _steps(seed + 100, n_steps=100)
-    short, taken = _run(sequence, True, READERS, clock)
-    full, refused = _run(sequence, False, READERS, clock)
-    assert refused == 0 and taken > len(sequence) // 8  # the short path carried its share of the steps
-    assert len(short) == len(full) == sum(1 for so in sequence if so.total_num_scheduled_tokens)
+    # and a served engine's arrivals: short prompts, each whole in its first step (a third of the
+    # steps mixed: the short path's mixed steps)
+    sequence += _steps(seed + 200, n_steps=600, finish=0.01, preempt=0.0, arrivals=(0, 0, 1, 2), spec_rate=0.0,
+                       chunked=False)  # fmt: skip
+    short, general = _run(sequence, True, READERS, clock)
+    full, every = _run(sequence, False, READERS, clock)
+    assert len(short) == len(full) == len(every) == sum(1 for so in sequence if so.total_num_scheduled_tokens)
     assert short == full
+    taken = [r for r in short if r[0] not in general]  # the short path carried its share of the steps
+    assert len(taken) > len(short) // 8
+    prefill, decode = COMPARED.index("prefill_tokens"), COMPARED.index("decode_tokens")
+    assert sum(1 for r in taken if r[prefill] and r[decode]) > 5  # mixed steps among them (arrivals)
     assert sum(r[COMPARED.index("sampled")] for r in short) > 40  # the cadences' samples are there
 
 
@@ -99,7 +108,8 @@ def test_a_step_due_for_a_sample_or_the_device_clock_never_takes_the_short_path(
     STEP_CLOCK_STRIDE-th: the step after one on the clock takes its end mark on the short path."""
     sequence = _steps(0, n_steps=400, finish=0.0, preempt=0.0, arrivals=(0,), spec_rate=0.0)
     sequence = [so for so in sequence if so.total_num_scheduled_tokens]
-    rows, taken = _run(sequence, True, {})
+    rows, general = _run(sequence, True, {})
+    taken = len(rows) - len(general)
     on_clock = [r[COMPARED.index("step_clock")] != "host" for r in rows]
     sampled = [r[COMPARED.index("sampled")] for r in rows]
     assert all(sampled[:8])
@@ -125,9 +135,9 @@ def test_a_fault_or_a_waiting_probe_takes_the_next_step_off_the_short_path(reaso
     seen: list[int] = []
     begin_step = prof.begin_step
 
-    def counted(so: Any) -> Any:
+    def counted(so: Any, *quick: Any) -> Any:
         seen.append(prof.step_index)
-        return begin_step(so)
+        return begin_step(so, *quick)
 
     prof.begin_step = counted  # type: ignore[method-assign]
     execute = session._execute_wrapper(lambda so: None)
@@ -184,3 +194,54 @@ def test_under_a_budget_a_sample_is_resolved_at_the_first_step_end_after_its_eve
     execute(sequence[40])
     sample(None)
     assert not prof.pending  # resolved at this step's end
+
+
+def _so(new: dict[str, tuple[int, int]], running: list[str], computed: dict[str, int], sched: dict[str, int]) -> Any:
+    """A SchedulerOutput as plain data: ``new`` id -> (prompt length, tokens scheduled), then the
+    running requests (``sched``: their tokens this step, ``computed``: before it)."""
+    new_reqs = [
+        SimpleNamespace(req_id=r, prompt_token_ids=[0] * plen, block_ids=([i + 1],), num_computed_tokens=0)
+        for i, (r, (plen, _)) in enumerate(new.items())
+    ]
+    cached = SimpleNamespace(
+        req_ids=list(running), num_computed_tokens=[computed[r] for r in running],
+        new_block_ids=[None] * len(running), resumed_req_ids=set(),
+    )  # fmt: skip
+    scheduled = {**{r: n for r, (_, n) in new.items()}, **{r: sched.get(r, 1) for r in running}}
+    return SimpleNamespace(
+        scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached, num_scheduled_tokens=scheduled,
+        total_num_scheduled_tokens=sum(scheduled.values()), scheduled_spec_decode_tokens={},
+        finished_req_ids=set(), preempted_req_ids=set(),
+    )  # fmt: skip
+
+
+def test_an_arrival_whose_prompt_goes_on_takes_its_steps_off_the_short_path() -> None:
+    """A mixed step on the short path whose new request's prompt does not end in it leaves that
+    request in its prompt: the next step, where it is scheduled its last prompt token beside the
+    others' one token each, adds up as a decode step's total, and is one only on begin_step's
+    path (a prefill token), not on the short decode path's."""
+    seq: list[Any] = []
+    running: list[str] = []
+    computed: dict[str, int] = {}
+    for i in range(60):  # arrivals with a 3-token prompt each on every other step (mixed steps)
+        new = {f"s{i}": (3, 3)} if i % 2 == 0 else {}
+        seq.append(_so(new, running, computed, {}))
+        for r in running:
+            computed[r] += 1
+        for r in new:
+            running.append(r)
+            computed[r] = 3
+    seq.append(_so({"long": (17, 16)}, running, computed, {}))  # its prompt's first 16 tokens
+    for r in running:
+        computed[r] += 1
+    running.append("long")
+    computed["long"] = 16
+    seq.append(_so({}, running, computed, {}))  # its 17th and last prompt token, 1 token as the others
+    short, general = _run(seq, True, {})
+    full, _ = _run(seq, False, {})
+    assert short == full
+    prefill = COMPARED.index("prefill_tokens")
+    assert [r[prefill] for r in short[-2:]] == [16, 1]
+    p_reqs, d_tokens = COMPARED.index("prefill_reqs"), COMPARED.index("decode_tokens")
+    mixed_short = [r for r in short if r[0] not in general and r[prefill] and r[d_tokens]]
+    assert mixed_short and all(r[p_reqs] == 1 for r in mixed_short)  # the arrivals' steps before it took the short path

@@ -81,12 +81,14 @@ def _steps(
     arrivals: tuple[int, ...] = (0, 0, 1, 2),
     spec_rate: float = 0.1,
     early: bool = True,
+    chunked: bool = True,
 ) -> list[Any]:
     """A served engine's steps, as plain data: requests arrive (``arrivals``: a step's number,
     picked from these), run their prompt in chunks, decode (``spec_rate``: a decoding request's
     chance of speculative tokens), get a block every 16 tokens, finish, or are preempted and
     resumed (``finish``, ``preempt``: a request's chance a step); ``early``: a few requests were
-    running before the doctor attached."""
+    running before the doctor attached; ``chunked``: a new request's prompt may take more than one
+    step (else each is scheduled whole, as a served engine's short prompts are)."""
     rng = random.Random(seed)
     state: dict[str, dict[str, Any]] = {}  # rid -> prompt, computed, out
     waiting_resume: list[str] = []
@@ -121,7 +123,7 @@ def _steps(
             if rng.random() < 0.2:  # a sliding-window group: vLLM's placeholder block where it holds none
                 groups = (blocks, [NULL_BLOCK, NULL_BLOCK, next_block])
                 next_block += 1
-            chunk = min(prompt, rng.choice((prompt, 16, 32)))
+            chunk = min(prompt, rng.choice((prompt, 16, 32))) if chunked else prompt
             new.append(SimpleNamespace(req_id=rid, prompt_token_ids=[0] * prompt, block_ids=groups))
             sched[rid] = chunk
             state[rid] = {"prompt": prompt, "computed": chunk, "known": True, "fresh": True, "prefix": blocks[:2]}

@@ -110,6 +110,7 @@ PLAIN_SLOTS = (
 # encoder cache at its fullest (entries, rows, bytes); the budget is the session's to set
 ENCODER_USE_ZERO = {"calls": 0, "items": 0, "rows": 0, "peak_entries": 0, "peak_rows": 0, "peak_bytes": 0}
 NAN = float("nan")  # a time a step has not (not sampled), in a packed column
+NOT_QUICK = object()  # begin_step: StepTracker.quick not asked yet
 # compiled modes' timed names: the forward before the first attention call, and a decoder layer's
 # work after its attention (the name of the layer + this suffix)
 BEFORE_LAYERS = "[before the first attention]"
@@ -161,8 +162,8 @@ class ForwardProfiler:
     # slots: inside the object, next to each other (two cache lines, which the step's path finds
     # cold after vLLM's Python); the rest, off that path, in the instance's dict
     __slots__ = (
-        "__dict__", "_fast_open", "_fast_until", "_last_end", "_phase_steps", "_wall", "current", "graph_s",
-        "hold_fast", "step_index", "to_count",
+        "__dict__", "_fast_mixed", "_fast_open", "_fast_until", "_last_end", "_phase_steps", "_wall", "current",
+        "graph_s", "hold_fast", "step_index", "to_count",
     )  # fmt: skip
 
     def __init__(
@@ -201,8 +202,11 @@ class ForwardProfiler:
         # the step clock on every step (True) or on the sampled steps and their next ones
         # the decode step count below which a decode step may take the wrappers' short path
         # (session.py, WorkerSession._execute_wrapper): the next due sample's or device-clock
-        # step's (0: none may; _fast_next sets it, and whatever the path must not pass zeroes it)
+        # step's (0: none may; _fast_next sets it, and whatever the path must not pass zeroes it);
+        # the same for a mixed step whose new requests' prompts all end in it (a served engine's
+        # arrivals), in the mixed phase's count, while the decode steps' path is open too
         self._fast_until = 0
+        self._fast_mixed = 0
         # the step the short path opened, while its end may take the short path too (no mark to
         # give back): the sample_tokens wrapper finishes it in place of finish_plain
         self._fast_open: list[Any] | None = None
@@ -277,6 +281,7 @@ class ForwardProfiler:
     def sample_every(self, every: int) -> None:
         self._sample_every = every
         self._fast_until = 0
+        self._fast_mixed = 0
 
     @property
     def clock_every(self) -> bool:
@@ -288,6 +293,7 @@ class ForwardProfiler:
     def clock_every(self, every: bool) -> None:
         self._clock_every = every
         self._fast_until = 0
+        self._fast_mixed = 0
 
     # -- step boundaries (called from the execute_model / sample_tokens wrappers) ----------
     def hold_short_path(self, held: bool) -> None:
@@ -296,14 +302,16 @@ class ForwardProfiler:
         self.hold_fast = held
         if held:
             self._fast_until = 0
+            self._fast_mixed = 0
             self._fast_open = None
 
-    def _fast_next(self) -> None:
-        """Where the wrappers' short path may run from: up to the next decode step due for a
-        sample (the cadence's: the budget and a reader's owed sample decide on due steps only)
-        or, on a GPU, on the device clock; nowhere with the device clock on every step, on a
-        sampled step's neighbour, (under a budget) with a sample to resolve, with a request in its
-        prompt (the tracker follows it step by step) or while the session holds it off."""
+    def _fast_next(self, phase: int = 0) -> None:
+        """Where the wrappers' short path may run from in ``phase`` (0: decode, 2: mixed): up to
+        the phase's next step due for a sample (the cadence's: the budget and a reader's owed
+        sample decide on due steps only) or, on a GPU, on the device clock; nowhere with the
+        device clock on every step, on a sampled step's neighbour, (under a budget) with a sample
+        to resolve, with a request in its prompt (the tracker follows it step by step) or while
+        the session holds it off."""
         if (
             (not self._wall and (self._clock_every or self._clock_next))
             or (self.pending and self.own_budget)  # (finish_plain resolves it as soon as it can)
@@ -312,19 +320,26 @@ class ForwardProfiler:
             or self.hold_fast
         ):
             self._fast_until = 0
+            self._fast_mixed = 0
             return
-        n = self._phase_steps[0]
+        n = self._phase_steps[phase]
         due = n if n < SAMPLE_WARMUP_STEPS else n + (SAMPLE_WARMUP_STEPS - n) % self._sample_every
-        self._fast_until = due if self._wall else min(due, self._clock_due[0])
+        until = due if self._wall else min(due, self._clock_due[phase])
+        if phase:
+            self._fast_mixed = until
+        else:
+            self._fast_until = until
 
-    def begin_step(self, so: Any) -> OpenStep | list[Any] | None:
+    def begin_step(self, so: Any, quick: Any = NOT_QUICK) -> OpenStep | list[Any] | None:
         """Open the step of one ``SchedulerOutput``: a sample (:class:`OpenStep`, counted now) or
         not (a list, counted later: ``to_count``). The hot path of every step. None when nothing
-        is scheduled (not a step; counted at once: its finished requests free their blocks)."""
+        is scheduled (not a step; counted at once: its finished requests free their blocks).
+        ``quick``: what StepTracker.quick already said of this step (the wrappers' short path
+        asked it of a mixed step it then left to this one), else it is asked here."""
         if self.current is not None:  # the previous step never reached sample_tokens
             self.finish_step()
         tracker = self.tracker
-        pending = tracker.quick(so)
+        pending = tracker.quick(so) if quick is NOT_QUICK else quick
         counts: Any = None
         if pending is None:
             counts = self.count_now(tracker.count_at_once, so)
@@ -335,6 +350,7 @@ class ForwardProfiler:
             phase = (2 if pending[6] else 1) if pending[5] else 0
         if tracker.in_prompt:  # a request in its prompt: no step takes the short path until it left it
             self._fast_until = 0
+            self._fast_mixed = 0
         prev, self._last_end = self._last_end, None
         n = self._phase_steps[phase]
         self._phase_steps[phase] = n + 1
@@ -363,13 +379,14 @@ class ForwardProfiler:
                 plain if start is None and prev is None and not self._wall and not (self.pending and self.own_budget)
                 else None
             )  # fmt: skip
-            if not phase:  # where the next decode steps may take the wrappers' short path
-                self._fast_next()
+            if phase != 1:  # where the phase's next steps may take the wrappers' short path
+                self._fast_next(phase)
             return plain
         if counts is None:
             counts = self.count_now(self.tracker.settle, pending)
         self._clock_next = not self._wall  # the next step: this one's untimed neighbour on the device clock
         self._fast_until = 0
+        self._fast_mixed = 0
         self._stack.clear()
         self._after_forward = None
         detail = False
@@ -991,6 +1008,7 @@ class ForwardProfiler:
             self._clock_due = [0, 0, 0]
             self._owed = [True, True, True]  # the new window's first due step of each phase: a sample
             self._fast_until = 0
+            self._fast_mixed = 0
 
     def want_sample_every(self, reader: Any, every: int) -> None:
         """``reader`` asks for a sample every ``every`` steps: the profiler samples at the finest

@@ -45,6 +45,7 @@ from vllm_doctor.engine.profiler import (
     DEFAULT_TRACE_STEPS,
     DENSE_SUFFIX,
     NAN,
+    NOT_QUICK,
     RESOLVE_BATCH,
     ForwardProfiler,
     OpenStep,
@@ -737,22 +738,39 @@ class WorkerSession:
                 # (graphs.py): the doctor's time, not vLLM's
                 reads = prof.graph_s
                 step: Any = None
+                quick: Any = NOT_QUICK
                 steps = prof._phase_steps
                 n = steps[0]
-                if n < prof._fast_until and prof.current is None and args:
+                if (n < prof._fast_until or steps[2] < prof._fast_mixed) and prof.current is None and args:
                     try:  # the short path (begin_step's for such a step; the counts wait: steps.Pending)
                         so = args[0]
                         cached = so.scheduled_cached_reqs
                         total = so.total_num_scheduled_tokens
                         req_ids = cached.req_ids
+                        new_reqs = so.scheduled_new_reqs
+                        pending: Any = None
                         if not (
-                            so.scheduled_new_reqs
+                            new_reqs
                             or cached.resumed_req_ids
                             or so.scheduled_spec_decode_tokens
                             or total != len(req_ids)
                             or not total
-                        ):
-                            steps[0] = n + 1
+                        ):  # a decode step: its counts from its total
+                            if n < prof._fast_until:
+                                steps[0] = n + 1
+                                pending = (
+                                    req_ids, cached.new_block_ids, so.finished_req_ids, so.preempted_req_ids, (),
+                                    0, total, 0, total, total,
+                                )  # fmt: skip
+                        elif new_reqs and req_ids and steps[2] < prof._fast_mixed:
+                            # a mixed step (a served engine's arrivals): StepTracker.quick counts
+                            # it; one whose arrivals' prompts all end in it is opened here, any
+                            # other is begin_step's, with what quick said
+                            quick = prof.tracker.quick(so)
+                            if quick is not None and quick[5] and quick[6] and not prof.tracker.in_prompt:
+                                steps[2] += 1
+                                pending = quick
+                        if pending is not None:
                             index = prof.step_index
                             prof.step_index = index + 1
                             # the step before's end mark (a device event after a step on the device
@@ -761,14 +779,7 @@ class WorkerSession:
                             # sample_tokens wrapper's own
                             prev = prof._last_end
                             prof._last_end = None
-                            step = [
-                                index, t0, None, 0.0, 0.0, None, prev, None,
-                                (
-                                    req_ids, cached.new_block_ids, so.finished_req_ids, so.preempted_req_ids, (),
-                                    0, total, 0, total, total,
-                                ),
-                                None, NAN,
-                            ]  # fmt: skip
+                            step = [index, t0, None, 0.0, 0.0, None, prev, None, pending, None, NAN]
                             prof.current = step
                             prof._fast_open = step if prev is None and not prof._wall else None
                             to_count = prof.to_count
@@ -784,7 +795,7 @@ class WorkerSession:
                             self.fault("steps")
                         if self._armed or self._armed_layers:  # the previous step never finished
                             self._disarm()
-                        step = prof.begin_step(so)
+                        step = prof.begin_step(so, quick)
                         if self.probe_plan or step.__class__ is not list:
                             self._begin_special(step)
                     except Exception as exc:
