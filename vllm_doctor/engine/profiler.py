@@ -23,13 +23,13 @@ blocks, the ids that finished, the new requests' blocks (not the ``SchedulerOutp
 it when its step ends). The steps are settled in batches of :data:`COUNT_BATCH`, in step order,
 in one warm loop (and before any sampled step, or a reader's collection); a step is a record once
 settled and finished. Where its total does not add up (a request resumed, or first seen mid-run
-in a prompt chunk) a step is counted at once. Most steps of a
-serving engine are decode steps with nothing to time: the session's wrappers open and finish
-those on a short path of their own (``WorkerSession._execute_wrapper``: a few attribute reads of
-the ``SchedulerOutput``, one list, no call into the profiler), up to the next step due for a
-sample or the device clock (:meth:`ForwardProfiler._fast_next`), on the fields the profiler keeps
-for it in slots (a few cache lines, where the step's path finds everything cold after vLLM's own
-Python); tests/unit/test_decode_path.py holds that path to begin_step's records.
+in a prompt chunk) a step is counted at once. Most steps of a serving engine are decode steps
+with nothing to time (and mixed steps whose arrivals' prompts end in them): the session's
+wrappers open and finish those on a short path of their own
+(``WorkerSession._execute_wrapper``: a few attribute reads of the ``SchedulerOutput``, one
+list, no call into the profiler), up to the phase's next step due for a sample or the device
+clock (:meth:`ForwardProfiler._fast_next`), on the fields the profiler keeps for it in slots (two
+cache lines); tests/unit/test_decode_path.py holds that path to begin_step's records.
 
 Per layer: in eager mode the modules :func:`select_modules` picks (timing ``forward``
 wrappers); in compiled modes the attention calls, the compiled graph's only Python calls, split
