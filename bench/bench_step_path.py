@@ -1,6 +1,6 @@
 """What an unsampled step costs the worker on the doctor's path, in a hot loop (no GPU).
 
-    .venv/bin/python bench/bench_step_path.py [--requests 128] [--steps 3000] [--repeats 5] [--cold] [--against REV]
+    .venv/bin/python bench/bench_step_path.py [--requests 128] [--steps 3000] [--repeats 5] [--cold [--torch]] [--against REV]
 
 The floor under the doctor's own budget: every step, sampled or not, runs the session's
 ``execute_model`` and ``sample_tokens`` wrappers (vllm_doctor/engine/session.py) around vLLM's
@@ -28,8 +28,10 @@ this loop's figure (bench/README.md). ``--cold`` runs a stand-in for vLLM's Pyth
 of the two calls (a walk over :data:`COLD_OBJECTS` objects, about 20 MB: what the CPU's caches
 held of the doctor is gone) and times the two calls alone (perf_counter around each; the
 counting of the last batch included): the cold cost, where a lock or a call costs several
-times its hot figure. The hot loop measures the code's own work; the cold one what touching it
-costs. Run it from a tree's root (``PYTHONPATH=. python bench/bench_step_path.py``) to measure
+times its hot figure. With ``--torch`` the stand-in first runs 384 small torch operations (torch's
+C++ dispatch, as vLLM's step runs it: what it pushes out of the caches is the interpreter's and
+torch's machine code too, not only Python objects). The hot loop measures the code's own work;
+the cold one what touching it costs. Run it from a tree's root (``PYTHONPATH=. python bench/bench_step_path.py``) to measure
 that tree; ``--against REV`` times that revision beside this tree, each run a new process, the
 two alternating (a machine whose speed drifts, as this one's does by 10-20 % over minutes, moves
 both), the medians side by side.
@@ -139,7 +141,23 @@ def vllms_python() -> int:
     return s
 
 
-def run(kind: str, requests: int, n: int, cold: bool = False) -> float:
+_TORCH: list[Any] = []
+
+
+def vllms_torch() -> int:
+    """The stand-in with torch's C++ dispatch first (``--torch``): 384 additions of small tensors."""
+    import torch
+
+    if not _TORCH:
+        _TORCH.extend(torch.ones(8) for _ in range(65))
+    s, ys = _TORCH[0], _TORCH[1:]
+    for _ in range(6):
+        for y in ys:
+            s = torch.add(s, y)
+    return vllms_python()
+
+
+def run(kind: str, requests: int, n: int, cold: bool = False, torch_work: bool = False) -> float:
     """µs a step on the doctor's path (vLLM's methods empty): this thread's CPU time in a hot
     loop, or (``cold``) perf_counter around each call, with vLLM's stand-in before each."""
     from vllm_doctor.engine.profiler import ForwardProfiler
@@ -160,8 +178,9 @@ def run(kind: str, requests: int, n: int, cold: bool = False) -> float:
     prof.count_pending()
     if cold:
         clock, total = time.perf_counter, 0.0
+        stand_in = vllms_torch if torch_work else vllms_python
         while True:
-            vllms_python()  # (the scheduler's own Python, then its output: fresh)
+            stand_in()  # (the scheduler's own Python, then its output: fresh)
             so = next(sos, None)
             if so is None:
                 break
@@ -169,7 +188,7 @@ def run(kind: str, requests: int, n: int, cold: bool = False) -> float:
             execute(so)
             total += clock() - t
             del so  # the doctor's references only (vLLM lets a step's output go when it ends)
-            vllms_python()
+            stand_in()
             t = clock()
             sample(None)
             total += clock() - t
@@ -208,15 +227,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--cold", action="store_true", help="vLLM's stand-in before each call; the calls timed alone")
+    ap.add_argument("--torch", action="store_true", help="with --cold: the stand-in runs torch operations first")
     ap.add_argument("--against", metavar="REV", help="a git revision timed beside this tree: each run a new process, "
                     "the two trees alternating (a machine's drift falls on both)")
     ap.add_argument("--one", metavar="KIND", help=argparse.SUPPRESS)  # (--against's child: one run, its µs printed)
     args = ap.parse_args()
     steps_n = min(args.steps, 600) if args.cold else args.steps
     if args.one:
-        print(run(args.one, args.requests, steps_n, args.cold))
+        print(run(args.one, args.requests, steps_n, args.cold, args.torch))
         return
     clock = "perf_counter around the calls, cold" if args.cold else "thread CPU time"
+    clock += ", the stand-in with torch operations" if args.cold and args.torch else ""
     print(
         f"the doctor's path of an unsampled step, {args.requests} running requests, {steps_n} steps, "
         f"medians of {args.repeats} runs ({clock})" + (f", {args.against} against this tree" if args.against else "")
@@ -225,7 +246,7 @@ def main() -> None:
         against(args, steps_n)
         return
     for kind in KINDS:
-        med = statistics.median(run(kind, args.requests, steps_n, args.cold) for _ in range(args.repeats))
+        med = statistics.median(run(kind, args.requests, steps_n, args.cold, args.torch) for _ in range(args.repeats))
         print(f"  {kind:<11} {med:6.1f} µs a step")
 
 
@@ -244,7 +265,8 @@ def against(args: argparse.Namespace, steps_n: int) -> None:
         def one(tree: str, kind: str) -> float:
             cmd = [sys.executable, __file__, "--one", kind, "--requests", str(args.requests), "--steps", str(steps_n)]
             env = {**__import__("os").environ, "PYTHONPATH": tree}
-            out = subprocess.run(cmd + (["--cold"] if args.cold else []), env=env, check=True, capture_output=True,
+            cmd += (["--cold"] if args.cold else []) + (["--torch"] if args.torch else [])
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True,
                                  text=True).stdout
             return float(out.split()[-1])
 
