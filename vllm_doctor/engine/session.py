@@ -660,7 +660,7 @@ class WorkerSession:
 
     def _arm(self, layers: bool, detail: bool = True) -> None:
         if self.profiler is not None:  # (a sampled or probed step: off the short path until disarmed)
-            self.profiler._fast_until = 0
+            self.profiler._fast_until = self.profiler._fast_mixed = 0
         for obj, attr, fn, _ in self._timers:
             obj.__dict__[attr] = fn
         self._armed = self._timers
@@ -711,12 +711,14 @@ class WorkerSession:
         # doctor gate in one frame, its step side inlined (StepGate.enter_step / leave_step: two
         # attribute accesses each way where a lock's cold acquire and release cost 3-5 µs).
         #
-        # Most steps of a serving engine are decode steps with nothing to time or probe: the
-        # short path opens those here, with no call into the profiler (ForwardProfiler's slots:
-        # the step count, the index, the open step, the list of steps to count), up to the step
-        # its _fast_next allows; every field it touches is cold after vLLM's own Python, so each
-        # object, frame and attribute fewer is time off the step (bench_step_path.py --cold). The
-        # rest takes begin_step. tests/unit/test_decode_path.py holds the two to the same records
+        # Most steps of a serving engine are decode steps with nothing to time or probe (and mixed
+        # steps whose arrivals' prompts end in them): the short path opens those here, with no
+        # call into the profiler (ForwardProfiler's slots: the step counts, the index, the open
+        # step, the list of steps to count), up to the step its _fast_next allows. Every field it
+        # touches is cold after vLLM's own work: on the cold bench (bench_step_path.py --cold)
+        # each object and frame fewer is time off the step; on an H100 engine that was not seen
+        # (bench/README.md). The rest takes begin_step; tests/unit/test_decode_path.py holds the
+        # two to the same records
         own, disabled, clock, prof = self.own_s, self.disabled, time.perf_counter, self.profiler
         assert prof is not None
         gate = worker_lock(self.worker)
