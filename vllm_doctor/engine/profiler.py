@@ -199,20 +199,19 @@ class ForwardProfiler:
         self.calls_s: Any = _no_calls
         self._now = time.perf_counter  # the bucket's clock (a test's own clock drives it)
         self.tracker = StepTracker()
-        # the step clock on every step (True) or on the sampled steps and their next ones
         # the decode step count below which a decode step may take the wrappers' short path
         # (session.py, WorkerSession._execute_wrapper): the next due sample's or device-clock
         # step's (0: none may; _fast_next sets it, and whatever the path must not pass zeroes it);
         # the same for a mixed step whose new requests' prompts all end in it (a served engine's
-        # arrivals), in the mixed phase's count, while the decode steps' path is open too
-        self._fast_until = 0
-        self._fast_mixed = 0
+        # arrivals), in the mixed phase's count
+        self._fast_until = self._fast_mixed = 0
         # the step the short path opened, while its end may take the short path too (no mark to
         # give back): the sample_tokens wrapper finishes it in place of finish_plain
         self._fast_open: list[Any] | None = None
         # the session's reasons to keep every step off the short path (a fault a test injected, a
         # probe waiting for its phases, the step bookkeeping switched off by a crash)
         self.hold_fast = False
+        # the step clock on every step (True) or on the sampled steps and their next ones
         self._clock_every = step_clock == "every"
         self._step_clocks: dict[Any, str] = {}  # reader -> the step clock it asked for ("every" wins)
         self._clock_next = False  # the next step is a sampled step's untimed neighbour: device clock
@@ -280,8 +279,7 @@ class ForwardProfiler:
     @sample_every.setter
     def sample_every(self, every: int) -> None:
         self._sample_every = every
-        self._fast_until = 0
-        self._fast_mixed = 0
+        self.close_short_path()
 
     @property
     def clock_every(self) -> bool:
@@ -292,17 +290,20 @@ class ForwardProfiler:
     @clock_every.setter
     def clock_every(self, every: bool) -> None:
         self._clock_every = every
-        self._fast_until = 0
-        self._fast_mixed = 0
+        self.close_short_path()
 
     # -- step boundaries (called from the execute_model / sample_tokens wrappers) ----------
+    def close_short_path(self) -> None:
+        """No step takes the wrappers' short path, of either phase, until begin_step's path opens
+        it again (_fast_next)."""
+        self._fast_until = self._fast_mixed = 0
+
     def hold_short_path(self, held: bool) -> None:
         """The session's reasons to keep every step off the wrappers' short path (``held``), or
         none any more (the next decode step on begin_step's path opens it again: _fast_next)."""
         self.hold_fast = held
         if held:
-            self._fast_until = 0
-            self._fast_mixed = 0
+            self.close_short_path()
             self._fast_open = None
 
     def _fast_next(self, phase: int = 0) -> None:
@@ -319,8 +320,7 @@ class ForwardProfiler:
             or self.tracker.in_prompt
             or self.hold_fast
         ):
-            self._fast_until = 0
-            self._fast_mixed = 0
+            self.close_short_path()
             return
         n = self._phase_steps[phase]
         due = n if n < SAMPLE_WARMUP_STEPS else n + (SAMPLE_WARMUP_STEPS - n) % self._sample_every
@@ -349,8 +349,7 @@ class ForwardProfiler:
         else:
             phase = (2 if pending[6] else 1) if pending[5] else 0
         if tracker.in_prompt:  # a request in its prompt: no step takes the short path until it left it
-            self._fast_until = 0
-            self._fast_mixed = 0
+            self.close_short_path()
         prev, self._last_end = self._last_end, None
         n = self._phase_steps[phase]
         self._phase_steps[phase] = n + 1
@@ -385,8 +384,7 @@ class ForwardProfiler:
         if counts is None:
             counts = self.count_now(self.tracker.settle, pending)
         self._clock_next = not self._wall  # the next step: this one's untimed neighbour on the device clock
-        self._fast_until = 0
-        self._fast_mixed = 0
+        self.close_short_path()
         self._stack.clear()
         self._after_forward = None
         detail = False
@@ -1007,8 +1005,7 @@ class ForwardProfiler:
             self.windows[reader] = self._window_now()
             self._clock_due = [0, 0, 0]
             self._owed = [True, True, True]  # the new window's first due step of each phase: a sample
-            self._fast_until = 0
-            self._fast_mixed = 0
+            self.close_short_path()
 
     def want_sample_every(self, reader: Any, every: int) -> None:
         """``reader`` asks for a sample every ``every`` steps: the profiler samples at the finest

@@ -660,7 +660,7 @@ class WorkerSession:
 
     def _arm(self, layers: bool, detail: bool = True) -> None:
         if self.profiler is not None:  # (a sampled or probed step: off the short path until disarmed)
-            self.profiler._fast_until = self.profiler._fast_mixed = 0
+            self.profiler.close_short_path()
         for obj, attr, fn, _ in self._timers:
             obj.__dict__[attr] = fn
         self._armed = self._timers
