@@ -85,7 +85,7 @@ def serve(
                 "-m",
                 "vllm.entrypoints.openai.api_server",
                 "--model",
-                str(model),
+                os.path.abspath(model),
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -96,6 +96,7 @@ def serve(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd=rpc,  # not the caller's: `python -m` puts its cwd first on sys.path (a checkout's vllm_doctor)
         )
         base = f"http://127.0.0.1:{port}"
         try:
@@ -281,6 +282,7 @@ class ServedEngine:
             stdout=self._log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd=self.tmp,  # not the caller's: `python -m` puts its cwd first on sys.path
         )
         try:
             wait_for_health(self.base, self.proc, self.log, timeout)

@@ -57,6 +57,10 @@ def test_plugin_keeps_the_users_extension_and_adds_the_doctors(server: Server) -
     records = {r["pid"]: r for r in (json.loads(p.read_text()) for p in server.procs_dir.glob("proc-*.json"))}
     assert ping["pid"] in records and len(records) >= 3
     assert records[records[ping["pid"]]["ppid"]]["ppid"] in records  # worker -> engine core -> API server
+    # the server runs in its own folder, not the caller's: `python -m` puts its cwd first on sys.path,
+    # where a checkout's vllm_doctor would shadow the tree PYTHONPATH names (bench/footprint_trees.sh)
+    assert server.proc is not None
+    assert Path(f"/proc/{server.proc.pid}/cwd").resolve() == server.tmp.resolve()
 
 
 def test_attach_profiles_the_served_traffic_and_changes_no_output(server: Server, tmp_path: Path) -> None:
