@@ -59,7 +59,10 @@ served)
         t="$dir/tree_$rev"
         name=served-$reader-tree_$rev
         echo "== $name"
-        PYTHONPATH="$t${PYTHONPATH:+:$PYTHONPATH}$([ -d "$site" ] && echo ":$site" || true)" timeout 580 \
+        # PYTHONSAFEPATH: the server is `python -m`, which puts its cwd first on sys.path; a tree
+        # from before 35ea366 starts it in the caller's cwd (this checkout), whose vllm_doctor then
+        # ran in place of the tree's (the served runs of 2026-12-07's twelfth and thirteenth sessions)
+        PYTHONSAFEPATH=1 PYTHONPATH="$t${PYTHONPATH:+:$PYTHONPATH}$([ -d "$site" ] && echo ":$site" || true)" timeout 580 \
             python3 "$t/bench/bench_footprint.py" served --serve "$model" \
             --serve-args "--load-format dummy --max-model-len 2048 --gpu-memory-utilization 0.85" --clients 128 \
             --max-tokens 256 --max-tokens-jitter 0.5 --seconds 12 --rounds "${ROUNDS:-6}" --warmup 10 \
