@@ -39,7 +39,9 @@ bench/records/<device>-<date>-footprint-<kind>[-<reader>]-<runner>-<mode>-<step 
 runner (v1/v2), the mode, the step clock, the steps, the doctor's own clock (``worker_share``:
 its time in the worker, its calls between steps included, over the worker's wall time; the
 calls a reader's thread served on that thread's CPU clock, and the same share with them by the
-wall, as counted before, beside it: ``worker_share_calls_by_wall``; ``per_step_us``), and the
+wall, as counted before, beside it: ``worker_share_calls_by_wall``; ``steps_share``: the steps'
+part alone, without the calls; ``per_step_us``; with ``--reader attach`` it prints what an attach of the
+CLI's default duration costs at the run's rates: its steps' share and its calls, paid once), and the
 throughput with and without it: per round, the paired difference's
 mean and its 95 % interval (Student's t over the rounds).
 """
@@ -65,6 +67,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
+from vllm_doctor.cli.attach import DURATION_S as ATTACH_DEFAULT_S  # noqa: E402  (vllm-doctor attach --duration's default)
 
 READERS = {  # name -> (seconds between window reads, 0: one at the end; sample_every)
     "panel": (1.0, 64),
@@ -247,6 +250,9 @@ def window_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
     calls_wall = [w.get("rpc_wall_s", 0.0) for w in windows]
     return {
         "worker_share": sum(w["own_s"] + w["rpc_s"] for w in windows) / wall if wall else None,
+        # the steps' part alone (the wrappers, counts, timers: what a reader costs each second it
+        # stays), without the calls it served (paid per read, the first read's start-up calls too)
+        "steps_share": sum(w["own_s"] for w in windows) / wall if wall else None,
         "per_step_us": 1e6 * sum(w["own_s"] for w in windows) / steps if steps else None,
         "calls_ms_per_read": 1e3 * sum(w["rpc_s"] for w in windows) / len(windows) if windows else None,
         "calls_wall_ms_per_read": 1e3 * sum(calls_wall) / len(windows) if windows else None,
@@ -463,7 +469,21 @@ def print_summary(s: dict[str, Any]) -> None:
           f"{fmt(s.get('worker_share_steady'), '{:.2%}')}, {fmt(s.get('per_step_us_steady'), '{:.1f}')} µs/step, calls "
           f"{fmt(s.get('calls_ms_per_read_steady'), '{:.2f}')} ms a read on the CPU clock, "
           f"{fmt(s.get('calls_wall_ms_per_read_steady'), '{:.2f}')} by the wall")
+    if s["reader"] == "attach" and s.get("steps_share") is not None and s.get("calls_ms_per_read") is not None:
+        # attach reads once, at its end: its calls (start-up and the collect) are paid once an attach
+        at = attach_share(s["steps_share"], s["calls_ms_per_read"] / 1e3, ATTACH_DEFAULT_S)
+        print(f"attach: its steps {s['steps_share']:.2%} of the worker, its calls {s['calls_ms_per_read']:.1f} ms an "
+              f"attach ({s['seconds']:g} s here); at these rates an attach of the CLI's default "
+              f"{ATTACH_DEFAULT_S:g} s: {at:.2%}")
     print_phases({s["reader"]: s["phases"]})
+
+
+
+def attach_share(steps_share: float, calls_s: float, seconds: float) -> float:
+    """The doctor's share of the worker over an attach of ``seconds``: its steps' share (paid each
+    second) and its calls (``calls_s``, paid once an attach), the worker's time taken as the
+    wall's (one worker thread, busy serving)."""
+    return steps_share + calls_s / seconds
 
 
 def print_offline(s: dict[str, Any]) -> None:

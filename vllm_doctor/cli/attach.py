@@ -26,6 +26,8 @@ from vllm_doctor.files import json_text
 from vllm_doctor.model import Severity
 from vllm_doctor.report.write import write_reports
 
+DURATION_S = 30.0  # --duration's default
+
 EPILOG = """\
 the server must run with the doctor's plugin, started by the user who runs the doctor, on this
 machine:
@@ -71,9 +73,9 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--duration",
         type=float,
-        default=30.0,
+        default=DURATION_S,
         metavar="S",
-        help="how long to stay attached, in seconds (default 30; Ctrl-C ends it early and still reports)",
+        help=f"how long to stay attached, in seconds (default {DURATION_S:g}; Ctrl-C ends it early and still reports)",
     )
     add_deprecated(p, "--seconds", new="--duration", dest="duration", type=float, metavar="S")
     p.add_argument("--out", metavar="DIR", help="also write report.json, report.html and trace.json into DIR")
