@@ -248,15 +248,16 @@ def window_figures(windows: list[dict[str, Any]]) -> dict[str, Any]:
     wall = sum(w["window_s"] for w in windows)
     steps = sum(w["steps"] for w in windows)
     calls_wall = [w.get("rpc_wall_s", 0.0) for w in windows]
+    own = sum(w["own_s"] for w in windows)
     return {
-        "worker_share": sum(w["own_s"] + w["rpc_s"] for w in windows) / wall if wall else None,
+        "worker_share": (own + sum(w["rpc_s"] for w in windows)) / wall if wall else None,
         # the steps' part alone (the wrappers, counts, timers: what a reader costs each second it
         # stays), without the calls it served (paid per read, the first read's start-up calls too)
-        "steps_share": sum(w["own_s"] for w in windows) / wall if wall else None,
-        "per_step_us": 1e6 * sum(w["own_s"] for w in windows) / steps if steps else None,
+        "steps_share": own / wall if wall else None,
+        "per_step_us": 1e6 * own / steps if steps else None,
         "calls_ms_per_read": 1e3 * sum(w["rpc_s"] for w in windows) / len(windows) if windows else None,
         "calls_wall_ms_per_read": 1e3 * sum(calls_wall) / len(windows) if windows else None,
-        "worker_share_calls_by_wall": (sum(w["own_s"] for w in windows) + sum(calls_wall)) / wall if wall else None,
+        "worker_share_calls_by_wall": (own + sum(calls_wall)) / wall if wall else None,
     }
 
 
@@ -476,7 +477,6 @@ def print_summary(s: dict[str, Any]) -> None:
               f"attach ({s['seconds']:g} s here); at these rates an attach of the CLI's default "
               f"{ATTACH_DEFAULT_S:g} s: {at:.2%}")
     print_phases({s["reader"]: s["phases"]})
-
 
 
 def attach_share(steps_share: float, calls_s: float, seconds: float) -> float:

@@ -716,9 +716,9 @@ class WorkerSession:
         # call into the profiler (ForwardProfiler's slots: the step counts, the index, the open
         # step, the list of steps to count), up to the step its _fast_next allows. Every field it
         # touches is cold after vLLM's own work: on the cold bench (bench_step_path.py --cold)
-        # each object and frame fewer is time off the step; on an H100 engine that was not seen
-        # (bench/README.md). The rest takes begin_step; tests/unit/test_decode_path.py holds the
-        # two to the same records
+        # each object and frame fewer is time off the step (on an H100 engine not yet measured
+        # against the code before it: bench/README.md, fourteenth session). The rest takes
+        # begin_step; tests/unit/test_decode_path.py holds the two to the same records
         own, disabled, clock, prof = self.own_s, self.disabled, time.perf_counter, self.profiler
         assert prof is not None
         gate = worker_lock(self.worker)
